@@ -1,0 +1,107 @@
+"""Canonical bytes: the one place that decides what gets hashed and signed.
+
+House rule 4 (STYLE.md): one module owns canonical bytes for hashing and signing. Every
+hash and every signature in QuorumGate is computed over bytes built here, never over
+protobuf encodings, so re-encoding a message on the wire cannot change what was signed.
+
+The encoding is deliberately dull: fixed-width big-endian integers, and byte strings and
+text prefixed with their length as a u32. Every signed or hashed statement starts with a
+domain tag (`b"qg/vote/v1"` and so on, DESIGN.md §3) so that a signature made for one
+purpose can never be replayed as another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+
+HASH_BYTES = 32
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+
+# Domain tags (DESIGN.md §3: b"qg/vote/v1" || chain id || view || block hash).
+TAG_BLOCK = b"qg/block/v1"
+TAG_VOTE = b"qg/vote/v1"
+TAG_TIMEOUT = b"qg/timeout/v1"
+TAG_PROPOSAL = b"qg/proposal/v1"
+TAG_QC = b"qg/qc/v1"
+
+
+class Encoder:
+    """Builds canonical bytes field by field; `bytes()` returns the result."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, tag: bytes = b"") -> None:
+        self._parts: list[bytes] = []
+        if tag:
+            self.raw(tag)
+
+    def raw(self, data: bytes) -> Encoder:
+        """Append bytes as they are: only for fixed-size values such as hashes and tags."""
+        self._parts.append(data)
+        return self
+
+    def u8(self, value: int) -> Encoder:
+        assert 0 <= value <= 0xFF, value
+        self._parts.append(struct.pack(">B", value))
+        return self
+
+    def u32(self, value: int) -> Encoder:
+        assert 0 <= value <= U32_MAX, value
+        self._parts.append(struct.pack(">I", value))
+        return self
+
+    def u64(self, value: int) -> Encoder:
+        assert 0 <= value <= U64_MAX, value
+        self._parts.append(struct.pack(">Q", value))
+        return self
+
+    def i64(self, value: int) -> Encoder:
+        self._parts.append(struct.pack(">q", value))
+        return self
+
+    def boolean(self, value: bool) -> Encoder:
+        return self.u8(1 if value else 0)
+
+    def blob(self, data: bytes) -> Encoder:
+        """Length-prefixed bytes."""
+        self.u32(len(data))
+        self._parts.append(data)
+        return self
+
+    def text(self, value: str) -> Encoder:
+        """Length-prefixed UTF-8 text."""
+        return self.blob(value.encode("utf-8"))
+
+    def blobs(self, items: Iterable[bytes]) -> Encoder:
+        """A counted list of length-prefixed byte strings."""
+        seq = list(items)
+        self.u32(len(seq))
+        for item in seq:
+            self.blob(item)
+        return self
+
+    def texts(self, items: Iterable[str]) -> Encoder:
+        seq = list(items)
+        self.u32(len(seq))
+        for item in seq:
+            self.text(item)
+        return self
+
+    def optional_blob(self, data: bytes | None) -> Encoder:
+        """Absent and empty are different values: presence is its own byte."""
+        if data is None:
+            return self.u8(0)
+        return self.u8(1).blob(data)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self._parts)
+
+    def digest(self) -> bytes:
+        return sha256(bytes(self))
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
