@@ -1,0 +1,195 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SignedTx(_message.Message):
+    __slots__ = ("body", "signer", "signature")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    signer: bytes
+    signature: bytes
+    def __init__(self, body: _Optional[bytes] = ..., signer: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class TxBody(_message.Message):
+    __slots__ = ("chain_id", "nonce", "proposal", "confirm", "delegate", "revoke", "seal_envelope", "admin")
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROPOSAL_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    DELEGATE_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_FIELD_NUMBER: _ClassVar[int]
+    SEAL_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    chain_id: str
+    nonce: int
+    proposal: CallProposal
+    confirm: Confirm
+    delegate: Delegate
+    revoke: Revoke
+    seal_envelope: SealEnvelope
+    admin: Admin
+    def __init__(self, chain_id: _Optional[str] = ..., nonce: _Optional[int] = ..., proposal: _Optional[_Union[CallProposal, _Mapping]] = ..., confirm: _Optional[_Union[Confirm, _Mapping]] = ..., delegate: _Optional[_Union[Delegate, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ..., seal_envelope: _Optional[_Union[SealEnvelope, _Mapping]] = ..., admin: _Optional[_Union[Admin, _Mapping]] = ...) -> None: ...
+
+class Argument(_message.Message):
+    __slots__ = ("name", "text", "handle")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    text: str
+    handle: str
+    def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ..., handle: _Optional[str] = ...) -> None: ...
+
+class CallProposal(_message.Message):
+    __slots__ = ("run_id", "tool", "target", "arguments", "grant")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    tool: str
+    target: str
+    arguments: _containers.RepeatedCompositeFieldContainer[Argument]
+    grant: bytes
+    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ...) -> None: ...
+
+class Confirm(_message.Message):
+    __slots__ = ("proposal_id", "card_digest")
+    PROPOSAL_ID_FIELD_NUMBER: _ClassVar[int]
+    CARD_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    proposal_id: bytes
+    card_digest: bytes
+    def __init__(self, proposal_id: _Optional[bytes] = ..., card_digest: _Optional[bytes] = ...) -> None: ...
+
+class ToolList(_message.Message):
+    __slots__ = ("tools",)
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tools: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Delegate(_message.Message):
+    __slots__ = ("child", "run_id", "tools", "expires_at_ms", "parent_grant")
+    CHILD_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_GRANT_FIELD_NUMBER: _ClassVar[int]
+    child: bytes
+    run_id: str
+    tools: ToolList
+    expires_at_ms: int
+    parent_grant: bytes
+    def __init__(self, child: _Optional[bytes] = ..., run_id: _Optional[str] = ..., tools: _Optional[_Union[ToolList, _Mapping]] = ..., expires_at_ms: _Optional[int] = ..., parent_grant: _Optional[bytes] = ...) -> None: ...
+
+class Revoke(_message.Message):
+    __slots__ = ("grant",)
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    grant: bytes
+    def __init__(self, grant: _Optional[bytes] = ...) -> None: ...
+
+class SealedValue(_message.Message):
+    __slots__ = ("sink", "ciphertext")
+    SINK_FIELD_NUMBER: _ClassVar[int]
+    CIPHERTEXT_FIELD_NUMBER: _ClassVar[int]
+    sink: str
+    ciphertext: bytes
+    def __init__(self, sink: _Optional[str] = ..., ciphertext: _Optional[bytes] = ...) -> None: ...
+
+class SealEnvelope(_message.Message):
+    __slots__ = ("kind", "sealed", "owner_principal")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    OWNER_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    sealed: _containers.RepeatedCompositeFieldContainer[SealedValue]
+    owner_principal: str
+    def __init__(self, kind: _Optional[str] = ..., sealed: _Optional[_Iterable[_Union[SealedValue, _Mapping]]] = ..., owner_principal: _Optional[str] = ...) -> None: ...
+
+class EnvelopeArg(_message.Message):
+    __slots__ = ("name", "kind", "require_verified")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    require_verified: bool
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., require_verified: _Optional[bool] = ...) -> None: ...
+
+class RegisterTool(_message.Message):
+    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SINK_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SCHEMES_FIELD_NUMBER: _ClassVar[int]
+    ENVELOPE_ARGS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TIER_FIELD_NUMBER: _ClassVar[int]
+    BINDS_CALLER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mode: str
+    sink: str
+    target_schemes: _containers.RepeatedScalarFieldContainer[str]
+    envelope_args: _containers.RepeatedCompositeFieldContainer[EnvelopeArg]
+    min_tier: str
+    binds_caller: bool
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ...) -> None: ...
+
+class RegisterAgent(_message.Message):
+    __slots__ = ("agent_id", "public_key")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    public_key: bytes
+    def __init__(self, agent_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
+
+class RegisterSink(_message.Message):
+    __slots__ = ("sink_id", "public_key")
+    SINK_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    sink_id: str
+    public_key: bytes
+    def __init__(self, sink_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
+
+class SetMandate(_message.Message):
+    __slots__ = ("agent_id", "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
+    DELEGATION_POLICY_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELEGATION_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    allowed_tools: ToolList
+    enforcement: str
+    suspended: bool
+    delegation_policy: str
+    max_delegation_depth: int
+    def __init__(self, agent_id: _Optional[str] = ..., allowed_tools: _Optional[_Union[ToolList, _Mapping]] = ..., enforcement: _Optional[str] = ..., suspended: _Optional[bool] = ..., delegation_policy: _Optional[str] = ..., max_delegation_depth: _Optional[int] = ...) -> None: ...
+
+class AgentRef(_message.Message):
+    __slots__ = ("agent_id",)
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
+
+class Admin(_message.Message):
+    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume")
+    REGISTER_TOOL_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_AGENT_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_SINK_FIELD_NUMBER: _ClassVar[int]
+    SET_MANDATE_FIELD_NUMBER: _ClassVar[int]
+    SUSPEND_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    register_tool: RegisterTool
+    register_agent: RegisterAgent
+    register_sink: RegisterSink
+    set_mandate: SetMandate
+    suspend: AgentRef
+    resume: AgentRef
+    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ...) -> None: ...
