@@ -1,0 +1,103 @@
+"""The tree of uncommitted blocks above the last committed one, and the commit rule.
+
+The root is the last committed block. Everything below it is pruned when it commits, and
+so are forks that do not descend from it, so memory is bounded by the uncommitted suffix
+(itself bounded by `Limits.pending_blocks_max`) however long the cluster runs.
+
+Commit rule (HotStuff, PODC'19, §5 and Alg. 3 "three-chain"; LibraBFT v3 §5.2): when a QC
+certifies block B2, and B2's parent B1 and grandparent B0 are in consecutive views
+(B2.view = B1.view + 1 = B0.view + 2), then B0 and all its uncommitted ancestors commit.
+"""
+
+from __future__ import annotations
+
+from replica.types import Block, CommitProof, QuorumCert
+
+
+class BlockTree:
+    __slots__ = ("_blocks", "_children", "_pending_max", "root")
+
+    def __init__(self, root: Block, pending_max: int) -> None:
+        self.root = root
+        self._blocks: dict[bytes, Block] = {root.hash: root}
+        self._children: dict[bytes, list[bytes]] = {root.hash: []}
+        self._pending_max = pending_max
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self._blocks
+
+    def get(self, block_hash: bytes) -> Block | None:
+        return self._blocks.get(block_hash)
+
+    @property
+    def committed_height(self) -> int:
+        return self.root.height
+
+    @property
+    def full(self) -> bool:
+        return len(self._blocks) > self._pending_max
+
+    def insert(self, block: Block) -> bool:
+        """Add a block whose parent is in the tree. False if it was already there."""
+        if block.hash in self._blocks:
+            return False
+        assert block.parent_hash in self._blocks, "insert needs the parent"
+        assert block.height > self.root.height, "insert below the committed root"
+        self._blocks[block.hash] = block
+        self._children[block.hash] = []
+        self._children[block.parent_hash].append(block.hash)
+        return True
+
+    def extends(self, block_hash: bytes, ancestor_hash: bytes) -> bool:
+        """True if `block_hash` is `ancestor_hash` or descends from it within the tree."""
+        cur = self._blocks.get(block_hash)
+        while cur is not None:
+            if cur.hash == ancestor_hash:
+                return True
+            if cur.hash == self.root.hash:
+                return False
+            cur = self._blocks.get(cur.parent_hash)
+        return False
+
+    def uncommitted_chain(self, tip_hash: bytes) -> list[Block]:
+        """Blocks from just above the root up to `tip_hash`, oldest first."""
+        chain: list[Block] = []
+        cur = self._blocks.get(tip_hash)
+        while cur is not None and cur.hash != self.root.hash:
+            chain.append(cur)
+            cur = self._blocks.get(cur.parent_hash)
+        chain.reverse()
+        return chain
+
+    def three_chain(self, qc: QuorumCert) -> tuple[list[Block], CommitProof] | None:
+        """Apply the commit rule to a new QC: the blocks it commits, oldest first, and why."""
+        b2 = self._blocks.get(qc.block_hash)
+        if b2 is None or b2.hash == self.root.hash:
+            return None
+        b1 = self._blocks.get(b2.parent_hash)
+        if b1 is None or b1.hash == self.root.hash:
+            return None
+        b0 = self._blocks.get(b1.parent_hash)
+        if b0 is None or b0.height <= self.root.height:
+            return None
+        if not (b2.view == b1.view + 1 and b1.view == b0.view + 1):
+            return None
+        chain = self.uncommitted_chain(b0.hash)
+        assert chain and chain[0].parent_hash == self.root.hash, "commit must extend the root"
+        return chain, CommitProof(b1, b2, qc)
+
+    def commit(self, block: Block) -> None:
+        """Make `block` the new root and drop everything that does not descend from it."""
+        assert self.extends(block.hash, self.root.hash), "committing a fork of the root"
+        keep: dict[bytes, Block] = {}
+        stack = [block.hash]
+        while stack:
+            h = stack.pop()
+            keep[h] = self._blocks[h]
+            stack.extend(self._children[h])
+        self._children = {h: [c for c in self._children[h] if c in keep] for h in keep}
+        self._blocks = keep
+        self.root = block

@@ -1,0 +1,121 @@
+"""Checks of every signed thing a peer can send: votes, timeouts, proposals, QCs and TCs.
+
+A certificate is valid only with a quorum of valid signatures from distinct members over
+the exact statement it claims (DESIGN §3). Whatever fails raises `RemoteError` with a
+reason the core counts; valid certificates are remembered in the verifier's bounded cache.
+"""
+
+from __future__ import annotations
+
+from replica.canonical import Encoder
+from replica.config import Membership
+from replica.crypto import Verifier
+from replica.types import (
+    Block,
+    Proposal,
+    QuorumCert,
+    RemoteError,
+    Timeout,
+    TimeoutCert,
+    Vote,
+    genesis_qc,
+    proposal_bytes,
+    timeout_bytes,
+    vote_bytes,
+)
+
+
+class CertificateChecker:
+    __slots__ = ("_genesis_qc", "membership", "verifier")
+
+    def __init__(self, membership: Membership, verifier: Verifier) -> None:
+        self.membership = membership
+        self.verifier = verifier
+        self._genesis_qc = genesis_qc(membership.chain_id)
+
+    def _signer_key(self, signer: int) -> bytes:
+        if not self.membership.is_member(signer):
+            raise RemoteError("non_member", f"signer {signer} is not a member")
+        return self.membership.key(signer)
+
+    def check_qc(self, qc: QuorumCert) -> None:
+        if qc.is_genesis:
+            if qc != self._genesis_qc:
+                raise RemoteError("bad_certificate", "unsigned qc that is not genesis")
+            return
+        if len(qc.signatures) < self.membership.quorum:
+            raise RemoteError(
+                "bad_certificate",
+                f"qc for view {qc.view} has {len(qc.signatures)} signatures, "
+                f"quorum is {self.membership.quorum}",
+            )
+        digest = qc.digest()
+        if self.verifier.known(digest):
+            return
+        message = vote_bytes(self.membership.chain_id, qc.view, qc.block_hash)
+        for signer, sig in qc.signatures:
+            if not self.verifier.verify(self._signer_key(signer), message, sig):
+                raise RemoteError("bad_certificate", f"qc view {qc.view}: bad signature")
+        self.verifier.remember(digest)
+
+    def check_tc(self, tc: TimeoutCert) -> None:
+        if len(tc.signatures) < self.membership.quorum:
+            raise RemoteError(
+                "bad_certificate",
+                f"tc for view {tc.view} has {len(tc.signatures)} signatures, "
+                f"quorum is {self.membership.quorum}",
+            )
+        self.check_qc(tc.high_qc)
+        enc = Encoder(b"qg/tc-cache/v1").u64(tc.view).raw(tc.high_qc.digest())
+        for signer, hqc_view, sig in tc.signatures:
+            enc.u32(signer).u64(hqc_view).raw(sig)
+        digest = enc.digest()
+        if self.verifier.known(digest):
+            return
+        chain = self.membership.chain_id
+        for signer, hqc_view, sig in tc.signatures:
+            key = self._signer_key(signer)
+            if not self.verifier.verify(key, timeout_bytes(chain, tc.view, hqc_view), sig):
+                raise RemoteError("bad_certificate", f"tc view {tc.view}: bad signature")
+        self.verifier.remember(digest)
+
+    def check_vote(self, vote: Vote) -> None:
+        key = self._signer_key(vote.voter)
+        message = vote_bytes(self.membership.chain_id, vote.view, vote.block_hash)
+        if not self.verifier.verify(key, message, vote.signature):
+            raise RemoteError("bad_signature", f"vote for view {vote.view} by {vote.voter}")
+
+    def check_timeout(self, timeout: Timeout) -> None:
+        key = self._signer_key(timeout.voter)
+        if timeout.high_qc.view >= timeout.view:
+            raise RemoteError("malformed", "timeout high qc not below its view")
+        message = timeout_bytes(self.membership.chain_id, timeout.view, timeout.high_qc.view)
+        if not self.verifier.verify(key, message, timeout.signature):
+            raise RemoteError(
+                "bad_signature", f"timeout for view {timeout.view} by {timeout.voter}"
+            )
+        self.check_qc(timeout.high_qc)
+        if timeout.high_tc is not None:
+            self.check_tc(timeout.high_tc)
+
+    def check_proposal(self, proposal: Proposal) -> None:
+        block = proposal.block
+        if block.chain_id != self.membership.chain_id:
+            raise RemoteError("wrong_chain", "block for another chain")
+        if block.proposer != self.membership.leader(block.view):
+            raise RemoteError(
+                "not_leader", f"proposer {block.proposer} does not lead view {block.view}"
+            )
+        key = self._signer_key(block.proposer)
+        message = proposal_bytes(self.membership.chain_id, block.view, block.hash)
+        if not self.verifier.verify(key, message, proposal.signature):
+            raise RemoteError("bad_signature", f"proposal for view {block.view}")
+        self.check_qc(block.justify)
+        if proposal.high_tc is not None:
+            self.check_tc(proposal.high_tc)
+
+    def check_block_certified(self, block: Block, qc: QuorumCert) -> None:
+        """`qc` certifies `block`: it names the block's hash, view and height, and is valid."""
+        if qc.block_hash != block.hash or qc.view != block.view or qc.height != block.height:
+            raise RemoteError("bad_certificate", f"qc view {qc.view} does not certify {block!r}")
+        self.check_qc(qc)

@@ -1,0 +1,656 @@
+"""The sans-I/O consensus core: chained HotStuff with the 3-chain commit rule.
+
+A deterministic object. Events go in — `on_message`, `on_tick`, `on_transactions` — and a
+list of actions comes out (replica/actions.py): persist, store, send, commit, schedule. It
+imports no asyncio, gRPC, SQLite, clock or randomness (a test checks); time arrives as the
+`now_ms` of each tick and only feeds block timestamps, and every timer counts ticks.
+
+Protocol (HotStuff, PODC'19, §5 "chained HotStuff", with the pacemaker and timeout
+certificates of LibraBFT v3 / DiemBFT §6):
+
+- Views have round-robin leaders. The leader of view v proposes a block extending the
+  highest QC it knows, carrying that QC as `justify` (and the TC of view v-1 when it
+  entered v through one).
+- Replicas vote (replica/safety.py, Rules 1-3) and *broadcast* their votes. Every replica
+  forms QCs itself, so a commit never depends on one leader passing a QC on: with f
+  faulty members among 3f+1 in round-robin order there are always three consecutive
+  honest leaders, and that is all a commit needs.
+- A QC for view v moves a replica to view v+1; a local timeout signs and broadcasts a
+  `Timeout` carrying the signer's highest QC; 2f+1 timeouts form a TC that moves
+  everyone to v+1, and the new leader extends the highest QC among them. f+1 timeouts for
+  the current view make a replica time out too (Bracha-style), so one slow timer is enough.
+- View timeouts double after every view left by a TC, up to a cap, and reset after a QC.
+- Commit rule: replica/blocktree.py (3-chain, consecutive views).
+- Leaders batch adaptively: they propose as soon as they may if transactions are waiting
+  or an uncommitted block still carries some (it needs successors to commit); with
+  nothing to do they wait `idle_propose_ticks` and then propose an empty heartbeat block.
+
+Remote garbage raises `RemoteError` inside and is counted in `dropped` by reason; it never
+leaves `on_message`. Our own broken invariants are assertions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from replica.actions import Action, Commit, PersistSafety, ScheduleTimeout, Send, StoreBlock
+from replica.blocktree import BlockTree
+from replica.certs import CertificateChecker
+from replica.config import Limits, Membership
+from replica.crypto import Signer, Verifier
+from replica.safety import SafetyError, SafetyRules, SafetyState
+from replica.types import (
+    Block,
+    Envelope,
+    Proposal,
+    QuorumCert,
+    RemoteError,
+    SyncRequest,
+    SyncResponse,
+    Timeout,
+    TimeoutCert,
+    Vote,
+    genesis_block,
+)
+
+BACKOFF_EXPONENT_MAX = 16
+
+
+class PayloadSource(Protocol):
+    """Where a leader's batch comes from and how a voter judges one (the mempool)."""
+
+    def pending(self) -> bool:
+        """Transactions are waiting to be proposed."""
+        ...
+
+    def take(self, chain: Sequence[Block], txs_max: int, bytes_max: int) -> tuple[bytes, ...]:
+        """A batch for a block extending `chain` (uncommitted ancestors, oldest first),
+        leaving out transactions those blocks already carry."""
+        ...
+
+    def check(self, block: Block) -> str | None:
+        """None if the payload may be voted for, else the reason it may not."""
+        ...
+
+
+class ExecutionView(Protocol):
+    """What the replica knows of its sidecar's state roots (DESIGN §4)."""
+
+    def latest_root(self) -> tuple[int, bytes]:
+        """The highest executed height and its state root."""
+        ...
+
+    def root_at(self, height: int) -> bytes | None:
+        """The state root after `height`, or None if not executed (or forgotten)."""
+        ...
+
+
+class NoPayload:
+    """A payload source with nothing to offer that accepts only empty blocks."""
+
+    def pending(self) -> bool:
+        return False
+
+    def take(self, chain: Sequence[Block], txs_max: int, bytes_max: int) -> tuple[bytes, ...]:
+        return ()
+
+    def check(self, block: Block) -> str | None:
+        return None if not block.payload else "unexpected_payload"
+
+
+class NoExecution:
+    """No sidecar: every block carries the empty root at height 0."""
+
+    def latest_root(self) -> tuple[int, bytes]:
+        return 0, b""
+
+    def root_at(self, height: int) -> bytes | None:
+        return b"" if height == 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What a restarting replica read back from disk."""
+
+    safety: SafetyState
+    committed: Block
+    pending: tuple[Block, ...] = ()
+    high_tc: TimeoutCert | None = None
+
+
+@dataclass(slots=True)
+class CoreStats:
+    qcs_formed: int = 0
+    tcs_formed: int = 0
+    timeouts_sent: int = 0
+    proposals_made: int = 0
+    votes_sent: int = 0
+    views_entered: int = 0
+    blocks_committed: int = 0
+    sync_requests: int = 0
+    late_messages: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+
+
+class Core:
+    """One replica's consensus state machine."""
+
+    # Components a test may swap for deliberately broken ones (see cluster/sim.py).
+    safety_rules_cls: type[SafetyRules] = SafetyRules
+    block_tree_cls: type[BlockTree] = BlockTree
+
+    def __init__(
+        self,
+        membership: Membership,
+        me: int,
+        signer: Signer,
+        *,
+        limits: Limits | None = None,
+        verifier: Verifier | None = None,
+        payload: PayloadSource | None = None,
+        execution: ExecutionView | None = None,
+        recovered: Recovered | None = None,
+        now_ms: int = 0,
+    ) -> None:
+        assert membership.is_member(me), "not a member"
+        self.membership = membership
+        self.me = me
+        self.limits = limits or Limits()
+        self.verifier = verifier or Verifier(self.limits.verified_cache_max)
+        self.checker = CertificateChecker(membership, self.verifier)
+        self.payload: PayloadSource = payload or NoPayload()
+        self.execution: ExecutionView = execution or NoExecution()
+        self._out: list[Action] = []
+        self.dropped: Counter[str] = Counter()
+        self.stats = CoreStats()
+        self.now_ms = now_ms
+
+        chain = membership.chain_id
+        if recovered is None:
+            recovered = Recovered(SafetyState.initial(chain), genesis_block(chain))
+        self.safety = self.safety_rules_cls(
+            me, signer, recovered.safety, self.checker, self._persist
+        )
+        self.tree = self.block_tree_cls(recovered.committed, self.limits.pending_blocks_max)
+        for block in sorted(recovered.pending, key=lambda b: b.height):
+            if block.parent_hash in self.tree and block.height > self.tree.committed_height:
+                self.tree.insert(block)
+
+        self.view = 0
+        self._ticks_in_view = 0
+        self._timeout_ticks = self.limits.view_timeout_ticks_base
+        self._backoff = 0
+        self._timeout_sent_tick: int | None = None
+        # view -> voter -> vote; view -> voter -> timeout (bounded by the view window)
+        self._votes: dict[int, dict[int, Vote]] = {}
+        self._timeouts: dict[int, dict[int, Timeout]] = {}
+        self._proposal_seen: dict[int, bytes] = {}
+        self._waiting: Proposal | None = None
+        self._sync_peer: int | None = None
+        self._sync_ticks = 0
+        self._next_sync_peer = (me + 1) % membership.n
+        self._started = False
+        self.high_qc: QuorumCert = recovered.safety.high_qc
+        self.high_tc: TimeoutCert | None = recovered.high_tc or recovered.safety.high_tc
+        for block in sorted(recovered.pending, key=lambda b: b.height):
+            if block.hash in self.tree:
+                self._raise_high_qc(block.justify)
+        self._start_view = max(
+            self.high_qc.view + 1,
+            (self.high_tc.view + 1) if self.high_tc else 0,
+            recovered.safety.last_voted_view,
+            1,
+        )
+
+    # ================================================================== events
+
+    def start(self) -> list[Action]:
+        """First call after construction: enter the starting view."""
+        assert not self._started, "start called twice"
+        self._started = True
+        self._enter_view(self._start_view, via_qc=False, initial=True)
+        last = self.safety.state.last_timeout
+        if last is not None and last.view == self.view:
+            self._local_timeout()  # re-announce the timeout we signed before a restart
+        return self._flush()
+
+    def on_tick(self, now_ms: int) -> list[Action]:
+        """One pacemaker tick; `now_ms` is the shell's clock, used only for timestamps."""
+        assert self._started, "start() first"
+        self.now_ms = now_ms
+        self._ticks_in_view += 1
+        if self._timeout_sent_tick is None:
+            if self._ticks_in_view >= self._timeout_ticks:
+                self._local_timeout()
+        elif self._ticks_in_view - self._timeout_sent_tick >= self.limits.view_timeout_ticks_base:
+            self._local_timeout()  # re-broadcast the same timeout while the view is stuck
+        if self._sync_peer is not None:
+            self._sync_ticks += 1
+            if self._sync_ticks >= self.limits.sync_retry_ticks:
+                self._sync_peer = None
+        self._maybe_propose()
+        return self._flush()
+
+    def on_transactions(self) -> list[Action]:
+        """The payload source has new transactions: a waiting leader may propose now."""
+        self._maybe_propose()
+        return self._flush()
+
+    def on_message(self, envelope: Envelope) -> list[Action]:
+        try:
+            if envelope.chain_id != self.membership.chain_id:
+                raise RemoteError("wrong_chain", "envelope for another chain")
+            sender = envelope.sender
+            if not self.membership.is_member(sender) or sender == self.me:
+                raise RemoteError("non_member", f"sender {sender}")
+            msg = envelope.message
+            if isinstance(msg, Proposal):
+                self._on_proposal(sender, msg)
+            elif isinstance(msg, Vote):
+                self._on_vote(msg, local=False)
+            elif isinstance(msg, Timeout):
+                self._on_timeout(msg, local=False)
+            elif isinstance(msg, TimeoutCert):
+                self.checker.check_tc(msg)
+                self._process_tc(msg)
+            elif isinstance(msg, SyncResponse):
+                self._on_sync_response(sender, msg)
+            elif isinstance(msg, SyncRequest):
+                raise RemoteError("unexpected", "sync requests are served by the shell")
+            else:  # pragma: no cover - the Message union is closed
+                raise RemoteError("malformed", "unknown message type")
+        except RemoteError as err:
+            self.dropped[err.reason] += 1
+        return self._flush()
+
+    # ================================================================== queries
+
+    @property
+    def leader(self) -> int:
+        return self.membership.leader(self.view)
+
+    @property
+    def committed_height(self) -> int:
+        return self.tree.committed_height
+
+    def pending_chain(self, target_hash: bytes, blocks_max: int) -> list[Block]:
+        """Uncommitted blocks from above the committed root up to `target_hash` (for sync)."""
+        if target_hash and target_hash in self.tree:
+            return self.tree.uncommitted_chain(target_hash)[:blocks_max]
+        return []
+
+    # ================================================================== internals
+
+    def _flush(self) -> list[Action]:
+        out, self._out = self._out, []
+        return out
+
+    def _persist(self, state: SafetyState) -> None:
+        self._out.append(PersistSafety(state))
+
+    def _raise_high_qc(self, qc: QuorumCert) -> None:
+        if qc.view > self.high_qc.view:
+            self.high_qc = qc
+            for view in [v for v in self._votes if v <= qc.view]:
+                del self._votes[view]
+
+    # ------------------------------------------------------------------ views
+
+    def _enter_view(self, view: int, *, via_qc: bool, initial: bool = False) -> None:
+        assert view > self.view, f"view must grow: {self.view} -> {view}"
+        self.view = view
+        self.stats.views_entered += 1
+        if via_qc:
+            self._backoff = 0
+        elif not initial:
+            self._backoff = min(self._backoff + 1, BACKOFF_EXPONENT_MAX)
+        self._timeout_ticks = min(
+            self.limits.view_timeout_ticks_base << self._backoff,
+            self.limits.view_timeout_ticks_max,
+        )
+        self._ticks_in_view = 0
+        self._timeout_sent_tick = None
+        for old in [v for v in self._timeouts if v < view]:
+            del self._timeouts[old]
+        for old in [v for v in self._proposal_seen if v < view]:
+            del self._proposal_seen[old]
+        for old in [v for v in self._votes if v < view - self.limits.vote_views_max]:
+            del self._votes[old]
+        self._out.append(ScheduleTimeout(view, self._timeout_ticks, self.leader))
+        self._maybe_propose()
+        waiting = self._waiting
+        if waiting is not None and waiting.block.view < view:
+            self._waiting = None
+        # Timeouts already gathered for the new view may warrant joining them.
+        self._check_timeout_amplification()
+
+    def _try_commit(self, qc: QuorumCert) -> None:
+        """Apply the commit rule to a verified QC (replica/blocktree.py)."""
+        committed = self.tree.three_chain(qc)
+        if committed is not None:
+            blocks, proof = committed
+            self.tree.commit(blocks[-1])
+            self.stats.blocks_committed += len(blocks)
+            self._out.append(Commit(tuple(blocks), proof))
+
+    def _process_certs(self, qc: QuorumCert, tc: TimeoutCert | None = None) -> None:
+        """Verified certificates: raise the highest QC and TC, commit, then enter the
+        highest view they justify, once."""
+        self._raise_high_qc(qc)
+        self._try_commit(qc)
+        if tc is not None and (self.high_tc is None or tc.view > self.high_tc.view):
+            self.high_tc = tc
+        if tc is not None and tc.view >= self.view and tc.view > qc.view:
+            self._enter_view(tc.view + 1, via_qc=False)
+        elif qc.view >= self.view:
+            self._enter_view(qc.view + 1, via_qc=True)
+
+    def _process_qc(self, qc: QuorumCert) -> None:
+        self._process_certs(qc)
+
+    def _process_tc(self, tc: TimeoutCert) -> None:
+        self._raise_high_qc(tc.high_qc)
+        self._process_certs(tc.high_qc, tc)
+
+    def _inserted(self, block: Block) -> None:
+        """A block entered the tree: a QC we already hold may now complete a 3-chain."""
+        self._out.append(StoreBlock(block))
+        if self.high_qc.block_hash == block.hash:
+            self._try_commit(self.high_qc)
+
+    # ------------------------------------------------------------------ proposing
+
+    def _entered_legitimately(self) -> TimeoutCert | bool:
+        """The certificate that lets this view be led: True for a QC, the TC, or False."""
+        if self.high_qc.view == self.view - 1:
+            return True
+        if self.high_tc is not None and self.high_tc.view == self.view - 1:
+            return self.high_tc
+        return False
+
+    def _maybe_propose(self) -> None:
+        if self.leader != self.me or self.safety.state.last_proposed_view >= self.view:
+            return
+        entry = self._entered_legitimately()
+        if entry is False:
+            return
+        parent = self.tree.get(self.high_qc.block_hash)
+        if parent is None:
+            signers = [s for s, _ in self.high_qc.signatures if s != self.me]
+            if signers:
+                self._request_sync(signers[0], self.high_qc.block_hash)
+            return
+        if self.tree.full:
+            return
+        chain = self.tree.uncommitted_chain(parent.hash)
+        ready = (
+            self.payload.pending()
+            or any(block.payload for block in chain)
+            or self._ticks_in_view >= self.limits.idle_propose_ticks
+        )
+        if not ready:
+            return
+        limits = self.limits
+        txs = self.payload.take(chain, limits.batch_txs_max, limits.batch_bytes_max)
+        assert len(txs) <= limits.batch_txs_max, "payload source broke the batch count limit"
+        assert sum(map(len, txs)) <= limits.batch_bytes_max, "payload source broke byte limit"
+        root_height, root = parent.state_root_height, parent.state_root
+        latest_height, latest_root = self.execution.latest_root()
+        if root_height < latest_height <= parent.height:
+            root_height, root = latest_height, latest_root
+        block = Block.create(
+            self.membership.chain_id,
+            parent.hash,
+            self.view,
+            parent.height + 1,
+            self.high_qc,
+            max(self.now_ms, parent.timestamp_ms + 1),
+            self.me,
+            txs,
+            root_height,
+            root,
+        )
+        high_tc = entry if isinstance(entry, TimeoutCert) else None
+        try:
+            signed = self.safety.sign_proposal(block, high_tc)
+        except SafetyError as err:
+            self.stats.refused[f"rule{err.rule}"] += 1
+            return
+        self.stats.proposals_made += 1
+        self._out.append(Send(None, signed.value, signed.epoch))
+        self._accept_proposal(block)
+
+    # ------------------------------------------------------------------ receiving proposals
+
+    def _on_proposal(self, sender: int, proposal: Proposal) -> None:
+        block = proposal.block
+        if sender != block.proposer:
+            raise RemoteError("not_leader", f"proposal for view {block.view} relayed by {sender}")
+        self.checker.check_proposal(proposal)
+        # Certificates first: they are how a replica learns that views moved on.
+        self._process_certs(block.justify, proposal.high_tc)
+        if block.view < self.view:
+            # Late (votes overtook it): keep the block, since a 3-chain may need it.
+            parent = self.tree.get(block.parent_hash)
+            if parent is not None and block.hash not in self.tree and not self.tree.full:
+                self._validate(block, parent)
+                self.tree.insert(block)
+                self._inserted(block)
+            self.stats.late_messages += 1
+            return
+        if block.view > self.view:
+            raise RemoteError("view_not_justified", f"proposal view {block.view}")
+        seen = self._proposal_seen.get(block.view)
+        if seen is not None:
+            reason = "duplicate" if seen == block.hash else "equivocating_proposal"
+            raise RemoteError(reason, f"second proposal for view {block.view}")
+        # Without the parent, or without having committed the height whose state root the
+        # block carries, this replica cannot judge the block: fetch what it lacks first.
+        if (
+            block.parent_hash not in self.tree
+            or block.state_root_height > self.tree.committed_height
+        ):
+            self._waiting = proposal
+            self._request_sync(sender, block.parent_hash)
+            return
+        self._accept_proposal(block)
+
+    def _validate(self, block: Block, parent: Block) -> None:
+        limits = self.limits
+        if parent.height != block.justify.height or parent.view != block.justify.view:
+            raise RemoteError("malformed", "justify does not match the parent block")
+        if len(block.payload) > limits.batch_txs_max or block.payload_bytes > (
+            limits.batch_bytes_max
+        ):
+            raise RemoteError("oversized_batch", f"{len(block.payload)} transactions")
+        if any(len(tx) > limits.tx_bytes_max for tx in block.payload):
+            raise RemoteError("oversized_batch", "transaction over tx_bytes_max")
+        if block.timestamp_ms <= parent.timestamp_ms:
+            raise RemoteError("bad_timestamp", "block time not after its parent's")
+        if abs(block.timestamp_ms - self.now_ms) > limits.timestamp_skew_ms_max:
+            raise RemoteError("bad_timestamp", "block time outside the allowed skew")
+        if block.state_root_height < parent.state_root_height:
+            raise RemoteError("bad_state_root", "state root height went backwards")
+        if block.state_root_height == parent.state_root_height:
+            if block.state_root != parent.state_root:
+                raise RemoteError("bad_state_root", "state root changed at the same height")
+        else:
+            mine = self.execution.root_at(block.state_root_height)
+            if mine is None:
+                raise RemoteError("state_root_unknown", f"height {block.state_root_height}")
+            if mine != block.state_root:
+                raise RemoteError("bad_state_root", f"height {block.state_root_height}")
+        reason = self.payload.check(block)
+        if reason is not None:
+            raise RemoteError("invalid_payload", reason)
+
+    def _accept_proposal(self, block: Block) -> None:
+        parent = self.tree.get(block.parent_hash)
+        assert parent is not None, "accept needs the parent"
+        if block.proposer != self.me:
+            self._validate(block, parent)
+        if self.tree.full and block.hash not in self.tree:
+            raise RemoteError("tree_full", f"{len(self.tree)} pending blocks")
+        if self.tree.insert(block):
+            self._inserted(block)
+        self._proposal_seen[block.view] = block.hash
+        try:
+            signed = self.safety.vote(block, parent, self.high_qc, self.high_tc)
+        except SafetyError as err:
+            self.stats.refused[f"rule{err.rule}"] += 1
+            return
+        self.stats.votes_sent += 1
+        self._out.append(Send(None, signed.value, signed.epoch))
+        self._on_vote(signed.value, local=True)
+
+    # ------------------------------------------------------------------ votes
+
+    def _on_vote(self, vote: Vote, *, local: bool) -> None:
+        if vote.view <= self.high_qc.view:
+            self.stats.late_messages += 0 if local else 1
+            return  # its view is certified already: the usual fate of the last votes
+        if vote.view > self.view + self.limits.vote_views_max:
+            raise RemoteError("future_view", f"vote for view {vote.view}")
+        if not local:
+            self.checker.check_vote(vote)
+        by_voter = self._votes.setdefault(vote.view, {})
+        previous = by_voter.get(vote.voter)
+        if previous is not None:
+            same = previous.block_hash == vote.block_hash
+            raise RemoteError("duplicate" if same else "equivocating_vote", f"view {vote.view}")
+        by_voter[vote.voter] = vote
+        agreeing = [v for v in by_voter.values() if v.block_hash == vote.block_hash]
+        if len(agreeing) < self.membership.quorum:
+            return
+        agreeing.sort(key=lambda v: v.voter)
+        qc = QuorumCert(
+            vote.view, vote.height, vote.block_hash, tuple((v.voter, v.signature) for v in agreeing)
+        )
+        block = self.tree.get(qc.block_hash)
+        if block is not None and block.height != qc.height:
+            raise RemoteError("malformed", "votes name a wrong height for the block")
+        self.verifier.remember(qc.digest())
+        self.stats.qcs_formed += 1
+        self._process_qc(qc)
+
+    # ------------------------------------------------------------------ timeouts
+
+    def _local_timeout(self) -> None:
+        try:
+            signed = self.safety.timeout(self.view, self.high_qc, self.high_tc)
+        except SafetyError as err:
+            self.stats.refused[f"rule{err.rule}"] += 1
+            return
+        self._timeout_sent_tick = self._ticks_in_view
+        self.stats.timeouts_sent += 1
+        self._out.append(Send(None, signed.value, signed.epoch))
+        self._record_timeout(signed.value)
+
+    def _on_timeout(self, timeout: Timeout, *, local: bool) -> None:
+        if timeout.view > self.view + self.limits.vote_views_max:
+            raise RemoteError("future_view", f"timeout for view {timeout.view}")
+        if not local:
+            self.checker.check_timeout(timeout)
+        self._process_certs(timeout.high_qc, timeout.high_tc)
+        if timeout.view < self.view:
+            self.stats.late_messages += 1
+            # Late: its certificates were worth reading. If we hold a TC that moves its
+            # sender past that view, hand it over (its copy may have been lost).
+            tc = self.high_tc
+            if not local and tc is not None and tc.view >= timeout.view:
+                self._out.append(Send(timeout.voter, tc))
+            return
+        self._record_timeout(timeout)
+
+    def _record_timeout(self, timeout: Timeout) -> None:
+        by_voter = self._timeouts.setdefault(timeout.view, {})
+        previous = by_voter.get(timeout.voter)
+        if previous is not None:
+            if previous.high_qc.view != timeout.high_qc.view and timeout.voter != self.me:
+                raise RemoteError("equivocating_timeout", f"view {timeout.view}")
+            return
+        by_voter[timeout.voter] = timeout
+        if len(by_voter) >= self.membership.quorum:
+            signers = sorted(by_voter.values(), key=lambda t: t.voter)
+            high = max((t.high_qc for t in signers), key=lambda qc: qc.view)
+            tc = TimeoutCert(
+                timeout.view, high, tuple((t.voter, t.high_qc.view, t.signature) for t in signers)
+            )
+            self.stats.tcs_formed += 1
+            self._process_tc(tc)
+            nxt = self.membership.leader(tc.view + 1)
+            if nxt != self.me:
+                self._out.append(Send(nxt, tc))
+        elif timeout.view == self.view:
+            self._check_timeout_amplification()
+
+    def _check_timeout_amplification(self) -> None:
+        """f+1 timeouts for this view mean an honest member gave up on it: join them."""
+        if self._timeout_sent_tick is not None:
+            return
+        if len(self._timeouts.get(self.view, ())) >= self.membership.f + 1:
+            self._local_timeout()
+
+    # ------------------------------------------------------------------ catch-up
+
+    def _request_sync(self, peer: int, target_hash: bytes) -> None:
+        if self._sync_peer is not None:
+            return
+        if peer == self.me or not self.membership.is_member(peer):
+            peer = self._next_sync_peer
+        self._sync_peer = peer
+        self._sync_ticks = 0
+        self._next_sync_peer = (self._next_sync_peer + 1) % self.membership.n
+        if self._next_sync_peer == self.me:
+            self._next_sync_peer = (self._next_sync_peer + 1) % self.membership.n
+        self.stats.sync_requests += 1
+        request = SyncRequest(
+            self.tree.committed_height + 1, self.limits.sync_blocks_max, target_hash
+        )
+        self._out.append(Send(peer, request))
+
+    def _on_sync_response(self, sender: int, response: SyncResponse) -> None:
+        if sender != self._sync_peer:
+            raise RemoteError("unsolicited", f"sync response from {sender}")
+        self._sync_peer = None
+        limits = self.limits
+        total = len(response.committed) + len(response.proof) + len(response.pending)
+        if total > limits.sync_blocks_max + 2 + limits.sync_blocks_max:
+            raise RemoteError("oversized_sync", f"{total} blocks")
+        # Every block must chain onto what we hold and carry a valid certificate of its
+        # parent; only then does it enter the tree. Commits then happen through the normal
+        # commit rule, fired by the proof QC: sync never commits anything on its own say.
+        inserted: list[Block] = []
+        for block in (*response.committed, *response.proof, *response.pending):
+            if block.height <= self.tree.committed_height or block.hash in self.tree:
+                continue
+            parent = self.tree.get(block.parent_hash)
+            if parent is None:
+                raise RemoteError("sync_gap", f"block at height {block.height} does not chain")
+            if block.chain_id != self.membership.chain_id:
+                raise RemoteError("wrong_chain", "sync block for another chain")
+            if parent.height != block.justify.height or parent.view != block.justify.view:
+                raise RemoteError("malformed", "sync block justify does not match its parent")
+            self.checker.check_qc(block.justify)
+            if self.tree.full:
+                break
+            self.tree.insert(block)
+            self._inserted(block)
+            inserted.append(block)
+        for block in inserted:
+            self._process_qc(block.justify)
+        if response.proof_qc is not None and response.proof:
+            last = response.proof[-1]
+            if last.hash in self.tree:
+                self.checker.check_block_certified(last, response.proof_qc)
+                self._process_qc(response.proof_qc)
+        if response.committed_height > self.tree.committed_height and response.committed:
+            self._request_sync(sender, b"")  # more to fetch from the same peer
+        waiting = self._waiting
+        if waiting is not None and waiting.block.parent_hash in self.tree:
+            self._waiting = None
+            if waiting.block.view == self.view and waiting.block.view not in self._proposal_seen:
+                self._accept_proposal(waiting.block)

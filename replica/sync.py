@@ -1,0 +1,75 @@
+"""Serving catch-up requests: which committed blocks to send, and the proof that they are.
+
+The core verifies and applies responses (`Core._on_sync_response`); answering needs the
+committed log, which lives in the shell's storage (or the simulator's disk), so this pure
+function takes a read-only view of it.
+
+A response ends its committed part at a height for which the server kept a commit proof
+(the 3-chain that committed it), so the asker can check the whole range against one QC.
+Every `Commit` action yields a proof for its last block; in a healthy cluster that is every
+block.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from replica.config import Limits
+from replica.core import Core
+from replica.types import Block, CommitProof, SyncRequest, SyncResponse
+
+# How far past `max_blocks` a response may reach to end on a height that has a proof.
+SYNC_PROOF_REACH_BLOCKS_MAX = 256
+
+
+class CommittedStore(Protocol):
+    def committed_height(self) -> int: ...
+
+    def committed_range(self, start: int, end: int) -> list[Block]:
+        """Committed blocks with heights start..end inclusive, in height order."""
+        ...
+
+    def proof_at_or_after(self, height: int, limit: int) -> CommitProof | None:
+        """The proof with the smallest committed height in [height, limit], if any."""
+        ...
+
+    def proof_at_or_before(self, height: int, floor: int) -> CommitProof | None:
+        """The proof with the largest committed height in [floor, height], if any."""
+        ...
+
+
+def proof_height(proof: CommitProof) -> int:
+    return proof.b1.height - 1
+
+
+def build_sync_response(
+    request: SyncRequest, store: CommittedStore, core: Core | None, limits: Limits
+) -> SyncResponse:
+    top = store.committed_height()
+    start = max(request.from_height, 1)
+    max_blocks = max(1, min(request.max_blocks, limits.sync_blocks_max))
+    committed: list[Block] = []
+    proof: CommitProof | None = None
+    if start <= top:
+        want_end = min(start + max_blocks - 1, top)
+        proof = store.proof_at_or_before(want_end, start)
+        if proof is None:
+            proof = store.proof_at_or_after(want_end, min(top, want_end + SYNC_PROOF_REACH_BLOCKS_MAX))
+        if proof is not None:
+            committed = store.committed_range(start, proof_height(proof))
+    pending: list[Block] = []
+    end = committed[-1].height if committed else start - 1
+    if core is not None and request.target_hash and end >= top:
+        budget = limits.sync_bytes_max - sum(b.payload_bytes for b in committed)
+        for block in core.pending_chain(request.target_hash, limits.sync_blocks_max):
+            budget -= block.payload_bytes
+            if budget < 0:
+                break
+            pending.append(block)
+    return SyncResponse(
+        committed=tuple(committed),
+        proof=(proof.b1, proof.b2) if proof is not None and committed else (),
+        proof_qc=proof.qc if proof is not None and committed else None,
+        pending=tuple(pending),
+        committed_height=top,
+    )

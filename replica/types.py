@@ -1,0 +1,288 @@
+"""Domain types of the consensus core: frozen values, validated on construction.
+
+Protobuf never crosses into the core (see replica/wire.py for the codec); these types are
+what the core, the safety rules and the simulation exchange. Hashes and signed bytes come
+from replica/canonical.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from replica.canonical import (
+    HASH_BYTES,
+    TAG_BLOCK,
+    TAG_PROPOSAL,
+    TAG_QC,
+    TAG_TIMEOUT,
+    TAG_VOTE,
+    Encoder,
+)
+
+SIGNATURE_BYTES = 64
+PUBLIC_KEY_BYTES = 32
+ZERO_HASH = bytes(HASH_BYTES)
+
+
+class RemoteError(Exception):
+    """A peer broke the rules: its message is dropped and counted under `reason`.
+
+    Never raised out of the core (h11's split: our bugs are assertions, theirs are this).
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+# --------------------------------------------------------------------------- signing bytes
+
+
+def vote_bytes(chain_id: str, view: int, block_hash: bytes) -> bytes:
+    """DESIGN §3: b"qg/vote/v1" || chain id || view || block hash."""
+    return bytes(Encoder(TAG_VOTE).text(chain_id).u64(view).raw(block_hash))
+
+
+def timeout_bytes(chain_id: str, view: int, high_qc_view: int) -> bytes:
+    """A timeout signs its view and the view of the signer's highest QC (DiemBFT v4 §4)."""
+    return bytes(Encoder(TAG_TIMEOUT).text(chain_id).u64(view).u64(high_qc_view))
+
+
+def proposal_bytes(chain_id: str, view: int, block_hash: bytes) -> bytes:
+    return bytes(Encoder(TAG_PROPOSAL).text(chain_id).u64(view).raw(block_hash))
+
+
+# --------------------------------------------------------------------------- certificates
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumCert:
+    """2f+1 votes from distinct members for (view, block_hash).
+
+    `height` is the certified block's height. It is not signed (the vote bytes are fixed by
+    DESIGN §3) but the block hash commits to it, so the core checks it against the block
+    whenever the block is known and treats it as a hint otherwise.
+    """
+
+    view: int
+    height: int
+    block_hash: bytes
+    signatures: tuple[tuple[int, bytes], ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.block_hash) != HASH_BYTES:
+            raise RemoteError("malformed", "qc block hash length")
+        if self.view < 0 or self.height < 0:
+            raise RemoteError("malformed", "negative qc view or height")
+        signers = [s for s, _ in self.signatures]
+        if signers != sorted(set(signers)):
+            raise RemoteError("bad_certificate", "qc signers repeated or unsorted")
+        if any(len(sig) != SIGNATURE_BYTES for _, sig in self.signatures):
+            raise RemoteError("malformed", "qc signature length")
+
+    @property
+    def is_genesis(self) -> bool:
+        return self.view == 0 and not self.signatures
+
+    def digest(self) -> bytes:
+        enc = Encoder(TAG_QC).u64(self.view).u64(self.height).raw(self.block_hash)
+        enc.u32(len(self.signatures))
+        for signer, sig in self.signatures:
+            enc.u32(signer).raw(sig)
+        return enc.digest()
+
+    def __repr__(self) -> str:
+        short = self.block_hash[:4].hex()
+        return f"QC(v={self.view}, h={self.height}, {short}, n={len(self.signatures)})"
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutCert:
+    """2f+1 signed timeouts for one view, with the highest QC among the signers'."""
+
+    view: int
+    high_qc: QuorumCert
+    signatures: tuple[tuple[int, int, bytes], ...]  # (signer, high_qc_view, signature)
+
+    def __post_init__(self) -> None:
+        signers = [s for s, _, _ in self.signatures]
+        if signers != sorted(set(signers)):
+            raise RemoteError("bad_certificate", "tc signers repeated or unsorted")
+        if any(len(sig) != SIGNATURE_BYTES for _, _, sig in self.signatures):
+            raise RemoteError("malformed", "tc signature length")
+        if self.signatures and self.high_qc.view != max(v for _, v, _ in self.signatures):
+            raise RemoteError("bad_certificate", "tc high qc is not the signers' highest")
+        if self.high_qc.view >= self.view:
+            raise RemoteError("bad_certificate", "tc high qc not below tc view")
+
+    def __repr__(self) -> str:
+        return f"TC(v={self.view}, hqc={self.high_qc.view}, n={len(self.signatures)})"
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """(parent hash, view, height, justify QC, timestamp, payload, previous state root).
+
+    Build one with `Block.create`, which computes `hash`; the codec does the same for blocks
+    from the wire, so a block's hash is never taken from a peer.
+    """
+
+    chain_id: str
+    parent_hash: bytes
+    view: int
+    height: int
+    justify: QuorumCert
+    timestamp_ms: int
+    proposer: int
+    payload: tuple[bytes, ...]
+    state_root_height: int
+    state_root: bytes
+    hash: bytes = field(default=b"", compare=False)
+    payload_bytes: int = field(default=0, compare=False)
+
+    @staticmethod
+    def create(
+        chain_id: str,
+        parent_hash: bytes,
+        view: int,
+        height: int,
+        justify: QuorumCert,
+        timestamp_ms: int,
+        proposer: int,
+        payload: tuple[bytes, ...],
+        state_root_height: int = 0,
+        state_root: bytes = b"",
+    ) -> Block:
+        enc = Encoder(TAG_BLOCK).text(chain_id).raw(parent_hash).u64(view).u64(height)
+        enc.raw(justify.digest()).u64(timestamp_ms).u32(proposer).blobs(payload)
+        enc.u64(state_root_height).blob(state_root)
+        return Block(
+            chain_id,
+            parent_hash,
+            view,
+            height,
+            justify,
+            timestamp_ms,
+            proposer,
+            payload,
+            state_root_height,
+            state_root,
+            hash=enc.digest(),
+            payload_bytes=sum(len(tx) for tx in payload),
+        )
+
+    def __post_init__(self) -> None:
+        if len(self.parent_hash) != HASH_BYTES:
+            raise RemoteError("malformed", "parent hash length")
+        if len(self.hash) != HASH_BYTES:
+            raise RemoteError("malformed", "block built without Block.create")
+        if self.height > 0 and (
+            self.justify.block_hash != self.parent_hash or self.justify.height + 1 != self.height
+        ):
+            raise RemoteError("malformed", "justify does not certify the parent")
+        if self.height > 0 and self.view <= self.justify.view:
+            raise RemoteError("malformed", "block view not above its justify view")
+        if self.height > 0 and self.state_root_height >= self.height:
+            raise RemoteError("malformed", "state root height not below block height")
+
+    def __repr__(self) -> str:
+        return (
+            f"Block(v={self.view}, h={self.height}, {self.hash[:4].hex()}, "
+            f"parent={self.parent_hash[:4].hex()}, txs={len(self.payload)})"
+        )
+
+
+def genesis_block(chain_id: str) -> Block:
+    """Height 0, view 0: every chain starts here; its hash depends on the chain id."""
+    return Block.create(
+        chain_id, ZERO_HASH, 0, 0, QuorumCert(0, 0, ZERO_HASH), 0, 0, (), 0, b""
+    )
+
+
+def genesis_qc(chain_id: str) -> QuorumCert:
+    """The unsigned certificate of the genesis block, valid by definition."""
+    return QuorumCert(0, 0, genesis_block(chain_id).hash)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    block: Block
+    signature: bytes
+    high_tc: TimeoutCert | None = None
+
+    def __repr__(self) -> str:
+        return f"Proposal({self.block!r}, tc={self.high_tc!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    view: int
+    height: int
+    block_hash: bytes
+    voter: int
+    signature: bytes
+
+    def __repr__(self) -> str:
+        return f"Vote(v={self.view}, {self.block_hash[:4].hex()}, by={self.voter})"
+
+
+@dataclass(frozen=True, slots=True)
+class Timeout:
+    view: int
+    high_qc: QuorumCert
+    voter: int
+    signature: bytes
+    high_tc: TimeoutCert | None = None
+
+    def __repr__(self) -> str:
+        return f"Timeout(v={self.view}, hqc={self.high_qc.view}, by={self.voter})"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    from_height: int
+    max_blocks: int
+    target_hash: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResponse:
+    """Committed blocks, a commit proof for the last of them, then pending blocks.
+
+    `proof` holds the two blocks that extend the last committed block in consecutive views
+    and `proof_qc` certifies the second: the 3-chain that commits it (HotStuff §5, Alg. 3).
+    """
+
+    committed: tuple[Block, ...]
+    proof: tuple[Block, ...]
+    proof_qc: QuorumCert | None
+    pending: tuple[Block, ...]
+    committed_height: int
+
+
+Message = Proposal | Vote | Timeout | TimeoutCert | SyncRequest | SyncResponse
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What travels between replicas: the chain id, the claimed sender, one message."""
+
+    chain_id: str
+    sender: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class CommitProof:
+    """Why `blocks[-1]` of a commit is committed: B1, B2 in consecutive views and QC(B2)."""
+
+    b1: Block
+    b2: Block
+    qc: QuorumCert

@@ -1,0 +1,50 @@
+"""Every structural limit of the governance engine, named in one place (STYLE.md rule 5).
+
+Limits that an operator may reasonably tune per deployment (latch size, quota window,
+confirmation lifetime, table sizes) are fields of `EngineConfig` with the defaults below;
+limits that shape what a transaction may look like are constants, because the mempool and
+the sidecar must agree on them without sharing a configuration.
+"""
+
+from __future__ import annotations
+
+# --- transactions (checked before anything else; the mempool uses the same numbers) ---
+TX_BYTES_MAX = 64 * 1024
+NONCE_WINDOW = 1024  # executed nonces remembered above a signer's low-water mark
+RUN_ID_CHARS_MAX = 128
+TOOL_NAME_CHARS_MAX = 128
+ID_CHARS_MAX = 64  # agent ids, sink ids
+TARGET_CHARS_MAX = 2048  # before and after canonicalization
+ARGUMENTS_MAX = 32
+ARGUMENT_NAME_CHARS_MAX = 64
+ARGUMENT_TEXT_BYTES_MAX = 16 * 1024
+TOOLS_PER_LIST_MAX = 256  # allowed_tools of a mandate, tools of a grant
+SCHEMES_PER_TOOL_MAX = 16
+ENVELOPE_ARGS_PER_TOOL_MAX = 16
+SINKS_PER_HANDLE_MAX = 8
+KIND_CHARS_MAX = 32
+SEALED_BYTES_MIN = 48  # a SealedBox adds a 32-byte ephemeral key and a 16-byte MAC
+SEALED_BYTES_MAX = 8 * 1024
+
+# --- defaults for EngineConfig (DESIGN §4.3, §4.5, §4.7; mandate guide) ---
+LATCH_HALT_THRESHOLD_DEFAULT = 3  # attempts at one refused tool, counting the first
+LATCH_RUNS_MAX_DEFAULT = 1024
+LATCH_BUCKETS_PER_RUN_MAX_DEFAULT = 64  # a run that collects more refused tools is halted
+QUOTA_WINDOW_MS_DEFAULT = 60_000
+QUOTA_PROPOSALS_MAX_DEFAULT = 120  # per principal per window
+CONFIRMATION_TTL_MS_DEFAULT = 300_000
+PENDING_MAX_DEFAULT = 4096
+PENDING_PER_PRINCIPAL_MAX_DEFAULT = 64
+GRANT_TTL_MS_MAX_DEFAULT = 24 * 3600 * 1000
+GRANTS_MAX_DEFAULT = 4096
+GRANTS_PER_AGENT_MAX_DEFAULT = 64
+DELEGATION_DEPTH_MAX_DEFAULT = 8  # hard ceiling whatever the mandates say
+HANDLES_MAX_DEFAULT = 65_536
+HANDLES_PER_PRINCIPAL_MAX_DEFAULT = 256
+TOOLS_MAX_DEFAULT = 1024
+AGENTS_MAX_DEFAULT = 4096
+SINKS_MAX_DEFAULT = 256
+# Expired pending proposals and grants are kept this long past expiry, so that a late
+# confirmation or use is answered `confirmation_expired` / `delegation_expired` rather than
+# "unknown"; after that they are pruned, which is what keeps both tables bounded in time.
+EXPIRED_RETENTION_MS_DEFAULT = 3_600_000
