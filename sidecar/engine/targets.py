@@ -1,0 +1,375 @@
+"""Canonical targets (DESIGN §4.1): one spelling per target, so aliases cannot dodge a rule.
+
+Every proposal's target is canonicalized before any rule runs; the canonical target of a
+call is the string `"<tool> <target>"`. Forms, after NFKC and Unicode-digit folding:
+
+- ``""`` for a tool that takes no target: ``-``;
+- ``CURRENT_USER`` or ``principal:<id>``: ``principal:<caller>``; any other principal is
+  refused with `cross_principal_target` (BRAH I-4);
+- an absolute path ``/a/./b/../c``: ``.``/``..`` resolved lexically (never above ``/``),
+  empty segments dropped, NUL and control characters refused;
+- ``file:`` URIs become the path they name (host empty or ``localhost``);
+- any other URI (RFC 3986 §6.2): scheme and host lower-cased, IDNA host (UTS 46, A-labels),
+  IPv4/IPv6 literals in their one standard spelling, default port dropped, percent-encoding
+  normalized (unreserved decoded, the rest upper-case hex, non-ASCII encoded as UTF-8),
+  dot segments removed, empty path ``/`` when there is an authority, empty query and
+  fragment dropped. User information is refused (it carries credentials and is the
+  classic ``https://bank.example@evil.example`` disguise), as are raw characters RFC 3986
+  does not allow and query keys that name a principal or recipient.
+
+A path segment ``CURRENT_USER`` binds to the caller as well. Anything else that cannot be
+canonicalized is refused with `malformed_target`. The library parsers (`rfc3986` for the
+RFC 3986 appendix-B split and its dot-segment removal and validation, `idna` for UTS 46 and
+A-labels) do the standard parts; the strictness around them is ours, because both
+libraries are lenient in ways that would let two spellings of one target survive.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import unicodedata
+
+import idna
+from rfc3986 import misc, normalizers, uri_reference  # type: ignore[import-untyped]
+
+from sidecar.engine import limits, names
+from sidecar.engine.model import Reason
+
+NO_TARGET = "-"
+# Stands in for the target of a call that was refused before its target could be
+# canonicalized (an unknown tool, a malformed target): no canonical target starts with "!".
+UNCHECKED_TARGET = "!"
+PRINCIPAL_SCHEME = "principal"
+FILE_SCHEME = "file"
+
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
+AUTHORITY_REQUIRED = frozenset(DEFAULT_PORTS)
+HOST_CHARS_MAX = 253
+LABEL_RE = re.compile(r"[a-z0-9_-]{1,63}")
+SCHEME_PREFIX_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+HEX = "0123456789ABCDEFabcdef"
+UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+SUB_DELIMS = frozenset("!$&'()*+,;=")
+PATH_CHARS = UNRESERVED | SUB_DELIMS | frozenset(":@/")
+QUERY_CHARS = PATH_CHARS | frozenset("?")
+# Control, format (zero-width and bidi overrides), surrogate, private-use, unassigned,
+# line and paragraph separators: none of them has a place in a target.
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+class TargetRefused(Exception):
+    """A target that has no canonical form for this caller and tool."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _malformed(detail: str) -> TargetRefused:
+    return TargetRefused(Reason.MALFORMED_TARGET, detail)
+
+
+def canonical_call(tool: str, target: str) -> str:
+    """DESIGN §4.1: the canonical target of a call is `"<tool> <target>"`."""
+    return f"{tool} {target}"
+
+
+def canonicalize_target(
+    raw: str,
+    *,
+    principal: str,
+    schemes: tuple[str, ...],
+    binds_caller: bool = False,
+) -> str:
+    """The canonical target for `principal` calling a tool that accepts `schemes`.
+
+    Raises TargetRefused with the reason code; never any other exception on any input.
+    """
+    text = _prepare(raw)
+    if binds_caller:
+        # BRAH §7.3: a status tool takes no identity; it is bound to the caller.
+        if text == "" or _is_principal_ref(text):
+            return _principal_ref(text, principal)
+        raise _malformed("a status tool takes no target")
+    if text == "":
+        if schemes:
+            raise _malformed("this tool needs a target")
+        return NO_TARGET
+    if not schemes:
+        raise TargetRefused(Reason.TARGET_SCHEME_NOT_ALLOWED, "this tool takes no target")
+    if _is_principal_ref(text):
+        _require_scheme(PRINCIPAL_SCHEME, schemes)
+        return _principal_ref(text, principal)
+    if text.startswith("/"):
+        _require_scheme(FILE_SCHEME, schemes)
+        return _path(text, principal)
+    match = SCHEME_PREFIX_RE.match(text)
+    if match is None:
+        raise _malformed("not an absolute URI, path or principal reference")
+    scheme = match.group(1).lower()
+    _require_scheme(scheme, schemes)
+    if scheme == FILE_SCHEME:
+        return _file_uri(text, principal)
+    return _uri(text, scheme, principal)
+
+
+def _require_scheme(scheme: str, schemes: tuple[str, ...]) -> None:
+    if scheme not in schemes:
+        raise TargetRefused(Reason.TARGET_SCHEME_NOT_ALLOWED, "scheme not allowed for tool")
+
+
+def _prepare(raw: str) -> str:
+    if len(raw) > 4 * limits.TARGET_CHARS_MAX:
+        raise _malformed("too long")
+    text = names.ascii_digits(unicodedata.normalize("NFKC", raw)).strip()
+    _refuse_controls(text)
+    if len(text) > limits.TARGET_CHARS_MAX:
+        raise _malformed("too long")
+    return text
+
+
+def _refuse_controls(text: str) -> None:
+    if text.isascii():
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+            raise _malformed("control character")
+        return
+    for ch in text:
+        if unicodedata.category(ch) in REFUSED_CATEGORIES:
+            raise _malformed("control or invisible character")
+
+
+# ----------------------------------------------------------------------- principals
+
+
+def _is_principal_ref(text: str) -> bool:
+    folded = text.casefold()
+    return folded == names.CURRENT_USER.casefold() or folded.startswith(PRINCIPAL_SCHEME + ":")
+
+
+def _principal_ref(text: str, principal: str) -> str:
+    """CURRENT_USER binds to the authenticated principal; no other principal is reachable."""
+    folded = names.fold(text)
+    if folded != names.CURRENT_USER.casefold():
+        named = folded[len(PRINCIPAL_SCHEME) + 1 :]
+        if named != names.CURRENT_USER.casefold() and named != principal:
+            if not names.is_agent_id(named):
+                raise _malformed("not a principal id")
+            raise TargetRefused(Reason.CROSS_PRINCIPAL_TARGET, "names another principal")
+    return f"{PRINCIPAL_SCHEME}:{principal}"
+
+
+def _bind_segment(segment: str, principal: str) -> str:
+    return principal if segment.casefold() == names.CURRENT_USER.casefold() else segment
+
+
+# ----------------------------------------------------------------------- paths
+
+
+def _path(text: str, principal: str) -> str:
+    """An absolute path with `.` and `..` resolved lexically; `..` never climbs above `/`."""
+    if "\x00" in text:
+        raise _malformed("NUL in path")
+    segments: list[str] = []
+    for segment in text.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(_bind_segment(segment, principal))
+    out = "/" + "/".join(segments)
+    if len(out) > limits.TARGET_CHARS_MAX:
+        raise _malformed("too long")
+    return out
+
+
+def _file_uri(text: str, principal: str) -> str:
+    parts = misc.URI_MATCHER.match(text)
+    assert parts is not None  # the RFC 3986 appendix-B expression matches every string
+    authority = parts.group("authority")
+    if authority is not None and authority.casefold() not in ("", "localhost"):
+        raise _malformed("file URI with a remote host")
+    if parts.group("query") is not None:
+        raise _malformed("file URI with a query")
+    path = _percent_decode(parts.group("path") or "")
+    path = names.ascii_digits(unicodedata.normalize("NFKC", path))
+    _refuse_controls(path)
+    if not path.startswith("/"):
+        raise _malformed("file URI without an absolute path")
+    return _path(path, principal)
+
+
+def _percent_decode(text: str) -> str:
+    raw = bytearray()
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "%":
+            pair = text[i + 1 : i + 3]
+            if len(pair) != 2 or any(c not in HEX for c in pair):
+                raise _malformed("bad percent-encoding")
+            raw.append(int(pair, 16))
+            i += 3
+        else:
+            raw.extend(ch.encode("utf-8"))
+            i += 1
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _malformed("percent-encoding is not UTF-8") from None
+
+
+# ----------------------------------------------------------------------- URIs
+
+
+def _uri(text: str, scheme: str, principal: str) -> str:
+    parts = misc.URI_MATCHER.match(text)
+    assert parts is not None  # the RFC 3986 appendix-B expression matches every string
+    authority = parts.group("authority")
+    path = _normalize_percent(parts.group("path") or "", PATH_CHARS)
+    query = _normalize_percent(parts.group("query") or "", QUERY_CHARS)
+    # the fragment never reaches the server: dropped (RFC 3986 §6.2.3 / DESIGN §4.1)
+    out = scheme + ":"
+    if authority is not None:
+        out += "//" + _authority(authority, scheme)
+        path = normalizers.remove_dot_segments(path) or "/"
+    else:
+        if scheme in AUTHORITY_REQUIRED:
+            raise _malformed("URI without a host")
+        if path.startswith("/"):
+            path = normalizers.remove_dot_segments(path)
+        if path.startswith("//"):
+            raise _malformed("path would read as an authority")
+    if path.startswith("/"):
+        path = "/".join(_bind_segment(segment, principal) for segment in path.split("/"))
+    out += path
+    if query:
+        _refuse_ambient_query_keys(query)
+        out += "?" + query
+    if len(out) > limits.TARGET_CHARS_MAX:
+        raise _malformed("too long")
+    # Belt and braces: what we produce must be a valid absolute URI for rfc3986 as well.
+    if not uri_reference(out).is_valid(require_scheme=True):
+        raise _malformed("not a valid URI")
+    return out
+
+
+def _normalize_percent(component: str, allowed: frozenset[str]) -> str:
+    """RFC 3986 §6.2.2.2 and RFC 3987 §3.1: decode unreserved, upper-case the rest,
+    encode non-ASCII as UTF-8; any other character that RFC 3986 does not allow is refused."""
+    out: list[str] = []
+    i = 0
+    while i < len(component):
+        ch = component[i]
+        if ch == "%":
+            pair = component[i + 1 : i + 3]
+            if len(pair) != 2 or any(c not in HEX for c in pair):
+                raise _malformed("bad percent-encoding")
+            decoded = chr(int(pair, 16))
+            out.append(decoded if decoded in UNRESERVED else "%" + pair.upper())
+            i += 3
+            continue
+        if not ch.isascii():
+            out.extend(f"%{byte:02X}" for byte in ch.encode("utf-8"))
+        elif ch in allowed:
+            out.append(ch)
+        else:
+            raise _malformed("character not allowed in a URI")
+        i += 1
+    return "".join(out)
+
+
+def _refuse_ambient_query_keys(query: str) -> None:
+    """Query parameters are arguments too: one naming a principal is refused (§4.1)."""
+    for pair in re.split(r"[&;]", query):
+        key = _percent_decode(pair.split("=", 1)[0])
+        canonical = names.canonical_argument_name(key)
+        if canonical is not None and names.is_ambient_identity_name(canonical):
+            raise TargetRefused(Reason.AMBIENT_IDENTITY_ARGUMENT, "query names a principal")
+
+
+def _authority(authority: str, scheme: str) -> str:
+    if "@" in authority:
+        raise _malformed("user information in URI")
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise _malformed("unterminated IP literal")
+        host = _ipv6_literal(authority[1:end])
+        rest = authority[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise _malformed("junk after IP literal")
+        port_text = rest[1:] if rest else ""
+    else:
+        host_text, _, port_text = authority.partition(":")
+        host = _host(host_text)
+    if not host and scheme in AUTHORITY_REQUIRED:
+        raise _malformed("empty host")
+    return host + _port(port_text, scheme)
+
+
+def _port(text: str, scheme: str) -> str:
+    if text == "":
+        return ""
+    if not text.isascii() or not text.isdigit() or len(text) > 5:
+        raise _malformed("bad port")
+    port = int(text)
+    if port > 65535:
+        raise _malformed("bad port")
+    if DEFAULT_PORTS.get(scheme) == port:
+        return ""
+    return f":{port}"
+
+
+def _ipv6_literal(inner: str) -> str:
+    if inner[:1] in ("v", "V") or "%" in inner:
+        raise _malformed("IPvFuture and zone identifiers are not accepted")
+    try:
+        address = ipaddress.IPv6Address(inner)
+    except ValueError:
+        raise _malformed("bad IPv6 literal") from None
+    return f"[{address.compressed}]"
+
+
+def _host(raw: str) -> str:
+    if raw == "":
+        return ""
+    decoded = _percent_decode(raw)
+    _refuse_controls(decoded)
+    try:
+        host = idna.uts46_remap(decoded, std3_rules=False, transitional=False)
+    except (idna.IDNAError, UnicodeError, ValueError):
+        raise _malformed("host has no IDNA mapping") from None
+    if host.endswith("."):
+        host = host[:-1]  # the root label: `example.com.` is `example.com`
+    labels = host.split(".")
+    if len(host) > HOST_CHARS_MAX or any(label == "" for label in labels):
+        raise _malformed("bad host")
+    last = labels[-1]
+    if last.isdigit() or last.startswith("0x") or host.replace(".", "").isdigit():
+        # WHATWG reads hosts ending in a number as IPv4 (octal, hex, short forms): only
+        # the dotted-quad spelling is accepted, so there is one spelling per address.
+        try:
+            return str(ipaddress.IPv4Address(host))
+        except ValueError:
+            raise _malformed("ambiguous numeric host") from None
+    return ".".join(_label(label) for label in labels)
+
+
+def _label(label: str) -> str:
+    try:
+        if label.isascii():
+            if label.startswith("xn--"):
+                # an A-label must be the canonical encoding of a valid U-label
+                if idna.alabel(idna.ulabel(label)).decode("ascii") != label:
+                    raise _malformed("non-canonical A-label")
+                return label
+            if LABEL_RE.fullmatch(label) is None:
+                raise _malformed("bad host label")
+            return label
+        return str(idna.alabel(label).decode("ascii"))
+    except (idna.IDNAError, UnicodeError, ValueError):
+        raise _malformed("bad internationalized host label") from None
