@@ -91,6 +91,7 @@ class Reason(StrEnum):
     CONFIRMER_NOT_AUTHORIZED = "confirmer_not_authorized"
     # administration, envelopes, grants
     NOT_OWNER = "not_owner"
+    NOT_AN_AGENT = "not_an_agent"
     OWNER_ONLY_FIELD = "owner_only_field"
     UNKNOWN_AGENT = "unknown_agent"
     UNKNOWN_SINK = "unknown_sink"

@@ -1,0 +1,1032 @@
+"""The governance engine: a pure, deterministic function from committed blocks to verdicts.
+
+    engine = Engine(EngineConfig(chain_id=..., owner_public_key=...))
+    result = engine.execute_block(height, block_time_ms, txs)
+    result.verdicts, result.artifacts, result.state_root
+
+No socket, database, clock, randomness or asyncio (STYLE.md rules 1-2): block time is the
+only time, and every input is in the block or in the state. Remote garbage becomes a
+`deny` or `rejected` verdict with a reason, never an exception; a broken internal
+invariant is an assertion, which stops the sidecar (STYLE.md rule 6).
+
+Who is asking is never read from a field (DESIGN §1): the principal is the registered
+agent whose key verified the signature; the tier is `master` when it acts on its own
+mandate and `delegate` when it acts under a grant; `delegate_of` and the run's owner come
+from the grant chain recorded in the log.
+
+A proposal is judged in this order (each step cites its rule):
+
+1. quota (§4.7): over the sliding window -> `quota_exceeded`; the latch is not touched;
+2. a halted run (§4.3) -> `run_halted`, whatever the tool;
+3. unknown tool (§4.1) -> `unknown_tool`; no mandate -> `no_mandate`;
+4. suspension (§4.2), the agent's or any delegator's -> `suspended`; never latched;
+5. the delegation chain (§4.4): unknown, mismatched, revoked, expired, refused by policy
+   or too deep -> `delegation_*`;
+6. the latch (§4.3): a tool already refused in this run -> `repeat_denied`, and the attempt
+   that reaches the threshold -> `run_halted`;
+7. scope (§4.2, §4.4): outside the effective scope -> `out_of_scope` (latched) under
+   enforce, or a `flag` under observe (any enforce up the chain enforces);
+8. tier (§4.5): a direct tool that requires `master` refuses a delegate;
+9. the canonical target (§4.1) and the arguments (§4.1, §4.6): malformed, cross-principal,
+   ambient identity, raw values where envelopes are required, handle violations;
+10. mode (§4.5): `user_confirm` / `owner_confirm` -> `pending` with a card; otherwise
+    `allow` (or `flag`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from replica.canonical import Encoder, sha256
+from sidecar.engine import limits, names
+from sidecar.engine.model import (
+    Admin,
+    AdminOp,
+    Argument,
+    Confirm,
+    Delegate,
+    DelegationPolicy,
+    Enforcement,
+    EnvelopeArg,
+    Mandate,
+    Outcome,
+    Proposal,
+    Reason,
+    RegisterAgent,
+    RegisterSink,
+    RegisterTool,
+    Resume,
+    Revoke,
+    SealEnvelope,
+    SetMandate,
+    Suspend,
+    Tier,
+    ToolMode,
+    ToolSpec,
+    TxKind,
+)
+from sidecar.engine.state import (
+    AgentRecord,
+    EngineState,
+    Grant,
+    Handle,
+    LatchBucket,
+    LatchRun,
+    NonceWindow,
+    PendingCall,
+    RunKey,
+)
+from sidecar.engine.statements import (
+    OWNER_PRINCIPAL,
+    AdmissionResult,
+    BlockResult,
+    ConfirmationCard,
+    Verdict,
+    build_artifacts,
+    handle_for,
+    target_digest,
+)
+from sidecar.engine.targets import (
+    UNCHECKED_TARGET,
+    TargetRefused,
+    canonical_call,
+    canonicalize_target,
+)
+from sidecar.engine.tx import ParsedTx, TxRejected, parse
+
+TAG_CONFIG = b"qg/engine-config/v1"
+# An argument name with no canonical form is recorded as this; never a valid name.
+INVALID_ARGUMENT_NAME = "!"
+
+Scope = tuple[str, ...] | None  # None: unrestricted; (): nothing
+
+
+def intersect(a: Scope, b: Scope) -> Scope:
+    """DESIGN §4.4: null ∩ X = X, X ∩ [] = []. Branches on `is None`, never on truthiness."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return tuple(sorted(set(a) & set(b)))
+
+
+def permits(scope: Scope, tool: str) -> bool:
+    return scope is None or tool in scope
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Deployment constants every honest sidecar of one chain shares.
+
+    Part of the state root (through `fingerprint`), so two sidecars configured differently
+    disagree at once instead of drifting apart later.
+    """
+
+    chain_id: str
+    owner_public_key: bytes
+    nonce_window: int = limits.NONCE_WINDOW
+    latch_halt_threshold: int = limits.LATCH_HALT_THRESHOLD_DEFAULT
+    latch_runs_max: int = limits.LATCH_RUNS_MAX_DEFAULT
+    latch_buckets_per_run_max: int = limits.LATCH_BUCKETS_PER_RUN_MAX_DEFAULT
+    quota_window_ms: int = limits.QUOTA_WINDOW_MS_DEFAULT
+    quota_proposals_max: int = limits.QUOTA_PROPOSALS_MAX_DEFAULT
+    confirmation_ttl_ms: int = limits.CONFIRMATION_TTL_MS_DEFAULT
+    pending_max: int = limits.PENDING_MAX_DEFAULT
+    pending_per_principal_max: int = limits.PENDING_PER_PRINCIPAL_MAX_DEFAULT
+    grant_ttl_ms_max: int = limits.GRANT_TTL_MS_MAX_DEFAULT
+    grants_max: int = limits.GRANTS_MAX_DEFAULT
+    grants_per_agent_max: int = limits.GRANTS_PER_AGENT_MAX_DEFAULT
+    delegation_depth_max: int = limits.DELEGATION_DEPTH_MAX_DEFAULT
+    handles_max: int = limits.HANDLES_MAX_DEFAULT
+    handles_per_principal_max: int = limits.HANDLES_PER_PRINCIPAL_MAX_DEFAULT
+    tools_max: int = limits.TOOLS_MAX_DEFAULT
+    agents_max: int = limits.AGENTS_MAX_DEFAULT
+    sinks_max: int = limits.SINKS_MAX_DEFAULT
+    expired_retention_ms: int = limits.EXPIRED_RETENTION_MS_DEFAULT
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.chain_id) <= limits.ID_CHARS_MAX:
+            raise ValueError("chain_id must be 1..64 characters")
+        if len(self.owner_public_key) != 32:
+            raise ValueError("owner_public_key must be a 32-byte Ed25519 public key")
+        for name, value in self._limits():
+            floor = 0 if name == "delegation_depth_max" else 1
+            if not floor <= value < 2**32 and name not in _MS_FIELDS:
+                raise ValueError(f"{name} must be in {floor}..2**32-1")
+            if name in _MS_FIELDS and not 0 < value < 2**62:
+                raise ValueError(f"{name} must be a positive number of milliseconds")
+
+    def _limits(self) -> list[tuple[str, int]]:
+        return [(name, getattr(self, name)) for name in _LIMIT_FIELDS]
+
+    @property
+    def fingerprint(self) -> bytes:
+        enc = Encoder(TAG_CONFIG).text(self.chain_id).raw(self.owner_public_key)
+        for name, value in self._limits():
+            enc.text(name).u64(value)
+        return enc.digest()
+
+
+_LIMIT_FIELDS = (
+    "nonce_window", "latch_halt_threshold", "latch_runs_max", "latch_buckets_per_run_max",
+    "quota_window_ms", "quota_proposals_max", "confirmation_ttl_ms", "pending_max",
+    "pending_per_principal_max", "grant_ttl_ms_max", "grants_max", "grants_per_agent_max",
+    "delegation_depth_max", "handles_max", "handles_per_principal_max", "tools_max",
+    "agents_max", "sinks_max", "expired_retention_ms",
+)  # fmt: skip
+_MS_FIELDS = frozenset(
+    {"quota_window_ms", "confirmation_ttl_ms", "grant_ttl_ms_max", "expired_retention_ms"}
+)
+
+
+class _Refusal(Exception):
+    """Control flow inside one transaction: stop judging, answer with this reason."""
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Context:
+    """DESIGN §1 / BRAH Γ: derived from the verified key and the log, never from fields."""
+
+    principal: str
+    tier: Tier
+    delegate_of: str
+    run_owner: str
+    run_id: str
+
+    @property
+    def run_key(self) -> RunKey:
+        return (self.run_owner, self.run_id)
+
+
+@dataclass(frozen=True)
+class _ChainView:
+    """What a grant chain contributes to a delegate's authority, read at use time."""
+
+    scope: Scope
+    enforce: bool
+    grantors: tuple[str, ...]  # nearest first; the last is the run's owner (the master)
+    depth_limit: int
+
+
+class Engine:
+    """See the module docstring. Not thread-safe; one instance per sidecar."""
+
+    def __init__(self, config: EngineConfig, state: EngineState | None = None) -> None:
+        self.config = config
+        if state is None:
+            state = EngineState(config_fingerprint=config.fingerprint)
+        if state.config_fingerprint != config.fingerprint:
+            raise ValueError("engine state was produced under a different EngineConfig")
+        self.state = state
+        self._height = 0
+        self._now_ms = 0
+
+    # ------------------------------------------------------------------ public API
+
+    @classmethod
+    def from_state_bytes(cls, config: EngineConfig, data: bytes) -> Engine:
+        return cls(config, EngineState.from_bytes(data))
+
+    def state_bytes(self) -> bytes:
+        return self.state.to_bytes()
+
+    def state_root(self) -> bytes:
+        return self.state.root()
+
+    @property
+    def last_height(self) -> int | None:
+        return self.state.last_height
+
+    def execute_block(
+        self,
+        height: int,
+        block_time_ms: int,
+        txs: Sequence[bytes],
+        verify_signatures: bool = True,
+    ) -> BlockResult:
+        """Execute one committed block. `verify_signatures=False` only for blocks whose
+        transactions the replicas already verified (a certified block)."""
+        last = self.state.last_height
+        if last is not None and height != last + 1:
+            raise ValueError(f"height {height} does not follow executed height {last}")
+        if not 0 <= height < 2**64:
+            raise ValueError("height out of range")
+        if not self.state.last_block_time_ms <= block_time_ms < 2**63:
+            raise ValueError("block time went backwards")
+        self._height = height
+        self._now_ms = block_time_ms
+        self._prune_expired()
+        verdicts = [self._execute_tx(data, verify_signatures) for data in txs]
+        self.state.last_height = height
+        self.state.last_block_time_ms = block_time_ms
+        artifacts = build_artifacts(self.config.chain_id, height, verdicts)
+        return BlockResult(
+            height=height,
+            block_time_ms=block_time_ms,
+            verdicts=tuple(verdicts),
+            artifacts=tuple(artifacts),
+            state_root=self.state.root(),
+        )
+
+    def admission_check(self, tx_bytes: bytes) -> AdmissionResult:
+        """Cheap early refusal for the mempool; reads state, never changes it."""
+        try:
+            parsed = parse(tx_bytes, verify=True)
+        except TxRejected as exc:
+            return AdmissionResult(False, exc.reason, exc.tx_id, exc.kind)
+
+        def refuse(reason: Reason) -> AdmissionResult:
+            return AdmissionResult(False, reason, parsed.tx_id, parsed.kind)
+
+        if parsed.body.chain_id != self.config.chain_id:
+            return refuse(Reason.WRONG_CHAIN)
+        window = self._nonce_window(parsed.signer)
+        if window is None:
+            return refuse(Reason.UNKNOWN_SIGNER)
+        if not window.is_fresh(parsed.nonce, self.config.nonce_window):
+            return refuse(Reason.REPLAYED)
+        payload = parsed.body.payload
+        if isinstance(payload, Proposal):
+            tool = names.canonical_tool_name(payload.tool)
+            if tool is None or tool not in self.state.tools:
+                return refuse(Reason.UNKNOWN_TOOL)
+        return AdmissionResult(True, Reason.OK, parsed.tx_id, parsed.kind)
+
+    def pending_card(self, proposal_id: bytes) -> ConfirmationCard | None:
+        pending = self.state.pending.get(proposal_id)
+        return None if pending is None else pending.card
+
+    def sealed_value(self, handle: str, sink: str) -> bytes | None:
+        """The ciphertext an executor at `sink` opens; the engine never holds plaintext."""
+        record = self.state.handles.get(handle)
+        if record is None:
+            return None
+        for value in record.sealed:
+            if value.sink == sink:
+                return value.ciphertext
+        return None
+
+    def mandate_of(self, agent_id: str) -> tuple[Mandate | None, int]:
+        record = self.state.agents.get(agent_id)
+        if record is None:
+            return (None, 0)
+        return (record.mandate, record.mandate_version)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _nonce_window(self, signer: bytes) -> NonceWindow | None:
+        if signer == self.config.owner_public_key:
+            return self.state.owner_nonces
+        agent_id = self.state.agent_by_key.get(signer)
+        return None if agent_id is None else self.state.agents[agent_id].nonces
+
+    def _execute_tx(self, data: bytes, verify: bool) -> Verdict:
+        try:
+            parsed = parse(data, verify=verify)
+        except TxRejected as exc:
+            return Verdict(
+                tx_id=exc.tx_id, kind=exc.kind, outcome=Outcome.REJECTED, reason=exc.reason
+            )
+        kind = parsed.kind
+        if parsed.body.chain_id != self.config.chain_id:
+            return _rejected(parsed, Reason.WRONG_CHAIN)
+        is_owner = parsed.signer == self.config.owner_public_key
+        window = self._nonce_window(parsed.signer)
+        if window is None:  # unknown signers hold no state
+            return _rejected(parsed, Reason.UNKNOWN_SIGNER)
+        if not window.is_fresh(parsed.nonce, self.config.nonce_window):
+            return _rejected(parsed, Reason.REPLAYED)
+        window.record(parsed.nonce, self.config.nonce_window)
+        record = None if is_owner else self.state.agents[self.state.agent_by_key[parsed.signer]]
+        payload = parsed.body.payload
+        if isinstance(payload, Admin):
+            if not is_owner:
+                return _rejected(parsed, Reason.NOT_OWNER, principal=_principal(record))
+            return self._admin(parsed, payload.op)
+        if isinstance(payload, Confirm):
+            return self._confirm(parsed, payload, record)
+        if isinstance(payload, Revoke):
+            return self._revoke(parsed, payload, record)
+        if isinstance(payload, SealEnvelope):
+            return self._seal(parsed, payload, record)
+        if record is None:  # the owner is not an agent: it neither proposes nor delegates
+            return _rejected(parsed, Reason.NOT_AN_AGENT, principal=OWNER_PRINCIPAL)
+        if isinstance(payload, Delegate):
+            return self._delegate(parsed, payload, record)
+        assert kind is TxKind.PROPOSAL and isinstance(payload, Proposal), kind
+        return self._propose(parsed, payload, record)
+
+    # ------------------------------------------------------------------ proposals
+
+    def _context(self, record: AgentRecord, proposal: Proposal) -> _Context:
+        if proposal.grant is None:
+            return _Context(record.agent_id, Tier.MASTER, "", record.agent_id, proposal.run_id)
+        grant = self.state.grants.get(proposal.grant)
+        if grant is None or grant.child != record.agent_id:
+            # an unusable grant: the call is refused below; it touches only its own run
+            return _Context(record.agent_id, Tier.DELEGATE, "", record.agent_id, proposal.run_id)
+        return _Context(
+            record.agent_id, Tier.DELEGATE, grant.grantor, grant.run_owner, proposal.run_id
+        )
+
+    def _propose(self, parsed: ParsedTx, proposal: Proposal, record: AgentRecord) -> Verdict:
+        ctx = self._context(record, proposal)
+        tool = names.canonical_tool_name(proposal.tool)
+        spec = self.state.tools.get(tool) if tool is not None else None
+        target = UNCHECKED_TARGET
+        target_refusal: Reason | None = None
+        if spec is not None:
+            try:
+                target = canonicalize_target(
+                    proposal.target,
+                    principal=record.agent_id,
+                    schemes=spec.target_schemes,
+                    binds_caller=spec.binds_caller,
+                )
+            except TargetRefused as exc:
+                target_refusal = exc.reason
+        canonical = canonical_call(tool if tool is not None else UNCHECKED_TARGET, target)
+        argument_names = tuple(
+            names.canonical_argument_name(arg.name) or INVALID_ARGUMENT_NAME
+            for arg in proposal.arguments
+        )
+
+        def verdict(
+            outcome: Outcome, reason: Reason, card: ConfirmationCard | None = None
+        ) -> Verdict:
+            return Verdict(
+                tx_id=parsed.tx_id,
+                kind=TxKind.PROPOSAL,
+                outcome=outcome,
+                reason=reason,
+                mandate_version=record.mandate_version,
+                principal=record.agent_id,
+                tier=ctx.tier,
+                delegate_of=ctx.delegate_of,
+                canonical_target=canonical,
+                target_digest=target_digest(canonical),
+                argument_names=argument_names,
+                proposal_id=parsed.tx_id,
+                card=card,
+                card_digest=b"" if card is None else card.digest,
+            )
+
+        try:
+            flagged = self._judge(ctx, record, proposal, tool, spec, target_refusal)
+        except _Refusal as refusal:
+            return verdict(Outcome.DENY, refusal.reason)
+        assert spec is not None and tool is not None
+        if spec.mode.needs_confirmation:
+            try:
+                card = self._hold_for_confirmation(parsed, ctx, proposal, spec, canonical, flagged)
+            except _Refusal as refusal:
+                return verdict(Outcome.DENY, refusal.reason)
+            return verdict(Outcome.PENDING, Reason.CONFIRMATION_REQUIRED, card)
+        if flagged:
+            return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
+        return verdict(Outcome.ALLOW, Reason.OK)
+
+    def _judge(
+        self,
+        ctx: _Context,
+        record: AgentRecord,
+        proposal: Proposal,
+        tool: str | None,
+        spec: ToolSpec | None,
+        target_refusal: Reason | None,
+    ) -> bool:
+        """Steps 1-9 of the module docstring. Returns whether the call is flagged."""
+        if not self._quota_admits(record):
+            raise _Refusal(Reason.QUOTA_EXCEEDED)
+        run = self._latch_touch(ctx.run_key)
+        if run is not None and run.halt_chain is not None:
+            raise _Refusal(Reason.RUN_HALTED)
+        if spec is None or tool is None:
+            raise _Refusal(Reason.UNKNOWN_TOOL)
+        mandate = record.mandate
+        if mandate is None:
+            raise _Refusal(Reason.NO_MANDATE)
+        if record.suspended:
+            raise _Refusal(Reason.SUSPENDED)
+        scope, enforce, chain = self._effective_scope(record, mandate, proposal.grant, ctx.run_id)
+        bucket = None if run is None else run.buckets.get((record.agent_id, tool))
+        if bucket is not None:
+            if self._latch_repeat(ctx.run_key, bucket, chain):
+                raise _Refusal(Reason.RUN_HALTED)
+            raise _Refusal(Reason.REPEAT_DENIED)
+        flagged = False
+        if not permits(scope, tool):
+            if enforce:
+                if self._latch_first_denial(ctx.run_key, record.agent_id, tool, chain):
+                    raise _Refusal(Reason.RUN_HALTED)
+                raise _Refusal(Reason.OUT_OF_SCOPE)
+            flagged = True
+        if (
+            spec.min_tier is Tier.MASTER
+            and ctx.tier is Tier.DELEGATE
+            and not spec.mode.needs_confirmation
+        ):
+            raise _Refusal(Reason.TIER_INSUFFICIENT)
+        if target_refusal is not None:
+            raise _Refusal(target_refusal)
+        self._check_arguments(record.agent_id, spec, proposal.arguments)
+        return flagged
+
+    def _effective_scope(
+        self, record: AgentRecord, mandate: Mandate, grant: bytes | None, run_id: str
+    ) -> tuple[Scope, bool, tuple[str, ...]]:
+        """§4.4: own mandate ∩ pinned grant scopes ∩ every delegator's current mandate."""
+        enforce = mandate.enforcement is Enforcement.ENFORCE
+        if grant is None:
+            return mandate.allowed_tools, enforce, (record.agent_id,)
+        view = self._resolve_chain(grant, record.agent_id, run_id)
+        return (
+            intersect(mandate.allowed_tools, view.scope),
+            enforce or view.enforce,
+            (record.agent_id, *view.grantors),
+        )
+
+    def _resolve_chain(self, grant_id: bytes, child: str, run_id: str) -> _ChainView:
+        """Walk a grant chain up to its root, checking every link against the current state
+        (a photograph of the parent cannot notice a revocation: mandate guide)."""
+        scope: Scope = None
+        enforce = False
+        grantors: list[str] = []
+        depth_limit = self.config.delegation_depth_max
+        expected_child = child
+        current: bytes | None = grant_id
+        while current is not None:
+            assert len(grantors) <= self.config.delegation_depth_max, "grant chain too deep"
+            grant = self.state.grants.get(current)
+            if grant is None:
+                raise _Refusal(Reason.DELEGATION_UNKNOWN)
+            if grant.child != expected_child or grant.run_id != run_id:
+                raise _Refusal(Reason.DELEGATION_MISMATCH)
+            if grant.revoked:
+                raise _Refusal(Reason.DELEGATION_REVOKED)
+            if self._now_ms >= grant.expires_at_ms:
+                raise _Refusal(Reason.DELEGATION_EXPIRED)
+            grantor = self.state.agents[grant.grantor]
+            mandate = grantor.mandate
+            if mandate is None or mandate.delegation_policy is not DelegationPolicy.ATTENUATED:
+                raise _Refusal(Reason.DELEGATION_REFUSED)
+            if grantor.suspended:
+                raise _Refusal(Reason.SUSPENDED)
+            if mandate.max_delegation_depth is not None:
+                depth_limit = min(depth_limit, mandate.max_delegation_depth)
+            scope = intersect(intersect(scope, grant.scope), mandate.allowed_tools)
+            enforce = enforce or mandate.enforcement is Enforcement.ENFORCE
+            grantors.append(grant.grantor)
+            expected_child = grant.grantor
+            current = grant.parent_grant
+        if len(grantors) > depth_limit:
+            raise _Refusal(Reason.DELEGATION_DEPTH_EXCEEDED)
+        return _ChainView(scope, enforce, tuple(grantors), depth_limit)
+
+    def _check_arguments(
+        self, principal: str, spec: ToolSpec, arguments: tuple[Argument, ...]
+    ) -> None:
+        """§4.1 ambient identity, §4.6 envelopes and the dereference rule."""
+        if spec.binds_caller and arguments:
+            raise _Refusal(Reason.STATUS_TOOL_ARGUMENT)  # BRAH §7.3: no existence oracle
+        seen: set[str] = set()
+        for arg in arguments:
+            name = names.canonical_argument_name(arg.name)
+            if name is None or name in seen:
+                raise _Refusal(Reason.MALFORMED_ARGUMENT)
+            seen.add(name)
+            envelope = spec.envelope_arg(name)
+            # BRAH AST-01: declared envelope carriers are exempt from the identity ban;
+            # a handle can only be the caller's own (the dereference rule below).
+            if envelope is None and names.is_ambient_identity_name(name):
+                raise _Refusal(Reason.AMBIENT_IDENTITY_ARGUMENT)
+            if arg.handle is None:
+                if envelope is not None or names.is_raw_secret_name(name):
+                    raise _Refusal(Reason.ENVELOPE_REQUIRED)
+                continue
+            self._check_handle(principal, spec, envelope, arg.handle)
+
+    def _check_handle(
+        self, principal: str, spec: ToolSpec, envelope: EnvelopeArg | None, handle: str
+    ) -> None:
+        """BRAH eq. (5): h is usable only by its owner, only toward a sink it was sealed to.
+        An unknown handle and another principal's handle get the same answer, so a refusal
+        says nothing about whether the handle exists (C-1, C-4)."""
+        record = self.state.handles.get(handle)
+        if (
+            record is None
+            or record.owner != principal
+            or spec.sink is None
+            or spec.sink not in record.sinks
+        ):
+            raise _Refusal(Reason.HANDLE_VIOLATION)
+        if envelope is not None and (
+            record.kind != envelope.kind or (envelope.require_verified and not record.verified)
+        ):
+            raise _Refusal(Reason.HANDLE_KIND_MISMATCH)
+
+    def _hold_for_confirmation(
+        self,
+        parsed: ParsedTx,
+        ctx: _Context,
+        proposal: Proposal,
+        spec: ToolSpec,
+        canonical: str,
+        flagged: bool,
+    ) -> ConfirmationCard:
+        pending = self.state.pending
+        if parsed.tx_id in pending:  # impossible: tx ids are unique per (signer, nonce)
+            raise AssertionError("pending proposal id reused")
+        mine = sum(1 for p in pending.values() if p.principal == ctx.principal)
+        if len(pending) >= self.config.pending_max or mine >= self.config.pending_per_principal_max:
+            raise _Refusal(Reason.PENDING_LIMIT)
+        handles = tuple(
+            sorted(
+                (names.canonical_argument_name(arg.name) or INVALID_ARGUMENT_NAME, arg.handle)
+                for arg in proposal.arguments
+                if arg.handle is not None
+            )
+        )
+        expires = self._now_ms + self.config.confirmation_ttl_ms
+        card = ConfirmationCard(
+            chain_id=self.config.chain_id,
+            proposal_id=parsed.tx_id,
+            principal=ctx.principal,
+            tier=ctx.tier,
+            delegate_of=ctx.delegate_of,
+            tool=spec.name,
+            mode=spec.mode,
+            min_tier=spec.min_tier,
+            canonical_target=canonical,
+            argument_names=tuple(
+                names.canonical_argument_name(arg.name) or INVALID_ARGUMENT_NAME
+                for arg in proposal.arguments
+            ),
+            handles=handles,
+            body_digest=sha256(parsed.signed.body),
+            created_height=self._height,
+            expires_at_ms=expires,
+        )
+        pending[parsed.tx_id] = PendingCall(
+            proposal_id=parsed.tx_id,
+            principal=ctx.principal,
+            run_owner=ctx.run_owner,
+            run_id=ctx.run_id,
+            tier=ctx.tier,
+            grant=proposal.grant,
+            tool=spec.name,
+            canonical_target=canonical,
+            handles=handles,
+            flagged=flagged,
+            card=card,
+            expires_at_ms=expires,
+        )
+        return card
+
+    # ------------------------------------------------------------------ confirmations
+
+    def _confirm(self, parsed: ParsedTx, confirm: Confirm, record: AgentRecord | None) -> Verdict:
+        """§4.5: a Confirm from the principal (or its master, or the owner) naming the card
+        digest settles a pending call - after the call is judged again against the state
+        as it is now, so a suspension or narrowing in between still stops it."""
+        pending = self.state.pending.get(confirm.proposal_id)
+        confirmer = _principal(record)
+        if pending is None:
+            return _rejected(parsed, Reason.UNKNOWN_PROPOSAL, principal=confirmer)
+        principal_record = self.state.agents[pending.principal]
+
+        def verdict(outcome: Outcome, reason: Reason) -> Verdict:
+            return Verdict(
+                tx_id=parsed.tx_id,
+                kind=TxKind.CONFIRM,
+                outcome=outcome,
+                reason=reason,
+                mandate_version=principal_record.mandate_version,
+                principal=pending.principal,
+                tier=pending.tier,
+                delegate_of=pending.card.delegate_of,
+                canonical_target=pending.canonical_target,
+                target_digest=target_digest(pending.canonical_target),
+                argument_names=pending.argument_names,
+                proposal_id=pending.proposal_id,
+                card_digest=pending.card.digest,
+                subject=confirmer,
+            )
+
+        if self._now_ms >= pending.expires_at_ms:
+            del self.state.pending[pending.proposal_id]
+            return verdict(Outcome.REJECTED, Reason.CONFIRMATION_EXPIRED)
+        confirmer_tier = self._confirmer_tier(pending, record)
+        if confirmer_tier is None:
+            return verdict(Outcome.REJECTED, Reason.CONFIRMER_NOT_AUTHORIZED)
+        if confirm.card_digest != pending.card.digest:
+            return verdict(Outcome.REJECTED, Reason.CARD_DIGEST_MISMATCH)
+        spec = self.state.tools.get(pending.tool)
+        min_tier = pending.card.min_tier
+        if spec is not None and spec.min_tier.rank > min_tier.rank:
+            min_tier = spec.min_tier
+        if confirmer_tier.rank < min_tier.rank:
+            return verdict(Outcome.REJECTED, Reason.TIER_INSUFFICIENT)
+        del self.state.pending[pending.proposal_id]
+        try:
+            flagged = self._recheck(pending, principal_record, spec)
+        except _Refusal as refusal:
+            return verdict(Outcome.DENY, refusal.reason)
+        if flagged:
+            return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
+        return verdict(Outcome.ALLOW, Reason.OK)
+
+    def _confirmer_tier(self, pending: PendingCall, record: AgentRecord | None) -> Tier | None:
+        if record is None:
+            return Tier.OWNER
+        if pending.card.mode is ToolMode.OWNER_CONFIRM:
+            return None
+        if record.agent_id == pending.principal:
+            return pending.tier
+        if pending.tier is Tier.DELEGATE and record.agent_id == pending.run_owner:
+            return Tier.MASTER  # the master the delegate acts for (BRAH §6.8)
+        return None
+
+    def _recheck(self, pending: PendingCall, record: AgentRecord, spec: ToolSpec | None) -> bool:
+        """Judge a pending call again at confirmation time (no quota, no latch writes)."""
+        run = self.state.latch_runs.get((pending.run_owner, pending.run_id))
+        if run is not None and run.halt_chain is not None:
+            raise _Refusal(Reason.RUN_HALTED)
+        if spec is None:
+            raise _Refusal(Reason.UNKNOWN_TOOL)
+        mandate = record.mandate
+        if mandate is None:
+            raise _Refusal(Reason.NO_MANDATE)
+        if record.suspended:
+            raise _Refusal(Reason.SUSPENDED)
+        scope, enforce, _ = self._effective_scope(record, mandate, pending.grant, pending.run_id)
+        flagged = pending.flagged
+        if not permits(scope, pending.tool):
+            if enforce:
+                raise _Refusal(Reason.OUT_OF_SCOPE)
+            flagged = True
+        for name, handle in pending.handles:
+            self._check_handle(record.agent_id, spec, spec.envelope_arg(name), handle)
+        return flagged
+
+    # ------------------------------------------------------------------ delegation
+
+    def _delegate(self, parsed: ParsedTx, delegate: Delegate, record: AgentRecord) -> Verdict:
+        child = self.state.agent_by_key.get(delegate.child)
+        subject = child or ""
+
+        def rejected(reason: Reason) -> Verdict:
+            return _rejected(
+                parsed,
+                reason,
+                principal=record.agent_id,
+                subject=subject,
+                version=record.mandate_version,
+            )
+
+        if child is None:
+            return rejected(Reason.UNKNOWN_AGENT)
+        if child == record.agent_id:
+            return rejected(Reason.INVALID_SPEC)
+        mandate = record.mandate
+        if mandate is None or mandate.delegation_policy is not DelegationPolicy.ATTENUATED:
+            return rejected(Reason.DELEGATION_REFUSED)
+        if record.suspended:
+            return rejected(Reason.SUSPENDED)
+        scope = mandate.allowed_tools
+        depth_limit = self.config.delegation_depth_max
+        if mandate.max_delegation_depth is not None:
+            depth_limit = min(depth_limit, mandate.max_delegation_depth)
+        depth = 1
+        run_owner = record.agent_id
+        parent_expires = None
+        if delegate.parent_grant is not None:
+            try:
+                view = self._resolve_chain(delegate.parent_grant, record.agent_id, delegate.run_id)
+            except _Refusal as refusal:
+                return rejected(refusal.reason)
+            scope = intersect(scope, view.scope)
+            depth = len(view.grantors) + 1
+            depth_limit = min(depth_limit, view.depth_limit)
+            run_owner = view.grantors[-1]
+            parent_expires = self.state.grants[delegate.parent_grant].expires_at_ms
+        if depth > depth_limit:
+            return rejected(Reason.DELEGATION_DEPTH_EXCEEDED)
+        if not self._now_ms < delegate.expires_at_ms <= self._now_ms + self.config.grant_ttl_ms_max:
+            return rejected(Reason.DELEGATION_EXPIRY_INVALID)
+        if parent_expires is not None and delegate.expires_at_ms > parent_expires:
+            return rejected(Reason.DELEGATION_WIDENING)  # a grant never outlives its parent
+        if (
+            delegate.tools is not None
+            and scope is not None
+            and not set(delegate.tools) <= set(scope)
+        ):
+            return rejected(Reason.DELEGATION_WIDENING)  # scope never widens (§4.4)
+        grants = self.state.grants
+        mine = sum(1 for g in grants.values() if g.grantor == record.agent_id)
+        if len(grants) >= self.config.grants_max or mine >= self.config.grants_per_agent_max:
+            return rejected(Reason.CAPACITY_EXCEEDED)
+        assert parsed.tx_id not in grants, "grant id reused"
+        grants[parsed.tx_id] = Grant(
+            grant_id=parsed.tx_id,
+            grantor=record.agent_id,
+            child=child,
+            run_owner=run_owner,
+            run_id=delegate.run_id,
+            scope=intersect(scope, delegate.tools),
+            grantor_mandate_version=record.mandate_version,
+            depth=depth,
+            parent_grant=delegate.parent_grant,
+            expires_at_ms=delegate.expires_at_ms,
+            created_height=self._height,
+        )
+        return _applied(
+            parsed, principal=record.agent_id, subject=child, version=record.mandate_version
+        )
+
+    def _revoke(self, parsed: ParsedTx, revoke: Revoke, record: AgentRecord | None) -> Verdict:
+        principal = _principal(record)
+        grant = self.state.grants.get(revoke.grant)
+        if grant is None:
+            return _rejected(parsed, Reason.UNKNOWN_GRANT, principal=principal)
+        if record is not None and record.agent_id not in self._grantors_above(grant):
+            return _rejected(parsed, Reason.NOT_GRANTOR, principal=principal)
+        grant.revoked = True
+        return _applied(parsed, principal=principal, subject=grant.child)
+
+    def _grantors_above(self, grant: Grant) -> set[str]:
+        """The grantor and every delegator above it: any of them may revoke the grant."""
+        out = {grant.grantor}
+        parent = grant.parent_grant
+        while parent is not None and parent in self.state.grants:
+            above = self.state.grants[parent]
+            out.add(above.grantor)
+            parent = above.parent_grant
+        return out
+
+    # ------------------------------------------------------------------ envelopes
+
+    def _seal(self, parsed: ParsedTx, seal: SealEnvelope, record: AgentRecord | None) -> Verdict:
+        """§4.6: register a handle. Agents seal for themselves (kind unverified); only the
+        owner seals for a principal, and only those envelopes count as verified."""
+        principal = _principal(record)
+        if record is not None:
+            if seal.owner_principal is not None:
+                return _rejected(parsed, Reason.OWNER_ONLY_FIELD, principal=principal)
+            owner, verified = record.agent_id, False
+        else:
+            if seal.owner_principal is None:
+                return _rejected(parsed, Reason.INVALID_SPEC, principal=principal)
+            if seal.owner_principal not in self.state.agents:
+                return _rejected(parsed, Reason.UNKNOWN_AGENT, principal=principal)
+            owner, verified = seal.owner_principal, True
+        if any(value.sink not in self.state.sinks for value in seal.sealed):
+            return _rejected(parsed, Reason.UNKNOWN_SINK, principal=principal)
+        handle = handle_for(parsed.tx_id, seal.kind)
+        if handle in self.state.handles:
+            return _rejected(parsed, Reason.HANDLE_EXISTS, principal=principal)
+        owned = self.state.handles_by_owner.get(owner, 0)
+        if (
+            len(self.state.handles) >= self.config.handles_max
+            or owned >= self.config.handles_per_principal_max
+        ):
+            return _rejected(parsed, Reason.CAPACITY_EXCEEDED, principal=principal)
+        self.state.handles[handle] = Handle(
+            handle=handle,
+            kind=seal.kind,
+            owner=owner,
+            verified=verified,
+            sealed=tuple(sorted(seal.sealed, key=lambda value: value.sink)),
+            created_height=self._height,
+        )
+        self.state.handles_by_owner[owner] = owned + 1
+        return _applied(parsed, principal=owner, subject=handle)
+
+    # ------------------------------------------------------------------ administration
+
+    def _admin(self, parsed: ParsedTx, op: AdminOp) -> Verdict:
+        state, config = self.state, self.config
+
+        def done(subject: str, reason: Reason | None = None, version: int = 0) -> Verdict:
+            if reason is not None:
+                return _rejected(parsed, reason, principal=OWNER_PRINCIPAL, subject=subject)
+            return _applied(parsed, principal=OWNER_PRINCIPAL, subject=subject, version=version)
+
+        if isinstance(op, RegisterTool):
+            spec = op.spec
+            if spec.sink is not None and spec.sink not in state.sinks:
+                return done(spec.name, Reason.UNKNOWN_SINK)
+            if spec.envelope_args and spec.sink is None:
+                return done(spec.name, Reason.INVALID_SPEC)  # envelopes need a sink to open
+            if spec.binds_caller and (spec.envelope_args or spec.target_schemes):
+                return done(spec.name, Reason.INVALID_SPEC)  # status tools take nothing
+            if spec.name not in state.tools and len(state.tools) >= config.tools_max:
+                return done(spec.name, Reason.CAPACITY_EXCEEDED)
+            state.tools[spec.name] = spec
+            return done(spec.name)
+        if isinstance(op, RegisterAgent):
+            existing = state.agent_by_key.get(op.public_key)
+            if op.public_key == config.owner_public_key or existing not in (None, op.agent_id):
+                return done(op.agent_id, Reason.KEY_IN_USE)
+            current = state.agents.get(op.agent_id)
+            if current is not None:
+                # no key rotation: a retired key's nonce memory would have to be kept
+                # forever to refuse replays; a new key is a new agent id.
+                if current.public_key != op.public_key:
+                    return done(op.agent_id, Reason.KEY_IN_USE)
+                return done(op.agent_id)
+            if len(state.agents) >= config.agents_max:
+                return done(op.agent_id, Reason.CAPACITY_EXCEEDED)
+            state.agents[op.agent_id] = AgentRecord(agent_id=op.agent_id, public_key=op.public_key)
+            state.agent_by_key[op.public_key] = op.agent_id
+            return done(op.agent_id)
+        if isinstance(op, RegisterSink):
+            if op.sink_id not in state.sinks and len(state.sinks) >= config.sinks_max:
+                return done(op.sink_id, Reason.CAPACITY_EXCEEDED)
+            state.sinks[op.sink_id] = op.public_key
+            return done(op.sink_id)
+        record = state.agents.get(op.agent_id)
+        if record is None:
+            return done(op.agent_id, Reason.UNKNOWN_AGENT)
+        if isinstance(op, SetMandate):
+            record.mandate = op.mandate
+            record.mandate_version += 1
+            record.suspended = op.mandate.suspended
+            # §4.3: a new version clears that agent's latch buckets, its halt included
+            self._latch_clear_agent(record.agent_id)
+            return done(op.agent_id, version=record.mandate_version)
+        if isinstance(op, Suspend):
+            record.suspended = True  # temporary: no new version, nothing latched or cleared
+            return done(op.agent_id, version=record.mandate_version)
+        assert isinstance(op, Resume), type(op)
+        record.suspended = False
+        return done(op.agent_id, version=record.mandate_version)
+
+    # ------------------------------------------------------------------ quotas
+
+    def _quota_admits(self, record: AgentRecord) -> bool:
+        """§4.7 / BRAH §5.4: at most `quota_proposals_max` proposals per principal in any
+        `quota_window_ms` of block time. A refused proposal does not count."""
+        since = self._now_ms - self.config.quota_window_ms
+        recent = [t for t in record.recent_proposals_ms if t > since]
+        if len(recent) >= self.config.quota_proposals_max:
+            record.recent_proposals_ms = recent
+            return False
+        recent.append(self._now_ms)
+        record.recent_proposals_ms = recent
+        return True
+
+    # ------------------------------------------------------------------ latch (§4.3)
+
+    def _latch_touch(self, run_key: RunKey) -> LatchRun | None:
+        run = self.state.latch_runs.get(run_key)
+        if run is not None:
+            self.state.latch_activity_seq += 1
+            run.last_active = self.state.latch_activity_seq
+        return run
+
+    def _latch_run(self, run_key: RunKey) -> LatchRun:
+        runs = self.state.latch_runs
+        run = runs.get(run_key)
+        if run is not None:
+            return run
+        if len(runs) >= self.config.latch_runs_max:
+            # least recently active first; sequence numbers are unique, so no ties
+            oldest = min(runs, key=lambda key: runs[key].last_active)
+            del runs[oldest]
+        self.state.latch_activity_seq += 1
+        run = LatchRun(last_active=self.state.latch_activity_seq)
+        runs[run_key] = run
+        return run
+
+    def _latch_first_denial(
+        self, run_key: RunKey, agent: str, tool: str, chain: tuple[str, ...]
+    ) -> bool:
+        """Remember a scope denial. Returns True when it halts the run."""
+        run = self._latch_run(run_key)
+        members = tuple(sorted(set(chain)))
+        if len(run.buckets) >= self.config.latch_buckets_per_run_max:
+            run.halt_chain = members  # a run probing this many refused tools is halted
+            return True
+        bucket = LatchBucket(count=1, chain=members)
+        run.buckets[(agent, tool)] = bucket
+        if bucket.count >= self.config.latch_halt_threshold:
+            run.halt_chain = members
+            return True
+        return False
+
+    def _latch_repeat(self, run_key: RunKey, bucket: LatchBucket, chain: tuple[str, ...]) -> bool:
+        """A later attempt at a latched tool. Returns True when it halts the run."""
+        bucket.count += 1
+        bucket.chain = tuple(sorted(set(bucket.chain) | set(chain)))
+        if bucket.count >= self.config.latch_halt_threshold:
+            self.state.latch_runs[run_key].halt_chain = bucket.chain
+            return True
+        return False
+
+    def _latch_clear_agent(self, agent: str) -> None:
+        """Drop every bucket whose scope this agent's mandate shaped, and its halts."""
+        runs = self.state.latch_runs
+        for run_key in sorted(runs):
+            run = runs[run_key]
+            for bucket_key in sorted(run.buckets):
+                if agent in run.buckets[bucket_key].chain:
+                    del run.buckets[bucket_key]
+            if run.halt_chain is not None and agent in run.halt_chain:
+                run.halt_chain = None
+            if not run.buckets and run.halt_chain is None:
+                del runs[run_key]
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def _prune_expired(self) -> None:
+        """Expired pending calls and grants are kept `expired_retention_ms`, then dropped:
+        this is what bounds both tables over time (the per-principal caps bound them at
+        any one moment)."""
+        horizon = self._now_ms - self.config.expired_retention_ms
+        for proposal_id in sorted(self.state.pending):
+            if self.state.pending[proposal_id].expires_at_ms <= horizon:
+                del self.state.pending[proposal_id]
+        for grant_id in sorted(self.state.grants):
+            if self.state.grants[grant_id].expires_at_ms <= horizon:
+                del self.state.grants[grant_id]
+
+
+def _principal(record: AgentRecord | None) -> str:
+    return OWNER_PRINCIPAL if record is None else record.agent_id
+
+
+def _rejected(
+    parsed: ParsedTx,
+    reason: Reason,
+    *,
+    principal: str = "",
+    subject: str = "",
+    version: int = 0,
+) -> Verdict:
+    return Verdict(
+        tx_id=parsed.tx_id,
+        kind=parsed.kind,
+        outcome=Outcome.REJECTED,
+        reason=reason,
+        mandate_version=version,
+        principal=principal,
+        subject=subject,
+    )
+
+
+def _applied(parsed: ParsedTx, *, principal: str, subject: str = "", version: int = 0) -> Verdict:
+    return Verdict(
+        tx_id=parsed.tx_id,
+        kind=parsed.kind,
+        outcome=Outcome.APPLIED,
+        reason=Reason.OK,
+        mandate_version=version,
+        principal=principal,
+        subject=subject,
+    )

@@ -1,0 +1,455 @@
+"""The engine's whole replicated state, its bounds, and its canonical serialization.
+
+Everything that decides a later verdict lives here and nowhere else, so that
+`state_bytes()` is the state: two engines with equal bytes decide every future block the
+same way (DESIGN §4, "a pure function of the committed log"), and a sidecar rebuilt from
+the bytes continues exactly where it stopped. Maps are plain dicts for speed, but no
+decision ever depends on their iteration order: serialization sorts every map by key, and
+eviction picks by explicit sequence numbers (STYLE.md rule 7).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from replica.canonical import Encoder, sha256
+from sidecar.engine.model import (
+    DelegationPolicy,
+    Enforcement,
+    EnvelopeArg,
+    Mandate,
+    SealedValue,
+    Tier,
+    ToolMode,
+    ToolSpec,
+)
+from sidecar.engine.statements import TAG_CARD, ConfirmationCard
+
+TAG_STATE = b"qg/engine-state/v1"
+
+RunKey = tuple[str, str]  # (run owner: the root agent of the delegation chain, run id)
+BucketKey = tuple[str, str]  # (agent, canonical tool)
+
+
+@dataclass
+class NonceWindow:
+    """Replay memory for one signer: a low-water mark plus the executed nonces above it.
+
+    A nonce at or below `low_water`, or above `low_water + window`, is refused; so is one
+    already in `executed`. Contiguous nonces fold into the low-water mark, so `executed`
+    never holds more than `window` entries.
+    """
+
+    low_water: int = 0
+    executed: set[int] = field(default_factory=set)
+
+    def is_fresh(self, nonce: int, window: int) -> bool:
+        return self.low_water < nonce <= self.low_water + window and nonce not in self.executed
+
+    def record(self, nonce: int, window: int) -> None:
+        assert self.is_fresh(nonce, window), nonce
+        self.executed.add(nonce)
+        while self.low_water + 1 in self.executed:
+            self.low_water += 1
+            self.executed.remove(self.low_water)
+        assert len(self.executed) <= window
+
+
+@dataclass
+class AgentRecord:
+    agent_id: str
+    public_key: bytes
+    mandate: Mandate | None = None
+    mandate_version: int = 0  # 0: no mandate set yet (every call is denied)
+    suspended: bool = False
+    nonces: NonceWindow = field(default_factory=NonceWindow)
+    recent_proposals_ms: list[int] = field(default_factory=list)  # quota window, ascending
+
+
+@dataclass
+class Grant:
+    """A Delegate that was applied (DESIGN §4.4). `scope` is pinned at delegation time."""
+
+    grant_id: bytes
+    grantor: str
+    child: str
+    run_owner: str
+    run_id: str
+    scope: tuple[str, ...] | None
+    grantor_mandate_version: int
+    depth: int
+    parent_grant: bytes | None
+    expires_at_ms: int
+    created_height: int
+    revoked: bool = False
+
+
+@dataclass
+class Handle:
+    """A capability envelope (DESIGN §4.6): only ciphertexts sealed to sinks are kept."""
+
+    handle: str
+    kind: str
+    owner: str
+    verified: bool
+    sealed: tuple[SealedValue, ...]  # sorted by sink
+    created_height: int
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        return tuple(value.sink for value in self.sealed)
+
+
+@dataclass
+class PendingCall:
+    """A confirmation-gated call waiting for its Confirm (DESIGN §4.5)."""
+
+    proposal_id: bytes
+    principal: str
+    run_owner: str
+    run_id: str
+    tier: Tier
+    grant: bytes | None
+    tool: str
+    canonical_target: str
+    handles: tuple[tuple[str, str], ...]
+    flagged: bool
+    card: ConfirmationCard
+    expires_at_ms: int
+
+    @property
+    def argument_names(self) -> tuple[str, ...]:
+        return self.card.argument_names
+
+
+@dataclass
+class LatchBucket:
+    count: int
+    chain: tuple[str, ...]  # agents whose mandates shaped the refused scope
+
+
+@dataclass
+class LatchRun:
+    last_active: int  # activity sequence number: least recently active is evicted first
+    buckets: dict[BucketKey, LatchBucket] = field(default_factory=dict)
+    halt_chain: tuple[str, ...] | None = None  # set when the run is halted
+
+
+@dataclass
+class EngineState:
+    config_fingerprint: bytes
+    last_height: int | None = None
+    last_block_time_ms: int = 0
+    owner_nonces: NonceWindow = field(default_factory=NonceWindow)
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    sinks: dict[str, bytes] = field(default_factory=dict)
+    agents: dict[str, AgentRecord] = field(default_factory=dict)
+    grants: dict[bytes, Grant] = field(default_factory=dict)
+    pending: dict[bytes, PendingCall] = field(default_factory=dict)
+    handles: dict[str, Handle] = field(default_factory=dict)
+    latch_runs: dict[RunKey, LatchRun] = field(default_factory=dict)
+    latch_activity_seq: int = 0
+    # derived indexes, rebuilt on load; not serialized
+    agent_by_key: dict[bytes, str] = field(default_factory=dict)
+    handles_by_owner: dict[str, int] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        return bytes(_encode_state(self))
+
+    def root(self) -> bytes:
+        """The state root: SHA-256 of the canonical state bytes (which carry their own tag)."""
+        return sha256(self.to_bytes())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> EngineState:
+        reader = _Reader(data)
+        state = _decode_state(reader)
+        reader.finish()
+        return state
+
+
+# ------------------------------------------------------------------------ encoding
+
+
+def _enc_optional_tools(enc: Encoder, tools: tuple[str, ...] | None) -> None:
+    if tools is None:
+        enc.u8(0)
+    else:
+        enc.u8(1).texts(tools)
+
+
+def _enc_optional_text(enc: Encoder, text: str | None) -> None:
+    enc.optional_blob(None if text is None else text.encode("utf-8"))
+
+
+def _enc_nonces(enc: Encoder, window: NonceWindow) -> None:
+    enc.u64(window.low_water).u32(len(window.executed))
+    for nonce in sorted(window.executed):
+        enc.u64(nonce)
+
+
+def _enc_mandate(enc: Encoder, mandate: Mandate) -> None:
+    _enc_optional_tools(enc, mandate.allowed_tools)
+    enc.text(mandate.enforcement.value).boolean(mandate.suspended)
+    enc.text(mandate.delegation_policy.value)
+    depth = mandate.max_delegation_depth
+    enc.optional_blob(None if depth is None else struct.pack(">I", depth))
+
+
+def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
+    enc.text(spec.name).text(spec.mode.value).optional_blob(
+        None if spec.sink is None else spec.sink.encode()
+    )
+    enc.texts(spec.target_schemes).u32(len(spec.envelope_args))
+    for arg in spec.envelope_args:
+        enc.text(arg.name).text(arg.kind).boolean(arg.require_verified)
+    enc.text(spec.min_tier.value).boolean(spec.binds_caller)
+
+
+def _enc_card(enc: Encoder, card: ConfirmationCard) -> None:
+    enc.blob(card.to_bytes())
+
+
+def _encode_state(state: EngineState) -> Encoder:
+    enc = Encoder(TAG_STATE).raw(state.config_fingerprint)
+    enc.optional_blob(None if state.last_height is None else struct.pack(">Q", state.last_height))
+    enc.u64(state.last_block_time_ms)
+    _enc_nonces(enc, state.owner_nonces)
+
+    enc.u32(len(state.tools))
+    for name in sorted(state.tools):
+        _enc_tool(enc, state.tools[name])
+
+    enc.u32(len(state.sinks))
+    for sink in sorted(state.sinks):
+        enc.text(sink).raw(state.sinks[sink])
+
+    enc.u32(len(state.agents))
+    for agent_id in sorted(state.agents):
+        rec = state.agents[agent_id]
+        enc.text(rec.agent_id).raw(rec.public_key).u64(rec.mandate_version)
+        enc.boolean(rec.suspended).boolean(rec.mandate is not None)
+        if rec.mandate is not None:
+            _enc_mandate(enc, rec.mandate)
+        _enc_nonces(enc, rec.nonces)
+        enc.u32(len(rec.recent_proposals_ms))
+        for t in rec.recent_proposals_ms:
+            enc.u64(t)
+
+    enc.u32(len(state.grants))
+    for grant_id in sorted(state.grants):
+        g = state.grants[grant_id]
+        enc.raw(g.grant_id).text(g.grantor).text(g.child).text(g.run_owner).text(g.run_id)
+        _enc_optional_tools(enc, g.scope)
+        enc.u64(g.grantor_mandate_version).u32(g.depth).optional_blob(g.parent_grant)
+        enc.u64(g.expires_at_ms).u64(g.created_height).boolean(g.revoked)
+
+    enc.u32(len(state.pending))
+    for proposal_id in sorted(state.pending):
+        p = state.pending[proposal_id]
+        enc.raw(p.proposal_id).text(p.principal).text(p.run_owner).text(p.run_id)
+        enc.text(p.tier.value).optional_blob(p.grant).text(p.tool).text(p.canonical_target)
+        enc.u32(len(p.handles))
+        for name, handle in p.handles:
+            enc.text(name).text(handle)
+        enc.boolean(p.flagged).u64(p.expires_at_ms)
+        _enc_card(enc, p.card)
+
+    enc.u32(len(state.handles))
+    for handle_name in sorted(state.handles):
+        h = state.handles[handle_name]
+        enc.text(h.handle).text(h.kind).text(h.owner).boolean(h.verified)
+        enc.u32(len(h.sealed))
+        for value in h.sealed:
+            enc.text(value.sink).blob(value.ciphertext)
+        enc.u64(h.created_height)
+
+    enc.u64(state.latch_activity_seq).u32(len(state.latch_runs))
+    for run_key in sorted(state.latch_runs):
+        run = state.latch_runs[run_key]
+        enc.text(run_key[0]).text(run_key[1]).u64(run.last_active)
+        enc.optional_blob(
+            None if run.halt_chain is None else bytes(Encoder().texts(run.halt_chain))
+        )
+        enc.u32(len(run.buckets))
+        for bucket_key in sorted(run.buckets):
+            bucket = run.buckets[bucket_key]
+            enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
+    return enc
+
+
+# ------------------------------------------------------------------------ decoding
+
+
+class StateDecodeError(ValueError):
+    pass
+
+
+class _Reader:
+    """Reads what `Encoder` wrote. Only for our own state bytes; any surprise is an error."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def take(self, size: int) -> bytes:
+        end = self._pos + size
+        if size < 0 or end > len(self._data):
+            raise StateDecodeError("state bytes truncated")
+        chunk = self._data[self._pos : end]
+        self._pos = end
+        return chunk
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def u32(self) -> int:
+        return int(struct.unpack(">I", self.take(4))[0])
+
+    def u64(self) -> int:
+        return int(struct.unpack(">Q", self.take(8))[0])
+
+    def boolean(self) -> bool:
+        value = self.u8()
+        if value > 1:
+            raise StateDecodeError("bad boolean")
+        return value == 1
+
+    def blob(self) -> bytes:
+        return self.take(self.u32())
+
+    def text(self) -> str:
+        try:
+            return self.blob().decode("utf-8")
+        except UnicodeDecodeError:
+            raise StateDecodeError("bad text") from None
+
+    def texts(self) -> tuple[str, ...]:
+        return tuple(self.text() for _ in range(self.u32()))
+
+    def optional_blob(self) -> bytes | None:
+        return self.blob() if self.boolean() else None
+
+    def optional_text(self) -> str | None:
+        data = self.optional_blob()
+        return None if data is None else data.decode("utf-8")
+
+    def finish(self) -> None:
+        if self._pos != len(self._data):
+            raise StateDecodeError("trailing bytes after state")
+
+
+def _dec_nonces(r: _Reader) -> NonceWindow:
+    low = r.u64()
+    return NonceWindow(low_water=low, executed={r.u64() for _ in range(r.u32())})
+
+
+def _dec_optional_tools(r: _Reader) -> tuple[str, ...] | None:
+    return r.texts() if r.boolean() else None
+
+
+def _dec_mandate(r: _Reader) -> Mandate:
+    tools = _dec_optional_tools(r)
+    enforcement = Enforcement(r.text())
+    suspended = r.boolean()
+    policy = DelegationPolicy(r.text())
+    depth_bytes = r.optional_blob()
+    depth = None if depth_bytes is None else int(struct.unpack(">I", depth_bytes)[0])
+    return Mandate(tools, enforcement, suspended, policy, depth)
+
+
+def _dec_tool(r: _Reader) -> ToolSpec:
+    name = r.text()
+    mode = ToolMode(r.text())
+    sink = r.optional_text()
+    schemes = r.texts()
+    args = tuple(EnvelopeArg(r.text(), r.text(), r.boolean()) for _ in range(r.u32()))
+    return ToolSpec(name, mode, sink, schemes, args, Tier(r.text()), r.boolean())
+
+
+def _dec_card(r: _Reader) -> ConfirmationCard:
+    c = _Reader(r.blob())
+    if c.take(len(TAG_CARD)) != TAG_CARD:
+        raise StateDecodeError("bad card tag")
+    chain_id, proposal_id, principal = c.text(), c.take(32), c.text()
+    tier, delegate_of, tool = Tier(c.text()), c.text(), c.text()
+    mode, min_tier, target = ToolMode(c.text()), Tier(c.text()), c.text()
+    argument_names = c.texts()
+    handles = tuple((c.text(), c.text()) for _ in range(c.u32()))
+    body_digest, created_height, expires_at_ms = c.take(32), c.u64(), c.u64()
+    c.finish()
+    return ConfirmationCard(
+        chain_id, proposal_id, principal, tier, delegate_of, tool, mode, min_tier, target,
+        argument_names, handles, body_digest, created_height, expires_at_ms,
+    )  # fmt: skip
+
+
+def _decode_state(r: _Reader) -> EngineState:
+    if r.take(len(TAG_STATE)) != TAG_STATE:
+        raise StateDecodeError("not engine state bytes")
+    state = EngineState(config_fingerprint=r.take(32))
+    height = r.optional_blob()
+    state.last_height = None if height is None else int(struct.unpack(">Q", height)[0])
+    state.last_block_time_ms = r.u64()
+    state.owner_nonces = _dec_nonces(r)
+
+    for _ in range(r.u32()):
+        spec = _dec_tool(r)
+        state.tools[spec.name] = spec
+    for _ in range(r.u32()):
+        sink = r.text()
+        state.sinks[sink] = r.take(32)
+    for _ in range(r.u32()):
+        agent_id, key, version = r.text(), r.take(32), r.u64()
+        suspended, has_mandate = r.boolean(), r.boolean()
+        mandate = _dec_mandate(r) if has_mandate else None
+        nonces = _dec_nonces(r)
+        recent = [r.u64() for _ in range(r.u32())]
+        state.agents[agent_id] = AgentRecord(
+            agent_id, key, mandate, version, suspended, nonces, recent
+        )
+        state.agent_by_key[key] = agent_id
+    for _ in range(r.u32()):
+        grant_id, grantor, child, run_owner, run_id = (
+            r.take(32), r.text(), r.text(), r.text(), r.text(),
+        )  # fmt: skip
+        scope = _dec_optional_tools(r)
+        version, depth, parent = r.u64(), r.u32(), r.optional_blob()
+        expires, created, revoked = r.u64(), r.u64(), r.boolean()
+        state.grants[grant_id] = Grant(
+            grant_id, grantor, child, run_owner, run_id, scope, version, depth, parent,
+            expires, created, revoked,
+        )  # fmt: skip
+    for _ in range(r.u32()):
+        proposal_id, principal, run_owner, run_id = r.take(32), r.text(), r.text(), r.text()
+        tier, grant, tool, target = Tier(r.text()), r.optional_blob(), r.text(), r.text()
+        handles = tuple((r.text(), r.text()) for _ in range(r.u32()))
+        flagged, expires = r.boolean(), r.u64()
+        card = _dec_card(r)
+        state.pending[proposal_id] = PendingCall(
+            proposal_id, principal, run_owner, run_id, tier, grant, tool, target, handles,
+            flagged, card, expires,
+        )  # fmt: skip
+    for _ in range(r.u32()):
+        name, kind, owner, verified = r.text(), r.text(), r.text(), r.boolean()
+        sealed = tuple(SealedValue(r.text(), r.blob()) for _ in range(r.u32()))
+        state.handles[name] = Handle(name, kind, owner, verified, sealed, r.u64())
+        state.handles_by_owner[owner] = state.handles_by_owner.get(owner, 0) + 1
+    state.latch_activity_seq = r.u64()
+    for _ in range(r.u32()):
+        run_key = (r.text(), r.text())
+        last_active = r.u64()
+        halt_bytes = r.optional_blob()
+        halt_chain = None
+        if halt_bytes is not None:
+            inner = _Reader(halt_bytes)
+            halt_chain = inner.texts()
+            inner.finish()
+        run = LatchRun(last_active=last_active, halt_chain=halt_chain)
+        for _ in range(r.u32()):
+            bucket_key = (r.text(), r.text())
+            count = r.u32()
+            run.buckets[bucket_key] = LatchBucket(count=count, chain=r.texts())
+        state.latch_runs[run_key] = run
+    return state

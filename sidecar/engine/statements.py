@@ -1,0 +1,219 @@
+"""What the engine says about a block: verdicts, confirmation cards, rejection artifacts.
+
+Each has canonical bytes built with `replica.canonical.Encoder` (house rule 4: one module
+owns how bytes are built; the domain tags of the engine's own statements live here). None
+of them can hold an argument value: verdicts and artifacts carry argument *names*, cards
+carry names, handle references and a digest of the signed body (DESIGN §4.2, §4.8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from replica.canonical import Encoder
+from sidecar.engine.model import DENIAL_TEXT, Outcome, Reason, Tier, ToolMode, TxKind
+
+TAG_CARD = b"qg/card/v1"
+TAG_VERDICT = b"qg/verdict/v1"
+TAG_ARTIFACT = b"qg/artifact/v1"
+TAG_HANDLE = b"qg/handle/v1"
+
+# Stands for the owner wherever a verdict names its principal; never a valid agent id.
+OWNER_PRINCIPAL = "@owner"
+
+# BRAH §6.4: the card opens with a fixed header written by the system, not by the agent.
+CARD_HEADER = "Official confirmation form: confirming approves exactly the call listed here."
+
+
+def target_digest(canonical_target: str) -> bytes:
+    """SHA-256 of the UTF-8 canonical target `"<tool> <target>"` (receipts carry this)."""
+    return hashlib.sha256(canonical_target.encode("utf-8")).digest()
+
+
+def handle_for(tx_id: bytes, kind: str) -> str:
+    """DESIGN §4.6: `h_<kind>_<16 hex>`, derived from the SealEnvelope's transaction id, so
+    that a handle is unique per transaction and no one chooses another's handle."""
+    return f"h_{kind}_{Encoder(TAG_HANDLE).raw(tx_id).digest()[:8].hex()}"
+
+
+@dataclass(frozen=True)
+class ConfirmationCard:
+    """DESIGN §4.5 / BRAH §6.4 (WYSIWYS): built by the engine from the canonical, bound
+    parameters of a pending proposal; a Confirm names its digest."""
+
+    chain_id: str
+    proposal_id: bytes
+    principal: str
+    tier: Tier
+    delegate_of: str  # "" when the principal acts on its own mandate
+    tool: str
+    mode: ToolMode
+    min_tier: Tier
+    canonical_target: str
+    argument_names: tuple[str, ...]
+    handles: tuple[tuple[str, str], ...]  # (argument name, handle), by argument name
+    body_digest: bytes  # SHA-256 of the signed TxBody bytes: binds the values unseen
+    created_height: int
+    expires_at_ms: int
+
+    def to_bytes(self) -> bytes:
+        enc = Encoder(TAG_CARD)
+        enc.text(self.chain_id).raw(self.proposal_id).text(self.principal)
+        enc.text(self.tier.value).text(self.delegate_of).text(self.tool)
+        enc.text(self.mode.value).text(self.min_tier.value).text(self.canonical_target)
+        enc.texts(self.argument_names)
+        enc.u32(len(self.handles))
+        for name, handle in self.handles:
+            enc.text(name).text(handle)
+        enc.raw(self.body_digest).u64(self.created_height).u64(self.expires_at_ms)
+        return bytes(enc)
+
+    @property
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.to_bytes()).digest()
+
+    def render(self) -> str:
+        """The card as a person reads it; every line is generated here, none by an agent."""
+        who = "the owner" if self.mode is ToolMode.OWNER_CONFIRM else self.principal
+        lines = [
+            CARD_HEADER,
+            f"Tool: {self.tool}",
+            f"Target: {self.canonical_target}",
+            f"Requested by: {self.principal} ({self.tier.value})"
+            + (f" on behalf of {self.delegate_of}" if self.delegate_of else ""),
+            f"Arguments: {', '.join(self.argument_names) or '(none)'}",
+            f"To be confirmed by: {who}, tier {self.min_tier.value} or above",
+            f"Proposal: {self.proposal_id.hex()}",
+            f"Card digest: {self.digest.hex()}",
+        ]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The engine's answer for one transaction of a block (DESIGN §4.2, §4.8).
+
+    For a Proposal: allow / flag / deny / pending. A Confirm that settles a proposal
+    answers for that proposal (`proposal_id`): allow / flag, or deny when the call no
+    longer passes; a Confirm that cannot settle anything is rejected. Other kinds are
+    applied or rejected. `reason` is for operators; an agent only ever sees
+    `agent_message`.
+    """
+
+    tx_id: bytes
+    kind: TxKind
+    outcome: Outcome
+    reason: Reason
+    mandate_version: int = 0
+    principal: str = ""
+    tier: Tier | None = None
+    delegate_of: str = ""
+    canonical_target: str = ""
+    target_digest: bytes = b""
+    argument_names: tuple[str, ...] = ()
+    proposal_id: bytes = b""
+    card: ConfirmationCard | None = None
+    card_digest: bytes = b""
+    subject: str = ""  # handle for SealEnvelope, name for Admin, child for Delegate
+
+    @property
+    def agent_message(self) -> str:
+        """What the agent is told: one fixed sentence for every refusal, whatever the reason."""
+        return DENIAL_TEXT if self.outcome in (Outcome.DENY, Outcome.REJECTED) else ""
+
+    @property
+    def is_proposal_denial(self) -> bool:
+        return self.outcome is Outcome.DENY and bool(self.proposal_id)
+
+    def statement(self, chain_id: str, height: int) -> bytes:
+        """Ledger-ready canonical bytes of this verdict at `height` (DESIGN §4.8)."""
+        enc = Encoder(TAG_VERDICT).text(chain_id).u64(height)
+        enc.raw(self.tx_id).text(self.kind.value).text(self.outcome.value)
+        enc.text(self.reason.value).u64(self.mandate_version).text(self.principal)
+        enc.text(self.tier.value if self.tier is not None else "").text(self.delegate_of)
+        enc.text(self.canonical_target).blob(self.target_digest)
+        enc.texts(self.argument_names).blob(self.proposal_id).blob(self.card_digest)
+        enc.text(self.subject)
+        return bytes(enc)
+
+
+@dataclass(frozen=True)
+class ArtifactDenial:
+    proposal_id: bytes
+    principal: str
+    reason: Reason
+    mandate_version: int
+    argument_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RejectionArtifact:
+    """DESIGN §4.8: one per (height, canonical target) with at least one deny, listing
+    those denials in block order. `to_bytes()` is what the sidecar writes, idempotently."""
+
+    chain_id: str
+    height: int
+    canonical_target: str
+    denials: tuple[ArtifactDenial, ...]
+
+    def __post_init__(self) -> None:
+        assert self.denials, "an artifact exists only for at least one denial"
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.height, self.canonical_target)
+
+    def to_bytes(self) -> bytes:
+        enc = Encoder(TAG_ARTIFACT).text(self.chain_id).u64(self.height)
+        enc.text(self.canonical_target).raw(target_digest(self.canonical_target))
+        enc.u32(len(self.denials))
+        for denial in self.denials:
+            enc.raw(denial.proposal_id).text(denial.principal).text(denial.reason.value)
+            enc.u64(denial.mandate_version).texts(denial.argument_names)
+        return bytes(enc)
+
+
+def build_artifacts(chain_id: str, height: int, verdicts: list[Verdict]) -> list[RejectionArtifact]:
+    """Group this height's proposal denials by canonical target, in block order."""
+    groups: dict[str, list[ArtifactDenial]] = {}
+    for verdict in verdicts:
+        if not verdict.is_proposal_denial:
+            continue
+        groups.setdefault(verdict.canonical_target, []).append(
+            ArtifactDenial(
+                proposal_id=verdict.proposal_id,
+                principal=verdict.principal,
+                reason=verdict.reason,
+                mandate_version=verdict.mandate_version,
+                argument_names=verdict.argument_names,
+            )
+        )
+    # dict order is first-denial order in the block: deterministic for one log
+    return [
+        RejectionArtifact(chain_id, height, target, tuple(denials))
+        for target, denials in groups.items()
+    ]
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    height: int
+    block_time_ms: int
+    verdicts: tuple[Verdict, ...]
+    artifacts: tuple[RejectionArtifact, ...]
+    state_root: bytes
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    """The mempool's cheap early answer (never mutates engine state)."""
+
+    accepted: bool
+    reason: Reason
+    tx_id: bytes
+    kind: TxKind
+
+    @property
+    def agent_message(self) -> str:
+        return "" if self.accepted else DENIAL_TEXT

@@ -1,0 +1,245 @@
+"""A small world for driving the engine with real signed transactions.
+
+Keys are derived from names (no randomness), block time advances by a fixed step, and every
+block is logged so a test can replay the same log into a second engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from nacl.public import PrivateKey, SealedBox
+from nacl.signing import SigningKey
+
+from sidecar.engine import tx
+from sidecar.engine.core import Engine, EngineConfig
+from sidecar.engine.model import (
+    Admin,
+    AdminOp,
+    Argument,
+    Confirm,
+    Delegate,
+    DelegationPolicy,
+    Enforcement,
+    EnvelopeArg,
+    Mandate,
+    Outcome,
+    Proposal,
+    RegisterAgent,
+    RegisterSink,
+    RegisterTool,
+    Revoke,
+    SealedValue,
+    SealEnvelope,
+    SetMandate,
+    Tier,
+    ToolMode,
+    ToolSpec,
+    TxPayload,
+    canonical_tool_list,
+)
+from sidecar.engine.statements import BlockResult, Verdict
+
+CHAIN = "qg-test"
+START_MS = 1_000_000
+STEP_MS = 1_000
+
+
+def signing_key(name: str) -> SigningKey:
+    return SigningKey(hashlib.sha256(b"qg-test/agent/" + name.encode()).digest())
+
+
+def sink_private_key(name: str) -> PrivateKey:
+    return PrivateKey(hashlib.sha256(b"qg-test/sink/" + name.encode()).digest())
+
+
+@dataclass
+class World:
+    """An engine plus the keys, nonces and log of one test."""
+
+    overrides: dict[str, int] = field(default_factory=dict)
+    verify: bool = True
+
+    def __post_init__(self) -> None:
+        self.owner = signing_key("owner")
+        self.config = EngineConfig(
+            chain_id=CHAIN, owner_public_key=bytes(self.owner.verify_key), **self.overrides
+        )
+        self.engine = Engine(self.config)
+        self.height = 0
+        self.time_ms = START_MS
+        self.nonces: dict[bytes, int] = {}
+        self.keys: dict[str, SigningKey] = {}
+        self.sinks: dict[str, PrivateKey] = {}
+        self.log: list[tuple[int, int, list[bytes]]] = []
+        self.results: list[BlockResult] = []
+
+    # ---------------------------------------------------------------- raw blocks
+
+    def next_nonce(self, key: SigningKey) -> int:
+        signer = bytes(key.verify_key)
+        self.nonces[signer] = self.nonces.get(signer, 0) + 1
+        return self.nonces[signer]
+
+    def tx(self, key: SigningKey, payload: TxPayload, nonce: int | None = None) -> bytes:
+        return tx.build(CHAIN, nonce if nonce is not None else self.next_nonce(key), payload, key)
+
+    def block(self, txs: Sequence[bytes], advance_ms: int = STEP_MS) -> BlockResult:
+        self.height += 1
+        self.time_ms += advance_ms
+        result = self.engine.execute_block(self.height, self.time_ms, list(txs), self.verify)
+        self.log.append((self.height, self.time_ms, list(txs)))
+        self.results.append(result)
+        return result
+
+    def one(self, key: SigningKey, payload: TxPayload, advance_ms: int = STEP_MS) -> Verdict:
+        return self.block([self.tx(key, payload)], advance_ms).verdicts[0]
+
+    def advance(self, ms: int) -> None:
+        """Let block time pass with an empty block."""
+        self.block([], advance_ms=ms)
+
+    # ---------------------------------------------------------------- administration
+
+    def admin(self, op: AdminOp) -> Verdict:
+        verdict = self.one(self.owner, Admin(op=op))
+        assert verdict.outcome is Outcome.APPLIED, verdict
+        return verdict
+
+    def add_sink(self, name: str) -> PrivateKey:
+        private = sink_private_key(name)
+        self.sinks[name] = private
+        self.admin(RegisterSink(sink_id=name, public_key=bytes(private.public_key)))
+        return private
+
+    def add_tool(
+        self,
+        name: str,
+        mode: ToolMode = ToolMode.DIRECT,
+        schemes: tuple[str, ...] = ("https",),
+        sink: str | None = None,
+        envelope_args: tuple[EnvelopeArg, ...] = (),
+        min_tier: Tier = Tier.DELEGATE,
+        binds_caller: bool = False,
+    ) -> None:
+        self.admin(
+            RegisterTool(
+                spec=ToolSpec(
+                    name=name,
+                    mode=mode,
+                    sink=sink,
+                    target_schemes=tuple(sorted(schemes)),
+                    envelope_args=envelope_args,
+                    min_tier=min_tier,
+                    binds_caller=binds_caller,
+                )
+            )
+        )
+
+    def add_agent(
+        self,
+        name: str,
+        tools: Sequence[str] | None = None,
+        *,
+        enforcement: Enforcement = Enforcement.ENFORCE,
+        policy: DelegationPolicy = DelegationPolicy.NONE,
+        depth: int | None = None,
+        suspended: bool = False,
+    ) -> SigningKey:
+        key = signing_key(name)
+        self.keys[name] = key
+        self.admin(RegisterAgent(agent_id=name, public_key=bytes(key.verify_key)))
+        self.set_mandate(
+            name, tools, enforcement=enforcement, policy=policy, depth=depth, suspended=suspended
+        )
+        return key
+
+    def set_mandate(
+        self,
+        name: str,
+        tools: Sequence[str] | None,
+        *,
+        enforcement: Enforcement = Enforcement.ENFORCE,
+        policy: DelegationPolicy = DelegationPolicy.NONE,
+        depth: int | None = None,
+        suspended: bool = False,
+    ) -> Verdict:
+        mandate = Mandate(
+            allowed_tools=None if tools is None else canonical_tool_list(list(tools)),
+            enforcement=enforcement,
+            suspended=suspended,
+            delegation_policy=policy,
+            max_delegation_depth=depth,
+        )
+        return self.admin(SetMandate(agent_id=name, mandate=mandate))
+
+    # ---------------------------------------------------------------- agent actions
+
+    def propose(
+        self,
+        agent: str,
+        tool: str,
+        target: str = "https://example.com/x",
+        *,
+        run: str = "run-1",
+        args: Sequence[Argument] = (),
+        grant: bytes | None = None,
+        advance_ms: int = STEP_MS,
+    ) -> Verdict:
+        payload = Proposal(run_id=run, tool=tool, target=target, arguments=tuple(args), grant=grant)
+        return self.one(self.keys[agent], payload, advance_ms)
+
+    def delegate(
+        self,
+        parent: str,
+        child: str,
+        *,
+        run: str = "run-1",
+        tools: Sequence[str] | None = None,
+        expires_in_ms: int = 600_000,
+        parent_grant: bytes | None = None,
+    ) -> Verdict:
+        payload = Delegate(
+            child=bytes(self.keys[child].verify_key),
+            run_id=run,
+            tools=None if tools is None else canonical_tool_list(list(tools)),
+            expires_at_ms=self.time_ms + STEP_MS + expires_in_ms,
+            parent_grant=parent_grant,
+        )
+        return self.one(self.keys[parent], payload)
+
+    def revoke(self, signer: SigningKey, grant: bytes) -> Verdict:
+        return self.one(signer, Revoke(grant=grant))
+
+    def confirm(self, signer: SigningKey, proposal_id: bytes, card_digest: bytes) -> Verdict:
+        return self.one(signer, Confirm(proposal_id=proposal_id, card_digest=card_digest))
+
+    def seal(
+        self,
+        signer: SigningKey,
+        kind: str,
+        plaintext: bytes,
+        sinks: Sequence[str],
+        owner_principal: str | None = None,
+    ) -> Verdict:
+        sealed = tuple(
+            SealedValue(
+                sink=sink, ciphertext=SealedBox(self.sinks[sink].public_key).encrypt(plaintext)
+            )
+            for sink in sinks
+        )
+        payload = SealEnvelope(kind=kind, sealed=sealed, owner_principal=owner_principal)
+        return self.one(signer, payload)
+
+
+def replay(world: World) -> tuple[Engine, list[BlockResult]]:
+    """Run a world's whole log through a fresh engine with the same config."""
+    engine = Engine(world.config)
+    results = [engine.execute_block(h, t, txs, world.verify) for h, t, txs in world.log]
+    return engine, results
+
+
+def text(value: str) -> Argument:
+    return Argument(name="q", text=value)
