@@ -70,14 +70,17 @@ class CodecError(ValueError):
         self.kind = kind
 
 
-def _parse_canonical(message: Any, data: bytes, what: str) -> None:
+def _parse(message: Any, data: bytes, what: str) -> None:
     try:
         message.ParseFromString(data)
     except DecodeError as exc:
         raise CodecError(f"{what}: not a protobuf message") from exc
+
+
+def _is_canonical(message: Any, data: bytes) -> bool:
+    """True when `data` is exactly the encoding of what it decoded to."""
     message.DiscardUnknownFields()
-    if message.SerializeToString(deterministic=True) != data:
-        raise CodecError(f"{what}: not the canonical encoding (unknown or reordered fields)")
+    return bytes(message.SerializeToString(deterministic=True)) == data
 
 
 # ----------------------------------------------------------------------------- SignedTx
@@ -90,7 +93,9 @@ def encode_signed(tx: SignedTx) -> bytes:
 
 def decode_signed(data: bytes) -> SignedTx:
     msg = tx_pb2.SignedTx()
-    _parse_canonical(msg, data, "SignedTx")
+    _parse(msg, data, "SignedTx")
+    if not _is_canonical(msg, data):
+        raise CodecError("SignedTx: not the canonical encoding (unknown or reordered fields)")
     try:
         return SignedTx(body=msg.body, signer=msg.signer, signature=msg.signature)
     except ValueError as exc:
@@ -102,12 +107,14 @@ def decode_signed(data: bytes) -> SignedTx:
 
 def decode_body(data: bytes) -> TxBody:
     msg = tx_pb2.TxBody()
-    _parse_canonical(msg, data, "TxBody")
+    _parse(msg, data, "TxBody")
     nonce = int(msg.nonce)
     case = msg.WhichOneof("kind")
+    kind = TxKind.MALFORMED if case is None else _ONEOF_KIND[case]
+    if not _is_canonical(msg, data):
+        raise CodecError("TxBody: not the canonical encoding", nonce=nonce, kind=kind)
     if case is None:
         raise CodecError("TxBody: no transaction kind", nonce=nonce)
-    kind = _ONEOF_KIND[case]
     try:
         payload = _decode_payload(case, getattr(msg, case))
         return TxBody(chain_id=msg.chain_id, nonce=nonce, payload=payload)

@@ -31,7 +31,8 @@ import re
 import unicodedata
 
 import idna
-from rfc3986 import misc, normalizers, uri_reference  # type: ignore[import-untyped]
+from rfc3986 import exceptions, misc, normalizers, uri_reference  # type: ignore[import-untyped]
+from rfc3986.validators import Validator  # type: ignore[import-untyped]
 
 from sidecar.engine import limits, names
 from sidecar.engine.model import Reason
@@ -56,6 +57,11 @@ QUERY_CHARS = PATH_CHARS | frozenset("?")
 # Control, format (zero-width and bidi overrides), surrogate, private-use, unassigned,
 # line and paragraph separators: none of them has a place in a target.
 REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_VALIDATOR = (
+    Validator()
+    .require_presence_of("scheme")
+    .check_validity_of("scheme", "userinfo", "host", "port", "path", "query", "fragment")
+)
 
 
 class TargetRefused(Exception):
@@ -103,6 +109,9 @@ def canonicalize_target(
         _require_scheme(PRINCIPAL_SCHEME, schemes)
         return _principal_ref(text, principal)
     if text.startswith("/"):
+        if text.startswith("//"):
+            # RFC 3986 §4.2 reads this as a scheme-relative reference to a host
+            raise _malformed("ambiguous: a network-path reference, not a path")
         _require_scheme(FILE_SCHEME, schemes)
         return _path(text, principal)
     match = SCHEME_PREFIX_RE.match(text)
@@ -123,8 +132,9 @@ def _require_scheme(scheme: str, schemes: tuple[str, ...]) -> None:
 def _prepare(raw: str) -> str:
     if len(raw) > 4 * limits.TARGET_CHARS_MAX:
         raise _malformed("too long")
-    text = names.ascii_digits(unicodedata.normalize("NFKC", raw)).strip()
-    _refuse_controls(text)
+    text = names.ascii_digits(unicodedata.normalize("NFKC", raw))
+    _refuse_controls(text)  # before trimming: str.strip() would eat \x1c-\x1f and \x85
+    text = text.strip(" ")
     if len(text) > limits.TARGET_CHARS_MAX:
         raise _malformed("too long")
     return text
@@ -252,8 +262,10 @@ def _uri(text: str, scheme: str, principal: str) -> str:
     if len(out) > limits.TARGET_CHARS_MAX:
         raise _malformed("too long")
     # Belt and braces: what we produce must be a valid absolute URI for rfc3986 as well.
-    if not uri_reference(out).is_valid(require_scheme=True):
-        raise _malformed("not a valid URI")
+    try:
+        _VALIDATOR.validate(uri_reference(out))
+    except exceptions.ValidationError:
+        raise _malformed("not a valid URI") from None
     return out
 
 
