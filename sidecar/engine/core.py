@@ -759,8 +759,6 @@ class Engine:
             return rejected(Reason.DELEGATION_DEPTH_EXCEEDED)
         if not self._now_ms < delegate.expires_at_ms <= self._now_ms + self.config.grant_ttl_ms_max:
             return rejected(Reason.DELEGATION_EXPIRY_INVALID)
-        if parent_expires is not None and delegate.expires_at_ms > parent_expires:
-            return rejected(Reason.DELEGATION_WIDENING)  # a grant never outlives its parent
         if (
             delegate.tools is not None
             and scope is not None
@@ -782,7 +780,8 @@ class Engine:
             grantor_mandate_version=record.mandate_version,
             depth=depth,
             parent_grant=delegate.parent_grant,
-            expires_at_ms=delegate.expires_at_ms,
+            # a grant never outlives the grant it hangs from
+            expires_at_ms=min(delegate.expires_at_ms, parent_expires or delegate.expires_at_ms),
             created_height=self._height,
         )
         return _applied(

@@ -1,0 +1,132 @@
+"""The replicated denial latch (DESIGN §4.3; mandate guide, "Repeat attempts are latched")."""
+
+from __future__ import annotations
+
+from sidecar.engine.core import Engine
+from sidecar.engine.model import Outcome, Proposal, Reason, Suspend
+from tests.engine.harness import World
+
+
+def _world(**overrides: int) -> World:
+    world = World(overrides=dict(overrides))
+    for tool in ("kb.search", "tickets.open", "wire.transfer", "db.drop"):
+        world.add_tool(tool)
+    world.add_agent("alice", ["kb.search", "tickets.open"])
+    return world
+
+
+def test_first_denial_then_repeat_denied_then_the_third_attempt_halts_the_run() -> None:
+    world = _world()
+    reasons = [world.propose("alice", "wire.transfer").reason for _ in range(3)]
+    assert reasons == [Reason.OUT_OF_SCOPE, Reason.REPEAT_DENIED, Reason.RUN_HALTED]
+
+
+def test_a_halted_run_denies_in_scope_tools_too() -> None:
+    world = _world()
+    for _ in range(3):
+        world.propose("alice", "wire.transfer")
+    verdict = world.propose("alice", "kb.search")
+    assert (verdict.outcome, verdict.reason) == (Outcome.DENY, Reason.RUN_HALTED)
+    # the halt is per run: another run of the same agent is untouched
+    assert world.propose("alice", "kb.search", run="run-2").outcome is Outcome.ALLOW
+
+
+def test_threshold_is_configurable_and_counts_the_first_denial() -> None:
+    world = _world(latch_halt_threshold=2)
+    assert world.propose("alice", "wire.transfer").reason is Reason.OUT_OF_SCOPE
+    assert world.propose("alice", "wire.transfer").reason is Reason.RUN_HALTED
+
+
+def test_suspension_denials_are_not_latched() -> None:
+    world = _world()
+    world.admin(Suspend(agent_id="alice"))
+    for _ in range(5):
+        assert world.propose("alice", "kb.search").reason is Reason.SUSPENDED
+    assert world.engine.state.latch_runs == {}
+
+
+def test_quota_and_unknown_tool_denials_are_not_latched() -> None:
+    world = _world(quota_proposals_max=2)
+    world.propose("alice", "no.such.tool")
+    world.propose("alice", "no.such.tool")
+    assert world.propose("alice", "kb.search").reason is Reason.QUOTA_EXCEEDED
+    assert world.engine.state.latch_runs == {}
+
+
+def test_new_mandate_version_clears_the_agents_buckets_and_halt() -> None:
+    world = _world()
+    for _ in range(3):
+        world.propose("alice", "wire.transfer")
+    assert world.propose("alice", "kb.search").reason is Reason.RUN_HALTED
+    world.set_mandate("alice", ["kb.search", "tickets.open", "wire.transfer"])
+    assert world.propose("alice", "kb.search").outcome is Outcome.ALLOW
+    assert world.propose("alice", "wire.transfer").outcome is Outcome.ALLOW
+
+
+def test_new_mandate_version_of_one_agent_leaves_another_agents_buckets() -> None:
+    world = _world()
+    world.add_agent("bob", ["kb.search"])
+    world.propose("alice", "wire.transfer")
+    world.propose("bob", "wire.transfer")
+    world.set_mandate("alice", ["kb.search"])
+    assert world.propose("bob", "wire.transfer").reason is Reason.REPEAT_DENIED
+    assert world.propose("alice", "wire.transfer").reason is Reason.OUT_OF_SCOPE
+
+
+def test_same_run_id_of_different_agents_are_different_runs() -> None:
+    """A run belongs to the agent that owns it: mallory cannot halt alice's run by naming
+    its run id (a cross-principal effect)."""
+    world = _world()
+    world.add_agent("mallory", [])
+    for _ in range(3):
+        world.propose("mallory", "wire.transfer", run="alice-run")
+    assert world.propose("mallory", "kb.search", run="alice-run").reason is Reason.RUN_HALTED
+    assert world.propose("alice", "kb.search", run="alice-run").outcome is Outcome.ALLOW
+
+
+def test_latch_holds_a_bounded_number_of_runs_and_evicts_the_least_recently_active() -> None:
+    world = _world(latch_runs_max=3)
+    for run in ("r1", "r2", "r3"):
+        world.propose("alice", "wire.transfer", run=run)
+    world.propose("alice", "kb.search", run="r1")  # r1 is active again; r2 is now oldest
+    world.propose("alice", "wire.transfer", run="r4")  # evicts r2
+    assert len(world.engine.state.latch_runs) == 3
+    assert ("alice", "r2") not in world.engine.state.latch_runs
+    # r2 starts counting again; r1 remembers
+    assert world.propose("alice", "wire.transfer", run="r2").reason is Reason.OUT_OF_SCOPE
+    assert world.propose("alice", "wire.transfer", run="r1").reason is Reason.REPEAT_DENIED
+
+
+def test_latch_eviction_is_the_same_after_a_state_round_trip() -> None:
+    world = _world(latch_runs_max=3)
+    for run in ("r1", "r2", "r3"):
+        world.propose("alice", "wire.transfer", run=run)
+    world.propose("alice", "kb.search", run="r1")
+    clone = Engine.from_state_bytes(world.config, world.engine.state_bytes())
+    data = world.tx(world.keys["alice"], _proposal("r4"))
+    original = world.block([data])
+    copied = clone.execute_block(world.height, world.time_ms, [data])
+    assert copied.state_root == original.state_root
+    assert set(clone.state.latch_runs) == set(world.engine.state.latch_runs)
+
+
+def test_a_run_collecting_too_many_refused_tools_is_halted() -> None:
+    world = _world(latch_buckets_per_run_max=2, latch_halt_threshold=10)
+    assert world.propose("alice", "wire.transfer").reason is Reason.OUT_OF_SCOPE
+    assert world.propose("alice", "db.drop").reason is Reason.OUT_OF_SCOPE
+    world.add_tool("third.tool")
+    assert world.propose("alice", "third.tool").reason is Reason.RUN_HALTED
+    run = world.engine.state.latch_runs[("alice", "run-1")]
+    assert len(run.buckets) == 2
+
+
+def test_latch_survives_a_restart_from_state_bytes() -> None:
+    world = _world()
+    world.propose("alice", "wire.transfer")
+    world.propose("alice", "wire.transfer")
+    world.engine = Engine.from_state_bytes(world.config, world.engine.state_bytes())
+    assert world.propose("alice", "wire.transfer").reason is Reason.RUN_HALTED
+
+
+def _proposal(run: str) -> Proposal:
+    return Proposal(run_id=run, tool="wire.transfer", target="https://example.com/")
