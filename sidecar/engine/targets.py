@@ -96,7 +96,9 @@ def canonicalize_target(
     text = _prepare(raw)
     if binds_caller:
         # BRAH §7.3: a status tool takes no identity; it is bound to the caller.
-        if text == "" or _is_principal_ref(text):
+        if text == "":
+            return f"{PRINCIPAL_SCHEME}:{principal}"
+        if _is_principal_ref(text):
             return _principal_ref(text, principal)
         raise _malformed("a status tool takes no target")
     if text == "":
