@@ -1,0 +1,279 @@
+"""Determinism (STYLE.md rule 7): the same log in, the same bytes out.
+
+A hypothesis generator builds random logs of every transaction kind - sensible ones,
+adversarial ones and garbage - against a small universe of agents, tools and runs, runs
+them through one engine while drawing, then replays the log through a second engine and a
+third one restored from state bytes half-way, and compares every byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.engine.core import Engine
+from sidecar.engine.model import (
+    Admin,
+    Argument,
+    Confirm,
+    Delegate,
+    DelegationPolicy,
+    Enforcement,
+    EnvelopeArg,
+    Mandate,
+    Outcome,
+    Proposal,
+    Resume,
+    Revoke,
+    SealedValue,
+    SealEnvelope,
+    SetMandate,
+    Suspend,
+    Tier,
+    ToolMode,
+    TxPayload,
+    canonical_tool_list,
+)
+from sidecar.engine.statements import BlockResult
+from tests.engine.harness import World, replay, signing_key
+
+AGENTS = ("ann", "ben", "cyd")
+TOOLS = ("kb.search", "tickets.open", "pay.refund", "post.publish", "crm.status", "card.use")
+RUNS = ("r1", "r2", "run-3")
+TARGETS = (
+    "https://Example.com:443/a/./b", "https://example.com/a/b", "/srv/../srv/x", "CURRENT_USER",
+    "principal:ann", "principal:ben", "", "https://u:p@example.com/", "rel", "https://h/?user_id=1",
+    "file:///srv/x", "https://bücher.example/",
+)  # fmt: skip
+ARG_NAMES = ("q", "memo", "card", "chat_id", "password", "Q")
+CHOICES = [
+    *["propose"] * 8,
+    *["confirm"] * 3,
+    *["delegate"] * 2,
+    "revoke",
+    "seal",
+    "mandate",
+    "suspend",
+]
+GOOD_TARGETS = {
+    "kb.search": ("https://example.com/a", "/srv/x"),
+    "tickets.open": ("CURRENT_USER", "https://example.com/t"),
+    "pay.refund": ("https://pay.example/r/1", "https://pay.example/r/2"),
+    "post.publish": ("",),
+    "crm.status": ("", "CURRENT_USER"),
+    "card.use": ("https://shop.example/",),
+}
+
+
+def _world() -> World:
+    world = World(
+        overrides={
+            "latch_runs_max": 4,
+            "latch_halt_threshold": 3,
+            "quota_proposals_max": 12,
+            "quota_window_ms": 20_000,
+            "confirmation_ttl_ms": 15_000,
+            "pending_per_principal_max": 3,
+            "grants_per_agent_max": 3,
+            "handles_per_principal_max": 3,
+            "expired_retention_ms": 30_000,
+        }
+    )
+    world.add_sink("vault")
+    world.add_tool("kb.search", mode=ToolMode.READ, schemes=("https", "file"))
+    world.add_tool("tickets.open", schemes=("https", "principal"))
+    world.add_tool("pay.refund", mode=ToolMode.USER_CONFIRM, min_tier=Tier.MASTER)
+    world.add_tool("post.publish", mode=ToolMode.OWNER_CONFIRM, schemes=())
+    world.add_tool("crm.status", schemes=(), sink="vault", binds_caller=True)
+    world.add_tool("card.use", sink="vault", envelope_args=(EnvelopeArg(name="card", kind="card"),))
+    for agent in AGENTS:
+        world.add_agent(agent, None, policy=DelegationPolicy.ATTENUATED, depth=2)
+    return world
+
+
+def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
+    """One random transaction (signer name, payload), using ids from what already ran."""
+    verdicts = [v for result in world.results for v in result.verdicts]
+    grants = [
+        v.tx_id for v in verdicts if v.kind.value == "delegate" and v.outcome is Outcome.APPLIED
+    ]
+    pendings = [v for v in verdicts if v.outcome is Outcome.PENDING]
+    handles = [v.subject for v in verdicts if v.kind.value == "seal_envelope" and v.subject]
+    choice = data.draw(st.sampled_from(CHOICES))
+    signer = data.draw(st.sampled_from(AGENTS))
+    if choice == "propose":
+        args = tuple(
+            Argument(name=name, handle=data.draw(st.sampled_from(handles)))
+            if handles and data.draw(st.booleans())
+            else Argument(name=name, text="v")
+            for name in data.draw(st.lists(st.sampled_from(ARG_NAMES), max_size=2, unique=True))
+        )
+        grant = data.draw(st.sampled_from(grants)) if grants and data.draw(st.booleans()) else None
+        tool = data.draw(st.sampled_from((*TOOLS, "no.such", "KB.Search")))
+        good = GOOD_TARGETS.get(tool.lower(), ("",))
+        target = data.draw(st.sampled_from(good if data.draw(st.integers(0, 3)) else TARGETS))
+        payload: TxPayload = Proposal(
+            run_id=data.draw(st.sampled_from(RUNS)),
+            tool=tool,
+            target=target,
+            arguments=args,
+            grant=grant,
+        )
+        return signer, payload
+    if choice == "confirm" and pendings:
+        pending = data.draw(st.sampled_from(pendings))
+        digest = pending.card_digest if data.draw(st.booleans()) else hashlib.sha256(b"x").digest()
+        who = data.draw(st.sampled_from((*AGENTS, "owner")))
+        return who, Confirm(proposal_id=pending.proposal_id, card_digest=digest)
+    if choice == "delegate":
+        child = data.draw(st.sampled_from([a for a in AGENTS if a != signer]))
+        tools = data.draw(st.none() | st.lists(st.sampled_from(TOOLS), max_size=3))
+        return signer, Delegate(
+            child=bytes(signing_key(child).verify_key),
+            run_id=data.draw(st.sampled_from(RUNS)),
+            tools=None if tools is None else canonical_tool_list(tools),
+            expires_at_ms=world.time_ms + data.draw(st.integers(-5_000, 60_000)) or 1,
+            parent_grant=data.draw(st.sampled_from(grants))
+            if grants and data.draw(st.booleans())
+            else None,
+        )
+    if choice == "revoke" and grants:
+        return data.draw(st.sampled_from((*AGENTS, "owner"))), Revoke(
+            grant=data.draw(st.sampled_from(grants))
+        )
+    if choice == "seal":
+        return signer, SealEnvelope(
+            kind=data.draw(st.sampled_from(["card", "phone"])),
+            sealed=(
+                SealedValue(sink="vault", ciphertext=bytes(48 + data.draw(st.integers(0, 8)))),
+            ),
+        )
+    if choice == "mandate":
+        tools = data.draw(st.none() | st.lists(st.sampled_from(TOOLS), min_size=1, max_size=4))
+        mandate = Mandate(
+            allowed_tools=None if tools is None else canonical_tool_list(tools),
+            enforcement=data.draw(st.sampled_from(Enforcement)),
+            suspended=data.draw(st.booleans()) and data.draw(st.booleans()),
+            delegation_policy=data.draw(st.sampled_from(DelegationPolicy)),
+            max_delegation_depth=data.draw(st.none() | st.integers(0, 3)),
+        )
+        return "owner", Admin(op=SetMandate(agent_id=signer, mandate=mandate))
+    if choice == "suspend":
+        op = Suspend(agent_id=signer) if data.draw(st.booleans()) else Resume(agent_id=signer)
+        return "owner", Admin(op=op)
+    return signer, Proposal(run_id="r1", tool="kb.search", target="https://example.com/")
+
+
+def _key(world: World, name: str):  # type: ignore[no-untyped-def]
+    return world.owner if name == "owner" else world.keys[name]
+
+
+def _assert_same(a: BlockResult, b: BlockResult, chain_id: str) -> None:
+    assert a.state_root == b.state_root
+    assert [v.statement(chain_id, a.height) for v in a.verdicts] == [
+        v.statement(chain_id, b.height) for v in b.verdicts
+    ]
+    assert [x.to_bytes() for x in a.artifacts] == [x.to_bytes() for x in b.artifacts]
+    assert a == b
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_logs_give_byte_identical_results_on_every_engine(data: st.DataObject) -> None:
+    world = _world()
+    setup_blocks = len(world.log)
+    blocks = data.draw(st.integers(4, 16))
+    for _ in range(blocks):
+        txs: list[bytes] = []
+        for _ in range(data.draw(st.integers(0, 8))):
+            kind = data.draw(st.sampled_from(["tx"] * 8 + ["replay", "garbage"]))
+            earlier = [t for _, _, logged in world.log[setup_blocks:] for t in logged]
+            if kind == "replay" and earlier:
+                txs.append(data.draw(st.sampled_from(earlier)))
+            elif kind == "garbage":
+                txs.append(data.draw(st.binary(max_size=40)))
+            else:
+                signer, payload = _draw_payload(data, world)
+                txs.append(world.tx(_key(world, signer), payload))
+        result = world.block(txs, advance_ms=data.draw(st.sampled_from([0, 1, 1_000, 9_000])))
+        assert len(result.verdicts) == len(txs)
+        # the root is the hash of the state bytes, and the bytes round-trip exactly
+        state = world.engine.state_bytes()
+        assert result.state_root == hashlib.sha256(state).digest()
+        assert Engine.from_state_bytes(world.config, state).state_bytes() == state
+        _assert_bounded(world)
+
+    second, results = replay(world)
+    for a, b in zip(world.results, results, strict=True):
+        _assert_same(a, b, world.config.chain_id)
+    assert second.state_bytes() == world.engine.state_bytes()
+
+    # a sidecar restored from state bytes half-way continues byte for byte
+    half = len(world.log) // 2
+    first_half = Engine(world.config)
+    for height, time_ms, txs in world.log[:half]:
+        first_half.execute_block(height, time_ms, txs)
+    restored = Engine.from_state_bytes(world.config, first_half.state_bytes())
+    for (height, time_ms, txs), original in zip(
+        world.log[half:], world.results[half:], strict=True
+    ):
+        _assert_same(restored.execute_block(height, time_ms, txs), original, world.config.chain_id)
+
+
+def _assert_bounded(world: World) -> None:
+    state, config = world.engine.state, world.config
+    assert len(state.latch_runs) <= config.latch_runs_max
+    assert all(
+        len(r.buckets) <= config.latch_buckets_per_run_max for r in state.latch_runs.values()
+    )
+    assert len(state.pending) <= config.pending_max
+    for agent in state.agents.values():
+        assert len(agent.nonces.executed) <= config.nonce_window
+        assert len(agent.recent_proposals_ms) <= config.quota_proposals_max
+        assert sum(p.principal == agent.agent_id for p in state.pending.values()) <= (
+            config.pending_per_principal_max
+        )
+        assert sum(g.grantor == agent.agent_id for g in state.grants.values()) <= (
+            config.grants_per_agent_max
+        )
+        assert state.handles_by_owner.get(agent.agent_id, 0) <= config.handles_per_principal_max
+
+
+def test_two_engines_fed_one_log_agree_byte_for_byte() -> None:
+    world = _world()
+    world.propose("ann", "kb.search", "https://EXAMPLE.com:443/./a")
+    world.propose("ben", "pay.refund")
+    world.propose("ben", "no.such")
+    world.propose("cyd", "tickets.open", "principal:ann")
+    world.delegate("ann", "ben", tools=["kb.search"])
+    second, results = replay(world)
+    for a, b in zip(world.results, results, strict=True):
+        _assert_same(a, b, world.config.chain_id)
+    assert second.state_bytes() == world.engine.state_bytes()
+
+
+def test_a_different_config_is_a_different_state_root_and_refuses_foreign_state() -> None:
+    world = _world()
+    other = World(overrides={"latch_runs_max": 5})
+    assert world.engine.state_root() != other.engine.state_root()
+    try:
+        Engine.from_state_bytes(other.config, world.engine.state_bytes())
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("state from another config must be refused")
+
+
+def test_heights_must_follow_and_block_time_must_not_go_back() -> None:
+    world = _world()
+    for height, time_ms in (
+        (world.height + 2, world.time_ms + 1),
+        (world.height + 1, world.time_ms - 1),
+    ):
+        try:
+            world.engine.execute_block(height, time_ms, [])
+        except ValueError:
+            continue
+        raise AssertionError("out-of-order block accepted")
