@@ -1,0 +1,171 @@
+"""The operator policy test kit (issue 4, item 7): exit codes, reports, rule coverage."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from sidecar.policykit import (
+    EXIT_FAILED,
+    EXIT_MALFORMED,
+    EXIT_OK,
+    agent_key,
+    run_policy_test,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "sidecar" / "examples" / "policy.toml"
+
+SMALL = """
+[tools."kb.search"]
+mode = "read"
+
+[tools."wire.transfer"]
+mode = "direct"
+
+[agents.alice]
+allowed_tools = ["kb.search", "wire.transfer"]
+
+[[calls]]
+name = "alice searches"
+agent = "alice"
+tool = "kb.search"
+target = "https://kb.example/"
+expect = "allow"
+"""
+
+
+def _run(path: Path, json_output: bool = False) -> tuple[int, str]:
+    out = io.StringIO()
+    code = run_policy_test(str(path), json_output=json_output, out=out)
+    return code, out.getvalue()
+
+
+def test_the_shipped_example_passes() -> None:
+    code, text = _run(EXAMPLE)
+    assert code == EXIT_OK, text
+    assert "FAIL" not in text
+    assert "21 calls, 21 passed, 0 failed" in text
+
+
+def test_json_report_is_machine_readable_and_deterministic() -> None:
+    code, first = _run(EXAMPLE, json_output=True)
+    _, second = _run(EXAMPLE, json_output=True)
+    assert code == EXIT_OK
+    assert first == second
+    report = json.loads(first)
+    assert report["ok"] is True and report["failed"] == 0
+    assert {r["outcome"] for r in report["results"]} == {"allow", "deny", "flag", "pending"}
+
+
+def test_a_failing_expectation_exits_1_and_names_the_call(tmp_path: Path) -> None:
+    policy = tmp_path / "failing.toml"
+    policy.write_text(
+        SMALL
+        + """
+[[calls]]
+name = "alice is wrongly expected to be refused"
+agent = "alice"
+tool = "wire.transfer"
+target = "https://bank.example/"
+expect = "deny"
+"""
+    )
+    code, text = _run(policy)
+    assert code == EXIT_FAILED
+    assert "FAIL  alice is wrongly expected to be refused: expected deny, got allow (ok)" in text
+    code, as_json = _run(policy, json_output=True)
+    assert code == EXIT_FAILED and json.loads(as_json)["failed"] == 1
+
+
+def test_a_wrong_reason_fails_even_when_the_outcome_matches(tmp_path: Path) -> None:
+    policy = tmp_path / "reason.toml"
+    policy.write_text(
+        SMALL
+        + """
+[[calls]]
+agent = "alice"
+tool = "no.such.tool"
+expect = "deny"
+reason = "out_of_scope"
+"""
+    )
+    code, text = _run(policy)
+    assert code == EXIT_FAILED
+    assert "expected deny (out_of_scope), got deny (unknown_tool)" in text
+
+
+def test_a_rule_no_call_makes_fire_is_reported_as_a_warning(tmp_path: Path) -> None:
+    policy = tmp_path / "coverage.toml"
+    policy.write_text(SMALL)
+    code, text = _run(policy)
+    assert code == EXIT_OK  # a warning is not a failure
+    assert 'WARN  agents.alice.allowed_tools["wire.transfer"]: no call makes this rule fire' in text
+    assert 'allowed_tools["kb.search"]' not in text
+    assert "agents.alice.enforcement (enforce): no call tries a tool outside the mandate" in text
+    assert "tools.wire.transfer: no call uses this tool" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[agents.alice\nallowed_tools = []", "TOML syntax error"),
+        (SMALL.replace('expect = "allow"', 'expect = "permit"'),
+         "calls[0].expect: must be one of allow, flag, deny, pending; got 'permit'"),
+        (SMALL.replace('expect = "allow"', 'expected = "allow"'),
+         "calls[0]: unknown field 'expected'"),
+        (SMALL.replace('["kb.search", "wire.transfer"]', '"kb.search"'),
+         "agents.alice.allowed_tools: must be a list of tool names or \"unrestricted\""),
+        (SMALL.replace('allowed_tools = ["kb.search", "wire.transfer"]\n', ""),
+         "agents.alice.allowed_tools: is required"),
+        (SMALL.replace('agent = "alice"', 'agent = "bob"'), "calls[0].agent: unknown agent 'bob'"),
+        (SMALL.replace('mode = "read"', 'mode = "sometimes"'), "tools.kb.search.mode"),
+        ("[settings]\nnot_a_limit = 3\n", "settings.not_a_limit: not an engine limit"),
+    ],
+)  # fmt: skip
+def test_a_malformed_file_exits_2_with_a_message_naming_the_line_or_field(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    policy = tmp_path / "bad.toml"
+    policy.write_text(content)
+    code, text = _run(policy)
+    assert code == EXIT_MALFORMED
+    assert message in text, text
+
+
+def test_toml_syntax_errors_name_the_line(tmp_path: Path) -> None:
+    policy = tmp_path / "syntax.toml"
+    policy.write_text('[tools."kb.search"]\nmode = read\n')
+    code, text = _run(policy)
+    assert code == EXIT_MALFORMED
+    assert "line 2" in text, text
+
+
+def test_a_missing_file_is_malformed_not_a_crash(tmp_path: Path) -> None:
+    code, text = _run(tmp_path / "absent.toml")
+    assert code == EXIT_MALFORMED and "no such file" in text
+
+
+def test_keys_are_derived_from_names_deterministically() -> None:
+    assert bytes(agent_key("alice").verify_key) == bytes(agent_key("alice").verify_key)
+    assert bytes(agent_key("alice").verify_key) != bytes(agent_key("bob").verify_key)
+
+
+def test_a_refused_delegation_setup_is_checked_against_its_expectation(tmp_path: Path) -> None:
+    policy = tmp_path / "delegation.toml"
+    policy.write_text(
+        SMALL
+        + """
+[agents.bob]
+allowed_tools = []
+
+[delegations.alice-bob]
+parent = "alice"
+child = "bob"
+"""
+    )
+    code, text = _run(policy)
+    assert code == EXIT_FAILED
+    assert "delegations.alice-bob: expected applied, got rejected (delegation_refused)" in text
