@@ -291,6 +291,11 @@ class Engine:
         if not window.is_fresh(parsed.nonce, self.config.nonce_window):
             return refuse(Reason.REPLAYED)
         payload = parsed.body.payload
+        is_owner = parsed.signer == self.config.owner_public_key
+        if isinstance(payload, Admin) and not is_owner:
+            return refuse(Reason.NOT_OWNER)
+        if isinstance(payload, Proposal | Delegate) and is_owner:
+            return refuse(Reason.NOT_AN_AGENT)
         if isinstance(payload, Proposal):
             tool = names.canonical_tool_name(payload.tool)
             if tool is None or tool not in self.state.tools:

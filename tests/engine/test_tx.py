@@ -182,6 +182,12 @@ def test_admission_check_refuses_early_and_never_mutates_state() -> None:
     assert world.engine.admission_check(stranger).reason is Reason.UNKNOWN_SIGNER
     assert world.engine.admission_check(bytes(forged)).reason is Reason.BAD_SIGNATURE
     assert world.engine.admission_check(b"junk").reason is Reason.MALFORMED
+    owner_proposal = tx.build(CHAIN, 900, _proposal(), world.owner)
+    assert world.engine.admission_check(owner_proposal).reason is Reason.NOT_AN_AGENT
+    agent_admin = tx.build(
+        CHAIN, 52, Admin(op=RegisterAgent(agent_id="x", public_key=b"k" * 32)), key
+    )
+    assert world.engine.admission_check(agent_admin).reason is Reason.NOT_OWNER
     assert world.engine.state_bytes() == before
     world.block([good])
     replayed = world.engine.admission_check(good)
