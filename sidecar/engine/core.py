@@ -372,8 +372,9 @@ class Engine:
         if proposal.grant is None:
             return _Context(record.agent_id, Tier.MASTER, "", record.agent_id, proposal.run_id)
         grant = self.state.grants.get(proposal.grant)
-        if grant is None or grant.child != record.agent_id:
-            # an unusable grant: the call is refused below; it touches only its own run
+        if grant is None or grant.child != record.agent_id or grant.run_id != proposal.run_id:
+            # an unusable grant: the call is refused below and touches only its own run,
+            # never a run of someone else's namespace
             return _Context(record.agent_id, Tier.DELEGATE, "", record.agent_id, proposal.run_id)
         return _Context(
             record.agent_id, Tier.DELEGATE, grant.grantor, grant.run_owner, proposal.run_id

@@ -12,6 +12,7 @@ import hashlib
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nacl.signing import SigningKey
 
 from sidecar.engine.core import Engine
 from sidecar.engine.model import (
@@ -93,6 +94,11 @@ def _world() -> World:
     return world
 
 
+def _maybe(data: st.DataObject, items: list[bytes]) -> bool:
+    """Draw whether to use one of `items` (never when there is none)."""
+    return bool(items) and data.draw(st.booleans())
+
+
 def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
     """One random transaction (signer name, payload), using ids from what already ran."""
     verdicts = [v for result in world.results for v in result.verdicts]
@@ -106,11 +112,11 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
     if choice == "propose":
         args = tuple(
             Argument(name=name, handle=data.draw(st.sampled_from(handles)))
-            if handles and data.draw(st.booleans())
+            if bool(handles) and data.draw(st.booleans())
             else Argument(name=name, text="v")
             for name in data.draw(st.lists(st.sampled_from(ARG_NAMES), max_size=2, unique=True))
         )
-        grant = data.draw(st.sampled_from(grants)) if grants and data.draw(st.booleans()) else None
+        grant = data.draw(st.sampled_from(grants)) if _maybe(data, grants) else None
         tool = data.draw(st.sampled_from((*TOOLS, "no.such", "KB.Search")))
         good = GOOD_TARGETS.get(tool.lower(), ("",))
         target = data.draw(st.sampled_from(good if data.draw(st.integers(0, 3)) else TARGETS))
@@ -135,9 +141,7 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
             run_id=data.draw(st.sampled_from(RUNS)),
             tools=None if tools is None else canonical_tool_list(tools),
             expires_at_ms=world.time_ms + data.draw(st.integers(-5_000, 60_000)) or 1,
-            parent_grant=data.draw(st.sampled_from(grants))
-            if grants and data.draw(st.booleans())
-            else None,
+            parent_grant=data.draw(st.sampled_from(grants)) if _maybe(data, grants) else None,
         )
     if choice == "revoke" and grants:
         return data.draw(st.sampled_from((*AGENTS, "owner"))), Revoke(
@@ -166,7 +170,7 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
     return signer, Proposal(run_id="r1", tool="kb.search", target="https://example.com/")
 
 
-def _key(world: World, name: str):  # type: ignore[no-untyped-def]
+def _key(world: World, name: str) -> SigningKey:
     return world.owner if name == "owner" else world.keys[name]
 
 

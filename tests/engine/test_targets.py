@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import string
 import unicodedata
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -51,7 +53,7 @@ def base_uris(draw: st.DrawFn) -> tuple[str, list[str], list[str]]:
     return scheme, host, path
 
 
-def _spell(scheme: str, host: list[str], path: list[str], draw: st.DrawFn) -> str:
+def _spell(scheme: str, host: list[str], path: list[str], draw: Callable[[Any], Any]) -> str:
     """Draw one alias spelling of the URI made of these parts."""
     out_scheme = "".join(c.upper() if draw(st.booleans()) else c for c in scheme)
     out_host = ".".join(
@@ -73,7 +75,7 @@ def _spell(scheme: str, host: list[str], path: list[str], draw: st.DrawFn) -> st
             for c in seg
         )
         out_path.append(spelled)
-    raw_path = "/" + "/".join(out_path) if out_path or draw(st.booleans()) else ""
+    raw_path = "/" + "/".join(out_path) if bool(out_path) or draw(st.booleans()) else ""
     fragment = "#" + draw(segments) if draw(st.booleans()) else ""
     return f"{out_scheme}://{out_host}{port}{raw_path}{fragment}"
 
