@@ -281,3 +281,24 @@ def test_heights_must_follow_and_block_time_must_not_go_back() -> None:
         except ValueError:
             continue
         raise AssertionError("out-of-order block accepted")
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_mutated_transactions_never_raise_out_of_execute_block(data: st.DataObject) -> None:
+    """Remote garbage is an answer, never an exception: flip, cut and splice the bytes of
+    valid transactions and run them unverified (the deepest path a body can reach)."""
+    world = _world()
+    world.verify = False
+    valid = [world.tx(_key(world, s), p) for s, p in (_draw_payload(data, world) for _ in range(4))]
+    mutated: list[bytes] = []
+    for original in valid:
+        body = bytearray(original)
+        for _ in range(data.draw(st.integers(1, 4))):
+            at = data.draw(st.integers(0, len(body) - 1))
+            body[at] = data.draw(st.integers(0, 255))
+        cut = data.draw(st.integers(0, len(body)))
+        mutated.append(bytes(body[:cut]) + data.draw(st.binary(max_size=8)) + bytes(body[cut:]))
+    result = world.block(valid + mutated)
+    assert len(result.verdicts) == len(valid) + len(mutated)
+    assert all(len(v.tx_id) == 32 for v in result.verdicts)
