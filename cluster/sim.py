@@ -45,7 +45,7 @@ from replica.config import Limits, Member, Membership
 from replica.core import Core, Recovered
 from replica.crypto import Ed25519Signer, Signer, Verifier, ed25519_verify
 from replica.safety import SafetyRules, SafetyState, Signed
-from replica.sync import build_sync_response, proof_height
+from replica.sync import build_sync_response
 from replica.types import (
     Block,
     CommitProof,
@@ -173,11 +173,17 @@ class _FastSigner:
 class NoLockSafetyRules(SafetyRules):
     """Broken on purpose: Rule 2 (the lock) never refuses."""
 
-    def vote(self, block: Block, parent: Block) -> Signed[Vote]:
+    def vote(
+        self,
+        block: Block,
+        parent: Block,
+        high_qc: QuorumCert | None = None,
+        high_tc: TimeoutCert | None = None,
+    ) -> Signed[Vote]:
         saved_lock = self._state.locked_qc
         self._state = replace(self._state, locked_qc=genesis_qc(block.chain_id))
         try:
-            return super().vote(block, parent)
+            return super().vote(block, parent, high_qc, high_tc)
         finally:
             if self._state.locked_qc.view < saved_lock.view:
                 self._state = replace(self._state, locked_qc=saved_lock)
@@ -193,7 +199,7 @@ class TwoChainTree(BlockTree):
         b1 = self.get(b2.parent_hash)
         if b1 is None or b1.height <= self.root.height or b2.view != b1.view + 1:
             return None
-        return self.uncommitted_chain(b1.hash), CommitProof(b1, b2, qc)
+        return self.uncommitted_chain(b1.hash), CommitProof(b2, b2, qc)
 
 
 class NoLockCore(Core):
@@ -527,7 +533,6 @@ class Simulation:
             node.committed_txs.update(block.payload)
             disk.blocks.pop(block.hash, None)
         disk.proofs[commit.blocks[-1].height] = commit.proof
-        assert proof_height(commit.proof) == commit.blocks[-1].height
         for h in [h for h, b in disk.blocks.items() if b.height <= len(disk.committed) - 1]:
             del disk.blocks[h]
 

@@ -332,6 +332,7 @@ class Core:
         committed = self.tree.three_chain(qc)
         if committed is not None:
             blocks, proof = committed
+            assert proof.b1.parent_hash == blocks[-1].hash, "proof does not prove the commit"
             self.tree.commit(blocks[-1])
             self.stats.blocks_committed += len(blocks)
             self._out.append(Commit(tuple(blocks), proof))
@@ -616,6 +617,7 @@ class Core:
         if sender != self._sync_peer:
             raise RemoteError("unsolicited", f"sync response from {sender}")
         self._sync_peer = None
+        height_before = self.tree.committed_height
         limits = self.limits
         total = len(response.committed) + len(response.proof) + len(response.pending)
         if total > limits.sync_blocks_max + 2 + limits.sync_blocks_max:
@@ -647,8 +649,11 @@ class Core:
             if last.hash in self.tree:
                 self.checker.check_block_certified(last, response.proof_qc)
                 self._process_qc(response.proof_qc)
-        if response.committed_height > self.tree.committed_height and response.committed:
-            self._request_sync(sender, b"")  # more to fetch from the same peer
+        # More to fetch from the same peer, as long as each answer moves us forward (a
+        # peer that claims more but proves nothing gets asked no further).
+        advanced = self.tree.committed_height > height_before
+        if advanced and response.committed_height > self.tree.committed_height:
+            self._request_sync(sender, b"")
         waiting = self._waiting
         if waiting is not None and waiting.block.parent_hash in self.tree:
             self._waiting = None
