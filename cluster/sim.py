@@ -71,6 +71,8 @@ BEHAVIOURS = (
     "silent_leader",  # never sends its proposals
     "bad_signatures",  # corrupts the signature of everything it sends
     "forge_certs",  # sends forged QCs and TCs and proposals built on them
+    "fork_leader",  # leads from a stale QC to fork the chain, votes for anything, and
+    # sends its votes to one victim only, so commits diverge: what locks exist to stop
 )
 UNSAFE_VARIANTS = ("no_lock", "two_chain_commit")
 SIM_TICK_MS = 10
@@ -90,7 +92,8 @@ class SimOptions:
     delay_ticks_max: int = 3
     loss_permille: int = 0
     dup_permille: int = 0
-    partition: bool = False
+    partition_ticks: int = 0  # 0: none; else a new random partition about this often
+    victim_delay_ticks: int = 0  # extra delay on everything one honest member sends
     crash_permille: int = 0  # per node per tick, before the heal
     crash_ticks_max: int = 200
     tx_per_tick_permille: int = 500
@@ -422,10 +425,18 @@ class Simulation:
         # safety oracles
         self.committed_by_height: dict[int, bytes] = {0: genesis_block(chain).hash}
         self.honest_votes: dict[tuple[int, int], bytes] = {}
-        self.partition_groups: tuple[frozenset[int], frozenset[int]] | None = None
-        self.twin_sides: dict[int, frozenset[int]] = {}
+        # (member, instance) -> side; None when the network is whole
+        self.partition: dict[tuple[int, int], int] | None = None
+        self.next_partition_tick = 0
         self.healed = False
         self.forge_seq = 0
+        self.fork_pending: dict[int, Proposal] = {}
+        self.forks_made = 0
+        self.fork_timeouts: dict[int, dict[int, Timeout]] = {}
+        # The victim leads three views after a fork_leader, so the two views between can
+        # extend a fork while the victim's word is delayed.
+        self.fork_leaders = [i for i, b in self.byzantine.items() if b == "fork_leader"]
+        self.fork_victim = (self.fork_leaders[0] + 3) % n if self.fork_leaders else -1
 
     # ------------------------------------------------------------------ helpers
 
@@ -439,16 +450,20 @@ class Simulation:
         return 1_000_000 + self.tick * SIM_TICK_MS + self.clock_skew_ms[index]
 
     def _connected(self, src: int, src_instance: int, dst: int, dst_instance: int) -> bool:
-        if not self.healed:
-            # Each twin talks only to its own side of the cluster, until the heal.
-            for twin, instance, peer in ((dst, dst_instance, src), (src, src_instance, dst)):
-                side = self.twin_sides.get(twin)
-                if side is not None and (peer in side) != (instance == 0):
-                    return False
-        if self.partition_groups is None:
+        if self.partition is None:
             return True
-        a, _ = self.partition_groups
-        return (src in a) == (dst in a)
+        return self.partition[(src, src_instance)] == self.partition[(dst, dst_instance)]
+
+    def _victim_message(self, src: int, msg: Message) -> bool:
+        """The network adversary's target: the victim's votes and timeouts around a view
+        that a fork_leader leads (from two views before it to three after) arrive late."""
+        if src != self.fork_victim or not self.fork_leaders:
+            return False
+        if not isinstance(msg, Vote | Timeout):
+            return False
+        view = msg.view
+        n = self.options.n
+        return any((view - lead) % n in (n - 2, n - 1, 0, 1, 2, 3) for lead in self.fork_leaders)
 
     def _enqueue(self, src: int, src_instance: int, to: int, envelope: Envelope) -> None:
         opts = self.options
@@ -463,6 +478,8 @@ class Simulation:
                     copies = 2
             for _ in range(copies):
                 delay = self.rng.randint(0, opts.delay_ticks_max) if not self.healed else 1
+                if not self.healed and self._victim_message(src, envelope.message):
+                    delay += opts.victim_delay_ticks
                 self._order += 1
                 self._queue.append(
                     _InFlight(self.tick + 1 + delay, self._order, to, instance, envelope)
@@ -582,6 +599,23 @@ class Simulation:
             return out
         if behaviour == "double_vote" and isinstance(msg, Vote):
             return [(send.to, msg)]
+        if behaviour == "fork_leader":
+            if isinstance(msg, Proposal):
+                fork = self._fork_block(node, msg)
+                if fork is None:
+                    return [(send.to, msg)]
+                self.fork_pending[me] = fork  # sent once a TC for the view before admits it
+                return []
+            if isinstance(msg, Timeout | TimeoutCert):
+                return []  # its certificates would tell the others what the victim knows
+            if isinstance(msg, Vote) and self.membership.leader(msg.view) == me:
+                return []  # its vote goes to the fork, not to the block it replaced
+            if isinstance(msg, Vote):
+                # Withhold the vote for the block just before our own view from all but
+                # the victim: only the victim can then certify it (and commit).
+                if self.membership.leader(msg.view + 1) == me:
+                    return [(self.fork_victim, msg)]
+                return [(send.to, msg)]
         if behaviour == "forge_certs":
             return [(send.to, msg), *self._forgeries(node)]
         return [(send.to, msg)]
@@ -625,6 +659,74 @@ class Simulation:
             sig = self._sign(me, proposal_bytes(chain, block.view, block.hash))
             out.append((None, Proposal(block, sig)))
         return out
+
+    def _fork_block(self, node: SimNode, honest: Proposal) -> Proposal | None:
+        """The same view, but extending the QC three (or, every other time, two) blocks
+        below the highest: a sibling of the block the victim alone has seen committed (or
+        would have, under a 2-chain commit rule)."""
+        chain = self.membership.chain_id
+        tree = node.core.tree
+        qc = honest.block.justify
+        disk = node.disk
+
+        def find(block_hash: bytes, height: int) -> Block | None:
+            found = tree.get(block_hash) or disk.blocks.get(block_hash)
+            if found is None and height < len(disk.committed):
+                found = disk.committed[height]
+            return found if found is not None and found.hash == block_hash else None
+
+        self.forks_made += 1
+        for _ in range(3 if self.forks_made % 2 else 2):
+            block = find(qc.block_hash, qc.height)
+            if block is None or block.height == 0:
+                return None
+            qc = block.justify
+        parent = find(qc.block_hash, qc.height)
+        if parent is None:
+            return None
+        me = node.index
+        view = honest.block.view
+        block = Block.create(
+            chain, parent.hash, view, parent.height + 1, qc,
+            max(self.now_ms(me), parent.timestamp_ms + 1), me, (),
+            parent.state_root_height, parent.state_root,
+        )
+        sig = self._sign(me, proposal_bytes(chain, view, block.hash))
+        return Proposal(block, sig, honest.high_tc)
+
+    def _fork_watch(self, node: SimNode, envelope: Envelope) -> None:
+        """Vote for every block, and once honest members give up on the view before a
+        pending fork, sign a timeout too and send the fork with the TC that admits it."""
+        msg = envelope.message
+        me = node.index
+        chain = self.membership.chain_id
+        if isinstance(msg, Proposal):
+            block = msg.block
+            sig = self._sign(me, vote_bytes(chain, block.view, block.hash))
+            vote = Vote(block.view, block.height, block.hash, me, sig)
+            to = self.fork_victim if self.membership.leader(block.view + 1) == me else None
+            self._deliver_from(me, to, vote, node.instance)
+            return
+        fork = self.fork_pending.get(me)
+        if not isinstance(msg, Timeout) or fork is None or msg.view != fork.block.view - 1:
+            return
+        seen = self.fork_timeouts.setdefault(msg.view, {})
+        seen[msg.voter] = msg
+        if len(seen) + 1 < self.membership.quorum:
+            return
+        timeouts = list(seen.values())[: self.membership.quorum - 1]
+        high = max((t.high_qc for t in timeouts), key=lambda q: q.view)
+        mine = Timeout(msg.view, high, me, self._sign(me, timeout_bytes(chain, msg.view, high.view)))
+        signers = sorted([*timeouts, mine], key=lambda t: t.voter)
+        tc = TimeoutCert(msg.view, high, tuple((t.voter, t.high_qc.view, t.signature) for t in signers))
+        block = fork.block
+        if block.justify.view >= tc.view:
+            return
+        del self.fork_pending[me]
+        self._deliver_from(me, None, Proposal(block, fork.signature, tc), node.instance)
+        # and vote for it, to everyone
+        sig = self._sign(me, vote_bytes(chain, block.view, block.hash))
+        self._deliver_from(me, None, Vote(block.view, block.height, block.hash, me, sig))
 
     def _double_vote_extra(self, node: SimNode, envelope: Envelope) -> None:
         """A `double_vote` member also signs every proposal it receives, rules or not."""
@@ -677,6 +779,8 @@ class Simulation:
             self._step_node(node, "msg", envelope)
             if self.byzantine.get(node.index) == "double_vote":
                 self._double_vote_extra(node, envelope)
+            if self.byzantine.get(node.index) == "fork_leader":
+                self._fork_watch(node, envelope)
 
     def _all_nodes(self) -> list[SimNode]:
         return [node for i in range(self.options.n) for node in self.nodes[i]]
@@ -704,35 +808,34 @@ class Simulation:
                 continue
             self._step_node(node, "tick", None)
 
-    def _setup_faults(self) -> None:
+    def _repartition(self) -> None:
+        """Twins-style: every so often the instances (twins are two) split anew, or heal."""
         opts = self.options
-        if opts.partition:
-            members = list(range(opts.n))
-            self.rng.shuffle(members)
-            cut = 1 + self.rng.randrange(opts.n - 1)
-            self.partition_groups = (frozenset(members[:cut]), frozenset(members[cut:]))
-        for i, behaviour in self.byzantine.items():
-            if behaviour == "twins":
-                others = [j for j in range(opts.n) if j != i]
-                self.rng.shuffle(others)
-                self.twin_sides[i] = frozenset(others[: len(others) // 2])
+        if opts.partition_ticks == 0 or self.tick < self.next_partition_tick:
+            return
+        span = opts.partition_ticks
+        self.next_partition_tick = self.tick + span // 2 + self.rng.randrange(span + 1)
+        if self.rng.randrange(3) == 0:
+            self.partition = None
+            return
+        instances = [(node.index, node.instance) for node in self._all_nodes()]
+        self.rng.shuffle(instances)
+        cut = 1 + self.rng.randrange(len(instances) - 1)
+        self.partition = {inst: (0 if k < cut else 1) for k, inst in enumerate(instances)}
 
     def heal(self) -> None:
         self.healed = True
-        self.partition_groups = None
+        self.partition = None
         for node in self._all_nodes():
             if not node.up:
                 self._apply(node, node.restart())
 
     def run(self) -> SimResult:
         opts = self.options
-        self._setup_faults()
         for node in self._all_nodes():
             self._apply(node, node.start())
-        partition_end = opts.ticks // 2 + self.rng.randrange(opts.ticks // 2 + 1)
         while self.tick < opts.ticks:
-            if self.partition_groups is not None and self.tick >= partition_end:
-                self.partition_groups = None
+            self._repartition()
             self._one_tick()
         self.heal()
         # Liveness: every honest replica commits a block proposed after the heal.
@@ -788,7 +891,8 @@ def scenario(seed: int, n: int) -> SimOptions:
         delay_ticks_max=rng.choice((0, 1, 3, 6)),
         loss_permille=rng.choice((0, 0, 50, 200)),
         dup_permille=rng.choice((0, 50, 200)),
-        partition=rng.random() < 0.4,
+        partition_ticks=rng.choice((0, 0, 10, 40, 200)),
+        victim_delay_ticks=rng.choice((0, 30, 60)) if "fork_leader" in byzantine else 0,
         crash_permille=rng.choice((0, 0, 1, 3)),
         crash_ticks_max=rng.choice((30, 150)),
         tx_per_tick_permille=rng.choice((100, 500, 900)),
