@@ -272,7 +272,9 @@ class SimMempool:
         self._cursor = 0
 
     def _advance(self) -> None:
-        while self._cursor < len(self._pool.txs) and self._pool.txs[self._cursor] in self._committed:
+        while (
+            self._cursor < len(self._pool.txs) and self._pool.txs[self._cursor] in self._committed
+        ):
             self._cursor += 1
 
     def pending(self) -> bool:
@@ -520,9 +522,7 @@ class Simulation:
             return
         self._deliver_from(node.index, send.to, msg)
 
-    def _deliver_from(
-        self, src: int, to: int | None, msg: Message, src_instance: int = 0
-    ) -> None:
+    def _deliver_from(self, src: int, to: int | None, msg: Message, src_instance: int = 0) -> None:
         envelope = Envelope(self.membership.chain_id, src, msg)
         targets = [to] if to is not None else [i for i in range(self.options.n) if i != src]
         for dst in targets:
@@ -595,7 +595,18 @@ class Simulation:
             out: list[tuple[int | None, Message]] = [(i, msg) for i in others[:half]]
             out += [(i, alt_prop) for i in others[half:]]
             # and vote for the alternative too
-            out += [(None, Vote(alt.view, alt.height, alt.hash, me, self._sign(me, vote_bytes(chain, alt.view, alt.hash))))]
+            out += [
+                (
+                    None,
+                    Vote(
+                        alt.view,
+                        alt.height,
+                        alt.hash,
+                        me,
+                        self._sign(me, vote_bytes(chain, alt.view, alt.hash)),
+                    ),
+                )
+            ]
             return out
         if behaviour == "double_vote" and isinstance(msg, Vote):
             return [(send.to, msg)]
@@ -646,15 +657,32 @@ class Simulation:
             t_sig = self._sign(me, timeout_bytes(chain, view + 1, qc.view))
             out.append((None, Timeout(view + 1, qc, me, t_sig)))
         tc_sigs = tuple(
-            sorted((i, core.high_qc.view, bytes(64) if i != me else self._sign(me, timeout_bytes(chain, view, core.high_qc.view))) for i in range(q))
+            sorted(
+                (
+                    i,
+                    core.high_qc.view,
+                    bytes(64)
+                    if i != me
+                    else self._sign(me, timeout_bytes(chain, view, core.high_qc.view)),
+                )
+                for i in range(q)
+            )
         )
         out.append((None, TimeoutCert(view, core.high_qc, tc_sigs)))
         # a proposal from a fake parent, justified by a forged QC (sent if we lead that view)
         if self.membership.leader(view + 1) == me:
             fake_parent_qc = forged[1]
             block = Block.create(
-                chain, fake_hash, view + 1, fake_parent_qc.height + 1, fake_parent_qc,
-                self.now_ms(me), me, (), 0, b"",
+                chain,
+                fake_hash,
+                view + 1,
+                fake_parent_qc.height + 1,
+                fake_parent_qc,
+                self.now_ms(me),
+                me,
+                (),
+                0,
+                b"",
             )
             sig = self._sign(me, proposal_bytes(chain, block.view, block.hash))
             out.append((None, Proposal(block, sig)))
@@ -687,9 +715,16 @@ class Simulation:
         me = node.index
         view = honest.block.view
         block = Block.create(
-            chain, parent.hash, view, parent.height + 1, qc,
-            max(self.now_ms(me), parent.timestamp_ms + 1), me, (),
-            parent.state_root_height, parent.state_root,
+            chain,
+            parent.hash,
+            view,
+            parent.height + 1,
+            qc,
+            max(self.now_ms(me), parent.timestamp_ms + 1),
+            me,
+            (),
+            parent.state_root_height,
+            parent.state_root,
         )
         sig = self._sign(me, proposal_bytes(chain, view, block.hash))
         return Proposal(block, sig, honest.high_tc)
@@ -716,9 +751,13 @@ class Simulation:
             return
         timeouts = list(seen.values())[: self.membership.quorum - 1]
         high = max((t.high_qc for t in timeouts), key=lambda q: q.view)
-        mine = Timeout(msg.view, high, me, self._sign(me, timeout_bytes(chain, msg.view, high.view)))
+        mine = Timeout(
+            msg.view, high, me, self._sign(me, timeout_bytes(chain, msg.view, high.view))
+        )
         signers = sorted([*timeouts, mine], key=lambda t: t.voter)
-        tc = TimeoutCert(msg.view, high, tuple((t.voter, t.high_qc.view, t.signature) for t in signers))
+        tc = TimeoutCert(
+            msg.view, high, tuple((t.voter, t.high_qc.view, t.signature) for t in signers)
+        )
         block = fork.block
         if block.justify.view >= tc.view:
             return
@@ -788,13 +827,12 @@ class Simulation:
     def _one_tick(self) -> None:
         self.tick += 1
         opts = self.options
-        if not self.healed or self.rng.randrange(1000) < opts.tx_per_tick_permille:
-            if self.rng.randrange(1000) < opts.tx_per_tick_permille:
-                seq = len(self.pool.txs)
-                self.pool.add(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
-                for node in self._all_nodes():
-                    if node.up:
-                        self._apply(node, node.core.on_transactions())
+        if self.rng.randrange(1000) < opts.tx_per_tick_permille:
+            seq = len(self.pool.txs)
+            self.pool.add(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
+            for node in self._all_nodes():
+                if node.up:
+                    self._apply(node, node.core.on_transactions())
         due = [m for m in self._queue if m.deliver_tick <= self.tick]
         if due:
             self._queue = [m for m in self._queue if m.deliver_tick > self.tick]
@@ -853,7 +891,9 @@ class Simulation:
         if len(done) < len(self.honest):
             stuck = [i for i in self.honest if i not in done]
             views = {i: self._honest_core(i).view for i in self.honest}
-            raise self.fail(f"LIVENESS: nodes {stuck} committed nothing new after the heal; views {views}")
+            raise self.fail(
+                f"LIVENESS: nodes {stuck} committed nothing new after the heal; views {views}"
+            )
         liveness_views = max(done.values()) - heal_view
         if liveness_views > opts.liveness_views_max:
             raise self.fail(

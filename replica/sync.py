@@ -54,7 +54,9 @@ def build_sync_response(
         want_end = min(start + max_blocks - 1, top)
         proof = store.proof_at_or_before(want_end, start)
         if proof is None:
-            proof = store.proof_at_or_after(want_end, min(top, want_end + SYNC_PROOF_REACH_BLOCKS_MAX))
+            proof = store.proof_at_or_after(
+                want_end, min(top, want_end + SYNC_PROOF_REACH_BLOCKS_MAX)
+            )
         if proof is not None:
             committed = store.committed_range(start, proof_height(proof))
     pending: list[Block] = []

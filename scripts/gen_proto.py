@@ -23,8 +23,8 @@ def proto_files() -> list[Path]:
 
 
 def generate(out: Path) -> None:
-    from grpc_tools import protoc  # dev dependency only
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency only
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     out.mkdir(parents=True, exist_ok=True)

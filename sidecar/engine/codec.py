@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError
 from qgpb import tx_pb2
 
 from sidecar.engine import names

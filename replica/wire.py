@@ -1,0 +1,191 @@
+"""The codec between protobuf wire messages and the core's domain types.
+
+Protobuf objects never cross this module (STYLE: hypercorn's thin shells). Decoding is
+strict: anything a peer sends that does not make a well-formed domain value raises
+`RemoteError("malformed", ...)`, which the shell counts and drops like the core does.
+Block hashes are recomputed here from the fields, never read from the wire.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+from qgpb import consensus_pb2 as pb
+
+from replica.types import (
+    Block,
+    Envelope,
+    Message,
+    Proposal,
+    QuorumCert,
+    RemoteError,
+    SyncRequest,
+    SyncResponse,
+    Timeout,
+    TimeoutCert,
+    Vote,
+)
+
+# A wire message larger than this is refused before parsing (the shell's gRPC limit
+# matches it). A full block of Limits.batch_bytes_max plus certificates fits.
+ENVELOPE_BYTES_MAX = 32 * 1024 * 1024
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def _qc_to_pb(qc: QuorumCert, out: pb.QuorumCert) -> None:
+    out.view = qc.view
+    out.height = qc.height
+    out.block_hash = qc.block_hash
+    for signer, sig in qc.signatures:
+        out.signatures.add(signer=signer, signature=sig)
+
+
+def _tc_to_pb(tc: TimeoutCert, out: pb.TimeoutCert) -> None:
+    out.view = tc.view
+    _qc_to_pb(tc.high_qc, out.high_qc)
+    for signer, hqc_view, sig in tc.signatures:
+        out.signatures.add(signer=signer, high_qc_view=hqc_view, signature=sig)
+
+
+def _block_to_pb(block: Block, out: pb.Block) -> None:
+    out.parent_hash = block.parent_hash
+    out.view = block.view
+    out.height = block.height
+    _qc_to_pb(block.justify, out.justify)
+    out.timestamp_ms = block.timestamp_ms
+    out.proposer = block.proposer
+    out.payload.extend(block.payload)
+    out.state_root_height = block.state_root_height
+    out.state_root = block.state_root
+
+
+def envelope_to_pb(envelope: Envelope) -> pb.ConsensusMessage:
+    out = pb.ConsensusMessage(chain_id=envelope.chain_id, sender=envelope.sender)
+    msg = envelope.message
+    if isinstance(msg, Proposal):
+        _block_to_pb(msg.block, out.proposal.block)
+        out.proposal.signature = msg.signature
+        if msg.high_tc is not None:
+            _tc_to_pb(msg.high_tc, out.proposal.high_tc)
+    elif isinstance(msg, Vote):
+        out.vote.view = msg.view
+        out.vote.block_hash = msg.block_hash
+        out.vote.height = msg.height
+        out.vote.voter = msg.voter
+        out.vote.signature = msg.signature
+    elif isinstance(msg, Timeout):
+        out.timeout.view = msg.view
+        _qc_to_pb(msg.high_qc, out.timeout.high_qc)
+        out.timeout.voter = msg.voter
+        out.timeout.signature = msg.signature
+        if msg.high_tc is not None:
+            _tc_to_pb(msg.high_tc, out.timeout.high_tc)
+    elif isinstance(msg, TimeoutCert):
+        _tc_to_pb(msg, out.timeout_cert)
+    elif isinstance(msg, SyncRequest):
+        out.sync_request.from_height = msg.from_height
+        out.sync_request.max_blocks = msg.max_blocks
+        out.sync_request.target_hash = msg.target_hash
+    elif isinstance(msg, SyncResponse):
+        resp = out.sync_response
+        for block in msg.committed:
+            _block_to_pb(block, resp.committed.add())
+        for block in msg.proof:
+            _block_to_pb(block, resp.proof.add())
+        if msg.proof_qc is not None:
+            _qc_to_pb(msg.proof_qc, resp.proof_qc)
+        for block in msg.pending:
+            _block_to_pb(block, resp.pending.add())
+        resp.committed_height = msg.committed_height
+    else:  # pragma: no cover - the Message union is closed
+        raise AssertionError(f"unknown message {type(msg).__name__}")
+    return out
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    return bytes(envelope_to_pb(envelope).SerializeToString())
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _qc_from_pb(qc: pb.QuorumCert) -> QuorumCert:
+    return QuorumCert(
+        qc.view, qc.height, qc.block_hash, tuple((s.signer, s.signature) for s in qc.signatures)
+    )
+
+
+def _tc_from_pb(tc: pb.TimeoutCert) -> TimeoutCert:
+    return TimeoutCert(
+        tc.view,
+        _qc_from_pb(tc.high_qc),
+        tuple((s.signer, s.high_qc_view, s.signature) for s in tc.signatures),
+    )
+
+
+def _block_from_pb(chain_id: str, block: pb.Block) -> Block:
+    if not block.HasField("justify"):
+        raise RemoteError("malformed", "block without justify")
+    return Block.create(
+        chain_id,
+        block.parent_hash,
+        block.view,
+        block.height,
+        _qc_from_pb(block.justify),
+        block.timestamp_ms,
+        block.proposer,
+        tuple(block.payload),
+        block.state_root_height,
+        block.state_root,
+    )
+
+
+def message_from_pb(chain_id: str, msg: pb.ConsensusMessage) -> Message:
+    kind = msg.WhichOneof("body")
+    if kind == "proposal":
+        p = msg.proposal
+        high_tc = _tc_from_pb(p.high_tc) if p.HasField("high_tc") else None
+        return Proposal(_block_from_pb(chain_id, p.block), p.signature, high_tc)
+    if kind == "vote":
+        v = msg.vote
+        if len(v.block_hash) != 32:
+            raise RemoteError("malformed", "vote block hash length")
+        return Vote(v.view, v.height, v.block_hash, v.voter, v.signature)
+    if kind == "timeout":
+        t = msg.timeout
+        high_tc = _tc_from_pb(t.high_tc) if t.HasField("high_tc") else None
+        return Timeout(t.view, _qc_from_pb(t.high_qc), t.voter, t.signature, high_tc)
+    if kind == "timeout_cert":
+        return _tc_from_pb(msg.timeout_cert)
+    if kind == "sync_request":
+        r = msg.sync_request
+        return SyncRequest(r.from_height, r.max_blocks, r.target_hash)
+    if kind == "sync_response":
+        s = msg.sync_response
+        return SyncResponse(
+            committed=tuple(_block_from_pb(chain_id, b) for b in s.committed),
+            proof=tuple(_block_from_pb(chain_id, b) for b in s.proof),
+            proof_qc=_qc_from_pb(s.proof_qc) if s.HasField("proof_qc") else None,
+            pending=tuple(_block_from_pb(chain_id, b) for b in s.pending),
+            committed_height=s.committed_height,
+        )
+    raise RemoteError("malformed", "empty consensus message")
+
+
+def envelope_from_pb(msg: pb.ConsensusMessage) -> Envelope:
+    try:
+        return Envelope(msg.chain_id, msg.sender, message_from_pb(msg.chain_id, msg))
+    except (ValueError, OverflowError) as err:
+        raise RemoteError("malformed", type(err).__name__) from err
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    if len(data) > ENVELOPE_BYTES_MAX:
+        raise RemoteError("oversized", f"{len(data)} bytes")
+    msg = pb.ConsensusMessage()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as err:
+        raise RemoteError("malformed", "undecodable consensus message") from err
+    return envelope_from_pb(msg)
