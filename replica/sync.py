@@ -12,6 +12,8 @@ block.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from replica.config import Limits
@@ -23,6 +25,8 @@ SYNC_PROOF_REACH_BLOCKS_MAX = 256
 
 
 class CommittedStore(Protocol):
+    """A synchronous read view of the committed log (the simulator's disk)."""
+
     def committed_height(self) -> int: ...
 
     def committed_range(self, start: int, end: int) -> list[Block]:
@@ -42,26 +46,43 @@ def proof_height(proof: CommitProof) -> int:
     return proof.b1.height - 1
 
 
-def build_sync_response(
-    request: SyncRequest, store: CommittedStore, core: Core | None, limits: Limits
-) -> SyncResponse:
-    top = store.committed_height()
+@dataclass(frozen=True, slots=True)
+class SyncWindow:
+    """Which committed heights to send: start..want_end, or up to reach_end at most if no
+    proof lies in start..want_end."""
+
+    start: int
+    want_end: int
+    reach_end: int
+
+
+def sync_window(request: SyncRequest, committed_height: int, limits: Limits) -> SyncWindow | None:
     start = max(request.from_height, 1)
+    if start > committed_height:
+        return None
     max_blocks = max(1, min(request.max_blocks, limits.sync_blocks_max))
-    committed: list[Block] = []
-    proof: CommitProof | None = None
-    if start <= top:
-        want_end = min(start + max_blocks - 1, top)
-        proof = store.proof_at_or_before(want_end, start)
-        if proof is None:
-            proof = store.proof_at_or_after(
-                want_end, min(top, want_end + SYNC_PROOF_REACH_BLOCKS_MAX)
-            )
-        if proof is not None:
-            committed = store.committed_range(start, proof_height(proof))
+    want_end = min(start + max_blocks - 1, committed_height)
+    reach_end = min(committed_height, want_end + SYNC_PROOF_REACH_BLOCKS_MAX)
+    return SyncWindow(start, want_end, reach_end)
+
+
+def assemble_sync_response(
+    request: SyncRequest,
+    committed: Sequence[Block],
+    proof: CommitProof | None,
+    committed_height: int,
+    core: Core | None,
+    limits: Limits,
+) -> SyncResponse:
+    """The response for committed blocks read under a `SyncWindow`, plus pending blocks
+    from the core when the committed part reaches the server's head."""
+    if proof is None or not committed:
+        committed, proof = (), None
+    else:
+        assert committed[-1].height == proof_height(proof), "proof does not match the range"
     pending: list[Block] = []
-    end = committed[-1].height if committed else start - 1
-    if core is not None and request.target_hash and end >= top:
+    end = committed[-1].height if committed else max(request.from_height, 1) - 1
+    if core is not None and request.target_hash and end >= committed_height:
         budget = limits.sync_bytes_max - sum(b.payload_bytes for b in committed)
         for block in core.pending_chain(request.target_hash, limits.sync_blocks_max):
             budget -= block.payload_bytes
@@ -70,8 +91,25 @@ def build_sync_response(
             pending.append(block)
     return SyncResponse(
         committed=tuple(committed),
-        proof=(proof.b1, proof.b2) if proof is not None and committed else (),
-        proof_qc=proof.qc if proof is not None and committed else None,
+        proof=(proof.b1, proof.b2) if proof is not None else (),
+        proof_qc=proof.qc if proof is not None else None,
         pending=tuple(pending),
-        committed_height=top,
+        committed_height=committed_height,
     )
+
+
+def build_sync_response(
+    request: SyncRequest, store: CommittedStore, core: Core | None, limits: Limits
+) -> SyncResponse:
+    """Answer from a synchronous store (the async shell reads the same window itself)."""
+    top = store.committed_height()
+    window = sync_window(request, top, limits)
+    committed: list[Block] = []
+    proof: CommitProof | None = None
+    if window is not None:
+        proof = store.proof_at_or_before(window.want_end, window.start)
+        if proof is None:
+            proof = store.proof_at_or_after(window.want_end, window.reach_end)
+        if proof is not None:
+            committed = store.committed_range(window.start, proof_height(proof))
+    return assemble_sync_response(request, committed, proof, top, core, limits)

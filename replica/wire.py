@@ -11,8 +11,10 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 from qgpb import consensus_pb2 as pb
 
+from replica.safety import SafetyState
 from replica.types import (
     Block,
+    CommitProof,
     Envelope,
     Message,
     Proposal,
@@ -189,3 +191,90 @@ def decode_envelope(data: bytes) -> Envelope:
     except DecodeError as err:
         raise RemoteError("malformed", "undecodable consensus message") from err
     return envelope_from_pb(msg)
+
+
+# ------------------------------------------------------------------ local storage records
+
+
+def encode_block(block: Block) -> bytes:
+    out = pb.Block()
+    _block_to_pb(block, out)
+    return bytes(out.SerializeToString())
+
+
+def decode_block(chain_id: str, data: bytes) -> Block:
+    msg = pb.Block()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as err:
+        raise RemoteError("malformed", "undecodable block") from err
+    return _block_from_pb(chain_id, msg)
+
+
+def encode_proof(proof: CommitProof) -> bytes:
+    out = pb.StoredProof()
+    _block_to_pb(proof.b1, out.b1)
+    _block_to_pb(proof.b2, out.b2)
+    _qc_to_pb(proof.qc, out.qc)
+    return bytes(out.SerializeToString())
+
+
+def decode_proof(chain_id: str, data: bytes) -> CommitProof:
+    msg = pb.StoredProof()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as err:
+        raise RemoteError("malformed", "undecodable proof") from err
+    return CommitProof(
+        _block_from_pb(chain_id, msg.b1), _block_from_pb(chain_id, msg.b2), _qc_from_pb(msg.qc)
+    )
+
+
+def encode_safety(state: SafetyState) -> bytes:
+    out = pb.SafetyRecord(
+        epoch=state.epoch,
+        last_voted_view=state.last_voted_view,
+        last_proposed_view=state.last_proposed_view,
+    )
+    _qc_to_pb(state.locked_qc, out.locked_qc)
+    _qc_to_pb(state.high_qc, out.high_qc)
+    if state.last_vote is not None:
+        v = state.last_vote
+        out.last_vote.view = v.view
+        out.last_vote.height = v.height
+        out.last_vote.block_hash = v.block_hash
+        out.last_vote.voter = v.voter
+    if state.last_timeout is not None:
+        t = state.last_timeout
+        out.last_timeout.view = t.view
+        _qc_to_pb(t.high_qc, out.last_timeout.high_qc)
+        out.last_timeout.voter = t.voter
+        if t.high_tc is not None:
+            _tc_to_pb(t.high_tc, out.last_timeout.high_tc)
+    if state.high_tc is not None:
+        _tc_to_pb(state.high_tc, out.high_tc)
+    return bytes(out.SerializeToString())
+
+
+def decode_safety(data: bytes) -> SafetyState:
+    msg = pb.SafetyRecord()
+    msg.ParseFromString(data)
+    last_vote = None
+    if msg.HasField("last_vote"):
+        v = msg.last_vote
+        last_vote = Vote(v.view, v.height, v.block_hash, v.voter, b"")
+    last_timeout = None
+    if msg.HasField("last_timeout"):
+        t = msg.last_timeout
+        tc = _tc_from_pb(t.high_tc) if t.HasField("high_tc") else None
+        last_timeout = Timeout(t.view, _qc_from_pb(t.high_qc), t.voter, b"", tc)
+    return SafetyState(
+        epoch=msg.epoch,
+        last_voted_view=msg.last_voted_view,
+        locked_qc=_qc_from_pb(msg.locked_qc),
+        high_qc=_qc_from_pb(msg.high_qc),
+        last_proposed_view=msg.last_proposed_view,
+        last_vote=last_vote,
+        last_timeout=last_timeout,
+        high_tc=_tc_from_pb(msg.high_tc) if msg.HasField("high_tc") else None,
+    )

@@ -130,8 +130,14 @@ class SyncResponse(_message.Message):
     committed_height: int
     def __init__(self, committed: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., committed_height: _Optional[int] = ...) -> None: ...
 
+class TxBatch(_message.Message):
+    __slots__ = ("txs",)
+    TXS_FIELD_NUMBER: _ClassVar[int]
+    txs: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, txs: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
 class ConsensusMessage(_message.Message):
-    __slots__ = ("chain_id", "sender", "proposal", "vote", "timeout", "timeout_cert", "sync_request", "sync_response")
+    __slots__ = ("chain_id", "sender", "proposal", "vote", "timeout", "timeout_cert", "sync_request", "sync_response", "tx_batch")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     PROPOSAL_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +146,7 @@ class ConsensusMessage(_message.Message):
     TIMEOUT_CERT_FIELD_NUMBER: _ClassVar[int]
     SYNC_REQUEST_FIELD_NUMBER: _ClassVar[int]
     SYNC_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    TX_BATCH_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     sender: int
     proposal: Proposal
@@ -148,4 +155,41 @@ class ConsensusMessage(_message.Message):
     timeout_cert: TimeoutCert
     sync_request: SyncRequest
     sync_response: SyncResponse
-    def __init__(self, chain_id: _Optional[str] = ..., sender: _Optional[int] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., timeout: _Optional[_Union[Timeout, _Mapping]] = ..., timeout_cert: _Optional[_Union[TimeoutCert, _Mapping]] = ..., sync_request: _Optional[_Union[SyncRequest, _Mapping]] = ..., sync_response: _Optional[_Union[SyncResponse, _Mapping]] = ...) -> None: ...
+    tx_batch: TxBatch
+    def __init__(self, chain_id: _Optional[str] = ..., sender: _Optional[int] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., timeout: _Optional[_Union[Timeout, _Mapping]] = ..., timeout_cert: _Optional[_Union[TimeoutCert, _Mapping]] = ..., sync_request: _Optional[_Union[SyncRequest, _Mapping]] = ..., sync_response: _Optional[_Union[SyncResponse, _Mapping]] = ..., tx_batch: _Optional[_Union[TxBatch, _Mapping]] = ...) -> None: ...
+
+class StreamAck(_message.Message):
+    __slots__ = ("received",)
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    received: int
+    def __init__(self, received: _Optional[int] = ...) -> None: ...
+
+class SafetyRecord(_message.Message):
+    __slots__ = ("epoch", "last_voted_view", "locked_qc", "high_qc", "last_proposed_view", "last_vote", "last_timeout", "high_tc")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_VOTED_VIEW_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_QC_FIELD_NUMBER: _ClassVar[int]
+    HIGH_QC_FIELD_NUMBER: _ClassVar[int]
+    LAST_PROPOSED_VIEW_FIELD_NUMBER: _ClassVar[int]
+    LAST_VOTE_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    HIGH_TC_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    last_voted_view: int
+    locked_qc: QuorumCert
+    high_qc: QuorumCert
+    last_proposed_view: int
+    last_vote: Vote
+    last_timeout: Timeout
+    high_tc: TimeoutCert
+    def __init__(self, epoch: _Optional[int] = ..., last_voted_view: _Optional[int] = ..., locked_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., high_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., last_proposed_view: _Optional[int] = ..., last_vote: _Optional[_Union[Vote, _Mapping]] = ..., last_timeout: _Optional[_Union[Timeout, _Mapping]] = ..., high_tc: _Optional[_Union[TimeoutCert, _Mapping]] = ...) -> None: ...
+
+class StoredProof(_message.Message):
+    __slots__ = ("b1", "b2", "qc")
+    B1_FIELD_NUMBER: _ClassVar[int]
+    B2_FIELD_NUMBER: _ClassVar[int]
+    QC_FIELD_NUMBER: _ClassVar[int]
+    b1: Block
+    b2: Block
+    qc: QuorumCert
+    def __init__(self, b1: _Optional[_Union[Block, _Mapping]] = ..., b2: _Optional[_Union[Block, _Mapping]] = ..., qc: _Optional[_Union[QuorumCert, _Mapping]] = ...) -> None: ...
