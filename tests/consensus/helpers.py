@@ -214,6 +214,19 @@ class Net:
         self.down.discard(i)
         self.apply(i, self.cores[i].start())
 
+    def restart(self, i: int) -> None:
+        """Member `i` crashes and comes back from what its disk holds."""
+        disk = self.disks[i]
+        committed = disk.committed[-1]
+        pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
+        recovered = Recovered(disk.safety, committed, pending)
+        self.durable[i] = disk.safety.epoch
+        self.cores[i] = new_core(
+            i, n=self.n, limits=self.limits, now_ms=self.now_ms, recovered=recovered
+        )
+        self.down.discard(i)
+        self.apply(i, self.cores[i].start())
+
     def apply(self, i: int, actions: list[Action]) -> None:
         self.log.append((i, actions))
         disk = self.disks[i]
