@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cluster.clusterfile import ClusterSpec
+    from cluster.ops import NodeStatus
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -62,6 +69,166 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fail(message: str, code: int = 1) -> int:
+    print(f"quorumgate: {message}", file=sys.stderr)
+    return code
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from cluster.clusterfile import ClusterFileError, init_cluster
+
+    try:
+        spec = init_cluster(Path(args.dir), args.nodes, host=args.host)
+    except (ClusterFileError, OSError) as err:
+        return _fail(str(err), 2)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dir": str(spec.directory),
+                    "chain_id": spec.chain_id,
+                    "n": spec.n,
+                    "f": spec.f,
+                    "members": [m.replica_address for m in spec.members],
+                }
+            )
+        )
+        return 0
+    print(
+        f"Wrote {spec.directory / 'cluster.json'}: chain {spec.chain_id}, "
+        f"{spec.n} replicas (tolerates f={spec.f} faulty)."
+    )
+    for m in spec.members:
+        metrics = f"http://{m.host}:{m.metrics_port}/metrics"
+        print(f"  node {m.index}: replica {m.replica_address}, metrics {metrics}")
+    keys = f"{spec.directory}/owner.key, {spec.directory}/node-*/consensus.key"
+    print(f"Private keys (mode 0600): {keys}")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> ClusterSpec:
+    from cluster.clusterfile import load_cluster
+
+    return load_cluster(Path(args.dir))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain text table: numbers right-aligned, text left-aligned, `-` for None."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    numeric = [
+        all(r[i].lstrip("-").isdigit() or r[i] == "-" for r in cells) for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in cells)])
+
+
+def _status_table(statuses: Sequence[NodeStatus]) -> str:
+    return table(
+        ["node", "address", "alive", "height", "view", "leader", "peers", "mempool"],
+        [
+            [
+                st.index,
+                st.address,
+                "yes" if st.alive else "no",
+                st.height,
+                st.view,
+                st.leader,
+                st.peers,
+                st.mempool,
+            ]
+            for st in statuses
+        ],
+    )
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from cluster.clusterfile import ClusterFileError
+    from cluster.ops import OpsError, query_status, start_nodes, stop_nodes, wait_serving
+
+    try:
+        spec = _load(args)
+        indexes = list(range(spec.n)) if args.node is None else [spec.member(args.node).index]
+        procs = start_nodes(spec, indexes)
+    except (ClusterFileError, OpsError) as err:
+        return _fail(str(err), 2)
+    try:
+        wait_serving(spec, indexes, procs)
+    except OpsError as err:
+        stop_nodes(spec, indexes)
+        return _fail(str(err))
+    if args.detach:
+        hint = f"quorumgate status --dir {args.dir}"
+        print(f"{len(indexes)} replicas serving (chain {spec.chain_id}); `{hint}`")
+        return 0
+    print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
+    try:
+        while True:
+            table = _status_table([query_status(spec, i) for i in range(spec.n)])
+            if sys.stdout.isatty():
+                print(
+                    "\x1b[2J\x1b[H"
+                    + f"QuorumGate {spec.chain_id} — {args.dir}  (Ctrl-C stops)\n"
+                    + table,
+                    flush=True,
+                )
+            else:
+                print(table, flush=True)
+            time.sleep(args.refresh)
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+    finally:
+        stop_nodes(spec, indexes)
+        for proc in procs.values():
+            proc.wait()
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from cluster.clusterfile import ClusterFileError
+    from cluster.ops import query_status
+
+    try:
+        spec = _load(args)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    statuses = [query_status(spec, i) for i in range(spec.n)]
+    if args.json:
+        print(
+            json.dumps(
+                {"chain_id": spec.chain_id, "f": spec.f, "nodes": [st.as_dict() for st in statuses]}
+            )
+        )
+    else:
+        print(_status_table(statuses))
+    return 0 if any(st.alive for st in statuses) else 1
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from cluster.clusterfile import ClusterFileError
+    from cluster.ops import stop_nodes
+
+    try:
+        spec = _load(args)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    stopped = stop_nodes(spec, None if args.node is None else [args.node])
+    print(f"stopped nodes {stopped}" if stopped else "nothing was running")
+    return 0
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    from replica.node import main as node_main
+
+    return node_main(["--dir", args.dir, "--node", str(args.node), "--log-stderr"])
+
+
 def _cmd_policy_test(args: argparse.Namespace) -> int:
     from sidecar.policykit import run_policy_test
 
@@ -96,6 +263,35 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--show", type=int, default=10)
     demo.add_argument("--json", action="store_true")
     demo.set_defaults(func=_cmd_simulate)
+
+    init = sub.add_parser("init", help="write a cluster file and keys for N replicas")
+    init.add_argument("--nodes", type=int, default=4, help="3f+1 replicas: 4 or 7 (default 4)")
+    init.add_argument("--dir", required=True)
+    init.add_argument("--host", default="127.0.0.1", help="address every member listens on")
+    init.add_argument("--json", action="store_true")
+    init.set_defaults(func=_cmd_init)
+
+    up = sub.add_parser("up", help="start every replica of a cluster as its own process")
+    up.add_argument("--dir", required=True)
+    up.add_argument("--node", type=int, help="start only this member (multi-host setups)")
+    up.add_argument("--detach", action="store_true", help="return once the cluster serves")
+    up.add_argument("--refresh", type=float, default=1.0, help="status refresh seconds")
+    up.set_defaults(func=_cmd_up)
+
+    status = sub.add_parser("status", help="per node: alive, height, view, leader")
+    status.add_argument("--dir", required=True)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_cmd_status)
+
+    down = sub.add_parser("down", help="stop what `up` started for this directory")
+    down.add_argument("--dir", required=True)
+    down.add_argument("--node", type=int)
+    down.set_defaults(func=_cmd_down)
+
+    node = sub.add_parser("node", help="run one replica in the foreground (multi-host)")
+    node.add_argument("--dir", required=True)
+    node.add_argument("--node", type=int, required=True)
+    node.set_defaults(func=_cmd_node)
 
     policy = sub.add_parser("policy", help="operator policy tools")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)

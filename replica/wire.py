@@ -62,6 +62,11 @@ def _block_to_pb(block: Block, out: pb.Block) -> None:
     out.state_root = block.state_root
 
 
+def block_to_pb(block: Block, out: pb.Block) -> None:
+    """Fill `out` (for client streams of committed blocks)."""
+    _block_to_pb(block, out)
+
+
 def envelope_to_pb(envelope: Envelope) -> pb.ConsensusMessage:
     out = pb.ConsensusMessage(chain_id=envelope.chain_id, sender=envelope.sender)
     msg = envelope.message

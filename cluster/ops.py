@@ -1,0 +1,228 @@
+"""Starting, watching and stopping a cluster's processes on this machine.
+
+`up` starts each member as its own OS process (`python -m replica.node`), in its own
+session so a Ctrl-C in the terminal reaches only the CLI, which then stops them in order.
+Every process writes its pid file; `down` signals only processes whose pid file and command
+line both say they are that node of that cluster directory, so a recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from qgpb import client_pb2 as cpb
+from qgpb import client_pb2_grpc as cpb_grpc
+
+from cluster.clusterfile import ClusterSpec
+
+PID_FILE = "replica.pid"
+OUT_FILE = "replica.out"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+STATUS_RPC_TIMEOUT_S = 1.0
+POLL_INTERVAL_S = 0.05
+
+
+class OpsError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    index: int
+    address: str
+    alive: bool
+    pid: int | None
+    height: int | None = None
+    view: int | None = None
+    leader: int | None = None
+    peers: int | None = None
+    mempool: int | None = None
+    error: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.index,
+            "address": self.address,
+            "alive": self.alive,
+            "pid": self.pid,
+            "height": self.height,
+            "view": self.view,
+            "leader": self.leader,
+            "peers_connected": self.peers,
+            "mempool_txs": self.mempool,
+            "error": self.error or None,
+        }
+
+
+def node_command(spec: ClusterSpec, index: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "replica.node",
+        "--dir",
+        str(spec.directory.resolve()),
+        "--node",
+        str(index),
+    ]
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def running_pid(spec: ClusterSpec, index: int) -> int | None:
+    """The pid of node `index` of this cluster directory if it is running, else None."""
+    pid_path = spec.node_dir(index) / PID_FILE
+    try:
+        pid = int(pid_path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    cmd = _cmdline(pid)
+    if cmd is None:
+        return None
+    want = node_command(spec, index)[1:]
+    return pid if cmd[1:] == want else None
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def start_nodes(spec: ClusterSpec, indexes: list[int]) -> dict[int, subprocess.Popen[bytes]]:
+    """Start the given members; refuse if one is running or one of its ports is taken."""
+    for i in indexes:
+        pid = running_pid(spec, i)
+        if pid is not None:
+            raise OpsError(f"node {i} is already running (pid {pid}); `quorumgate down` first")
+        m = spec.member(i)
+        for name, port in (("replica", m.replica_port), ("metrics", m.metrics_port)):
+            if not _port_free(m.host, port):
+                raise OpsError(f"port {port} ({name} of node {i}) on {m.host} is in use")
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    for i in indexes:
+        node_dir = spec.node_dir(i)
+        node_dir.mkdir(mode=0o700, exist_ok=True)
+        with open(node_dir / OUT_FILE, "ab") as out:
+            procs[i] = subprocess.Popen(
+                node_command(spec, i),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+    return procs
+
+
+def query_status(
+    spec: ClusterSpec, index: int, timeout_s: float = STATUS_RPC_TIMEOUT_S
+) -> NodeStatus:
+    m = spec.member(index)
+    pid = running_pid(spec, index)
+    with grpc.insecure_channel(m.replica_address) as channel:
+        stub = cpb_grpc.ReplicaStub(channel)
+        try:
+            reply = stub.Status(cpb.StatusRequest(), timeout=timeout_s)
+        except grpc.RpcError as err:
+            return NodeStatus(index, m.replica_address, False, pid, error=err.code().name)
+    return NodeStatus(
+        index,
+        m.replica_address,
+        True,
+        pid,
+        height=reply.committed_height,
+        view=reply.view,
+        leader=reply.leader,
+        peers=len(reply.peers_connected),
+        mempool=reply.mempool_txs,
+    )
+
+
+def wait_serving(
+    spec: ClusterSpec,
+    indexes: list[int],
+    procs: dict[int, subprocess.Popen[bytes]] | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+) -> None:
+    """Return once every listed member answers Status; raise with its log tail if one died."""
+    deadline = time.monotonic() + timeout_s
+    waiting = set(indexes)
+    while waiting:
+        for i in sorted(waiting):
+            proc = (procs or {}).get(i)
+            if proc is not None and proc.poll() is not None:
+                raise OpsError(
+                    f"node {i} exited with status {proc.returncode}:\n{log_tail(spec, i)}"
+                )
+            if query_status(spec, i, timeout_s=0.5).alive:
+                waiting.discard(i)
+        if waiting and time.monotonic() > deadline:
+            raise OpsError(f"nodes {sorted(waiting)} did not start serving in {timeout_s:.0f} s")
+        if waiting:
+            time.sleep(POLL_INTERVAL_S)
+
+
+def log_tail(spec: ClusterSpec, index: int, lines: int = 15) -> str:
+    node_dir = spec.node_dir(index)
+    text = ""
+    for name in (OUT_FILE, "replica.log"):
+        with contextlib.suppress(OSError):
+            text += (node_dir / name).read_text(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_nodes(
+    spec: ClusterSpec, indexes: list[int] | None = None, *, kill: bool = False
+) -> list[int]:
+    """Stop what `up` started for this directory (SIGTERM, then SIGKILL after a bound)."""
+    targets = {}
+    for i in indexes if indexes is not None else range(spec.n):
+        pid = running_pid(spec, i)
+        if pid is not None:
+            targets[i] = pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while targets and time.monotonic() < deadline:
+        for i, pid in list(targets.items()):
+            if _cmdline(pid) is None or _zombie(pid):
+                del targets[i]
+        if targets:
+            time.sleep(POLL_INTERVAL_S)
+    for pid in targets.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stopped = []
+    for i in indexes if indexes is not None else range(spec.n):
+        pid_path = spec.node_dir(i) / PID_FILE
+        if pid_path.exists() and running_pid(spec, i) is None:
+            pid_path.unlink(missing_ok=True)
+            stopped.append(i)
+    return stopped
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"

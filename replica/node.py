@@ -1,0 +1,567 @@
+"""The replica process: the consensus core inside its I/O shell.
+
+    python -m replica.node --dir DIR --node I      (what `quorumgate up` starts)
+
+One asyncio loop (uvloop when importable) runs:
+
+- a gRPC server with the `Peer` service (inbound consensus streams) and the `Replica`
+  client API (submit, status, committed blocks);
+- one `PeerLink` per peer (outbound stream, bounded queue, reconnects);
+- the core task: it drains pending events (peer messages, ticks, new transactions) in
+  batches, feeds each to the core, makes the durable part of all resulting actions durable
+  in one SQLite transaction (replica/storage.py), and only then sends — the contract of
+  replica/actions.py, checked by `check_send_allowed` on every send;
+- a ticker, catch-up answers, mempool gossip, and the Prometheus endpoint.
+
+Log lines are `key=value` text and never carry transaction contents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from prometheus_client import start_http_server
+from qgpb import client_pb2 as cpb
+from qgpb import client_pb2_grpc as cpb_grpc
+from qgpb import consensus_pb2 as pb
+from qgpb import consensus_pb2_grpc as pb_grpc
+
+from cluster.clusterfile import (
+    CONSENSUS_KEY_FILE,
+    ClusterFileError,
+    ClusterSpec,
+    load_cluster,
+    read_key,
+)
+from replica.actions import Action, Commit, ScheduleTimeout, Send, StoreBlock, check_send_allowed
+from replica.config import Limits
+from replica.core import Core
+from replica.crypto import Ed25519Signer
+from replica.mempool import Mempool, MempoolLimits
+from replica.metrics import ReplicaMetrics
+from replica.storage import ReplicaStore
+from replica.transport import CHANNEL_OPTIONS, PeerLink
+from replica.types import Envelope, RemoteError, SyncRequest, SyncResponse
+from replica.wire import block_to_pb, envelope_from_pb, envelope_to_pb
+
+INBOUND_EVENTS_MAX = 20_000
+EVENTS_PER_BATCH_MAX = 512
+GOSSIP_BATCH_TXS_MAX = 512
+REGOSSIP_TICKS = 100
+REGOSSIP_TXS_MAX = 256
+STREAM_BLOCKS_PER_READ = 128
+SHUTDOWN_GRACE_S = 1.0
+PID_FILE = "replica.pid"
+LOG_FILE = "replica.log"
+DB_FILE = "replica.db"
+
+log = logging.getLogger("quorumgate.replica")
+
+STATUS_CODES = {
+    "OK": grpc.StatusCode.OK,
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _NewTransactions:
+    pass
+
+
+Event = Envelope | _Tick | _NewTransactions
+
+
+class ReplicaNode:
+    def __init__(self, spec: ClusterSpec, index: int, signer: Ed25519Signer) -> None:
+        self.spec = spec
+        self.index = index
+        self.signer = signer
+        self.member = spec.member(index)
+        self.membership = spec.membership()
+        if self.membership.key(index) != signer.public_key:
+            raise ClusterFileError(
+                f"node {index}'s key file does not match its public key in the cluster file"
+            )
+        self.limits = Limits()
+        self.metrics = ReplicaMetrics(index)
+        self.mempool = Mempool(spec.chain_id, MempoolLimits())
+        self.store: ReplicaStore | None = None
+        self.core: Core | None = None
+        self._events: asyncio.Queue[Event] = asyncio.Queue(maxsize=INBOUND_EVENTS_MAX)
+        self._tick_queued = False
+        self._txs_queued = False
+        self._links: dict[int, PeerLink] = {}
+        self._inbound_peers: dict[int, int] = {}
+        self._gossip: list[bytes] = []
+        self._commit_cond = asyncio.Condition()
+        self._stored_at: dict[bytes, float] = {}
+        self._qc_seen = b""
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ticks = 0
+        self._dropped_seen: dict[str, int] = {}
+        self._refused_seen: dict[str, int] = {}
+        self._timeouts_seen = 0
+        self._sync_seen = 0
+        self.sync_target = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        node_dir = self.spec.node_dir(self.index)
+        self.store = await ReplicaStore.open(node_dir / DB_FILE, self.spec.chain_id)
+        recovered = await self.store.load()
+        self.core = Core(
+            self.membership,
+            self.index,
+            self.signer,
+            limits=self.limits,
+            payload=self.mempool,
+            recovered=recovered,
+            now_ms=self._now_ms(),
+        )
+        server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        pb_grpc.add_PeerServicer_to_server(_PeerService(self), server)
+        cpb_grpc.add_ReplicaServicer_to_server(_ClientService(self), server)
+        address = self.member.replica_address
+        try:
+            server.add_insecure_port(address)
+        except RuntimeError as err:
+            raise OSError(f"cannot listen on {address} (port in use?)") from err
+        await server.start()
+        self._server = server
+        start_http_server(self.member.metrics_port, self.member.host, self.metrics.registry)
+        for m in self.spec.members:
+            if m.index != self.index:
+                link = PeerLink(m.index, m.replica_address, self.metrics.send_queue_drops.inc)
+                link.start()
+                self._links[m.index] = link
+        await self._execute(self.core.start())
+        self._tasks = [
+            asyncio.create_task(self._core_loop(), name="core"),
+            asyncio.create_task(self._ticker(), name="ticker"),
+        ]
+        self._update_gauges()
+        log.info(
+            "event=started node=%d address=%s height=%d view=%d",
+            self.index,
+            address,
+            self.store.committed_height,
+            self.core.view,
+        )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for link in self._links.values():
+            await link.stop()
+        if self._server is not None:
+            await self._server.stop(SHUTDOWN_GRACE_S)
+        if self.store is not None:
+            await self.store.close()
+        log.info("event=stopped node=%d", self.index)
+
+    @staticmethod
+    def _now_ms() -> int:
+        return int(time.time() * 1000)
+
+    # ------------------------------------------------------------------ events in
+
+    def enqueue(self, event: Event) -> bool:
+        try:
+            self._events.put_nowait(event)
+        except asyncio.QueueFull:
+            self.metrics.dropped.labels("inbound_full").inc()
+            return False
+        return True
+
+    def _transactions_arrived(self) -> None:
+        if not self._txs_queued and self.enqueue(_NewTransactions()):
+            self._txs_queued = True
+
+    async def _ticker(self) -> None:
+        tick_s = self.spec.tick_ms / 1000
+        while True:
+            await asyncio.sleep(tick_s)
+            if not self._tick_queued and self.enqueue(_Tick()):
+                self._tick_queued = True
+
+    async def _core_loop(self) -> None:
+        core = self.core
+        assert core is not None
+        while True:
+            batch = [await self._events.get()]
+            while len(batch) < EVENTS_PER_BATCH_MAX and not self._events.empty():
+                batch.append(self._events.get_nowait())
+            actions: list[Action] = []
+            for event in batch:
+                if isinstance(event, _Tick):
+                    self._tick_queued = False
+                    self._ticks += 1
+                    actions += core.on_tick(self._now_ms())
+                    if self._ticks % REGOSSIP_TICKS == 0:
+                        self._regossip()
+                elif isinstance(event, _NewTransactions):
+                    self._txs_queued = False
+                    actions += core.on_transactions()
+                else:
+                    actions += core.on_message(event)
+            await self._execute(actions)
+            self._flush_gossip()
+            self._update_gauges()
+
+    # ------------------------------------------------------------------ actions out
+
+    async def _execute(self, actions: list[Action]) -> None:
+        store = self.store
+        assert store is not None
+        if any(not isinstance(a, Send | ScheduleTimeout) for a in actions):
+            started = time.perf_counter()
+            await store.apply(actions)
+            self.metrics.store_apply_latency.observe(time.perf_counter() - started)
+        now = time.perf_counter()
+        committed = False
+        for action in actions:
+            if isinstance(action, Send):
+                check_send_allowed(action, store.durable_epoch)
+                self._send(action)
+            elif isinstance(action, StoreBlock):
+                if len(self._stored_at) < self.limits.pending_blocks_max:
+                    self._stored_at[action.block.hash] = now
+            elif isinstance(action, Commit):
+                committed = True
+                self.mempool.on_commit(action.blocks)
+                self.metrics.blocks_committed.inc(len(action.blocks))
+                txs = sum(len(b.payload) for b in action.blocks)
+                self.metrics.txs_committed.inc(txs)
+                for block in action.blocks:
+                    started = self._stored_at.pop(block.hash, None)
+                    if started is not None:
+                        self.metrics.commit_latency.observe(now - started)
+                if action.blocks[-1].height % 1000 == 0:
+                    log.info("event=committed height=%d", action.blocks[-1].height)
+            elif isinstance(action, ScheduleTimeout):
+                self.metrics.view.set(action.view)
+                self.metrics.leader.set(action.leader)
+        core = self.core
+        assert core is not None
+        if core.high_qc.block_hash != self._qc_seen:
+            self._qc_seen = core.high_qc.block_hash
+            qc_started = self._stored_at.get(self._qc_seen)
+            if qc_started is not None:
+                self.metrics.qc_latency.observe(now - qc_started)
+        if committed:
+            for block_hash in [h for h in self._stored_at if h not in core.tree]:
+                del self._stored_at[block_hash]
+            async with self._commit_cond:
+                self._commit_cond.notify_all()
+
+    def _send(self, send: Send) -> None:
+        message = envelope_to_pb(Envelope(self.spec.chain_id, self.index, send.message))
+        if send.to is None:
+            for link in self._links.values():
+                link.send(message)
+        elif send.to in self._links:
+            link = self._links[send.to]
+            link.send(message)
+            if isinstance(send.message, SyncRequest):
+                self.metrics.sync_requests.inc()
+
+    # ------------------------------------------------------------------ peer messages
+
+    def on_peer_message(self, message: pb.ConsensusMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "tx_batch":
+            if message.chain_id != self.spec.chain_id:
+                self.metrics.dropped.labels("wrong_chain").inc()
+                return
+            fresh = False
+            for tx in message.tx_batch.txs[:GOSSIP_BATCH_TXS_MAX]:
+                admission = self.mempool.admit(tx)
+                fresh = fresh or admission.accepted
+            if fresh:
+                self._transactions_arrived()
+            return
+        try:
+            envelope = envelope_from_pb(message)
+        except RemoteError as err:
+            self.metrics.dropped.labels(err.reason).inc()
+            return
+        if isinstance(envelope.message, SyncRequest):
+            task = asyncio.create_task(self._answer_sync(envelope))
+            task.add_done_callback(_log_task_error)
+            return
+        if isinstance(envelope.message, SyncResponse):
+            self.sync_target = max(self.sync_target, envelope.message.committed_height)
+        self.enqueue(envelope)
+
+    async def _answer_sync(self, envelope: Envelope) -> None:
+        store, core = self.store, self.core
+        assert store is not None and core is not None
+        request = envelope.message
+        assert isinstance(request, SyncRequest)
+        if not self.membership.is_member(envelope.sender) or envelope.sender == self.index:
+            self.metrics.dropped.labels("non_member").inc()
+            return
+        if envelope.chain_id != self.spec.chain_id:
+            self.metrics.dropped.labels("wrong_chain").inc()
+            return
+        response = await store.sync_response(request, core, self.limits)
+        self._send(Send(envelope.sender, response))
+
+    # ------------------------------------------------------------------ gossip
+
+    def gossip(self, tx: bytes) -> None:
+        self._gossip.append(tx)
+        if len(self._gossip) >= GOSSIP_BATCH_TXS_MAX:
+            self._flush_gossip()
+
+    def _flush_gossip(self) -> None:
+        if not self._gossip:
+            return
+        batch, self._gossip = self._gossip, []
+        for start in range(0, len(batch), GOSSIP_BATCH_TXS_MAX):
+            msg = pb.ConsensusMessage(chain_id=self.spec.chain_id, sender=self.index)
+            msg.tx_batch.txs.extend(batch[start : start + GOSSIP_BATCH_TXS_MAX])
+            for link in self._links.values():
+                link.send(msg)
+
+    def _regossip(self) -> None:
+        """Pass on again what is still pending, in case a peer missed it (lost messages,
+        a restart): each replica's mempool must hold what the next leader may propose."""
+        for tx in self.mempool.recent(REGOSSIP_TXS_MAX):
+            self._gossip.append(tx)
+
+    async def wait_committed(self, height: int) -> None:
+        """Return once the committed height reaches `height`."""
+        store = self.store
+        assert store is not None
+        async with self._commit_cond:
+            await self._commit_cond.wait_for(lambda: store.committed_height >= height)
+
+    # ------------------------------------------------------------------ gauges
+
+    def _update_gauges(self) -> None:
+        core, store, m = self.core, self.store, self.metrics
+        assert core is not None and store is not None
+        m.committed_height.set(store.committed_height)
+        m.view.set(core.view)
+        m.leader.set(core.leader)
+        m.mempool_txs.set(self.mempool.size)
+        m.mempool_bytes.set(self.mempool.bytes)
+        m.peers_connected.set(sum(1 for c in self._inbound_peers.values() if c > 0))
+        m.sync_target.set(self.sync_target)
+        for reason, count in core.dropped.items():
+            seen = self._dropped_seen.get(reason, 0)
+            if count > seen:
+                m.dropped.labels(reason).inc(count - seen)
+                self._dropped_seen[reason] = count
+        for rule, count in core.stats.refused.items():
+            seen = self._refused_seen.get(rule, 0)
+            if count > seen:
+                m.refused_signatures.labels(rule).inc(count - seen)
+                self._refused_seen[rule] = count
+        if core.stats.timeouts_sent > self._timeouts_seen:
+            m.timeouts.inc(core.stats.timeouts_sent - self._timeouts_seen)
+            self._timeouts_seen = core.stats.timeouts_sent
+
+    def status(self) -> cpb.StatusReply:
+        core, store = self.core, self.store
+        assert core is not None and store is not None
+        connected = sorted(p for p, c in self._inbound_peers.items() if c > 0)
+        return cpb.StatusReply(
+            chain_id=self.spec.chain_id,
+            node=self.index,
+            committed_height=store.committed_height,
+            committed_hash=core.tree.root.hash,
+            view=core.view,
+            leader=core.leader,
+            peers_connected=connected,
+            mempool_txs=self.mempool.size,
+            mempool_bytes=self.mempool.bytes,
+            members=self.spec.n,
+            f=self.spec.f,
+            sync_target_height=self.sync_target,
+        )
+
+
+def _log_task_error(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("event=task_failed task=%s error=%r", task.get_name(), task.exception())
+
+
+# ============================================================================ services
+
+
+class _PeerService(pb_grpc.PeerServicer):  # type: ignore[misc]
+    def __init__(self, node: ReplicaNode) -> None:
+        self.node = node
+
+    async def Stream(
+        self,
+        request_iterator: AsyncIterator[pb.ConsensusMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.StreamAck:
+        node = self.node
+        received = 0
+        sender: int | None = None
+        try:
+            async for message in request_iterator:
+                if sender is None and node.membership.is_member(message.sender):
+                    sender = message.sender
+                    node._inbound_peers[sender] = node._inbound_peers.get(sender, 0) + 1
+                received += 1
+                node.on_peer_message(message)
+        finally:
+            if sender is not None:
+                node._inbound_peers[sender] -= 1
+        return pb.StreamAck(received=received)
+
+
+class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
+    def __init__(self, node: ReplicaNode) -> None:
+        self.node = node
+
+    def _admit(self, request: cpb.SubmitRequest) -> cpb.SubmitReply:
+        node = self.node
+        admission = node.mempool.admit(request.tx)
+        result = "accepted" if admission.accepted else "refused"
+        node.metrics.submissions.labels(result, admission.reason or "ok").inc()
+        if admission.accepted:
+            node.gossip(request.tx)
+            node._transactions_arrived()
+        code = STATUS_CODES.get(admission.status, grpc.StatusCode.INVALID_ARGUMENT)
+        return cpb.SubmitReply(
+            request_id=request.request_id,
+            accepted=admission.accepted,
+            proposal_id=admission.tx_id or b"",
+            reason=admission.reason,
+            detail=admission.detail,
+            code=code.value[0],
+        )
+
+    async def Submit(
+        self, request: cpb.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.SubmitReply:
+        reply = self._admit(request)
+        if not reply.accepted:
+            code = next(c for c in grpc.StatusCode if c.value[0] == reply.code)
+            await context.abort(
+                code, f"{reply.reason}: {reply.detail}", (("qg-reason", reply.reason),)
+            )
+        return reply
+
+    async def SubmitStream(
+        self, request_iterator: AsyncIterator[cpb.SubmitRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.SubmitReply]:
+        async for request in request_iterator:
+            yield self._admit(request)
+
+    async def Status(
+        self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.StatusReply:
+        return self.node.status()
+
+    async def CommittedBlocks(
+        self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.CommittedBlock]:
+        node = self.node
+        store = node.store
+        assert store is not None
+        next_height = max(request.from_height, 1)
+        while True:
+            top = store.committed_height
+            if next_height > top:
+                await node.wait_committed(next_height)
+                continue
+            end = min(top, next_height + STREAM_BLOCKS_PER_READ - 1)
+            for block in await store.committed_range(next_height, end):
+                out = cpb.CommittedBlock(height=block.height, hash=block.hash)
+                block_to_pb(block, out.block)
+                yield out
+                next_height = block.height + 1
+
+
+# ============================================================================ process
+
+
+def _configure_logging(node_dir: Path, index: int, to_stderr: bool) -> None:
+    handlers: list[logging.Handler] = [logging.FileHandler(node_dir / LOG_FILE)]
+    if to_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s level=%(levelname)s node={index} %(message)s",
+        handlers=handlers,
+    )
+
+
+async def run_node(spec: ClusterSpec, index: int) -> int:
+    signer = read_key(spec.node_dir(index) / CONSENSUS_KEY_FILE)
+    node = ReplicaNode(spec, index, signer)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    await stop.wait()
+    await node.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one QuorumGate replica.")
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--node", required=True, type=int)
+    parser.add_argument("--log-stderr", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        spec = load_cluster(args.dir)
+        spec.member(args.node)
+    except ClusterFileError as err:
+        print(f"quorumgate node: {err}", file=sys.stderr)
+        return 2
+    node_dir = spec.node_dir(args.node)
+    _configure_logging(node_dir, args.node, args.log_stderr)
+    pid_path = node_dir / PID_FILE
+    pid_path.write_text(f"{os.getpid()}\n")
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(run_node(spec, args.node))
+        return uvloop.run(run_node(spec, args.node))
+    except (OSError, ClusterFileError) as err:
+        log.error("event=fatal error=%s", err)
+        print(f"quorumgate node {args.node}: {err}", file=sys.stderr)
+        return 1
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            if pid_path.read_text().strip() == str(os.getpid()):
+                pid_path.unlink()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Replica-to-replica transport: one long-lived gRPC stream to each peer.
+
+Each replica dials every peer once and pushes its messages down a client stream
+(`Peer.Stream`); the peer's server reads them. Per peer there is one bounded send queue;
+when it is full the oldest message goes (consensus tolerates loss: timeouts are re-sent and
+certificates travel in later messages) and the drop is counted. A broken stream is redialled
+with exponential back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from qgpb import consensus_pb2 as pb
+from qgpb import consensus_pb2_grpc as pb_grpc
+
+from replica.wire import ENVELOPE_BYTES_MAX
+
+SEND_QUEUE_MESSAGES_MAX = 8_192
+RECONNECT_DELAY_S_MIN = 0.05
+RECONNECT_DELAY_S_MAX = 2.0
+GRPC_MESSAGE_BYTES_MAX = ENVELOPE_BYTES_MAX + 1024
+
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Reconnects are ours to pace (exponential back-off below).
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+)
+
+log = logging.getLogger("quorumgate.transport")
+
+
+class PeerLink:
+    """The send side of one peer: a bounded queue drained into one gRPC stream."""
+
+    def __init__(self, peer: int, address: str, on_drop: Callable[[], None]) -> None:
+        self.peer = peer
+        self.address = address
+        self._queue: deque[pb.ConsensusMessage] = deque()
+        self._ready = asyncio.Event()
+        self._on_drop = on_drop
+        self._task: asyncio.Task[None] | None = None
+        self.connected = False
+        self.sent = 0
+
+    def send(self, message: pb.ConsensusMessage) -> None:
+        if len(self._queue) >= SEND_QUEUE_MESSAGES_MAX:
+            self._queue.popleft()
+            self._on_drop()
+        self._queue.append(message)
+        self._ready.set()
+
+    def start(self) -> None:
+        assert self._task is None, "peer link started twice"
+        self._task = asyncio.create_task(self._run(), name=f"peer-{self.peer}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _outgoing(self) -> AsyncIterator[pb.ConsensusMessage]:
+        while True:
+            while self._queue:
+                self.sent += 1
+                yield self._queue.popleft()
+            self._ready.clear()
+            await self._ready.wait()
+
+    async def _run(self) -> None:
+        delay = RECONNECT_DELAY_S_MIN
+        while True:
+            async with grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS) as channel:
+                stub = pb_grpc.PeerStub(channel)
+                try:
+                    await channel.channel_ready()
+                    self.connected = True
+                    delay = RECONNECT_DELAY_S_MIN
+                    log.info("event=peer_connected peer=%d address=%s", self.peer, self.address)
+                    await stub.Stream(self._outgoing())
+                except grpc.aio.AioRpcError as err:
+                    log.info("event=peer_stream_closed peer=%d code=%s", self.peer, err.code().name)
+                finally:
+                    self.connected = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
