@@ -10,6 +10,7 @@ import hashlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from cluster.sim import Disk
 from replica.actions import (
@@ -33,6 +34,7 @@ from replica.types import (
     Proposal,
     QuorumCert,
     SyncRequest,
+    SyncResponse,
     Timeout,
     TimeoutCert,
     Vote,
@@ -167,7 +169,11 @@ def sends(actions: Iterable[Action]) -> list[Send]:
     return [a for a in actions if isinstance(a, Send)]
 
 
-def sent_of(actions: Iterable[Action], kind: type) -> list[Message]:
+M = TypeVar("M", Proposal, Vote, Timeout, TimeoutCert, SyncRequest, SyncResponse)
+
+
+def sent_of(actions: Iterable[Action], kind: type[M]) -> list[M]:
+    """The messages of type `kind` that `actions` send, in order."""
     return [a.message for a in actions if isinstance(a, Send) and isinstance(a.message, kind)]
 
 

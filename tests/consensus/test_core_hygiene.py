@@ -265,7 +265,7 @@ def test_a_qc_with_repeated_or_unsorted_signers_cannot_even_be_built() -> None:
 def test_an_equivocating_leader_gets_one_vote_and_its_second_block_is_counted() -> None:
     core = started_core()
     first = core.on_message(envelope(1, signed_proposal(B1)))
-    assert [v.block_hash for v in sent_of(first, Vote)] == [B1.hash]  # type: ignore[attr-defined]
+    assert [v.block_hash for v in sent_of(first, Vote)] == [B1.hash]
     twin = make_block(G, 1, timestamp_ms=B1.timestamp_ms + 1)
     before = snapshot(core)
     assert core.on_message(envelope(1, signed_proposal(twin))) == []
@@ -299,12 +299,12 @@ def test_a_genuine_qc_relayed_with_a_falsified_height_never_raises_out_of_the_co
     core.on_message(envelope(1, signed_proposal(B1)))  # knows B1; votes not yet delivered
     poisoned = replace(qc_for(B1), height=B1.height + 4)
     core.on_message(envelope(3, signed_timeout(3, 2, poisoned)))
-    proposals: list[Message] = []
+    proposals: list[Proposal] = []
     for k in range(1, TEST_LIMITS.idle_propose_ticks + 2):
         proposals += sent_of(core.on_tick(1_000_000 + 10 * k), Proposal)  # must not raise
     assert core.high_qc.height in (B1.height, 0)
     assert len(proposals) == 1
-    assert proposals[0].block.parent_hash == B1.hash  # type: ignore[attr-defined]
+    assert proposals[0].block.parent_hash == B1.hash
 
 
 def test_a_qc_formed_from_votes_with_a_falsified_height_never_raises_out_of_the_core() -> None:
@@ -317,11 +317,11 @@ def test_a_qc_formed_from_votes_with_a_falsified_height_never_raises_out_of_the_
     core.on_message(envelope(3, replace(signed_vote(3, B1), height=9)))
     assert core.view == 2
     core.on_message(envelope(1, signed_proposal(B1)))  # late proposal: B1 enters the tree
-    proposals: list[Message] = []
+    proposals: list[Proposal] = []
     for k in range(1, TEST_LIMITS.idle_propose_ticks + 2):
         proposals += sent_of(core.on_tick(1_000_000 + 10 * k), Proposal)  # must not raise
     assert len(proposals) == 1
-    assert proposals[0].block.justify.height == B1.height  # type: ignore[attr-defined]
+    assert proposals[0].block.justify.height == B1.height
 
 
 # --------------------------------------------------------------------------- persist, then send
