@@ -1,0 +1,668 @@
+"""Durable storage of one replica (aiosqlite): safety record, blocks, committed log, proofs.
+
+This is the shell's half of the contract in replica/actions.py. `ReplicaStore.apply` takes
+the actions of one core call and makes their durable part — `PersistSafety`, `StoreBlock`,
+`Commit` — durable in ONE SQLite transaction, committed with an fsync before it returns.
+What it returns is the durable safety epoch, which the caller hands to
+`replica.actions.check_send_allowed` before letting any `Send` of that call leave. So a vote
+or timeout never leaves before the safety state it was signed from is on disk (DESIGN §3,
+STYLE rule 3), and a restarted replica reloads that state and never signs twice in a view.
+
+The in-memory model of exactly this storage is `cluster.sim.Disk`; the tests replay a
+simulated node's actions into both and compare them.
+
+Tables (schema version `SCHEMA_VERSION`):
+
+- `meta`: the schema version and the chain id the file belongs to (another chain's file is
+  refused at `open`).
+- `safety`: one row, the latest `SafetyState` (replica/wire.py's `encode_safety`) and its
+  epoch. A trigger refuses any update that does not raise the epoch.
+- `signed_votes(view, block_hash)` and `signed_timeouts(view, high_qc_view)`: append-only
+  audit tables (triggers refuse UPDATE and DELETE) of every statement this replica's
+  safety state recorded as signed. A second, different vote for a recorded view is our own
+  broken invariant — we would be equivocating — so `apply` raises `AssertionError` and the
+  transaction rolls back. They survive `wipe_blocks`: a wiped replica never forgets what
+  it signed.
+- `blocks(hash, height, view, data)`: blocks above the committed height (pending). Blocks
+  at or below it that did not commit (forks) are deleted when the committed height passes
+  them, as `Disk` drops them.
+- `committed(height, hash, data)`: the committed log, height 0 (genesis) upwards, with the
+  block data kept.
+- `proofs(height, data)`: the commit proof (replica.types.CommitProof) of the last block of
+  each `Commit`, keyed by that block's height.
+
+Durability settings, set on every connection:
+
+- `journal_mode=WAL`: a commit appends to the write-ahead log; readers do not block it.
+- `synchronous=FULL`: in WAL mode SQLite then fsyncs the log at *every* commit. Under the
+  default NORMAL a WAL commit is only synced at the next checkpoint, so it survives a
+  process crash but not a power loss or kernel panic: a vote could leave, the machine lose
+  power, and the replica reboot without the safety record of that vote — free to vote
+  again in the same view. FULL is what makes "durable before send" true.
+- `fullfsync` and `checkpoint_fullfsync`: on macOS, where plain fsync does not flush the
+  drive's cache; no effect elsewhere.
+- `foreign_keys=ON`: proofs must name a committed height.
+
+Bytes on disk come from replica/wire.py (the one codec); block hashes are recomputed when
+a block is decoded and must match the stored key, so a damaged row is reported as
+`StorageError`, never served. Every read of a range is bounded (`RANGE_BLOCKS_MAX`,
+`PENDING_BLOCKS_LOAD_MAX`).
+
+One connection per store, and one asyncio lock around every use of it: a transaction spans
+several awaits, and a read interleaved on the same connection would otherwise see (and
+could serve to a peer) rows that are not yet durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from replica.actions import Action, Commit, PersistSafety, StoreBlock
+from replica.config import Limits
+from replica.core import Core, Recovered
+from replica.safety import SafetyState
+from replica.sync import (
+    SYNC_PROOF_REACH_BLOCKS_MAX,
+    assemble_sync_response,
+    proof_height,
+    sync_window,
+)
+from replica.types import (
+    Block,
+    CommitProof,
+    RemoteError,
+    SyncRequest,
+    SyncResponse,
+    genesis_block,
+)
+from replica.wire import (
+    decode_block,
+    decode_proof,
+    decode_safety,
+    encode_block,
+    encode_proof,
+    encode_safety,
+)
+
+SCHEMA_VERSION = 1
+# The most committed blocks one `committed_range` call returns; callers page for more.
+RANGE_BLOCKS_MAX = 1024
+# The most pending blocks `load` hands back (lowest heights first). A core's block tree
+# holds `Limits.pending_blocks_max` (1024 by default); more could not be used.
+PENDING_BLOCKS_LOAD_MAX = 4096
+
+# One statement per string, run in order inside the transaction that creates the file.
+_SCHEMA = (
+    """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE safety (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        epoch INTEGER NOT NULL,
+        data BLOB NOT NULL
+    )
+    """,
+    """
+    CREATE TRIGGER safety_epoch_grows BEFORE UPDATE ON safety
+        WHEN NEW.epoch <= OLD.epoch
+    BEGIN
+        SELECT RAISE(ABORT, 'safety epoch must grow');
+    END
+    """,
+    """
+    CREATE TABLE signed_votes (
+        view INTEGER PRIMARY KEY,
+        block_hash BLOB NOT NULL
+    )
+    """,
+    """
+    CREATE TRIGGER signed_votes_no_update BEFORE UPDATE ON signed_votes
+    BEGIN
+        SELECT RAISE(ABORT, 'signed_votes is append-only');
+    END
+    """,
+    """
+    CREATE TRIGGER signed_votes_no_delete BEFORE DELETE ON signed_votes
+    BEGIN
+        SELECT RAISE(ABORT, 'signed_votes is append-only');
+    END
+    """,
+    """
+    CREATE TABLE signed_timeouts (
+        view INTEGER PRIMARY KEY,
+        high_qc_view INTEGER NOT NULL
+    )
+    """,
+    """
+    CREATE TRIGGER signed_timeouts_no_update BEFORE UPDATE ON signed_timeouts
+    BEGIN
+        SELECT RAISE(ABORT, 'signed_timeouts is append-only');
+    END
+    """,
+    """
+    CREATE TRIGGER signed_timeouts_no_delete BEFORE DELETE ON signed_timeouts
+    BEGIN
+        SELECT RAISE(ABORT, 'signed_timeouts is append-only');
+    END
+    """,
+    """
+    CREATE TABLE blocks (
+        hash BLOB PRIMARY KEY,
+        height INTEGER NOT NULL,
+        view INTEGER NOT NULL,
+        data BLOB NOT NULL
+    )
+    """,
+    """
+    CREATE INDEX blocks_by_height ON blocks (height)
+    """,
+    """
+    CREATE TABLE committed (
+        height INTEGER PRIMARY KEY,
+        hash BLOB NOT NULL UNIQUE,
+        data BLOB NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE proofs (
+        height INTEGER PRIMARY KEY REFERENCES committed (height),
+        data BLOB NOT NULL
+    )
+    """,
+)
+
+
+class StorageError(Exception):
+    """The database file cannot serve as this replica's store: unreadable, corrupt, from
+    another chain or another schema version. Raised instead of guessing."""
+
+
+class ReplicaStore:
+    """One replica's durable state in one SQLite file. Build it with `ReplicaStore.open`."""
+
+    def __init__(self, conn: Any, path: Path, chain_id: str) -> None:
+        self._conn = conn
+        self._path = path
+        self._chain_id = chain_id
+        self._lock = asyncio.Lock()
+        self._durable_epoch = 0
+        self._head = genesis_block(chain_id)
+        self._closed = False
+
+    # ================================================================== open / close
+
+    @classmethod
+    async def open(cls, path: Path, chain_id: str) -> ReplicaStore:
+        """Open (creating if needed) the store at `path` for chain `chain_id`."""
+        if not chain_id:
+            raise ValueError("chain id must not be empty")
+        try:
+            conn = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as err:
+            raise StorageError(f"{path}: cannot open the replica store: {err}") from err
+        store = cls(conn, path, chain_id)
+        try:
+            await store._initialise()
+        except sqlite3.DatabaseError as err:
+            await conn.close()
+            raise StorageError(f"{path}: not a readable replica store: {err}") from err
+        except BaseException:
+            await conn.close()
+            raise
+        return store
+
+    async def _initialise(self) -> None:
+        conn = self._conn
+        # The first statement reads the file header: a file that is not SQLite fails here.
+        mode = await self._scalar("PRAGMA journal_mode=WAL")
+        if str(mode).lower() != "wal":
+            raise StorageError(f"{self._path}: cannot use WAL journaling (got {mode!r})")
+        await conn.execute("PRAGMA synchronous=FULL")
+        await conn.execute("PRAGMA fullfsync=ON")
+        await conn.execute("PRAGMA checkpoint_fullfsync=ON")
+        await conn.execute("PRAGMA foreign_keys=ON")
+        if await self._scalar("PRAGMA synchronous") != 2:  # 2 = FULL
+            raise StorageError(f"{self._path}: SQLite refused synchronous=FULL")
+
+        tables = {
+            str(row[0])
+            for row in await conn.execute_fetchall(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )
+        }
+        if not tables:
+            await self._create_schema()
+        elif "meta" not in tables:
+            raise StorageError(f"{self._path}: an SQLite file, but not a replica store")
+        meta = {
+            str(key): str(value)
+            for key, value in await conn.execute_fetchall("SELECT key, value FROM meta")
+        }
+        version = meta.get("schema_version")
+        if version != str(SCHEMA_VERSION):
+            raise StorageError(
+                f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
+            )
+        stored_chain = meta.get("chain_id")
+        if stored_chain != self._chain_id:
+            raise StorageError(
+                f"{self._path}: the store belongs to chain {stored_chain!r}, not {self._chain_id!r}"
+            )
+        genesis = await self._read_committed_block(0)
+        if genesis is None or genesis.hash != genesis_block(self._chain_id).hash:
+            raise StorageError(f"{self._path}: the stored genesis block is missing or wrong")
+        epoch = await self._scalar("SELECT epoch FROM safety WHERE id = 1")
+        self._durable_epoch = int(epoch) if epoch is not None else 0
+        self._head = await self._read_head()
+
+    async def _create_schema(self) -> None:
+        conn = self._conn
+        genesis = genesis_block(self._chain_id)
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA:
+                await conn.execute(statement)
+            await conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("schema_version", str(SCHEMA_VERSION)), ("chain_id", self._chain_id)],
+            )
+            await conn.execute(
+                "INSERT INTO committed (height, hash, data) VALUES (0, ?, ?)",
+                (genesis.hash, encode_block(genesis)),
+            )
+            await conn.execute("COMMIT")
+        except BaseException:
+            await self._rollback()
+            raise
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._lock:
+            await self._conn.close()
+
+    # ================================================================== state in memory
+
+    @property
+    def durable_epoch(self) -> int:
+        """The epoch of the safety record on disk: every signature from a safety state of
+        this epoch or lower may be sent."""
+        return self._durable_epoch
+
+    @property
+    def committed_height(self) -> int:
+        return self._head.height
+
+    @property
+    def chain_id(self) -> str:
+        return self._chain_id
+
+    # ================================================================== recovery
+
+    async def load(self) -> Recovered:
+        """What a restarting replica builds its core from: the safety state (the initial
+        one if none was ever persisted), the committed head, and the pending blocks."""
+        async with self._lock:
+            data = await self._scalar("SELECT data FROM safety WHERE id = 1")
+            safety = (
+                self._decode_safety(bytes(data))
+                if data is not None
+                else SafetyState.initial(self._chain_id)
+            )
+            head = await self._read_head()
+            rows = await self._conn.execute_fetchall(
+                "SELECT hash, data FROM blocks WHERE height > ? ORDER BY height, hash LIMIT ?",
+                (head.height, PENDING_BLOCKS_LOAD_MAX),
+            )
+            pending = tuple(self._decode_block(bytes(h), bytes(d)) for h, d in rows)
+        return Recovered(safety=safety, committed=head, pending=pending)
+
+    # ================================================================== applying actions
+
+    async def apply(self, actions: Sequence[Action]) -> int:
+        """Make the durable part of one core call's actions durable, in one transaction
+        committed (fsync) before this returns; return the durable safety epoch.
+
+        `Send` and `ScheduleTimeout` are the caller's business and ignored here. Raises
+        `AssertionError` (and rolls everything back) if the actions would break one of our
+        own invariants: a second vote in a recorded view, a safety epoch going backwards, a
+        commit that does not extend the committed chain.
+        """
+        if not any(isinstance(a, PersistSafety | StoreBlock | Commit) for a in actions):
+            return self._durable_epoch
+        # Shielded: if the caller is cancelled mid-transaction the transaction still ends
+        # (committed or rolled back) and the in-memory epoch and head still match the disk.
+        return await asyncio.shield(self._apply_locked(tuple(actions)))
+
+    async def _apply_locked(self, actions: tuple[Action, ...]) -> int:
+        async with self._lock:
+            self._check_open()
+            old_head = self._head
+            epoch = self._durable_epoch
+            safety: SafetyState | None = None
+            votes: dict[int, bytes] = {}
+            timeouts: dict[int, int] = {}
+            stored: dict[bytes, Block] = {}
+            commits: list[Commit] = []
+            for action in actions:
+                if isinstance(action, PersistSafety):
+                    state = action.state
+                    if state.epoch <= epoch:
+                        raise AssertionError(
+                            f"safety epoch must grow: {state.epoch} after {epoch} "
+                            "(a stale safety state would be made durable)"
+                        )
+                    epoch, safety = state.epoch, state
+                    vote = state.last_vote
+                    if vote is not None:
+                        prior = votes.setdefault(vote.view, vote.block_hash)
+                        if prior != vote.block_hash:
+                            raise AssertionError(
+                                f"two different votes for view {vote.view} in one batch"
+                            )
+                    timeout = state.last_timeout
+                    if timeout is not None:
+                        timeouts.setdefault(timeout.view, timeout.high_qc.view)
+                elif isinstance(action, StoreBlock):
+                    block = action.block
+                    if block.chain_id != self._chain_id:
+                        raise AssertionError(f"storing a block of chain {block.chain_id!r}")
+                    stored[block.hash] = block
+                elif isinstance(action, Commit):
+                    commits.append(action)
+
+            head = old_head
+            committed_rows: list[tuple[int, bytes, bytes]] = []
+            proof_rows: list[tuple[int, bytes]] = []
+            for commit in commits:
+                if not commit.blocks:
+                    raise AssertionError("a commit without blocks")
+                for block in commit.blocks:
+                    if block.height != head.height + 1 or block.parent_hash != head.hash:
+                        raise AssertionError(
+                            f"commit of height {block.height} ({block.hash[:4].hex()}) does "
+                            f"not extend the committed head at height {head.height} "
+                            f"({head.hash[:4].hex()})"
+                        )
+                    committed_rows.append((block.height, block.hash, encode_block(block)))
+                    head = block
+                if proof_height(commit.proof) != head.height:
+                    raise AssertionError(
+                        f"commit proof is for height {proof_height(commit.proof)}, "
+                        f"the commit ends at {head.height}"
+                    )
+                proof_rows.append((head.height, encode_proof(commit.proof)))
+
+            conn = self._conn
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                if safety is not None:
+                    await conn.execute(
+                        "INSERT INTO safety (id, epoch, data) VALUES (1, ?, ?) "
+                        "ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, "
+                        "data = excluded.data",
+                        (safety.epoch, encode_safety(safety)),
+                    )
+                if votes:
+                    await self._record_votes(votes)
+                if timeouts:
+                    # First sighting only: a timeout re-sent for the same view is the same
+                    # statement (replica/safety.py returns the recorded one).
+                    await conn.executemany(
+                        "INSERT INTO signed_timeouts (view, high_qc_view) VALUES (?, ?) "
+                        "ON CONFLICT (view) DO NOTHING",
+                        list(timeouts.items()),
+                    )
+                # A block at or below the committed height can never be used again.
+                fresh = [b for b in stored.values() if b.height > old_head.height]
+                if fresh:
+                    await conn.executemany(
+                        "INSERT INTO blocks (hash, height, view, data) VALUES (?, ?, ?, ?) "
+                        "ON CONFLICT (hash) DO NOTHING",
+                        [(b.hash, b.height, b.view, encode_block(b)) for b in fresh],
+                    )
+                if committed_rows:
+                    await conn.executemany(
+                        "INSERT INTO committed (height, hash, data) VALUES (?, ?, ?)",
+                        committed_rows,
+                    )
+                    await conn.executemany(
+                        "INSERT INTO proofs (height, data) VALUES (?, ?)", proof_rows
+                    )
+                    # The committed blocks moved to `committed`; the rest at those heights
+                    # are forks that can never commit.
+                    await conn.execute("DELETE FROM blocks WHERE height <= ?", (head.height,))
+                await conn.execute("COMMIT")
+            except BaseException:
+                await self._rollback()
+                raise
+            self._durable_epoch = epoch
+            self._head = head
+            return epoch
+
+    async def _record_votes(self, votes: dict[int, bytes]) -> None:
+        views = sorted(votes)
+        marks = ",".join("?" * len(views))
+        rows = await self._conn.execute_fetchall(
+            f"SELECT view, block_hash FROM signed_votes WHERE view IN ({marks})", views
+        )
+        known = {int(view): bytes(block_hash) for view, block_hash in rows}
+        for view, block_hash in known.items():
+            if block_hash != votes[view]:
+                # Not `assert`: this must hold under `python -O` too.
+                raise AssertionError(
+                    f"equivocation: already signed a vote for {block_hash[:4].hex()} in view "
+                    f"{view}, now asked to record {votes[view][:4].hex()}"
+                )
+        new = [(view, votes[view]) for view in views if view not in known]
+        if new:
+            await self._conn.executemany(
+                "INSERT INTO signed_votes (view, block_hash) VALUES (?, ?)", new
+            )
+
+    # ================================================================== the committed log
+
+    async def committed_range(self, start: int, end: int) -> list[Block]:
+        """Committed blocks with heights start..end inclusive, in height order, at most
+        `RANGE_BLOCKS_MAX` of them (from `start`); page for more."""
+        start = max(start, 0)
+        end = min(end, start + RANGE_BLOCKS_MAX - 1)
+        async with self._lock:
+            return await self._read_range(start, end)
+
+    async def committed_block(self, height: int) -> Block | None:
+        async with self._lock:
+            return await self._read_committed_block(height)
+
+    async def proof_at_or_before(self, height: int, floor: int) -> CommitProof | None:
+        """The proof with the largest committed height in [floor, height], if any."""
+        async with self._lock:
+            return await self._read_proof(
+                "SELECT height, data FROM proofs WHERE height <= ? AND height >= ? "
+                "ORDER BY height DESC LIMIT 1",
+                height,
+                floor,
+            )
+
+    async def proof_at_or_after(self, height: int, limit: int) -> CommitProof | None:
+        """The proof with the smallest committed height in [height, limit], if any."""
+        async with self._lock:
+            return await self._read_proof(
+                "SELECT height, data FROM proofs WHERE height >= ? AND height <= ? "
+                "ORDER BY height LIMIT 1",
+                height,
+                limit,
+            )
+
+    async def sync_response(
+        self, request: SyncRequest, core: Core | None, limits: Limits
+    ) -> SyncResponse:
+        """Answer a catch-up request from disk, as `replica.sync.build_sync_response` does
+        for a synchronous store: the same window, the same proof choice, the same reply.
+
+        All reads happen under one hold of the lock, so the reply is one consistent view.
+        """
+        async with self._lock:
+            top = self._head.height
+            window = sync_window(request, top, limits)
+            committed: list[Block] = []
+            proof: CommitProof | None = None
+            if window is not None:
+                proof = await self._read_proof(
+                    "SELECT height, data FROM proofs WHERE height <= ? AND height >= ? "
+                    "ORDER BY height DESC LIMIT 1",
+                    window.want_end,
+                    window.start,
+                )
+                if proof is None:
+                    proof = await self._read_proof(
+                        "SELECT height, data FROM proofs WHERE height >= ? AND height <= ? "
+                        "ORDER BY height LIMIT 1",
+                        window.want_end,
+                        window.reach_end,
+                    )
+                if proof is not None:
+                    end = proof_height(proof)
+                    # Bounded by the window: sync_blocks_max plus the proof reach.
+                    assert end - window.start < limits.sync_blocks_max + (
+                        SYNC_PROOF_REACH_BLOCKS_MAX
+                    ), "sync window wider than its limits"
+                    committed = await self._read_range(window.start, end)
+        return assemble_sync_response(request, committed, proof, top, core, limits)
+
+    # ================================================================== audit and operations
+
+    async def signed_votes(self) -> dict[int, bytes]:
+        """Every vote this replica recorded as signed: view -> block hash."""
+        async with self._lock:
+            rows = await self._conn.execute_fetchall(
+                "SELECT view, block_hash FROM signed_votes ORDER BY view"
+            )
+        return {int(view): bytes(block_hash) for view, block_hash in rows}
+
+    async def signed_timeouts(self) -> dict[int, int]:
+        """Every timeout this replica recorded as signed: view -> its high QC's view."""
+        async with self._lock:
+            rows = await self._conn.execute_fetchall(
+                "SELECT view, high_qc_view FROM signed_timeouts ORDER BY view"
+            )
+        return {int(view): int(high) for view, high in rows}
+
+    async def wipe_blocks(self) -> None:
+        """Forget every block, the committed log above genesis and every proof, in one
+        transaction — but keep the safety record and the audit tables: the replica catches
+        up from its peers and still never signs against what it signed before (DESIGN §5)."""
+        async with self._lock:
+            self._check_open()
+            conn = self._conn
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                await conn.execute("DELETE FROM proofs")
+                await conn.execute("DELETE FROM committed WHERE height > 0")
+                await conn.execute("DELETE FROM blocks")
+                await conn.execute("COMMIT")
+            except BaseException:
+                await self._rollback()
+                raise
+            self._head = genesis_block(self._chain_id)
+
+    # ================================================================== internals
+
+    def _check_open(self) -> None:
+        assert not self._closed, "the replica store is closed"
+
+    async def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            await self._conn.execute("ROLLBACK")
+
+    async def _scalar(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = list(await self._conn.execute_fetchall(sql, tuple(params)))
+        return rows[0][0] if rows else None
+
+    async def _read_head(self) -> Block:
+        rows = list(
+            await self._conn.execute_fetchall(
+                "SELECT height, hash, data FROM committed ORDER BY height DESC LIMIT 1"
+            )
+        )
+        if not rows:
+            raise StorageError(f"{self._path}: the committed log is empty (no genesis)")
+        height, block_hash, data = rows[0]
+        return self._decode_committed(int(height), bytes(block_hash), bytes(data))
+
+    async def _read_committed_block(self, height: int) -> Block | None:
+        rows = list(
+            await self._conn.execute_fetchall(
+                "SELECT hash, data FROM committed WHERE height = ?", (height,)
+            )
+        )
+        if not rows:
+            return None
+        block_hash, data = rows[0]
+        return self._decode_committed(height, bytes(block_hash), bytes(data))
+
+    async def _read_range(self, start: int, end: int) -> list[Block]:
+        if end < start:
+            return []
+        rows = await self._conn.execute_fetchall(
+            "SELECT height, hash, data FROM committed WHERE height >= ? AND height <= ? "
+            "ORDER BY height",
+            (start, end),
+        )
+        blocks = [self._decode_committed(int(h), bytes(k), bytes(d)) for h, k, d in rows]
+        for offset, block in enumerate(blocks):
+            if block.height != start + offset:
+                raise StorageError(f"{self._path}: the committed log has a gap at {block.height}")
+        return blocks
+
+    async def _read_proof(self, sql: str, a: int, b: int) -> CommitProof | None:
+        rows = list(await self._conn.execute_fetchall(sql, (a, b)))
+        if not rows:
+            return None
+        height, data = rows[0]
+        try:
+            proof = decode_proof(self._chain_id, bytes(data))
+        except (RemoteError, ValueError) as err:
+            raise StorageError(f"{self._path}: undecodable proof at height {height}") from err
+        if proof_height(proof) != int(height):
+            raise StorageError(f"{self._path}: the proof stored at {height} proves another height")
+        return proof
+
+    def _decode_block(self, block_hash: bytes, data: bytes) -> Block:
+        try:
+            block = decode_block(self._chain_id, data)
+        except (RemoteError, ValueError) as err:
+            raise StorageError(
+                f"{self._path}: undecodable block {block_hash[:4].hex()}: {err}"
+            ) from err
+        if block.hash != block_hash:
+            raise StorageError(
+                f"{self._path}: block stored as {block_hash[:4].hex()} hashes to "
+                f"{block.hash[:4].hex()}"
+            )
+        return block
+
+    def _decode_committed(self, height: int, block_hash: bytes, data: bytes) -> Block:
+        block = self._decode_block(block_hash, data)
+        if block.height != height:
+            raise StorageError(
+                f"{self._path}: committed block at {height} says height {block.height}"
+            )
+        return block
+
+    def _decode_safety(self, data: bytes) -> SafetyState:
+        try:
+            return decode_safety(data)
+        except Exception as err:  # protobuf DecodeError, or a state failing its checks
+            raise StorageError(f"{self._path}: undecodable safety record: {err}") from err
