@@ -389,3 +389,25 @@ def test_every_signed_send_is_preceded_by_the_persist_of_its_epoch() -> None:
     assert resent > 0  # the re-send path (stuck views, restart) was exercised too
     assert min(net.committed_heights()) > 10
     net.assert_committed_prefixes()
+
+
+# --------------------------------------------------------------------------- a Byzantine
+# leader floods a past view it led with late, validly signed sibling blocks.
+
+
+def test_late_proposals_for_a_past_view_cannot_fill_the_tree_and_stall_the_replica() -> None:
+    """A leader may propose once per view (Rule 5); a late second block for a view is
+    equivocation, not a block to keep. If every late sibling is kept, one Byzantine member
+    fills the tree to `pending_blocks_max`, after which the replica refuses every new block
+    (`tree_full`) and, since only commits prune the tree, never votes again."""
+    g, b1, b2, b3 = chain_of([1, 2, 3])
+    core = started_core()
+    for block in (b1, b2):
+        core.on_message(envelope(block.proposer, signed_proposal(block)))
+    assert core.view == 2
+    for k in range(TEST_LIMITS.pending_blocks_max + 1):
+        sibling = make_block(g, 1, timestamp_ms=b1.timestamp_ms + 1 + k)  # member 1 led view 1
+        core.on_message(envelope(1, signed_proposal(sibling)))  # must not raise
+    assert not core.tree.full, f"{len(core.tree)} blocks held after one view's late siblings"
+    votes = sent_of(core.on_message(envelope(3, signed_proposal(b3))), Vote)
+    assert [v.block_hash for v in votes] == [b3.hash]
