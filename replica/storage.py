@@ -369,7 +369,8 @@ class ReplicaStore:
                         prior = votes.setdefault(vote.view, vote.block_hash)
                         if prior != vote.block_hash:
                             raise AssertionError(
-                                f"two different votes for view {vote.view} in one batch"
+                                f"equivocation: two different votes for view {vote.view} "
+                                "in one batch"
                             )
                     timeout = state.last_timeout
                     if timeout is not None:
@@ -401,6 +402,10 @@ class ReplicaStore:
                     raise AssertionError(
                         f"commit proof is for height {proof_height(commit.proof)}, "
                         f"the commit ends at {head.height}"
+                    )
+                if commit.proof.b1.parent_hash != head.hash:
+                    raise AssertionError(
+                        f"commit proof does not extend the committed block at {head.height}"
                     )
                 proof_rows.append((head.height, encode_proof(commit.proof)))
 
