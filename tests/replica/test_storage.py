@@ -160,6 +160,13 @@ async def assert_matches_disk(store: ReplicaStore, disk: Disk) -> None:
     assert store.durable_epoch == disk.safety.epoch
 
 
+def stored_block_heights(path: Path) -> list[int]:
+    """Heights of every row in the `blocks` table, read around the store's API (to see
+    what it keeps on disk, not what it chooses to load)."""
+    with sqlite3.connect(path) as conn:
+        return [h for (h,) in conn.execute("SELECT height FROM blocks ORDER BY height")]
+
+
 def synthetic_chain(chain_id: str, count: int, parent: Block | None = None) -> list[Block]:
     """`count` blocks in consecutive views above `parent` (genesis by default); their
     certificates are unsigned, which the store neither needs nor checks."""
@@ -192,11 +199,15 @@ def voted_state(chain_id: str, epoch: int, view: int, block_hash: bytes) -> Safe
 async def test_replayed_node_actions_load_back_as_its_disk_state(
     crashy: Recording, tmp_path: Path
 ) -> None:
-    store, returned = await replay(crashy, tmp_path / "replica.db")
+    path = tmp_path / "replica.db"
+    store, returned = await replay(crashy, path)
     try:
         await assert_matches_disk(store, crashy.disk)
         # What apply returned after each list is exactly the sim node's durable epoch.
         assert returned == crashy.epochs
+        # Forks at or below the committed height are gone from disk, not merely unloaded.
+        recovered = await store.load()
+        assert stored_block_heights(path) == [b.height for b in recovered.pending]
     finally:
         await store.close()
 
@@ -446,7 +457,8 @@ async def test_commit_that_does_not_extend_the_committed_head_is_refused(
     tmp_path: Path,
 ) -> None:
     chain = "qg-test"
-    store = await ReplicaStore.open(tmp_path / "replica.db", chain)
+    path = tmp_path / "replica.db"
+    store = await ReplicaStore.open(path, chain)
     try:
         blocks = synthetic_chain(chain, 8)
         safety = voted_state(chain, 1, 7, blocks[6].hash)
@@ -472,6 +484,7 @@ async def test_commit_that_does_not_extend_the_committed_head_is_refused(
         await store.apply([StoreBlock(fork), StoreBlock(blocks[2]), right])
         assert store.committed_height == 2
         assert [b.hash for b in (await store.load()).pending] == [blocks[2].hash]
+        assert stored_block_heights(path) == [3]
     finally:
         await store.close()
 
