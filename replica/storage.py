@@ -42,6 +42,11 @@ Durability settings, set on every connection:
 - `fullfsync` and `checkpoint_fullfsync`: on macOS, where plain fsync does not flush the
   drive's cache; no effect elsewhere.
 - `foreign_keys=ON`: proofs must name a committed height.
+- `locking_mode=EXCLUSIVE`: the connection takes the file's lock at its first read and
+  keeps it until closed, so a second process pointed at the same store (a replica started
+  twice, a misconfigured twin) is refused at `open` instead of both signing from one
+  safety record. The cost: no `-shm` file, and no other tool can read the file while the
+  replica runs (stop it, or ask it through `signed_votes`).
 
 Bytes on disk come from replica/wire.py (the one codec); block hashes are recomputed when
 a block is decoded and must match the stored key, so a damaged row is reported as
@@ -207,12 +212,19 @@ class ReplicaStore:
         if not chain_id:
             raise ValueError("chain id must not be empty")
         try:
-            conn = await aiosqlite.connect(path, isolation_level=None)
+            # Autocommit mode: `apply` writes its own BEGIN IMMEDIATE ... COMMIT. No busy
+            # wait: the lock is held for the store's lifetime, so waiting gains nothing.
+            conn = await aiosqlite.connect(path, isolation_level=None, timeout=0)
         except sqlite3.Error as err:
             raise StorageError(f"{path}: cannot open the replica store: {err}") from err
         store = cls(conn, path, chain_id)
         try:
             await store._initialise()
+        except sqlite3.OperationalError as err:
+            await conn.close()
+            if "locked" in str(err):
+                raise StorageError(f"{path}: in use by another process ({err})") from err
+            raise StorageError(f"{path}: not a readable replica store: {err}") from err
         except sqlite3.DatabaseError as err:
             await conn.close()
             raise StorageError(f"{path}: not a readable replica store: {err}") from err
@@ -223,7 +235,9 @@ class ReplicaStore:
 
     async def _initialise(self) -> None:
         conn = self._conn
-        # The first statement reads the file header: a file that is not SQLite fails here.
+        await conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        # The first statement to read the file: it fails here for a file that is not SQLite
+        # and for a store another process holds.
         mode = await self._scalar("PRAGMA journal_mode=WAL")
         if str(mode).lower() != "wal":
             raise StorageError(f"{self._path}: cannot use WAL journaling (got {mode!r})")

@@ -160,11 +160,22 @@ async def assert_matches_disk(store: ReplicaStore, disk: Disk) -> None:
     assert store.durable_epoch == disk.safety.epoch
 
 
-def stored_block_heights(path: Path) -> list[int]:
+def write_around_the_store(path: Path, sql: str, params: tuple[object, ...] = ()) -> None:
+    """Change the file as an outside tool would (the store must be closed: it holds the
+    file's lock while open, and so would any connection left open here)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(sql, params)
+    finally:
+        conn.close()
+
+
+async def stored_block_heights(store: ReplicaStore) -> list[int]:
     """Heights of every row in the `blocks` table, read around the store's API (to see
-    what it keeps on disk, not what it chooses to load)."""
-    with sqlite3.connect(path) as conn:
-        return [h for (h,) in conn.execute("SELECT height FROM blocks ORDER BY height")]
+    what it keeps on disk, not what it chooses to load), on its own connection: the store
+    holds the file's lock exclusively."""
+    rows = await store._conn.execute_fetchall("SELECT height FROM blocks ORDER BY height")
+    return [int(h) for (h,) in rows]
 
 
 def synthetic_chain(chain_id: str, count: int, parent: Block | None = None) -> list[Block]:
@@ -207,7 +218,7 @@ async def test_replayed_node_actions_load_back_as_its_disk_state(
         assert returned == crashy.epochs
         # Forks at or below the committed height are gone from disk, not merely unloaded.
         recovered = await store.load()
-        assert stored_block_heights(path) == [b.height for b in recovered.pending]
+        assert await stored_block_heights(store) == [b.height for b in recovered.pending]
     finally:
         await store.close()
 
@@ -484,7 +495,7 @@ async def test_commit_that_does_not_extend_the_committed_head_is_refused(
         await store.apply([StoreBlock(fork), StoreBlock(blocks[2]), right])
         assert store.committed_height == 2
         assert [b.hash for b in (await store.load()).pending] == [blocks[2].hash]
-        assert stored_block_heights(path) == [3]
+        assert await stored_block_heights(store) == [3]
     finally:
         await store.close()
 
@@ -573,6 +584,20 @@ async def test_store_of_another_chain_is_refused(tmp_path: Path) -> None:
     await (await ReplicaStore.open(path, "chain-a")).close()
 
 
+async def test_store_in_use_by_another_connection_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "replica.db"
+    first = await ReplicaStore.open(path, "qg-test")
+    try:
+        with pytest.raises(StorageError, match="in use by another process"):
+            await ReplicaStore.open(path, "qg-test")
+        assert await first.apply([PersistSafety(voted_state("qg-test", 1, 1, bytes(32)))]) == 1
+    finally:
+        await first.close()
+    second = await ReplicaStore.open(path, "qg-test")
+    assert second.durable_epoch == 1
+    await second.close()
+
+
 async def test_garbage_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "replica.db"
     path.write_bytes(b"this is not an sqlite database, only bytes\n" * 200)
@@ -582,8 +607,7 @@ async def test_garbage_file_is_refused(tmp_path: Path) -> None:
 
 async def test_other_sqlite_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE notes (body TEXT)")
+    write_around_the_store(path, "CREATE TABLE notes (body TEXT)")
     with pytest.raises(StorageError, match="not a replica store"):
         await ReplicaStore.open(path, "qg-test")
 
@@ -591,8 +615,7 @@ async def test_other_sqlite_file_is_refused(tmp_path: Path) -> None:
 async def test_other_schema_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "replica.db"
     await (await ReplicaStore.open(path, "qg-test")).close()
-    with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    write_around_the_store(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(StorageError, match="schema version '99'"):
         await ReplicaStore.open(path, "qg-test")
 
@@ -604,10 +627,10 @@ async def test_damaged_block_row_is_reported_not_served(tmp_path: Path) -> None:
     store = await ReplicaStore.open(path, chain)
     await store.apply([StoreBlock(b) for b in blocks])
     await store.close()
-    with sqlite3.connect(path) as conn:  # block 2's row now holds block 3's bytes
-        conn.execute(
-            "UPDATE blocks SET data = ? WHERE hash = ?", (encode_block(blocks[2]), blocks[1].hash)
-        )
+    # Block 2's row now holds block 3's bytes.
+    write_around_the_store(
+        path, "UPDATE blocks SET data = ? WHERE hash = ?", (encode_block(blocks[2]), blocks[1].hash)
+    )
     store = await ReplicaStore.open(path, chain)
     try:
         with pytest.raises(StorageError, match="hashes to"):
@@ -621,10 +644,14 @@ async def test_audit_rows_cannot_be_updated_or_deleted(tmp_path: Path) -> None:
     store = await ReplicaStore.open(path, "qg-test")
     await store.apply([PersistSafety(voted_state("qg-test", 1, 1, bytes(31) + b"\x01"))])
     await store.close()
-    with sqlite3.connect(path) as conn:
-        for sql in ("DELETE FROM signed_votes", "UPDATE signed_votes SET block_hash = x'00'"):
-            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-                conn.execute(sql)
+    for sql in ("DELETE FROM signed_votes", "UPDATE signed_votes SET block_hash = x'00'"):
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            write_around_the_store(path, sql)
+    store = await ReplicaStore.open(path, "qg-test")
+    try:
+        assert await store.signed_votes() == {1: bytes(31) + b"\x01"}
+    finally:
+        await store.close()
 
 
 # ============================================================================ SIGKILL
@@ -682,6 +709,9 @@ async def test_sigkill_at_random_points_leaves_every_returned_apply_durable(
                 err = (await child.stderr.read()).decode()
                 pytest.fail(f"child died early ({where}): {err}")
             last = line
+        if last:  # the child has the store open: nobody else may use it meanwhile
+            with pytest.raises(StorageError, match="in use by another process"):
+                await ReplicaStore.open(db, crashy.chain_id)
         os.kill(child.pid, signal.SIGKILL)
         assert await child.wait() == -signal.SIGKILL, where
         applied, epoch, height = 0, 0, 0
