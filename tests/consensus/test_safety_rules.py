@@ -14,7 +14,7 @@ import pytest
 from replica.certs import CertificateChecker
 from replica.crypto import Ed25519Signer, Verifier
 from replica.safety import SafetyError, SafetyRules, SafetyState
-from replica.types import QuorumCert, RemoteError, genesis_block, genesis_qc
+from replica.types import Block, QuorumCert, RemoteError, genesis_block, genesis_qc
 from tests.consensus.helpers import (
     CHAIN,
     SIGNERS,
@@ -68,7 +68,7 @@ class Harness:
 
 
 @pytest.fixture
-def chain() -> list:
+def chain() -> list[Block]:
     """genesis <- B1(v1) <- B2(v2) <- B3(v3) <- B4(v4), each justified by its parent's QC."""
     return chain_of([1, 2, 3, 4])
 
@@ -83,7 +83,7 @@ def refused(fn: Callable[..., object], *args: object, rule: int) -> str:
 # --------------------------------------------------------------------------- Rule 1
 
 
-def test_rule1_second_block_in_the_same_view_is_refused_naming_the_view(chain: list) -> None:
+def test_rule1_second_block_in_the_same_view_is_refused_naming_the_view(chain: list[Block]) -> None:
     """Rule 1 (HotStuff §4.3, Alg. 4 vheight): one vote per view, ever."""
     h = Harness()
     g, b1 = chain[0], chain[1]
@@ -98,7 +98,7 @@ def test_rule1_second_block_in_the_same_view_is_refused_naming_the_view(chain: l
     assert h.rules.state.last_vote.block_hash == b1.hash
 
 
-def test_rule1_no_vote_at_or_below_the_last_voted_view(chain: list) -> None:
+def test_rule1_no_vote_at_or_below_the_last_voted_view(chain: list[Block]) -> None:
     h = Harness()
     g, b1, b2, b3 = chain[:4]
     h.rules.vote(b3, b2)
@@ -111,7 +111,7 @@ def test_rule1_no_vote_at_or_below_the_last_voted_view(chain: list) -> None:
 
 
 def test_asking_again_for_the_same_block_returns_the_identical_vote_without_persisting(
-    chain: list,
+    chain: list[Block],
 ) -> None:
     h = Harness()
     g, b1 = chain[0], chain[1]
@@ -124,7 +124,7 @@ def test_asking_again_for_the_same_block_returns_the_identical_vote_without_pers
     assert len(h.persisted) == persisted
 
 
-def test_a_vote_signs_the_domain_separated_statement(chain: list) -> None:
+def test_a_vote_signs_the_domain_separated_statement(chain: list[Block]) -> None:
     """DESIGN §3: b"qg/vote/v1" || chain id || view || block hash, verifiable by anyone."""
     h = Harness()
     g, b1 = chain[0], chain[1]
@@ -137,7 +137,7 @@ def test_a_vote_signs_the_domain_separated_statement(chain: list) -> None:
 # --------------------------------------------------------------------------- Rule 2 and 3
 
 
-def test_rule3_voting_locks_on_the_parents_justify(chain: list) -> None:
+def test_rule3_voting_locks_on_the_parents_justify(chain: list[Block]) -> None:
     """Rule 3 (HotStuff Alg. 4 update): voting for B with parent P locks P.justify."""
     h = Harness()
     g, b1, b2, b3, b4 = chain
@@ -153,7 +153,7 @@ def test_rule3_voting_locks_on_the_parents_justify(chain: list) -> None:
     assert h.persisted[-1].locked_qc == b3.justify  # the lock is persisted with the vote
 
 
-def test_rule3_the_lock_never_moves_backwards(chain: list) -> None:
+def test_rule3_the_lock_never_moves_backwards(chain: list[Block]) -> None:
     h = Harness()
     _g, b1, b2, b3, b4 = chain
     for block, parent in ((b2, b1), (b3, b2), (b4, b3)):
@@ -168,7 +168,9 @@ def test_rule3_the_lock_never_moves_backwards(chain: list) -> None:
     assert h.rules.state.locked_qc.view == 2
 
 
-def test_rule2_a_justify_older_than_the_lock_is_refused_naming_the_views(chain: list) -> None:
+def test_rule2_a_justify_older_than_the_lock_is_refused_naming_the_views(
+    chain: list[Block],
+) -> None:
     """Rule 2 (HotStuff §4.3 safeNode; LibraBFT v3 §5.3 locked-round)."""
     h = Harness()
     _g, b1, b2, b3, b4 = chain
@@ -185,7 +187,9 @@ def test_rule2_a_justify_older_than_the_lock_is_refused_naming_the_views(chain: 
     assert h.rules.state.last_voted_view == 4  # a refusal changes nothing
 
 
-def test_rule2_liveness_branch_a_justify_newer_than_the_lock_is_accepted(chain: list) -> None:
+def test_rule2_liveness_branch_a_justify_newer_than_the_lock_is_accepted(
+    chain: list[Block],
+) -> None:
     """safeNode's liveness branch: a block off the locked branch, with a newer QC."""
     h = Harness()
     _g, b1, b2, b3, b4 = chain
@@ -200,7 +204,7 @@ def test_rule2_liveness_branch_a_justify_newer_than_the_lock_is_accepted(chain: 
 # --------------------------------------------------------------------------- Rule 4
 
 
-def test_rule4_timeout_below_the_last_voted_view_is_refused(chain: list) -> None:
+def test_rule4_timeout_below_the_last_voted_view_is_refused(chain: list[Block]) -> None:
     """Rule 4 (LibraBFT v3 §6): no timeout for a view this replica has voted past."""
     h = Harness()
     _g, b1, b2, b3 = chain[:4]
@@ -211,7 +215,7 @@ def test_rule4_timeout_below_the_last_voted_view_is_refused(chain: list) -> None
     assert h.rules.timeout(3, qc_for(b2), None).value.view == 3
 
 
-def test_rule4_after_a_timeout_in_view_v_no_vote_in_v(chain: list) -> None:
+def test_rule4_after_a_timeout_in_view_v_no_vote_in_v(chain: list[Block]) -> None:
     h = Harness()
     g, b1, b2 = chain[:3]
     h.rules.vote(b1, g)
@@ -221,7 +225,7 @@ def test_rule4_after_a_timeout_in_view_v_no_vote_in_v(chain: list) -> None:
     assert h.rules.state.last_voted_view == 2
 
 
-def test_timeout_twice_in_a_view_returns_the_identical_timeout(chain: list) -> None:
+def test_timeout_twice_in_a_view_returns_the_identical_timeout(chain: list[Block]) -> None:
     h = Harness()
     b1 = chain[1]
     first = h.rules.timeout(2, qc_for(b1), None)
@@ -232,7 +236,7 @@ def test_timeout_twice_in_a_view_returns_the_identical_timeout(chain: list) -> N
     assert first.value.high_qc == qc_for(b1)
 
 
-def test_timeout_records_the_highest_certificates_it_has_seen(chain: list) -> None:
+def test_timeout_records_the_highest_certificates_it_has_seen(chain: list[Block]) -> None:
     h = Harness()
     _g, b1, b2 = chain[:3]
     timeouts = [signed_timeout(v, 2, qc_for(b1)) for v in (0, 1, 2)]
@@ -269,7 +273,7 @@ def test_rule5_never_propose_twice_in_a_view() -> None:
 
 
 def test_a_block_with_a_forged_justify_is_refused_before_anything_is_persisted(
-    chain: list,
+    chain: list[Block],
 ) -> None:
     """Every signing path starts by verifying its input."""
     h = Harness()
@@ -291,7 +295,7 @@ def test_a_block_with_a_forged_justify_is_refused_before_anything_is_persisted(
 # --------------------------------------------------------------------------- persist, then sign
 
 
-def test_persist_happens_before_sign_on_every_signing_path(chain: list) -> None:
+def test_persist_happens_before_sign_on_every_signing_path(chain: list[Block]) -> None:
     """safety-rules order: ... update -> persist -> sign; Signed.epoch is the persisted one."""
     h = Harness(me=1)
     g, b1 = chain[0], chain[1]
@@ -314,7 +318,7 @@ def test_persist_happens_before_sign_on_every_signing_path(chain: list) -> None:
 
 
 def test_restart_from_the_last_persisted_state_refuses_the_same_and_resigns_identically(
-    chain: list,
+    chain: list[Block],
 ) -> None:
     h = Harness()
     g, b1, b2, b3, b4 = chain
