@@ -33,12 +33,13 @@ Tables (schema version `SCHEMA_VERSION`):
 
 Durability settings, set on every connection:
 
-- `journal_mode=WAL`: a commit appends to the write-ahead log; readers do not block it.
-- `synchronous=FULL`: in WAL mode SQLite then fsyncs the log at *every* commit. Under the
-  default NORMAL a WAL commit is only synced at the next checkpoint, so it survives a
-  process crash but not a power loss or kernel panic: a vote could leave, the machine lose
-  power, and the replica reboot without the safety record of that vote — free to vote
-  again in the same view. FULL is what makes "durable before send" true.
+- `journal_mode=WAL`: a commit appends its pages to the write-ahead log, one sequential
+  write and one fsync, instead of rewriting the database in place behind a rollback journal.
+- `synchronous=FULL`: in WAL mode SQLite then fsyncs the log at *every* commit. Under
+  NORMAL, the usual choice with WAL, a commit is only synced at the next checkpoint, so it
+  survives a process crash but not a power loss or kernel panic: a vote could leave, the
+  machine lose power, and the replica reboot without the safety record of that vote —
+  free to vote again in the same view. FULL is what makes "durable before send" true.
 - `fullfsync` and `checkpoint_fullfsync`: on macOS, where plain fsync does not flush the
   drive's cache; no effect elsewhere.
 - `foreign_keys=ON`: proofs must name a committed height.
@@ -581,7 +582,10 @@ class ReplicaStore:
     async def wipe_blocks(self) -> None:
         """Forget every block, the committed log above genesis and every proof, in one
         transaction — but keep the safety record and the audit tables: the replica catches
-        up from its peers and still never signs against what it signed before (DESIGN §5)."""
+        up from its peers and still never signs against what it signed before (DESIGN §5).
+
+        An operator's step, taken while no core runs on this store: a core built before the
+        wipe would go on extending the committed chain the store no longer has."""
         async with self._lock:
             self._check_open()
             conn = self._conn
