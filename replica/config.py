@@ -82,9 +82,9 @@ class Limits:
     idle_propose_ticks: int = 30
     # Block timestamps must be within this much of the voter's own clock.
     timestamp_skew_ms_max: int = 5_000
-    # Messages for views further ahead than this are dropped (their certificates still count).
-    future_views_max: int = 1_000
-    # Uncommitted blocks held in the tree; votes and timeouts kept per view.
+    # Uncommitted blocks held in the tree. Votes and timeouts are kept for views within
+    # `vote_views_max` of the current one; those further ahead are dropped as future_view
+    # (their certificates still count: they are how a lagging replica catches up).
     pending_blocks_max: int = 1_024
     vote_views_max: int = 16
     # Catch-up: blocks per sync response and ticks before asking another peer.

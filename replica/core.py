@@ -31,9 +31,10 @@ leaves `on_message`. Our own broken invariants are assertions.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from replica.actions import Action, Commit, PersistSafety, ScheduleTimeout, Send, StoreBlock
@@ -190,6 +191,7 @@ class Core:
         self._proposal_seen: dict[int, bytes] = {}
         self._waiting: Proposal | None = None
         self._sync_peer: int | None = None
+        self._sync_target = b""
         self._sync_ticks = 0
         self._next_sync_peer = (me + 1) % membership.n
         self._started = False
@@ -227,10 +229,20 @@ class Core:
                 self._local_timeout()
         elif self._ticks_in_view - self._timeout_sent_tick >= self.limits.view_timeout_ticks_base:
             self._local_timeout()  # re-broadcast the same timeout while the view is stuck
-        if self._sync_peer is not None:
-            self._sync_ticks += 1
-            if self._sync_ticks >= self.limits.sync_retry_ticks:
-                self._sync_peer = None
+        self._sync_ticks += 1
+        if self._sync_peer is not None and self._sync_ticks >= self.limits.sync_retry_ticks:
+            self._sync_peer = None  # no answer: the next request goes to another peer
+        waiting = self._waiting
+        if (
+            waiting is not None
+            and self._sync_peer is None
+            and self._sync_ticks >= self.limits.sync_retry_ticks
+        ):
+            # A proposal still waits for blocks (the last answer failed or was a lie).
+            if waiting.block.view == self.view:
+                self._request_sync(-1, waiting.block.parent_hash)
+            else:
+                self._waiting = None
         self._maybe_propose()
         return self._flush()
 
@@ -291,7 +303,18 @@ class Core:
     def _persist(self, state: SafetyState) -> None:
         self._out.append(PersistSafety(state))
 
+    def _settle_height(self, qc: QuorumCert) -> QuorumCert:
+        """A QC's height is not signed (the vote bytes are fixed by DESIGN §3) but the block
+        hash commits to it: a block we hold settles it. (Unknown blocks: _maybe_propose.)"""
+        block = self.tree.get(qc.block_hash)
+        if block is None or block.height == qc.height:
+            return qc
+        if block.view != qc.view:
+            raise RemoteError("bad_certificate", "qc view does not match its block")
+        return replace(qc, height=block.height)
+
     def _raise_high_qc(self, qc: QuorumCert) -> None:
+        qc = self._settle_height(qc)
         if qc.view > self.high_qc.view:
             self.high_qc = qc
             for view in [v for v in self._votes if v <= qc.view]:
@@ -340,6 +363,7 @@ class Core:
     def _process_certs(self, qc: QuorumCert, tc: TimeoutCert | None = None) -> None:
         """Verified certificates: raise the highest QC and TC, commit, then enter the
         highest view they justify, once."""
+        qc = self._settle_height(qc)
         self._raise_high_qc(qc)
         self._try_commit(qc)
         if tc is not None and (self.high_tc is None or tc.view > self.high_tc.view):
@@ -398,6 +422,11 @@ class Core:
         txs = self.payload.take(chain, limits.batch_txs_max, limits.batch_bytes_max)
         assert len(txs) <= limits.batch_txs_max, "payload source broke the batch count limit"
         assert sum(map(len, txs)) <= limits.batch_bytes_max, "payload source broke byte limit"
+        justify = self.high_qc
+        if justify.height != parent.height:
+            # Learnt before we held the block, with a false (unsigned) height: the
+            # signatures are genuine, the block settles the height.
+            justify = replace(justify, height=parent.height)
         root_height, root = parent.state_root_height, parent.state_root
         latest_height, latest_root = self.execution.latest_root()
         if root_height < latest_height <= parent.height:
@@ -407,7 +436,7 @@ class Core:
             parent.hash,
             self.view,
             parent.height + 1,
-            self.high_qc,
+            justify,
             max(self.now_ms, parent.timestamp_ms + 1),
             self.me,
             txs,
@@ -435,8 +464,11 @@ class Core:
         self._process_certs(block.justify, proposal.high_tc)
         if block.view < self.view:
             # Late (votes overtook it): keep the block, since a 3-chain may need it.
+            # Only the block our highest QC certifies, though: a leader proposes once per view,
+            # so any other late block for a past view is an equivocation, not one to keep.
             parent = self.tree.get(block.parent_hash)
-            if parent is not None and block.hash not in self.tree and not self.tree.full:
+            certified = block.hash == self.high_qc.block_hash
+            if certified and parent is not None and block.hash not in self.tree:
                 self._validate(block, parent)
                 self.tree.insert(block)
                 self._inserted(block)
@@ -527,12 +559,12 @@ class Core:
         if len(agreeing) < self.membership.quorum:
             return
         agreeing.sort(key=lambda v: v.voter)
+        # The height is not signed: take it from the block when we hold it.
+        block = self.tree.get(vote.block_hash)
+        height = block.height if block is not None else vote.height
         qc = QuorumCert(
-            vote.view, vote.height, vote.block_hash, tuple((v.voter, v.signature) for v in agreeing)
+            vote.view, height, vote.block_hash, tuple((v.voter, v.signature) for v in agreeing)
         )
-        block = self.tree.get(qc.block_hash)
-        if block is not None and block.height != qc.height:
-            raise RemoteError("malformed", "votes name a wrong height for the block")
         self.verifier.remember(qc.digest())
         self.stats.qcs_formed += 1
         self._process_qc(qc)
@@ -603,6 +635,7 @@ class Core:
         if peer == self.me or not self.membership.is_member(peer):
             peer = self._next_sync_peer
         self._sync_peer = peer
+        self._sync_target = target_hash
         self._sync_ticks = 0
         self._next_sync_peer = (self._next_sync_peer + 1) % self.membership.n
         if self._next_sync_peer == self.me:
@@ -613,42 +646,79 @@ class Core:
         )
         self._out.append(Send(peer, request))
 
+    def _check_chain(self, blocks: Sequence[Block]) -> None:
+        """`blocks` is one chain for our chain id that continues what we hold, each block
+        extending the one before it with a justify that certifies it. Cheap checks first,
+        signatures last."""
+        fresh = [
+            b for b in blocks if b.height > self.tree.committed_height and b.hash not in self.tree
+        ]
+        if fresh and fresh[0].parent_hash not in self.tree:
+            raise RemoteError("sync_gap", f"block at height {fresh[0].height} does not chain")
+        for prev, block in itertools.pairwise(blocks):
+            if block.parent_hash != prev.hash:
+                raise RemoteError("sync_gap", f"block at height {block.height} does not chain")
+        if any(block.chain_id != self.membership.chain_id for block in blocks):
+            raise RemoteError("wrong_chain", "sync block for another chain")
+        for block in fresh:
+            parent = self.tree.get(block.parent_hash) or next(
+                (b for b in blocks if b.hash == block.parent_hash), None
+            )
+            assert parent is not None, "checked above"
+            if parent.height != block.justify.height or parent.view != block.justify.view:
+                raise RemoteError("malformed", "sync block justify does not match its parent")
+            self.checker.check_qc(block.justify)
+
+    def _insert_chain(self, blocks: Sequence[Block]) -> list[Block]:
+        """Insert a checked chain from where it first leaves what we hold."""
+        inserted: list[Block] = []
+        for block in blocks:
+            if block.height <= self.tree.committed_height or block.hash in self.tree:
+                continue
+            if self.tree.full:
+                break
+            self.tree.insert(block)
+            self._inserted(block)
+            inserted.append(block)
+        return inserted
+
     def _on_sync_response(self, sender: int, response: SyncResponse) -> None:
         if sender != self._sync_peer:
             raise RemoteError("unsolicited", f"sync response from {sender}")
+        target = self._sync_target
         self._sync_peer = None
         height_before = self.tree.committed_height
         limits = self.limits
         total = len(response.committed) + len(response.proof) + len(response.pending)
         if total > limits.sync_blocks_max + 2 + limits.sync_blocks_max:
             raise RemoteError("oversized_sync", f"{total} blocks")
-        # Every block must chain onto what we hold and carry a valid certificate of its
-        # parent; only then does it enter the tree. Commits then happen through the normal
-        # commit rule, fired by the proof QC: sync never commits anything on its own say.
-        inserted: list[Block] = []
-        for block in (*response.committed, *response.proof, *response.pending):
-            if block.height <= self.tree.committed_height or block.hash in self.tree:
-                continue
-            parent = self.tree.get(block.parent_hash)
-            if parent is None:
-                raise RemoteError("sync_gap", f"block at height {block.height} does not chain")
-            if block.chain_id != self.membership.chain_id:
-                raise RemoteError("wrong_chain", "sync block for another chain")
-            if parent.height != block.justify.height or parent.view != block.justify.view:
-                raise RemoteError("malformed", "sync block justify does not match its parent")
-            self.checker.check_qc(block.justify)
-            if self.tree.full:
-                break
-            self.tree.insert(block)
-            self._inserted(block)
-            inserted.append(block)
+        # Only certified blocks enter the tree. The committed part and its proof form one
+        # chain, each block certified by the next one's justify and the last by the proof
+        # QC; all of it is checked before any of it is kept, and a lie anywhere drops the
+        # whole response (we ask another peer next). The pending part is one chain ending
+        # at the block we asked for, which a QC we hold names; it is judged separately.
+        # Commits then happen through the normal commit rule, fired by the proof QC: sync
+        # never commits anything on its own say.
+        certified = [*response.committed, *response.proof]
+        if certified:
+            self._check_chain(certified)
+            if not 1 <= len(response.proof) <= 2 or response.proof_qc is None:
+                raise RemoteError("bad_sync_proof", "committed blocks without a commit proof")
+            self.checker.check_block_certified(certified[-1], response.proof_qc)
+        inserted = self._insert_chain(certified)
+        if response.pending:
+            try:
+                if not target or response.pending[-1].hash != target:
+                    raise RemoteError("sync_uncertified", "pending blocks do not end at the target")
+                self._check_chain(response.pending)
+            except RemoteError as err:
+                self.dropped[err.reason] += 1
+            else:
+                inserted += self._insert_chain(response.pending)
         for block in inserted:
             self._process_qc(block.justify)
-        if response.proof_qc is not None and response.proof:
-            last = response.proof[-1]
-            if last.hash in self.tree:
-                self.checker.check_block_certified(last, response.proof_qc)
-                self._process_qc(response.proof_qc)
+        if response.proof_qc is not None and response.proof[-1].hash in self.tree:
+            self._process_qc(response.proof_qc)
         # More to fetch from the same peer, as long as each answer moves us forward (a
         # peer that claims more but proves nothing gets asked no further).
         advanced = self.tree.committed_height > height_before

@@ -91,11 +91,18 @@ def assemble_sync_response(
             pending.append(block)
     return SyncResponse(
         committed=tuple(committed),
-        proof=(proof.b1, proof.b2) if proof is not None else (),
+        proof=_proof_blocks(proof),
         proof_qc=proof.qc if proof is not None else None,
         pending=tuple(pending),
         committed_height=committed_height,
     )
+
+
+def _proof_blocks(proof: CommitProof | None) -> tuple[Block, ...]:
+    if proof is None:
+        return ()
+    # b1 is b2 only for the simulator's deliberately broken 2-chain variant.
+    return (proof.b1, proof.b2) if proof.b1.hash != proof.b2.hash else (proof.b2,)
 
 
 def build_sync_response(

@@ -152,19 +152,29 @@ def test_a_forged_proof_qc_is_dropped_and_commits_nothing() -> None:
     assert_dropped_and_nothing_committed(core, actions, "bad_certificate")
 
 
-def test_a_forged_proof_qc_commits_only_what_genuine_qcs_prove() -> None:
-    """In a longer response the genuine certificates commit by themselves: QC(B6), from the
-    waiting proposal's justify, commits B4 (B4 <- B5 <- B6 in consecutive views). The
-    forged proof QC(B7) would have added B5, and it does not."""
+def test_a_forged_proof_qc_drops_the_whole_response_and_the_next_peer_is_asked() -> None:
+    """A response is checked whole before any of it is kept: its committed blocks and proof
+    form one chain, certified link by link and, at the end, by the proof QC. A forged
+    proof QC marks the server as lying, so nothing of its answer enters the tree (not
+    even blocks its genuine inner QCs certify) and the next request goes to another peer.
+    Safety needs only that nothing uncertified commits; dropping everything also keeps a
+    liar's blocks out of the bounded tree."""
     core, request = asking_core()
     honest = build_sync_response(request, server_disk(5), None, TEST_LIMITS)
     assert honest.proof == (BLOCKS[6], BLOCKS[7])
     real = honest.proof_qc
     assert real is not None
     forged = replace(real, signatures=tuple((s, bytes(64)) for s, _ in real.signatures))
+    tree_before = len(core.tree)
     actions = answer(core, replace(honest, proof_qc=forged))
     assert core.dropped == Counter({"bad_certificate": 1})
-    assert commits(actions) == BLOCKS[1:5] and core.committed_height == 4
+    assert commits(actions) == [] and core.committed_height == 0
+    assert len(core.tree) == tree_before
+    # After the retry interval it asks again, another peer this time.
+    asked_again = sent_of(core.on_tick(1_000_000), SyncRequest)
+    for _ in range(TEST_LIMITS.sync_retry_ticks + 1):
+        asked_again += sent_of(core.on_tick(1_000_000), SyncRequest)
+    assert asked_again, "the replica never asked again after the forged answer"
 
 
 def test_a_response_carrying_a_block_with_a_forged_justify_is_dropped() -> None:
