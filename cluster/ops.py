@@ -194,13 +194,14 @@ def stop_nodes(
     spec: ClusterSpec, indexes: list[int] | None = None, *, kill: bool = False
 ) -> list[int]:
     """Stop what `up` started for this directory (SIGTERM, then SIGKILL after a bound)."""
-    targets = {}
+    targets: dict[int, int] = {}
     for i in indexes if indexes is not None else range(spec.n):
         pid = running_pid(spec, i)
         if pid is not None:
             targets[i] = pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    signalled = sorted(targets)
     deadline = time.monotonic() + STOP_TIMEOUT_S
     while targets and time.monotonic() < deadline:
         for i, pid in list(targets.items()):
@@ -211,13 +212,10 @@ def stop_nodes(
     for pid in targets.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    stopped = []
-    for i in indexes if indexes is not None else range(spec.n):
-        pid_path = spec.node_dir(i) / PID_FILE
-        if pid_path.exists() and running_pid(spec, i) is None:
-            pid_path.unlink(missing_ok=True)
-            stopped.append(i)
-    return stopped
+    for i in signalled:
+        # A SIGKILLed process leaves its pid file behind.
+        (spec.node_dir(i) / PID_FILE).unlink(missing_ok=True)
+    return signalled
 
 
 def _zombie(pid: int) -> bool:

@@ -299,6 +299,10 @@ class SimMempool:
             return "unknown transaction"
         return None
 
+    def on_commit(self, blocks: Sequence[Block]) -> None:
+        for block in blocks:
+            self._committed.update(block.payload)
+
 
 class SimExecution:
     """An instant 'sidecar': the state root after height h folds in the block hashes."""

@@ -76,6 +76,12 @@ class PayloadSource(Protocol):
         """None if the payload may be voted for, else the reason it may not."""
         ...
 
+    def on_commit(self, blocks: Sequence[Block]) -> None:
+        """`blocks` just committed: their transactions must never be proposed again. Called
+        by the core at once, before it may lead another block (the shell's `Commit` action
+        comes later, after the batch is durable)."""
+        ...
+
 
 class ExecutionView(Protocol):
     """What the replica knows of its sidecar's state roots (DESIGN §4)."""
@@ -100,6 +106,9 @@ class NoPayload:
 
     def check(self, block: Block) -> str | None:
         return None if not block.payload else "unexpected_payload"
+
+    def on_commit(self, blocks: Sequence[Block]) -> None:
+        return None
 
 
 class NoExecution:
@@ -357,6 +366,7 @@ class Core:
             blocks, proof = committed
             assert proof.b1.parent_hash == blocks[-1].hash, "proof does not prove the commit"
             self.tree.commit(blocks[-1])
+            self.payload.on_commit(blocks)
             self.stats.blocks_committed += len(blocks)
             self._out.append(Commit(tuple(blocks), proof))
 

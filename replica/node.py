@@ -103,7 +103,7 @@ class ReplicaNode:
             )
         self.limits = Limits()
         self.metrics = ReplicaMetrics(index)
-        self.mempool = Mempool(spec.chain_id, MempoolLimits())
+        self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
         self.store: ReplicaStore | None = None
         self.core: Core | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue(maxsize=INBOUND_EVENTS_MAX)
@@ -130,6 +130,11 @@ class ReplicaNode:
         node_dir = self.spec.node_dir(self.index)
         self.store = await ReplicaStore.open(node_dir / DB_FILE, self.spec.chain_id)
         recovered = await self.store.load()
+        # A restarted replica has not seen the log below its head: its replay windows are
+        # then partial (the engine stays the authority on replays).
+        self.mempool = Mempool(
+            self.spec.chain_id, MempoolLimits(), complete_history=recovered.committed.height == 0
+        )
         self.core = Core(
             self.membership,
             self.index,
@@ -251,14 +256,13 @@ class ReplicaNode:
                 if len(self._stored_at) < self.limits.pending_blocks_max:
                     self._stored_at[action.block.hash] = now
             elif isinstance(action, Commit):
-                committed = True
-                self.mempool.on_commit(action.blocks)
+                committed = True  # (the core has told the mempool already)
                 self.metrics.blocks_committed.inc(len(action.blocks))
                 txs = sum(len(b.payload) for b in action.blocks)
                 self.metrics.txs_committed.inc(txs)
                 for block in action.blocks:
-                    started = self._stored_at.pop(block.hash, None)
-                    if started is not None:
+                    started = self._stored_at.pop(block.hash, -1.0)
+                    if started >= 0:
                         self.metrics.commit_latency.observe(now - started)
                 if action.blocks[-1].height % 1000 == 0:
                     log.info("event=committed height=%d", action.blocks[-1].height)
@@ -552,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             import uvloop
         except ImportError:
             return asyncio.run(run_node(spec, args.node))
-        return uvloop.run(run_node(spec, args.node))
+        result: int = uvloop.run(run_node(spec, args.node))
+        return result
     except (OSError, ClusterFileError) as err:
         log.error("event=fatal error=%s", err)
         print(f"quorumgate node {args.node}: {err}", file=sys.stderr)
