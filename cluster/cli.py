@@ -229,6 +229,35 @@ def _cmd_node(args: argparse.Namespace) -> int:
     return node_main(["--dir", args.dir, "--node", str(args.node), "--log-stderr"])
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from cluster.bench import run_bench
+    from cluster.clusterfile import ClusterFileError
+    from cluster.ops import query_status
+
+    try:
+        spec = _load(args)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    down = [i for i in range(spec.n) if not query_status(spec, i).alive]
+    if len(down) > spec.f:
+        return _fail(f"nodes {down} are not serving; start the cluster with `quorumgate up`")
+    report = run_bench(spec, args.seconds, args.inflight, args.clients)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"{report['nodes']} replicas, {report['clients']} client processes, "
+            f"{report['inflight']} in flight, {args.seconds:g} s measured"
+        )
+        print(
+            f"committed {report['committed']} proposals: {report['throughput_per_s']}/s; "
+            f"submit-to-commit p50 {report['p50_ms']} ms, p99 {report['p99_ms']} ms"
+        )
+        if report["refused"]:
+            print(f"refused (back-pressure and errors): {report['refused']}")
+    return 0
+
+
 def _cmd_policy_test(args: argparse.Namespace) -> int:
     from sidecar.policykit import run_policy_test
 
@@ -292,6 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--dir", required=True)
     node.add_argument("--node", type=int, required=True)
     node.set_defaults(func=_cmd_node)
+
+    bench = sub.add_parser("bench", help="closed-loop load against a running cluster")
+    bench.add_argument("--dir", required=True)
+    bench.add_argument("--seconds", type=float, default=10.0)
+    bench.add_argument("--inflight", type=int, default=256, help="proposals in flight, in all")
+    bench.add_argument("--clients", type=int, default=2, help="client processes")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=_cmd_bench)
 
     policy = sub.add_parser("policy", help="operator policy tools")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
