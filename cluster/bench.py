@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
 
 from cluster.clusterfile import ClusterSpec
 from cluster.loadgen import LoadAgent
+from qgpb import client_pb2 as cpb
+from qgpb import client_pb2_grpc as cpb_grpc
 from replica.transport import CHANNEL_OPTIONS
 from sidecar.engine.tx import parse
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
 
 from cluster.clusterfile import ClusterSpec
+from qgpb import client_pb2 as cpb
+from qgpb import client_pb2_grpc as cpb_grpc
 
 PID_FILE = "replica.pid"
 OUT_FILE = "replica.out"

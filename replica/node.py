@@ -32,10 +32,6 @@ from pathlib import Path
 
 import grpc
 from prometheus_client import start_http_server
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from qgpb import consensus_pb2 as pb
-from qgpb import consensus_pb2_grpc as pb_grpc
 
 from cluster.clusterfile import (
     CONSENSUS_KEY_FILE,
@@ -44,6 +40,10 @@ from cluster.clusterfile import (
     load_cluster,
     read_key,
 )
+from qgpb import client_pb2 as cpb
+from qgpb import client_pb2_grpc as cpb_grpc
+from qgpb import consensus_pb2 as pb
+from qgpb import consensus_pb2_grpc as pb_grpc
 from replica.actions import Action, Commit, ScheduleTimeout, Send, StoreBlock, check_send_allowed
 from replica.config import Limits
 from replica.core import Core

@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+
 from qgpb import consensus_pb2 as pb
 from qgpb import consensus_pb2_grpc as pb_grpc
-
 from replica.wire import ENVELOPE_BYTES_MAX
 
 SEND_QUEUE_MESSAGES_MAX = 8_192

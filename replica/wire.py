@@ -9,8 +9,8 @@ Block hashes are recomputed here from the fields, never read from the wire.
 from __future__ import annotations
 
 from google.protobuf.message import DecodeError
-from qgpb import consensus_pb2 as pb
 
+from qgpb import consensus_pb2 as pb
 from replica.safety import SafetyState
 from replica.types import (
     Block,

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf.message import DecodeError
-from qgpb import tx_pb2
 
+from qgpb import tx_pb2
 from sidecar.engine import names
 from sidecar.engine.model import (
     Admin,

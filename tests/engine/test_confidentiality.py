@@ -11,7 +11,6 @@ import base64
 from collections.abc import Iterator
 
 from qgpb import tx_pb2
-
 from sidecar.engine import tx
 from sidecar.engine.core import Engine
 from sidecar.engine.model import (

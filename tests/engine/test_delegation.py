@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from qgpb import tx_pb2
-
 from sidecar.engine import codec
 from sidecar.engine.model import (
     DelegationPolicy,

@@ -6,8 +6,8 @@ import hashlib
 import struct
 
 import pytest
-from qgpb import tx_pb2
 
+from qgpb import tx_pb2
 from sidecar.engine import codec, limits, tx
 from sidecar.engine.model import (
     Admin,
