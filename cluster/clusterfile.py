@@ -7,7 +7,8 @@ its public keys. Private keys live beside it, one file per key, mode 0600, never
     DIR/cluster.json
     DIR/owner.key                      owner (operator) Ed25519 seed, hex
     DIR/node-I/consensus.key           replica I's Ed25519 seed, hex
-    DIR/node-I/                        replica I's database, logs and pid file
+    DIR/node-I/receipt.key             sidecar I's Ed25519 receipt seed, hex
+    DIR/node-I/                        replica and sidecar I's databases, logs, pid files
 
 Replicas on several hosts: give each member the `host` its peers and clients reach it at
 (an address on that host's network) and copy `cluster.json` plus that member's own
@@ -33,9 +34,11 @@ FORMAT = "quorumgate-cluster/1"
 CLUSTER_FILE = "cluster.json"
 OWNER_KEY_FILE = "owner.key"
 CONSENSUS_KEY_FILE = "consensus.key"
+RECEIPT_KEY_FILE = "receipt.key"
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
-PORTS_PER_MEMBER = 2  # replica (peers + clients), replica metrics
+PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
+PORT_FIELDS = ("replica_port", "metrics_port", "sidecar_port", "sidecar_metrics_port")
 
 
 class ClusterFileError(Exception):
@@ -48,11 +51,18 @@ class MemberSpec:
     host: str
     replica_port: int
     metrics_port: int
+    sidecar_port: int
+    sidecar_metrics_port: int
     public_key: bytes
+    receipt_public_key: bytes
 
     @property
     def replica_address(self) -> str:
         return f"{self.host}:{self.replica_port}"
+
+    @property
+    def sidecar_address(self) -> str:
+        return f"{self.host}:{self.sidecar_port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,10 @@ class ClusterSpec:
     @property
     def f(self) -> int:
         return (self.n - 1) // 3
+
+    @property
+    def receipt_keys(self) -> tuple[bytes, ...]:
+        return tuple(m.receipt_public_key for m in self.members)
 
     def membership(self) -> Membership:
         return Membership(
@@ -141,13 +155,19 @@ def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> Clu
         node_dir.mkdir(mode=NODE_DIR_MODE, exist_ok=True)
         seed = secrets.token_bytes(32)
         _write_key(node_dir / CONSENSUS_KEY_FILE, seed)
+        receipt_seed = secrets.token_bytes(32)
+        _write_key(node_dir / RECEIPT_KEY_FILE, receipt_seed)
+        base = i * PORTS_PER_MEMBER
         members.append(
             MemberSpec(
                 index=i,
                 host=host,
-                replica_port=ports[i * PORTS_PER_MEMBER],
-                metrics_port=ports[i * PORTS_PER_MEMBER + 1],
+                replica_port=ports[base],
+                metrics_port=ports[base + 1],
+                sidecar_port=ports[base + 2],
+                sidecar_metrics_port=ports[base + 3],
                 public_key=Ed25519Signer(seed).public_key,
+                receipt_public_key=Ed25519Signer(receipt_seed).public_key,
             )
         )
     _write_key(directory / OWNER_KEY_FILE, owner_seed)
@@ -174,7 +194,10 @@ def write_cluster_file(spec: ClusterSpec) -> None:
                 "host": m.host,
                 "replica_port": m.replica_port,
                 "metrics_port": m.metrics_port,
+                "sidecar_port": m.sidecar_port,
+                "sidecar_metrics_port": m.sidecar_metrics_port,
                 "public_key": m.public_key.hex(),
+                "receipt_public_key": m.receipt_public_key.hex(),
             }
             for m in spec.members
         ],
@@ -235,7 +258,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
         if index != i:
             raise ClusterFileError(f"{mwhere}: index must be {i}")
         ports = []
-        for name in ("replica_port", "metrics_port"):
+        for name in PORT_FIELDS:
             port = _field(raw, name, int, mwhere)
             assert isinstance(port, int)
             if not 1 <= port <= 65535:
@@ -247,7 +270,12 @@ def load_cluster(directory: Path) -> ClusterSpec:
                 host=str(_field(raw, "host", str, mwhere)),
                 replica_port=ports[0],
                 metrics_port=ports[1],
+                sidecar_port=ports[2],
+                sidecar_metrics_port=ports[3],
                 public_key=_hex_key(_field(raw, "public_key", str, mwhere), mwhere),
+                receipt_public_key=_hex_key(
+                    _field(raw, "receipt_public_key", str, mwhere), f"{mwhere}: receipt_public_key"
+                ),
             )
         )
     spec = ClusterSpec(directory, str(chain_id), owner, tuple(members), tick_ms)
@@ -258,7 +286,11 @@ def load_cluster(directory: Path) -> ClusterSpec:
         spec.membership()
     except ValueError as err:
         raise ClusterFileError(f"{where}: {err}") from err
-    endpoints = [(m.host, p) for m in members for p in (m.replica_port, m.metrics_port)]
+    endpoints = [
+        (m.host, p)
+        for m in members
+        for p in (m.replica_port, m.metrics_port, m.sidecar_port, m.sidecar_metrics_port)
+    ]
     if len(set(endpoints)) != len(endpoints):
         raise ClusterFileError(f"{where}: two endpoints share a host and port")
     return spec

@@ -1,4 +1,5 @@
 from qgpb import consensus_pb2 as _consensus_pb2
+from qgpb import sidecar_pb2 as _sidecar_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

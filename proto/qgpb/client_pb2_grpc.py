@@ -4,6 +4,8 @@ import grpc
 import warnings
 
 from qgpb import client_pb2 as qgpb_dot_client__pb2
+from qgpb import consensus_pb2 as qgpb_dot_consensus__pb2
+from qgpb import sidecar_pb2 as qgpb_dot_sidecar__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -54,6 +56,11 @@ class ReplicaStub:
                 request_serializer=qgpb_dot_client__pb2.BlocksRequest.SerializeToString,
                 response_deserializer=qgpb_dot_client__pb2.CommittedBlock.FromString,
                 _registered_method=True)
+        self.ReportStateRoots = channel.stream_unary(
+                '/qgpb.Replica/ReportStateRoots',
+                request_serializer=qgpb_dot_sidecar__pb2.StateRootReport.SerializeToString,
+                response_deserializer=qgpb_dot_consensus__pb2.StreamAck.FromString,
+                _registered_method=True)
 
 
 class ReplicaServicer:
@@ -88,6 +95,14 @@ class ReplicaServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportStateRoots(self, request_iterator, context):
+        """The replica's own sidecar reports the state root after each executed height, signed
+        with its receipt key (anyone else's reports are refused).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicaServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +125,11 @@ def add_ReplicaServicer_to_server(servicer, server):
                     servicer.CommittedBlocks,
                     request_deserializer=qgpb_dot_client__pb2.BlocksRequest.FromString,
                     response_serializer=qgpb_dot_client__pb2.CommittedBlock.SerializeToString,
+            ),
+            'ReportStateRoots': grpc.stream_unary_rpc_method_handler(
+                    servicer.ReportStateRoots,
+                    request_deserializer=qgpb_dot_sidecar__pb2.StateRootReport.FromString,
+                    response_serializer=qgpb_dot_consensus__pb2.StreamAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +240,33 @@ class Replica:
             '/qgpb.Replica/CommittedBlocks',
             qgpb_dot_client__pb2.BlocksRequest.SerializeToString,
             qgpb_dot_client__pb2.CommittedBlock.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStateRoots(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/qgpb.Replica/ReportStateRoots',
+            qgpb_dot_sidecar__pb2.StateRootReport.SerializeToString,
+            qgpb_dot_consensus__pb2.StreamAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,297 @@
+"""Receipts and verdict certificates (DESIGN §4.8): pure, offline-verifiable.
+
+Each sidecar signs one statement per executed block — `(chain id, height, verdict root,
+state root, leaf count)` — where the verdict root is the Merkle root (RFC 6962 §2.1) of
+that block's receipt leaves, one per transaction in block order. A receipt for one
+proposal is that signature plus the leaf and its inclusion path. Honest sidecars execute
+the same committed log deterministically, so they sign the same root: a **certificate** is
+one leaf and path with signatures from f+1 distinct members' receipt keys, which guarantees
+at least one honest witness. `verify_certificate` checks one against the cluster file's
+receipt keys, with no network and no clock; the client SDK and tool executors call it.
+
+Leaves carry the reason code for operators; the SDK never hands it to a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
+
+from replica.canonical import Encoder
+from sidecar.engine.statements import Verdict
+
+TAG_LEAF = b"qg/receipt-leaf/v1"
+TAG_BLOCK = b"qg/receipt/v1"
+TAG_ROOT_REPORT = b"qg/state-root/v1"
+HASH_BYTES = 32
+LEAVES_PER_BLOCK_MAX = 1 << 20
+PATH_HASHES_MAX = 21  # ceil(log2(LEAVES_PER_BLOCK_MAX)) + 1
+EMPTY_ROOT = hashlib.sha256(b"").digest()
+
+
+class CertificateError(Exception):
+    """A certificate that does not prove what it claims; `reason` names why."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptLeaf:
+    height: int
+    index: int
+    tx_id: bytes
+    proposal_id: bytes
+    kind: str
+    outcome: str
+    reason: str
+    target_digest: bytes
+    card_digest: bytes
+    mandate_version: int
+
+    def to_bytes(self, chain_id: str) -> bytes:
+        enc = Encoder(TAG_LEAF).text(chain_id).u64(self.height).u32(self.index)
+        enc.blob(self.tx_id).blob(self.proposal_id).text(self.kind).text(self.outcome)
+        enc.text(self.reason).blob(self.target_digest).blob(self.card_digest)
+        enc.u64(self.mandate_version)
+        return bytes(enc)
+
+    def hash(self, chain_id: str) -> bytes:
+        return _leaf_hash(self.to_bytes(chain_id))
+
+    @property
+    def allows(self) -> bool:
+        """The call may run: allow, or flag (an allow recorded as a finding)."""
+        return self.outcome in ("allow", "flag")
+
+
+def leaf_from_verdict(height: int, index: int, verdict: Verdict) -> ReceiptLeaf:
+    return ReceiptLeaf(
+        height=height,
+        index=index,
+        tx_id=verdict.tx_id,
+        proposal_id=verdict.proposal_id or verdict.tx_id,
+        kind=verdict.kind.value,
+        outcome=verdict.outcome.value,
+        reason=verdict.reason.value,
+        target_digest=verdict.target_digest,
+        card_digest=verdict.card_digest,
+        mandate_version=verdict.mandate_version,
+    )
+
+
+# ------------------------------------------------------------------ Merkle tree (RFC 6962)
+
+
+def _leaf_hash(data: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def _node_hash(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def _split(n: int) -> int:
+    """The largest power of two smaller than n (n > 1)."""
+    k = 1
+    while k * 2 < n:
+        k *= 2
+    return k
+
+
+def merkle_root(hashes: Sequence[bytes]) -> bytes:
+    if not hashes:
+        return EMPTY_ROOT
+    if len(hashes) == 1:
+        return hashes[0]
+    k = _split(len(hashes))
+    return _node_hash(merkle_root(hashes[:k]), merkle_root(hashes[k:]))
+
+
+def merkle_path(hashes: Sequence[bytes], index: int) -> list[bytes]:
+    """Sibling hashes from the leaf up to the root (RFC 6962 §2.1.1 audit path)."""
+    assert 0 <= index < len(hashes), "leaf index out of range"
+    if len(hashes) == 1:
+        return []
+    k = _split(len(hashes))
+    if index < k:
+        return [*merkle_path(hashes[:k], index), merkle_root(hashes[k:])]
+    return [*merkle_path(hashes[k:], index - k), merkle_root(hashes[:k])]
+
+
+def all_paths(hashes: Sequence[bytes]) -> list[list[bytes]]:
+    """The path of every leaf, sharing subtree roots (O(n log n))."""
+    n = len(hashes)
+    if n == 0:
+        return []
+    if n == 1:
+        return [[]]
+    k = _split(n)
+    left, right = hashes[:k], hashes[k:]
+    left_root, right_root = merkle_root(left), merkle_root(right)
+    return [[*p, right_root] for p in all_paths(left)] + [[*p, left_root] for p in all_paths(right)]
+
+
+def root_from_path(leaf_hash: bytes, index: int, count: int, path: Sequence[bytes]) -> bytes:
+    if not 0 <= index < count:
+        raise CertificateError("bad_path", "leaf index outside the block")
+    if count == 1:
+        if path:
+            raise CertificateError("bad_path", "path too long")
+        return leaf_hash
+    if not path:
+        raise CertificateError("bad_path", "path too short")
+    k = _split(count)
+    if index < k:
+        return _node_hash(root_from_path(leaf_hash, index, k, path[:-1]), path[-1])
+    return _node_hash(path[-1], root_from_path(leaf_hash, index - k, count - k, path[:-1]))
+
+
+# ------------------------------------------------------------------ signed statements
+
+
+def block_statement(
+    chain_id: str, height: int, verdict_root: bytes, state_root: bytes, leaf_count: int
+) -> bytes:
+    enc = Encoder(TAG_BLOCK).text(chain_id).u64(height).raw(verdict_root)
+    return bytes(enc.blob(state_root).u32(leaf_count))
+
+
+def root_report_statement(chain_id: str, height: int, state_root: bytes) -> bytes:
+    return bytes(Encoder(TAG_ROOT_REPORT).text(chain_id).u64(height).blob(state_root))
+
+
+def _verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    try:
+        VerifyKey(public_key).verify(message, signature)
+    except (BadSignatureError, ValueError, TypeError):
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class SignedBlock:
+    """One sidecar's signed statement over one executed block."""
+
+    height: int
+    verdict_root: bytes
+    state_root: bytes
+    leaf_count: int
+    signer: int
+    signature: bytes
+
+
+def sign_block(
+    key: SigningKey,
+    signer: int,
+    chain_id: str,
+    height: int,
+    verdict_root: bytes,
+    state_root: bytes,
+    leaf_count: int,
+) -> SignedBlock:
+    message = block_statement(chain_id, height, verdict_root, state_root, leaf_count)
+    signature = bytes(key.sign(message).signature)
+    return SignedBlock(height, verdict_root, state_root, leaf_count, signer, signature)
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    leaf: ReceiptLeaf
+    path: tuple[bytes, ...]
+    block: SignedBlock
+
+
+@dataclass(frozen=True, slots=True)
+class Certificate:
+    chain_id: str
+    leaf: ReceiptLeaf
+    path: tuple[bytes, ...]
+    leaf_count: int
+    verdict_root: bytes
+    state_root: bytes
+    signatures: tuple[tuple[int, bytes], ...] = field(default=())
+
+    @property
+    def signers(self) -> tuple[int, ...]:
+        return tuple(s for s, _ in self.signatures)
+
+
+def assemble_certificate(chain_id: str, receipts: Sequence[Receipt]) -> Certificate:
+    """Combine receipts that agree on the leaf and the signed block statement. Receipts
+    that disagree with the first are left out (the caller asked f+1 or more sidecars and
+    checks the result with `verify_certificate`)."""
+    if not receipts:
+        raise CertificateError("no_receipts")
+    first = receipts[0]
+    agreeing: dict[int, bytes] = {}
+    for r in receipts:
+        b = r.block
+        same = (
+            r.leaf == first.leaf
+            and b.verdict_root == first.block.verdict_root
+            and b.state_root == first.block.state_root
+            and b.leaf_count == first.block.leaf_count
+            and b.height == first.block.height
+        )
+        if same:
+            agreeing.setdefault(b.signer, b.signature)
+    return Certificate(
+        chain_id=chain_id,
+        leaf=first.leaf,
+        path=first.path,
+        leaf_count=first.block.leaf_count,
+        verdict_root=first.block.verdict_root,
+        state_root=first.block.state_root,
+        signatures=tuple(sorted(agreeing.items())),
+    )
+
+
+def verify_certificate(
+    cert: Certificate,
+    chain_id: str,
+    receipt_keys: Sequence[bytes],
+    *,
+    proposal_id: bytes | None = None,
+) -> ReceiptLeaf:
+    """Return the certified leaf, or raise `CertificateError` naming what is wrong.
+
+    Checks: the chain id; the leaf's inclusion under the verdict root; signatures from at
+    least f+1 *distinct members* (by position in `receipt_keys`, from the cluster file)
+    over the same block statement; and, when given, that it answers `proposal_id`.
+    """
+    n = len(receipt_keys)
+    f = (n - 1) // 3
+    if cert.chain_id != chain_id:
+        raise CertificateError("wrong_chain", "certificate for another chain")
+    if proposal_id is not None and cert.leaf.proposal_id != proposal_id:
+        raise CertificateError("wrong_proposal", "certificate answers another proposal")
+    if cert.leaf_count > LEAVES_PER_BLOCK_MAX or len(cert.path) > PATH_HASHES_MAX:
+        raise CertificateError("bad_path", "more leaves or path hashes than a block holds")
+    if cert.leaf.height == 0:
+        raise CertificateError("bad_leaf", "height 0 holds no verdicts")
+    root = root_from_path(cert.leaf.hash(chain_id), cert.leaf.index, cert.leaf_count, cert.path)
+    if root != cert.verdict_root:
+        raise CertificateError("bad_path", "the leaf is not under the signed verdict root")
+    message = block_statement(
+        chain_id, cert.leaf.height, cert.verdict_root, cert.state_root, cert.leaf_count
+    )
+    valid: set[int] = set()
+    for signer, signature in cert.signatures:
+        if not 0 <= signer < n:
+            raise CertificateError("non_member", f"signer {signer} is not a member")
+        if signer in valid:
+            raise CertificateError("duplicate_signer", f"signer {signer} counted twice")
+        if not _verify(receipt_keys[signer], message, signature):
+            raise CertificateError("bad_signature", f"signature of sidecar {signer}")
+        valid.add(signer)
+    if len(valid) < f + 1:
+        raise CertificateError(
+            "too_few_receipts", f"{len(valid)} agreeing sidecars, {f + 1} needed (f={f})"
+        )
+    return cert.leaf

@@ -1,0 +1,96 @@
+"""Protobuf <-> domain for receipts and certificates (sidecar/receipts.py)."""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+
+from qgpb import sidecar_pb2 as spb
+from sidecar.receipts import Certificate, CertificateError, Receipt, ReceiptLeaf, SignedBlock
+
+
+def leaf_to_pb(leaf: ReceiptLeaf, out: spb.ReceiptLeaf) -> None:
+    out.height = leaf.height
+    out.index = leaf.index
+    out.tx_id = leaf.tx_id
+    out.proposal_id = leaf.proposal_id
+    out.kind = leaf.kind
+    out.outcome = leaf.outcome
+    out.reason = leaf.reason
+    out.target_digest = leaf.target_digest
+    out.card_digest = leaf.card_digest
+    out.mandate_version = leaf.mandate_version
+
+
+def leaf_from_pb(msg: spb.ReceiptLeaf) -> ReceiptLeaf:
+    return ReceiptLeaf(
+        height=msg.height,
+        index=msg.index,
+        tx_id=msg.tx_id,
+        proposal_id=msg.proposal_id,
+        kind=msg.kind,
+        outcome=msg.outcome,
+        reason=msg.reason,
+        target_digest=msg.target_digest,
+        card_digest=msg.card_digest,
+        mandate_version=msg.mandate_version,
+    )
+
+
+def receipt_to_pb(receipt: Receipt) -> spb.Receipt:
+    out = spb.Receipt(
+        path=list(receipt.path),
+        leaf_count=receipt.block.leaf_count,
+        verdict_root=receipt.block.verdict_root,
+        state_root=receipt.block.state_root,
+        signer=receipt.block.signer,
+        signature=receipt.block.signature,
+    )
+    leaf_to_pb(receipt.leaf, out.leaf)
+    return out
+
+
+def receipt_from_pb(msg: spb.Receipt) -> Receipt:
+    leaf = leaf_from_pb(msg.leaf)
+    block = SignedBlock(
+        leaf.height, msg.verdict_root, msg.state_root, msg.leaf_count, msg.signer, msg.signature
+    )
+    return Receipt(leaf, tuple(msg.path), block)
+
+
+def certificate_to_pb(cert: Certificate) -> spb.Certificate:
+    out = spb.Certificate(
+        path=list(cert.path),
+        leaf_count=cert.leaf_count,
+        verdict_root=cert.verdict_root,
+        state_root=cert.state_root,
+        chain_id=cert.chain_id,
+    )
+    leaf_to_pb(cert.leaf, out.leaf)
+    for signer, signature in cert.signatures:
+        out.signatures.add(signer=signer, signature=signature)
+    return out
+
+
+def certificate_from_pb(msg: spb.Certificate) -> Certificate:
+    return Certificate(
+        chain_id=msg.chain_id,
+        leaf=leaf_from_pb(msg.leaf),
+        path=tuple(msg.path),
+        leaf_count=msg.leaf_count,
+        verdict_root=msg.verdict_root,
+        state_root=msg.state_root,
+        signatures=tuple((s.signer, s.signature) for s in msg.signatures),
+    )
+
+
+def encode_certificate(cert: Certificate) -> bytes:
+    return bytes(certificate_to_pb(cert).SerializeToString())
+
+
+def decode_certificate(data: bytes) -> Certificate:
+    msg = spb.Certificate()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as err:
+        raise CertificateError("malformed", "undecodable certificate") from err
+    return certificate_from_pb(msg)
