@@ -118,7 +118,8 @@ def _write_key(path: Path, seed: bytes) -> None:
         handle.write(seed.hex() + "\n")
 
 
-def read_key(path: Path) -> Ed25519Signer:
+def read_seed(path: Path) -> bytes:
+    """A 32-byte key seed from a file only its owner may read."""
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
         text = path.read_text().strip()
@@ -132,7 +133,11 @@ def read_key(path: Path) -> Ed25519Signer:
         raise ClusterFileError(f"key file {path} is not hex") from err
     if len(seed) != 32:
         raise ClusterFileError(f"key file {path} must hold a 32-byte seed")
-    return Ed25519Signer(seed)
+    return seed
+
+
+def read_key(path: Path) -> Ed25519Signer:
+    return Ed25519Signer(read_seed(path))
 
 
 def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> ClusterSpec:

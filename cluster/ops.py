@@ -23,9 +23,10 @@ import grpc
 from cluster.clusterfile import ClusterSpec
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
+from qgpb import sidecar_pb2 as spb
+from qgpb import sidecar_pb2_grpc as spb_grpc
 
-PID_FILE = "replica.pid"
-OUT_FILE = "replica.out"
+PID_FILE = "replica.pid"  # the replica's; the sidecar's is sidecar.pid
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 STATUS_RPC_TIMEOUT_S = 1.0
@@ -64,16 +65,12 @@ class NodeStatus:
         }
 
 
-def node_command(spec: ClusterSpec, index: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "replica.node",
-        "--dir",
-        str(spec.directory.resolve()),
-        "--node",
-        str(index),
-    ]
+MODULES = {"replica": "replica.node", "sidecar": "sidecar.node"}
+
+
+def node_command(spec: ClusterSpec, index: int, kind: str = "replica") -> list[str]:
+    directory = str(spec.directory.resolve())
+    return [sys.executable, "-m", MODULES[kind], "--dir", directory, "--node", str(index)]
 
 
 def _cmdline(pid: int) -> list[str] | None:
@@ -84,9 +81,9 @@ def _cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def running_pid(spec: ClusterSpec, index: int) -> int | None:
-    """The pid of node `index` of this cluster directory if it is running, else None."""
-    pid_path = spec.node_dir(index) / PID_FILE
+def running_pid(spec: ClusterSpec, index: int, kind: str = "replica") -> int | None:
+    """The pid of the `kind` process of node `index` of this cluster if it runs, else None."""
+    pid_path = spec.node_dir(index) / f"{kind}.pid"
     try:
         pid = int(pid_path.read_text().strip())
     except (OSError, ValueError):
@@ -94,7 +91,7 @@ def running_pid(spec: ClusterSpec, index: int) -> int | None:
     cmd = _cmdline(pid)
     if cmd is None:
         return None
-    want = node_command(spec, index)[1:]
+    want = node_command(spec, index, kind)[1:]
     return pid if cmd[1:] == want else None
 
 
@@ -108,29 +105,81 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def start_nodes(spec: ClusterSpec, indexes: list[int]) -> dict[int, subprocess.Popen[bytes]]:
-    """Start the given members; refuse if one is running or one of its ports is taken."""
+def _ports(spec: ClusterSpec, index: int, kind: str) -> list[tuple[str, int]]:
+    m = spec.member(index)
+    if kind == "replica":
+        return [("replica", m.replica_port), ("replica metrics", m.metrics_port)]
+    return [("sidecar", m.sidecar_port), ("sidecar metrics", m.sidecar_metrics_port)]
+
+
+def start_nodes(
+    spec: ClusterSpec, indexes: list[int], kind: str = "replica"
+) -> dict[int, subprocess.Popen[bytes]]:
+    """Start the `kind` process of the given members; refuse, starting nothing, if one is
+    running already or one of its ports is taken."""
     for i in indexes:
-        pid = running_pid(spec, i)
+        pid = running_pid(spec, i, kind)
         if pid is not None:
-            raise OpsError(f"node {i} is already running (pid {pid}); `quorumgate down` first")
-        m = spec.member(i)
-        for name, port in (("replica", m.replica_port), ("metrics", m.metrics_port)):
-            if not _port_free(m.host, port):
-                raise OpsError(f"port {port} ({name} of node {i}) on {m.host} is in use")
+            raise OpsError(f"{kind} {i} is already running (pid {pid}); `quorumgate down` first")
+        host = spec.member(i).host
+        for name, port in _ports(spec, i, kind):
+            if not _port_free(host, port):
+                raise OpsError(f"port {port} ({name} of node {i}) on {host} is in use")
     procs: dict[int, subprocess.Popen[bytes]] = {}
     for i in indexes:
         node_dir = spec.node_dir(i)
         node_dir.mkdir(mode=0o700, exist_ok=True)
-        with open(node_dir / OUT_FILE, "ab") as out:
+        with open(node_dir / f"{kind}.out", "ab") as out:
             procs[i] = subprocess.Popen(
-                node_command(spec, i),
+                node_command(spec, i, kind),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
     return procs
+
+
+def start_sidecars(spec: ClusterSpec, indexes: list[int]) -> dict[int, subprocess.Popen[bytes]]:
+    return start_nodes(spec, indexes, "sidecar")
+
+
+def sidecar_status(
+    spec: ClusterSpec, index: int, timeout_s: float = STATUS_RPC_TIMEOUT_S
+) -> spb.SidecarStatusReply | None:
+    with grpc.insecure_channel(spec.member(index).sidecar_address) as channel:
+        stub = spb_grpc.SidecarStub(channel)
+        try:
+            reply: spb.SidecarStatusReply = stub.Status(
+                spb.SidecarStatusRequest(), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return None
+    return reply
+
+
+def wait_sidecars_serving(
+    spec: ClusterSpec,
+    indexes: list[int],
+    procs: dict[int, subprocess.Popen[bytes]] | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = set(indexes)
+    while waiting:
+        for i in sorted(waiting):
+            proc = (procs or {}).get(i)
+            if proc is not None and proc.poll() is not None:
+                raise OpsError(
+                    f"sidecar {i} exited with status {proc.returncode}:\n"
+                    f"{log_tail(spec, i, kind='sidecar')}"
+                )
+            if sidecar_status(spec, i, timeout_s=0.5) is not None:
+                waiting.discard(i)
+        if waiting and time.monotonic() > deadline:
+            raise OpsError(f"sidecars {sorted(waiting)} did not start serving in {timeout_s:.0f} s")
+        if waiting:
+            time.sleep(POLL_INTERVAL_S)
 
 
 def query_status(
@@ -181,10 +230,10 @@ def wait_serving(
             time.sleep(POLL_INTERVAL_S)
 
 
-def log_tail(spec: ClusterSpec, index: int, lines: int = 15) -> str:
+def log_tail(spec: ClusterSpec, index: int, lines: int = 15, kind: str = "replica") -> str:
     node_dir = spec.node_dir(index)
     text = ""
-    for name in (OUT_FILE, "replica.log"):
+    for name in (f"{kind}.out", f"{kind}.log"):
         with contextlib.suppress(OSError):
             text += (node_dir / name).read_text(errors="replace")
     return "\n".join(text.splitlines()[-lines:])
@@ -193,10 +242,17 @@ def log_tail(spec: ClusterSpec, index: int, lines: int = 15) -> str:
 def stop_nodes(
     spec: ClusterSpec, indexes: list[int] | None = None, *, kill: bool = False
 ) -> list[int]:
-    """Stop what `up` started for this directory (SIGTERM, then SIGKILL after a bound)."""
+    """Stop what `up` started for this directory (SIGTERM, then SIGKILL after a bound):
+    each member's sidecar, then its replica. Returns the members that had something."""
+    stopped = set(_stop_kind(spec, indexes, kill, "sidecar"))
+    stopped.update(_stop_kind(spec, indexes, kill, "replica"))
+    return sorted(stopped)
+
+
+def _stop_kind(spec: ClusterSpec, indexes: list[int] | None, kill: bool, kind: str) -> list[int]:
     targets: dict[int, int] = {}
     for i in indexes if indexes is not None else range(spec.n):
-        pid = running_pid(spec, i)
+        pid = running_pid(spec, i, kind)
         if pid is not None:
             targets[i] = pid
             with contextlib.suppress(ProcessLookupError):
@@ -214,7 +270,7 @@ def stop_nodes(
             os.kill(pid, signal.SIGKILL)
     for i in signalled:
         # A SIGKILLed process leaves its pid file behind.
-        (spec.node_dir(i) / PID_FILE).unlink(missing_ok=True)
+        (spec.node_dir(i) / f"{kind}.pid").unlink(missing_ok=True)
     return signalled
 
 

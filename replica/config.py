@@ -91,6 +91,9 @@ class Limits:
     sync_blocks_max: int = 256
     sync_bytes_max: int = 16 * 1024 * 1024
     sync_retry_ticks: int = 50
+    # A leader carries the state root of a height at least this far below its block, so
+    # every voter's sidecar has had time to execute it (DESIGN §4: "a fixed lag behind").
+    state_root_lag_blocks: int = 4
     # Verified-certificate cache entries (a QC is checked once, not at every sighting).
     verified_cache_max: int = 4_096
 

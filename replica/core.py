@@ -238,6 +238,7 @@ class Core:
                 self._local_timeout()
         elif self._ticks_in_view - self._timeout_sent_tick >= self.limits.view_timeout_ticks_base:
             self._local_timeout()  # re-broadcast the same timeout while the view is stuck
+        self._retry_waiting()
         self._sync_ticks += 1
         if self._sync_peer is not None and self._sync_ticks >= self.limits.sync_retry_ticks:
             self._sync_peer = None  # no answer: the next request goes to another peer
@@ -438,9 +439,12 @@ class Core:
             # signatures are genuine, the block settles the height.
             justify = replace(justify, height=parent.height)
         root_height, root = parent.state_root_height, parent.state_root
-        latest_height, latest_root = self.execution.latest_root()
-        if root_height < latest_height <= parent.height:
-            root_height, root = latest_height, latest_root
+        latest_height, _ = self.execution.latest_root()
+        carried = min(latest_height, parent.height + 1 - self.limits.state_root_lag_blocks)
+        if carried > root_height:
+            known = self.execution.root_at(carried)
+            if known is not None:
+                root_height, root = carried, known
         block = Block.create(
             self.membership.chain_id,
             parent.hash,
@@ -499,7 +503,39 @@ class Core:
             self._waiting = proposal
             self._request_sync(sender, block.parent_hash)
             return
+        if self._root_pending(block):
+            # Our own sidecar has not executed that height yet: wait for it (until the
+            # view ends) rather than refuse; on_tick and on_state_root try again.
+            self._waiting = proposal
+            return
         self._accept_proposal(block)
+
+    def _root_pending(self, block: Block) -> bool:
+        return (
+            block.state_root_height > 0
+            and self.execution.root_at(block.state_root_height) is None
+            and block.state_root_height > self.execution.latest_root()[0]
+        )
+
+    def on_state_root(self) -> list[Action]:
+        """The sidecar reported a new state root: a proposal waiting for it may go on."""
+        self._retry_waiting()
+        return self._flush()
+
+    def _retry_waiting(self) -> None:
+        waiting = self._waiting
+        if waiting is None:
+            return
+        block = waiting.block
+        if block.view != self.view or block.view in self._proposal_seen:
+            self._waiting = None
+            return
+        if block.parent_hash in self.tree and not self._root_pending(block):
+            self._waiting = None
+            try:
+                self._accept_proposal(block)
+            except RemoteError as err:
+                self.dropped[err.reason] += 1
 
     def _validate(self, block: Block, parent: Block) -> None:
         limits = self.limits

@@ -44,16 +44,19 @@ from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from qgpb import consensus_pb2 as pb
 from qgpb import consensus_pb2_grpc as pb_grpc
+from qgpb import sidecar_pb2 as spb
+from qgpb import sidecar_pb2_grpc as spb_grpc
 from replica.actions import Action, Commit, ScheduleTimeout, Send, StoreBlock, check_send_allowed
 from replica.config import Limits
 from replica.core import Core
-from replica.crypto import Ed25519Signer
+from replica.crypto import Ed25519Signer, ed25519_verify
 from replica.mempool import Mempool, MempoolLimits
 from replica.metrics import ReplicaMetrics
 from replica.storage import ReplicaStore
 from replica.transport import CHANNEL_OPTIONS, PeerLink
 from replica.types import Envelope, RemoteError, SyncRequest, SyncResponse
 from replica.wire import block_to_pb, envelope_from_pb, envelope_to_pb
+from sidecar.receipts import root_report_statement
 
 INBOUND_EVENTS_MAX = 20_000
 EVENTS_PER_BATCH_MAX = 512
@@ -67,6 +70,20 @@ LOG_FILE = "replica.log"
 DB_FILE = "replica.db"
 
 log = logging.getLogger("quorumgate.replica")
+
+# Refusals the sidecar's admission check may give early, and their status codes; anything
+# else it says goes on to the mempool and to execution, which decides.
+SIDECAR_REFUSALS = {
+    "unknown_signer": grpc.StatusCode.PERMISSION_DENIED,
+    "unknown_tool": grpc.StatusCode.NOT_FOUND,
+    "not_owner": grpc.StatusCode.PERMISSION_DENIED,
+    "not_an_agent": grpc.StatusCode.PERMISSION_DENIED,
+    "malformed": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_signature": grpc.StatusCode.INVALID_ARGUMENT,
+    "wrong_chain": grpc.StatusCode.FAILED_PRECONDITION,
+    "replayed": grpc.StatusCode.ALREADY_EXISTS,
+}
+SIDECAR_REFUSAL_DETAIL = "refused before ordering by the execution sidecar's admission check"
 
 STATUS_CODES = {
     "OK": grpc.StatusCode.OK,
@@ -87,7 +104,47 @@ class _NewTransactions:
     pass
 
 
-Event = Envelope | _Tick | _NewTransactions
+@dataclass(frozen=True, slots=True)
+class _NewStateRoot:
+    pass
+
+
+Event = Envelope | _Tick | _NewTransactions | _NewStateRoot
+
+STATE_ROOTS_KEPT = 4_096
+ADMIT_RPC_TIMEOUT_S = 2.0
+
+
+class SidecarRoots:
+    """The core's ExecutionView: state roots this replica's own sidecar reported (signed
+    with its receipt key), the most recent `STATE_ROOTS_KEPT` of them."""
+
+    def __init__(self) -> None:
+        self._roots: dict[int, bytes] = {}
+        self._latest = (0, b"")
+
+    def add(self, height: int, root: bytes) -> bool:
+        if height in self._roots or height <= self._latest[0] - STATE_ROOTS_KEPT:
+            return False
+        self._roots[height] = root
+        if height > self._latest[0]:
+            self._latest = (height, root)
+        if len(self._roots) > STATE_ROOTS_KEPT:
+            del self._roots[min(self._roots)]
+        return True
+
+    def forget(self) -> None:
+        """The sidecar restarted from scratch (a replay): its old reports no longer hold."""
+        self._roots.clear()
+        self._latest = (0, b"")
+
+    def latest_root(self) -> tuple[int, bytes]:
+        return self._latest
+
+    def root_at(self, height: int) -> bytes | None:
+        if height == 0:
+            return b""
+        return self._roots.get(height)
 
 
 class ReplicaNode:
@@ -104,8 +161,13 @@ class ReplicaNode:
         self.limits = Limits()
         self.metrics = ReplicaMetrics(index)
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
+        self.mempool_tx_bytes_max = MempoolLimits().tx_bytes_max
         self.store: ReplicaStore | None = None
         self.core: Core | None = None
+        self.roots = SidecarRoots()
+        self._sidecar_channel: grpc.aio.Channel | None = None
+        self._sidecar: spb_grpc.SidecarStub | None = None
+        self._roots_queued = False
         self._events: asyncio.Queue[Event] = asyncio.Queue(maxsize=INBOUND_EVENTS_MAX)
         self._tick_queued = False
         self._txs_queued = False
@@ -141,6 +203,7 @@ class ReplicaNode:
             self.signer,
             limits=self.limits,
             payload=self.mempool,
+            execution=self.roots,
             recovered=recovered,
             now_ms=self._now_ms(),
         )
@@ -154,6 +217,10 @@ class ReplicaNode:
             raise OSError(f"cannot listen on {address} (port in use?)") from err
         await server.start()
         self._server = server
+        self._sidecar_channel = grpc.aio.insecure_channel(
+            self.member.sidecar_address, options=CHANNEL_OPTIONS
+        )
+        self._sidecar = spb_grpc.SidecarStub(self._sidecar_channel)
         start_http_server(self.member.metrics_port, self.member.host, self.metrics.registry)
         for m in self.spec.members:
             if m.index != self.index:
@@ -184,6 +251,8 @@ class ReplicaNode:
             await link.stop()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        if self._sidecar_channel is not None:
+            await self._sidecar_channel.close()
         if self.store is not None:
             await self.store.close()
         log.info("event=stopped node=%d", self.index)
@@ -231,6 +300,9 @@ class ReplicaNode:
                 elif isinstance(event, _NewTransactions):
                     self._txs_queued = False
                     actions += core.on_transactions()
+                elif isinstance(event, _NewStateRoot):
+                    self._roots_queued = False
+                    actions += core.on_state_root()
                 else:
                     actions += core.on_message(event)
             await self._execute(actions)
@@ -334,6 +406,34 @@ class ReplicaNode:
             return
         response = await store.sync_response(request, core, self.limits)
         self._send(Send(envelope.sender, response))
+
+    # ------------------------------------------------------------------ the sidecar
+
+    def on_state_root(self, height: int, root: bytes, signature: bytes) -> bool:
+        """A report from our sidecar; False (and nothing kept) if not signed by its key."""
+        message = root_report_statement(self.spec.chain_id, height, root)
+        if not ed25519_verify(self.member.receipt_public_key, message, signature):
+            self.metrics.dropped.labels("bad_root_report").inc()
+            return False
+        if height < self.roots.latest_root()[0] - STATE_ROOTS_KEPT // 2:
+            self.roots.forget()  # our sidecar started over (replay): heights went back
+        if self.roots.add(height, root) and not self._roots_queued:
+            self._roots_queued = self.enqueue(_NewStateRoot())
+        return True
+
+    async def sidecar_admission(self, tx: bytes) -> tuple[bool, str]:
+        """Ask our sidecar whether the engine would refuse `tx` early (unknown agent or
+        tool, replay...). The verdict at execution stays the authority, so when the sidecar
+        cannot answer the transaction goes on to the mempool's own checks."""
+        stub = self._sidecar
+        if stub is None:
+            return True, ""
+        try:
+            reply = await stub.Admit(spb.AdmitRequest(tx=tx), timeout=ADMIT_RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            self.metrics.submissions.labels("unchecked", "sidecar_unavailable").inc()
+            return True, ""
+        return reply.accepted, reply.reason
 
     # ------------------------------------------------------------------ gossip
 
@@ -448,8 +548,20 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     def __init__(self, node: ReplicaNode) -> None:
         self.node = node
 
-    def _admit(self, request: cpb.SubmitRequest) -> cpb.SubmitReply:
+    async def _admit(self, request: cpb.SubmitRequest) -> cpb.SubmitReply:
         node = self.node
+        if len(request.tx) <= node.mempool_tx_bytes_max:
+            accepted, reason = await node.sidecar_admission(request.tx)
+            if not accepted and reason in SIDECAR_REFUSALS:
+                status = SIDECAR_REFUSALS[reason]
+                node.metrics.submissions.labels("refused", reason).inc()
+                return cpb.SubmitReply(
+                    request_id=request.request_id,
+                    accepted=False,
+                    reason=reason,
+                    detail=SIDECAR_REFUSAL_DETAIL,
+                    code=status.value[0],
+                )
         admission = node.mempool.admit(request.tx)
         result = "accepted" if admission.accepted else "refused"
         node.metrics.submissions.labels(result, admission.reason or "ok").inc()
@@ -469,7 +581,7 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     async def Submit(
         self, request: cpb.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> cpb.SubmitReply:
-        reply = self._admit(request)
+        reply = await self._admit(request)
         if not reply.accepted:
             code = next(c for c in grpc.StatusCode if c.value[0] == reply.code)
             await context.abort(
@@ -481,12 +593,26 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         self, request_iterator: AsyncIterator[cpb.SubmitRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cpb.SubmitReply]:
         async for request in request_iterator:
-            yield self._admit(request)
+            yield await self._admit(request)
 
     async def Status(
         self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> cpb.StatusReply:
         return self.node.status()
+
+    async def ReportStateRoots(
+        self,
+        request_iterator: AsyncIterator[spb.StateRootReport],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.StreamAck:
+        received = 0
+        async for report in request_iterator:
+            if not self.node.on_state_root(report.height, report.state_root, report.signature):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, "state roots are taken from our sidecar only"
+                )
+            received += 1
+        return pb.StreamAck(received=received)
 
     async def CommittedBlocks(
         self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,453 @@
+"""The execution sidecar process: committed log in; verdicts, receipts, artifacts, ledger and
+state roots out (DESIGN §4, §4.8).
+
+    python -m sidecar.node --dir DIR --node I      (what `quorumgate up` starts)
+
+It follows its replica's committed-block stream strictly in height order and runs the
+governance engine over each block. Everything a height produces — ledger entries, receipts,
+artifacts, the signed block statement, the engine state — is written in one SQLite
+transaction (sidecar/store.py), so a restart resumes exactly after the last executed
+height: none twice, none skipped. After each height it reports the state root to its
+replica, signed with its receipt key; leaders carry such roots into later blocks.
+
+Divergence alarm: when a committed block carries the state root of a height this sidecar
+has executed and the two differ, this sidecar is the faulty one (a committed root had the
+votes of 2f+1 replicas, each checking it against its own sidecar). It raises the alarm —
+the `qg_sidecar_divergence` metric, an ERROR log line, `diverged` in its status — and stops
+executing until an operator acts (`quorumgate replay`, or wiping its state). It keeps
+serving what it executed before.
+
+Signatures in committed blocks were verified by the replicas before they voted (2f+1 of
+them, so at least f+1 honest), so the engine runs with `verify_signatures=False`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from nacl.signing import SigningKey
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from cluster.clusterfile import (
+    RECEIPT_KEY_FILE,
+    ClusterFileError,
+    ClusterSpec,
+    load_cluster,
+    read_seed,
+)
+from qgpb import client_pb2 as cpb
+from qgpb import client_pb2_grpc as cpb_grpc
+from qgpb import sidecar_pb2 as spb
+from qgpb import sidecar_pb2_grpc as spb_grpc
+from replica.transport import CHANNEL_OPTIONS
+from replica.types import RemoteError
+from replica.wire import decode_block
+from sidecar.engine.core import Engine, EngineConfig
+from sidecar.receipts import (
+    all_paths,
+    leaf_from_verdict,
+    merkle_root,
+    root_report_statement,
+    sign_block,
+)
+from sidecar.store import DivergenceError, ExecutedHeight, SidecarStore
+from sidecar.wire import receipt_to_pb
+
+RECONNECT_DELAY_S_MIN = 0.05
+RECONNECT_DELAY_S_MAX = 2.0
+RECEIPTS_PER_HEIGHT_MAX = 1 << 16  # above any block's transaction count
+PID_FILE = "sidecar.pid"
+LOG_FILE = "sidecar.log"
+DB_FILE = "sidecar.db"
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+log = logging.getLogger("quorumgate.sidecar")
+
+
+class SidecarMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.executed_height = Gauge(
+            "qg_sidecar_executed_height", "Last executed height", registry=r
+        )
+        self.replica_height = Gauge(
+            "qg_sidecar_replica_committed_height", "Replica's committed height seen", registry=r
+        )
+        self.lag = Gauge(
+            "qg_sidecar_execution_lag_blocks",
+            "Committed heights not yet executed",
+            registry=r,
+        )
+        self.verdicts = Counter(
+            "qg_sidecar_verdicts",
+            "Verdicts by outcome and reason",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.artifacts = Counter(
+            "qg_sidecar_artifacts_written", "Rejection artifacts written", registry=r
+        )
+        self.latch_halts = Counter(
+            "qg_sidecar_latch_halts", "Runs halted by the denial latch", registry=r
+        )
+        self.pending = Gauge(
+            "qg_sidecar_pending_confirmations", "Calls waiting for a confirmation", registry=r
+        )
+        self.divergence = Gauge(
+            "qg_sidecar_divergence",
+            "1 when this sidecar's state root differs from a committed one (stopped)",
+            registry=r,
+        )
+        self.execute_latency = Histogram(
+            "qg_sidecar_block_seconds",
+            "Executing and durably recording one block",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.admissions = Counter(
+            "qg_sidecar_admissions", "Admission checks by result", ["result"], registry=r
+        )
+
+
+class Sidecar:
+    def __init__(self, spec: ClusterSpec, index: int, receipt_key: SigningKey) -> None:
+        self.spec = spec
+        self.index = index
+        self.member = spec.member(index)
+        if bytes(receipt_key.verify_key) != self.member.receipt_public_key:
+            raise ClusterFileError(
+                f"node {index}'s receipt key does not match its receipt public key"
+            )
+        self.key = receipt_key
+        self.config = EngineConfig(chain_id=spec.chain_id, owner_public_key=spec.owner_public_key)
+        self.metrics = SidecarMetrics()
+        self.store: SidecarStore | None = None
+        self.engine: Engine | None = None
+        self.diverged = ""
+        self.replica_height = 0
+        self._executed = asyncio.Condition()
+        self._roots: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        path = self.spec.node_dir(self.index) / DB_FILE
+        self.store = await SidecarStore.open(path, self.spec.chain_id)
+        state = await self.store.engine_state()
+        self.engine = (
+            Engine(self.config) if state is None else Engine.from_state_bytes(self.config, state)
+        )
+        server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        spb_grpc.add_SidecarServicer_to_server(_SidecarService(self), server)
+        try:
+            server.add_insecure_port(self.member.sidecar_address)
+        except RuntimeError as err:
+            raise OSError(f"cannot listen on {self.member.sidecar_address} (port in use?)") from err
+        await server.start()
+        self._server = server
+        start_http_server(self.member.sidecar_metrics_port, self.member.host, self.metrics.registry)
+        self.metrics.executed_height.set(self.store.executed_height)
+        self._tasks = [
+            asyncio.create_task(self._follow(), name="follow"),
+            asyncio.create_task(self._report_roots(), name="roots"),
+        ]
+        if self.store.executed_height > 0:
+            root = await self.store.root_at(self.store.executed_height)
+            if root is not None:
+                self._roots.put_nowait((self.store.executed_height, root))
+        log.info(
+            "event=started node=%d address=%s executed_height=%d",
+            self.index,
+            self.member.sidecar_address,
+            self.store.executed_height,
+        )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            await self._server.stop(0.5)
+        if self.store is not None:
+            await self.store.close()
+        log.info("event=stopped node=%d", self.index)
+
+    # ------------------------------------------------------------------ execution
+
+    async def _follow(self) -> None:
+        """Follow the replica's committed blocks from the next height to execute."""
+        delay = RECONNECT_DELAY_S_MIN
+        store = self.store
+        assert store is not None
+        while not self.diverged:
+            try:
+                async with grpc.aio.insecure_channel(
+                    self.member.replica_address, options=CHANNEL_OPTIONS
+                ) as channel:
+                    stub = cpb_grpc.ReplicaStub(channel)
+                    request = cpb.BlocksRequest(from_height=store.executed_height + 1)
+                    async for committed in stub.CommittedBlocks(request):
+                        delay = RECONNECT_DELAY_S_MIN
+                        self.replica_height = max(self.replica_height, committed.height)
+                        await self._execute(committed)
+                        if self.diverged:
+                            return
+            except grpc.aio.AioRpcError as err:
+                log.info("event=replica_stream_closed code=%s", err.code().name)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
+
+    async def _execute(self, committed: cpb.CommittedBlock) -> None:
+        store, engine = self.store, self.engine
+        assert store is not None and engine is not None
+        height = committed.height
+        if height <= store.executed_height:
+            return  # a replay of what we executed (reconnect): exactly once
+        if height != store.executed_height + 1:
+            raise AssertionError(f"replica skipped from {store.executed_height} to {height}")
+        try:
+            block = decode_block(self.spec.chain_id, committed.block.SerializeToString())
+        except RemoteError as err:
+            raise AssertionError(f"own replica sent an undecodable block: {err}") from err
+        if block.hash != committed.hash or block.height != height:
+            raise AssertionError("own replica sent a block whose hash or height does not match")
+        started = time.perf_counter()
+        if block.state_root_height > 0:
+            mine = await store.root_at(block.state_root_height)
+            if mine is not None and mine != block.state_root:
+                self._alarm(
+                    f"committed block {height} carries state root "
+                    f"{block.state_root.hex()[:16]} for height {block.state_root_height}; "
+                    f"ours is {mine.hex()[:16]}"
+                )
+                return
+        result = engine.execute_block(
+            height, block.timestamp_ms, list(block.payload), verify_signatures=False
+        )
+        leaves = tuple(leaf_from_verdict(height, i, v) for i, v in enumerate(result.verdicts))
+        hashes = [leaf.hash(self.spec.chain_id) for leaf in leaves]
+        paths = tuple(tuple(p) for p in all_paths(hashes))
+        signed = sign_block(
+            self.key,
+            self.index,
+            self.spec.chain_id,
+            height,
+            merkle_root(hashes),
+            result.state_root,
+            len(leaves),
+        )
+        executed = ExecutedHeight(
+            height=height,
+            block_hash=block.hash,
+            block_time_ms=block.timestamp_ms,
+            result=result,
+            leaves=leaves,
+            paths=paths,
+            signed=signed,
+            engine_state=engine.state_bytes(),
+        )
+        try:
+            await store.record(executed)
+        except DivergenceError as err:
+            self._alarm(str(err))
+            return
+        self.metrics.execute_latency.observe(time.perf_counter() - started)
+        m = self.metrics
+        m.executed_height.set(height)
+        m.replica_height.set(self.replica_height)
+        m.lag.set(max(0, self.replica_height - height))
+        for verdict in result.verdicts:
+            m.verdicts.labels(verdict.outcome.value, verdict.reason.value).inc()
+            if verdict.reason.value == "run_halted":
+                m.latch_halts.inc()
+        m.artifacts.inc(len(result.artifacts))
+        m.pending.set(len(engine.state.pending))
+        self._roots.put_nowait((height, result.state_root))
+        async with self._executed:
+            self._executed.notify_all()
+
+    def _alarm(self, what: str) -> None:
+        self.diverged = what
+        self.metrics.divergence.set(1)
+        log.error(
+            "event=divergence_alarm node=%d detail=%s action=stopped_executing", self.index, what
+        )
+
+    async def wait_executed(self, height: int) -> None:
+        store = self.store
+        assert store is not None
+        async with self._executed:
+            await self._executed.wait_for(lambda: store.executed_height >= height)
+
+    # ------------------------------------------------------------------ state roots
+
+    async def _report_roots(self) -> None:
+        """Push signed state roots to the replica; reconnect when the stream breaks."""
+        delay = RECONNECT_DELAY_S_MIN
+        latest: tuple[int, bytes] | None = None
+
+        async def reports() -> AsyncIterator[spb.StateRootReport]:
+            nonlocal latest
+            if latest is not None:
+                yield self._report(*latest)
+            while True:
+                item = await self._roots.get()
+                latest = item
+                yield self._report(*item)
+
+        while True:
+            try:
+                async with grpc.aio.insecure_channel(
+                    self.member.replica_address, options=CHANNEL_OPTIONS
+                ) as channel:
+                    stub = cpb_grpc.ReplicaStub(channel)
+                    await stub.ReportStateRoots(reports())
+            except grpc.aio.AioRpcError as err:
+                log.info("event=root_stream_closed code=%s", err.code().name)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
+
+    def _report(self, height: int, root: bytes) -> spb.StateRootReport:
+        message = root_report_statement(self.spec.chain_id, height, root)
+        signature = bytes(self.key.sign(message).signature)
+        return spb.StateRootReport(height=height, state_root=root, signature=signature)
+
+
+class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    async def GetReceipt(
+        self, request: spb.ReceiptRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ReceiptReply:
+        store = self.sidecar.store
+        assert store is not None
+        if len(request.proposal_id) != 32:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "proposal id must be 32 bytes")
+        receipt = await store.receipt(request.proposal_id)
+        reply = spb.ReceiptReply(found=receipt is not None, executed_height=store.executed_height)
+        if receipt is not None:
+            reply.receipt.CopyFrom(receipt_to_pb(receipt))
+            card = await store.card(request.proposal_id)
+            if card is not None:
+                reply.card = card
+        return reply
+
+    async def Receipts(
+        self, request: spb.ReceiptsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[spb.Receipt]:
+        sidecar = self.sidecar
+        store = sidecar.store
+        assert store is not None
+        height = max(1, request.from_height)
+        while True:
+            if height > store.executed_height:
+                await sidecar.wait_executed(height)
+                continue
+            for receipt in await store.receipts_from(height, RECEIPTS_PER_HEIGHT_MAX):
+                if receipt.leaf.height != height:
+                    break
+                yield receipt_to_pb(receipt)
+            height += 1
+
+    async def Admit(
+        self, request: spb.AdmitRequest, context: grpc.aio.ServicerContext
+    ) -> spb.AdmitReply:
+        engine = self.sidecar.engine
+        assert engine is not None
+        result = engine.admission_check(request.tx)
+        self.sidecar.metrics.admissions.labels("accepted" if result.accepted else "refused").inc()
+        return spb.AdmitReply(
+            accepted=result.accepted, reason=result.reason.value, tx_id=result.tx_id
+        )
+
+    async def Status(
+        self, request: spb.SidecarStatusRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SidecarStatusReply:
+        sidecar = self.sidecar
+        store = sidecar.store
+        assert store is not None
+        root = await store.root_at(store.executed_height) if store.executed_height else b""
+        return spb.SidecarStatusReply(
+            chain_id=sidecar.spec.chain_id,
+            node=sidecar.index,
+            executed_height=store.executed_height,
+            state_root=root or b"",
+            ledger_head=store.ledger_head,
+            ledger_entries=store.ledger_entries,
+            artifacts=store.artifact_count,
+            diverged=bool(sidecar.diverged),
+            divergence=sidecar.diverged,
+            replica_committed_height=sidecar.replica_height,
+        )
+
+
+# ============================================================================ process
+
+
+async def run_sidecar(spec: ClusterSpec, index: int) -> int:
+    sidecar = Sidecar(spec, index, SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await sidecar.start()
+    await stop.wait()
+    await sidecar.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one QuorumGate execution sidecar.")
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--node", required=True, type=int)
+    parser.add_argument("--log-stderr", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        spec = load_cluster(args.dir)
+        spec.member(args.node)
+    except ClusterFileError as err:
+        print(f"quorumgate sidecar: {err}", file=sys.stderr)
+        return 2
+    node_dir = spec.node_dir(args.node)
+    handlers: list[logging.Handler] = [logging.FileHandler(node_dir / LOG_FILE)]
+    if args.log_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s level=%(levelname)s sidecar={args.node} %(message)s",
+        handlers=handlers,
+    )
+    pid_path = node_dir / PID_FILE
+    pid_path.write_text(f"{os.getpid()}\n")
+    try:
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(run_sidecar(spec, args.node))
+        result: int = uvloop.run(run_sidecar(spec, args.node))
+        return result
+    except (OSError, ClusterFileError) as err:
+        log.error("event=fatal error=%s", err)
+        print(f"quorumgate sidecar {args.node}: {err}", file=sys.stderr)
+        return 1
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            if pid_path.read_text().strip() == str(os.getpid()):
+                pid_path.unlink()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
