@@ -1,0 +1,405 @@
+"""The verdict ledger (DESIGN §4.8): every verdict, allows too, on a SHA-256 hash chain.
+
+Pure: no I/O, no clock. `sidecar/store.py` keeps the entries in SQLite and the operator's
+`quorumgate ledger verify|export` (sidecar/operator.py) checks and exports them; an
+exported JSONL file is checked offline by the same `ChainVerifier`.
+
+One entry per verdict, in execution order: height ascending, and inside a height the
+transaction's position in the block (`index`, 0, 1, 2, ... with no gap). An entry's hash is
+SHA-256 over its canonical bytes, built with `replica.canonical.Encoder` (house rule 4)
+under the tag `b"qg/ledger/v1"` from the chain id and every field but `hash` — including
+`prev_hash`, the hash of the entry before it (32 zero bytes for the first). Editing any
+field of any entry therefore changes its hash, and editing the hash breaks the next
+entry's link; honest sidecars executing one log hold byte-identical ledgers and heads.
+
+The ledger carries argument *names*, never values (DESIGN §4.2): a verdict has no values
+to give it. Reason codes are for operators; nothing here is shown to an agent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from replica.canonical import HASH_BYTES, U32_MAX, U64_MAX, Encoder, sha256
+from sidecar.engine.statements import Verdict
+
+TAG_LEDGER = b"qg/ledger/v1"
+GENESIS_PREV_HASH = bytes(HASH_BYTES)
+# The longest JSONL line `from_json` reads. An entry holds at most a few kilobytes
+# (a target is at most 2,048 characters, argument names at most 32 x 64 characters).
+JSON_LINE_CHARS_MAX = 256 * 1024
+# Text fields and blobs of one entry, bounded so that a hostile export cannot make the
+# verifier build huge strings: far above what the engine ever produces.
+ENTRY_TEXT_CHARS_MAX = 16 * 1024
+ENTRY_BLOB_BYTES_MAX = 1024
+ARGUMENT_NAMES_MAX = 1024
+
+_INT_FIELDS = ("height", "index", "mandate_version")
+_HEX_FIELDS = ("tx_id", "proposal_id", "target_digest", "card_digest", "prev_hash", "hash")
+_TEXT_FIELDS = ("kind", "outcome", "reason", "principal", "canonical_target")
+JSON_FIELDS = (
+    "height", "index", "tx_id", "proposal_id", "kind", "outcome", "reason",
+    "mandate_version", "principal", "canonical_target", "target_digest", "card_digest",
+    "argument_names", "prev_hash", "hash",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One verdict on the chain. Kinds, outcomes and reasons are kept as the engine's code
+    strings (not enums), so that an entry written by another build still verifies."""
+
+    height: int
+    index: int
+    tx_id: bytes
+    proposal_id: bytes
+    kind: str
+    outcome: str
+    reason: str
+    mandate_version: int
+    principal: str
+    canonical_target: str
+    target_digest: bytes
+    card_digest: bytes
+    argument_names: tuple[str, ...]  # names only: a verdict never holds a value
+    prev_hash: bytes
+    hash: bytes
+
+    def __post_init__(self) -> None:
+        # Raised as ValueError, not asserted: entries are also read back from a database
+        # file or an export that someone may have edited.
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ValueError(f"{name} must be an integer")
+        if not 0 <= self.height <= U64_MAX:
+            raise ValueError("height out of range")
+        if not 0 <= self.index <= U32_MAX:
+            raise ValueError("index out of range")
+        if not 0 <= self.mandate_version <= U64_MAX:
+            raise ValueError("mandate_version out of range")
+        for name in ("tx_id", "proposal_id", "target_digest", "card_digest"):
+            value = getattr(self, name)
+            if type(value) is not bytes or len(value) > ENTRY_BLOB_BYTES_MAX:
+                raise ValueError(f"{name} must be at most {ENTRY_BLOB_BYTES_MAX} bytes")
+        for name in ("prev_hash", "hash"):
+            value = getattr(self, name)
+            if type(value) is not bytes or len(value) != HASH_BYTES:
+                raise ValueError(f"{name} must be {HASH_BYTES} bytes")
+        for name in _TEXT_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not str or len(value) > ENTRY_TEXT_CHARS_MAX:
+                raise ValueError(f"{name} must be text of at most {ENTRY_TEXT_CHARS_MAX} chars")
+        names = self.argument_names
+        if type(names) is not tuple or len(names) > ARGUMENT_NAMES_MAX:
+            raise ValueError(f"argument_names must be a tuple of at most {ARGUMENT_NAMES_MAX}")
+        for name in names:
+            if type(name) is not str or len(name) > ENTRY_TEXT_CHARS_MAX:
+                raise ValueError("argument_names must hold short text")
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def from_verdict(
+        cls, chain_id: str, height: int, index: int, verdict: Verdict, prev_hash: bytes
+    ) -> LedgerEntry:
+        """The entry for the `index`-th verdict of `height`, chained after `prev_hash`."""
+        if len(prev_hash) != HASH_BYTES:
+            raise ValueError(f"prev_hash must be {HASH_BYTES} bytes")
+        data = _canonical_bytes(
+            chain_id,
+            height,
+            index,
+            verdict.tx_id,
+            verdict.proposal_id,
+            verdict.kind.value,
+            verdict.outcome.value,
+            verdict.reason.value,
+            verdict.mandate_version,
+            verdict.principal,
+            verdict.canonical_target,
+            verdict.target_digest,
+            verdict.card_digest,
+            verdict.argument_names,
+            prev_hash,
+        )
+        return cls(
+            height=height,
+            index=index,
+            tx_id=verdict.tx_id,
+            proposal_id=verdict.proposal_id,
+            kind=verdict.kind.value,
+            outcome=verdict.outcome.value,
+            reason=verdict.reason.value,
+            mandate_version=verdict.mandate_version,
+            principal=verdict.principal,
+            canonical_target=verdict.canonical_target,
+            target_digest=verdict.target_digest,
+            card_digest=verdict.card_digest,
+            argument_names=verdict.argument_names,
+            prev_hash=prev_hash,
+            hash=sha256(data),
+        )
+
+    # ---------------------------------------------------------------- canonical bytes
+
+    def canonical_bytes(self, chain_id: str) -> bytes:
+        """What `hash` is the SHA-256 of: every field but `hash`, under `TAG_LEDGER`."""
+        return _canonical_bytes(
+            chain_id,
+            self.height,
+            self.index,
+            self.tx_id,
+            self.proposal_id,
+            self.kind,
+            self.outcome,
+            self.reason,
+            self.mandate_version,
+            self.principal,
+            self.canonical_target,
+            self.target_digest,
+            self.card_digest,
+            self.argument_names,
+            self.prev_hash,
+        )
+
+    def computed_hash(self, chain_id: str) -> bytes:
+        return sha256(self.canonical_bytes(chain_id))
+
+    # ---------------------------------------------------------------- JSON lines
+
+    def to_json(self) -> str:
+        """One line of JSON (no newline inside), bytes as lower-case hex, ASCII only."""
+        obj: dict[str, Any] = {}
+        for name in JSON_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bytes):
+                obj[name] = value.hex()
+            elif isinstance(value, tuple):
+                obj[name] = list(value)
+            else:
+                obj[name] = value
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> LedgerEntry:
+        """Parse one line of `to_json`; `ValueError` naming what is wrong otherwise.
+
+        Strict: exactly the fields `to_json` writes, with their types. The hash is *not*
+        checked here (that is `ChainVerifier`'s job, which names the entry)."""
+        if len(line) > JSON_LINE_CHARS_MAX:
+            raise ValueError(f"line longer than {JSON_LINE_CHARS_MAX} characters")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not JSON: {err.msg} at column {err.colno}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        keys = set(obj)
+        if keys != set(JSON_FIELDS):
+            missing = sorted(set(JSON_FIELDS) - keys)
+            extra = sorted(keys - set(JSON_FIELDS))
+            raise ValueError(f"wrong fields (missing {missing}, unexpected {extra[:5]})")
+        values: dict[str, Any] = {}
+        for name in _INT_FIELDS:
+            value = obj[name]
+            if type(value) is not int:
+                raise ValueError(f"{name} must be an integer")
+            values[name] = value
+        for name in _HEX_FIELDS:
+            value = obj[name]
+            if not isinstance(value, str) or len(value) > 2 * ENTRY_BLOB_BYTES_MAX:
+                raise ValueError(f"{name} must be hex text")
+            if value != value.lower():
+                raise ValueError(f"{name} must be lower-case hex")
+            try:
+                values[name] = bytes.fromhex(value)
+            except ValueError:
+                raise ValueError(f"{name} is not hex") from None
+        for name in _TEXT_FIELDS:
+            value = obj[name]
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be text")
+            values[name] = value
+        names = obj["argument_names"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("argument_names must be a list of text")
+        values["argument_names"] = tuple(names)
+        return cls(**values)
+
+
+def _canonical_bytes(
+    chain_id: str,
+    height: int,
+    index: int,
+    tx_id: bytes,
+    proposal_id: bytes,
+    kind: str,
+    outcome: str,
+    reason: str,
+    mandate_version: int,
+    principal: str,
+    canonical_target: str,
+    target_digest: bytes,
+    card_digest: bytes,
+    argument_names: Iterable[str],
+    prev_hash: bytes,
+) -> bytes:
+    enc = Encoder(TAG_LEDGER).text(chain_id).u64(height).u32(index)
+    enc.blob(tx_id).blob(proposal_id).text(kind).text(outcome).text(reason)
+    enc.u64(mandate_version).text(principal).text(canonical_target)
+    enc.blob(target_digest).blob(card_digest).texts(argument_names)
+    return bytes(enc.raw(prev_hash))
+
+
+# ==================================================================== verification
+
+
+class ProblemKind(StrEnum):
+    HASH_MISMATCH = "hash_mismatch"  # the stored hash is not the hash of the stored fields
+    BROKEN_LINK = "broken_link"  # prev_hash is not the previous entry's hash
+    OUT_OF_ORDER = "out_of_order"  # (height, index) does not follow the previous entry
+    UNREADABLE = "unreadable"  # a row or line that is not an entry at all
+    HEAD_MISMATCH = "head_mismatch"  # the chain ends elsewhere than its recorded head
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerProblem:
+    """The first bad entry of a ledger. `position` counts entries from 0 in ledger order
+    (the line number minus one in an export); `height` and `index` are what the entry
+    itself says (its claimed place, which may be the edited part), or -1 when unreadable."""
+
+    position: int
+    height: int
+    index: int
+    kind: ProblemKind
+    detail: str
+
+    def __str__(self) -> str:
+        where = (
+            f"height {self.height}, index {self.index}"
+            if self.height >= 0 and self.index >= 0
+            else "position unreadable"
+        )
+        return f"entry #{self.position} ({where}): {self.kind.value}: {self.detail}"
+
+
+def _short(data: bytes) -> str:
+    return data.hex()[:16]
+
+
+class ChainVerifier:
+    """Checks a ledger one entry at a time, in ledger order, in constant memory, so that a
+    whole table or a large export is walked in bounded pages. `feed` returns the first
+    problem found (and keeps returning it); `finish` checks where the chain ended."""
+
+    def __init__(self, chain_id: str) -> None:
+        self.chain_id = chain_id
+        self.count = 0
+        self.head = GENESIS_PREV_HASH
+        self.last: tuple[int, int] | None = None  # (height, index) of the last good entry
+        self.problem: LedgerProblem | None = None
+
+    def feed(self, entry: LedgerEntry) -> LedgerProblem | None:
+        if self.problem is not None:
+            return self.problem
+        position = self.count
+        where = (entry.height, entry.index)
+
+        def fail(kind: ProblemKind, detail: str) -> LedgerProblem:
+            self.problem = LedgerProblem(position, entry.height, entry.index, kind, detail)
+            return self.problem
+
+        # The entry's own hash first: an edited field is named at the edited entry, even
+        # when the edit also moved its claimed position.
+        computed = entry.computed_hash(self.chain_id)
+        if computed != entry.hash:
+            hint = " (or the ledger belongs to another chain)" if position == 0 else ""
+            return fail(
+                ProblemKind.HASH_MISMATCH,
+                f"stored hash {_short(entry.hash)}… but its fields hash to "
+                f"{_short(computed)}…{hint}",
+            )
+        if self.last is None:
+            if entry.height < 1 or entry.index != 0:
+                return fail(
+                    ProblemKind.OUT_OF_ORDER, "the first entry must be index 0 of a height >= 1"
+                )
+        else:
+            height, index = self.last
+            follows = (entry.height == height and entry.index == index + 1) or (
+                entry.height > height and entry.index == 0
+            )
+            if not follows:
+                return fail(
+                    ProblemKind.OUT_OF_ORDER,
+                    f"does not follow the previous entry (height {height}, index {index}); "
+                    "an entry is missing, repeated or moved",
+                )
+        if entry.prev_hash != self.head:
+            return fail(
+                ProblemKind.BROKEN_LINK,
+                f"prev_hash {_short(entry.prev_hash)}… but the previous entry's hash is "
+                f"{_short(self.head)}…",
+            )
+        self.count += 1
+        self.head = entry.hash
+        self.last = where
+        return None
+
+    def unreadable(self, height: int, index: int, detail: str) -> LedgerProblem:
+        """Record that the next entry could not be read at all."""
+        if self.problem is None:
+            self.problem = LedgerProblem(self.count, height, index, ProblemKind.UNREADABLE, detail)
+        return self.problem
+
+    def finish(
+        self, expected_head: bytes | None = None, expected_count: int | None = None
+    ) -> LedgerProblem | None:
+        """After the last entry: the chain must end at `expected_head` with
+        `expected_count` entries when those are known (a store records both), which is what
+        catches entries cut off the end."""
+        if self.problem is not None:
+            return self.problem
+        height, index = self.last if self.last is not None else (-1, -1)
+        position = max(self.count - 1, 0)
+        if expected_count is not None and expected_count != self.count:
+            self.problem = LedgerProblem(
+                position, height, index, ProblemKind.HEAD_MISMATCH,
+                f"the chain has {self.count} entries but {expected_count} were recorded; "
+                "entries are missing after this one",
+            )  # fmt: skip
+        elif expected_head is not None and expected_head != self.head:
+            self.problem = LedgerProblem(
+                position, height, index, ProblemKind.HEAD_MISMATCH,
+                f"the chain ends at {_short(self.head)}… but the recorded head is "
+                f"{_short(expected_head)}…",
+            )  # fmt: skip
+        return self.problem
+
+
+def verify_chain(entries: Iterable[LedgerEntry], chain_id: str) -> LedgerProblem | None:
+    """The first bad entry of `entries` (in ledger order), or None when the chain holds.
+
+    Checks, per entry: its hash is the hash of its fields; its (height, index) directly
+    follows the previous entry's (index + 1 in the same height, or index 0 of a later
+    height; the first is index 0 of a height >= 1); its prev_hash is the previous entry's
+    hash (32 zero bytes for the first)."""
+    verifier = ChainVerifier(chain_id)
+    for entry in entries:
+        problem = verifier.feed(entry)
+        if problem is not None:
+            return problem
+    return verifier.finish()
+
+
+def chain_head(entries: Iterable[LedgerEntry]) -> bytes:
+    """The hash of the last entry (the genesis value for none); no verification."""
+    head = GENESIS_PREV_HASH
+    for entry in entries:
+        head = entry.hash
+    return head
