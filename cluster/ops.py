@@ -158,30 +158,6 @@ def sidecar_status(
     return reply
 
 
-def wait_sidecars_serving(
-    spec: ClusterSpec,
-    indexes: list[int],
-    procs: dict[int, subprocess.Popen[bytes]] | None = None,
-    timeout_s: float = READY_TIMEOUT_S,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    waiting = set(indexes)
-    while waiting:
-        for i in sorted(waiting):
-            proc = (procs or {}).get(i)
-            if proc is not None and proc.poll() is not None:
-                raise OpsError(
-                    f"sidecar {i} exited with status {proc.returncode}:\n"
-                    f"{log_tail(spec, i, kind='sidecar')}"
-                )
-            if sidecar_status(spec, i, timeout_s=0.5) is not None:
-                waiting.discard(i)
-        if waiting and time.monotonic() > deadline:
-            raise OpsError(f"sidecars {sorted(waiting)} did not start serving in {timeout_s:.0f} s")
-        if waiting:
-            time.sleep(POLL_INTERVAL_S)
-
-
 def query_status(
     spec: ClusterSpec, index: int, timeout_s: float = STATUS_RPC_TIMEOUT_S
 ) -> NodeStatus:
@@ -206,13 +182,15 @@ def query_status(
     )
 
 
-def wait_serving(
+def _wait_ready(
     spec: ClusterSpec,
     indexes: list[int],
-    procs: dict[int, subprocess.Popen[bytes]] | None = None,
-    timeout_s: float = READY_TIMEOUT_S,
+    procs: dict[int, subprocess.Popen[bytes]] | None,
+    timeout_s: float,
+    kind: str,
 ) -> None:
-    """Return once every listed member answers Status; raise with its log tail if one died."""
+    """Return once every listed member's `kind` answers Status; raise with its log tail if
+    one died, or naming the stragglers at the deadline."""
     deadline = time.monotonic() + timeout_s
     waiting = set(indexes)
     while waiting:
@@ -220,14 +198,37 @@ def wait_serving(
             proc = (procs or {}).get(i)
             if proc is not None and proc.poll() is not None:
                 raise OpsError(
-                    f"node {i} exited with status {proc.returncode}:\n{log_tail(spec, i)}"
+                    f"{kind} {i} exited with status {proc.returncode}:\n"
+                    f"{log_tail(spec, i, kind=kind)}"
                 )
-            if query_status(spec, i, timeout_s=0.5).alive:
+            if kind == "replica":
+                ready = query_status(spec, i, timeout_s=0.5).alive
+            else:
+                ready = sidecar_status(spec, i, timeout_s=0.5) is not None
+            if ready:
                 waiting.discard(i)
         if waiting and time.monotonic() > deadline:
-            raise OpsError(f"nodes {sorted(waiting)} did not start serving in {timeout_s:.0f} s")
+            raise OpsError(f"{kind}s {sorted(waiting)} did not start serving in {timeout_s:.0f} s")
         if waiting:
             time.sleep(POLL_INTERVAL_S)
+
+
+def wait_serving(
+    spec: ClusterSpec,
+    indexes: list[int],
+    procs: dict[int, subprocess.Popen[bytes]] | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+) -> None:
+    _wait_ready(spec, indexes, procs, timeout_s, "replica")
+
+
+def wait_sidecars_serving(
+    spec: ClusterSpec,
+    indexes: list[int],
+    procs: dict[int, subprocess.Popen[bytes]] | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+) -> None:
+    _wait_ready(spec, indexes, procs, timeout_s, "sidecar")
 
 
 def log_tail(spec: ClusterSpec, index: int, lines: int = 15, kind: str = "replica") -> str:

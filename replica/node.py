@@ -18,17 +18,13 @@ Log lines are `key=value` text and never carry transaction contents.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from prometheus_client import start_http_server
@@ -37,9 +33,9 @@ from cluster.clusterfile import (
     CONSENSUS_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
-    load_cluster,
     read_key,
 )
+from cluster.process import process_main
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from qgpb import consensus_pb2 as pb
@@ -65,8 +61,6 @@ REGOSSIP_TICKS = 100
 REGOSSIP_TXS_MAX = 256
 STREAM_BLOCKS_PER_READ = 128
 SHUTDOWN_GRACE_S = 1.0
-PID_FILE = "replica.pid"
-LOG_FILE = "replica.log"
 DB_FILE = "replica.db"
 
 log = logging.getLogger("quorumgate.replica")
@@ -637,61 +631,14 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
 # ============================================================================ process
 
 
-def _configure_logging(node_dir: Path, index: int, to_stderr: bool) -> None:
-    handlers: list[logging.Handler] = [logging.FileHandler(node_dir / LOG_FILE)]
-    if to_stderr:
-        handlers.append(logging.StreamHandler(sys.stderr))
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s level=%(levelname)s node={index} %(message)s",
-        handlers=handlers,
-    )
-
-
-async def run_node(spec: ClusterSpec, index: int) -> int:
-    signer = read_key(spec.node_dir(index) / CONSENSUS_KEY_FILE)
-    node = ReplicaNode(spec, index, signer)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await node.start()
-    await stop.wait()
-    await node.stop()
-    return 0
+async def make_replica(spec: ClusterSpec, index: int) -> ReplicaNode:
+    return ReplicaNode(spec, index, read_key(spec.node_dir(index) / CONSENSUS_KEY_FILE))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run one QuorumGate replica.")
-    parser.add_argument("--dir", required=True, type=Path)
-    parser.add_argument("--node", required=True, type=int)
-    parser.add_argument("--log-stderr", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        spec = load_cluster(args.dir)
-        spec.member(args.node)
-    except ClusterFileError as err:
-        print(f"quorumgate node: {err}", file=sys.stderr)
-        return 2
-    node_dir = spec.node_dir(args.node)
-    _configure_logging(node_dir, args.node, args.log_stderr)
-    pid_path = node_dir / PID_FILE
-    pid_path.write_text(f"{os.getpid()}\n")
-    try:
-        try:
-            import uvloop
-        except ImportError:
-            return asyncio.run(run_node(spec, args.node))
-        result: int = uvloop.run(run_node(spec, args.node))
-        return result
-    except (OSError, ClusterFileError) as err:
-        log.error("event=fatal error=%s", err)
-        print(f"quorumgate node {args.node}: {err}", file=sys.stderr)
-        return 1
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            if pid_path.read_text().strip() == str(os.getpid()):
-                pid_path.unlink()
+    return process_main(
+        argv, kind="replica", description="Run one QuorumGate replica.", make=make_replica
+    )
 
 
 if __name__ == "__main__":

@@ -23,16 +23,12 @@ them, so at least f+1 honest), so the engine runs with `verify_signatures=False`
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 from nacl.signing import SigningKey
@@ -42,9 +38,9 @@ from cluster.clusterfile import (
     RECEIPT_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
-    load_cluster,
     read_seed,
 )
+from cluster.process import process_main
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from qgpb import sidecar_pb2 as spb
@@ -66,8 +62,6 @@ from sidecar.wire import receipt_to_pb
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
 RECEIPTS_PER_HEIGHT_MAX = 1 << 16  # above any block's transaction count
-PID_FILE = "sidecar.pid"
-LOG_FILE = "sidecar.log"
 DB_FILE = "sidecar.db"
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -397,56 +391,18 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
 # ============================================================================ process
 
 
-async def run_sidecar(spec: ClusterSpec, index: int) -> int:
-    sidecar = Sidecar(spec, index, SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE)))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await sidecar.start()
-    await stop.wait()
-    await sidecar.stop()
-    return 0
+async def make_sidecar(spec: ClusterSpec, index: int) -> Sidecar:
+    seed = read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE)
+    return Sidecar(spec, index, SigningKey(seed))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run one QuorumGate execution sidecar.")
-    parser.add_argument("--dir", required=True, type=Path)
-    parser.add_argument("--node", required=True, type=int)
-    parser.add_argument("--log-stderr", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        spec = load_cluster(args.dir)
-        spec.member(args.node)
-    except ClusterFileError as err:
-        print(f"quorumgate sidecar: {err}", file=sys.stderr)
-        return 2
-    node_dir = spec.node_dir(args.node)
-    handlers: list[logging.Handler] = [logging.FileHandler(node_dir / LOG_FILE)]
-    if args.log_stderr:
-        handlers.append(logging.StreamHandler(sys.stderr))
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s level=%(levelname)s sidecar={args.node} %(message)s",
-        handlers=handlers,
+    return process_main(
+        argv,
+        kind="sidecar",
+        description="Run one QuorumGate execution sidecar.",
+        make=make_sidecar,
     )
-    pid_path = node_dir / PID_FILE
-    pid_path.write_text(f"{os.getpid()}\n")
-    try:
-        try:
-            import uvloop
-        except ImportError:
-            return asyncio.run(run_sidecar(spec, args.node))
-        result: int = uvloop.run(run_sidecar(spec, args.node))
-        return result
-    except (OSError, ClusterFileError) as err:
-        log.error("event=fatal error=%s", err)
-        print(f"quorumgate sidecar {args.node}: {err}", file=sys.stderr)
-        return 1
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            if pid_path.read_text().strip() == str(os.getpid()):
-                pid_path.unlink()
 
 
 if __name__ == "__main__":
