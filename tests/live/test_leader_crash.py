@@ -56,7 +56,7 @@ def test_leader_killed_under_load_commits_resume_within_n_plus_4_views_and_acked
         cluster,
         "leader-crash",
         agents=3,
-        per_agent=900,
+        per_agent=1000,
         batch=20,
         rate_per_s=150,
         targets=SURVIVORS,
@@ -122,7 +122,7 @@ def test_leader_killed_under_load_commits_resume_within_n_plus_4_views_and_acked
         ),
         describe=cluster.describe,
     )
-    load.wait_done()
+    load.stop()
     load.assert_clean()
     committed_at = cluster.wait_committed(load.acked, SURVIVORS[0], timeout_s=WAIT_S)
     top = cluster.wait_height(max(committed_at.values()), SURVIVORS)
