@@ -1,0 +1,257 @@
+"""The `quorumgate` command line against real processes: clear errors, and `down` stops only
+what `up` started."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.clusterfile import load_cluster
+from tests.live.conftest import STOP_GRACE_S, LiveCluster, replica_pids, wait_until
+
+CLI_TIMEOUT_S = 60.0
+_SCRIPT = Path(sys.executable).parent / "quorumgate"
+QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cluster.cli"]
+
+
+def quorumgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*QUORUMGATE, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+def assert_clean_failure(
+    result: subprocess.CompletedProcess[str], code: int, *fragments: str
+) -> None:
+    """Exit `code`, one `quorumgate: ...` line on stderr holding every fragment, no
+    traceback."""
+    where = f"`{' '.join(result.args[len(QUORUMGATE) :])}`"
+    assert result.returncode == code, (
+        f"{where} exited {result.returncode}, not {code}: {result.stderr}"
+    )
+    assert "Traceback" not in result.stderr, f"{where} crashed:\n{result.stderr}"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("quorumgate: "), f"{where}: {result.stderr!r}"
+    for fragment in fragments:
+        assert fragment in lines[0], f"{where}: {fragment!r} not in {lines[0]!r}"
+
+
+@pytest.fixture
+def cli_dirs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """Cluster directories for the CLI; at teardown, `quorumgate down` each and SIGKILL
+    any replica still running for it."""
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        path = tmp_path / name
+        made.append(path)
+        return path
+
+    try:
+        yield make
+    finally:
+        for path in made:
+            if (path / "cluster.json").exists():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    quorumgate("down", "--dir", path)
+            for pid in replica_pids(path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def init(directory: Path, nodes: int = 4) -> None:
+    result = quorumgate("init", "--nodes", nodes, "--dir", directory)
+    assert result.returncode == 0, result.stderr
+
+
+def wait_no_replicas(directory: Path) -> None:
+    wait_until(
+        f"no replica left running for {directory}",
+        lambda: not replica_pids(directory),
+        STOP_GRACE_S * 2,
+        lambda: f"pids {replica_pids(directory)}",
+    )
+
+
+def test_cli_missing_or_corrupt_cluster_file_exits_2_with_a_clear_message(
+    cli_dirs: Callable[[str], Path],
+) -> None:
+    """`status`, `up` and `down` on a directory without a cluster file, and with corrupt
+    ones (not JSON, not an object, another format, a missing field, a port out of range):
+    exit status 2, one line on stderr naming the file and what is wrong, no traceback, and
+    `up` starts nothing."""
+    directory = cli_dirs("corrupt")
+    directory.mkdir()
+    path = directory / "cluster.json"
+    for command in ("status", "up", "down"):
+        result = quorumgate(command, "--dir", directory)
+        assert_clean_failure(result, 2, f"no cluster file at {path}", "quorumgate init")
+
+    init(directory)
+    valid = json.loads(path.read_text())
+    bad_port = json.loads(path.read_text())
+    bad_port["members"][2]["replica_port"] = 70_000
+    no_chain = {k: v for k, v in valid.items() if k != "chain_id"}
+    corrupt = {
+        "not JSON": ("{not json", "unreadable or not JSON"),
+        "a list": ("[1, 2]", "expected a JSON object"),
+        "another format": (json.dumps({**valid, "format": "other/9"}), "format must be"),
+        "no chain id": (json.dumps(no_chain), "missing field 'chain_id'"),
+        "a port out of range": (json.dumps(bad_port), "members[2]: replica_port out of range"),
+    }
+    for what, (text, message) in corrupt.items():
+        path.write_text(text)
+        for command in ("status", "up", "down"):
+            result = quorumgate(command, "--dir", directory)
+            assert_clean_failure(result, 2, str(path), message)
+            assert not replica_pids(directory), f"`up` with {what} started a replica"
+
+
+def test_cli_up_refuses_a_running_node_or_a_taken_port_and_starts_nothing(
+    cli_dirs: Callable[[str], Path],
+) -> None:
+    """With node 1 already up, `quorumgate up` names it and its pid, exits 2, and starts
+    none of the other three. With a port of the cluster held by another listener (a
+    replica port, then a metrics port), it names the port and its role and starts
+    nothing."""
+    directory = cli_dirs("busy")
+    init(directory)
+    spec = load_cluster(directory)
+
+    assert quorumgate("up", "--dir", directory, "--node", 1, "--detach").returncode == 0
+    [running] = replica_pids(directory)
+    result = quorumgate("up", "--dir", directory, "--detach")
+    assert_clean_failure(result, 2, "replica 1 is already running", f"pid {running}")
+    assert replica_pids(directory) == [running], "a refused `up` started replicas"
+    assert quorumgate("down", "--dir", directory).returncode == 0
+    wait_no_replicas(directory)
+
+    for node, role, port in (
+        (0, "replica of node 0", spec.member(0).replica_port),
+        (2, "replica metrics of node 2", spec.member(2).metrics_port),
+    ):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+            holder.bind((spec.member(node).host, port))
+            holder.listen()
+            result = quorumgate("up", "--dir", directory, "--detach")
+        assert_clean_failure(result, 2, f"port {port} ({role})", "in use")
+        assert not replica_pids(directory), f"`up` started replicas with port {port} taken"
+
+
+def test_cli_down_stops_only_what_up_started(
+    cli_dirs: Callable[[str], Path], live_cluster: Callable[..., LiveCluster]
+) -> None:
+    """Cluster A runs nodes 2 and 3 (0 and 1 were stopped with `down --node`). Node 0's
+    pid file then names a `sleep` process, node 1's names a replica of another cluster B,
+    node 2's sidecar pid file names the `sleep` too. `quorumgate down --dir A` must stop
+    A's two replicas, report exactly those, and leave the `sleep` and B's replica running;
+    B still answers Status."""
+    a = cli_dirs("a")
+    init(a)
+    assert quorumgate("up", "--dir", a, "--detach").returncode == 0
+    for node in (0, 1):
+        result = quorumgate("down", "--dir", a, "--node", node)
+        assert result.returncode == 0 and f"stopped nodes [{node}]" in result.stdout, result
+    wait_until("A's nodes 0 and 1 to exit", lambda: len(replica_pids(a)) == 2)
+
+    b = live_cluster(4, start=False, name="b")
+    b.start([0])
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        node_dir = load_cluster(a).node_dir
+        (node_dir(0) / "replica.pid").write_text(f"{sleeper.pid}\n")
+        (node_dir(1) / "replica.pid").write_text(f"{b.pid(0)}\n")
+        (node_dir(2) / "sidecar.pid").write_text(f"{sleeper.pid}\n")
+
+        result = quorumgate("down", "--dir", a)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "stopped nodes [2, 3]", result.stdout
+        wait_no_replicas(a)
+        assert sleeper.poll() is None, "`down` killed a process it did not start"
+        assert b.alive() == [0], "`down` of cluster A stopped a replica of cluster B"
+        assert b.status(0).node == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=STOP_GRACE_S)
+
+
+def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_file_or_logs(
+    cli_dirs: Callable[[str], Path],
+) -> None:
+    """`quorumgate init` writes every private key file (owner, and per node consensus and
+    receipt keys) with mode 0600 in 0700 node directories. After `init`, `up`, proposals
+    committed, `status` and `down`, no private key — as hex in either case, or as raw
+    bytes — appears in cluster.json, in any log, pid or database file under the cluster
+    directory, or in anything the CLI printed; while every public key does appear in
+    cluster.json (so the search can find what it looks for)."""
+    directory = cli_dirs("keys")
+    printed = [quorumgate("init", "--nodes", 4, "--dir", directory)]
+    assert printed[0].returncode == 0, printed[0].stderr
+    spec = load_cluster(directory)
+
+    key_files = [directory / "owner.key"]
+    for i in range(spec.n):
+        node_dir = spec.node_dir(i)
+        assert stat.S_IMODE(node_dir.stat().st_mode) == 0o700, f"{node_dir} is not 0700"
+        key_files += sorted(node_dir.glob("*.key"))
+    assert len(key_files) == 1 + 2 * spec.n, [p.name for p in key_files]
+    for path in key_files:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == 0o600, f"{path} has mode {mode:o}, not 600"
+
+    printed.append(quorumgate("up", "--dir", directory, "--detach"))
+    assert printed[-1].returncode == 0, printed[-1].stderr
+    # A client of the CLI's cluster (it started nothing; its close() only sweeps).
+    cluster = LiveCluster(spec)
+    try:
+        txs = [cluster.agent("keys").proposal() for _ in range(20)]
+        assert all(r.accepted for r in cluster.submit_stream(1, [tx for tx, _ in txs]))
+        cluster.wait_committed([tx_id for _, tx_id in txs], 0)
+        printed.append(quorumgate("status", "--dir", directory, "--json"))
+        printed.append(quorumgate("down", "--dir", directory))
+    finally:
+        cluster.close()
+    failed = [(p.args[len(QUORUMGATE)], p.returncode, p.stdout) for p in printed if p.returncode]
+    assert not failed, failed
+    wait_no_replicas(directory)
+
+    seeds = {path: bytes.fromhex(path.read_text().strip()) for path in key_files}
+    needles = {}
+    for path, seed in seeds.items():
+        needles[f"{path.name} hex"] = seed.hex().encode()
+        needles[f"{path.name} HEX"] = seed.hex().upper().encode()
+        needles[f"{path.name} raw"] = seed
+    haystacks = {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p not in seeds
+    }
+    for k, result in enumerate(printed):
+        haystacks[f"CLI output {k}"] = (result.stdout + result.stderr).encode()
+    assert any(name.endswith(".log") for name in haystacks), sorted(haystacks)
+    assert any(name.endswith(".db") for name in haystacks), sorted(haystacks)
+    leaks = [
+        f"{needle} in {where}"
+        for where, data in haystacks.items()
+        for needle, secret in needles.items()
+        if secret in data
+    ]
+    assert not leaks, f"private keys found: {leaks}"
+    public = haystacks["cluster.json"]
+    for m in spec.members:
+        assert m.public_key.hex().encode() in public
+        assert m.receipt_public_key.hex().encode() in public
