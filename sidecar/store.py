@@ -1,0 +1,863 @@
+"""Durable storage of one execution sidecar (aiosqlite): what each executed height produced.
+
+`SidecarStore.record` takes everything one height produced — the engine's verdicts and
+rejection artifacts, the receipt leaves with their inclusion paths, this sidecar's signed
+block statement and the engine state after the height — and makes it durable in ONE SQLite
+transaction, committed with an fsync before it returns, or not at all. The executed height
+lives in the same transaction, so a sidecar killed at any point restarts from the last
+height it recorded whole: no height executed twice, none skipped (issue 5, item 1;
+DESIGN §5).
+
+Tables (schema version `SCHEMA_VERSION`, all STRICT so a value of the wrong type is refused
+at write time):
+
+- `meta`: the schema version and the chain id the file belongs to (another chain's file is
+  refused at `open`).
+- `head`: one row — the executed height, the ledger head and entry count, and the engine
+  state after the executed height (`Engine.state_bytes()`; NULL before the first height).
+- `ledger`: the verdict ledger (sidecar/ledger.py), one row per verdict in execution order,
+  every field of `LedgerEntry` in its own column. `verify_ledger` walks it in insertion
+  (rowid) order — an order no column edit can change — recomputing each hash from the
+  stored columns, so an edit to any column of any row is named at that row.
+- `receipts`: one row per verdict: the receipt leaf's fields and its Merkle inclusion path
+  (the concatenated sibling hashes), indexed by proposal id.
+- `blocks`: this sidecar's signed statement per height (sidecar/receipts.py), with the
+  replica's block hash and block time: the verdict root, the state root, the signature.
+- `cards`: the confirmation card bytes of each pending verdict, by proposal id.
+- `artifacts`: the rejection artifacts (DESIGN §4.8), PRIMARY KEY (height, canonical
+  target): never two for one key. `data` is `RejectionArtifact.to_bytes()`, the authority;
+  `denials` is a JSON copy of the denials for the operator's listing.
+
+Artifacts are written idempotently: if a row for the key holds the same bytes, recording
+moves on; with different bytes, `record` raises `DivergenceError` naming the key and writes
+nothing (the whole height rolls back). That case arises when a store replays a log over
+artifacts it kept (`wipe(keep_artifacts=True)`, the replay drill of DESIGN §5): every
+artifact is then checked byte for byte against what the replay produces.
+
+Argument values never reach this file: verdicts, receipts, cards and artifacts carry
+argument *names* only, and the engine state holds sealed envelopes as ciphertext.
+
+Durability settings, set on every connection (the same as replica/storage.py, which says
+why at length): `journal_mode=WAL`; `synchronous=FULL`, so WAL is fsynced at every commit
+and a recorded height survives power loss, not only a process crash; `fullfsync` for macOS;
+`locking_mode=EXCLUSIVE`, so the file is held for the store's lifetime and a second process
+on one store (a sidecar started twice, or an operator command against a running sidecar) is
+refused at `open` with a clear error instead of both writing one ledger.
+
+One connection per store, and one asyncio lock around every use of it: a transaction spans
+several awaits, and a read interleaved on the same connection would otherwise see rows
+that are not yet durable. Every read is bounded by a named page size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from replica.canonical import HASH_BYTES, sha256
+from sidecar.engine.statements import BlockResult, RejectionArtifact
+from sidecar.ledger import GENESIS_PREV_HASH, ChainVerifier, LedgerEntry, LedgerProblem
+from sidecar.receipts import (
+    PATH_HASHES_MAX,
+    Receipt,
+    ReceiptLeaf,
+    SignedBlock,
+    leaf_from_verdict,
+)
+
+SCHEMA_VERSION = 1
+# The most ledger entries one `ledger` call returns, and the page `verify_ledger` reads
+# at a time (memory stays bounded however long the ledger grows).
+LEDGER_PAGE_ROWS_MAX = 1024
+# The most receipts one `receipts_from` call returns: above any block's transaction count
+# (the replica's `batch_txs_max` is 4,096 by default), so one page always holds a whole
+# height; callers page by height.
+RECEIPTS_PAGE_MAX = 1 << 16
+# The most artifacts one `artifacts` call returns; callers page with `offset`.
+ARTIFACTS_PAGE_MAX = 1024
+
+_SCHEMA = (
+    """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) STRICT
+    """,
+    """
+    CREATE TABLE head (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        executed_height INTEGER NOT NULL CHECK (executed_height >= 0),
+        ledger_head BLOB NOT NULL,
+        ledger_entries INTEGER NOT NULL CHECK (ledger_entries >= 0),
+        engine_state BLOB
+    ) STRICT
+    """,
+    """
+    CREATE TABLE ledger (
+        height INTEGER NOT NULL,
+        idx INTEGER NOT NULL,
+        tx_id BLOB NOT NULL,
+        proposal_id BLOB NOT NULL,
+        kind TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        mandate_version INTEGER NOT NULL,
+        principal TEXT NOT NULL,
+        canonical_target TEXT NOT NULL,
+        target_digest BLOB NOT NULL,
+        card_digest BLOB NOT NULL,
+        argument_names TEXT NOT NULL,
+        prev_hash BLOB NOT NULL,
+        hash BLOB NOT NULL,
+        UNIQUE (height, idx)
+    ) STRICT
+    """,
+    """
+    CREATE TABLE receipts (
+        height INTEGER NOT NULL,
+        idx INTEGER NOT NULL,
+        tx_id BLOB NOT NULL,
+        proposal_id BLOB NOT NULL,
+        kind TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        target_digest BLOB NOT NULL,
+        card_digest BLOB NOT NULL,
+        mandate_version INTEGER NOT NULL,
+        path BLOB NOT NULL,
+        PRIMARY KEY (height, idx)
+    ) STRICT, WITHOUT ROWID
+    """,
+    """
+    CREATE INDEX receipts_by_proposal ON receipts (proposal_id)
+    """,
+    """
+    CREATE TABLE blocks (
+        height INTEGER PRIMARY KEY,
+        block_hash BLOB NOT NULL,
+        block_time_ms INTEGER NOT NULL,
+        verdict_root BLOB NOT NULL,
+        state_root BLOB NOT NULL,
+        leaf_count INTEGER NOT NULL,
+        signer INTEGER NOT NULL,
+        signature BLOB NOT NULL
+    ) STRICT
+    """,
+    """
+    CREATE TABLE cards (
+        proposal_id BLOB PRIMARY KEY,
+        height INTEGER NOT NULL,
+        data BLOB NOT NULL
+    ) STRICT
+    """,
+    """
+    CREATE TABLE artifacts (
+        height INTEGER NOT NULL,
+        canonical_target TEXT NOT NULL,
+        data BLOB NOT NULL,
+        denials TEXT NOT NULL,
+        PRIMARY KEY (height, canonical_target)
+    ) STRICT, WITHOUT ROWID
+    """,
+)
+
+_LEDGER_COLUMNS = (
+    "height, idx, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal, "
+    "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash"
+)
+_RECEIPT_SELECT = (
+    "SELECT r.height, r.idx, r.tx_id, r.proposal_id, r.kind, r.outcome, r.reason, "
+    "r.target_digest, r.card_digest, r.mandate_version, r.path, b.verdict_root, "
+    "b.state_root, b.leaf_count, b.signer, b.signature "
+    "FROM receipts AS r JOIN blocks AS b ON b.height = r.height "
+)
+
+
+class SidecarStoreError(Exception):
+    """The file cannot serve as this sidecar's store: missing, unreadable, corrupt, held by
+    another process, from another chain or another schema version. Raised, never guessed
+    around."""
+
+
+class DivergenceError(Exception):
+    """A rejection artifact already stored under `key` holds different bytes than this
+    execution produced: this sidecar's past and present disagree about one committed log,
+    so one of them is faulty (DESIGN §4.8). Nothing of the height was written."""
+
+    def __init__(self, key: tuple[int, str], stored: bytes, produced: bytes) -> None:
+        height, target = key
+        super().__init__(
+            f"artifact (height {height}, {target!r}) exists with different bytes "
+            f"(stored sha256 {sha256(stored).hex()[:16]}…, "
+            f"this execution {sha256(produced).hex()[:16]}…)"
+        )
+        self.key = key
+
+
+@dataclass(frozen=True)
+class ExecutedHeight:
+    """Everything one executed height produced, recorded together by `SidecarStore.record`.
+
+    `leaves[i]` is `leaf_from_verdict(height, i, result.verdicts[i])` and `paths[i]` its
+    inclusion path under `signed.verdict_root`; `engine_state` is `Engine.state_bytes()`
+    right after executing this height."""
+
+    height: int
+    block_hash: bytes
+    block_time_ms: int
+    result: BlockResult
+    leaves: tuple[ReceiptLeaf, ...]
+    paths: tuple[tuple[bytes, ...], ...]
+    signed: SignedBlock
+    engine_state: bytes
+
+
+class SidecarStore:
+    """One sidecar's durable state in one SQLite file. Build it with `SidecarStore.open`."""
+
+    def __init__(self, conn: Any, path: Path, chain_id: str) -> None:
+        self._conn = conn
+        self._path = path
+        self._chain_id = chain_id
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._executed_height = 0
+        self._ledger_head = GENESIS_PREV_HASH
+        self._ledger_entries = 0
+        self._artifact_count = 0
+
+    # ================================================================== open / close
+
+    @classmethod
+    async def open(cls, path: Path, chain_id: str, *, create: bool = True) -> SidecarStore:
+        """Open the store at `path` for chain `chain_id`, creating it if needed (unless
+        `create` is False: operator commands never create an empty store by mistake)."""
+        if not chain_id:
+            raise ValueError("chain id must not be empty")
+        try:
+            if create:
+                # Autocommit mode: `record` writes its own BEGIN IMMEDIATE ... COMMIT. No
+                # busy wait: the lock is held for the store's lifetime, so waiting gains
+                # nothing.
+                conn = await aiosqlite.connect(path, isolation_level=None, timeout=0)
+            else:
+                uri = f"{path.resolve().as_uri()}?mode=rw"
+                conn = await aiosqlite.connect(uri, uri=True, isolation_level=None, timeout=0)
+        except sqlite3.Error as err:
+            raise SidecarStoreError(f"{path}: cannot open the sidecar store: {err}") from err
+        store = cls(conn, path, chain_id)
+        try:
+            await store._initialise()
+        except sqlite3.OperationalError as err:
+            await conn.close()
+            if "locked" in str(err):
+                raise SidecarStoreError(
+                    f"{path}: in use by another process (a running sidecar holds its store "
+                    f"exclusively; stop it, or work on a copy taken while it was stopped) ({err})"
+                ) from err
+            raise SidecarStoreError(f"{path}: not a readable sidecar store: {err}") from err
+        except sqlite3.DatabaseError as err:
+            await conn.close()
+            raise SidecarStoreError(f"{path}: not a readable sidecar store: {err}") from err
+        except BaseException:
+            await conn.close()
+            raise
+        return store
+
+    async def _initialise(self) -> None:
+        conn = self._conn
+        await conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        # The first statement to read the file: it fails here for a file that is not
+        # SQLite and for a store another process holds.
+        mode = await self._scalar("PRAGMA journal_mode=WAL")
+        if str(mode).lower() != "wal":
+            raise SidecarStoreError(f"{self._path}: cannot use WAL journaling (got {mode!r})")
+        await conn.execute("PRAGMA synchronous=FULL")
+        await conn.execute("PRAGMA fullfsync=ON")
+        await conn.execute("PRAGMA checkpoint_fullfsync=ON")
+        if await self._scalar("PRAGMA synchronous") != 2:  # 2 = FULL
+            raise SidecarStoreError(f"{self._path}: SQLite refused synchronous=FULL")
+
+        tables = {
+            str(row[0])
+            for row in await conn.execute_fetchall(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )
+        }
+        if not tables:
+            await self._create_schema()
+        elif "meta" not in tables or "head" not in tables:
+            raise SidecarStoreError(f"{self._path}: an SQLite file, but not a sidecar store")
+        meta = {
+            str(key): str(value)
+            for key, value in await conn.execute_fetchall("SELECT key, value FROM meta")
+        }
+        version = meta.get("schema_version")
+        if version != str(SCHEMA_VERSION):
+            raise SidecarStoreError(
+                f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
+            )
+        stored_chain = meta.get("chain_id")
+        if stored_chain != self._chain_id:
+            raise SidecarStoreError(
+                f"{self._path}: the store belongs to chain {stored_chain!r}, not {self._chain_id!r}"
+            )
+        rows = list(
+            await conn.execute_fetchall(
+                "SELECT executed_height, ledger_head, ledger_entries FROM head WHERE id = 1"
+            )
+        )
+        if not rows:
+            raise SidecarStoreError(f"{self._path}: the head record is missing")
+        height, head, entries = rows[0]
+        if not isinstance(head, bytes) or len(head) != HASH_BYTES:
+            raise SidecarStoreError(f"{self._path}: the recorded ledger head is not a hash")
+        self._executed_height = int(height)
+        self._ledger_head = bytes(head)
+        self._ledger_entries = int(entries)
+        self._artifact_count = int(await self._scalar("SELECT COUNT(*) FROM artifacts"))
+
+    async def _create_schema(self) -> None:
+        conn = self._conn
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA:
+                await conn.execute(statement)
+            await conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("schema_version", str(SCHEMA_VERSION)), ("chain_id", self._chain_id)],
+            )
+            await conn.execute(
+                "INSERT INTO head (id, executed_height, ledger_head, ledger_entries, "
+                "engine_state) VALUES (1, 0, ?, 0, NULL)",
+                (GENESIS_PREV_HASH,),
+            )
+            await conn.execute("COMMIT")
+        except BaseException:
+            await self._rollback()
+            raise
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._lock:
+            await self._conn.close()
+
+    # ================================================================== state in memory
+
+    @property
+    def chain_id(self) -> str:
+        return self._chain_id
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def executed_height(self) -> int:
+        """The last height recorded whole (0 before the first)."""
+        return self._executed_height
+
+    @property
+    def ledger_head(self) -> bytes:
+        """The hash of the last ledger entry (32 zero bytes for an empty ledger)."""
+        return self._ledger_head
+
+    @property
+    def ledger_entries(self) -> int:
+        return self._ledger_entries
+
+    @property
+    def artifact_count(self) -> int:
+        return self._artifact_count
+
+    async def engine_state(self) -> bytes | None:
+        """The engine state after `executed_height` (None before the first height)."""
+        async with self._lock:
+            self._check_open()
+            value = await self._scalar("SELECT engine_state FROM head WHERE id = 1")
+        return None if value is None else bytes(value)
+
+    # ================================================================== recording
+
+    async def record(self, h: ExecutedHeight) -> None:
+        """Make one executed height durable, whole, in one transaction (fsync before this
+        returns), or write nothing.
+
+        `h.height` must be `executed_height + 1`: a height already recorded, or one that
+        skips a height, is our own broken invariant and raises `AssertionError` naming
+        both. An artifact key already stored with different bytes raises
+        `DivergenceError` and rolls the height back; with the same bytes it is kept as is.
+        """
+        _check_shape(self._chain_id, h)
+        # Shielded: if the caller is cancelled mid-transaction the transaction still ends
+        # (committed or rolled back) and the in-memory head still matches the disk.
+        await asyncio.shield(self._record_locked(h))
+
+    async def _record_locked(self, h: ExecutedHeight) -> None:
+        async with self._lock:
+            self._check_open()
+            if h.height <= self._executed_height:
+                raise AssertionError(
+                    f"height {h.height} is already recorded (executed height "
+                    f"{self._executed_height}): a height is executed exactly once"
+                )
+            if h.height != self._executed_height + 1:
+                raise AssertionError(
+                    f"height {h.height} does not follow executed height "
+                    f"{self._executed_height}: a height would be skipped"
+                )
+            chain_id = self._chain_id
+            head = self._ledger_head
+            entries: list[LedgerEntry] = []
+            for index, verdict in enumerate(h.result.verdicts):
+                entry = LedgerEntry.from_verdict(chain_id, h.height, index, verdict, head)
+                entries.append(entry)
+                head = entry.hash
+            conn = self._conn
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                fresh = await self._check_artifacts(h.height, h.result.artifacts)
+                await self._insert_rows(h, entries, fresh)
+                await self._update_head(h, head, self._ledger_entries + len(entries))
+                await conn.execute("COMMIT")
+            except BaseException:
+                await self._rollback()
+                raise
+            self._executed_height = h.height
+            self._ledger_head = head
+            self._ledger_entries += len(entries)
+            self._artifact_count += len(fresh)
+
+    async def _check_artifacts(
+        self, height: int, artifacts: Sequence[RejectionArtifact]
+    ) -> list[RejectionArtifact]:
+        """The artifacts not yet stored; `DivergenceError` for a key stored with other
+        bytes. Every artifact of a height shares that height, so one read covers them."""
+        rows = await self._conn.execute_fetchall(
+            "SELECT canonical_target, data FROM artifacts WHERE height = ?", (height,)
+        )
+        stored = {str(target): bytes(data) for target, data in rows}
+        fresh: list[RejectionArtifact] = []
+        for artifact in artifacts:
+            data = artifact.to_bytes()
+            prior = stored.get(artifact.canonical_target)
+            if prior is None:
+                stored[artifact.canonical_target] = data
+                fresh.append(artifact)
+            elif prior != data:
+                raise DivergenceError(artifact.key, prior, data)
+        return fresh
+
+    async def _insert_rows(
+        self, h: ExecutedHeight, entries: Sequence[LedgerEntry], fresh: Sequence[RejectionArtifact]
+    ) -> None:
+        conn = self._conn
+        await conn.executemany(
+            f"INSERT INTO ledger ({_LEDGER_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [_ledger_row(e) for e in entries],
+        )
+        await conn.executemany(
+            "INSERT INTO receipts (height, idx, tx_id, proposal_id, kind, outcome, reason, "
+            "target_digest, card_digest, mandate_version, path) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    leaf.height, leaf.index, leaf.tx_id, leaf.proposal_id, leaf.kind,
+                    leaf.outcome, leaf.reason, leaf.target_digest, leaf.card_digest,
+                    leaf.mandate_version, b"".join(path),
+                )
+                for leaf, path in zip(h.leaves, h.paths, strict=True)
+            ],
+        )  # fmt: skip
+        cards = [
+            (v.proposal_id, h.height, v.card.to_bytes())
+            for v in h.result.verdicts
+            if v.card is not None
+        ]
+        if cards:
+            await conn.executemany(
+                "INSERT INTO cards (proposal_id, height, data) VALUES (?, ?, ?)", cards
+            )
+        s = h.signed
+        await conn.execute(
+            "INSERT INTO blocks (height, block_hash, block_time_ms, verdict_root, state_root, "
+            "leaf_count, signer, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (h.height, h.block_hash, h.block_time_ms, s.verdict_root, s.state_root,
+             s.leaf_count, s.signer, s.signature),
+        )  # fmt: skip
+        if fresh:
+            await conn.executemany(
+                "INSERT INTO artifacts (height, canonical_target, data, denials) "
+                "VALUES (?, ?, ?, ?)",
+                [(a.height, a.canonical_target, a.to_bytes(), _denials_json(a)) for a in fresh],
+            )
+
+    async def _update_head(self, h: ExecutedHeight, ledger_head: bytes, entries: int) -> None:
+        await self._conn.execute(
+            "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
+            "engine_state = ? WHERE id = 1",
+            (h.height, ledger_head, entries, h.engine_state),
+        )
+
+    # ================================================================== reading
+
+    async def root_at(self, height: int) -> bytes | None:
+        """The state root after `height`, from this sidecar's signed block statement."""
+        async with self._lock:
+            self._check_open()
+            value = await self._scalar("SELECT state_root FROM blocks WHERE height = ?", (height,))
+        return None if value is None else bytes(value)
+
+    async def signed_block(self, height: int) -> SignedBlock | None:
+        async with self._lock:
+            self._check_open()
+            rows = list(
+                await self._conn.execute_fetchall(
+                    "SELECT height, verdict_root, state_root, leaf_count, signer, signature "
+                    "FROM blocks WHERE height = ?",
+                    (height,),
+                )
+            )
+        if not rows:
+            return None
+        height_, verdict_root, state_root, leaf_count, signer, signature = rows[0]
+        return SignedBlock(
+            int(height_), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),
+            bytes(signature),
+        )  # fmt: skip
+
+    async def receipt(self, proposal_id: bytes) -> Receipt | None:
+        """The newest verdict answering `proposal_id`: a pending proposal later confirmed
+        has two, and the confirmation's is returned.
+
+        A *rejected* verdict never supersedes an earlier one: a Confirm that settles
+        nothing (wrong card digest, unauthorized confirmer) is rejected with the proposal
+        id it named, and a replayed copy of a transaction is rejected under its original
+        id; neither answers the proposal, so anyone able to get such a transaction
+        committed cannot mask its real verdict. A rejection is returned only when it is
+        all there is (an unattributable or refused transaction's own receipt)."""
+        async with self._lock:
+            self._check_open()
+            rows = list(
+                await self._conn.execute_fetchall(
+                    _RECEIPT_SELECT + "WHERE r.proposal_id = ? "
+                    "ORDER BY (r.outcome = 'rejected'), r.height DESC, r.idx DESC LIMIT 1",
+                    (proposal_id,),
+                )
+            )
+        return self._receipt_from_row(rows[0]) if rows else None
+
+    async def receipts_from(self, height: int, limit: int) -> list[Receipt]:
+        """Receipts from `height` upwards in (height, index) order, at most `limit` and
+        at most `RECEIPTS_PAGE_MAX` of them."""
+        limit = _page(limit, RECEIPTS_PAGE_MAX)
+        async with self._lock:
+            self._check_open()
+            rows = await self._conn.execute_fetchall(
+                _RECEIPT_SELECT + "WHERE r.height >= ? ORDER BY r.height, r.idx LIMIT ?",
+                (max(height, 0), limit),
+            )
+        return [self._receipt_from_row(row) for row in rows]
+
+    async def card(self, proposal_id: bytes) -> bytes | None:
+        """The confirmation card bytes of `proposal_id`'s pending verdict, if it had one
+        (kept after it is confirmed or expires: it is what was approved)."""
+        async with self._lock:
+            self._check_open()
+            value = await self._scalar(
+                "SELECT data FROM cards WHERE proposal_id = ?", (proposal_id,)
+            )
+        return None if value is None else bytes(value)
+
+    async def artifacts(self, limit: int, offset: int = 0) -> list[tuple[int, str, bytes]]:
+        """(height, canonical target, artifact bytes) in key order, at most `limit` and at
+        most `ARTIFACTS_PAGE_MAX`, skipping the first `offset`."""
+        return [(h, t, d) for h, t, d, _ in await self.artifact_rows(limit, offset)]
+
+    async def artifact_rows(
+        self, limit: int, offset: int = 0
+    ) -> list[tuple[int, str, bytes, list[dict[str, Any]]]]:
+        """As `artifacts`, with each artifact's denials as JSON objects (for listings)."""
+        limit = _page(limit, ARTIFACTS_PAGE_MAX)
+        if offset < 0:
+            raise ValueError("offset must not be negative")
+        async with self._lock:
+            self._check_open()
+            rows = await self._conn.execute_fetchall(
+                "SELECT height, canonical_target, data, denials FROM artifacts "
+                "ORDER BY height, canonical_target LIMIT ? OFFSET ?",
+                (limit, offset),
+            )
+        result: list[tuple[int, str, bytes, list[dict[str, Any]]]] = []
+        for height, target, data, denials in rows:
+            try:
+                decoded = json.loads(denials)
+            except (TypeError, ValueError) as err:
+                raise SidecarStoreError(
+                    f"{self._path}: artifact (height {height}, {target!r}) has an "
+                    f"unreadable denial list: {err}"
+                ) from err
+            result.append((int(height), str(target), bytes(data), list(decoded)))
+        return result
+
+    async def ledger(self, from_height: int, limit: int, from_index: int = 0) -> list[LedgerEntry]:
+        """Ledger entries from (from_height, from_index) onwards in (height, index) order,
+        at most `limit` and at most `LEDGER_PAGE_ROWS_MAX`. Raises `SidecarStoreError` for a
+        row that is not an entry (use `verify_ledger` to find the first bad one)."""
+        limit = _page(limit, LEDGER_PAGE_ROWS_MAX)
+        async with self._lock:
+            self._check_open()
+            rows = await self._conn.execute_fetchall(
+                f"SELECT {_LEDGER_COLUMNS} FROM ledger "
+                "WHERE height > ? OR (height = ? AND idx >= ?) ORDER BY height, idx LIMIT ?",
+                (from_height, from_height, from_index, limit),
+            )
+        entries: list[LedgerEntry] = []
+        for row in rows:
+            try:
+                entries.append(_entry_from_row(row))
+            except (TypeError, ValueError) as err:
+                raise SidecarStoreError(
+                    f"{self._path}: ledger row at height {row[0]}, index {row[1]} is not an "
+                    f"entry: {err}"
+                ) from err
+        return entries
+
+    async def verify_ledger(self) -> LedgerProblem | None:
+        """The first bad ledger entry, or None when the whole chain holds.
+
+        Walks the table in insertion order, `LEDGER_PAGE_ROWS_MAX` rows at a time,
+        recomputing every hash from the stored columns (sidecar/ledger.py's
+        `ChainVerifier`), and finally checks that the chain ends at the recorded head with
+        the recorded number of entries (which catches rows cut off the end). Holds the
+        store for the whole walk, so it sees one consistent ledger."""
+        verifier = ChainVerifier(self._chain_id)
+        async with self._lock:
+            self._check_open()
+            after = 0
+            while True:
+                rows = list(
+                    await self._conn.execute_fetchall(
+                        f"SELECT rowid, {_LEDGER_COLUMNS} FROM ledger WHERE rowid > ? "
+                        "ORDER BY rowid LIMIT ?",
+                        (after, LEDGER_PAGE_ROWS_MAX),
+                    )
+                )
+                for row in rows:
+                    try:
+                        entry = _entry_from_row(row[1:])
+                    except (TypeError, ValueError) as err:
+                        height = row[1] if isinstance(row[1], int) else -1
+                        index = row[2] if isinstance(row[2], int) else -1
+                        return verifier.unreadable(height, index, f"not an entry: {err}")
+                    problem = verifier.feed(entry)
+                    if problem is not None:
+                        return problem
+                if len(rows) < LEDGER_PAGE_ROWS_MAX:
+                    break
+                after = int(rows[-1][0])
+            rows = list(
+                await self._conn.execute_fetchall(
+                    "SELECT ledger_head, ledger_entries FROM head WHERE id = 1"
+                )
+            )
+        if not rows:
+            raise SidecarStoreError(f"{self._path}: the head record is missing")
+        head, count = rows[0]
+        return verifier.finish(expected_head=bytes(head), expected_count=int(count))
+
+    # ================================================================== operations
+
+    async def wipe(self, *, keep_artifacts: bool = False) -> None:
+        """Forget every executed height — ledger, receipts, signed blocks, cards, engine
+        state — in one transaction, keeping the chain id: an operator's replay from
+        scratch. With `keep_artifacts`, the rejection artifacts stay, and the replay
+        checks every one of them byte for byte (`DivergenceError` on a difference): the
+        replay drill of DESIGN §5.
+
+        An operator's step, taken while no engine runs on this store."""
+        async with self._lock:
+            self._check_open()
+            conn = self._conn
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                for table in ("ledger", "receipts", "blocks", "cards"):
+                    await conn.execute(f"DELETE FROM {table}")
+                if not keep_artifacts:
+                    await conn.execute("DELETE FROM artifacts")
+                await conn.execute(
+                    "UPDATE head SET executed_height = 0, ledger_head = ?, ledger_entries = 0, "
+                    "engine_state = NULL WHERE id = 1",
+                    (GENESIS_PREV_HASH,),
+                )
+                await conn.execute("COMMIT")
+            except BaseException:
+                await self._rollback()
+                raise
+            self._executed_height = 0
+            self._ledger_head = GENESIS_PREV_HASH
+            self._ledger_entries = 0
+            if not keep_artifacts:
+                self._artifact_count = 0
+
+    # ================================================================== internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AssertionError("the sidecar store is closed")
+
+    async def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            await self._conn.execute("ROLLBACK")
+
+    async def _scalar(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        rows = list(await self._conn.execute_fetchall(sql, tuple(params)))
+        return rows[0][0] if rows else None
+
+    def _receipt_from_row(self, row: Sequence[Any]) -> Receipt:
+        (height, index, tx_id, proposal_id, kind, outcome, reason, target_digest,
+         card_digest, mandate_version, path, verdict_root, state_root, leaf_count, signer,
+         signature) = row  # fmt: skip
+        path = bytes(path)
+        if len(path) % HASH_BYTES or len(path) // HASH_BYTES > PATH_HASHES_MAX:
+            raise SidecarStoreError(
+                f"{self._path}: receipt at height {height}, index {index} has a damaged path"
+            )
+        leaf = ReceiptLeaf(
+            height=int(height),
+            index=int(index),
+            tx_id=bytes(tx_id),
+            proposal_id=bytes(proposal_id),
+            kind=str(kind),
+            outcome=str(outcome),
+            reason=str(reason),
+            target_digest=bytes(target_digest),
+            card_digest=bytes(card_digest),
+            mandate_version=int(mandate_version),
+        )
+        block = SignedBlock(
+            int(height), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),
+            bytes(signature),
+        )  # fmt: skip
+        hashes = tuple(path[i : i + HASH_BYTES] for i in range(0, len(path), HASH_BYTES))
+        return Receipt(leaf=leaf, path=hashes, block=block)
+
+
+# ==================================================================== helpers
+
+
+def _page(limit: int, maximum: int) -> int:
+    if limit < 0:
+        raise ValueError("limit must not be negative")
+    return min(limit, maximum)
+
+
+def _check_shape(chain_id: str, h: ExecutedHeight) -> None:
+    """The caller's half of the contract: what it hands over belongs together. A mismatch
+    is our own broken invariant (STYLE rule 6), raised even under `python -O`."""
+    result, signed = h.result, h.signed
+    problems: list[str] = []
+    if result.height != h.height or signed.height != h.height:
+        problems.append(
+            f"heights disagree (record {h.height}, result {result.height}, signed {signed.height})"
+        )
+    if result.block_time_ms != h.block_time_ms:
+        problems.append("block time disagrees with the result's")
+    count = len(result.verdicts)
+    if not len(h.leaves) == len(h.paths) == signed.leaf_count == count:
+        problems.append(
+            f"{count} verdicts, {len(h.leaves)} leaves, {len(h.paths)} paths, "
+            f"signed leaf count {signed.leaf_count}"
+        )
+    if signed.state_root != result.state_root:
+        problems.append("the signed state root is not the result's")
+    if len(h.block_hash) != HASH_BYTES:
+        problems.append("the block hash is not a SHA-256 hash")
+    if not h.engine_state:
+        problems.append("no engine state")
+    for index, (verdict, leaf) in enumerate(zip(result.verdicts, h.leaves, strict=False)):
+        if leaf != leaf_from_verdict(h.height, index, verdict):
+            problems.append(f"leaf {index} does not match verdict {index}")
+            break
+    for index, path in enumerate(h.paths):
+        if len(path) > PATH_HASHES_MAX or any(len(p) != HASH_BYTES for p in path):
+            problems.append(f"path {index} is not a list of at most {PATH_HASHES_MAX} hashes")
+            break
+    keys: set[str] = set()
+    for artifact in result.artifacts:
+        if artifact.height != h.height or artifact.chain_id != chain_id:
+            problems.append(f"artifact {artifact.key} is not of this height and chain")
+            break
+        keys.add(artifact.canonical_target)
+    if len(keys) != len(result.artifacts):
+        problems.append("two artifacts for one key in one height")
+    cards = [v.proposal_id for v in result.verdicts if v.card is not None]
+    if len(set(cards)) != len(cards):
+        problems.append("two confirmation cards for one proposal in one height")
+    if problems:
+        raise AssertionError(f"executed height {h.height} is inconsistent: " + "; ".join(problems))
+
+
+def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
+    return (
+        entry.height, entry.index, entry.tx_id, entry.proposal_id, entry.kind, entry.outcome,
+        entry.reason, entry.mandate_version, entry.principal, entry.canonical_target,
+        entry.target_digest, entry.card_digest,
+        json.dumps(list(entry.argument_names), ensure_ascii=False, separators=(",", ":")),
+        entry.prev_hash, entry.hash,
+    )  # fmt: skip
+
+
+def _entry_from_row(row: Sequence[Any]) -> LedgerEntry:
+    """A stored row as an entry; `ValueError` / `TypeError` for one that is not (the
+    entry's own checks refuse a wrong type, length or range)."""
+    (height, index, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal,
+     canonical_target, target_digest, card_digest, argument_names, prev_hash,
+     hash_) = row  # fmt: skip
+    names = json.loads(argument_names) if isinstance(argument_names, str) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError("argument_names is not a JSON list of text")
+    return LedgerEntry(
+        height=height,
+        index=index,
+        tx_id=tx_id,
+        proposal_id=proposal_id,
+        kind=kind,
+        outcome=outcome,
+        reason=reason,
+        mandate_version=mandate_version,
+        principal=principal,
+        canonical_target=canonical_target,
+        target_digest=target_digest,
+        card_digest=card_digest,
+        argument_names=tuple(names),
+        prev_hash=prev_hash,
+        hash=hash_,
+    )
+
+
+def _denials_json(artifact: RejectionArtifact) -> str:
+    return json.dumps(
+        [
+            {
+                "proposal_id": d.proposal_id.hex(),
+                "principal": d.principal,
+                "reason": d.reason.value,
+                "mandate_version": d.mandate_version,
+                "argument_names": list(d.argument_names),
+            }
+            for d in artifact.denials
+        ],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
