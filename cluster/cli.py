@@ -150,19 +150,14 @@ def _status_table(statuses: Sequence[NodeStatus]) -> str:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from cluster.clusterfile import ClusterFileError
-    from cluster.ops import OpsError, query_status, start_nodes, stop_nodes, wait_serving
+    from cluster.ops import OpsError, query_status, start_cluster, stop_nodes
 
     try:
         spec = _load(args)
         indexes = list(range(spec.n)) if args.node is None else [spec.member(args.node).index]
-        procs = start_nodes(spec, indexes)
+        procs = start_cluster(spec, indexes)
     except (ClusterFileError, OpsError) as err:
         return _fail(str(err), 2)
-    try:
-        wait_serving(spec, indexes, procs)
-    except OpsError as err:
-        stop_nodes(spec, indexes)
-        return _fail(str(err))
     if args.detach:
         hint = f"quorumgate status --dir {args.dir}"
         print(f"{len(indexes)} replicas serving (chain {spec.chain_id}); `{hint}`")
@@ -185,7 +180,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print("\nstopping...", flush=True)
     finally:
         stop_nodes(spec, indexes)
-        for proc in procs.values():
+        for proc in procs:
             proc.wait()
     return 0
 

@@ -15,7 +15,7 @@ import grpc
 
 from cluster.clusterfile import ClusterSpec
 from cluster.loadgen import LoadAgent
-from cluster.ops import query_status, start_nodes, stop_nodes, wait_serving
+from cluster.ops import query_status, start_cluster, stop_nodes
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from sidecar.engine.tx import parse
@@ -32,9 +32,8 @@ def _status_lines(spec: ClusterSpec) -> str:
 
 def run_demo(spec: ClusterSpec, proposals: int, *, once: bool, refresh_s: float) -> int:
     indexes = list(range(spec.n))
-    procs = start_nodes(spec, indexes)
+    procs = start_cluster(spec, indexes)
     try:
-        wait_serving(spec, indexes, procs)
         print(
             f"{spec.n} replicas serving on loopback (f={spec.f}); logs in {spec.directory}/node-*/"
         )
@@ -99,5 +98,5 @@ def run_demo(spec: ClusterSpec, proposals: int, *, once: bool, refresh_s: float)
         return 0
     finally:
         stop_nodes(spec, indexes)
-        for proc in procs.values():
+        for proc in procs:
             proc.wait()

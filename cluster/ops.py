@@ -281,3 +281,24 @@ def _zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def start_cluster(
+    spec: ClusterSpec, indexes: list[int], timeout_s: float = READY_TIMEOUT_S
+) -> list[subprocess.Popen[bytes]]:
+    """Start each member's replica, then its sidecar, and return once all serve; on any
+    failure stop whatever this call started and raise."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        replicas = start_nodes(spec, indexes, "replica")
+        procs += replicas.values()
+        wait_serving(spec, indexes, replicas, timeout_s)
+        sidecars = start_nodes(spec, indexes, "sidecar")
+        procs += sidecars.values()
+        wait_sidecars_serving(spec, indexes, sidecars, timeout_s)
+    except BaseException:
+        stop_nodes(spec, indexes)
+        for proc in procs:
+            proc.wait()
+        raise
+    return procs

@@ -367,6 +367,17 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             accepted=result.accepted, reason=result.reason.value, tx_id=result.tx_id
         )
 
+    async def Account(
+        self, request: spb.AccountRequest, context: grpc.aio.ServicerContext
+    ) -> spb.AccountReply:
+        sidecar = self.sidecar
+        engine, store = sidecar.engine, sidecar.store
+        assert engine is not None and store is not None
+        nxt = engine.next_nonce(request.signer)
+        return spb.AccountReply(
+            known=nxt is not None, next_nonce=nxt or 0, executed_height=store.executed_height
+        )
+
     async def Status(
         self, request: spb.SidecarStatusRequest, context: grpc.aio.ServicerContext
     ) -> spb.SidecarStatusReply:

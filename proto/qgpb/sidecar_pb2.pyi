@@ -107,6 +107,22 @@ class AdmitReply(_message.Message):
     tx_id: bytes
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., tx_id: _Optional[bytes] = ...) -> None: ...
 
+class AccountRequest(_message.Message):
+    __slots__ = ("signer",)
+    SIGNER_FIELD_NUMBER: _ClassVar[int]
+    signer: bytes
+    def __init__(self, signer: _Optional[bytes] = ...) -> None: ...
+
+class AccountReply(_message.Message):
+    __slots__ = ("known", "next_nonce", "executed_height")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    NEXT_NONCE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    next_nonce: int
+    executed_height: int
+    def __init__(self, known: _Optional[bool] = ..., next_nonce: _Optional[int] = ..., executed_height: _Optional[int] = ...) -> None: ...
+
 class SidecarStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

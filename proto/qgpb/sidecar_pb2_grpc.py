@@ -49,6 +49,11 @@ class SidecarStub:
                 request_serializer=qgpb_dot_sidecar__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=qgpb_dot_sidecar__pb2.AdmitReply.FromString,
                 _registered_method=True)
+        self.Account = channel.unary_unary(
+                '/qgpb.Sidecar/Account',
+                request_serializer=qgpb_dot_sidecar__pb2.AccountRequest.SerializeToString,
+                response_deserializer=qgpb_dot_sidecar__pb2.AccountReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/qgpb.Sidecar/Status',
                 request_serializer=qgpb_dot_sidecar__pb2.SidecarStatusRequest.SerializeToString,
@@ -78,6 +83,13 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Account(self, request, context):
+        """What a client that lost count of its nonces needs (read-only, public information).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -101,6 +113,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=qgpb_dot_sidecar__pb2.AdmitRequest.FromString,
                     response_serializer=qgpb_dot_sidecar__pb2.AdmitReply.SerializeToString,
+            ),
+            'Account': grpc.unary_unary_rpc_method_handler(
+                    servicer.Account,
+                    request_deserializer=qgpb_dot_sidecar__pb2.AccountRequest.FromString,
+                    response_serializer=qgpb_dot_sidecar__pb2.AccountReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -189,6 +206,33 @@ class Sidecar:
             '/qgpb.Sidecar/Admit',
             qgpb_dot_sidecar__pb2.AdmitRequest.SerializeToString,
             qgpb_dot_sidecar__pb2.AdmitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Account(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Sidecar/Account',
+            qgpb_dot_sidecar__pb2.AccountRequest.SerializeToString,
+            qgpb_dot_sidecar__pb2.AccountReply.FromString,
             options,
             channel_credentials,
             insecure,

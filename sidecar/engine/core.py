@@ -324,6 +324,14 @@ class Engine:
 
     # ------------------------------------------------------------------ dispatch
 
+    def next_nonce(self, signer: bytes) -> int | None:
+        """The smallest nonce above every one this signer has executed (what a client
+        that lost count should use next), or None for an unknown signer."""
+        window = self._nonce_window(signer)
+        if window is None:
+            return None
+        return max(window.low_water, *window.executed, 0) + 1
+
     def _nonce_window(self, signer: bytes) -> NonceWindow | None:
         if signer == self.config.owner_public_key:
             return self.state.owner_nonces
