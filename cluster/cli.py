@@ -274,6 +274,52 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return _fail(str(err), 2)
 
 
+def _sidecar_db(args: argparse.Namespace) -> tuple[Path, str] | int:
+    from cluster.clusterfile import ClusterFileError
+
+    try:
+        spec = _load(args)
+        spec.member(args.node)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    return spec.node_dir(args.node) / "sidecar.db", spec.chain_id
+
+
+def _cmd_artifacts(args: argparse.Namespace) -> int:
+    from sidecar.operator import export_artifacts, list_artifacts
+
+    found = _sidecar_db(args)
+    if isinstance(found, int):
+        return found
+    db, chain = found
+    if args.export:
+        return export_artifacts(db, chain, Path(args.export))
+    return list_artifacts(db, chain, args.json, sys.stdout)
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    from sidecar.operator import ledger_export, ledger_verify, verify_ledger_file
+
+    if args.ledger_command == "verify" and args.file:
+        from cluster.clusterfile import ClusterFileError
+
+        try:
+            chain = _load(args).chain_id
+        except ClusterFileError as err:
+            return _fail(str(err), 2)
+        head = bytes.fromhex(args.head) if args.head else None
+        return verify_ledger_file(Path(args.file), chain, sys.stdout, expected_head=head)
+    if args.node is None:
+        return _fail("--node is required (or --file for an exported ledger)", 2)
+    found = _sidecar_db(args)
+    if isinstance(found, int):
+        return found
+    db, chain = found
+    if args.ledger_command == "verify":
+        return ledger_verify(db, chain, sys.stdout)
+    return ledger_export(db, chain, sys.stdout)
+
+
 def _cmd_policy_test(args: argparse.Namespace) -> int:
     from sidecar.policykit import run_policy_test
 
@@ -345,6 +391,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--clients", type=int, default=2, help="client processes")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
+
+    artifacts = sub.add_parser("artifacts", help="a sidecar's rejection artifacts")
+    artifacts.add_argument("--dir", required=True)
+    artifacts.add_argument("--node", type=int, required=True)
+    artifacts.add_argument("--json", action="store_true")
+    artifacts.add_argument("--export", metavar="OUT_DIR", help="write one file per artifact")
+    artifacts.set_defaults(func=_cmd_artifacts)
+
+    ledger = sub.add_parser("ledger", help="a sidecar's verdict ledger")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True)
+    lverify = ledger_sub.add_parser("verify", help="check the hash chain; name the first bad entry")
+    lverify.add_argument("--dir", required=True)
+    lverify.add_argument("--node", type=int)
+    lverify.add_argument("--file", help="an exported ledger (JSONL) instead of a node's store")
+    lverify.add_argument("--head", help="with --file: the head (hex) another sidecar reports")
+    lverify.set_defaults(func=_cmd_ledger)
+    lexport = ledger_sub.add_parser("export", help="JSONL, one verdict a line")
+    lexport.add_argument("--dir", required=True)
+    lexport.add_argument("--node", type=int, required=True)
+    lexport.set_defaults(func=_cmd_ledger)
 
     policy = sub.add_parser("policy", help="operator policy tools")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)

@@ -7,14 +7,13 @@ reads to `out`, and errors to `err` (stderr by default):
 - `EXIT_OK` (0): done; the ledger verifies.
 - `EXIT_PROBLEM` (1): the ledger or an export does not verify (the first bad entry is
   named), or an export would overwrite a different file.
-- `EXIT_UNUSABLE` (2): no store to read: missing, held by a running sidecar, of another
-  chain, or not a sidecar store.
+- `EXIT_UNUSABLE` (2): no store to read: missing, of another chain, or not a sidecar
+  store.
 
-The store is held exclusively by its sidecar (sidecar/store.py, `locking_mode=EXCLUSIVE`),
-so these commands read a **stopped** sidecar's database, or a copy of its files
-(`sidecar.db`, and `sidecar.db-wal` if present) taken while it was stopped. Against a
-running sidecar they refuse with a clear error instead of waiting. They never create a
-store: a wrong path is an error, not a new empty ledger that verifies.
+These commands open the store read-only (sidecar/store.py): they read a running sidecar's
+committed heights (WAL lets readers and the one writer work at once), a stopped sidecar's
+database, or a copy of its files (`sidecar.db`, and `sidecar.db-wal` if present). They
+never create a store: a wrong path is an error, not a new empty ledger that verifies.
 
 Output never holds an argument value (the store has none) and reason codes are shown,
 because these are operator tools (DESIGN §4.2). Text a verdict carries (canonical targets,
@@ -380,7 +379,7 @@ def _with_store(
 
     async def main() -> int:
         try:
-            store = await SidecarStore.open(db_path, chain_id, create=False)
+            store = await SidecarStore.open(db_path, chain_id, create=False, read_only=True)
         except SidecarStoreError as error:
             errors.write(f"quorumgate: {error}\n")
             return EXIT_UNUSABLE

@@ -40,9 +40,10 @@ argument *names* only, and the engine state holds sealed envelopes as ciphertext
 Durability settings, set on every connection (the same as replica/storage.py, which says
 why at length): `journal_mode=WAL`; `synchronous=FULL`, so WAL is fsynced at every commit
 and a recorded height survives power loss, not only a process crash; `fullfsync` for macOS;
-`locking_mode=EXCLUSIVE`, so the file is held for the store's lifetime and a second process
-on one store (a sidecar started twice, or an operator command against a running sidecar) is
-refused at `open` with a clear error instead of both writing one ledger.
+and one writer: the writing store holds an exclusive `flock` on `<db>.lock` for its
+lifetime, so a second writer (a sidecar started twice) is refused at `open` with a clear
+error instead of both writing one ledger. Operator commands open the store `read_only`:
+WAL lets them read a running sidecar's committed heights while it goes on writing.
 
 One connection per store, and one asyncio lock around every use of it: a transaction spans
 several awaits, and a read interleaved on the same connection would otherwise see rows
@@ -52,7 +53,10 @@ that are not yet durable. Every read is bounded by a named page size.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -222,12 +226,16 @@ class ExecutedHeight:
 class SidecarStore:
     """One sidecar's durable state in one SQLite file. Build it with `SidecarStore.open`."""
 
-    def __init__(self, conn: Any, path: Path, chain_id: str) -> None:
+    def __init__(
+        self, conn: Any, path: Path, chain_id: str, writer_lock: int | None = None
+    ) -> None:
         self._conn = conn
         self._path = path
         self._chain_id = chain_id
         self._lock = asyncio.Lock()
         self._closed = False
+        self._writer_lock = writer_lock
+        self._read_only = writer_lock is None
         self._executed_height = 0
         self._ledger_head = GENESIS_PREV_HASH
         self._ledger_entries = 0
@@ -236,13 +244,22 @@ class SidecarStore:
     # ================================================================== open / close
 
     @classmethod
-    async def open(cls, path: Path, chain_id: str, *, create: bool = True) -> SidecarStore:
+    async def open(
+        cls, path: Path, chain_id: str, *, create: bool = True, read_only: bool = False
+    ) -> SidecarStore:
         """Open the store at `path` for chain `chain_id`, creating it if needed (unless
-        `create` is False: operator commands never create an empty store by mistake)."""
+        `create` is False: operator commands never create an empty store by mistake).
+        `read_only` stores take no writer lock and can only read."""
         if not chain_id:
             raise ValueError("chain id must not be empty")
+        writer_lock: int | None = None
+        if not read_only:
+            writer_lock = _take_writer_lock(path)
         try:
-            if create:
+            if read_only:
+                uri = f"{path.resolve().as_uri()}?mode=ro"
+                conn = await aiosqlite.connect(uri, uri=True, isolation_level=None, timeout=5)
+            elif create:
                 # Autocommit mode: `record` writes its own BEGIN IMMEDIATE ... COMMIT. No
                 # busy wait: the lock is held for the store's lifetime, so waiting gains
                 # nothing.
@@ -251,12 +268,14 @@ class SidecarStore:
                 uri = f"{path.resolve().as_uri()}?mode=rw"
                 conn = await aiosqlite.connect(uri, uri=True, isolation_level=None, timeout=0)
         except sqlite3.Error as err:
+            _release_writer_lock(writer_lock)
             raise SidecarStoreError(f"{path}: cannot open the sidecar store: {err}") from err
-        store = cls(conn, path, chain_id)
+        store = cls(conn, path, chain_id, writer_lock)
         try:
             await store._initialise()
         except sqlite3.OperationalError as err:
             await conn.close()
+            _release_writer_lock(writer_lock)
             if "locked" in str(err):
                 raise SidecarStoreError(
                     f"{path}: in use by another process (a running sidecar holds its store "
@@ -265,18 +284,22 @@ class SidecarStore:
             raise SidecarStoreError(f"{path}: not a readable sidecar store: {err}") from err
         except sqlite3.DatabaseError as err:
             await conn.close()
+            _release_writer_lock(writer_lock)
             raise SidecarStoreError(f"{path}: not a readable sidecar store: {err}") from err
         except BaseException:
             await conn.close()
+            _release_writer_lock(writer_lock)
             raise
         return store
 
     async def _initialise(self) -> None:
         conn = self._conn
-        await conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-        # The first statement to read the file: it fails here for a file that is not
-        # SQLite and for a store another process holds.
-        mode = await self._scalar("PRAGMA journal_mode=WAL")
+        if self._read_only:
+            await conn.execute("PRAGMA query_only=ON")
+        # The first statement to read the file: it fails here for a file that is not SQLite.
+        mode = await self._scalar(
+            "PRAGMA journal_mode" if self._read_only else "PRAGMA journal_mode=WAL"
+        )
         if str(mode).lower() != "wal":
             raise SidecarStoreError(f"{self._path}: cannot use WAL journaling (got {mode!r})")
         await conn.execute("PRAGMA synchronous=FULL")
@@ -284,6 +307,10 @@ class SidecarStore:
         await conn.execute("PRAGMA checkpoint_fullfsync=ON")
         if await self._scalar("PRAGMA synchronous") != 2:  # 2 = FULL
             raise SidecarStoreError(f"{self._path}: SQLite refused synchronous=FULL")
+        if self._read_only and not await self._scalar(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'"
+        ):
+            raise SidecarStoreError(f"{self._path}: an empty file, not a sidecar store")
 
         tables = {
             str(row[0])
@@ -350,6 +377,8 @@ class SidecarStore:
         self._closed = True
         async with self._lock:
             await self._conn.close()
+        _release_writer_lock(self._writer_lock)
+        self._writer_lock = None
 
     # ================================================================== state in memory
 
@@ -754,6 +783,27 @@ class SidecarStore:
 
 
 # ==================================================================== helpers
+
+
+def _take_writer_lock(path: Path) -> int:
+    """An exclusive, non-blocking flock on `<db>.lock`, held while the store is open."""
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        raise SidecarStoreError(
+            f"{path}: in use by another process (a running sidecar writes this store; "
+            f"operator commands read it with read_only=True)"
+        ) from err
+    return fd
+
+
+def _release_writer_lock(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _page(limit: int, maximum: int) -> int:

@@ -318,7 +318,7 @@ asyncio.run(main())
 """
 
 
-def test_a_store_held_by_a_running_sidecar_is_refused_clearly(db: Path) -> None:
+def test_a_store_held_by_a_running_sidecar_is_read_while_it_runs(db: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(db), CHAIN],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT,
@@ -326,13 +326,13 @@ def test_a_store_held_by_a_running_sidecar_is_refused_clearly(db: Path) -> None:
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"open\n"
         status, out, err = run(ledger_verify, db, CHAIN)
-        assert (status, out) == (EXIT_UNUSABLE, "")
-        assert "in use by another process (a running sidecar holds its store exclusively" in err
+        assert status == EXIT_OK, err
+        assert out
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
         assert holder.wait(timeout=30) == 0
-    assert run(ledger_verify, db, CHAIN)[0] == EXIT_OK  # stopped: readable again
+    assert run(ledger_verify, db, CHAIN)[0] == EXIT_OK  # stopped: readable as well
 
 
 # ============================================================================ confidentiality

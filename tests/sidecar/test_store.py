@@ -70,8 +70,10 @@ async def close_every_store() -> AsyncIterator[None]:
     opened: list[SidecarStore] = []
     real_open = SidecarStore.open
 
-    async def tracking_open(path: Path, chain_id: str, *, create: bool = True) -> SidecarStore:
-        store = await real_open(path, chain_id, create=create)
+    async def tracking_open(
+        path: Path, chain_id: str, *, create: bool = True, read_only: bool = False
+    ) -> SidecarStore:
+        store = await real_open(path, chain_id, create=create, read_only=read_only)
         opened.append(store)
         return store
 
@@ -725,20 +727,29 @@ async def test_connection_uses_wal_with_fsync_on_every_commit(store: SidecarStor
     conn = store._conn  # the store's own connection: pragmas are per connection
     assert (await conn.execute_fetchall("PRAGMA journal_mode"))[0][0] == "wal"
     assert (await conn.execute_fetchall("PRAGMA synchronous"))[0][0] == 2  # FULL
-    assert (await conn.execute_fetchall("PRAGMA locking_mode"))[0][0] == "exclusive"
 
 
-async def test_store_in_use_is_refused_with_a_clear_error(
+async def test_a_second_writer_is_refused_but_readers_see_committed_heights(
     heights: list[ExecutedHeight], tmp_path: Path
 ) -> None:
+    """One writer per store (a sidecar started twice must not write one ledger twice);
+    operators read a running sidecar's store read-only, and see only what is committed."""
     path = tmp_path / "sidecar.db"
     first = await SidecarStore.open(path, CHAIN)
     try:
         with pytest.raises(
-            SidecarStoreError, match=r"in use by another process \(a running sidecar"
+            SidecarStoreError, match=r"in use by another process \(a running sidecar writes"
         ):
             await SidecarStore.open(path, CHAIN)
         await first.record(heights[0])
+        reader = await SidecarStore.open(path, CHAIN, create=False, read_only=True)
+        try:
+            assert reader.executed_height == 1
+            assert await reader.verify_ledger() is None
+            with pytest.raises(sqlite3.OperationalError, match=r"readonly|read-only"):
+                await reader.record(heights[1])
+        finally:
+            await reader.close()
     finally:
         await first.close()
     second = await SidecarStore.open(path, CHAIN, create=False)
