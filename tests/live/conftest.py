@@ -289,7 +289,7 @@ class LiveCluster:
         _reap(self.started)
         # Anything else still running for this directory (started through the CLI, or
         # before its Popen was recorded) goes too.
-        for pid in replica_pids(self.spec.directory):
+        for pid in cluster_pids(self.spec.directory):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for channel in self._channels.values():
@@ -795,11 +795,15 @@ def proc_cmdlines() -> dict[int, list[str]]:
     return out
 
 
-def replica_pids(directory: Path) -> list[int]:
-    """Pids of replica processes running for this cluster directory (started by anyone)."""
+SERVER_MODULES = ("replica.node", "sidecar.node")
+
+
+def cluster_pids(directory: Path, modules: Sequence[str] = SERVER_MODULES) -> list[int]:
+    """Pids of the server processes (replicas and sidecars by default) running for this
+    cluster directory, whoever started them."""
     want = str(directory.resolve())
     return sorted(
         pid
         for pid, argv in proc_cmdlines().items()
-        if "replica.node" in argv and "--dir" in argv and want in argv
+        if any(module in argv for module in modules) and "--dir" in argv and want in argv
     )

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from cluster.clusterfile import load_cluster
-from tests.live.conftest import STOP_GRACE_S, LiveCluster, replica_pids, wait_until
+from cluster.loadgen import BENCH_TOOL
+from cluster.owner import OwnerSession, agent_ops, tool_op
+from tests.live.conftest import STOP_GRACE_S, LiveCluster, cluster_pids, wait_until
 
 CLI_TIMEOUT_S = 60.0
 _SCRIPT = Path(sys.executable).parent / "quorumgate"
@@ -53,7 +55,7 @@ def assert_clean_failure(
 @pytest.fixture
 def cli_dirs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     """Cluster directories for the CLI; at teardown, `quorumgate down` each and SIGKILL
-    any replica still running for it."""
+    any replica or sidecar still running for it."""
     made: list[Path] = []
 
     def make(name: str) -> Path:
@@ -68,7 +70,7 @@ def cli_dirs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
             if (path / "cluster.json").exists():
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     quorumgate("down", "--dir", path)
-            for pid in replica_pids(path):
+            for pid in cluster_pids(path):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -78,12 +80,12 @@ def init(directory: Path, nodes: int = 4) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def wait_no_replicas(directory: Path) -> None:
+def wait_none_running(directory: Path) -> None:
     wait_until(
-        f"no replica left running for {directory}",
-        lambda: not replica_pids(directory),
+        f"no replica or sidecar left running for {directory}",
+        lambda: not cluster_pids(directory),
         STOP_GRACE_S * 2,
-        lambda: f"pids {replica_pids(directory)}",
+        lambda: f"pids {cluster_pids(directory)}",
     )
 
 
@@ -118,47 +120,56 @@ def test_cli_missing_or_corrupt_cluster_file_exits_2_with_a_clear_message(
         for command in ("status", "up", "down"):
             result = quorumgate(command, "--dir", directory)
             assert_clean_failure(result, 2, str(path), message)
-            assert not replica_pids(directory), f"`up` with {what} started a replica"
+            assert not cluster_pids(directory), f"`up` with {what} started a process"
 
 
 def test_cli_up_refuses_a_running_node_or_a_taken_port_and_starts_nothing(
     cli_dirs: Callable[[str], Path],
 ) -> None:
-    """With node 1 already up, `quorumgate up` names it and its pid, exits 2, and starts
-    none of the other three. With a port of the cluster held by another listener (a
-    replica port, then a metrics port), it names the port and its role and starts
-    nothing."""
+    """With node 1 already up (its replica and sidecar), `quorumgate up` names it and its
+    pid, exits 2, and neither starts the other three nor stops node 1 — the processes of
+    the directory are exactly those before. With a port of the cluster held by another
+    listener (a replica port, a replica metrics port, a sidecar port), it names the port
+    and its role, exits 2, and leaves nothing running."""
     directory = cli_dirs("busy")
     init(directory)
     spec = load_cluster(directory)
 
     assert quorumgate("up", "--dir", directory, "--node", 1, "--detach").returncode == 0
-    [running] = replica_pids(directory)
+    running = cluster_pids(directory)
+    replica_1 = int((spec.node_dir(1) / "replica.pid").read_text())
+    assert replica_1 in running
     result = quorumgate("up", "--dir", directory, "--detach")
-    assert_clean_failure(result, 2, "replica 1 is already running", f"pid {running}")
-    assert replica_pids(directory) == [running], "a refused `up` started replicas"
+    assert_clean_failure(result, 2, "replica 1 is already running", f"pid {replica_1}")
+    after = cluster_pids(directory)
+    assert after == running, (
+        f"a refused `up` changed the directory's processes from {running} to {after}: it "
+        "must start nothing and stop nothing"
+    )
     assert quorumgate("down", "--dir", directory).returncode == 0
-    wait_no_replicas(directory)
+    wait_none_running(directory)
 
     for node, role, port in (
         (0, "replica of node 0", spec.member(0).replica_port),
         (2, "replica metrics of node 2", spec.member(2).metrics_port),
+        (1, "sidecar of node 1", spec.member(1).sidecar_port),
     ):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
             holder.bind((spec.member(node).host, port))
             holder.listen()
             result = quorumgate("up", "--dir", directory, "--detach")
         assert_clean_failure(result, 2, f"port {port} ({role})", "in use")
-        assert not replica_pids(directory), f"`up` started replicas with port {port} taken"
+        left = cluster_pids(directory)
+        assert not left, f"`up` with port {port} taken left processes {left} running"
 
 
 def test_cli_down_stops_only_what_up_started(
     cli_dirs: Callable[[str], Path], live_cluster: Callable[..., LiveCluster]
 ) -> None:
     """Cluster A runs nodes 2 and 3 (0 and 1 were stopped with `down --node`). Node 0's
-    pid file then names a `sleep` process, node 1's names a replica of another cluster B,
-    node 2's sidecar pid file names the `sleep` too. `quorumgate down --dir A` must stop
-    A's two replicas, report exactly those, and leave the `sleep` and B's replica running;
+    replica and sidecar pid files then name a `sleep` process, node 1's name a replica of
+    another cluster B. `quorumgate down --dir A` must stop A's two nodes (replica and
+    sidecar each), report exactly those, and leave the `sleep` and B's replica running;
     B still answers Status."""
     a = cli_dirs("a")
     init(a)
@@ -166,21 +177,21 @@ def test_cli_down_stops_only_what_up_started(
     for node in (0, 1):
         result = quorumgate("down", "--dir", a, "--node", node)
         assert result.returncode == 0 and f"stopped nodes [{node}]" in result.stdout, result
-    wait_until("A's nodes 0 and 1 to exit", lambda: len(replica_pids(a)) == 2)
+    assert len(cluster_pids(a)) == 4, f"A should run nodes 2 and 3: {cluster_pids(a)}"
 
     b = live_cluster(4, start=False, name="b")
     b.start([0])
     sleeper = subprocess.Popen(["sleep", "300"])
     try:
         node_dir = load_cluster(a).node_dir
-        (node_dir(0) / "replica.pid").write_text(f"{sleeper.pid}\n")
-        (node_dir(1) / "replica.pid").write_text(f"{b.pid(0)}\n")
-        (node_dir(2) / "sidecar.pid").write_text(f"{sleeper.pid}\n")
+        for kind in ("replica", "sidecar"):
+            (node_dir(0) / f"{kind}.pid").write_text(f"{sleeper.pid}\n")
+            (node_dir(1) / f"{kind}.pid").write_text(f"{b.pid(0)}\n")
 
         result = quorumgate("down", "--dir", a)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == "stopped nodes [2, 3]", result.stdout
-        wait_no_replicas(a)
+        wait_none_running(a)
         assert sleeper.poll() is None, "`down` killed a process it did not start"
         assert b.alive() == [0], "`down` of cluster A stopped a replica of cluster B"
         assert b.status(0).node == 0
@@ -193,11 +204,11 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
     cli_dirs: Callable[[str], Path],
 ) -> None:
     """`quorumgate init` writes every private key file (owner, and per node consensus and
-    receipt keys) with mode 0600 in 0700 node directories. After `init`, `up`, proposals
-    committed, `status` and `down`, no private key — as hex in either case, or as raw
-    bytes — appears in cluster.json, in any log, pid or database file under the cluster
-    directory, or in anything the CLI printed; while every public key does appear in
-    cluster.json (so the search can find what it looks for)."""
+    receipt keys) with mode 0600 in 0700 node directories. After `init`, `up`, an agent
+    registered by the owner, its proposals committed, `status` and `down`, no private key
+    — as hex in either case, or as raw bytes — appears in cluster.json, in any log, pid or
+    database file under the cluster directory, or in anything the CLI printed; while every
+    public key does appear in cluster.json (so the search can find what it looks for)."""
     directory = cli_dirs("keys")
     printed = [quorumgate("init", "--nodes", 4, "--dir", directory)]
     assert printed[0].returncode == 0, printed[0].stderr
@@ -215,10 +226,15 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
 
     printed.append(quorumgate("up", "--dir", directory, "--detach"))
     assert printed[-1].returncode == 0, printed[-1].stderr
-    # A client of the CLI's cluster (it started nothing; its close() only sweeps).
+    # A client of the CLI's cluster (it started nothing; its close() only sweeps). With
+    # sidecars running, an agent must be registered by the owner before it may propose.
     cluster = LiveCluster(spec)
     try:
-        txs = [cluster.agent("keys").proposal() for _ in range(20)]
+        agent = cluster.agent("keys")
+        OwnerSession(spec).submit(
+            [tool_op(BENCH_TOOL), *agent_ops("keys", agent.public_key, [BENCH_TOOL])]
+        )
+        txs = [agent.proposal() for _ in range(20)]
         assert all(r.accepted for r in cluster.submit_stream(1, [tx for tx, _ in txs]))
         cluster.wait_committed([tx_id for _, tx_id in txs], 0)
         printed.append(quorumgate("status", "--dir", directory, "--json"))
@@ -227,7 +243,7 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
         cluster.close()
     failed = [(p.args[len(QUORUMGATE)], p.returncode, p.stdout) for p in printed if p.returncode]
     assert not failed, failed
-    wait_no_replicas(directory)
+    wait_none_running(directory)
 
     seeds = {path: bytes.fromhex(path.read_text().strip()) for path in key_files}
     needles = {}
