@@ -37,8 +37,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.clusterfile import ClusterSpec, init_cluster
-from cluster.loadgen import LoadAgent
-from cluster.ops import log_tail, start_nodes, wait_serving
+from cluster.loadgen import BENCH_TOOL, LoadAgent
+from cluster.ops import log_tail, start_nodes, wait_serving, wait_sidecars_serving
+from cluster.owner import OwnerSession, agent_ops, tool_op
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from qgpb import consensus_pb2_grpc as pb_grpc
@@ -233,6 +234,24 @@ class LiveCluster:
             self.procs.update(procs)
             self.started.extend(procs.values())
         wait_serving(self.spec, wanted, procs, timeout_s=WAIT_S)
+
+    def start_sidecars(self) -> None:
+        """Start every member's execution sidecar beside its replica, as `quorumgate up`
+        does, and return once each answers. (Only the agreement test runs them: the rest
+        test the replicas' own contract, which must hold without them.)"""
+        wanted = list(range(self.n))
+        procs = start_nodes(self.spec, wanted, "sidecar")
+        with self._lock:
+            self.started.extend(procs.values())
+        wait_sidecars_serving(self.spec, wanted, procs, timeout_s=WAIT_S)
+
+    def register(self, agents: Iterable[LoadAgent]) -> None:
+        """Register agents with the cluster's owner key, each allowed the load tool (with
+        sidecars running, an unregistered agent is refused `unknown_signer`)."""
+        ops = [tool_op(BENCH_TOOL)]
+        for agent in agents:
+            ops += agent_ops(f"agent-{agent.public_key.hex()[:16]}", agent.public_key, [BENCH_TOOL])
+        OwnerSession(self.spec).submit(ops)
 
     def alive(self) -> list[int]:
         with self._lock:

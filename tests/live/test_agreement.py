@@ -6,15 +6,18 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.live.conftest import LiveCluster, Load, assert_each_committed_once, tx_ids_of
+from sidecar.engine.tx import parse
+from tests.live.conftest import LiveCluster, Load, assert_each_committed_once
 
-# (members, agents, proposals per agent): a few thousand on 4 replicas, lighter on 7.
-LOADS = [(4, 6, 600), (7, 3, 300)]
+# (members, sidecars, agents, proposals per agent): a few thousand on 4 replicas, lighter on
+# 7, and 4 replicas with their execution sidecars, as `quorumgate up` runs them.
+LOADS = [(4, False, 6, 600), (7, False, 3, 300), (4, True, 6, 400)]
+IDS = ["4-replicas", "7-replicas", "4-replicas-with-sidecars"]
 
 
-@pytest.mark.parametrize(("n", "agents", "per_agent"), LOADS, ids=["4-replicas", "7-replicas"])
+@pytest.mark.parametrize(("n", "sidecars", "agents", "per_agent"), LOADS, ids=IDS)
 def test_every_replica_commits_the_same_hash_at_every_height_and_each_acknowledged_proposal_once(
-    live_cluster: Callable[..., LiveCluster], n: int, agents: int, per_agent: int
+    live_cluster: Callable[..., LiveCluster], n: int, sidecars: bool, agents: int, per_agent: int
 ) -> None:
     """Several agents submit signed proposals to every replica at once — streamed, with
     every fifth batch sent one unary `Submit` at a time — and every one is acknowledged.
@@ -25,9 +28,15 @@ def test_every_replica_commits_the_same_hash_at_every_height_and_each_acknowledg
       reports for the replica's head;
     - every acknowledged proposal id (read from the payloads with `tx.parse(verify=False)`)
       is in the chain exactly once, and the chain holds nothing that was not submitted.
+
+    With sidecars, the agents are first registered by the owner (the sidecars' admission
+    check refuses unknown signers), and the owner's transactions are in the chain too.
     """
     cluster = live_cluster(n)
     load = Load(cluster, f"agree-{n}", agents=agents, per_agent=per_agent, batch=100, unary_every=5)
+    if sidecars:
+        cluster.start_sidecars()
+        cluster.register(load.agents)
     load.start().wait_done()
     load.assert_clean()
     assert len(load.acked) == agents * per_agent
@@ -46,6 +55,9 @@ def test_every_replica_commits_the_same_hash_at_every_height_and_each_acknowledg
         )
         assert head.chain_id == cluster.chain_id and head.members == n and head.f == (n - 1) // 3
     assert_each_committed_once(load.acked, chain)
-    foreign = set(tx_ids_of(chain)) - set(load.acked)
+    owner = cluster.spec.owner_public_key
+    parsed = [parse(tx, verify=False) for block in chain for tx in block.payload]
+    assert any(p.signer == owner for p in parsed) == sidecars, "owner transactions"
+    foreign = {p.tx_id for p in parsed if p.signer != owner} - set(load.acked)
     assert not foreign, f"{len(foreign)} committed transactions were never submitted"
     cluster.assert_no_equivocation_seen()

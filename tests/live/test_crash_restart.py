@@ -17,7 +17,7 @@ from tests.live.conftest import LiveCluster, Load, StoreAudit, assert_each_commi
 N = 4
 # Override to replay another schedule: QG_LIVE_SEED=... pytest tests/live/test_crash_restart.py
 SEED = int(os.environ.get("QG_LIVE_SEED", "20260611"))
-KILLS = 6
+KILLS = 8
 # Committed heights to wait, drawn per kill: before killing, and while the victim is down.
 HEIGHTS_BEFORE_KILL = (1, 6)
 HEIGHTS_WHILE_DOWN = (1, 4)
@@ -26,7 +26,7 @@ HEIGHTS_WHILE_DOWN = (1, 4)
 def test_replica_sigkilled_at_random_moments_under_load_catches_up_and_never_equivocates(
     live_cluster: Callable[..., LiveCluster],
 ) -> None:
-    """Six times, a seeded RNG picks a member and a moment — a number of heights the
+    """Eight times, a seeded RNG picks a member and a moment — a number of heights the
     cluster must commit first, so the moment follows observed progress — and the member is
     SIGKILLed, the others commit a few more heights without it, and it is restarted from its
     database. Each time it must reach the height the others had at its restart, with the
