@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from cluster.clusterfile import ClusterSpec
-from cluster.loadgen import LoadAgent
+from cluster.loadgen import BENCH_TOOL, LoadAgent
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from replica.transport import CHANNEL_OPTIONS
@@ -38,6 +38,7 @@ class ClientJob:
     inflight: int
     warmup_s: float
     seconds: float
+    agent_names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,7 @@ class ClientResult:
 
 
 async def _client(job: ClientJob) -> ClientResult:
-    agents = [
-        LoadAgent.from_seed(job.chain_id, f"bench-{job.client}-{i}-{time.time_ns()}")
-        for i in range(AGENTS_PER_CLIENT)
-    ]
+    agents = [LoadAgent.from_seed(job.chain_id, name) for name in job.agent_names]
     sent_at: dict[bytes, float] = {}
     latencies: list[float] = []
     refused: dict[str, int] = {}
@@ -135,14 +133,33 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
+def register_bench_agents(spec: ClusterSpec, clients: int) -> list[tuple[str, ...]]:
+    """Register the bench tool and one governed agent per load key (fresh names each run,
+    so nonces start at 1), allowed exactly that tool."""
+    from cluster.owner import OwnerSession, agent_ops, tool_op
+
+    stamp = time.time_ns() % 10**12
+    names = [
+        tuple(f"bench-{stamp}-{c}-{i}" for i in range(AGENTS_PER_CLIENT)) for c in range(clients)
+    ]
+    ops = [tool_op(BENCH_TOOL)]
+    for name in (n for group in names for n in group):
+        ops += agent_ops(name, LoadAgent.from_seed(spec.chain_id, name).public_key, [BENCH_TOOL])
+    OwnerSession(spec).submit(ops)
+    return names
+
+
 def run_bench(spec: ClusterSpec, seconds: float, inflight: int, clients: int) -> dict[str, object]:
+    agent_names = register_bench_agents(spec, clients)
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     per_client = max(1, inflight // clients)
     procs = []
     for c in range(clients):
         member = spec.members[c % spec.n]
-        job = ClientJob(c, member.replica_address, spec.chain_id, per_client, WARMUP_S, seconds)
+        job = ClientJob(
+            c, member.replica_address, spec.chain_id, per_client, WARMUP_S, seconds, agent_names[c]
+        )
         proc = ctx.Process(target=_client_process, args=(job, out), daemon=True)
         proc.start()
         procs.append(proc)

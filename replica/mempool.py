@@ -54,7 +54,7 @@ from replica.types import Block
 from sidecar.engine import limits as engine_limits
 from sidecar.engine.model import Reason
 from sidecar.engine.state import NonceWindow
-from sidecar.engine.tx import TxRejected, parse
+from sidecar.engine.tx import ParsedTx, TxRejected, parse
 
 # gRPC status names the client API answers with (grpc.StatusCode.<name>).
 STATUS_OK = "OK"
@@ -291,21 +291,39 @@ class Mempool:
 
     def admit(self, data: bytes) -> Admission:
         """Take one submitted transaction in, or say why not (never raises on bad bytes)."""
+        checked = self.precheck(data)
+        if isinstance(checked, Admission):
+            return checked
+        return self.admit_checked(data, checked)
+
+    def precheck(self, data: bytes) -> Admission | ParsedTx:
+        """Everything `admit` checks, the signature included, without taking it in: the
+        parsed transaction if it may go on, else the answer. Identical bytes already
+        pending are answered at once (their signature was verified on entry)."""
         data = bytes(data)
         if len(data) > self.limits.tx_bytes_max:
             return self._refuse(TOO_LARGE, None)
         known = self._by_data.get(data)
         if known is not None:
-            # Identical bytes are already pending, so their signature was verified on entry.
             self.resubmitted += 1
             return Admission(True, known.tx_id, OK, "already pending", STATUS_OK)
         try:
             parsed = parse(data, verify=True)
         except TxRejected as exc:
             return self._refuse(_rejection_reason(exc), None)
-        tx_id = parsed.tx_id
         if parsed.body.chain_id != self.chain_id:
-            return self._refuse(WRONG_CHAIN, tx_id)
+            return self._refuse(WRONG_CHAIN, parsed.tx_id)
+        return parsed
+
+    def admit_checked(self, data: bytes, parsed: ParsedTx) -> Admission:
+        """Take in a transaction `precheck` passed (its signature is not checked again).
+        The pool may have changed since, so replay, conflict and room are checked here."""
+        data = bytes(data)
+        known = self._by_data.get(data)
+        if known is not None:
+            self.resubmitted += 1
+            return Admission(True, known.tx_id, OK, "already pending", STATUS_OK)
+        tx_id = parsed.tx_id
         signer, nonce = parsed.signer, parsed.nonce
         if self.replayed(signer, nonce):
             return self._refuse(REPLAYED, tx_id)

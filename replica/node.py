@@ -46,12 +46,13 @@ from replica.actions import Action, Commit, ScheduleTimeout, Send, StoreBlock, c
 from replica.config import Limits
 from replica.core import Core
 from replica.crypto import Ed25519Signer, ed25519_verify
-from replica.mempool import Mempool, MempoolLimits
+from replica.mempool import Admission, Mempool, MempoolLimits
 from replica.metrics import ReplicaMetrics
 from replica.storage import ReplicaStore
 from replica.transport import CHANNEL_OPTIONS, PeerLink
 from replica.types import Envelope, RemoteError, SyncRequest, SyncResponse
 from replica.wire import block_to_pb, envelope_from_pb, envelope_to_pb
+from sidecar.engine.tx import ParsedTx
 from sidecar.receipts import root_report_statement
 
 INBOUND_EVENTS_MAX = 20_000
@@ -106,6 +107,8 @@ class _NewStateRoot:
 Event = Envelope | _Tick | _NewTransactions | _NewStateRoot
 
 STATE_ROOTS_KEPT = 4_096
+SUBMIT_BATCH_TXS_MAX = 1_024
+SUBMIT_INBOX_MAX = 4_096
 ADMIT_RPC_TIMEOUT_S = 2.0
 
 
@@ -415,19 +418,72 @@ class ReplicaNode:
             self._roots_queued = self.enqueue(_NewStateRoot())
         return True
 
-    async def sidecar_admission(self, tx: bytes) -> tuple[bool, str]:
-        """Ask our sidecar whether the engine would refuse `tx` early (unknown agent or
-        tool, replay...). The verdict at execution stays the authority, so when the sidecar
-        cannot answer the transaction goes on to the mempool's own checks."""
+    async def sidecar_admission(self, txs: list[bytes]) -> list[tuple[bool, str]]:
+        """Ask our sidecar, in one call, whether the engine would refuse each of `txs`
+        early (unknown agent or tool, replay...); their signatures were verified here. The
+        verdict at execution stays the authority, so when the sidecar cannot answer the
+        transactions go on to the mempool and to execution."""
         stub = self._sidecar
-        if stub is None:
-            return True, ""
+        if stub is None or not txs:
+            return [(True, "")] * len(txs)
+        request = spb.AdmitBatchRequest(txs=txs, signatures_verified=True)
         try:
-            reply = await stub.Admit(spb.AdmitRequest(tx=tx), timeout=ADMIT_RPC_TIMEOUT_S)
+            reply = await stub.AdmitBatch(request, timeout=ADMIT_RPC_TIMEOUT_S)
         except grpc.aio.AioRpcError:
-            self.metrics.submissions.labels("unchecked", "sidecar_unavailable").inc()
-            return True, ""
-        return reply.accepted, reply.reason
+            self.metrics.submissions.labels("unchecked", "sidecar_unavailable").inc(len(txs))
+            return [(True, "")] * len(txs)
+        if len(reply.replies) != len(txs):
+            return [(True, "")] * len(txs)
+        return [(r.accepted, r.reason) for r in reply.replies]
+
+    async def admit_batch(self, requests: list[cpb.SubmitRequest]) -> list[cpb.SubmitReply]:
+        """Client transactions, in order: the signature checked once (mempool precheck),
+        the sidecar asked once for the whole batch, then the mempool takes them in."""
+        replies: list[cpb.SubmitReply | None] = [None] * len(requests)
+        pending: list[tuple[int, ParsedTx]] = []
+        for i, request in enumerate(requests):
+            checked = self.mempool.precheck(request.tx)
+            if isinstance(checked, Admission):
+                replies[i] = self._reply(request, checked)
+            else:
+                pending.append((i, checked))
+        answers = await self.sidecar_admission([requests[i].tx for i, _ in pending])
+        fresh = False
+        for (i, parsed), (accepted, reason) in zip(pending, answers, strict=True):
+            request = requests[i]
+            if not accepted and reason in SIDECAR_REFUSALS:
+                self.metrics.submissions.labels("refused", reason).inc()
+                replies[i] = cpb.SubmitReply(
+                    request_id=request.request_id,
+                    accepted=False,
+                    proposal_id=parsed.tx_id,
+                    reason=reason,
+                    detail=SIDECAR_REFUSAL_DETAIL,
+                    code=SIDECAR_REFUSALS[reason].value[0],
+                )
+                continue
+            admission = self.mempool.admit_checked(request.tx, parsed)
+            if admission.accepted and admission.detail != "already pending":
+                self.gossip(request.tx)
+                fresh = True
+            replies[i] = self._reply(request, admission)
+        if fresh:
+            self._transactions_arrived()
+        assert all(r is not None for r in replies), "every request answered"
+        return [r for r in replies if r is not None]
+
+    def _reply(self, request: cpb.SubmitRequest, admission: Admission) -> cpb.SubmitReply:
+        result = "accepted" if admission.accepted else "refused"
+        self.metrics.submissions.labels(result, admission.reason or "ok").inc()
+        code = STATUS_CODES.get(admission.status, grpc.StatusCode.INVALID_ARGUMENT)
+        return cpb.SubmitReply(
+            request_id=request.request_id,
+            accepted=admission.accepted,
+            proposal_id=admission.tx_id or b"",
+            reason=admission.reason,
+            detail=admission.detail,
+            code=code.value[0],
+        )
 
     # ------------------------------------------------------------------ gossip
 
@@ -542,40 +598,10 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     def __init__(self, node: ReplicaNode) -> None:
         self.node = node
 
-    async def _admit(self, request: cpb.SubmitRequest) -> cpb.SubmitReply:
-        node = self.node
-        if len(request.tx) <= node.mempool_tx_bytes_max:
-            accepted, reason = await node.sidecar_admission(request.tx)
-            if not accepted and reason in SIDECAR_REFUSALS:
-                status = SIDECAR_REFUSALS[reason]
-                node.metrics.submissions.labels("refused", reason).inc()
-                return cpb.SubmitReply(
-                    request_id=request.request_id,
-                    accepted=False,
-                    reason=reason,
-                    detail=SIDECAR_REFUSAL_DETAIL,
-                    code=status.value[0],
-                )
-        admission = node.mempool.admit(request.tx)
-        result = "accepted" if admission.accepted else "refused"
-        node.metrics.submissions.labels(result, admission.reason or "ok").inc()
-        if admission.accepted:
-            node.gossip(request.tx)
-            node._transactions_arrived()
-        code = STATUS_CODES.get(admission.status, grpc.StatusCode.INVALID_ARGUMENT)
-        return cpb.SubmitReply(
-            request_id=request.request_id,
-            accepted=admission.accepted,
-            proposal_id=admission.tx_id or b"",
-            reason=admission.reason,
-            detail=admission.detail,
-            code=code.value[0],
-        )
-
     async def Submit(
         self, request: cpb.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> cpb.SubmitReply:
-        reply = await self._admit(request)
+        (reply,) = await self.node.admit_batch([request])
         if not reply.accepted:
             code = next(c for c in grpc.StatusCode if c.value[0] == reply.code)
             await context.abort(
@@ -586,8 +612,35 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     async def SubmitStream(
         self, request_iterator: AsyncIterator[cpb.SubmitRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cpb.SubmitReply]:
-        async for request in request_iterator:
-            yield await self._admit(request)
+        """Requests are read as they come and admitted in batches (whatever arrived while
+        the previous batch was admitted, up to SUBMIT_BATCH_TXS_MAX); replies keep order."""
+        inbox: asyncio.Queue[cpb.SubmitRequest | None] = asyncio.Queue(SUBMIT_INBOX_MAX)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await inbox.put(request)
+            finally:
+                await inbox.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            done = False
+            while not done:
+                first = await inbox.get()
+                if first is None:
+                    break
+                batch = [first]
+                while len(batch) < SUBMIT_BATCH_TXS_MAX and not inbox.empty():
+                    item = inbox.get_nowait()
+                    if item is None:
+                        done = True
+                        break
+                    batch.append(item)
+                for reply in await self.node.admit_batch(batch):
+                    yield reply
+        finally:
+            reader.cancel()
 
     async def Status(
         self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext

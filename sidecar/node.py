@@ -61,6 +61,7 @@ from sidecar.wire import receipt_to_pb
 
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
+ADMIT_BATCH_TXS_MAX = 4_096
 RECEIPTS_PER_HEIGHT_MAX = 1 << 16  # above any block's transaction count
 DB_FILE = "sidecar.db"
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -366,6 +367,27 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         return spb.AdmitReply(
             accepted=result.accepted, reason=result.reason.value, tx_id=result.tx_id
         )
+
+    async def AdmitBatch(
+        self, request: spb.AdmitBatchRequest, context: grpc.aio.ServicerContext
+    ) -> spb.AdmitBatchReply:
+        engine = self.sidecar.engine
+        assert engine is not None
+        if len(request.txs) > ADMIT_BATCH_TXS_MAX:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"at most {ADMIT_BATCH_TXS_MAX} per batch"
+            )
+        verify = not request.signatures_verified
+        reply = spb.AdmitBatchReply()
+        for tx in request.txs:
+            result = engine.admission_check(tx, verify_signature=verify)
+            self.sidecar.metrics.admissions.labels(
+                "accepted" if result.accepted else "refused"
+            ).inc()
+            reply.replies.add(
+                accepted=result.accepted, reason=result.reason.value, tx_id=result.tx_id
+            )
+        return reply
 
     async def Account(
         self, request: spb.AccountRequest, context: grpc.aio.ServicerContext

@@ -97,6 +97,20 @@ class AdmitRequest(_message.Message):
     tx: bytes
     def __init__(self, tx: _Optional[bytes] = ...) -> None: ...
 
+class AdmitBatchRequest(_message.Message):
+    __slots__ = ("txs", "signatures_verified")
+    TXS_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    txs: _containers.RepeatedScalarFieldContainer[bytes]
+    signatures_verified: bool
+    def __init__(self, txs: _Optional[_Iterable[bytes]] = ..., signatures_verified: _Optional[bool] = ...) -> None: ...
+
+class AdmitBatchReply(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[AdmitReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[AdmitReply, _Mapping]]] = ...) -> None: ...
+
 class AdmitReply(_message.Message):
     __slots__ = ("accepted", "reason", "tx_id")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class SidecarStub:
                 request_serializer=qgpb_dot_sidecar__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=qgpb_dot_sidecar__pb2.AdmitReply.FromString,
                 _registered_method=True)
+        self.AdmitBatch = channel.unary_unary(
+                '/qgpb.Sidecar/AdmitBatch',
+                request_serializer=qgpb_dot_sidecar__pb2.AdmitBatchRequest.SerializeToString,
+                response_deserializer=qgpb_dot_sidecar__pb2.AdmitBatchReply.FromString,
+                _registered_method=True)
         self.Account = channel.unary_unary(
                 '/qgpb.Sidecar/Account',
                 request_serializer=qgpb_dot_sidecar__pb2.AccountRequest.SerializeToString,
@@ -78,6 +83,12 @@ class SidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Admit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitBatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -113,6 +124,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=qgpb_dot_sidecar__pb2.AdmitRequest.FromString,
                     response_serializer=qgpb_dot_sidecar__pb2.AdmitReply.SerializeToString,
+            ),
+            'AdmitBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdmitBatch,
+                    request_deserializer=qgpb_dot_sidecar__pb2.AdmitBatchRequest.FromString,
+                    response_serializer=qgpb_dot_sidecar__pb2.AdmitBatchReply.SerializeToString,
             ),
             'Account': grpc.unary_unary_rpc_method_handler(
                     servicer.Account,
@@ -206,6 +222,33 @@ class Sidecar:
             '/qgpb.Sidecar/Admit',
             qgpb_dot_sidecar__pb2.AdmitRequest.SerializeToString,
             qgpb_dot_sidecar__pb2.AdmitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Sidecar/AdmitBatch',
+            qgpb_dot_sidecar__pb2.AdmitBatchRequest.SerializeToString,
+            qgpb_dot_sidecar__pb2.AdmitBatchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -273,10 +273,12 @@ class Engine:
             state_root=self.state.root(),
         )
 
-    def admission_check(self, tx_bytes: bytes) -> AdmissionResult:
-        """Cheap early refusal for the mempool; reads state, never changes it."""
+    def admission_check(self, tx_bytes: bytes, verify_signature: bool = True) -> AdmissionResult:
+        """Cheap early refusal for the mempool; reads state, never changes it. The caller
+        may skip the signature check when it has verified it already (the answer is
+        advisory: the verdict at execution decides)."""
         try:
-            parsed = parse(tx_bytes, verify=True)
+            parsed = parse(tx_bytes, verify=verify_signature)
         except TxRejected as exc:
             return AdmissionResult(False, exc.reason, exc.tx_id, exc.kind)
 
