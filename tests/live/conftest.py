@@ -94,15 +94,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.live)
 
 
+_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Remember whether a test's body failed, so its fixture can print the logs."""
     report = yield
     if report.when == "call":
         item.stash[_FAILED] = report.failed
     return report
-
-
-_FAILED = pytest.StashKey[bool]()
 
 
 # ============================================================================ waiting
@@ -110,7 +111,7 @@ _FAILED = pytest.StashKey[bool]()
 
 def wait_until(
     what: str,
-    check: Callable[[], T],
+    check: Callable[[], T | None],
     timeout_s: float = WAIT_S,
     describe: Callable[[], str] | None = None,
 ) -> T:
@@ -287,13 +288,16 @@ class LiveCluster:
         self._chains.pop(index, None)
 
     def stop_all(self) -> None:
-        """SIGTERM every running member at once, then wait for each (SIGKILL past a bound)."""
+        """SIGTERM every running member (and any sidecar) at once, then wait for each
+        (SIGKILL past a bound); every replica must have exited cleanly."""
         with self._lock:
             procs, self.procs = dict(self.procs), {}
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        _reap(procs.values())
+            others = [p for p in self.started if p not in procs.values()]
+        for proc in [*procs.values(), *others]:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        _reap([*procs.values(), *others])
         stuck = [i for i, p in procs.items() if p.returncode not in (0, -signal.SIGTERM)]
         assert not stuck, f"nodes {stuck} did not stop cleanly on SIGTERM: " + ", ".join(
             f"{i}: {procs[i].returncode}" for i in stuck
@@ -457,6 +461,10 @@ class LiveCluster:
                 )
             cache[block.height] = block
         return [cache[h] for h in range(1, to_height + 1)]
+
+    def hashes(self, index: int, to_height: int) -> dict[int, bytes]:
+        """Height -> block hash of member `index`'s committed chain, 1..to_height."""
+        return {block.height: block.hash for block in self.chain(index, to_height)}
 
     def assert_same_chain(self, indexes: Sequence[int], to_height: int) -> list[Block]:
         """Every listed member committed the same block hash at every height 1..to_height;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
@@ -46,7 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
         live.close()
 
 
-def refusal(err: grpc.RpcError) -> tuple[StatusCode, str | None]:
+def refusal(err: grpc.RpcError) -> tuple[grpc.StatusCode, str | None]:
     reason = dict(err.trailing_metadata() or ()).get("qg-reason")
     return err.code(), None if reason is None else str(reason)
 
@@ -166,7 +166,7 @@ def test_undecodable_request_frames_on_every_rpc_get_invalid_argument_and_the_re
     status the client API promises for malformed input — and leave the replica serving."""
     frame = b"\x0a\xff\xff\xff\xff"
     channel = cluster.channel(TARGET)
-    calls = {
+    calls: dict[str, Callable[[str], object]] = {
         "/qgpb.Replica/Submit": lambda p: channel.unary_unary(p)(frame, timeout=RPC_TIMEOUT_S),
         "/qgpb.Replica/Status": lambda p: channel.unary_unary(p)(frame, timeout=RPC_TIMEOUT_S),
         "/qgpb.Replica/CommittedBlocks": lambda p: list(

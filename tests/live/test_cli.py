@@ -26,7 +26,7 @@ _SCRIPT = Path(sys.executable).parent / "quorumgate"
 QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "cluster.cli"]
 
 
-def quorumgate(*args: str | Path) -> subprocess.CompletedProcess[str]:
+def quorumgate(*args: str | Path | int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*QUORUMGATE, *map(str, args)],
         capture_output=True,
