@@ -554,6 +554,7 @@ class _Verdict:
     decision: Decision | None
     submitted: Submitted | None
     fail_open: bool = False
+    original: bytes | None = None  # fail-open: the proposal that got no certificate
 
 
 NO_CERTIFICATE = (ClusterUnavailable, CertificateTimeout, Overloaded, TimeoutError)
@@ -595,7 +596,7 @@ async def _govern(
                     cause,
                     len(queue),
                 )
-                return _Verdict(None, submitted, fail_open=True)
+                return _Verdict(None, submitted, fail_open=True, original=original)
             log.error("event=fail_open_queue_full tool=%s action=fail_closed", proposal.tool)
         log.warning(
             "event=fail_closed tool=%s run=%s cause=%s", proposal.tool, proposal.run_id, cause
@@ -634,9 +635,7 @@ def _admit(tool: str, verdict: _Verdict) -> GovernedCall:
     """Turn a verdict into the body's call record, or raise what the agent is told."""
     submitted = verdict.submitted
     if verdict.fail_open:
-        return GovernedCall(
-            tool, submitted.proposal_id if submitted else None, None, None, fail_open=True
-        )
+        return GovernedCall(tool, verdict.original, None, None, fail_open=True)
     decision = verdict.decision
     assert decision is not None and submitted is not None
     if decision.allowed:
