@@ -1,0 +1,230 @@
+"""The client commands (`cluster.clientcli`) against a live cluster, run in-process."""
+
+from __future__ import annotations
+
+import json
+import stat
+import uuid
+from pathlib import Path
+
+import pytest
+from nacl.public import PrivateKey
+from nacl.signing import SigningKey
+
+from cluster import clientcli
+from cluster.client import SyncClient, load_certificate, verify
+from cluster.clusterfile import ClusterSpec, init_cluster, read_seed
+from sidecar.engine.model import DENIAL_TEXT, Mandate
+from tests.client.conftest import SINK
+
+SECRET = f"SECRET-{uuid.uuid4().hex}"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = clientcli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
+    code, out, _ = run(capsys, *argv, "--json")
+    return code, json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def agent_key(
+    cluster: ClusterSpec, owner: SyncClient, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """`cli-agent`, registered by the owner with the mandate [web.get, pay]."""
+    path = tmp_path_factory.mktemp("keys") / "agent.key"
+    assert clientcli.main(["keygen", "--out", str(path)]) == 0
+    owner.register_agent("cli-agent", bytes(SigningKey(read_seed(path)).verify_key))
+    owner.set_mandate("cli-agent", Mandate(allowed_tools=("pay", "web.get")))
+    return path
+
+
+def test_keygen_writes_0600_keys_and_never_overwrites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "a.key"
+    code, doc = run_json(capsys, "keygen", "--out", str(path))
+    assert code == 0 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert doc["public_key"] == bytes(SigningKey(read_seed(path)).verify_key).hex()
+    code, _, err = run(capsys, "keygen", "--out", str(path))
+    assert code == 2 and "never overwritten" in err
+    sink = tmp_path / "s.key"
+    code, doc = run_json(capsys, "keygen", "--out", str(sink), "--sink")
+    assert doc["kind"] == "x25519"
+    assert doc["public_key"] == bytes(PrivateKey(read_seed(sink)).public_key).hex()
+
+
+def test_admin_commands_and_the_registry_listings(
+    cluster: ClusterSpec, owner: SyncClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = str(cluster.directory)
+    agent_key = tmp_path / "admin-agent.key"
+    assert run(capsys, "keygen", "--out", str(agent_key))[0] == 0
+    code, doc = run_json(
+        capsys, "admin", "register-agent", "cli-admin", "--key-file", str(agent_key), "--dir", d
+    )
+    assert (code, doc["outcome"], doc["operation"]) == (0, "applied", "register-agent")
+    code, out, _ = run(
+        capsys, "admin", "set-mandate", "cli-admin", "--tools", "web.get,pay", "--dir", d
+    )
+    assert code == 0 and out.startswith("applied: set-mandate cli-admin at height")
+    code, doc = run_json(capsys, "admin", "suspend", "cli-admin", "--dir", d)
+    assert code == 0
+    code, doc = run_json(capsys, "admin", "resume", "cli-admin", "--dir", d)
+    assert code == 0
+    code, doc = run_json(capsys, "admin", "set-mandate", "nobody", "--unrestricted", "--dir", d)
+    assert (code, doc["outcome"], doc["reason"]) == (1, "rejected", "unknown_agent")
+    code, _, err = run(
+        capsys, "admin", "set-mandate", "cli-admin", "--tools", "a", "--no-tools", "--dir", d
+    )
+    assert code == 2 and "one of" in err
+    code, _, err = run(capsys, "admin", "suspend", "cli-admin", "--dir", d, "--key", str(agent_key))
+    assert code == 2 and "owner key" in err
+    code, doc = run_json(
+        capsys,
+        "admin",
+        "register-tool",
+        "files.read",
+        "--mode",
+        "read",
+        "--scheme",
+        "file",
+        "--dir",
+        d,
+    )
+    assert code == 0
+
+    code, doc = run_json(capsys, "agents", "--dir", d)
+    agents = {a["agent_id"]: a for a in doc["agents"]}  # type: ignore[union-attr,index]
+    mine = agents["cli-admin"]
+    assert mine["mandate"]["allowed_tools"] == ["pay", "web.get"]  # type: ignore[index]
+    assert (mine["mandate_version"], mine["suspended"]) == (1, False)
+    assert doc["source"] == "log_replay"
+    code, out, _ = run(capsys, "agents", "--dir", d)
+    assert out.splitlines()[0].split() == [
+        "agent",
+        "key",
+        "version",
+        "suspended",
+        "enforcement",
+        "delegation",
+        "tools",
+    ]
+    assert any(line.startswith("cli-admin ") for line in out.splitlines())
+    code, doc = run_json(capsys, "tools", "--dir", d)
+    tools = {t["name"]: t for t in doc["tools"]}  # type: ignore[union-attr,index]
+    assert tools["files.read"]["target_schemes"] == ["file"]
+    assert tools["vault.store"]["envelope_args"] == [
+        {"name": "secret", "kind": "card", "require_verified": False}
+    ]
+    assert SINK in {s["sink_id"] for s in doc["sinks"]}  # type: ignore[union-attr,index]
+
+
+def test_submit_confirm_and_verdicts(
+    cluster: ClusterSpec, owner: SyncClient, agent_key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = str(cluster.directory)
+    base = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-run"]
+    code, doc = run_json(
+        capsys, *base, "--tool", "web.get", "--target", "https://e.x/a", "--arg", f"q={SECRET}"
+    )
+    assert (code, doc["outcome"]) == (0, "allow") and "reason" not in doc
+    cert = load_certificate(bytes.fromhex(str(doc["certificate"])))
+    assert verify(cluster, cert).proposal_id.hex() == doc["proposal_id"]
+
+    code, out, _ = run(
+        capsys, *base, "--tool", "web.post", "--target", "https://e.x/a", "--arg", f"body={SECRET}"
+    )
+    assert code == 1 and DENIAL_TEXT in out and "out_of_scope" not in out
+    code, out, _ = run(
+        capsys, *base, "--tool", "web.post", "--target", "https://e.x/a", "--show-reason"
+    )
+    assert code == 1 and "repeat_denied" in out
+
+    code, out, _ = run(
+        capsys,
+        *base,
+        "--tool",
+        "pay",
+        "--target",
+        "https://bank.example/a",
+        "--arg",
+        f"amount={SECRET}",
+    )
+    assert code == 3 and "Official confirmation form" in out and "quorumgate confirm" in out
+    proposal = out.split("--key PRINCIPAL_KEY ")[1].split()[0]
+
+    confirm = ["confirm", "--dir", d, "--key", str(agent_key), proposal]
+    code, _, err = run(capsys, *confirm)  # stdin is not a terminal under pytest
+    assert code == 2 and "--yes" in err
+    code, doc = run_json(capsys, *confirm, "--yes")
+    assert (code, doc["outcome"], doc["kind"]) == (0, "allow", "confirm")
+    code, _, err = run(capsys, *confirm, "--yes")
+    assert code == 1 and "not pending" in err
+
+    code, out, _ = run(capsys, "verdicts", "--dir", d, "--json", "--from-height", "1")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert proposal in {v["proposal_id"] for v in lines}
+    assert {v["outcome"] for v in lines} >= {"allow", "deny", "pending", "applied"}
+    assert all(len(v["certified_by"]) >= cluster.f + 1 for v in lines)
+    code, out, _ = run(capsys, "verdicts", "--dir", d, "--from-height", "1", "--limit", "3")
+    assert out.splitlines()[0].split()[:4] == ["height", "idx", "kind", "outcome"]
+    assert "3 certified verdicts" in out
+    for text in (out, *(json.dumps(v) for v in lines)):
+        assert SECRET not in text
+
+
+def test_the_registry_listing_reads_a_replaceable_source(
+    cluster: ClusterSpec, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where a read-only Sidecar Registry RPC will plug in."""
+    fake = clientcli.Registry(
+        height=7,
+        source="sidecar_rpc",
+        agents=(clientcli.AgentEntry("zed", bytes(32), None, 0, True),),
+        tools=(),
+        sinks=(),
+    )
+
+    class Source:
+        def __init__(self, spec: ClusterSpec) -> None:
+            assert spec.chain_id == cluster.chain_id
+
+        def snapshot(self, progress: object = None) -> clientcli.Registry:
+            return fake
+
+    monkeypatch.setattr(clientcli, "registry_source", Source)
+    code, doc = run_json(capsys, "agents", "--dir", str(cluster.directory))
+    assert code == 0
+    assert doc == {
+        "height": 7,
+        "source": "sidecar_rpc",
+        "agents": [
+            {
+                "agent_id": "zed",
+                "public_key": "00" * 32,
+                "mandate_version": 0,
+                "suspended": True,
+                "mandate": None,
+            }
+        ],
+    }
+
+
+def test_an_unreachable_cluster_and_missing_files_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = init_cluster(tmp_path / "dead", 4)
+    d = str(dead.directory)
+    code, _, err = run(capsys, "admin", "suspend", "x", "--dir", d, "--deadline", "0.5")
+    assert code == 2 and "could not be reached" in err
+    code, _, err = run(capsys, "agents", "--dir", d)
+    assert code == 2 and "could not be reached" in err
+    code, _, err = run(capsys, "submit", "--dir", d, "--run", "r", "--tool", "t")
+    assert code == 2 and "--key FILE is required" in err
+    code, _, err = run(capsys, "agents", "--dir", str(tmp_path / "nowhere"))
+    assert code == 2 and "no cluster file" in err
