@@ -180,9 +180,14 @@ def test_certificate_with_receipts_from_non_members_is_refused(
     # a sidecar of another cluster signs the same statement: index beyond the members
     outsider = SigningKey.generate()
     forged = sign_block(
-        outsider, cluster.n, cluster.chain_id, leaf.height, cert.verdict_root, cert.state_root,
+        outsider,
+        cluster.n,
+        cluster.chain_id,
+        leaf.height,
+        cert.verdict_root,
+        cert.state_root,
         cert.leaf_count,
-    )  # fmt: skip
+    )
     with_outsider = dataclasses.replace(
         cert, signatures=(cert.signatures[0], (forged.signer, forged.signature))
     )
@@ -191,9 +196,14 @@ def test_certificate_with_receipts_from_non_members_is_refused(
     assert err.value.reason == "non_member"
     # ... or claiming a member's index with a key that is not that member's
     as_member = sign_block(
-        outsider, 3, cluster.chain_id, leaf.height, cert.verdict_root, cert.state_root,
+        outsider,
+        3,
+        cluster.chain_id,
+        leaf.height,
+        cert.verdict_root,
+        cert.state_root,
         cert.leaf_count,
-    )  # fmt: skip
+    )
     others = tuple(s for s in cert.signatures if s[0] != 3)[: cluster.f]
     signatures = (*others, (3, as_member.signature))
     with pytest.raises(InvalidCertificate) as err:
@@ -254,9 +264,14 @@ def _forge_allow(
     count = honest.block.leaf_count
     root = root_from_path(leaf.hash(spec.chain_id), leaf.index, count, honest.path)
     block = sign_block(
-        receipt_key(spec, signer), signer if as_index is None else as_index, spec.chain_id,
-        leaf.height, root, honest.block.state_root, count,
-    )  # fmt: skip
+        receipt_key(spec, signer),
+        signer if as_index is None else as_index,
+        spec.chain_id,
+        leaf.height,
+        root,
+        honest.block.state_root,
+        count,
+    )
     return Receipt(leaf, honest.path, block)
 
 
