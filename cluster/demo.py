@@ -14,8 +14,9 @@ import time
 import grpc
 
 from cluster.clusterfile import ClusterSpec
-from cluster.loadgen import LoadAgent
+from cluster.loadgen import BENCH_TOOL, LoadAgent
 from cluster.ops import query_status, start_cluster, stop_nodes
+from cluster.owner import OwnerSession, agent_ops, tool_op
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from sidecar.engine.tx import parse
@@ -37,10 +38,14 @@ def run_demo(spec: ClusterSpec, proposals: int, *, once: bool, refresh_s: float)
         print(
             f"{spec.n} replicas serving on loopback (f={spec.f}); logs in {spec.directory}/node-*/"
         )
-        agents = [
-            LoadAgent.from_seed(spec.chain_id, f"demo-agent-{time.time_ns()}-{i}")
-            for i in range(DEMO_AGENTS)
-        ]
+        stamp = time.time_ns() % 10**12
+        names = [f"demo-{stamp}-{i}" for i in range(DEMO_AGENTS)]
+        agents = [LoadAgent.from_seed(spec.chain_id, name) for name in names]
+        ops = [tool_op(BENCH_TOOL)]
+        for name, agent in zip(names, agents, strict=True):
+            ops += agent_ops(name, agent.public_key, [BENCH_TOOL])
+        OwnerSession(spec).submit(ops)
+        print(f"registered tool {BENCH_TOOL} and {DEMO_AGENTS} agents allowed to use it")
         wanted: dict[bytes, int] = {}
         batches: dict[int, list[cpb.SubmitRequest]] = {i: [] for i in indexes}
         for k in range(proposals):

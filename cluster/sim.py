@@ -96,6 +96,7 @@ class SimOptions:
     victim_delay_ticks: int = 0  # extra delay on everything one honest member sends
     crash_permille: int = 0  # per node per tick, before the heal
     crash_ticks_max: int = 200
+    stale_restore_permille: int = 0  # a restart from an older copy of the disk (drill)
     tx_per_tick_permille: int = 500
     liveness_views_max: int = 40
     liveness_ticks_max: int = 6_000
@@ -128,6 +129,7 @@ SIM_LIMITS = Limits(
     timestamp_skew_ms_max=60_000,
     sync_blocks_max=64,
     sync_retry_ticks=15,
+    fence_wait_ticks=40,
     pending_blocks_max=512,
     batch_txs_max=32,
 )
@@ -231,6 +233,9 @@ class Disk:
     committed: list[Block]
     proofs: dict[int, CommitProof] = field(default_factory=dict)
     blocks: dict[bytes, Block] = field(default_factory=dict)
+
+    def copy(self) -> Disk:
+        return Disk(self.safety, list(self.committed), dict(self.proofs), dict(self.blocks))
 
     # CommittedStore, for serving sync requests
     def committed_height(self) -> int:
@@ -339,6 +344,7 @@ class SimNode:
         self.committed_txs: set[bytes] = set()
         self.up = True
         self.down_until = 0
+        self.snapshots: list[Disk] = []
         self.core = self._make_core(None)
 
     def _make_core(self, recovered: Recovered | None) -> Core:
@@ -363,8 +369,14 @@ class SimNode:
     def crash(self, until_tick: int) -> None:
         self.up = False
         self.down_until = until_tick
+        self.snapshots.append(self.disk.copy())
 
-    def restart(self) -> list[Action]:
+    def restart(self, stale: bool = False) -> list[Action]:
+        if stale and len(self.snapshots) > 1:
+            # Restored from an old copy of the data directory: it forgot what it signed since.
+            self.disk = self.snapshots[0].copy()
+            self.sim.stale_restores += 1
+            self.sim.amnesiac.add(self.index)
         disk = self.disk
         committed = disk.committed[-1]
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
@@ -437,6 +449,9 @@ class Simulation:
         self.healed = False
         self.forge_seq = 0
         self.fork_pending: dict[int, Proposal] = {}
+        self.stale_restores = 0
+        self.amnesiac: set[int] = set()
+        self.delivered_votes: dict[tuple[int, int], bytes] = {}
         self.forks_made = 0
         self.fork_timeouts: dict[int, dict[int, Timeout]] = {}
         # The victim leads three views after a fork_leader, so the two views between can
@@ -482,6 +497,16 @@ class Simulation:
                     continue
                 if self.rng.randrange(1000) < opts.dup_permille:
                     copies = 2
+            msg = envelope.message
+            if src in self.amnesiac and isinstance(msg, Vote):
+                # A restored node may re-sign what it forgot only if the first copy reached
+                # nobody: judge what reaches the network, not what leaves the process.
+                prior = self.delivered_votes.setdefault((src, msg.view), msg.block_hash)
+                if prior != msg.block_hash:
+                    raise self.fail(
+                        f"restored node {src} equivocated: two votes for view {msg.view} "
+                        f"reached peers"
+                    )
             for _ in range(copies):
                 delay = self.rng.randint(0, opts.delay_ticks_max) if not self.healed else 1
                 if not self.healed and self._victim_message(src, envelope.message):
@@ -515,7 +540,7 @@ class Simulation:
     def _send(self, node: SimNode, send: Send) -> None:
         behaviour = self.byzantine.get(node.index)
         msg = send.message
-        if behaviour is None and isinstance(msg, Vote):
+        if behaviour is None and isinstance(msg, Vote) and node.index not in self.amnesiac:
             key = (node.index, msg.view)
             prior = self.honest_votes.setdefault(key, msg.block_hash)
             if prior != msg.block_hash:
@@ -788,6 +813,10 @@ class Simulation:
         opts = self.options
         if self.healed or opts.crash_permille == 0 or node.index in self.byzantine:
             return None
+        if opts.stale_restore_permille and node.index != self.honest[-1]:
+            # Stale-restore scenarios crash only the victim: its fencing relies on peers
+            # that stayed up since it signed what it forgot (they remember in memory).
+            return None
         if self.rng.randrange(1000) >= opts.crash_permille:
             return None
         return 1 + self.rng.randrange(opts.crash_ticks_max)
@@ -846,7 +875,13 @@ class Simulation:
         for node in self._all_nodes():
             if not node.up:
                 if self.tick >= node.down_until:
-                    self._apply(node, node.restart())
+                    # Amnesia is survivable only while enough peers remember: at most one
+                    # member (the drill's stale-restore victim) ever restarts from old data.
+                    stale = (
+                        node.index == self.honest[-1]
+                        and self.rng.randrange(1000) < self.options.stale_restore_permille
+                    )
+                    self._apply(node, node.restart(stale))
                 continue
             self._step_node(node, "tick", None)
 

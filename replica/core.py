@@ -46,6 +46,8 @@ from replica.safety import SafetyError, SafetyRules, SafetyState
 from replica.types import (
     Block,
     Envelope,
+    Hello,
+    HelloReply,
     Proposal,
     QuorumCert,
     RemoteError,
@@ -142,6 +144,7 @@ class CoreStats:
     blocks_committed: int = 0
     sync_requests: int = 0
     late_messages: int = 0
+    fenced: int = 0  # safety Rule 6: own signatures seen above what we remembered
     refused: Counter[str] = field(default_factory=Counter)
 
 
@@ -164,6 +167,7 @@ class Core:
         execution: ExecutionView | None = None,
         recovered: Recovered | None = None,
         now_ms: int = 0,
+        fence_on_start: bool = True,
     ) -> None:
         assert membership.is_member(me), "not a member"
         self.membership = membership
@@ -204,6 +208,11 @@ class Core:
         self._sync_ticks = 0
         self._next_sync_peer = (me + 1) % membership.n
         self._started = False
+        # Rule 6 at start: sign nothing until f+1 peers said which views they saw us sign in.
+        self._fencing = fence_on_start
+        self._hello_replies: dict[int, int] = {}
+        self._hello_ticks = 0
+        self._last_signed_by: dict[int, int] = {}  # member -> highest view seen it sign
         self.high_qc: QuorumCert = recovered.safety.high_qc
         self.high_tc: TimeoutCert | None = recovered.high_tc or recovered.safety.high_tc
         for block in sorted(recovered.pending, key=lambda b: b.height):
@@ -222,6 +231,8 @@ class Core:
         """First call after construction: enter the starting view."""
         assert not self._started, "start called twice"
         self._started = True
+        if self._fencing:
+            self._out.append(Send(None, Hello()))
         self._enter_view(self._start_view, via_qc=False, initial=True)
         last = self.safety.state.last_timeout
         if last is not None and last.view == self.view:
@@ -238,6 +249,11 @@ class Core:
                 self._local_timeout()
         elif self._ticks_in_view - self._timeout_sent_tick >= self.limits.view_timeout_ticks_base:
             self._local_timeout()  # re-broadcast the same timeout while the view is stuck
+        if self._fencing:
+            self._hello_ticks += 1
+            if self._hello_ticks % self.limits.sync_retry_ticks == 0:
+                self._out.append(Send(None, Hello()))
+            self._try_end_fencing()
         self._retry_waiting()
         self._sync_ticks += 1
         if self._sync_peer is not None and self._sync_ticks >= self.limits.sync_retry_ticks:
@@ -282,6 +298,12 @@ class Core:
                 self._on_sync_response(sender, msg)
             elif isinstance(msg, SyncRequest):
                 raise RemoteError("unexpected", "sync requests are served by the shell")
+            elif isinstance(msg, Hello):
+                seen = self._last_signed_by.get(sender, 0)
+                reply = HelloReply(seen, self.view, self.high_qc, self.high_tc)
+                self._out.append(Send(sender, reply))
+            elif isinstance(msg, HelloReply):
+                self._on_hello_reply(sender, msg)
             else:  # pragma: no cover - the Message union is closed
                 raise RemoteError("malformed", "unknown message type")
         except RemoteError as err:
@@ -375,6 +397,7 @@ class Core:
         """Verified certificates: raise the highest QC and TC, commit, then enter the
         highest view they justify, once."""
         qc = self._settle_height(qc)
+        self._fence_on_own_signatures(qc, tc)
         self._raise_high_qc(qc)
         self._try_commit(qc)
         if tc is not None and (self.high_tc is None or tc.view > self.high_tc.view):
@@ -383,6 +406,54 @@ class Core:
             self._enter_view(tc.view + 1, via_qc=False)
         elif qc.view >= self.view:
             self._enter_view(qc.view + 1, via_qc=True)
+
+    def _fence_on_own_signatures(self, qc: QuorumCert, tc: TimeoutCert | None) -> None:
+        """Safety Rule 6: our own signature in a certificate above our last voted view
+        means we were restored from an old copy of our data; never sign those views again."""
+        me = self.me
+        voted = qc.view if any(s == me for s, _ in qc.signatures) else 0
+        if tc is not None and any(s == me for s, _, _ in tc.signatures):
+            voted = max(voted, tc.view)
+        if voted > self.safety.state.last_voted_view:
+            self.safety.fence(voted_view=voted)
+            self.stats.fenced += 1
+
+    def _on_hello_reply(self, sender: int, reply: HelloReply) -> None:
+        if not self._fencing:
+            return
+        self.checker.check_qc(reply.high_qc)
+        if reply.high_tc is not None:
+            self.checker.check_tc(reply.high_tc)
+        self._process_certs(reply.high_qc, reply.high_tc)
+        self._hello_replies[sender] = reply.last_signed_view
+        self._try_end_fencing()
+
+    def _try_end_fencing(self) -> None:
+        """Rule 6 at start. Votes and timeouts are broadcast, so each honest peer that got
+        one of our forgotten signatures reports its view; 2f+1 replies hold at least f+1
+        honest ones. Fence at the highest report, but never above the highest certified
+        view + 2, which is all a lying peer can make us skip. If 2f+1 peers do not answer
+        in `fence_wait_ticks` (some are down), f+1 answers have to do.
+
+        What this cannot see: a signature that reached no honest replier (lost on the
+        way), which is then also in no certificate an honest replica holds (Rule 6 in
+        `_fence_on_own_signatures` covers those that are)."""
+        replies = len(self._hello_replies)
+        quorum_of_peers = self.membership.quorum
+        waited = self._hello_ticks >= self.limits.fence_wait_ticks
+        if replies < quorum_of_peers and not (waited and replies >= self.membership.f + 1):
+            return
+        certified = max(self.high_qc.view, self.high_tc.view if self.high_tc else 0)
+        fence = min(max(self._hello_replies.values()), certified + 2)
+        if self.safety.fence(voted_view=fence, proposed_view=fence):
+            self.stats.fenced += 1
+        self._fencing = False
+        self._retry_waiting()
+        self._maybe_propose()
+
+    def _saw_signature(self, member: int, view: int) -> None:
+        if view > self._last_signed_by.get(member, 0):
+            self._last_signed_by[member] = view
 
     def _process_qc(self, qc: QuorumCert) -> None:
         self._process_certs(qc)
@@ -393,6 +464,10 @@ class Core:
 
     def _inserted(self, block: Block) -> None:
         """A block entered the tree: a QC we already hold may now complete a 3-chain."""
+        if block.proposer == self.me and block.view > self.safety.state.last_proposed_view:
+            # Our own proposal, which we do not remember making (safety Rule 6).
+            self.safety.fence(proposed_view=block.view)
+            self.stats.fenced += 1
         self._out.append(StoreBlock(block))
         if self.high_qc.block_hash == block.hash:
             self._try_commit(self.high_qc)
@@ -408,6 +483,8 @@ class Core:
         return False
 
     def _maybe_propose(self) -> None:
+        if self._fencing:
+            return
         if self.leader != self.me or self.safety.state.last_proposed_view >= self.view:
             return
         entry = self._entered_legitimately()
@@ -474,6 +551,7 @@ class Core:
         if sender != block.proposer:
             raise RemoteError("not_leader", f"proposal for view {block.view} relayed by {sender}")
         self.checker.check_proposal(proposal)
+        self._saw_signature(block.proposer, block.view)
         # Certificates first: they are how a replica learns that views moved on.
         self._process_certs(block.justify, proposal.high_tc)
         if block.view < self.view:
@@ -576,6 +654,8 @@ class Core:
         if self.tree.insert(block):
             self._inserted(block)
         self._proposal_seen[block.view] = block.hash
+        if self._fencing:
+            return  # kept, but not voted for: we do not yet know which views we signed in
         try:
             signed = self.safety.vote(block, parent, self.high_qc, self.high_tc)
         except SafetyError as err:
@@ -589,12 +669,16 @@ class Core:
 
     def _on_vote(self, vote: Vote, *, local: bool) -> None:
         if vote.view <= self.high_qc.view:
+            if not local and vote.view > self._last_signed_by.get(vote.voter, 0):
+                self.checker.check_vote(vote)  # a late vote still says where its signer was
+                self._saw_signature(vote.voter, vote.view)
             self.stats.late_messages += 0 if local else 1
             return  # its view is certified already: the usual fate of the last votes
         if vote.view > self.view + self.limits.vote_views_max:
             raise RemoteError("future_view", f"vote for view {vote.view}")
         if not local:
             self.checker.check_vote(vote)
+            self._saw_signature(vote.voter, vote.view)
         by_voter = self._votes.setdefault(vote.view, {})
         previous = by_voter.get(vote.voter)
         if previous is not None:
@@ -618,6 +702,8 @@ class Core:
     # ------------------------------------------------------------------ timeouts
 
     def _local_timeout(self) -> None:
+        if self._fencing:
+            return
         try:
             signed = self.safety.timeout(self.view, self.high_qc, self.high_tc)
         except SafetyError as err:
@@ -633,6 +719,7 @@ class Core:
             raise RemoteError("future_view", f"timeout for view {timeout.view}")
         if not local:
             self.checker.check_timeout(timeout)
+            self._saw_signature(timeout.voter, timeout.view)
         self._process_certs(timeout.high_qc, timeout.high_tc)
         if timeout.view < self.view:
             self.stats.late_messages += 1

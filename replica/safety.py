@@ -35,6 +35,12 @@ Rule 4 — timeouts (LibraBFT v3 §6 pacemaker): sign a timeout for view v only 
 Rule 5 — proposals: lead each view at most once (`last_proposed_view` grows), so an honest
   leader never equivocates, even across a crash.
 
+Rule 6 — fencing (recovery drills, `stale-restore`): a replica restarted from an old copy of
+  its data directory has forgotten signatures it made. When a verified certificate shows
+  its own signature for a view above its last voted (or proposed) view, it raises those
+  views to the certificate's, persisted before it signs anything else, so it never signs
+  again in a view it already signed in.
+
 Safety argument (HotStuff Theorem 2; LibraBFT v3 Theorem 1): if B0 is committed through a
 direct 3-chain B0 <- B1 <- B2 with QC(B2) in consecutive views, then 2f+1 members voted for
 B2, at least f+1 of them honest, and each locked on B0's certificate or newer (Rule 3).
@@ -170,6 +176,23 @@ class SafetyRules:
         )
         sig = self._signer.sign(proposal_bytes(block.chain_id, block.view, block.hash))
         return Signed(Proposal(block, sig, high_tc), new.epoch)
+
+    # ------------------------------------------------------------------ fencing
+
+    def fence(self, voted_view: int = 0, proposed_view: int = 0) -> bool:
+        """Rule 6: raise the last voted / proposed views to ones this replica's own
+        signatures were seen at. True (and persisted) if anything changed."""
+        state = self._state
+        if voted_view <= state.last_voted_view and proposed_view <= state.last_proposed_view:
+            return False
+        self._commit(
+            replace(
+                state,
+                last_voted_view=max(state.last_voted_view, voted_view),
+                last_proposed_view=max(state.last_proposed_view, proposed_view),
+            )
+        )
+        return True
 
     # ------------------------------------------------------------------ votes
 

@@ -267,7 +267,21 @@ class SyncResponse:
     committed_height: int
 
 
-Message = Proposal | Vote | Timeout | TimeoutCert | SyncRequest | SyncResponse
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Sent by a replica that (re)started: "what is the last view you saw me sign in?"
+    (safety Rule 6: a replica restored from an old copy of its data has forgotten)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    last_signed_view: int  # the highest view of a vote, timeout or proposal seen from the asker
+    view: int  # the replier's current view
+    high_qc: QuorumCert
+    high_tc: TimeoutCert | None = None
+
+
+Message = Proposal | Vote | Timeout | TimeoutCert | SyncRequest | SyncResponse | Hello | HelloReply
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ from replica.types import (
     Block,
     CommitProof,
     Envelope,
+    Hello,
+    HelloReply,
     Message,
     Proposal,
     QuorumCert,
@@ -94,6 +96,14 @@ def envelope_to_pb(envelope: Envelope) -> pb.ConsensusMessage:
         out.sync_request.from_height = msg.from_height
         out.sync_request.max_blocks = msg.max_blocks
         out.sync_request.target_hash = msg.target_hash
+    elif isinstance(msg, Hello):
+        out.hello.SetInParent()
+    elif isinstance(msg, HelloReply):
+        out.hello_reply.last_signed_view = msg.last_signed_view
+        out.hello_reply.view = msg.view
+        _qc_to_pb(msg.high_qc, out.hello_reply.high_qc)
+        if msg.high_tc is not None:
+            _tc_to_pb(msg.high_tc, out.hello_reply.high_tc)
     elif isinstance(msg, SyncResponse):
         resp = out.sync_response
         for block in msg.committed:
@@ -177,6 +187,14 @@ def message_from_pb(chain_id: str, msg: pb.ConsensusMessage) -> Message:
             pending=tuple(_block_from_pb(chain_id, b) for b in s.pending),
             committed_height=s.committed_height,
         )
+    if kind == "hello":
+        return Hello()
+    if kind == "hello_reply":
+        h = msg.hello_reply
+        if not h.HasField("high_qc"):
+            raise RemoteError("malformed", "hello reply without a qc")
+        high_tc = _tc_from_pb(h.high_tc) if h.HasField("high_tc") else None
+        return HelloReply(h.last_signed_view, h.view, _qc_from_pb(h.high_qc), high_tc)
     raise RemoteError("malformed", "empty consensus message")
 
 

@@ -130,6 +130,22 @@ class SyncResponse(_message.Message):
     committed_height: int
     def __init__(self, committed: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., committed_height: _Optional[int] = ...) -> None: ...
 
+class Hello(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HelloReply(_message.Message):
+    __slots__ = ("last_signed_view", "view", "high_qc", "high_tc")
+    LAST_SIGNED_VIEW_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_QC_FIELD_NUMBER: _ClassVar[int]
+    HIGH_TC_FIELD_NUMBER: _ClassVar[int]
+    last_signed_view: int
+    view: int
+    high_qc: QuorumCert
+    high_tc: TimeoutCert
+    def __init__(self, last_signed_view: _Optional[int] = ..., view: _Optional[int] = ..., high_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., high_tc: _Optional[_Union[TimeoutCert, _Mapping]] = ...) -> None: ...
+
 class TxBatch(_message.Message):
     __slots__ = ("txs",)
     TXS_FIELD_NUMBER: _ClassVar[int]
@@ -137,7 +153,7 @@ class TxBatch(_message.Message):
     def __init__(self, txs: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ConsensusMessage(_message.Message):
-    __slots__ = ("chain_id", "sender", "proposal", "vote", "timeout", "timeout_cert", "sync_request", "sync_response", "tx_batch")
+    __slots__ = ("chain_id", "sender", "proposal", "vote", "timeout", "timeout_cert", "sync_request", "sync_response", "tx_batch", "hello", "hello_reply")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     PROPOSAL_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +163,8 @@ class ConsensusMessage(_message.Message):
     SYNC_REQUEST_FIELD_NUMBER: _ClassVar[int]
     SYNC_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     TX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HELLO_REPLY_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     sender: int
     proposal: Proposal
@@ -156,7 +174,9 @@ class ConsensusMessage(_message.Message):
     sync_request: SyncRequest
     sync_response: SyncResponse
     tx_batch: TxBatch
-    def __init__(self, chain_id: _Optional[str] = ..., sender: _Optional[int] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., timeout: _Optional[_Union[Timeout, _Mapping]] = ..., timeout_cert: _Optional[_Union[TimeoutCert, _Mapping]] = ..., sync_request: _Optional[_Union[SyncRequest, _Mapping]] = ..., sync_response: _Optional[_Union[SyncResponse, _Mapping]] = ..., tx_batch: _Optional[_Union[TxBatch, _Mapping]] = ...) -> None: ...
+    hello: Hello
+    hello_reply: HelloReply
+    def __init__(self, chain_id: _Optional[str] = ..., sender: _Optional[int] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., timeout: _Optional[_Union[Timeout, _Mapping]] = ..., timeout_cert: _Optional[_Union[TimeoutCert, _Mapping]] = ..., sync_request: _Optional[_Union[SyncRequest, _Mapping]] = ..., sync_response: _Optional[_Union[SyncResponse, _Mapping]] = ..., tx_batch: _Optional[_Union[TxBatch, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., hello_reply: _Optional[_Union[HelloReply, _Mapping]] = ...) -> None: ...
 
 class StreamAck(_message.Message):
     __slots__ = ("received",)

@@ -161,8 +161,19 @@ def new_core(
     limits: Limits = TEST_LIMITS,
     now_ms: int = START_MS,
     recovered: Recovered | None = None,
+    fence_on_start: bool = False,
 ) -> Core:
-    return Core(membership(n), me, SIGNERS[me], limits=limits, now_ms=now_ms, recovered=recovered)
+    """A core for unit tests of the other rules: it starts unfenced (safety Rule 6's
+    start-up handshake has tests of its own, in test_fencing.py)."""
+    return Core(
+        membership(n),
+        me,
+        SIGNERS[me],
+        limits=limits,
+        now_ms=now_ms,
+        recovered=recovered,
+        fence_on_start=fence_on_start,
+    )
 
 
 def sends(actions: Iterable[Action]) -> list[Send]:

@@ -27,7 +27,9 @@ def _messages_from_a_simulation() -> list[Envelope]:
 def test_every_message_kind_round_trips_unchanged() -> None:
     envelopes = _messages_from_a_simulation()
     kinds = {type(e.message).__name__ for e in envelopes}
-    assert {"Proposal", "Vote", "Timeout", "SyncRequest", "SyncResponse"} <= kinds, kinds
+    assert {
+        "Proposal", "Vote", "Timeout", "SyncRequest", "SyncResponse", "Hello", "HelloReply"
+    } <= kinds, kinds
     for envelope in envelopes:
         decoded = decode_envelope(encode_envelope(envelope))
         assert decoded == envelope

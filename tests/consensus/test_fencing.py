@@ -1,0 +1,131 @@
+"""Safety Rule 6 (replica/safety.py): a replica restored from an old copy of its data never
+signs again in a view it already signed in (recovery drill `stale-restore`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cluster.sim import Simulation, SimulationFailure, scenario
+from replica.actions import PersistSafety, Send
+from replica.types import Hello, HelloReply, Vote, genesis_qc
+from tests.consensus.helpers import (
+    CHAIN,
+    START_MS,
+    TEST_LIMITS,
+    chain_of,
+    envelope,
+    new_core,
+    qc_for,
+    sent_of,
+    signed_proposal,
+    signed_timeout,
+    signed_vote,
+    tc_from,
+)
+
+G, B1, B2, B3 = chain_of([1, 2, 3])
+
+
+def test_own_signature_in_a_certificate_fences_the_views_it_forgot() -> None:
+    """Rule 6: a QC carrying our signature for view 2 while we remember voting only up to
+    view 1 raises the last voted view to 2, persisted, before anything else is signed."""
+    core = new_core(3)
+    core.start()
+    core.on_message(envelope(1, signed_proposal(B1)))
+    assert core.safety.state.last_voted_view == 1
+    forgotten = qc_for(B2, voters=(1, 2, 3))  # we signed it, then lost our disk
+    actions = core.on_message(envelope(0, signed_timeout(0, 3, forgotten)))
+    persisted = [a.state for a in actions if isinstance(a, PersistSafety)]
+    assert persisted and persisted[0].last_voted_view >= 2
+    assert core.stats.fenced == 1
+    assert core.safety.state.last_voted_view >= 2
+
+
+def test_a_timeout_certificate_with_our_signature_fences_too() -> None:
+    core = new_core(3)
+    core.start()
+    timeouts = [signed_timeout(v, 4, genesis_qc(CHAIN)) for v in (1, 2, 3)]
+    core.on_message(envelope(1, tc_from(timeouts)))
+    assert core.safety.state.last_voted_view == 4
+    assert core.stats.fenced == 1
+
+
+def test_a_restarting_replica_signs_nothing_until_2f_plus_1_peers_answer() -> None:
+    core = new_core(3, fence_on_start=True)
+    started = core.start()
+    assert sent_of(started, Hello) == [Hello()]
+    assert [s.to for s in started if isinstance(s, Send) and isinstance(s.message, Hello)] == [
+        None
+    ]
+    votes = sent_of(core.on_message(envelope(1, signed_proposal(B1))), Vote)
+    assert votes == [], "voted while it did not know which views it had signed in"
+    # Peers saw us vote in view 1 before our disk was rolled back.
+    for peer in (0, 1):
+        core.on_message(envelope(peer, HelloReply(1, 1, genesis_qc(CHAIN))))
+    assert core._fencing, "two replies are f+1, not 2f+1: keep waiting"
+    core.on_message(envelope(2, HelloReply(1, 1, genesis_qc(CHAIN))))
+    assert not core._fencing
+    assert core.safety.state.last_voted_view == 1  # view 1 is fenced: B1 gets no vote
+    actions = core.on_message(envelope(2, signed_proposal(B2)))
+    assert [v.block_hash for v in sent_of(actions, Vote)] == [B2.hash]
+
+
+def test_with_peers_down_f_plus_1_answers_do_after_the_wait() -> None:
+    core = new_core(3, fence_on_start=True)
+    core.start()
+    for peer in (0, 1):
+        core.on_message(envelope(peer, HelloReply(0, 1, genesis_qc(CHAIN))))
+    for k in range(TEST_LIMITS.fence_wait_ticks - 1):
+        core.on_tick(START_MS + k)
+        assert core._fencing
+    core.on_tick(START_MS + TEST_LIMITS.fence_wait_ticks)
+    assert not core._fencing
+
+
+def test_a_lying_peer_cannot_fence_us_beyond_the_certified_view_plus_two() -> None:
+    core = new_core(3, fence_on_start=True)
+    core.start()
+    core.on_message(envelope(0, HelloReply(10**9, 10**9, qc_for(B1))))
+    for peer in (1, 2):
+        core.on_message(envelope(peer, HelloReply(0, 2, qc_for(B1))))
+    assert not core._fencing
+    assert core.safety.state.last_voted_view == B1.view + 2
+
+
+def test_a_hello_is_answered_with_the_last_view_we_saw_the_asker_sign() -> None:
+    core = new_core(0)
+    core.start()
+    core.on_message(envelope(1, signed_proposal(B1)))  # proposer 1 signed in view 1
+    core.on_message(envelope(3, signed_vote(3, B1)))  # member 3 voted in view 1
+    replies = sent_of(core.on_message(envelope(3, Hello())), HelloReply)
+    assert [(r.last_signed_view, r.view) for r in replies] == [(1, core.view)]
+    replies = sent_of(core.on_message(envelope(2, Hello())), HelloReply)
+    assert [r.last_signed_view for r in replies] == [0]  # never saw member 2 sign
+
+
+def stale_options(seed: int, n: int) -> object:
+    base = scenario(seed, n)
+    return dataclasses.replace(
+        base,
+        byzantine=(),
+        loss_permille=min(base.loss_permille, 50),
+        crash_permille=5,
+        crash_ticks_max=60,
+        stale_restore_permille=600,
+    )
+
+
+def test_replicas_restored_from_old_data_never_equivocate_in_simulation() -> None:
+    """The victim member crashes often and comes back from its oldest copy most times;
+    no two different votes of it for one view ever reach the network."""
+    restores, failures = 0, []
+    for n, seeds in ((4, range(80)), (7, range(30))):
+        for seed in seeds:
+            sim = Simulation(stale_options(seed, n))  # type: ignore[arg-type]
+            try:
+                sim.run()
+            except SimulationFailure as failure:
+                failures.append(str(failure))
+            restores += sim.stale_restores
+    assert failures == []
+    assert restores > 100, "the scenarios hardly restored anyone from old data"
