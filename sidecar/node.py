@@ -49,14 +49,9 @@ from replica.transport import CHANNEL_OPTIONS
 from replica.types import RemoteError
 from replica.wire import decode_block
 from sidecar.engine.core import Engine, EngineConfig
-from sidecar.receipts import (
-    all_paths,
-    leaf_from_verdict,
-    merkle_root,
-    root_report_statement,
-    sign_block,
-)
-from sidecar.store import DivergenceError, ExecutedHeight, SidecarStore
+from sidecar.execution import execute_block
+from sidecar.receipts import root_report_statement
+from sidecar.store import DivergenceError, SidecarStore
 from sidecar.wire import receipt_to_pb
 
 RECONNECT_DELAY_S_MIN = 0.05
@@ -228,31 +223,8 @@ class Sidecar:
                     f"ours is {mine.hex()[:16]}"
                 )
                 return
-        result = engine.execute_block(
-            height, block.timestamp_ms, list(block.payload), verify_signatures=False
-        )
-        leaves = tuple(leaf_from_verdict(height, i, v) for i, v in enumerate(result.verdicts))
-        hashes = [leaf.hash(self.spec.chain_id) for leaf in leaves]
-        paths = tuple(tuple(p) for p in all_paths(hashes))
-        signed = sign_block(
-            self.key,
-            self.index,
-            self.spec.chain_id,
-            height,
-            merkle_root(hashes),
-            result.state_root,
-            len(leaves),
-        )
-        executed = ExecutedHeight(
-            height=height,
-            block_hash=block.hash,
-            block_time_ms=block.timestamp_ms,
-            result=result,
-            leaves=leaves,
-            paths=paths,
-            signed=signed,
-            engine_state=engine.state_bytes(),
-        )
+        executed = execute_block(engine, self.key, self.index, self.spec.chain_id, block)
+        result = executed.result
         try:
             await store.record(executed)
         except DivergenceError as err:

@@ -1,0 +1,40 @@
+"""One committed block through the engine: everything a height produces, ready to record.
+
+Shared by the sidecar process (sidecar/node.py) and replay (sidecar/replay.py), so a
+replayed height is computed exactly as it was the first time.
+"""
+
+from __future__ import annotations
+
+from nacl.signing import SigningKey
+
+from replica.types import Block
+from sidecar.engine.core import Engine
+from sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
+from sidecar.store import ExecutedHeight
+
+
+def execute_block(
+    engine: Engine, key: SigningKey, signer: int, chain_id: str, block: Block
+) -> ExecutedHeight:
+    """Run `block` (committed, so its signatures were checked by the replicas that
+    certified it) and sign the block statement of its verdicts."""
+    height = block.height
+    result = engine.execute_block(
+        height, block.timestamp_ms, list(block.payload), verify_signatures=False
+    )
+    leaves = tuple(leaf_from_verdict(height, i, v) for i, v in enumerate(result.verdicts))
+    hashes = [leaf.hash(chain_id) for leaf in leaves]
+    signed = sign_block(
+        key, signer, chain_id, height, merkle_root(hashes), result.state_root, len(leaves)
+    )
+    return ExecutedHeight(
+        height=height,
+        block_hash=block.hash,
+        block_time_ms=block.timestamp_ms,
+        result=result,
+        leaves=leaves,
+        paths=tuple(tuple(p) for p in all_paths(hashes)),
+        signed=signed,
+        engine_state=engine.state_bytes(),
+    )
