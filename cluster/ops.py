@@ -297,8 +297,15 @@ def start_cluster(
         procs += sidecars.values()
         wait_sidecars_serving(spec, indexes, sidecars, timeout_s)
     except BaseException:
-        stop_nodes(spec, indexes)
+        # Only what this call started: a refused `up` never touches what was running.
         for proc in procs:
-            proc.wait()
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         raise
     return procs

@@ -46,11 +46,12 @@ from replica.actions import Action, Commit, ScheduleTimeout, Send, StoreBlock, c
 from replica.config import Limits
 from replica.core import Core
 from replica.crypto import Ed25519Signer, ed25519_verify
+from replica.grpcutil import add_service
 from replica.mempool import Admission, Mempool, MempoolLimits
 from replica.metrics import ReplicaMetrics
 from replica.storage import ReplicaStore
 from replica.transport import CHANNEL_OPTIONS, PeerLink
-from replica.types import Envelope, RemoteError, SyncRequest, SyncResponse
+from replica.types import Block, Envelope, RemoteError, SyncRequest, SyncResponse
 from replica.wire import block_to_pb, envelope_from_pb, envelope_to_pb
 from sidecar.engine.tx import ParsedTx
 from sidecar.receipts import root_report_statement
@@ -107,6 +108,8 @@ class _NewStateRoot:
 Event = Envelope | _Tick | _NewTransactions | _NewStateRoot
 
 STATE_ROOTS_KEPT = 4_096
+MEMPOOL_REBUILD_TXS_MAX = 200_000
+MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
 SUBMIT_BATCH_TXS_MAX = 1_024
 SUBMIT_INBOX_MAX = 4_096
 ADMIT_RPC_TIMEOUT_S = 2.0
@@ -189,11 +192,7 @@ class ReplicaNode:
         node_dir = self.spec.node_dir(self.index)
         self.store = await ReplicaStore.open(node_dir / DB_FILE, self.spec.chain_id)
         recovered = await self.store.load()
-        # A restarted replica has not seen the log below its head: its replay windows are
-        # then partial (the engine stays the authority on replays).
-        self.mempool = Mempool(
-            self.spec.chain_id, MempoolLimits(), complete_history=recovered.committed.height == 0
-        )
+        self.mempool = await self._rebuilt_mempool(recovered.committed.height)
         self.core = Core(
             self.membership,
             self.index,
@@ -205,8 +204,8 @@ class ReplicaNode:
             now_ms=self._now_ms(),
         )
         server = grpc.aio.server(options=CHANNEL_OPTIONS)
-        pb_grpc.add_PeerServicer_to_server(_PeerService(self), server)
-        cpb_grpc.add_ReplicaServicer_to_server(_ClientService(self), server)
+        add_service(server, pb_grpc.add_PeerServicer_to_server, _PeerService(self))
+        add_service(server, cpb_grpc.add_ReplicaServicer_to_server, _ClientService(self))
         address = self.member.replica_address
         try:
             server.add_insecure_port(address)
@@ -237,6 +236,26 @@ class ReplicaNode:
             self.store.committed_height,
             self.core.view,
         )
+
+    async def _rebuilt_mempool(self, committed_height: int) -> Mempool:
+        """A mempool whose replay windows know the committed log, so that a restarted
+        replica refuses replays of what committed before it stopped. It reads back at
+        most `MEMPOOL_REBUILD_TXS_MAX` transactions; with a longer log the windows are
+        partial (they refuse what they saw) and the engine stays the authority."""
+        store = self.store
+        assert store is not None
+        blocks: list[Block] = []
+        txs = 0
+        end = committed_height
+        while end >= 1 and txs < MEMPOOL_REBUILD_TXS_MAX:
+            start = max(1, end - MEMPOOL_REBUILD_BLOCKS_PER_READ + 1)
+            page = await store.committed_range(start, end)
+            blocks[:0] = page
+            txs += sum(len(b.payload) for b in page)
+            end = start - 1
+        mempool = Mempool(self.spec.chain_id, MempoolLimits(), complete_history=end < 1)
+        mempool.on_commit(blocks)
+        return mempool
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -480,7 +499,7 @@ class ReplicaNode:
             request_id=request.request_id,
             accepted=admission.accepted,
             proposal_id=admission.tx_id or b"",
-            reason=admission.reason,
+            reason="" if admission.accepted else admission.reason,
             detail=admission.detail,
             code=code.value[0],
         )

@@ -45,6 +45,7 @@ from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from qgpb import sidecar_pb2 as spb
 from qgpb import sidecar_pb2_grpc as spb_grpc
+from replica.grpcutil import add_service
 from replica.transport import CHANNEL_OPTIONS
 from replica.types import RemoteError
 from replica.wire import decode_block
@@ -138,7 +139,7 @@ class Sidecar:
             Engine(self.config) if state is None else Engine.from_state_bytes(self.config, state)
         )
         server = grpc.aio.server(options=CHANNEL_OPTIONS)
-        spb_grpc.add_SidecarServicer_to_server(_SidecarService(self), server)
+        add_service(server, spb_grpc.add_SidecarServicer_to_server, _SidecarService(self))
         try:
             server.add_insecure_port(self.member.sidecar_address)
         except RuntimeError as err:
