@@ -320,6 +320,89 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
     return ledger_export(db, chain, sys.stdout)
 
 
+class Progress:
+    """A one-line progress bar on stderr with rate and ETA (a line per 10% when not a tty)."""
+
+    def __init__(self, label: str, unit: str) -> None:
+        self.label, self.unit = label, unit
+        self.tty = sys.stderr.isatty()
+        self.last_decile = -1
+        self.last_draw = 0.0
+
+    def __call__(self, done: int, total: int, elapsed_s: float) -> None:
+        now = time.monotonic()
+        fraction = done / total if total else 1.0
+        decile = int(fraction * 10)
+        if self.tty and now - self.last_draw < 0.1 and done < total:
+            return
+        if not self.tty and decile == self.last_decile and done < total:
+            return
+        self.last_draw, self.last_decile = now, decile
+        rate = done / elapsed_s if elapsed_s > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else 0.0
+        bar = "#" * int(fraction * 30)
+        line = f"{self.label} [{bar:<30}] {done}/{total} {self.unit} {rate:,.0f}/s ETA {eta:,.0f} s"
+        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
+        if self.tty and done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from cluster.clusterfile import ClusterFileError
+    from cluster.ops import running_pid
+    from sidecar.replay import ReplayError, replay
+
+    try:
+        spec = _load(args)
+        spec.member(args.node)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    if running_pid(spec, args.node, "sidecar") is not None:
+        return _fail(
+            f"sidecar {args.node} is running; stop it first "
+            f"(quorumgate down --dir {args.dir} --node {args.node} stops its replica too)",
+            2,
+        )
+    progress = None if args.quiet else Progress(f"replay node {args.node}", "heights")
+    try:
+        report = asyncio.run(
+            replay(
+                spec,
+                args.node,
+                from_height=args.from_height,
+                resume=not args.no_resume,
+                progress=progress,
+            )
+        )
+    except ReplayError as err:
+        return _fail(str(err))
+    doc = report.as_dict()
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(
+            f"replayed {report.heights_replayed} heights ({report.verdicts} verdicts) of node "
+            f"{report.node} up to height {report.top_height} in {doc['seconds']} s "
+            f"({doc['rate_heights_per_s']} heights/s, {doc['rate_verdicts_per_s']} verdicts/s)"
+        )
+        print(
+            f"compared {report.heights_compared} heights, recorded {report.heights_recorded}; "
+            f"artifacts re-confirmed {report.artifacts_reconfirmed}, written "
+            f"{report.artifacts_written}; certificates checked {report.certificates_checked}"
+            + (f"; resumed after height {report.resumed_from}" if report.resumed_from else "")
+        )
+        if report.mismatches:
+            print(f"{len(report.mismatches)} MISMATCHES:")
+            for m in report.mismatches[:20]:
+                print(f"  height {m['height']}: {m['what']}: {m['detail']}")
+        else:
+            print("no mismatches")
+    return 0 if report.ok else 1
+
+
 def _cmd_policy_test(args: argparse.Namespace) -> int:
     from sidecar.policykit import run_policy_test
 
@@ -411,6 +494,15 @@ def build_parser() -> argparse.ArgumentParser:
     lexport.add_argument("--dir", required=True)
     lexport.add_argument("--node", type=int, required=True)
     lexport.set_defaults(func=_cmd_ledger)
+
+    rp = sub.add_parser("replay", help="rebuild and check a sidecar's state from its log")
+    rp.add_argument("--dir", required=True)
+    rp.add_argument("--node", type=int, required=True)
+    rp.add_argument("--from-height", type=int, default=1, help="compare from this height on")
+    rp.add_argument("--no-resume", action="store_true", help="ignore a checkpoint, start over")
+    rp.add_argument("--quiet", action="store_true", help="no progress bar")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=_cmd_replay)
 
     policy = sub.add_parser("policy", help="operator policy tools")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)

@@ -613,6 +613,16 @@ class SidecarStore:
         most `ARTIFACTS_PAGE_MAX`, skipping the first `offset`."""
         return [(h, t, d) for h, t, d, _ in await self.artifact_rows(limit, offset)]
 
+    async def artifacts_at(self, height: int) -> dict[str, bytes]:
+        """The artifacts of one height, by canonical target (a block's denials are bounded
+        by its transaction count)."""
+        async with self._lock:
+            self._check_open()
+            rows = await self._conn.execute_fetchall(
+                "SELECT canonical_target, data FROM artifacts WHERE height = ?", (height,)
+            )
+        return {str(target): bytes(data) for target, data in rows}
+
     async def artifact_rows(
         self, limit: int, offset: int = 0
     ) -> list[tuple[int, str, bytes, list[dict[str, Any]]]]:
