@@ -43,6 +43,7 @@ agent transaction the engine did not apply).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -135,7 +136,7 @@ BACKOFF_S_MIN = 0.05
 BACKOFF_S_MAX = 1.0
 RESIGN_ON_REPLAY_MAX = 4  # fresh nonces tried when a first delivery is refused as replayed
 RECEIPT_POLL_S_MIN = 0.005
-RECEIPT_POLL_S_MAX = 0.25
+RECEIPT_POLL_S_MAX = 0.1  # the commit itself takes ~60 ms on loopback: poll well within that
 CERTIFICATE_DEADLINE_S = 10.0  # default wait for f+1 agreeing receipts
 # Transactions `submit_many` keeps on one stream before reading replies; well below the
 # engine's nonce window (1024), which refuses nonces further ahead of the executed ones.
@@ -143,6 +144,9 @@ SUBMIT_MANY_BATCH_MAX = 512
 RECEIPTS_PER_PROPOSAL_MAX = 64  # receipts held while waiting (one per sidecar is enough)
 RECEIPT_KEYS_REMEMBERED_MAX = 65_536  # (height, index) keys `certified_verdicts` holds
 DELEGATION_TTL_S_DEFAULT = 3600.0
+# A SyncClient call never blocks longer than this, whatever the coroutine's own deadlines
+# (they are all shorter); a safety net against a stuck channel, not a tuning knob.
+SYNC_CALL_TIMEOUT_S = 300.0
 NO_TARGET = ""  # what a tool that takes no target is proposed with
 
 TRANSPORT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -1131,7 +1135,12 @@ class SyncClient:
         if running is self._loop:
             coro.close()
             raise RuntimeError("SyncClient called from its own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=SYNC_CALL_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise ClusterUnavailable("client_call_timeout") from None
 
     async def bridge(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await one coroutine of `aio` from another event loop."""

@@ -48,9 +48,11 @@ and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
 **Which agent, which run.** `agent_context(client, run_id=...)` (or `async with
 agent_context_async(...)`) binds a client (its key is the agent) and a run id in a
 `contextvars.ContextVar`: each asyncio task and each thread has its own, so two agents in
-one process never share one. No binding: `NoAgentContext`, and the body does not run.
-Async tools work with a `QuorumGateClient` of the same loop or a `SyncClient`; sync tools
-need a `SyncClient` (its loop runs in its own thread).
+one process never share one (a new `threading.Thread` starts with no binding;
+`asyncio.to_thread` and `loop.run_in_executor` under `contextvars.copy_context()` carry
+the caller's, which is the same agent continuing its work). No binding: `NoAgentContext`,
+and the body does not run. Async tools work with a `QuorumGateClient` of the same loop or
+a `SyncClient`; sync tools need a `SyncClient` (its loop runs in its own thread).
 
 Inside the body, `current_call()` gives the certified `Decision` and the signed
 transaction, to hand to the tool executor (`cluster.executor`).
@@ -384,6 +386,8 @@ class FailOpenQueue:
                 async with asyncio.timeout(deadline_s):
                     submitted = await client.submit(record.marker_proposal())
                     await client.await_certificate(submitted.proposal_id, deadline_s)
+            except Overloaded:
+                break  # back-pressure: try again later, keep the record
             except Refused as err:
                 self._records.popleft()
                 self.dropped += 1
@@ -572,9 +576,7 @@ async def _govern(
         async with asyncio.timeout(deadline_s):
             submitted = await aio.submit(proposal)
             decision = await aio.await_certificate(submitted.proposal_id, deadline_s)
-    except Refused as err:
-        raise ActionDenied(err.reason, proposal_id=err.proposal_id) from None
-    except NO_CERTIFICATE as err:
+    except NO_CERTIFICATE as err:  # before Refused: Overloaded is a refusal with no verdict
         original = submitted.proposal_id if submitted else getattr(err, "proposal_id", None)
         cause = err.reason if isinstance(err, QuorumGateError) else "deadline"
         if posture is Posture.FAIL_OPEN:
@@ -602,6 +604,8 @@ async def _govern(
             "event=fail_closed tool=%s run=%s cause=%s", proposal.tool, proposal.run_id, cause
         )
         raise CertificateUnavailable(err, original) from None
+    except Refused as err:
+        raise ActionDenied(err.reason, proposal_id=err.proposal_id) from None
     queue.schedule_flush(aio)  # the cluster answered: record what ran while it did not
     return _Verdict(decision, submitted)
 

@@ -60,6 +60,7 @@ from sidecar.wire import receipt_from_pb, receipt_to_pb
 from tests.client.conftest import SINK, LiveCluster, new_agent
 
 RUN = "run-1"
+LIAR_POLLS_MAX = 150  # x 10 ms: well inside the client's per-call RPC timeout
 URL = "https://example.com/a"
 
 
@@ -289,7 +290,14 @@ class LyingSidecar(spb_grpc.SidecarServicer):  # type: ignore[misc]
     async def GetReceipt(
         self, request: spb.ReceiptRequest, context: grpc.aio.ServicerContext
     ) -> spb.ReceiptReply:
+        # answer only once the real sidecar has executed the call, so that every round of
+        # the client's polling holds the forgery next to the honest receipts
         reply: spb.ReceiptReply = await self.real.GetReceipt(request)
+        for _ in range(LIAR_POLLS_MAX):
+            if reply.found:
+                break
+            await asyncio.sleep(0.01)
+            reply = await self.real.GetReceipt(request)
         if reply.found:
             honest = receipt_from_pb(reply.receipt)
             self.forged += 1
@@ -467,6 +475,8 @@ async def test_nonces_resume_from_the_sidecars_and_a_collision_costs_a_fresh_non
         done = [
             await first.decide(Proposal(run_id=RUN, tool="web.get", target=URL)) for _ in range(3)
         ]
+        # every sidecar has executed them (so every replica's admission check knows)
+        await _all_sidecars_past(cluster, key, 4)
         # `second` still believes in nonce 1: refused as replayed, it signs again afresh
         late = await second.submit(Proposal(run_id=RUN, tool="web.get", target=URL))
         assert late.nonce == 4
@@ -474,6 +484,17 @@ async def test_nonces_resume_from_the_sidecars_and_a_collision_costs_a_fresh_non
     async with agent_client(cluster, key) as third:
         assert await third.sync_nonce() == 5
     assert [d.outcome.value for d in done] == ["allow"] * 3
+
+
+async def _all_sidecars_past(spec: ClusterSpec, key: SigningKey, next_nonce: int) -> None:
+    request = spb.AccountRequest(signer=bytes(key.verify_key))
+    deadline = asyncio.get_running_loop().time() + 30
+    for member in spec.members:
+        async with grpc.aio.insecure_channel(member.sidecar_address) as channel:
+            stub = spb_grpc.SidecarStub(channel)
+            while (await stub.Account(request, timeout=5)).next_nonce < next_nonce:
+                assert asyncio.get_running_loop().time() < deadline, "sidecar never caught up"
+                await asyncio.sleep(0.02)
 
 
 async def test_submit_many_streams_and_every_one_is_certified(

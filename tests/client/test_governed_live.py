@@ -17,6 +17,7 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
+import cluster.client as client_module
 from cluster.client import (
     QuorumGateClient,
     SyncClient,
@@ -45,6 +46,7 @@ from qgpb import client_pb2_grpc as cpb_grpc
 from sidecar.engine.model import DENIAL_TEXT, Proposal
 from sidecar.engine.tx import parse
 from tests.client.conftest import LiveCluster, new_agent, wait_until
+from tests.client.test_client_live import Exhausted, _serve, _with_member
 
 URL = "https://example.com/page"
 SECRET = f"SECRET-{uuid.uuid4().hex}"  # never known to any code path but the caller's
@@ -365,6 +367,33 @@ def test_postures_with_the_cluster_stopped(live: LiveCluster, owner: SyncClient)
         assert marker is not None and marker.startswith("cause=")
         assert f"original={call.proposal_id.hex() if call.proposal_id else '-'}" in marker
         assert proposal.run_id == "run-posture" and proposal.tool == "web.get"
+
+
+async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(
+    cluster: ClusterSpec, owner: SyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RESOURCE_EXHAUSTED past the bounded back-off: the posture decides, as for an
+    unreachable cluster."""
+    monkeypatch.setattr(client_module, "BACKOFF_S_MIN", 0.001)
+    monkeypatch.setattr(client_module, "BACKOFF_S_MAX", 0.002)
+    _, key = new_agent(owner, ["web.get"])
+    full = Exhausted(cluster, refusals=1_000_000)
+    server, port = await _serve(full, cpb_grpc.add_ReplicaServicer_to_server)
+    try:
+        spec = cluster
+        for i in range(cluster.n):
+            spec = _with_member(spec, i, replica_port=port)
+        async with QuorumGateClient(spec, key) as qg:
+            async with agent_context_async(qg, run_id="run-full"):
+                with pytest.raises(CertificateUnavailable) as closed:
+                    await afetch(URL, "q")
+            assert closed.value.reason == "no_certificate:mempool_full"
+            async with agent_context_async(qg, run_id="run-full", posture="fail_open"):
+                seen = await afetch(URL, "q")
+            assert seen["call"].fail_open and len(fail_open_queue(qg)) == 1
+    finally:
+        await server.stop(0)
+    assert RAN == ["afetch"]
 
 
 def _committed_proposal(spec: ClusterSpec, height: int, index: int) -> Proposal:
