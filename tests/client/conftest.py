@@ -136,7 +136,7 @@ def owner(cluster: ClusterSpec, sink_key: PrivateKey) -> Iterator[SyncClient]:
     with SyncClient.from_files(cluster.directory) as client:
         client.register_sink(SINK, bytes(sink_key.public_key))
         for name, mode, extra in TOOLS:
-            client.register_tool(tool_spec(name, mode, **extra))  # type: ignore[arg-type]
+            client.register_tool(tool_spec(name, mode, **extra))
         yield client
 
 

@@ -328,9 +328,19 @@ async def _serve(servicer: object, add: object) -> tuple[grpc.aio.Server, int]:
     return server, port
 
 
-def _with_member(spec: ClusterSpec, index: int, **ports: int) -> ClusterSpec:
+def _with_member(
+    spec: ClusterSpec, index: int, *, replica_port: int = 0, sidecar_port: int = 0
+) -> ClusterSpec:
+    """The cluster file with member `index` reached at other ports (a test double)."""
     members = tuple(
-        dataclasses.replace(m, **ports) if m.index == index else m for m in spec.members
+        dataclasses.replace(
+            m,
+            replica_port=replica_port or m.replica_port,
+            sidecar_port=sidecar_port or m.sidecar_port,
+        )
+        if m.index == index
+        else m
+        for m in spec.members
     )
     return dataclasses.replace(spec, members=members)
 
@@ -613,14 +623,14 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
         executor.open_envelope(call, "other")
     with pytest.raises(HandleRefused):
         executor.open_handle(call, "h_card_0123456789abcdef")
-    with pytest.raises(WrongCall) as err:
+    with pytest.raises(WrongCall) as wrong:
         executor.verify(
             decision.certificate,
             proposal_id=decision.proposal_id,
             tool="vault.store",
             target="https://example.com/b",
         )
-    assert err.value.reason == "target_mismatch"
+    assert wrong.value.reason == "target_mismatch"
     with pytest.raises(NotAllowed):
         executor.verify(
             denied.certificate,
@@ -631,14 +641,14 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
     short = dataclasses.replace(
         decision.certificate, signatures=decision.certificate.signatures[:1]
     )
-    with pytest.raises(CertificateRejected) as err:
+    with pytest.raises(CertificateRejected) as rejected:
         executor.verify(
             short,
             proposal_id=decision.proposal_id,
             tool="vault.store",
             target="https://example.com/a",
         )
-    assert err.value.reason == "too_few_receipts"
+    assert rejected.value.reason == "too_few_receipts"
     # a state that is not the certified one is never read
     tampered = dataclasses.replace(decision.certificate, state_root=b"\x00" * 32)
     forged_call = dataclasses.replace(call, certificate=tampered)

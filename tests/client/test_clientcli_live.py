@@ -6,6 +6,7 @@ import json
 import stat
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nacl.public import PrivateKey
@@ -26,7 +27,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
     code, out, _ = run(capsys, *argv, "--json")
     return code, json.loads(out)
 
@@ -99,9 +100,9 @@ def test_admin_commands_and_the_registry_listings(
     assert code == 0
 
     code, doc = run_json(capsys, "agents", "--dir", d)
-    agents = {a["agent_id"]: a for a in doc["agents"]}  # type: ignore[union-attr,index]
+    agents = {a["agent_id"]: a for a in doc["agents"]}
     mine = agents["cli-admin"]
-    assert mine["mandate"]["allowed_tools"] == ["pay", "web.get"]  # type: ignore[index]
+    assert mine["mandate"]["allowed_tools"] == ["pay", "web.get"]
     assert (mine["mandate_version"], mine["suspended"]) == (1, False)
     assert doc["source"] == "log_replay"
     code, out, _ = run(capsys, "agents", "--dir", d)
@@ -116,12 +117,12 @@ def test_admin_commands_and_the_registry_listings(
     ]
     assert any(line.startswith("cli-admin ") for line in out.splitlines())
     code, doc = run_json(capsys, "tools", "--dir", d)
-    tools = {t["name"]: t for t in doc["tools"]}  # type: ignore[union-attr,index]
+    tools = {t["name"]: t for t in doc["tools"]}
     assert tools["files.read"]["target_schemes"] == ["file"]
     assert tools["vault.store"]["envelope_args"] == [
         {"name": "secret", "kind": "card", "require_verified": False}
     ]
-    assert SINK in {s["sink_id"] for s in doc["sinks"]}  # type: ignore[union-attr,index]
+    assert SINK in {s["sink_id"] for s in doc["sinks"]}
 
 
 def test_submit_confirm_and_verdicts(
