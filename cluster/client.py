@@ -587,9 +587,7 @@ class QuorumGateClient:
             self._next_nonce = nonce
 
     async def replica_status(self) -> dict[int, cpb.StatusReply]:
-        return await self._replica_statuses()
-
-    async def _replica_statuses(self) -> dict[int, cpb.StatusReply]:
+        """Status of every replica that answers, by member index."""
         stubs = self._ch().replicas
 
         async def one(stub: cpb_grpc.ReplicaStub) -> cpb.StatusReply:
@@ -602,6 +600,7 @@ class QuorumGateClient:
         return {i: r for i, r in enumerate(results) if isinstance(r, cpb.StatusReply)}
 
     async def sidecar_status(self) -> dict[int, spb.SidecarStatusReply]:
+        """Status of every sidecar that answers, by member index."""
         stubs = self._ch().sidecars
 
         async def one(stub: spb_grpc.SidecarStub) -> spb.SidecarStatusReply:
