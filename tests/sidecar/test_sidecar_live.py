@@ -24,12 +24,17 @@ poll with a deadline (`wait_until`); nothing sleeps hoping that a condition beca
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import itertools
+import json
 import os
 import signal
 import sqlite3
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 import warnings
@@ -40,7 +45,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
-from nacl.public import PrivateKey
+from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
 
 from cluster.client import (
@@ -55,6 +60,7 @@ from cluster.client import (
     tool_spec,
 )
 from cluster.clusterfile import (
+    CLUSTER_FILE,
     OWNER_KEY_FILE,
     ClusterSpec,
     init_cluster,
@@ -76,11 +82,13 @@ from qgpb import sidecar_pb2_grpc as spb_grpc
 from replica.transport import CHANNEL_OPTIONS
 from replica.types import Block
 from replica.wire import decode_block
+from sidecar import operator
 from sidecar.engine import tx as txlib
 from sidecar.engine.core import EngineConfig
 from sidecar.engine.model import (
     Admin,
     AdminOp,
+    Argument,
     EnvelopeArg,
     Mandate,
     Outcome,
@@ -88,6 +96,7 @@ from sidecar.engine.model import (
     RegisterAgent,
     RegisterSink,
     RegisterTool,
+    SealEnvelope,
     SetMandate,
 )
 from sidecar.engine.statements import target_digest
@@ -739,3 +748,396 @@ def test_d1_a_delegate_cannot_exceed_its_grant(live: Live) -> None:
     assert late.tx_id != pending.proposal_id  # the verdict of alice's Confirm
     assert (settled.outcome.value, settled.reason) == ("deny", "delegation_revoked")
     assert_never_allowed(live, [wider, stolen, after, settled])
+
+
+# ============================================================================ load
+
+
+LOAD_TOOLS = ["kb.search", "records.read", "order.finalize"]
+
+
+def mixed_payloads(start: int, count: int) -> list[Proposal]:
+    """Proposals of every outcome, by sequence number: allow (kb.search, own records),
+    deny with an artifact (another principal's records, an identity argument, an
+    out-of-scope tool — a flag for an agent in observe mode), pending (order.finalize).
+    Runs change every six proposals, so the latch halts none of them."""
+    out = []
+    for k in range(start, start + count):
+        run = f"load-{k // 6}"
+        choice = k % 6
+        if choice == 0:
+            call = Proposal(run_id=run, tool="kb.search", target=f"{URL}/{k}")
+        elif choice == 1:
+            call = Proposal(run_id=run, tool="records.read", target="CURRENT_USER")
+        elif choice == 2:
+            call = Proposal(run_id=run, tool="records.read", target=f"principal:other-{k % 3}")
+        elif choice == 3:
+            call = Proposal(run_id=run, tool="owner.notify", target="")
+        elif choice == 4:
+            call = Proposal(run_id=run, tool="order.finalize", target=f"{URL}/order/{k}")
+        else:
+            args = (Argument(name="user_id", text=f"u{k % 5}"),)
+            call = Proposal(run_id=run, tool="kb.search", target=f"{URL}/q", arguments=args)
+        out.append(call)
+    return out
+
+
+class Load:
+    """Mixed proposals from some agents, in batches, on a background thread, until
+    stopped. Each agent stays under `PER_AGENT_MAX` proposals (below the nonce window),
+    so none is ever refused for running ahead of execution."""
+
+    PER_AGENT_MAX = 900
+
+    def __init__(self, agents: Sequence[Agent], batch: int = 5, pause_s: float = 0.15) -> None:
+        self.agents = list(agents)
+        self.batch = batch
+        self.pause_s = pause_s
+        self.accepted: list[Submitted] = []
+        self.refused: list[QuorumGateError] = []
+        self.sent = dict.fromkeys(range(len(self.agents)), 0)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            for k in itertools.count():
+                if self._stop.is_set():
+                    return
+                a = k % len(self.agents)
+                if self.sent[a] + self.batch > self.PER_AGENT_MAX:
+                    if all(n + self.batch > self.PER_AGENT_MAX for n in self.sent.values()):
+                        return
+                    continue
+                payloads = mixed_payloads(self.sent[a], self.batch)
+                self.sent[a] += self.batch
+                for result in self.agents[a].qg.submit_many(payloads):
+                    if isinstance(result, Submitted):
+                        self.accepted.append(result)
+                    else:
+                        self.refused.append(result)
+                self._stop.wait(self.pause_s)  # pacing, not waiting for a condition
+        except BaseException as err:
+            self._error = err
+
+    def wait_accepted(self, count: int) -> None:
+        wait_until(f"{count} proposals admitted", lambda: len(self.accepted) >= count)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=WAIT_S)
+        assert not self._thread.is_alive(), "the load thread did not stop"
+        if self._error is not None:
+            raise AssertionError(f"the load thread failed: {self._error!r}") from self._error
+
+
+def load_agents(live: Live, stack: contextlib.ExitStack, count: int) -> list[Agent]:
+    mandates = {f"load{k}": mandate(LOAD_TOOLS) for k in range(count - 1)}
+    mandates["observer"] = mandate(["kb.search"], enforcement="observe")
+    return list(live.agents(stack, **mandates).values())
+
+
+def wait_agreement(live: Live, height: int) -> dict[int, spb.SidecarStatusReply]:
+    """Once all four executed `height` and nothing more is submitted: their Status."""
+    live.wait_executed(height)
+
+    def agreed() -> dict[int, spb.SidecarStatusReply] | None:
+        statuses = live.statuses()
+        seen = {(st.ledger_head, st.ledger_entries, st.artifacts) for st in statuses.values()}
+        return statuses if len(statuses) == N and len(seen) == 1 else None
+
+    return wait_until("the four sidecars' ledgers to agree", agreed, describe=live.describe)
+
+
+# ============================================================================ 2. agreement
+
+
+def test_ledgers_artifacts_and_state_roots_agree_on_all_sidecars_after_load(
+    live: Live, tmp_path: Path
+) -> None:
+    """Three hundred proposals of every outcome from four agents (one in observe mode),
+    each certified; then at a common executed height every sidecar holds the same ledger
+    (every column of every entry, so the same head and count), the same rejection
+    artifacts byte for byte, and the same state root — which is also the root the
+    committed blocks carry for that height. Status, the stores (read-only), `quorumgate
+    artifacts --json` (a subprocess per node) and `ledger export` all say so."""
+    per_agent = 75
+    with contextlib.ExitStack() as stack:
+        agents = load_agents(live, stack, 4)
+        decisions: list[Decision] = []
+        for agent in agents:
+            results = agent.qg.submit_many(mixed_payloads(0, per_agent))
+            assert all(isinstance(r, Submitted) for r in results), results
+            decisions += [
+                agent.qg.await_certificate(r.proposal_id, WAIT_S)  # type: ignore[union-attr]
+                for r in results
+            ]
+    outcomes = Counter(d.outcome.value for d in decisions)
+    assert len(decisions) == 4 * per_agent
+    assert all(outcomes[o] > 0 for o in ("allow", "flag", "deny", "pending")), outcomes
+
+    statuses = wait_agreement(live, max(d.height for d in decisions))
+    height = min(st.executed_height for st in statuses.values())
+    status = statuses[0]
+    ledgers = {i: live.ledger_upto(i, height) for i in range(N)}
+    artifacts = {i: live.artifacts_upto(i, height) for i in range(N)}
+    roots = {i: live.root_at(i, height) for i in range(N)}
+    assert len(ledgers[0]) == status.ledger_entries and ledgers[0][-1][-1] == status.ledger_head
+    assert len(artifacts[0]) == status.artifacts > 0
+    assert roots[0] is not None
+    for i in range(1, N):
+        assert ledgers[i] == ledgers[0], f"sidecar {i}'s ledger differs at height {height}"
+        assert artifacts[i] == artifacts[0], f"sidecar {i}'s artifacts differ"
+        assert roots[i] == roots[0], f"sidecar {i}'s state root differs at height {height}"
+    # The roots the committed chain carries (each voted on by 2f+1 replicas, each checking
+    # its own sidecar) are the sidecars' roots.
+    carried = {
+        b.state_root_height: b.state_root
+        for b in live.committed_blocks(0, 1, height)
+        if b.state_root_height > 0
+    }
+    assert carried, "no committed block carries a state root"
+    for root_height, root in carried.items():
+        assert live.root_at(0, root_height) == root, f"committed root at {root_height} differs"
+
+    # The operator's views: `quorumgate artifacts --json` and `ledger export`.
+    procs = [
+        subprocess.Popen(
+            [*quorumgate(), "artifacts", "--dir", str(live.spec.directory), "--node", str(i),
+             "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO_ROOT,
+        )
+        for i in range(N)
+    ]  # fmt: skip
+    listings = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=SUBPROCESS_S)
+        assert proc.returncode == 0, err.decode()
+        listings.append(json.loads(out))
+    assert listings[0]["count"] == status.artifacts
+    assert {(a["height"], a["canonical_target"]) for a in listings[0]["artifacts"]} == set(
+        artifacts[0]
+    )
+    assert all(listing == listings[0] for listing in listings), "artifact listings differ"
+    exports = [ledger_export_text(live, i) for i in range(N)]
+    assert len(exports[0].splitlines()) == status.ledger_entries
+    assert all(text == exports[0] for text in exports), "ledger exports differ"
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(exports[0])
+    out = io.StringIO()
+    assert (
+        operator.verify_ledger_file(
+            path, live.spec.chain_id, out, expected_head=status.ledger_head, err=out
+        )
+        == operator.EXIT_OK
+    ), out.getvalue()
+
+
+def quorumgate() -> list[str]:
+    return [sys.executable, "-m", "cluster.cli"]
+
+
+def ledger_export_text(live: Live, index: int) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    status = operator.ledger_export(live.db_path(index), live.spec.chain_id, out, err=err)
+    assert status == operator.EXIT_OK, err.getvalue()
+    return out.getvalue()
+
+
+# ============================================================================ 3. tampering
+
+
+def backup(live: Live, index: int, directory: Path) -> Path:
+    """A consistent copy of a running sidecar's store (SQLite's online backup from a
+    read-only connection) laid out as a cluster directory: `cluster.json` and
+    `node-0/sidecar.db`, so the CLI can be pointed at it."""
+    (directory / "node-0").mkdir(parents=True)
+    (directory / CLUSTER_FILE).write_bytes((live.spec.directory / CLUSTER_FILE).read_bytes())
+    copy = directory / "node-0" / "sidecar.db"
+    uri = f"{live.db_path(index).resolve().as_uri()}?mode=ro"
+    with (
+        contextlib.closing(sqlite3.connect(uri, uri=True, timeout=RPC_TIMEOUT_S)) as source,
+        contextlib.closing(sqlite3.connect(copy)) as target,
+    ):
+        source.backup(target)
+        target.execute("PRAGMA journal_mode=WAL")
+    return copy
+
+
+def test_a_tampered_ledger_entry_is_named_by_ledger_verify(live: Live, tmp_path: Path) -> None:
+    """A copy of a sidecar's store with one column of one ledger entry edited (a denial
+    turned into an allow, its reason, its principal) fails `quorumgate ledger verify`
+    (exit 1) naming that entry; an untouched copy and the running sidecar's own store
+    verify (exit 0)."""
+    chain = live.spec.chain_id
+    clean = backup(live, 2, tmp_path / "clean")
+    entries = live.read(2, "SELECT COUNT(*) FROM ledger")[0][0]
+    assert entries > 10, "the earlier tests left too small a ledger"
+    out = io.StringIO()
+    assert operator.ledger_verify(clean, chain, out, err=out) == operator.EXIT_OK, out.getvalue()
+    assert f"ledger ok: {entries} entries" in out.getvalue()
+
+    edits = {"outcome": "allow", "reason": "ok", "principal": "someone-else"}
+    for k, (column, value) in enumerate(edits.items()):
+        copy = backup(live, 2, tmp_path / f"tampered-{column}")
+        with contextlib.closing(sqlite3.connect(copy)) as db:
+            rowid, height, index = db.execute(
+                "SELECT rowid, height, idx FROM ledger WHERE outcome = 'deny' "
+                "ORDER BY rowid LIMIT 1 OFFSET ?",
+                (5 + k,),
+            ).fetchone()
+            position = db.execute("SELECT COUNT(*) FROM ledger WHERE rowid < ?", (rowid,))
+            position = position.fetchone()[0]
+            db.execute(f"UPDATE ledger SET {column} = ? WHERE rowid = ?", (value, rowid))
+            db.commit()
+        out = io.StringIO()
+        status = operator.ledger_verify(copy, chain, out, err=out)
+        named = f"entry #{position} (height {height}, index {index})"
+        assert status == operator.EXIT_PROBLEM, (column, out.getvalue())
+        assert "FAILED" in out.getvalue() and named in out.getvalue(), (column, out.getvalue())
+
+    # The command line, on a tampered copy, the clean copy, and the running sidecar.
+    cli = [*quorumgate(), "ledger", "verify", "--node"]
+    tampered = subprocess.run(
+        [*cli, "0", "--dir", str(tmp_path / "tampered-outcome")],
+        capture_output=True, text=True, timeout=SUBPROCESS_S, cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+    assert "FAILED" in tampered.stdout and "(height " in tampered.stdout
+    for directory, node in ((tmp_path / "clean", 0), (live.spec.directory, 2)):
+        ok = subprocess.run(
+            [*cli, str(node), "--dir", str(directory)],
+            capture_output=True, text=True, timeout=SUBPROCESS_S, cwd=REPO_ROOT, check=False,
+        )  # fmt: skip
+        assert ok.returncode == 0 and "ledger ok" in ok.stdout, ok.stdout + ok.stderr
+
+
+# ============================================================================ 5. secrets
+
+
+def encoded_forms(marker: bytes) -> list[bytes]:
+    """The marker raw, as hex (both cases), and in base64 (standard and URL-safe) at each
+    of the three alignments it can take inside a longer encoded blob."""
+    forms = [marker, marker.hex().encode(), marker.hex().upper().encode()]
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        for shift in range(3):
+            encoded = encode(b"\0" * shift + marker)
+            # Drop the characters that also depend on the bytes around the marker.
+            head = (shift * 8 + 5) // 6
+            tail = (len(marker) + shift) % 3
+            middle = encoded.rstrip(b"=")[head : len(encoded.rstrip(b"=")) - (1 if tail else 0)]
+            forms.append(middle)
+    return forms
+
+
+def find_forms(forms: Sequence[bytes], data: bytes) -> list[bytes]:
+    return [form for form in forms if form in data]
+
+
+def test_the_secret_search_finds_every_form() -> None:
+    """The search of the secrets test can fail: it finds a marker in each form it names,
+    embedded at every offset in longer data."""
+    marker = b"QGPLANT-0123456789abcdef"
+    forms = encoded_forms(marker)
+    for pad in range(4):
+        blob = b"x" * pad + b"card " + marker + b" tail"
+        for encoded in (
+            blob,
+            blob.hex().encode(),
+            blob.hex().upper().encode(),
+            base64.b64encode(blob),
+            base64.urlsafe_b64encode(blob),
+        ):
+            assert find_forms(forms, b"<<" + encoded + b">>"), (pad, encoded)
+    assert not find_forms(forms, base64.b64encode(b"QGPLANT-0123456789abcdeX" * 3))
+
+
+def test_a_planted_envelope_secret_is_in_no_file_export_or_metric(
+    live: Live, tmp_path: Path
+) -> None:
+    """A value sealed to a registered sink, with a unique marker, travels through the
+    cluster (its SealEnvelope is committed, and the sink opens it to the marker), and its
+    handle is used in allowed, pending and denied proposals. Afterwards the marker — raw,
+    hex, base64 — is in no file of the cluster directory (databases with their -wal and
+    -shm, logs, outputs, pid files), no artifact export or listing, no ledger export and
+    no /metrics page of any replica or sidecar."""
+    marker = f"QGPLANT-{os.urandom(8).hex()}".encode()
+    secret = b"4111 " + marker + b" 1111"
+    sinks = {name: bytes(key.public_key) for name, key in live.sinks.items()}
+    before = min(live.executed().values())
+    with contextlib.ExitStack() as stack:
+        agents = attack_agents(live, stack)
+        alice, mallory = agents["alice"], agents["mallory"]
+        handle = alice.qg.seal_envelope("card", secret, {"payments": sinks["payments"]})
+        decisions = [
+            expect(alice.propose("payments.charge", URL, {"card": handle}), "allow", "ok"),
+            expect(
+                mallory.propose("payments.charge", URL, {"card": handle}),
+                "deny",
+                "handle_violation",
+            ),
+            alice.propose("crm.register", URL, {"phone": handle}),
+            alice.propose("crm.my_status", "", {"card": handle}),
+            alice.propose("order.finalize", URL, {"card": handle}),
+            mallory.propose("records.read", "CURRENT_USER", {"card": handle}),
+        ]
+    assert sum(d.outcome is Outcome.DENY for d in decisions) >= 3, [
+        (d.outcome.value, d.reason) for d in decisions
+    ]
+    top = max(d.height for d in decisions)
+    live.wait_executed(top)
+
+    # The secret did travel: sealed in a committed block, opened by the sink's key.
+    opened = []
+    for block in live.committed_blocks(0, max(1, before), top):
+        for data in block.payload:
+            parsed = txlib.parse(data, verify=False)
+            payload = parsed.body.payload
+            if isinstance(payload, SealEnvelope) and payload.kind == "card":
+                for value in payload.sealed:
+                    box = SealedBox(live.sinks[value.sink])
+                    opened.append(box.decrypt(value.ciphertext))
+    assert secret in opened, "the sealed secret was not found in the committed log"
+
+    forms = encoded_forms(marker)
+    found: dict[str, list[bytes]] = {}
+
+    def search(what: str, data: bytes) -> None:
+        hits = find_forms(forms, data)
+        if hits:
+            found[what] = hits
+
+    searched = 0
+    for path in sorted(live.spec.directory.rglob("*")):
+        if path.is_file():
+            search(str(path.relative_to(live.spec.directory)), path.read_bytes())
+            searched += 1
+    names = {p.name for p in live.spec.directory.rglob("*")}
+    for name in ("sidecar.db", "sidecar.db-wal", "replica.db", "sidecar.log", "replica.log"):
+        assert name in names, f"no {name} to search"
+    for i in range(N):
+        out, err = io.StringIO(), io.StringIO()
+        assert operator.list_artifacts(live.db_path(i), live.spec.chain_id, True, out, err=err) == 0
+        search(f"artifacts --json node {i}", out.getvalue().encode())
+        export = tmp_path / f"artifacts-{i}"
+        assert (
+            operator.export_artifacts(live.db_path(i), live.spec.chain_id, export, out=out, err=err)
+            == operator.EXIT_OK
+        ), err.getvalue()
+        for path in sorted(export.iterdir()):
+            search(f"artifact export node {i}: {path.name}", path.read_bytes())
+        search(f"ledger export node {i}", ledger_export_text(live, i).encode())
+        for kind in ("replica", "sidecar"):
+            search(f"/metrics of {kind} {i}", live.metrics(i, kind).encode())
+    assert not found, f"the planted secret appears in plaintext: {found}"
+    assert searched > 4 * 6, f"only {searched} files searched"
