@@ -504,6 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)
 
+    from cluster.clientcli import add_client_commands
+
+    add_client_commands(sub)
+
     policy = sub.add_parser("policy", help="operator policy tools")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
     ptest = policy_sub.add_parser("test", help="check a policy file's expected verdicts")

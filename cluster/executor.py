@@ -16,14 +16,11 @@ that the transaction, when given, is signed, has the certified proposal id and n
 same tool. Anything else is refused with a typed `ExecutorRefused`.
 
 Which envelopes a call may open comes from the card (bound by the certificate) or from the
-signed transaction. **Binding gap, until the receipt leaf carries a body digest:** a
-direct (unconfirmed) call's certificate binds the proposal id — `sha256(signer || nonce)`
-— and the target, not the body; an agent holding its key could sign a second body with the
-same nonce that names other handles. The engine checked the committed body's handles
-(owner, sink), not the second one's. Confirmation-gated calls are fully bound through the
-card's body digest. Executors of envelope-consuming direct tools should therefore require
-`require_bound_arguments=True` (only card-bound calls open envelopes) until the leaf
-carries the digest.
+signed transaction, whose body must hash to the digest the certificate binds: the card's
+`body_digest` for a confirmed call, the receipt leaf's `body_digest` for a direct one. So an
+agent cannot sign a second body under the same nonce naming other handles: the certificate
+names the one body that was committed and judged. `require_bound_arguments=True` refuses
+to open envelopes for a call whose arguments no certificate binds.
 
 The sealed values come from the SealEnvelope transactions in the committed log. No sidecar
 RPC serves them yet, so a `SealedValueSource` is pluggable:
@@ -116,7 +113,7 @@ class AuthorizedCall:
     outcome: Outcome
     certificate: Certificate
     handles: tuple[tuple[str, str], ...] = field(default=())
-    bound_by: str = "none"  # "card", "transaction" or "none": where `handles` came from
+    bound_by: str = "none"  # "card", "leaf", "transaction" or "none": what binds `handles`
 
     @property
     def flagged(self) -> bool:
@@ -182,8 +179,10 @@ class Executor:
         handles: tuple[tuple[str, str], ...] = ()
         bound_by = "none"
         if transaction is not None:
-            handles = self._transaction_handles(transaction, proposal_id, tool, bound_card)
-            bound_by = "transaction"
+            handles, leaf_bound = self._transaction_handles(
+                transaction, proposal_id, tool, bound_card, leaf
+            )
+            bound_by = "leaf" if leaf_bound else "transaction"
         if bound_card is not None:
             handles = bound_card.handles
             bound_by = "card"
@@ -231,7 +230,8 @@ class Executor:
         proposal_id: bytes,
         tool: str,
         card: ConfirmationCard | None,
-    ) -> tuple[tuple[str, str], ...]:
+        leaf: ReceiptLeaf,
+    ) -> tuple[tuple[tuple[str, str], ...], bool]:
         try:
             parsed = parse(transaction, verify=True)
         except TxRejected as err:
@@ -241,14 +241,18 @@ class Executor:
         payload = parsed.body.payload
         if not isinstance(payload, Proposal) or names.canonical_tool_name(payload.tool) != tool:
             raise WrongCall("transaction_mismatch")
-        if card is not None and hashlib.sha256(parsed.signed.body).digest() != card.body_digest:
+        digest = hashlib.sha256(parsed.signed.body).digest()
+        if card is not None and digest != card.body_digest:
+            raise WrongCall("transaction_mismatch")
+        leaf_bound = leaf.tx_id == proposal_id and bool(leaf.body_digest)
+        if leaf_bound and digest != leaf.body_digest:
             raise WrongCall("transaction_mismatch")
         out = []
         for arg in payload.arguments:
             name = names.canonical_argument_name(arg.name)
             if arg.handle is not None and name is not None:
                 out.append((name, arg.handle))
-        return tuple(sorted(out))
+        return tuple(sorted(out)), leaf_bound
 
     def open_envelope(self, call: AuthorizedCall, argument: str) -> bytes:
         """The plaintext of the handle the certified call passes as `argument`."""
@@ -263,7 +267,7 @@ class Executor:
         this sink."""
         if handle not in {h for _, h in call.handles}:
             raise HandleRefused("not_in_call")
-        if self.require_bound_arguments and call.bound_by != "card":
+        if self.require_bound_arguments and call.bound_by not in ("card", "leaf"):
             raise HandleRefused("arguments_not_bound")
         ciphertext = self.source.sealed_value(handle, self.sink_id, call.certificate)
         if ciphertext is None:

@@ -53,13 +53,21 @@ class ReceiptLeaf:
     target_digest: bytes
     card_digest: bytes
     mandate_version: int
+    body_digest: bytes = b""  # sha256 of the signed TxBody: binds the call's arguments
 
     def to_bytes(self, chain_id: str) -> bytes:
         enc = Encoder(TAG_LEAF).text(chain_id).u64(self.height).u32(self.index)
         enc.blob(self.tx_id).blob(self.proposal_id).text(self.kind).text(self.outcome)
         enc.text(self.reason).blob(self.target_digest).blob(self.card_digest)
-        enc.u64(self.mandate_version)
+        enc.u64(self.mandate_version).blob(self.body_digest)
         return bytes(enc)
+
+    def __repr__(self) -> str:
+        # The reason code is for operators: it stays an attribute, out of every repr.
+        return (
+            f"ReceiptLeaf(height={self.height}, index={self.index}, "
+            f"tx={self.tx_id[:4].hex()}, kind={self.kind}, outcome={self.outcome})"
+        )
 
     def hash(self, chain_id: str) -> bytes:
         return _leaf_hash(self.to_bytes(chain_id))
@@ -82,6 +90,7 @@ def leaf_from_verdict(height: int, index: int, verdict: Verdict) -> ReceiptLeaf:
         target_digest=verdict.target_digest,
         card_digest=verdict.card_digest,
         mandate_version=verdict.mandate_version,
+        body_digest=verdict.body_digest,
     )
 
 

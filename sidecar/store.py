@@ -76,7 +76,7 @@ from sidecar.receipts import (
     leaf_from_verdict,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: receipts bind the signed body's digest
 # The most ledger entries one `ledger` call returns, and the page `verify_ledger` reads
 # at a time (memory stays bounded however long the ledger grows).
 LEDGER_PAGE_ROWS_MAX = 1024
@@ -135,6 +135,7 @@ _SCHEMA = (
         target_digest BLOB NOT NULL,
         card_digest BLOB NOT NULL,
         mandate_version INTEGER NOT NULL,
+        body_digest BLOB NOT NULL,
         path BLOB NOT NULL,
         PRIMARY KEY (height, idx)
     ) STRICT, WITHOUT ROWID
@@ -178,7 +179,7 @@ _LEDGER_COLUMNS = (
 )
 _RECEIPT_SELECT = (
     "SELECT r.height, r.idx, r.tx_id, r.proposal_id, r.kind, r.outcome, r.reason, "
-    "r.target_digest, r.card_digest, r.mandate_version, r.path, b.verdict_root, "
+    "r.target_digest, r.card_digest, r.mandate_version, r.body_digest, r.path, b.verdict_root, "
     "b.state_root, b.leaf_count, b.signer, b.signature "
     "FROM receipts AS r JOIN blocks AS b ON b.height = r.height "
 )
@@ -497,13 +498,13 @@ class SidecarStore:
         )
         await conn.executemany(
             "INSERT INTO receipts (height, idx, tx_id, proposal_id, kind, outcome, reason, "
-            "target_digest, card_digest, mandate_version, path) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "target_digest, card_digest, mandate_version, body_digest, path) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     leaf.height, leaf.index, leaf.tx_id, leaf.proposal_id, leaf.kind,
                     leaf.outcome, leaf.reason, leaf.target_digest, leaf.card_digest,
-                    leaf.mandate_version, b"".join(path),
+                    leaf.mandate_version, leaf.body_digest, b"".join(path),
                 )
                 for leaf, path in zip(h.leaves, h.paths, strict=True)
             ],
@@ -765,8 +766,8 @@ class SidecarStore:
 
     def _receipt_from_row(self, row: Sequence[Any]) -> Receipt:
         (height, index, tx_id, proposal_id, kind, outcome, reason, target_digest,
-         card_digest, mandate_version, path, verdict_root, state_root, leaf_count, signer,
-         signature) = row  # fmt: skip
+         card_digest, mandate_version, body_digest, path, verdict_root, state_root,
+         leaf_count, signer, signature) = row  # fmt: skip
         path = bytes(path)
         if len(path) % HASH_BYTES or len(path) // HASH_BYTES > PATH_HASHES_MAX:
             raise SidecarStoreError(
@@ -783,6 +784,7 @@ class SidecarStore:
             target_digest=bytes(target_digest),
             card_digest=bytes(card_digest),
             mandate_version=int(mandate_version),
+            body_digest=bytes(body_digest),
         )
         block = SignedBlock(
             int(height), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),

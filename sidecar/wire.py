@@ -19,6 +19,7 @@ def leaf_to_pb(leaf: ReceiptLeaf, out: spb.ReceiptLeaf) -> None:
     out.target_digest = leaf.target_digest
     out.card_digest = leaf.card_digest
     out.mandate_version = leaf.mandate_version
+    out.body_digest = leaf.body_digest
 
 
 def leaf_from_pb(msg: spb.ReceiptLeaf) -> ReceiptLeaf:
@@ -33,6 +34,7 @@ def leaf_from_pb(msg: spb.ReceiptLeaf) -> ReceiptLeaf:
         target_digest=msg.target_digest,
         card_digest=msg.card_digest,
         mandate_version=msg.mandate_version,
+        body_digest=msg.body_digest,
     )
 
 

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ReceiptLeaf(_message.Message):
-    __slots__ = ("height", "index", "tx_id", "proposal_id", "kind", "outcome", "reason", "target_digest", "card_digest", "mandate_version")
+    __slots__ = ("height", "index", "tx_id", "proposal_id", "kind", "outcome", "reason", "target_digest", "card_digest", "mandate_version", "body_digest")
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TX_ID_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class ReceiptLeaf(_message.Message):
     TARGET_DIGEST_FIELD_NUMBER: _ClassVar[int]
     CARD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     MANDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BODY_DIGEST_FIELD_NUMBER: _ClassVar[int]
     height: int
     index: int
     tx_id: bytes
@@ -29,7 +30,8 @@ class ReceiptLeaf(_message.Message):
     target_digest: bytes
     card_digest: bytes
     mandate_version: int
-    def __init__(self, height: _Optional[int] = ..., index: _Optional[int] = ..., tx_id: _Optional[bytes] = ..., proposal_id: _Optional[bytes] = ..., kind: _Optional[str] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., target_digest: _Optional[bytes] = ..., card_digest: _Optional[bytes] = ..., mandate_version: _Optional[int] = ...) -> None: ...
+    body_digest: bytes
+    def __init__(self, height: _Optional[int] = ..., index: _Optional[int] = ..., tx_id: _Optional[bytes] = ..., proposal_id: _Optional[bytes] = ..., kind: _Optional[str] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., target_digest: _Optional[bytes] = ..., card_digest: _Optional[bytes] = ..., mandate_version: _Optional[int] = ..., body_digest: _Optional[bytes] = ...) -> None: ...
 
 class Receipt(_message.Message):
     __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signer", "signature")

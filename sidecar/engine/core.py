@@ -36,7 +36,7 @@ A proposal is judged in this order (each step cites its rule):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from replica.canonical import Encoder, sha256
 from sidecar.engine import limits, names
@@ -347,6 +347,11 @@ class Engine:
             return Verdict(
                 tx_id=exc.tx_id, kind=exc.kind, outcome=Outcome.REJECTED, reason=exc.reason
             )
+        verdict = self._execute_parsed(parsed)
+        # The receipt binds the exact signed body (arguments included), not only the id.
+        return replace(verdict, body_digest=sha256(parsed.signed.body))
+
+    def _execute_parsed(self, parsed: ParsedTx) -> Verdict:
         kind = parsed.kind
         if parsed.body.chain_id != self.config.chain_id:
             return _rejected(parsed, Reason.WRONG_CHAIN)

@@ -116,6 +116,7 @@ class Verdict:
     card: ConfirmationCard | None = None
     card_digest: bytes = b""
     subject: str = ""  # handle for SealEnvelope, name for Admin, child for Delegate
+    body_digest: bytes = b""  # sha256 of the signed TxBody (receipts bind the arguments)
 
     @property
     def agent_message(self) -> str:

@@ -138,7 +138,7 @@ def test_an_allowed_call_opens_its_own_envelope(setup: Setup) -> None:
         target=URL,
         transaction=data,
     )
-    assert call.handles == (("secret", setup.handle),) and call.bound_by == "transaction"
+    assert call.handles == (("secret", setup.handle),) and call.bound_by == "leaf"
     assert executor.open_envelope(call, "secret") == b"alice-card"
     assert executor.open_all(call) == {"secret": b"alice-card"}
     assert "alice-card" not in repr(call) and not call.flagged
@@ -216,10 +216,10 @@ def test_anything_but_an_allow_for_this_call_is_refused(setup: Setup) -> None:
     assert err.value.reason == "transaction_mismatch"
 
 
-def test_a_forked_body_opens_nothing_when_arguments_must_be_bound(setup: Setup) -> None:
+def test_a_forked_body_is_refused_because_the_leaf_binds_the_body(setup: Setup) -> None:
     """Alice signs a second body with the nonce of an allowed call, naming another handle.
-    The certificate binds the proposal id and the target, not the body (see the executor's
-    docstring): an executor that requires card-bound arguments refuses it."""
+    The receipt leaf carries the digest of the body that was committed and judged, so the
+    forked body does not match the certificate, whatever the executor's settings."""
     _, result = _call(setup, "alice", "vault.store", setup.handle)
     nonce = setup.world.nonces[bytes(setup.world.keys["alice"].verify_key)]
     forked = setup.world.tx(
@@ -232,14 +232,13 @@ def test_a_forked_body_opens_nothing_when_arguments_must_be_bound(setup: Setup) 
         ),
         nonce,
     )
-    strict = _executor(setup, require_bound_arguments=True)
     pid = result.verdicts[0].tx_id
-    call = strict.verify(
-        certify(result), proposal_id=pid, tool="vault.store", target=URL, transaction=forked
-    )
-    with pytest.raises(HandleRefused) as err:
-        strict.open_envelope(call, "secret")
-    assert err.value.reason == "arguments_not_bound"
+    for executor in (_executor(setup), _executor(setup, require_bound_arguments=True)):
+        with pytest.raises(WrongCall) as err:
+            executor.verify(
+                certify(result), proposal_id=pid, tool="vault.store", target=URL, transaction=forked
+            )
+        assert err.value.reason == "transaction_mismatch"
 
 
 def test_a_confirmed_call_is_bound_by_its_card(setup: Setup) -> None:
