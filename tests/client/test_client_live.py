@@ -610,7 +610,7 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
         target="https://example.com/a",
         transaction=submitted.tx,
     )
-    assert call.handles == (("secret", handle),) and call.bound_by == "transaction"
+    assert call.handles == (("secret", handle),) and call.bound_by == "leaf"
     assert executor.open_envelope(call, "secret") == secret.encode()
     # the replayed state is the certified one at that height
     assert log.state_root_at(decision.height) == decision.certificate.state_root
