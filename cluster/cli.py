@@ -258,7 +258,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from cluster.demo import run_demo
     from cluster.ops import OpsError
 
-    directory = Path(args.dir)
+    directory = Path(args.dir or f"run/demo-{args.nodes}")
     try:
         if (directory / "cluster.json").exists():
             spec = load_cluster(directory)
@@ -269,7 +269,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         else:
             spec = init_cluster(directory, args.nodes)
             print(f"Created a {spec.n}-replica cluster in {directory} (chain {spec.chain_id}).")
-        return run_demo(spec, args.proposals, once=args.once, refresh_s=args.refresh)
+        return run_demo(spec, once=args.once, refresh_s=args.refresh)
     except (ClusterFileError, OpsError) as err:
         return _fail(str(err), 2)
 
@@ -429,11 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_cmd_simulate)
 
     demo = sub.add_parser(
-        "demo", help="the main job: a real local cluster, some signed proposals, live status"
+        "demo", help="the main job: a local cluster, the multi-agent example, live status"
     )
-    demo.add_argument("--dir", default="run/demo", help="cluster directory (made if absent)")
+    demo.add_argument("--dir", help="cluster directory, made if absent (run/demo-N)")
     demo.add_argument("--nodes", type=int, default=4, help="4 or 7 (any 3f+1)")
-    demo.add_argument("--proposals", type=int, default=200)
     demo.add_argument("--once", action="store_true", help="stop the cluster at the end")
     demo.add_argument("--refresh", type=float, default=1.0)
     demo.set_defaults(func=_cmd_demo)

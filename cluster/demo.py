@@ -1,28 +1,25 @@
-"""The main job: a real local cluster, signed proposals through it, and a live status.
+"""The main job: a real local cluster, the multi-agent example through it, a live status.
 
-Starts every replica of the cluster as its own process, submits signed proposals from a few
-agents (streamed, to different replicas), waits until every one is committed, shows that
-every replica holds the same chain, then keeps a live status table until Ctrl-C (or stops
-at once with `--once`).
+Starts every replica and sidecar of the cluster as its own process, runs the orchestrator
+example (cluster/example.py), prints each certified verdict with the sidecars that signed
+it, checks that every replica holds the same chain, then keeps a live status table until
+Ctrl-C (or stops at once with `--once`).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 
 import grpc
 
+from cluster.cli import table
 from cluster.clusterfile import ClusterSpec
-from cluster.loadgen import BENCH_TOOL, LoadAgent
+from cluster.example import ExampleReport, run_example
 from cluster.ops import query_status, start_cluster, stop_nodes
-from cluster.owner import OwnerSession, agent_ops, tool_op
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
-from sidecar.engine.tx import parse
-
-COMMIT_WAIT_S = 60.0
-DEMO_AGENTS = 3
 
 
 def _status_lines(spec: ClusterSpec) -> str:
@@ -31,67 +28,62 @@ def _status_lines(spec: ClusterSpec) -> str:
     return _status_table([query_status(spec, i) for i in range(spec.n)])
 
 
-def run_demo(spec: ClusterSpec, proposals: int, *, once: bool, refresh_s: float) -> int:
+def _print_report(report: ExampleReport) -> None:
+    print()
+    print("Certified verdicts (each signed by the sidecars listed; f+1 make a certificate):")
+    print(
+        table(
+            ["agent", "tool", "target", "verdict", "reason (operator)", "height", "certified by"],
+            [
+                [s.agent, s.tool, s.target, s.outcome, s.reason, s.height,
+                 "sidecars " + ",".join(map(str, s.signers))]
+                for s in report.steps
+            ],
+        )
+    )  # fmt: skip
+    print()
+    print("What the agents were told on refusal:", " | ".join(report.said_to_agent) or "-")
+    payments = [f"#{pid} {amount} to {payee}, card ...{last4}" for pid, payee, amount, last4
+                in report.payments]  # fmt: skip
+    print("Payment ledger (SQLite):", ", ".join(payments) or "-")
+
+
+def _same_chain(spec: ClusterSpec) -> tuple[int, int]:
+    """(height, number of distinct block hashes at it across replicas)."""
+    height = min(query_status(spec, i).height or 0 for i in range(spec.n))
+    hashes = set()
+    for m in spec.members:
+        with grpc.insecure_channel(m.replica_address) as channel:
+            stub = cpb_grpc.ReplicaStub(channel)
+            for block in stub.CommittedBlocks(cpb.BlocksRequest(from_height=height), timeout=5):
+                hashes.add(block.hash)
+                break
+    return height, len(hashes)
+
+
+def run_demo(spec: ClusterSpec, *, once: bool, refresh_s: float) -> int:
     indexes = list(range(spec.n))
+    # The client library logs denials with their reasons for operators: into a file here,
+    # so the console shows what the agents saw.
+    handler = logging.FileHandler(spec.directory / "example.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s level=%(levelname)s %(message)s"))
+    client_log = logging.getLogger("quorumgate")
+    client_log.addHandler(handler)
+    client_log.propagate = False
+    print(f"Starting {spec.n} replicas and {spec.n} sidecars on loopback (f={spec.f})...")
     procs = start_cluster(spec, indexes)
     try:
-        print(
-            f"{spec.n} replicas serving on loopback (f={spec.f}); logs in {spec.directory}/node-*/"
-        )
-        stamp = time.time_ns() % 10**12
-        names = [f"demo-{stamp}-{i}" for i in range(DEMO_AGENTS)]
-        agents = [LoadAgent.from_seed(spec.chain_id, name) for name in names]
-        ops = [tool_op(BENCH_TOOL)]
-        for name, agent in zip(names, agents, strict=True):
-            ops += agent_ops(name, agent.public_key, [BENCH_TOOL])
-        OwnerSession(spec).submit(ops)
-        print(f"registered tool {BENCH_TOOL} and {DEMO_AGENTS} agents allowed to use it")
-        wanted: dict[bytes, int] = {}
-        batches: dict[int, list[cpb.SubmitRequest]] = {i: [] for i in indexes}
-        for k in range(proposals):
-            data, tid = agents[k % DEMO_AGENTS].proposal()
-            wanted[tid] = k
-            batches[k % spec.n].append(cpb.SubmitRequest(tx=data, request_id=k))
-        start_height = query_status(spec, 0).height or 0
-        accepted = 0
-        for i, batch in batches.items():
-            with grpc.insecure_channel(spec.member(i).replica_address) as channel:
-                stub = cpb_grpc.ReplicaStub(channel)
-                accepted += sum(1 for r in stub.SubmitStream(iter(batch)) if r.accepted)
-        print(
-            f"submitted {proposals} signed proposals from {DEMO_AGENTS} agents "
-            f"to all replicas; {accepted} accepted"
-        )
+        print(f"Serving; logs and databases in {spec.directory}/node-*/")
         started = time.perf_counter()
-        heights: dict[bytes, int] = {}
-        with grpc.insecure_channel(spec.member(0).replica_address) as channel:
-            stub = cpb_grpc.ReplicaStub(channel)
-            stream = stub.CommittedBlocks(
-                cpb.BlocksRequest(from_height=start_height + 1), timeout=COMMIT_WAIT_S
-            )
-            for block in stream:
-                for tx in block.block.payload:
-                    tid = parse(tx, verify=False).tx_id
-                    if tid in wanted:
-                        heights[tid] = block.height
-                if len(heights) >= accepted:
-                    stream.cancel()
-                    break
-        elapsed = time.perf_counter() - started
-        top = max(heights.values(), default=start_height)
-        print(f"all {len(heights)} committed by height {top} in {elapsed:.2f} s")
-        hashes = set()
-        for i in indexes:
-            with grpc.insecure_channel(spec.member(i).replica_address) as channel:
-                stub = cpb_grpc.ReplicaStub(channel)
-                for block in stub.CommittedBlocks(cpb.BlocksRequest(from_height=top), timeout=5):
-                    hashes.add(block.hash)
-                    break
-        verdict = "the same block" if len(hashes) == 1 else f"{len(hashes)} DIFFERENT blocks"
-        print(f"at height {top} every replica holds {verdict}")
+        report = run_example(spec, say=lambda line: print(line, flush=True))
+        _print_report(report)
+        height, distinct = _same_chain(spec)
+        verdict = "the same block" if distinct == 1 else f"{distinct} DIFFERENT blocks"
+        print(f"\nAt height {height} every replica holds {verdict}. "
+              f"The example took {time.perf_counter() - started:.1f} s.")  # fmt: skip
         print(_status_lines(spec))
         if once:
-            return 0 if len(hashes) == 1 else 1
+            return 0 if distinct == 1 else 1
         print("Live status below; Ctrl-C stops the cluster.")
         while True:
             time.sleep(refresh_s)
