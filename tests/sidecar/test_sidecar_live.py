@@ -177,6 +177,7 @@ class Live:
         self.owner_key = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
         self._owner: SyncClient | None = None
         self.diverged: set[int] = set()  # sidecars a test made faulty on purpose
+        self.restarted: set[int] = set()  # sidecars whose metrics count from a restart
 
     # ------------------------------------------------------------------ processes
 
@@ -209,6 +210,7 @@ class Live:
         proc.wait(timeout=PROCESS_EXIT_S)
 
     def start_sidecar(self, index: int) -> None:
+        self.restarted.add(index)
         procs = start_nodes(self.spec, [index], "sidecar")
         self.procs.extend(procs.values())
         self.sidecars.update(procs)
@@ -951,6 +953,21 @@ def test_ledgers_artifacts_and_state_roots_agree_on_all_sidecars_after_load(
     exports = [ledger_export_text(live, i) for i in range(N)]
     assert len(exports[0].splitlines()) == status.ledger_entries
     assert all(text == exports[0] for text in exports), "ledger exports differ"
+    # /metrics (issue 5, item 7): verdicts by outcome and reason, and artifacts written,
+    # as the ledger and the artifact table hold them (counters start with the process).
+    by_kind = {
+        (str(o), str(r)): float(n)
+        for o, r, n in live.read(0, "SELECT outcome, reason, COUNT(*) FROM ledger GROUP BY 1, 2")
+    }
+    for i in sorted(set(range(N)) - live.restarted):
+        text = live.metrics(i)
+        verdicts = {
+            (labels["outcome"], labels["reason"]): value
+            for labels, value in samples(text, "qg_sidecar_verdicts_total")
+        }
+        assert verdicts == by_kind, f"sidecar {i}'s verdict counters differ from its ledger"
+        written = samples(text, "qg_sidecar_artifacts_written_total")
+        assert written == [({}, float(status.artifacts))], (i, written)
     path = tmp_path / "ledger.jsonl"
     path.write_text(exports[0])
     out = io.StringIO()
@@ -960,6 +977,16 @@ def test_ledgers_artifacts_and_state_roots_agree_on_all_sidecars_after_load(
         )
         == operator.EXIT_OK
     ), out.getvalue()
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """A /metrics page's samples called `name`: (labels, value)."""
+    return [
+        (dict(sample.labels), float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
 
 
 def quorumgate() -> list[str]:
@@ -1291,11 +1318,8 @@ def test_a_sidecar_sigkilled_under_load_resumes_exactly_once(live: Live) -> None
 
 
 def metric(text: str, name: str) -> float | None:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and not sample.labels:
-                return float(sample.value)
-    return None
+    """The value of the unlabelled sample `name` on a /metrics page."""
+    return next((value for labels, value in samples(text, name) if not labels), None)
 
 
 def fork_store(live: Live, index: int) -> tuple[int, bytes]:
