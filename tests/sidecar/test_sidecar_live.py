@@ -131,6 +131,7 @@ ALLOWING = ("allow", "flag")
 SEED = int(os.environ.get("QG_SIDECAR_SEED", "20260612"))
 KILLS = 5
 HEIGHTS_BEFORE_KILL = (1, 4)  # the victim's own executed heights, drawn per kill
+MID_BLOCK_WAIT_S = 5.0  # for a moment the victim holds a block it has not recorded yet
 LEDGER_COLUMNS = (
     "height, idx, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal, "
     "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash"
@@ -159,6 +160,16 @@ def wait_until(
         if time.monotonic() >= deadline:
             seen = f"; last seen: {describe()}" if describe is not None else ""
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{seen}")
+        time.sleep(POLL_S)
+
+
+def poll_for(check: Callable[[], T | None], timeout_s: float) -> T | None:
+    """As `wait_until`, but None at the deadline (for a moment worth waiting for)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result or time.monotonic() >= deadline:
+            return result
         time.sleep(POLL_S)
 
 
@@ -1245,12 +1256,13 @@ def ledger_head_at(live: Live, index: int, height: int) -> tuple[int, bytes]:
 def test_a_sidecar_sigkilled_under_load_resumes_exactly_once(live: Live) -> None:
     """Five times, under a steady mixed load, sidecar 1 is SIGKILLed at a moment drawn
     from its own observed progress (a seeded number of heights it must execute first, then
-    killed at once, while it is executing the next blocks); the others go on; it is
-    restarted and catches up. Afterwards its store holds exactly one ledger entry per
-    (height, index), one statement per height 1..H, contiguous, each height's entries
-    being the committed block's transactions in order; its ledger head and state root at
-    H equal the other sidecars'. Then, stopped, `quorumgate replay` of it compares every
-    height against the committed log and reports no mismatch."""
+    the first moment its Status shows a committed block it has not recorded yet, i.e.
+    while it executes one); the others go on; it is restarted and catches up. Afterwards
+    its store holds exactly one ledger entry per (height, index), one statement per height
+    1..H, contiguous, each height's entries being the committed block's transactions in
+    order; its ledger head and state root at H equal the other sidecars'. Then, stopped,
+    `quorumgate replay` of it compares every height against the committed log and reports
+    no mismatch."""
     rng = random.Random(SEED)
     victim, others = 1, [0, 2, 3]
     where = f"(seed {SEED})"
@@ -1260,13 +1272,25 @@ def test_a_sidecar_sigkilled_under_load_resumes_exactly_once(live: Live) -> None
         for k in range(KILLS):
             start = live.executed([victim])[victim]
             live.wait_executed(start + rng.randint(*HEIGHTS_BEFORE_KILL), [victim])
+            # Then the first moment it holds a committed block it has not recorded yet
+            # (it is executing one), if one comes within a short bound.
+            busy = poll_for(
+                lambda: (
+                    (st := live.status(victim)) is not None
+                    and st.replica_committed_height > st.executed_height
+                ),
+                MID_BLOCK_WAIT_S,
+            )
             live.kill_sidecar(victim)
             killed_at = live.read(victim, "SELECT executed_height FROM head")[0][0]
             live.wait_executed(max(live.executed(others).values()) + 2, others)
             live.start_sidecar(victim)
             goal = max(live.executed(others).values())
             live.wait_executed(goal, [victim])
-            print(f"kill {k + 1} {where}: sidecar {victim} at height {killed_at}, caught up {goal}")
+            print(
+                f"kill {k + 1} {where}: sidecar {victim} at height {killed_at}"
+                f"{' while executing' if busy else ''}, caught up to {goal}"
+            )
         load.stop()
         assert len(load.accepted) > 100, f"only {len(load.accepted)} proposals admitted"
         # Each agent's proposals are ordered by nonce: its last one certified means all of
