@@ -79,6 +79,7 @@ SIDECAR_REFUSALS = {
     "wrong_chain": grpc.StatusCode.FAILED_PRECONDITION,
     "replayed": grpc.StatusCode.ALREADY_EXISTS,
 }
+SIDECAR_REFUSALS_WHILE_BEHIND = frozenset({"unknown_signer", "unknown_tool"})
 SIDECAR_REFUSAL_DETAIL = "refused before ordering by the execution sidecar's admission check"
 
 STATUS_CODES = {
@@ -467,10 +468,16 @@ class ReplicaNode:
             else:
                 pending.append((i, checked))
         answers = await self.sidecar_admission([requests[i].tx for i, _ in pending])
+        store = self.store
+        assert store is not None
+        # A refusal that only a sidecar behind the committed log would give (an agent or
+        # tool registered in a block it has not executed yet) is not taken as final.
+        behind = self.roots.latest_root()[0] < store.committed_height
         fresh = False
         for (i, parsed), (accepted, reason) in zip(pending, answers, strict=True):
             request = requests[i]
-            if not accepted and reason in SIDECAR_REFUSALS:
+            stale = behind and reason in SIDECAR_REFUSALS_WHILE_BEHIND
+            if not accepted and reason in SIDECAR_REFUSALS and not stale:
                 self.metrics.submissions.labels("refused", reason).inc()
                 replies[i] = cpb.SubmitReply(
                     request_id=request.request_id,

@@ -335,6 +335,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     ) -> spb.AdmitReply:
         engine = self.sidecar.engine
         assert engine is not None
+        if self.sidecar.diverged:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "sidecar diverged")
         result = engine.admission_check(request.tx)
         self.sidecar.metrics.admissions.labels("accepted" if result.accepted else "refused").inc()
         return spb.AdmitReply(
@@ -346,6 +348,9 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     ) -> spb.AdmitBatchReply:
         engine = self.sidecar.engine
         assert engine is not None
+        if self.sidecar.diverged:
+            # A diverged sidecar's state is not the cluster's: it answers no admission.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "sidecar diverged")
         if len(request.txs) > ADMIT_BATCH_TXS_MAX:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"at most {ADMIT_BATCH_TXS_MAX} per batch"
