@@ -137,6 +137,7 @@ BACKOFF_S_MAX = 1.0
 RESIGN_ON_REPLAY_MAX = 4  # fresh nonces tried when a first delivery is refused as replayed
 RECEIPT_POLL_S_MIN = 0.005
 RECEIPT_POLL_S_MAX = 0.1  # the commit itself takes ~60 ms on loopback: poll well within that
+NEWER_VERDICT_WAIT_S = 2.0  # how long a newer verdict, not yet certified, is waited for
 CERTIFICATE_DEADLINE_S = 10.0  # default wait for f+1 agreeing receipts
 # Transactions `submit_many` keeps on one stream before reading replies; well below the
 # engine's nonce window (1024), which refuses nonces further ahead of the executed ones.
@@ -782,6 +783,7 @@ class QuorumGateClient:
         cards: dict[bytes, bytes] = {}
         answered: set[int] = set()
         delay = RECEIPT_POLL_S_MIN
+        newer_deadline: float | None = None
 
         async def ask(i: int) -> spb.ReceiptReply:
             timeout = max(0.05, min(self.rpc_timeout_s, deadline - loop.time()))
@@ -816,7 +818,16 @@ class QuorumGateClient:
                     cards[hashlib.sha256(reply.card).digest()] = bytes(reply.card)
             decision = self._certify(proposal_id, list(latest.values()), cards)
             if decision is not None:
-                return decision
+                # Sidecars run at different heights: a newer verdict for this proposal (a
+                # confirmation after a pending one) may be certified by fewer of them yet.
+                # Wait a little for it rather than answer with the older one.
+                newest = max(r.leaf.height for r in latest.values())
+                if decision.height >= newest:
+                    return decision
+                if newer_deadline is None:
+                    newer_deadline = min(deadline, loop.time() + NEWER_VERDICT_WAIT_S)
+                if loop.time() >= newer_deadline:
+                    return decision
             remaining = deadline - loop.time()
             if remaining <= 0:
                 if len(answered) < needed:
@@ -831,7 +842,9 @@ class QuorumGateClient:
         groups: dict[tuple[object, ...], list[Receipt]] = {}
         for receipt in receipts:
             groups.setdefault(_statement_key(receipt), []).append(receipt)
-        for group in groups.values():
+        # The newest certifiable verdict first (a confirmed call's, over its pending one).
+        ordered = sorted(groups.values(), key=lambda g: (g[0].leaf.height, g[0].leaf.index))
+        for group in reversed(ordered):
             if len({r.block.signer for r in group}) < self.spec.f + 1:
                 continue
             certificate = assemble_certificate(self.spec.chain_id, group)

@@ -774,6 +774,9 @@ class Simulation:
         fork = self.fork_pending.get(me)
         if not isinstance(msg, Timeout) or fork is None or msg.view != fork.block.view - 1:
             return
+        statement = timeout_bytes(chain, msg.view, msg.high_qc.view)
+        if not self.verify_fn(self.membership.key(msg.voter), statement, msg.signature):
+            return  # another Byzantine member's forgery: a TC built on it would be forged too
         seen = self.fork_timeouts.setdefault(msg.view, {})
         seen[msg.voter] = msg
         if len(seen) + 1 < self.membership.quorum:
