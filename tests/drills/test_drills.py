@@ -1,0 +1,273 @@
+"""Short forms of the recovery drills (issue 7, item 3): each drill of `cluster/drill.py`
+against a live 4-node cluster (replicas and sidecars, real processes on loopback) for a
+few seconds of faults under load.
+
+Each test asserts the report's `ok`, the key checks one by one, and that the fault really
+happened the way the drill says (new pids, a wiped replica starting at height 0, a stale
+copy older than the votes it made its replica forget...). `run_drill` starts and stops
+every process itself; the `drill_dir` fixture's finalizer also kills, by pid, anything
+still running for the test's directory, whether the test passed or failed. Every wait in
+the drill is a poll with a deadline.
+
+The pure check functions are tested on their own below, so that checks which pass on a
+healthy cluster are also seen to fail on a broken one.
+
+These start real processes (about a minute for the file on a 2-core machine);
+deselect them with `-m "not live"`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.clusterfile import init_cluster
+from cluster.drill import (
+    DRILLS,
+    FAULT_CYCLES_MIN,
+    DrillError,
+    DrillReport,
+    Fault,
+    main,
+    majority,
+    prepare_cluster,
+    rollback_conflicts,
+    run_drill,
+    vote_splits,
+)
+from cluster.ops import start_nodes, stop_nodes, wait_serving
+
+pytestmark = pytest.mark.live
+
+NODES = 4
+SHORT_S = 2.0  # faults come for this long (each drill injects its minimum anyway)
+# Checks every drill must pass, asserted one by one so a failure names its check.
+KEY_CHECKS = (
+    "acknowledged_committed",
+    "acknowledged_certified",
+    "committed_once",
+    "verdicts_once",
+    "verdicts_expected",
+    "same_block_hashes",
+    "same_state_roots",
+    "same_ledger_heads",
+    "same_artifacts",
+    "ledgers_verify",
+    "no_equivocation_counted",
+    "no_divergence_alarm",
+    "votes_consistent",
+    "recovered",
+    "drill_completed",
+)
+
+
+def _cluster_pids(directory: Path) -> list[int]:
+    """Pids of replica and sidecar processes started for `directory`, from /proc."""
+    want = str(directory.resolve())
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            text = [a.decode(errors="replace") for a in argv]
+            if any(m in text for m in ("replica.node", "sidecar.node")) and want in text:
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture
+def drill_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "cluster"
+    try:
+        yield directory
+    finally:
+        for pid in _cluster_pids(directory):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _progress(line: str) -> None:
+    print(line)  # shown by pytest when the test fails
+
+
+def _assert_clean(report: DrillReport, directory: Path) -> None:
+    failed = {c.name: c.detail for c in report.failed()}
+    assert report.ok, f"drill {report.drill} failed: {failed}"
+    for name in KEY_CHECKS:
+        check = report.check(name)
+        assert check.ok, f"{name}: {check.detail}"
+    assert report.acknowledged > 0
+    assert report.certified == report.acknowledged
+    assert report.lost == report.duplicates == report.diverged == report.equivocations == 0
+    assert report.verdicts.get("deny:target_scheme_not_allowed", 0) > 0, report.verdicts
+    assert len(report.faults) >= FAULT_CYCLES_MIN[report.drill]
+    assert all(f.recovery_s is not None for f in report.faults)
+    assert report.recovery_s == report.faults[-1].recovery_s
+    assert not _cluster_pids(directory), "the drill left processes running"
+    document = report.as_dict()
+    for key in ("drill", "nodes", "acknowledged", "certified", "lost", "diverged"):
+        assert key in document
+    assert {"equivocations", "recovery_s", "checks", "ok"} <= set(document)
+    json.dumps(document)  # the report is JSON as it stands
+
+
+def _detail(fault: Fault, key: str) -> object:
+    assert key in fault.details, f"{fault.kind} fault has no {key!r}: {fault.details}"
+    return fault.details[key]
+
+
+def test_leader_kill_kills_the_leader_of_the_moment_and_commits_resume(drill_dir: Path) -> None:
+    report = run_drill("leader-kill", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress)
+    _assert_clean(report, drill_dir)
+    spec = prepare_cluster(drill_dir, NODES)
+    for fault in report.faults:
+        assert fault.kind == "sigkill-replica" and fault.signal == "SIGKILL"
+        assert fault.node == spec.membership().leader(fault.view_at_fault), (
+            f"replica {fault.node} killed, but view {fault.view_at_fault} is led by another"
+        )
+        assert fault.pids_after["replica"] != fault.pids_before["replica"]
+        resumed_s = _detail(fault, "commits_resumed_s")
+        assert isinstance(resumed_s, float) and 0 < resumed_s <= (fault.recovery_s or 0)
+        view = _detail(fault, "survivor_view_at_resume")
+        assert isinstance(view, int) and view > fault.view_at_fault
+
+
+def test_wipe_replica_rebuilds_from_height_zero_by_replay_and_by_its_sidecar(
+    drill_dir: Path,
+) -> None:
+    report = run_drill("wipe-replica", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress)
+    _assert_clean(report, drill_dir)
+    assert report.check("rebuilt_sidecar_identical").ok
+    rebuilt_by = [_detail(f, "rebuilt_by") for f in report.faults]
+    assert rebuilt_by[:2] == ["replay", "sidecar"]
+    for fault in report.faults:
+        assert fault.height_at_fault > 0
+        assert _detail(fault, "height_after_wipe") == 0
+        assert _detail(fault, "replica_started_at_height") == 0, "the replica did not start empty"
+        kept = _detail(fault, "signed_votes_kept")
+        assert kept == _detail(fault, "signed_votes_before") and isinstance(kept, int) and kept > 0
+        assert set(fault.pids_after) == {"replica", "sidecar"}
+        for kind in ("replica", "sidecar"):
+            assert fault.pids_after[kind] != fault.pids_before[kind]
+    replayed = _detail(report.faults[0], "replay")
+    assert isinstance(replayed, dict)
+    assert replayed["mismatches"] == []
+    assert replayed["heights_recorded"] == replayed["heights_replayed"] > 0
+    assert replayed["certificates_checked"] == replayed["heights_replayed"]
+    assert replayed["heights_replayed"] >= report.faults[0].height_at_fault
+    assert _detail(report.faults[1], "sidecar_started_at_height") == 0
+
+
+def test_full_restart_through_the_command_line_with_a_json_report(
+    drill_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["full-restart", "--dir", str(drill_dir), "--seconds", str(SHORT_S), "--json"])
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert code == 0 and report["ok"], f"failed checks: {failed}"
+    assert "[drill full-restart" in err, "no progress lines on stderr"
+    names = {c["name"] for c in report["checks"] if c["ok"]}
+    assert set(KEY_CHECKS) <= names
+    assert report["acknowledged"] == report["certified"] > 0
+    assert report["lost"] == report["diverged"] == report["equivocations"] == 0
+    assert not _cluster_pids(drill_dir)
+    fault = report["faults"][0]
+    assert fault["kind"] == "stop-all" and fault["signal"] == "SIGKILL"
+    expected = {f"{kind}-{i}" for kind in ("replica", "sidecar") for i in range(NODES)}
+    assert set(fault["pids_before"]) == set(fault["pids_after"]) == expected
+    assert all(fault["pids_before"][k] != fault["pids_after"][k] for k in expected)
+    assert set(fault["exit_codes"].values()) == {-signal.SIGKILL}, "not every process was killed"
+    assert 0 < fault["recovery_s"] <= fault["sidecars_resumed_s"]
+    assert report["final_height"] > fault["height_at_fault"]
+
+
+def test_sidecar_crash_resumes_after_the_last_recorded_height(drill_dir: Path) -> None:
+    report = run_drill("sidecar-crash", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress)
+    _assert_clean(report, drill_dir)
+    for fault in report.faults:
+        assert fault.kind == "sigkill-sidecar"
+        assert fault.pids_after["sidecar"] != fault.pids_before["sidecar"]
+        restarted_at = _detail(fault, "executed_height_at_restart")
+        # Not from 0: it resumed from what it recorded (at least what it had executed when
+        # its status was read just before the kill).
+        assert isinstance(restarted_at, int) and restarted_at >= fault.height_at_fault > 0
+    lags = [_detail(f, "lag_blocks_at_kill") for f in report.faults]
+    assert any(isinstance(lag, int) and lag > 0 for lag in lags), (
+        f"no sidecar was killed with committed blocks left to execute: {lags}"
+    )
+
+
+def test_stale_restore_does_not_equivocate_in_the_views_it_forgot(drill_dir: Path) -> None:
+    report = run_drill("stale-restore", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress)
+    _assert_clean(report, drill_dir)
+    (fault, *_) = report.faults
+    stale_voted = _detail(fault, "stale_last_voted_view")
+    voted = _detail(fault, "last_voted_view_before_rollback")
+    forgotten = _detail(fault, "forgotten_votes")
+    views = _detail(fault, "forgotten_views")
+    assert isinstance(stale_voted, int) and isinstance(voted, int) and isinstance(views, list)
+    assert isinstance(forgotten, int) and forgotten > 0
+    assert stale_voted < views[0] <= views[1] == voted, "the copy was not older than its votes"
+    assert fault.node == prepare_cluster(drill_dir, NODES).membership().leader(fault.view_at_fault)
+    assert _detail(fault, "restarted_at_height") == _detail(fault, "stale_committed_height")
+    assert _detail(fault, "stale_committed_height") < fault.height_at_fault  # type: ignore[operator]
+    # Restored while the cluster was still at most one view past its last signature...
+    cluster_view = _detail(fault, "cluster_view_at_restore")
+    assert isinstance(cluster_view, int) and cluster_view <= voted + 1
+    # ...and it signed no vote again in a view it had forgotten (Rule 6).
+    first = _detail(fault, "first_vote_view_after_restore")
+    assert isinstance(first, int) and first > voted
+    assert fault.pids_after["replica"] != fault.pids_before["replica"]
+
+
+def test_a_drill_refuses_a_running_cluster_and_a_cluster_of_another_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "c4"
+    spec = init_cluster(directory, NODES)
+    with pytest.raises(DrillError, match="4-node cluster, not 7"):
+        prepare_cluster(directory, 7)
+    procs = start_nodes(spec, [2])
+    try:
+        wait_serving(spec, [2], procs)
+        with pytest.raises(DrillError, match=r"is running \(replica 2"):
+            run_drill("leader-kill", directory, nodes=NODES)
+        assert main(["sidecar-crash", "--dir", str(directory)]) == 2
+        assert "is running" in capsys.readouterr().err
+    finally:
+        stop_nodes(spec)
+        for proc in procs.values():
+            proc.wait(timeout=10)
+    with pytest.raises(DrillError, match="unknown drill"):
+        run_drill("meteor-strike", directory)
+    assert set(DRILLS) == set(FAULT_CYCLES_MIN)
+
+
+# ---------------------------------------------------------------------------- pure checks
+
+
+def test_majority_names_the_members_that_differ() -> None:
+    assert majority({0: b"a", 1: b"a", 2: b"b", 3: b"a"}) == (b"a", [2])
+    assert majority({0: b"a", 1: b"a", 2: b"a"}) == (b"a", [])
+    assert majority({}) == (None, [])
+
+
+def test_vote_splits_finds_a_view_with_votes_for_two_blocks() -> None:
+    votes = {0: {5: b"x", 6: b"y"}, 1: {5: b"x", 6: b"z"}, 2: {6: b"y"}}
+    assert vote_splits(votes) == {6: {b"y": [0, 2], b"z": [1]}}
+    assert vote_splits({0: {5: b"x"}, 1: {5: b"x"}}) == {}
+
+
+def test_rollback_conflicts_finds_a_forgotten_vote_contradicted_after_the_restore() -> None:
+    stale = {1: b"a", 2: b"b"}
+    forgotten = {3: b"c", 4: b"d"}
+    assert rollback_conflicts(stale, forgotten, {**stale, 3: b"c", 5: b"e"}) == []
+    assert rollback_conflicts(stale, forgotten, {**stale, 4: b"X"}) == [(4, b"d", b"X")]
