@@ -225,31 +225,54 @@ def _cmd_node(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from cluster.bench import run_bench
+    from cluster.bench import (
+        BenchError,
+        BenchRequest,
+        RunOptions,
+        bench_command,
+        format_report,
+        plot_report,
+    )
     from cluster.clusterfile import ClusterFileError
-    from cluster.ops import query_status
+    from cluster.ops import OpsError
 
     try:
-        spec = _load(args)
-    except ClusterFileError as err:
+        sweep = tuple(float(v) for v in args.sweep.split(",") if v) if args.sweep else ()
+        request = BenchRequest(
+            directory=Path(args.dir) if args.dir else None,
+            start_nodes=args.nodes if args.start else None,
+            base=RunOptions(
+                seconds=args.seconds,
+                warmup_s=args.warmup,
+                inflight=args.inflight,
+                rate_per_s=args.rate or 0.0,
+                clients=args.clients,
+                ordering_only=args.ordering_only,
+            ),
+            sweep=sweep,
+            runs=args.runs,
+            agents=args.agents,
+            baselines=args.baselines,
+        )
+        request.base.shape()
+    except ValueError as err:
         return _fail(str(err), 2)
-    down = [i for i in range(spec.n) if not query_status(spec, i).alive]
-    if len(down) > spec.f:
-        return _fail(f"nodes {down} are not serving; start the cluster with `quorumgate up`")
-    report = run_bench(spec, args.seconds, args.inflight, args.clients)
+
+    def progress(line: str) -> None:
+        print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+    try:
+        report = bench_command(request, progress)
+        if args.plot:
+            plot_report(report, Path(args.plot))
+    except (ClusterFileError, OpsError, BenchError) as err:
+        return _fail(str(err))
     if args.json:
         print(json.dumps(report))
     else:
-        print(
-            f"{report['nodes']} replicas, {report['clients']} client processes, "
-            f"{report['inflight']} in flight, {args.seconds:g} s measured"
-        )
-        print(
-            f"committed {report['committed']} proposals: {report['throughput_per_s']}/s; "
-            f"submit-to-commit p50 {report['p50_ms']} ms, p99 {report['p99_ms']} ms"
-        )
-        if report["refused"]:
-            print(f"refused (back-pressure and errors): {report['refused']}")
+        print(format_report(report))
+    if args.plot:
+        print(f"plot: {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -466,11 +489,41 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--node", type=int, required=True)
     node.set_defaults(func=_cmd_node)
 
-    bench = sub.add_parser("bench", help="closed-loop load against a running cluster")
-    bench.add_argument("--dir", required=True)
-    bench.add_argument("--seconds", type=float, default=10.0)
-    bench.add_argument("--inflight", type=int, default=256, help="proposals in flight, in all")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark: certified proposals/s, latency, CPU and RSS; baselines",
+        description="Load a cluster with signed 256-byte proposals from client processes "
+        "and report committed and certified proposals per second, submit-to-commit and "
+        "submit-to-certificate latency p50/p99, cluster CPU seconds per proposal and peak "
+        "RSS per process (medians over --runs).",
+    )
+    where = bench.add_mutually_exclusive_group(required=True)
+    where.add_argument("--dir", help="a running cluster's directory")
+    where.add_argument(
+        "--start",
+        action="store_true",
+        help="init and start a temporary cluster (stopped at the end)",
+    )
+    bench.add_argument("--nodes", type=int, default=4, help="with --start: 4 or 7 (any 3f+1)")
+    bench.add_argument("--seconds", type=float, default=10.0, help="measured window per run")
+    bench.add_argument("--warmup", type=float, default=2.0, help="seconds before the window")
+    bench.add_argument("--inflight", type=int, default=256, help="closed loop: in flight, in all")
+    bench.add_argument("--rate", type=float, help="open loop: proposals/s offered, in all")
     bench.add_argument("--clients", type=int, default=2, help="client processes")
+    bench.add_argument(
+        "--ordering-only", action="store_true", help="replicas only; count committed proposals"
+    )
+    bench.add_argument("--runs", type=int, default=1, help="runs per point (medians reported)")
+    bench.add_argument(
+        "--sweep", help="comma-separated inflight values (or rates with --rate): 1,8,64,256"
+    )
+    bench.add_argument(
+        "--agents", type=int, default=2048, help="governed bench agents (the quota is per agent)"
+    )
+    bench.add_argument(
+        "--baselines", action="store_true", help="PySyncObj (and etcd if on PATH), same runs"
+    )
+    bench.add_argument("--plot", metavar="FILE.png", help="throughput against latency (matplotlib)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
 
