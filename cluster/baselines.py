@@ -60,8 +60,10 @@ from cluster.bench import (
     cpu_delta,
     drive,
     percentile,
+    reap,
     sample_cpu,
     sample_rss,
+    sleep_until,
     wait_start,
 )
 
@@ -282,7 +284,7 @@ def baseline_cluster(baseline: Baseline) -> Iterator[BaselineCluster]:
         while not _ready(cluster):
             if time.monotonic() > deadline:
                 raise BenchError(f"{baseline.label} did not become ready (log: {workdir})")
-            time.sleep(0.2)
+            sleep_until(time.monotonic() + 0.2)
         yield cluster
     finally:
         if cluster is not None:
@@ -439,9 +441,9 @@ def measure_baseline(baseline: Baseline, options: RunOptions) -> dict[str, Any]:
             start_at.value = t_start
             window_start = t_start + options.warmup_s
             window_end = window_start + options.seconds
-            time.sleep(max(0.0, window_start - time.monotonic()))
+            sleep_until(window_start)
             before = sample_cpu(pids)
-            time.sleep(max(0.0, window_end - time.monotonic()))
+            sleep_until(window_end)
             after = sample_cpu(pids)
             rss = sample_rss(pids)
             results: list[LoadResult] = _expect(
@@ -452,11 +454,7 @@ def measure_baseline(baseline: Baseline, options: RunOptions) -> dict[str, Any]:
                 procs,
             )
         finally:
-            for proc in procs:
-                if proc.pid is not None:
-                    proc.join(timeout=5)
-                    if proc.is_alive():
-                        proc.kill()
+            reap(procs)
     errors = [r.error for r in results if r.error]
     if errors:
         raise BenchError(f"{baseline.label} client failed: {errors[0]}")

@@ -41,6 +41,7 @@ import os
 import queue
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -77,7 +78,7 @@ START_DELAY_S = 0.3  # between "every client is ready" and the first submission
 DRAIN_S_MAX = 10.0  # after the window, wait this long at most for what is in flight
 READY_TIMEOUT_S = 120.0  # client pre-signing and observer streams
 RESULT_TIMEOUT_S = 60.0
-AGENT_POOL_DEFAULT = 2048
+AGENT_POOL_DEFAULT = 256  # see `prepare_agent_pool` on the quota and the state size
 AGENTS_PER_CLIENT_MIN = 4
 REGISTER_OPS_PER_SUBMIT_MAX = 500  # the owner's nonce window is 1024
 ACCOUNT_CALLS_IN_FLIGHT_MAX = 256
@@ -100,6 +101,52 @@ CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 class BenchError(Exception):
     pass
+
+
+class BenchInterrupted(BaseException):
+    """SIGINT or SIGTERM arrived: unwind (stopping what the harness started) and exit."""
+
+
+# Signals seen by `bench_command`'s handlers. The harness polls this flag itself rather
+# than relying on KeyboardInterrupt, which a blocking gRPC call turns into a cancelled RPC.
+_signals_seen: list[int] = []
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    _signals_seen.append(signum)
+
+
+def check_interrupted() -> None:
+    if _signals_seen:
+        raise BenchInterrupted(f"signal {_signals_seen[0]}")
+
+
+def sleep_until(deadline: float) -> None:
+    """Sleep until `deadline` (monotonic seconds), in steps, raising on a stop signal."""
+    while True:
+        check_interrupted()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.2))
+
+
+@contextlib.contextmanager
+def stop_signals_handled() -> Iterator[None]:
+    """SIGINT and SIGTERM set a flag the harness checks (main thread only)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _signals_seen.clear()
+    previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------- /proc
@@ -663,7 +710,7 @@ async def _observe(
     full = bool(job.sidecar_addresses)
     certifier = BlockCertifier(job.chain_id, job.receipt_keys)
     committed: dict[bytes, tuple[int, float]] = {}  # full mode: tx id -> (client, commit time)
-    early: dict[bytes, float] = {}  # certified before its commit was seen here
+    early: dict[bytes, tuple[float, str]] = {}  # certified before its commit was seen here
     outgoing: list[list[Completion]] = [[] for _ in outboxes]
 
     def flush() -> None:
@@ -693,7 +740,9 @@ async def _observe(
                 if not full:
                     complete(client, (tid, now, now))
                 elif tid in early:
-                    complete(client, (tid, now, max(now, early.pop(tid))))
+                    t_cert, outcome = early.pop(tid)
+                    result.outcomes[outcome] = result.outcomes.get(outcome, 0) + 1
+                    complete(client, (tid, now, max(now, t_cert)))
                 else:
                     committed[tid] = (client, now)
                     if len(committed) > COMMITS_PENDING_MAX:
@@ -711,7 +760,7 @@ async def _observe(
             for tid, outcome in leaves:
                 entry = committed.pop(tid, None)
                 if entry is None:
-                    early[tid] = now
+                    early[tid] = (now, outcome)
                     if len(early) > EARLY_CERTS_MAX:
                         early.pop(next(iter(early)))
                     continue
@@ -792,7 +841,12 @@ async def _accounts(spec: ClusterSpec, signers: Sequence[bytes]) -> list[tuple[b
 
 def prepare_agent_pool(spec: ClusterSpec, count: int) -> dict[str, int]:
     """The bench agents `bench-pool-0..count-1`, registered (with the bench tool allowed)
-    where missing; returns name -> next nonce."""
+    where missing; returns name -> next nonce.
+
+    How many is a trade-off the figures depend on: the engine's quota allows each agent 120
+    proposals per minute of block time (more become certified `quota_exceeded` denials,
+    see `outcomes`), while every registered agent is part of the state the sidecars
+    serialize for each block's state root. `--agents` sets it (default 256)."""
     from cluster.owner import OwnerSession, agent_ops, tool_op
 
     names = [f"bench-pool-{i}" for i in range(count)]
@@ -930,9 +984,9 @@ def run_once(
         start_at.value = t_start
         window_start = t_start + options.warmup_s
         window_end = window_start + options.seconds
-        time.sleep(max(0.0, window_start - time.monotonic()))
+        sleep_until(window_start)
         cpu_before, load_before = sample_cpu(pids), sample_cpu(load_pids)
-        time.sleep(max(0.0, window_end - time.monotonic()))
+        sleep_until(window_end)
         cpu_after, load_after = sample_cpu(pids), sample_cpu(load_pids)
         rss = sample_rss(pids)
         results = _expect(
@@ -946,12 +1000,7 @@ def run_once(
         observed = _expect(out, "observer", 1, RESULT_TIMEOUT_S, [observer])[0]
     finally:
         stop.set()
-        for proc in [*procs, observer]:
-            if proc.pid is None:
-                continue
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
+        reap([*procs, observer])
     errors = [r.error for r in results if r.error]
     if errors:
         raise BenchError(f"bench client failed: {errors[0]}")
@@ -973,6 +1022,19 @@ def run_once(
     )
 
 
+def reap(procs: Sequence[BaseProcess]) -> None:
+    """Join the bench's own processes; after a failure or a stop signal, kill them at once
+    (they would otherwise go on to the end of their window)."""
+    failing = sys.exc_info()[0] is not None
+    for proc in procs:
+        if proc.pid is None:
+            continue
+        proc.join(timeout=0.1 if failing else 5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
 def _expect(
     out: mp.Queue,  # type: ignore[type-arg]
     kind: str,
@@ -985,6 +1047,7 @@ def _expect(
     got: list[Any] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < count:
+        check_interrupted()
         left = deadline - time.monotonic()
         if left <= 0:
             raise BenchError(f"timed out waiting for {count - len(got)} bench {kind} message(s)")
@@ -1315,7 +1378,13 @@ def bench_command(
 ) -> dict[str, Any]:
     """Measure every point of the request (`runs` times each); with baselines, each run of
     QuorumGate is followed by one run of every baseline with the same load, and ratios are
-    taken run by run before their median (this machine is shared: same-run ratios)."""
+    taken run by run before their median (this machine is shared: same-run ratios). A
+    SIGINT or SIGTERM raises `BenchInterrupted` once what was started is stopped."""
+    with stop_signals_handled():
+        return _bench_command(request, progress)
+
+
+def _bench_command(request: BenchRequest, progress: Callable[[str], None]) -> dict[str, Any]:
     from cluster.baselines import available_baselines, measure_baseline, median_baseline
 
     base = request.base

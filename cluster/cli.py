@@ -227,6 +227,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from cluster.bench import (
         BenchError,
+        BenchInterrupted,
         BenchRequest,
         RunOptions,
         bench_command,
@@ -267,6 +268,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             plot_report(report, Path(args.plot))
     except (ClusterFileError, OpsError, BenchError) as err:
         return _fail(str(err))
+    except BenchInterrupted:
+        return _fail("interrupted (what the bench started is stopped)", 130)
     if args.json:
         print(json.dumps(report))
     else:
