@@ -857,8 +857,4 @@ class Core:
         advanced = self.tree.committed_height > height_before
         if advanced and response.committed_height > self.tree.committed_height:
             self._request_sync(sender, b"")
-        waiting = self._waiting
-        if waiting is not None and waiting.block.parent_hash in self.tree:
-            self._waiting = None
-            if waiting.block.view == self.view and waiting.block.view not in self._proposal_seen:
-                self._accept_proposal(waiting.block)
+        self._retry_waiting()  # (it also waits for our sidecar's root, if the block needs it)

@@ -58,6 +58,7 @@ from sidecar.wire import receipt_to_pb
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
 ADMIT_BATCH_TXS_MAX = 4_096
+ROOTS_RESENT_ON_CONNECT = 256
 RECEIPTS_PER_HEIGHT_MAX = 1 << 16  # above any block's transaction count
 DB_FILE = "sidecar.db"
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -152,10 +153,6 @@ class Sidecar:
             asyncio.create_task(self._follow(), name="follow"),
             asyncio.create_task(self._report_roots(), name="roots"),
         ]
-        if self.store.executed_height > 0:
-            root = await self.store.root_at(self.store.executed_height)
-            if root is not None:
-                self._roots.put_nowait((self.store.executed_height, root))
         log.info(
             "event=started node=%d address=%s executed_height=%d",
             self.index,
@@ -262,18 +259,24 @@ class Sidecar:
     # ------------------------------------------------------------------ state roots
 
     async def _report_roots(self) -> None:
-        """Push signed state roots to the replica; reconnect when the stream breaks."""
+        """Push signed state roots to the replica; reconnect when the stream breaks. Each
+        (re)connection first sends the last `ROOTS_RESENT_ON_CONNECT` executed heights
+        again, so reports lost with a broken stream leave no gap in the replica's view
+        (a voter needs the root of exactly the height a block carries)."""
         delay = RECONNECT_DELAY_S_MIN
-        latest: tuple[int, bytes] | None = None
+        store = self.store
+        assert store is not None
 
         async def reports() -> AsyncIterator[spb.StateRootReport]:
-            nonlocal latest
-            if latest is not None:
-                yield self._report(*latest)
+            top = store.executed_height
+            for height in range(max(1, top - ROOTS_RESENT_ON_CONNECT + 1), top + 1):
+                root = await store.root_at(height)
+                if root is not None:
+                    yield self._report(height, root)
             while True:
-                item = await self._roots.get()
-                latest = item
-                yield self._report(*item)
+                height, root = await self._roots.get()
+                if height > top:
+                    yield self._report(height, root)
 
         while True:
             try:
