@@ -737,6 +737,7 @@ class _Ack:
     tx: bytes
     node: int
     denied: bool  # its target is one the tool refuses
+    at: float  # time.monotonic() of the acknowledgment
 
 
 class _Load:
@@ -912,7 +913,7 @@ class _Load:
                         f"node {node} acknowledged {_short(proposal_id)} "
                         f"as {_short(reply.proposal_id)}"
                     )
-                self.acked.setdefault(proposal_id, _Ack(data, node, denied))
+                self.acked.setdefault(proposal_id, _Ack(data, node, denied, time.monotonic()))
                 return "done"
             if reply.reason in RETRYABLE_REFUSALS:
                 return "retry"
@@ -922,23 +923,28 @@ class _Load:
             self.refused[reply.reason or "unknown"] += 1
             return "done"
 
-    def reoffer(self, proposals: Sequence[bytes]) -> tuple[int, int]:
+    def reoffer(self, proposals: Sequence[bytes]) -> tuple[int, list[bytes]]:
         """Offer acknowledged proposals again, the same bytes, to a live member; return
-        (offered, taken as new), the second being proposals the cluster had lost."""
-        offered = taken = 0
+        how many were offered and those taken as new: proposals the cluster had lost."""
+        offered = 0
+        taken: list[bytes] = []
         for start in range(0, len(proposals), REOFFER_BATCH_MAX):
-            chunk = [self.acked[p].tx for p in proposals[start : start + REOFFER_BATCH_MAX]]
+            chunk = list(proposals[start : start + REOFFER_BATCH_MAX])
             for _attempt in range(self.spec.n):
                 node = self._next_node(set())
                 if node is None:
                     break
                 try:
-                    replies = list(self._stream(node, chunk))
+                    replies = list(self._stream(node, [self.acked[p].tx for p in chunk]))
                 except grpc.RpcError:
                     self._mark_down(node)
                     continue
                 offered += len(replies)
-                taken += sum(r.accepted and r.detail != "already pending" for r in replies)
+                taken += [
+                    p
+                    for p, r in zip(chunk, replies, strict=False)
+                    if r.accepted and r.detail != "already pending"
+                ]
                 break
         return offered, taken
 
@@ -1526,6 +1532,7 @@ class _Drill:
         report = self.report
         watch = _ChainWatch(self.spec)
         offered_at: dict[bytes, int] = {}
+        lost_acks: list[_Ack] = []
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while True:
             top = watch.advance()
@@ -1538,11 +1545,21 @@ class _Drill:
             if due:
                 offered, taken = load.reoffer(due)
                 report.reoffered += offered
-                report.redelivered += taken
+                report.redelivered += len(taken)
+                lost_acks += [acked[p] for p in taken]
                 offered_at.update(dict.fromkeys(due, top))
-                self.say(f"offered {len(due)} uncommitted proposals again: {taken} were lost")
+                self.say(f"offered {len(due)} uncommitted proposals again: {len(taken)} were lost")
             time.sleep(POLL_S)
         report.lost = len(missing)
+        if lost_acks:
+            # When and by whom the proposals the cluster lost had been acknowledged, to set
+            # beside the faults' times.
+            by_node = Counter(a.node for a in lost_acks)
+            times = sorted(round(a.at - self.t0, 1) for a in lost_acks)
+            report.details["redelivered_acknowledged_by"] = {
+                str(k): v for k, v in sorted(by_node.items())
+            }
+            report.details["redelivered_acknowledged_at_s"] = sorted(set(times))
         self.check(
             "acknowledged_committed",
             [
