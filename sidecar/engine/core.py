@@ -225,6 +225,7 @@ class Engine:
         self.state = state
         self._height = 0
         self._now_ms = 0
+        self._state_bytes: bytes | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -233,10 +234,14 @@ class Engine:
         return cls(config, EngineState.from_bytes(data))
 
     def state_bytes(self) -> bytes:
-        return self.state.to_bytes()
+        # The state changes only in execute_block, which serializes it once for the root
+        # and keeps the bytes: the sidecar records them without serializing again.
+        if self._state_bytes is None:
+            self._state_bytes = self.state.to_bytes()
+        return self._state_bytes
 
     def state_root(self) -> bytes:
-        return self.state.root()
+        return sha256(self.state_bytes())
 
     @property
     def last_height(self) -> int | None:
@@ -258,6 +263,7 @@ class Engine:
             raise ValueError("height out of range")
         if not self.state.last_block_time_ms <= block_time_ms < 2**63:
             raise ValueError("block time went backwards")
+        self._state_bytes = None
         self._height = height
         self._now_ms = block_time_ms
         self._prune_expired()
@@ -270,7 +276,7 @@ class Engine:
             block_time_ms=block_time_ms,
             verdicts=tuple(verdicts),
             artifacts=tuple(artifacts),
-            state_root=self.state.root(),
+            state_root=self.state_root(),
         )
 
     def admission_check(self, tx_bytes: bytes, verify_signature: bool = True) -> AdmissionResult:
