@@ -116,6 +116,9 @@ def canonicalize_target(
             raise _malformed("ambiguous: a network-path reference, not a path")
         _require_scheme(FILE_SCHEME, schemes)
         return _path(text, principal)
+    fast = _already_canonical_web_uri(text, schemes)
+    if fast is not None:
+        return fast
     match = SCHEME_PREFIX_RE.match(text)
     if match is None:
         raise _malformed("not an absolute URI, path or principal reference")
@@ -124,6 +127,38 @@ def canonicalize_target(
     if scheme == FILE_SCHEME:
         return _file_uri(text, principal)
     return _uri(text, scheme, principal)
+
+
+# The commonest target, an http(s) URI already in canonical form: lower-case ASCII host of
+# letter-digit-hyphen labels (no A-labels, not numeric), no port, no user information,
+# query, fragment or percent-encoding, and a path of plain segments (no empty, `.`, `..`
+# or CURRENT_USER segment). For such a string the general path below returns it unchanged
+# (plus `/` for an empty path); this skips the parsers. tests/engine/test_targets.py checks
+# that both agree on generated URIs.
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+FAST_WEB_URI_RE = re.compile(
+    rf"(https?)://((?:{_LABEL}\.)*{_LABEL})((?:/[A-Za-z0-9\-_~!$&'()*+,;=:@]+)*)/?"
+)
+
+
+def _already_canonical_web_uri(text: str, schemes: tuple[str, ...]) -> str | None:
+    match = FAST_WEB_URI_RE.fullmatch(text)
+    if match is None:
+        return None
+    scheme, host, path = match.groups()
+    if scheme not in schemes:
+        return None
+    labels = host.split(".")
+    if any(label.startswith("xn--") for label in labels) or len(host) > HOST_CHARS_MAX:
+        return None
+    last = labels[-1]
+    if not any("a" <= ch <= "z" for ch in last) or last.startswith("0x"):
+        return None  # numeric hosts have IPv4 rules of their own
+    segments = path.split("/")[1:]
+    current_user = names.CURRENT_USER.casefold()
+    if any(seg in (".", "..") or seg.casefold() == current_user for seg in segments):
+        return None
+    return text if text.endswith("/") or path else text + "/"
 
 
 def _require_scheme(scheme: str, schemes: tuple[str, ...]) -> None:

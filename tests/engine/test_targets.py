@@ -292,3 +292,77 @@ def test_canonicalization_is_idempotent_on_uri_shaped_text(prefix: str, rest: st
         return
     assert canon(once) == once
     assert len(once) <= limits.TARGET_CHARS_MAX
+
+
+# ---------------------------------------------------------------------------- fast path
+
+_FAST_LABELS = st.sampled_from(
+    ["a", "example", "x-y", "xn--bcher-kva", "0x10", "123", "A", "b2", "-a", "a-", "_a", "ex ample"]
+)
+_FAST_SEGMENTS = st.sampled_from(
+    ["", ".", "..", "x", "a.b", "CURRENT_USER", "current_user", "%41", "~u", "p:q@r", "é", "a b"]
+    + ["%2e"]
+)
+
+
+_PLAIN_LABELS = st.sampled_from(["a", "example", "x-y", "b2", "pay", "com"])
+_PLAIN_SEGMENTS = st.sampled_from(["x", "a.b", "CURRENT_USER", "Current_User", "~u", "p:q@r"])
+
+
+@st.composite
+def _web_uris(draw: st.DrawFn) -> str:
+    """Mostly URIs the fast path takes (so its answers are checked), with every kind of
+    near miss mixed in."""
+    plain = draw(st.booleans())
+    scheme = "https" if plain else draw(st.sampled_from(["https", "http", "HTTPS", "ftp", "wss"]))
+    labels = _PLAIN_LABELS if plain else st.one_of(_PLAIN_LABELS, _FAST_LABELS)
+    segments = _PLAIN_SEGMENTS if plain else st.one_of(_PLAIN_SEGMENTS, _FAST_SEGMENTS)
+    host = ".".join(draw(st.lists(labels, min_size=1, max_size=4)))
+    port = "" if plain else draw(st.sampled_from(["", "", ":443", ":80", ":8443"]))
+    path = "".join("/" + seg for seg in draw(st.lists(segments, max_size=4)))
+    tail = draw(st.sampled_from(["", "/"] if plain else ["", "", "/", "?q=1", "#frag"]))
+    return f"{scheme}://{host}{port}{path}{tail}"
+
+
+def _slow(raw: str, schemes: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> str | Reason:
+    from sidecar.engine import targets
+
+    with monkeypatch.context() as patch:
+        patch.setattr(targets, "_already_canonical_web_uri", lambda text, schemes: None)
+        try:
+            return canonicalize_target(raw, principal="alice", schemes=schemes)
+        except TargetRefused as refused:
+            return refused.reason
+
+
+@PROPERTY
+@given(raw=_web_uris())
+def test_the_fast_path_for_canonical_web_uris_agrees_with_the_general_one(raw: str) -> None:
+    """The shortcut for an already-canonical http(s) URI returns exactly what the full
+    canonicalization returns, and never answers for anything it would change or refuse."""
+    from sidecar.engine.targets import _already_canonical_web_uri
+
+    schemes = ("http", "https")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        slow = _slow(raw, schemes, monkeypatch)
+    fast = _already_canonical_web_uri(raw, schemes)
+    if fast is not None:
+        assert fast == slow
+    try:
+        direct: str | Reason = canonicalize_target(raw, principal="alice", schemes=schemes)
+    except TargetRefused as refused:
+        direct = refused.reason
+    assert direct == slow
+
+
+def test_the_fast_path_takes_the_common_case() -> None:
+    from sidecar.engine.targets import _already_canonical_web_uri
+
+    assert _already_canonical_web_uri("https://pay.acme.example/invoices/1042", ("https",)) == (
+        "https://pay.acme.example/invoices/1042"
+    )
+    assert _already_canonical_web_uri("https://a.example", ("https",)) == "https://a.example/"
+    others = ("https://A.example/x", "https://a.example:443/x", "https://a.example/./x")
+    others += ("https://10.0.0.1/x", "https://a.example/x?y=1", "http://a.example/x")
+    for other in others:
+        assert _already_canonical_web_uri(other, ("https",)) is None
