@@ -300,8 +300,7 @@ _FAST_LABELS = st.sampled_from(
     ["a", "example", "x-y", "xn--bcher-kva", "0x10", "123", "A", "b2", "-a", "a-", "_a", "ex ample"]
 )
 _FAST_SEGMENTS = st.sampled_from(
-    ["", ".", "..", "x", "a.b", "CURRENT_USER", "current_user", "%41", "~u", "p:q@r", "é", "a b"]
-    + ["%2e"]
+    ["", ".", "..", "x", "a.b", "CURRENT_USER", "current_user", "%41", "%2e", "~u", "p:q@r"]
 )
 
 
