@@ -93,7 +93,7 @@ class Limits:
     sync_retry_ticks: int = 50
     # A leader carries the state root of a height at least this far below its block, so
     # every voter's sidecar has had time to execute it (DESIGN §4: "a fixed lag behind").
-    state_root_lag_blocks: int = 4
+    state_root_lag_blocks: int = 8
     # After a (re)start a replica signs nothing until 2f+1 peers told it which views they
     # saw it sign in (safety Rule 6); with fewer peers up, after this many ticks f+1 do.
     fence_wait_ticks: int = 200
