@@ -102,6 +102,7 @@ from cluster.ops import (
     wait_sidecars_serving,
 )
 from cluster.owner import OwnerError, OwnerSession, agent_ops, tool_op
+from cluster.owner import next_nonce as owner_next_nonce
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from replica.storage import ReplicaStore, StorageError
@@ -1082,12 +1083,19 @@ class _Drill:
 
         return _poll(done, timeout_s)
 
-    def wait_replica_back(self, node: int, timeout_s: float = RECOVERY_TIMEOUT_S) -> float | None:
-        """When replica `node` has committed the lowest height the other live replicas have
-        (read just before it): back at the cluster's height."""
+    def wait_replica_back(
+        self,
+        node: int,
+        timeout_s: float = RECOVERY_TIMEOUT_S,
+        among: Sequence[int] | None = None,
+    ) -> float | None:
+        """When replica `node` has committed the lowest height the other live replicas
+        (or those `among`, leaving out others that are catching up too) have, read just
+        before it: back at the cluster's height."""
+        reference = self.others(node) if among is None else [i for i in among if i != node]
 
         def done() -> float | None:
-            others = self.heights(self.others(node))
+            others = self.heights(reference)
             mine = _replica_status(self.spec, node)
             if not others or mine is None:
                 return None
@@ -1170,15 +1178,25 @@ class _Drill:
         self.check("drill_completed", problems, "every step carried out")
 
     def register_agents(self) -> list[LoadAgent]:
+        """The drill's agents: the same names every run, so that a directory drilled again
+        and again does not fill the engine's agent registry. Those not registered yet are,
+        with the owner key; then every agent's next nonce is asked of f+1 sidecars. That
+        happens after the owner's transactions executed, so any block of an earlier run
+        still pending at the restart has been committed (or dropped) by then, and no nonce
+        of this run collides with one of it."""
         count = max(AGENTS_MIN, math.ceil(self.report.rate_per_s / AGENT_RATE_PER_S_MAX))
-        stamp = time.time_ns() % 10**12  # fresh names each run: nonces start at 1
-        names = [f"drill-{stamp}-{k}" for k in range(count)]
+        names = [f"drill-agent-{k}" for k in range(count)]
         agents = [LoadAgent.from_seed(self.spec.chain_id, name) for name in names]
         ops = [tool_op(BENCH_TOOL)]
-        for name, agent in zip(names, agents, strict=True):
-            ops += agent_ops(name, agent.public_key, [BENCH_TOOL])
         try:
+            for name, agent in zip(names, agents, strict=True):
+                if not owner_next_nonce(self.spec, agent.public_key)[0]:
+                    ops += agent_ops(name, agent.public_key, [BENCH_TOOL])
             OwnerSession(self.spec).submit(ops)
+            for agent in agents:
+                known, agent.next_nonce = owner_next_nonce(self.spec, agent.public_key)
+                if not known:
+                    raise _Abort(f"agent {agent.public_key.hex()[:16]} is still not registered")
         except OwnerError as err:
             raise _Abort(f"registering the drill's agents failed: {err}") from err
         self.report.agents = count
@@ -1521,7 +1539,7 @@ class _Drill:
             )
             self.procs.start("replica", bystanders)
             for b in bystanders:
-                if self.wait_replica_back(b) is None:
+                if self.wait_replica_back(b, among=up) is None:
                     raise _Abort(f"replica {b} did not catch up: {self.heights()}")
 
     # ------------------------------------------------------------------ settle and check
