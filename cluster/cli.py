@@ -563,6 +563,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_client_commands(sub)
 
+    from cluster.drill import add_drill_command
+
+    add_drill_command(sub)
+
     policy = sub.add_parser("policy", help="operator policy tools")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
     ptest = policy_sub.add_parser("test", help="check a policy file's expected verdicts")
