@@ -49,7 +49,7 @@ from replica.grpcutil import add_service
 from replica.transport import CHANNEL_OPTIONS
 from replica.types import RemoteError
 from replica.wire import decode_block
-from sidecar.engine.core import Engine, EngineConfig
+from sidecar.engine.core import Engine, EngineConfig, StateCacheError
 from sidecar.execution import execute_block
 from sidecar.receipts import root_report_statement
 from sidecar.store import DivergenceError, SidecarStore
@@ -221,7 +221,11 @@ class Sidecar:
                     f"ours is {mine.hex()[:16]}"
                 )
                 return
-        executed = execute_block(engine, self.key, self.index, self.spec.chain_id, block)
+        try:
+            executed = execute_block(engine, self.key, self.index, self.spec.chain_id, block)
+        except StateCacheError as err:  # nothing recorded: the height is not executed
+            self._alarm(str(err))
+            return
         result = executed.result
         try:
             await store.record(executed)

@@ -180,6 +180,10 @@ _MS_FIELDS = frozenset(
 )
 
 
+class StateCacheError(RuntimeError):
+    """The engine's cached state bytes differ from a fresh encoding (an engine bug)."""
+
+
 class _Refusal(Exception):
     """Control flow inside one transaction: stop judging, answer with this reason."""
 
@@ -271,13 +275,26 @@ class Engine:
         self.state.last_height = height
         self.state.last_block_time_ms = block_time_ms
         artifacts = build_artifacts(self.config.chain_id, height, verdicts)
+        root = self.state_root()
+        if height % limits.STATE_CACHE_CHECK_HEIGHTS == 0:
+            self.verify_state_cache()
         return BlockResult(
             height=height,
             block_time_ms=block_time_ms,
             verdicts=tuple(verdicts),
             artifacts=tuple(artifacts),
-            state_root=self.state_root(),
+            state_root=root,
         )
+
+    def verify_state_cache(self) -> None:
+        """Raise `StateCacheError` if the state bytes built from the per-agent cache differ
+        from a fresh encoding: an agent record changed without `agent_changed`, an engine
+        bug that would otherwise report a state root that is not the state's."""
+        if self.state_bytes() != self.state.fresh_bytes():
+            raise StateCacheError(
+                f"engine state cache is stale at height {self.state.last_height}: "
+                "an agent record changed unmarked; execution stops (engine bug)"
+            )
 
     def admission_check(self, tx_bytes: bytes, verify_signature: bool = True) -> AdmissionResult:
         """Cheap early refusal for the mempool; reads state, never changes it. The caller
@@ -369,6 +386,10 @@ class Engine:
             return _rejected(parsed, Reason.REPLAYED)
         window.record(parsed.nonce, self.config.nonce_window)
         record = None if is_owner else self.state.agents[self.state.agent_by_key[parsed.signer]]
+        if record is not None:
+            # its nonces changed; its quota window may too: a signer's record is the only
+            # one a non-admin transaction writes
+            self.state.agent_changed(record.agent_id)
         payload = parsed.body.payload
         if isinstance(payload, Admin):
             if not is_owner:
@@ -909,6 +930,7 @@ class Engine:
             if len(state.agents) >= config.agents_max:
                 return done(op.agent_id, Reason.CAPACITY_EXCEEDED)
             state.agents[op.agent_id] = AgentRecord(agent_id=op.agent_id, public_key=op.public_key)
+            state.agent_changed(op.agent_id)
             state.agent_by_key[op.public_key] = op.agent_id
             return done(op.agent_id)
         if isinstance(op, RegisterSink):
@@ -919,6 +941,7 @@ class Engine:
         record = state.agents.get(op.agent_id)
         if record is None:
             return done(op.agent_id, Reason.UNKNOWN_AGENT)
+        state.agent_changed(op.agent_id)  # every op below writes this record
         if isinstance(op, SetMandate):
             record.mandate = op.mandate
             record.mandate_version += 1

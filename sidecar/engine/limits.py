@@ -26,6 +26,11 @@ KIND_CHARS_MAX = 32
 SEALED_BYTES_MIN = 48  # a SealedBox adds a 32-byte ephemeral key and a 16-byte MAC
 SEALED_BYTES_MAX = 8 * 1024
 
+# --- the engine's own checks ---
+# Every this many heights the engine re-encodes its whole state from scratch and compares
+# it with the bytes it built from its per-agent cache; a difference stops execution.
+STATE_CACHE_CHECK_HEIGHTS = 64
+
 # --- defaults for EngineConfig (DESIGN §4.3, §4.5, §4.7; mandate guide) ---
 LATCH_HALT_THRESHOLD_DEFAULT = 3  # attempts at one refused tool, counting the first
 LATCH_RUNS_MAX_DEFAULT = 1024

@@ -153,9 +153,23 @@ class EngineState:
     # derived indexes, rebuilt on load; not serialized
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     handles_by_owner: dict[str, int] = field(default_factory=dict)
+    # Each agent's encoded record, kept between serializations: a block changes a few
+    # agents, and re-encoding every one of them per block was the sidecar's largest cost.
+    # Whoever changes an `AgentRecord` calls `agent_changed` (the engine does it for a
+    # transaction's signer and an admin op's subject); tests check the cache against a
+    # fresh encoding after every block. Not serialized, not compared.
+    agent_bytes: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+    def agent_changed(self, agent_id: str) -> None:
+        self.agent_bytes.pop(agent_id, None)
+
+    def fresh_bytes(self) -> bytes:
+        """The canonical bytes encoded from scratch, with no cache: what `to_bytes` must
+        equal (a test oracle, and the check `Engine.verify_state_cache` runs)."""
+        return bytes(_encode_state(self, None))
 
     def to_bytes(self) -> bytes:
-        return bytes(_encode_state(self))
+        return bytes(_encode_state(self, self.agent_bytes))
 
     def root(self) -> bytes:
         """The state root: SHA-256 of the canonical state bytes (which carry their own tag)."""
@@ -211,7 +225,20 @@ def _enc_card(enc: Encoder, card: ConfirmationCard) -> None:
     enc.blob(card.to_bytes())
 
 
-def _encode_state(state: EngineState) -> Encoder:
+def _encode_agent(rec: AgentRecord) -> bytes:
+    enc = Encoder()
+    enc.text(rec.agent_id).raw(rec.public_key).u64(rec.mandate_version)
+    enc.boolean(rec.suspended).boolean(rec.mandate is not None)
+    if rec.mandate is not None:
+        _enc_mandate(enc, rec.mandate)
+    _enc_nonces(enc, rec.nonces)
+    enc.u32(len(rec.recent_proposals_ms))
+    for t in rec.recent_proposals_ms:
+        enc.u64(t)
+    return bytes(enc)
+
+
+def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> Encoder:
     enc = Encoder(TAG_STATE).raw(state.config_fingerprint)
     enc.optional_blob(None if state.last_height is None else struct.pack(">Q", state.last_height))
     enc.u64(state.last_block_time_ms)
@@ -227,15 +254,12 @@ def _encode_state(state: EngineState) -> Encoder:
 
     enc.u32(len(state.agents))
     for agent_id in sorted(state.agents):
-        rec = state.agents[agent_id]
-        enc.text(rec.agent_id).raw(rec.public_key).u64(rec.mandate_version)
-        enc.boolean(rec.suspended).boolean(rec.mandate is not None)
-        if rec.mandate is not None:
-            _enc_mandate(enc, rec.mandate)
-        _enc_nonces(enc, rec.nonces)
-        enc.u32(len(rec.recent_proposals_ms))
-        for t in rec.recent_proposals_ms:
-            enc.u64(t)
+        data = None if agent_cache is None else agent_cache.get(agent_id)
+        if data is None:
+            data = _encode_agent(state.agents[agent_id])
+            if agent_cache is not None:
+                agent_cache[agent_id] = data
+        enc.raw(data)
 
     enc.u32(len(state.grants))
     for grant_id in sorted(state.grants):

@@ -90,6 +90,8 @@ class World:
         self.height += 1
         self.time_ms += advance_ms
         result = self.engine.execute_block(self.height, self.time_ms, list(txs), self.verify)
+        # every engine test checks the per-agent encoding cache against a fresh encoding
+        assert self.engine.state_bytes() == self.engine.state.fresh_bytes(), self.height
         self.log.append((self.height, self.time_ms, list(txs)))
         self.results.append(result)
         return result

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from sidecar.engine.core import Engine
+from sidecar.engine import limits
+from sidecar.engine.core import Engine, StateCacheError
 from sidecar.engine.model import (
     Admin,
     Argument,
@@ -302,3 +304,23 @@ def test_mutated_transactions_never_raise_out_of_execute_block(data: st.DataObje
     result = world.block(valid + mutated)
     assert len(result.verdicts) == len(valid) + len(mutated)
     assert all(len(v.tx_id) == 32 for v in result.verdicts)
+
+
+def test_a_record_changed_without_marking_it_is_caught_and_stops_execution() -> None:
+    """The per-agent encoding cache is an optimization only: the engine re-encodes from
+    scratch every `STATE_CACHE_CHECK_HEIGHTS` heights and refuses to go on when the cache
+    no longer says what the state holds."""
+    world = _world()
+    engine = world.engine
+    while world.height < limits.STATE_CACHE_CHECK_HEIGHTS - 1:
+        world.block([])
+    engine.verify_state_cache()  # consistent so far
+    # a record changed behind the engine's back (what an unmarked write in the engine is)
+    engine.state.agents["ann"].suspended = not engine.state.agents["ann"].suspended
+    engine._state_bytes = None  # as at the start of a block
+    assert engine.state.to_bytes() != engine.state.fresh_bytes()
+    with pytest.raises(StateCacheError, match="stale at height"):
+        engine.verify_state_cache()
+    # execute_block runs the same check at every multiple of the interval
+    with pytest.raises(StateCacheError):
+        engine.execute_block(world.height + 1, world.time_ms + 1, [], world.verify)
