@@ -37,4 +37,5 @@ def execute_block(
         paths=tuple(tuple(p) for p in all_paths(hashes)),
         signed=signed,
         engine_state=engine.state_bytes(),
+        state_parts=engine.state_parts(),
     )

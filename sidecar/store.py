@@ -14,7 +14,15 @@ at write time):
 - `meta`: the schema version and the chain id the file belongs to (another chain's file is
   refused at `open`).
 - `head`: one row — the executed height, the ledger head and entry count, and the engine
-  state after the executed height (`Engine.state_bytes()`; NULL before the first height).
+  state after the executed height: either whole in `engine_state`, or (what the sidecar
+  writes) in parts, `state_prefix` and `state_suffix` here and one row per agent in
+  `state_agents` (`sidecar.engine.state.StateParts`). Both NULL before the first height.
+- `state_agents`: each agent's encoded record, by agent id. A height rewrites only the
+  agents it changed, so recording costs what the height changed, not the size of the
+  state (the whole state was 400 KB with 256 busy agents, written at every height).
+  Reading it back, `engine_state` reassembles the bytes and checks their SHA-256 against
+  the state root this sidecar signed for the executed height: a store whose parts do not
+  add up to what was signed is refused, never loaded.
 - `ledger`: the verdict ledger (sidecar/ledger.py), one row per verdict in execution order,
   every field of `LedgerEntry` in its own column. `verify_ledger` walks it in insertion
   (rowid) order — an order no column edit can change — recomputing each hash from the
@@ -66,6 +74,7 @@ from typing import Any
 import aiosqlite
 
 from replica.canonical import HASH_BYTES, sha256
+from sidecar.engine.state import StateParts, assemble
 from sidecar.engine.statements import BlockResult, RejectionArtifact
 from sidecar.ledger import GENESIS_PREV_HASH, ChainVerifier, LedgerEntry, LedgerProblem
 from sidecar.receipts import (
@@ -76,7 +85,8 @@ from sidecar.receipts import (
     leaf_from_verdict,
 )
 
-SCHEMA_VERSION = 2  # 2: receipts bind the signed body's digest
+SCHEMA_VERSION = 3  # 2: receipts bind the signed body's digest; 3: the state in parts
+SCHEMA_VERSIONS_MIGRATED = {2: 3}  # a writer upgrades these in place on open
 # The most ledger entries one `ledger` call returns, and the page `verify_ledger` reads
 # at a time (memory stays bounded however long the ledger grows).
 LEDGER_PAGE_ROWS_MAX = 1024
@@ -100,8 +110,16 @@ _SCHEMA = (
         executed_height INTEGER NOT NULL CHECK (executed_height >= 0),
         ledger_head BLOB NOT NULL,
         ledger_entries INTEGER NOT NULL CHECK (ledger_entries >= 0),
-        engine_state BLOB
+        engine_state BLOB,
+        state_prefix BLOB,
+        state_suffix BLOB
     ) STRICT
+    """,
+    """
+    CREATE TABLE state_agents (
+        agent_id TEXT PRIMARY KEY,
+        data BLOB NOT NULL
+    ) STRICT, WITHOUT ROWID
     """,
     """
     CREATE TABLE ledger (
@@ -212,7 +230,9 @@ class ExecutedHeight:
 
     `leaves[i]` is `leaf_from_verdict(height, i, result.verdicts[i])` and `paths[i]` its
     inclusion path under `signed.verdict_root`; `engine_state` is `Engine.state_bytes()`
-    right after executing this height."""
+    right after executing this height, and `state_parts` (when given) the same bytes in
+    parts (`Engine.state_parts()`), which the store records incrementally; without them
+    it records the whole state."""
 
     height: int
     block_hash: bytes
@@ -222,6 +242,7 @@ class ExecutedHeight:
     paths: tuple[tuple[bytes, ...], ...]
     signed: SignedBlock
     engine_state: bytes
+    state_parts: StateParts | None = None
 
 
 class SidecarStore:
@@ -241,6 +262,7 @@ class SidecarStore:
         self._ledger_head = GENESIS_PREV_HASH
         self._ledger_entries = 0
         self._artifact_count = 0
+        self._agent_rows = 0  # rows in state_agents
 
     # ================================================================== open / close
 
@@ -328,6 +350,14 @@ class SidecarStore:
             for key, value in await conn.execute_fetchall("SELECT key, value FROM meta")
         }
         version = meta.get("schema_version")
+        if version is not None and version.isdigit() and int(version) in SCHEMA_VERSIONS_MIGRATED:
+            if self._read_only:
+                raise SidecarStoreError(
+                    f"{self._path}: schema version {version}, this build reads "
+                    f"{SCHEMA_VERSION}; start the sidecar once (it upgrades the file in place)"
+                )
+            await self._migrate(int(version))
+            version = str(SCHEMA_VERSION)
         if version != str(SCHEMA_VERSION):
             raise SidecarStoreError(
                 f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
@@ -351,6 +381,31 @@ class SidecarStore:
         self._ledger_head = bytes(head)
         self._ledger_entries = int(entries)
         self._artifact_count = int(await self._scalar("SELECT COUNT(*) FROM artifacts"))
+        self._agent_rows = int(await self._scalar("SELECT COUNT(*) FROM state_agents"))
+
+    async def _migrate(self, version: int) -> None:
+        """Upgrade an older schema in one transaction (2 -> 3: the state in parts; a
+        version-2 head keeps its whole `engine_state` until the next height is recorded)."""
+        conn = self._conn
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            while version != SCHEMA_VERSION:
+                if version == 2:
+                    await conn.execute("ALTER TABLE head ADD COLUMN state_prefix BLOB")
+                    await conn.execute("ALTER TABLE head ADD COLUMN state_suffix BLOB")
+                    await conn.execute(
+                        "CREATE TABLE state_agents (agent_id TEXT PRIMARY KEY, "
+                        "data BLOB NOT NULL) STRICT, WITHOUT ROWID"
+                    )
+                version = SCHEMA_VERSIONS_MIGRATED[version]
+            await conn.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+            )
+            await conn.execute("COMMIT")
+        except BaseException:
+            await self._rollback()
+            raise
+        self._agent_rows = 0
 
     async def _create_schema(self) -> None:
         conn = self._conn
@@ -410,11 +465,34 @@ class SidecarStore:
         return self._artifact_count
 
     async def engine_state(self) -> bytes | None:
-        """The engine state after `executed_height` (None before the first height)."""
+        """The engine state after `executed_height` (None before the first height),
+        checked against the state root this sidecar signed for that height."""
         async with self._lock:
             self._check_open()
-            value = await self._scalar("SELECT engine_state FROM head WHERE id = 1")
-        return None if value is None else bytes(value)
+            rows = list(
+                await self._conn.execute_fetchall(
+                    "SELECT engine_state, state_prefix, state_suffix FROM head WHERE id = 1"
+                )
+            )
+            whole, prefix, suffix = rows[0]
+            if whole is not None:
+                state = bytes(whole)
+            elif prefix is not None and suffix is not None:
+                agents = await self._conn.execute_fetchall(
+                    "SELECT data FROM state_agents ORDER BY agent_id"
+                )
+                state = assemble(bytes(prefix), [bytes(row[0]) for row in agents], bytes(suffix))
+            else:
+                return None
+            height = self._executed_height
+            signed = await self._scalar("SELECT state_root FROM blocks WHERE height = ?", (height,))
+        if signed is not None and sha256(state) != bytes(signed):
+            raise SidecarStoreError(
+                f"{self._path}: the stored engine state does not hash to the state root "
+                f"signed for height {height} (sha256 {sha256(state).hex()[:16]}…, signed "
+                f"{bytes(signed).hex()[:16]}…): the store is damaged; replay it"
+            )
+        return state
 
     # ================================================================== recording
 
@@ -457,13 +535,14 @@ class SidecarStore:
             try:
                 fresh = await self._check_artifacts(h.height, h.result.artifacts)
                 await self._insert_rows(h, entries, fresh)
-                await self._update_head(h, head, self._ledger_entries + len(entries))
+                agent_rows = await self._update_head(h, head, self._ledger_entries + len(entries))
                 await conn.execute("COMMIT")
             except BaseException:
                 await self._rollback()
                 raise
             self._executed_height = h.height
             self._ledger_head = head
+            self._agent_rows = agent_rows
             self._ledger_entries += len(entries)
             self._artifact_count += len(fresh)
 
@@ -532,12 +611,39 @@ class SidecarStore:
                 [(a.height, a.canonical_target, a.to_bytes(), _denials_json(a)) for a in fresh],
             )
 
-    async def _update_head(self, h: ExecutedHeight, ledger_head: bytes, entries: int) -> None:
-        await self._conn.execute(
-            "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
-            "engine_state = ? WHERE id = 1",
-            (h.height, ledger_head, entries, h.engine_state),
+    async def _update_head(self, h: ExecutedHeight, ledger_head: bytes, entries: int) -> int:
+        """Write the head and the state; returns the agent rows stored after it."""
+        conn = self._conn
+        parts = h.state_parts
+        if parts is None:
+            await conn.execute("DELETE FROM state_agents")
+            await conn.execute(
+                "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
+                "engine_state = ?, state_prefix = NULL, state_suffix = NULL WHERE id = 1",
+                (h.height, ledger_head, entries, h.engine_state),
+            )
+            return 0
+        await conn.executemany(
+            "INSERT INTO state_agents (agent_id, data) VALUES (?, ?) "
+            "ON CONFLICT (agent_id) DO UPDATE SET data = excluded.data",
+            parts.changed,
         )
+        rows = self._agent_rows
+        if self._agent_rows < len(parts.agents):  # new agents (they are never removed)
+            rows = int(await self._scalar("SELECT COUNT(*) FROM state_agents"))
+        if rows != len(parts.agents):
+            # The parts were cut by an engine whose cache had agents this store never got
+            # (it executed heights that were not recorded here): our own broken invariant.
+            raise AssertionError(
+                f"height {h.height}: the store would hold {rows} agent records, the state "
+                f"{len(parts.agents)}; an engine reloaded from this store writes them all"
+            )
+        await conn.execute(
+            "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
+            "engine_state = NULL, state_prefix = ?, state_suffix = ? WHERE id = 1",
+            (h.height, ledger_head, entries, parts.prefix, parts.suffix),
+        )
+        return rows
 
     # ================================================================== reading
 
@@ -731,13 +837,13 @@ class SidecarStore:
             conn = self._conn
             await conn.execute("BEGIN IMMEDIATE")
             try:
-                for table in ("ledger", "receipts", "blocks", "cards"):
+                for table in ("ledger", "receipts", "blocks", "cards", "state_agents"):
                     await conn.execute(f"DELETE FROM {table}")
                 if not keep_artifacts:
                     await conn.execute("DELETE FROM artifacts")
                 await conn.execute(
                     "UPDATE head SET executed_height = 0, ledger_head = ?, ledger_entries = 0, "
-                    "engine_state = NULL WHERE id = 1",
+                    "engine_state = NULL, state_prefix = NULL, state_suffix = NULL WHERE id = 1",
                     (GENESIS_PREV_HASH,),
                 )
                 await conn.execute("COMMIT")
@@ -747,6 +853,7 @@ class SidecarStore:
             self._executed_height = 0
             self._ledger_head = GENESIS_PREV_HASH
             self._ledger_entries = 0
+            self._agent_rows = 0
             if not keep_artifacts:
                 self._artifact_count = 0
 
@@ -847,6 +954,14 @@ def _check_shape(chain_id: str, h: ExecutedHeight) -> None:
         problems.append("the block hash is not a SHA-256 hash")
     if not h.engine_state:
         problems.append("no engine state")
+    parts = h.state_parts
+    if parts is not None and not (
+        h.engine_state.startswith(parts.prefix)
+        and h.engine_state.endswith(parts.suffix)
+        and len(h.engine_state)
+        == len(parts.prefix) + 4 + sum(map(len, parts.agents)) + len(parts.suffix)
+    ):
+        problems.append("the state parts are not the engine state's")
     for index, (verdict, leaf) in enumerate(zip(result.verdicts, h.leaves, strict=False)):
         if leaf != leaf_from_verdict(h.height, index, verdict):
             problems.append(f"leaf {index} does not match verdict {index}")

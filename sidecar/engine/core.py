@@ -76,6 +76,7 @@ from sidecar.engine.state import (
     NonceWindow,
     PendingCall,
     RunKey,
+    StateParts,
 )
 from sidecar.engine.statements import (
     OWNER_PRINCIPAL,
@@ -230,6 +231,7 @@ class Engine:
         self._height = 0
         self._now_ms = 0
         self._state_bytes: bytes | None = None
+        self._state_parts: StateParts | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -241,8 +243,15 @@ class Engine:
         # The state changes only in execute_block, which serializes it once for the root
         # and keeps the bytes: the sidecar records them without serializing again.
         if self._state_bytes is None:
-            self._state_bytes = self.state.to_bytes()
+            self._state_bytes = self.state_parts().to_bytes()
         return self._state_bytes
+
+    def state_parts(self) -> StateParts:
+        """The state bytes in parts (`StateParts`), from the same serialization as
+        `state_bytes`: `changed` are the agents written since the previous height's."""
+        if self._state_parts is None:
+            self._state_parts = self.state.to_parts()
+        return self._state_parts
 
     def state_root(self) -> bytes:
         return sha256(self.state_bytes())
@@ -268,6 +277,7 @@ class Engine:
         if not self.state.last_block_time_ms <= block_time_ms < 2**63:
             raise ValueError("block time went backwards")
         self._state_bytes = None
+        self._state_parts = None
         self._height = height
         self._now_ms = block_time_ms
         self._prune_expired()

@@ -11,6 +11,7 @@ eviction picks by explicit sequence numbers (STYLE.md rule 7).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from replica.canonical import Encoder, sha256
@@ -136,6 +137,33 @@ class LatchRun:
     halt_chain: tuple[str, ...] | None = None  # set when the run is halted
 
 
+@dataclass(frozen=True)
+class StateParts:
+    """The canonical state bytes cut around the agents section, for a store that rewrites
+    only the agents a height changed (sidecar/store.py):
+
+        state bytes == assemble(prefix, agents, suffix)
+                    == prefix + u32(len(agents)) + b"".join(agents) + suffix
+
+    `agents` are the encoded agent records in agent-id order (code-point order, which is
+    the byte order of their UTF-8); `changed` are the (agent id, encoding) pairs this
+    serialization encoded afresh rather than took from the cache: every agent written
+    since the previous serialization, and every agent the first time."""
+
+    prefix: bytes
+    agents: tuple[bytes, ...]
+    suffix: bytes
+    changed: tuple[tuple[str, bytes], ...]
+
+    def to_bytes(self) -> bytes:
+        return assemble(self.prefix, self.agents, self.suffix)
+
+
+def assemble(prefix: bytes, agents: Sequence[bytes], suffix: bytes) -> bytes:
+    """The state bytes from their parts (see `StateParts`)."""
+    return b"".join((prefix, struct.pack(">I", len(agents)), *agents, suffix))
+
+
 @dataclass
 class EngineState:
     config_fingerprint: bytes
@@ -166,10 +194,14 @@ class EngineState:
     def fresh_bytes(self) -> bytes:
         """The canonical bytes encoded from scratch, with no cache: what `to_bytes` must
         equal (a test oracle, and the check `Engine.verify_state_cache` runs)."""
-        return bytes(_encode_state(self, None))
+        return _encode_state(self, None).to_bytes()
+
+    def to_parts(self) -> StateParts:
+        """The canonical bytes in parts, agents from the cache where it has them."""
+        return _encode_state(self, self.agent_bytes)
 
     def to_bytes(self) -> bytes:
-        return bytes(_encode_state(self, self.agent_bytes))
+        return self.to_parts().to_bytes()
 
     def root(self) -> bytes:
         """The state root: SHA-256 of the canonical state bytes (which carry their own tag)."""
@@ -238,7 +270,7 @@ def _encode_agent(rec: AgentRecord) -> bytes:
     return bytes(enc)
 
 
-def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> Encoder:
+def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> StateParts:
     enc = Encoder(TAG_STATE).raw(state.config_fingerprint)
     enc.optional_blob(None if state.last_height is None else struct.pack(">Q", state.last_height))
     enc.u64(state.last_block_time_ms)
@@ -252,15 +284,19 @@ def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> E
     for sink in sorted(state.sinks):
         enc.text(sink).raw(state.sinks[sink])
 
-    enc.u32(len(state.agents))
+    prefix = bytes(enc)
+    agents: list[bytes] = []
+    changed: list[tuple[str, bytes]] = []
     for agent_id in sorted(state.agents):
         data = None if agent_cache is None else agent_cache.get(agent_id)
         if data is None:
             data = _encode_agent(state.agents[agent_id])
+            changed.append((agent_id, data))
             if agent_cache is not None:
                 agent_cache[agent_id] = data
-        enc.raw(data)
+        agents.append(data)
 
+    enc = Encoder()
     enc.u32(len(state.grants))
     for grant_id in sorted(state.grants):
         g = state.grants[grant_id]
@@ -300,7 +336,7 @@ def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> E
         for bucket_key in sorted(run.buckets):
             bucket = run.buckets[bucket_key]
             enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
-    return enc
+    return StateParts(prefix, tuple(agents), bytes(enc), tuple(changed))
 
 
 # ------------------------------------------------------------------------ decoding

@@ -40,6 +40,7 @@ from sidecar.engine.model import (
     TxPayload,
     canonical_tool_list,
 )
+from sidecar.engine.state import assemble
 from sidecar.engine.statements import BlockResult, Verdict
 
 CHAIN = "qg-test"
@@ -75,6 +76,7 @@ class World:
         self.sinks: dict[str, PrivateKey] = {}
         self.log: list[tuple[int, int, list[bytes]]] = []
         self.results: list[BlockResult] = []
+        self.saved_agents: dict[str, bytes] = {}  # what an incremental store would hold
 
     # ---------------------------------------------------------------- raw blocks
 
@@ -90,8 +92,13 @@ class World:
         self.height += 1
         self.time_ms += advance_ms
         result = self.engine.execute_block(self.height, self.time_ms, list(txs), self.verify)
-        # every engine test checks the per-agent encoding cache against a fresh encoding
+        # every engine test checks the per-agent encoding cache against a fresh encoding,
+        # and that a store writing only each height's changed agents holds the state
+        parts = self.engine.state_parts()
         assert self.engine.state_bytes() == self.engine.state.fresh_bytes(), self.height
+        self.saved_agents.update(parts.changed)
+        saved = [self.saved_agents[k] for k in sorted(self.saved_agents)]
+        assert assemble(parts.prefix, saved, parts.suffix) == self.engine.state_bytes()
         self.log.append((self.height, self.time_ms, list(txs)))
         self.results.append(result)
         return result

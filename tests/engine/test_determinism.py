@@ -317,7 +317,7 @@ def test_a_record_changed_without_marking_it_is_caught_and_stops_execution() -> 
     engine.verify_state_cache()  # consistent so far
     # a record changed behind the engine's back (what an unmarked write in the engine is)
     engine.state.agents["ann"].suspended = not engine.state.agents["ann"].suspended
-    engine._state_bytes = None  # as at the start of a block
+    engine._state_bytes = engine._state_parts = None  # as at the start of a block
     assert engine.state.to_bytes() != engine.state.fresh_bytes()
     with pytest.raises(StateCacheError, match="stale at height"):
         engine.verify_state_cache()

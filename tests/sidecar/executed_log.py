@@ -27,6 +27,7 @@ from sidecar.engine.model import (
     Tier,
     ToolMode,
 )
+from sidecar.engine.state import StateParts
 from sidecar.engine.statements import BlockResult
 from sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
 from sidecar.store import ExecutedHeight
@@ -50,8 +51,11 @@ def block_hash(height: int) -> bytes:
     return hashlib.sha256(b"qg-test/block/" + height.to_bytes(8, "big")).digest()
 
 
-def executed_height(result: BlockResult, engine_state: bytes, signer: int) -> ExecutedHeight:
-    """What the sidecar process records for one height (as sidecar/node.py builds it)."""
+def executed_height(
+    result: BlockResult, engine_state: bytes, signer: int, parts: StateParts | None = None
+) -> ExecutedHeight:
+    """What the sidecar process records for one height (as sidecar/node.py builds it, with
+    `parts`; without them the store records the whole state, as a version-2 store did)."""
     leaves = tuple(leaf_from_verdict(result.height, i, v) for i, v in enumerate(result.verdicts))
     hashes = [leaf.hash(CHAIN) for leaf in leaves]
     signed = sign_block(
@@ -72,6 +76,7 @@ def executed_height(result: BlockResult, engine_state: bytes, signer: int) -> Ex
         paths=tuple(tuple(p) for p in all_paths(hashes)),
         signed=signed,
         engine_state=engine_state,
+        state_parts=parts,
     )
 
 
@@ -81,7 +86,7 @@ def execute(world: World, signer: int = 0) -> list[ExecutedHeight]:
     out: list[ExecutedHeight] = []
     for height, time_ms, txs in world.log:
         result = engine.execute_block(height, time_ms, txs, world.verify)
-        out.append(executed_height(result, engine.state_bytes(), signer))
+        out.append(executed_height(result, engine.state_bytes(), signer, engine.state_parts()))
     return out
 
 

@@ -45,6 +45,7 @@ from tests.sidecar.executed_log import (
     Story,
     busy_world,
     execute,
+    executed_height,
     read_around_the_store,
     receipt_public_keys,
     write_around_the_store,
@@ -777,6 +778,113 @@ async def test_foreign_missing_and_damaged_files_are_refused(tmp_path: Path) -> 
     write_around_the_store(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(SidecarStoreError, match="schema version '99'"):
         await SidecarStore.open(path, CHAIN)
+
+
+# ============================================================================ state in parts
+
+
+async def test_each_height_rewrites_only_the_agents_it_changed(
+    story: Story, heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    path = tmp_path / "sidecar.db"
+    store = await SidecarStore.open(path, CHAIN)
+    agents = len(story.world.engine.state.agents)
+    assert agents >= 3
+    changed_after_first = []
+    for h in heights:
+        await store.record(h)
+        assert h.state_parts is not None
+        if h.height > heights[0].height:
+            changed_after_first.append(len(h.state_parts.changed))
+        # what the store serves is what the engine held, height by height
+        assert await store.engine_state() == h.engine_state, h.height
+    await store.close()
+    # a height rewrote its signers' records, not the whole table (the first wrote them all)
+    assert len(heights[0].state_parts.changed) == len(heights[0].state_parts.agents)  # type: ignore[union-attr]
+    assert max(changed_after_first) < agents
+    rows = read_around_the_store(path, "SELECT COUNT(*) FROM state_agents")
+    assert rows == [(agents,)]
+    assert read_around_the_store(path, "SELECT engine_state IS NULL FROM head") == [(1,)]
+
+
+async def test_a_damaged_agent_record_is_refused_on_read(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    path = tmp_path / "sidecar.db"
+    store = await SidecarStore.open(path, CHAIN)
+    await record_all(store, heights)
+    await store.close()
+    write_around_the_store(
+        path, "UPDATE state_agents SET data = CAST(data || x'00' AS BLOB) WHERE agent_id = 'bob'"
+    )
+    store = await SidecarStore.open(path, CHAIN)
+    top = heights[-1].height
+    with pytest.raises(SidecarStoreError, match=f"state root signed for height {top}"):
+        await store.engine_state()
+
+
+async def test_whole_state_heights_and_a_switch_to_parts_round_trip(
+    story: Story, heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    """A height recorded with the whole state (no parts) clears the agent rows; the next
+    height in parts from an engine reloaded from the store writes every agent again."""
+    whole = [dataclasses.replace(h, state_parts=None) for h in heights]
+    store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
+    half = len(heights) // 2
+    await record_all(store, whole[:half])
+    state = await store.engine_state()
+    assert state == heights[half - 1].engine_state
+    engine = Engine.from_state_bytes(story.world.config, state)  # type: ignore[arg-type]
+    for height, time_ms, txs in story.world.log[half:]:
+        result = engine.execute_block(height, time_ms, txs, story.world.verify)
+        await store.record(executed_height(result, engine.state_bytes(), 0, engine.state_parts()))
+        assert await store.engine_state() == engine.state_bytes()
+    assert store.executed_height == heights[-1].height
+
+
+async def test_parts_missing_agents_the_store_never_got_are_refused(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    """An engine whose cache holds agents this store never recorded (it executed heights
+    that were not recorded here) cannot record in parts: nothing of the height is written."""
+    store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
+    whole = [dataclasses.replace(h, state_parts=None) for h in heights]
+    half = len(heights) // 2
+    await record_all(store, whole[:half])
+    late = heights[half]  # from the engine that ran all along: only its changed agents
+    assert late.state_parts is not None
+    assert len(late.state_parts.changed) < len(late.state_parts.agents)
+    with pytest.raises(AssertionError, match="agent records"):
+        await store.record(late)
+    assert store.executed_height == heights[half - 1].height
+    assert await store.engine_state() == heights[half - 1].engine_state
+
+
+async def test_a_version_2_store_is_upgraded_in_place_by_its_writer(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    path = tmp_path / "sidecar.db"
+    store = await SidecarStore.open(path, CHAIN)
+    whole = [dataclasses.replace(h, state_parts=None) for h in heights]
+    half = len(heights) // 2
+    await record_all(store, whole[:half])
+    await store.close()
+    # the file as schema version 2 left it
+    for sql in (
+        "ALTER TABLE head DROP COLUMN state_prefix",
+        "ALTER TABLE head DROP COLUMN state_suffix",
+        "DROP TABLE state_agents",
+        "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+    ):
+        write_around_the_store(path, sql)
+    with pytest.raises(SidecarStoreError, match="start the sidecar once"):
+        await SidecarStore.open(path, CHAIN, read_only=True)
+    store = await SidecarStore.open(path, CHAIN)
+    assert read_around_the_store(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [
+        (str(store_module.SCHEMA_VERSION),)
+    ]
+    assert await store.engine_state() == heights[half - 1].engine_state
+    assert store.executed_height == heights[half - 1].height
 
 
 async def test_strict_tables_refuse_a_value_of_the_wrong_type(tmp_path: Path) -> None:
