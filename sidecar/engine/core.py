@@ -248,9 +248,10 @@ class Engine:
 
     def state_parts(self) -> StateParts:
         """The state bytes in parts (`StateParts`), from the same serialization as
-        `state_bytes`: `changed` are the agents written since the previous height's."""
+        `state_bytes`: `changed` are the agents written since the previous height's (all
+        of them for the first height this engine executes)."""
         if self._state_parts is None:
-            self._state_parts = self.state.to_parts()
+            self._state_parts = self.state.take_parts()
         return self._state_parts
 
     def state_root(self) -> bytes:

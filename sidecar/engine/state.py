@@ -146,9 +146,9 @@ class StateParts:
                     == prefix + u32(len(agents)) + b"".join(agents) + suffix
 
     `agents` are the encoded agent records in agent-id order (code-point order, which is
-    the byte order of their UTF-8); `changed` are the (agent id, encoding) pairs this
-    serialization encoded afresh rather than took from the cache: every agent written
-    since the previous serialization, and every agent the first time."""
+    the byte order of their UTF-8); `changed` are the (agent id, encoding) pairs of every
+    agent encoded afresh since the previous `EngineState.take_parts` (every agent the first
+    time), in agent-id order."""
 
     prefix: bytes
     agents: tuple[bytes, ...]
@@ -187,6 +187,8 @@ class EngineState:
     # transaction's signer and an admin op's subject); tests check the cache against a
     # fresh encoding after every block. Not serialized, not compared.
     agent_bytes: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+    # The agents encoded afresh since the last `take_parts`: what a store has not yet got.
+    agents_unsaved: set[str] = field(default_factory=set, repr=False, compare=False)
 
     def agent_changed(self, agent_id: str) -> None:
         self.agent_bytes.pop(agent_id, None)
@@ -194,14 +196,19 @@ class EngineState:
     def fresh_bytes(self) -> bytes:
         """The canonical bytes encoded from scratch, with no cache: what `to_bytes` must
         equal (a test oracle, and the check `Engine.verify_state_cache` runs)."""
-        return _encode_state(self, None).to_bytes()
+        return _encode_state(self, None, None).to_bytes()
 
-    def to_parts(self) -> StateParts:
-        """The canonical bytes in parts, agents from the cache where it has them."""
-        return _encode_state(self, self.agent_bytes)
+    def take_parts(self) -> StateParts:
+        """The canonical bytes in parts, with `changed` the agents encoded afresh since the
+        previous call (all of them the first time), which it then forgets: the caller
+        records every result it takes (the engine takes one per height)."""
+        parts = _encode_state(self, self.agent_bytes, self.agents_unsaved)
+        changed = tuple((a, self.agent_bytes[a]) for a in sorted(self.agents_unsaved))
+        self.agents_unsaved.clear()
+        return StateParts(parts.prefix, parts.agents, parts.suffix, changed)
 
     def to_bytes(self) -> bytes:
-        return self.to_parts().to_bytes()
+        return _encode_state(self, self.agent_bytes, self.agents_unsaved).to_bytes()
 
     def root(self) -> bytes:
         """The state root: SHA-256 of the canonical state bytes (which carry their own tag)."""
@@ -270,7 +277,11 @@ def _encode_agent(rec: AgentRecord) -> bytes:
     return bytes(enc)
 
 
-def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> StateParts:
+def _encode_state(
+    state: EngineState, agent_cache: dict[str, bytes] | None, encoded: set[str] | None
+) -> StateParts:
+    """The state in parts; agents come from `agent_cache` where it holds them, and the ids
+    of those encoded afresh are added to `encoded`. `changed` is left empty here."""
     enc = Encoder(TAG_STATE).raw(state.config_fingerprint)
     enc.optional_blob(None if state.last_height is None else struct.pack(">Q", state.last_height))
     enc.u64(state.last_block_time_ms)
@@ -286,14 +297,14 @@ def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> S
 
     prefix = bytes(enc)
     agents: list[bytes] = []
-    changed: list[tuple[str, bytes]] = []
     for agent_id in sorted(state.agents):
         data = None if agent_cache is None else agent_cache.get(agent_id)
         if data is None:
             data = _encode_agent(state.agents[agent_id])
-            changed.append((agent_id, data))
             if agent_cache is not None:
                 agent_cache[agent_id] = data
+            if encoded is not None:
+                encoded.add(agent_id)
         agents.append(data)
 
     enc = Encoder()
@@ -336,7 +347,7 @@ def _encode_state(state: EngineState, agent_cache: dict[str, bytes] | None) -> S
         for bucket_key in sorted(run.buckets):
             bucket = run.buckets[bucket_key]
             enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
-    return StateParts(prefix, tuple(agents), bytes(enc), tuple(changed))
+    return StateParts(prefix, tuple(agents), bytes(enc), ())
 
 
 # ------------------------------------------------------------------------ decoding

@@ -324,3 +324,19 @@ def test_a_record_changed_without_marking_it_is_caught_and_stops_execution() -> 
     # execute_block runs the same check at every multiple of the interval
     with pytest.raises(StateCacheError):
         engine.execute_block(world.height + 1, world.time_ms + 1, [], world.verify)
+
+
+def test_changed_agents_survive_a_serialization_before_the_parts_are_taken() -> None:
+    """`take_parts` reports every agent encoded afresh since the previous take, also when
+    another serialization (a root, the state bytes) encoded it first and filled the cache."""
+    world = _world()
+    state = world.engine.state
+    state.take_parts()  # what a store got so far
+    record = state.agents["ben"]
+    record.suspended = not record.suspended
+    state.agent_changed("ben")
+    state.root()  # encodes ben afresh into the cache
+    parts = state.take_parts()
+    assert [agent for agent, _ in parts.changed] == ["ben"]
+    assert parts.to_bytes() == state.fresh_bytes()
+    assert state.take_parts().changed == ()  # taken once
