@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,30 @@ def test_bench_ordering_only_runs_replicas_alone_and_counts_commits() -> None:
     assert report["cert_p50_ms"] is None and report["cert_p99_ms"] is None
     assert set(report["rss_peak_mb"]["per_process"]) == {f"replica-{i}" for i in range(4)}
     assert set(report["cpu_s_per_proposal_by_kind"]) == {"replica"}
+
+
+def test_baselines_run_on_the_same_load_with_ratios_run_by_run() -> None:
+    """PySyncObj (batching on and off) always; etcd when its binary is on PATH, else a
+    note says it was skipped. Each has figures of its own and a ratio against ours."""
+    report = _bench_json(["--inflight", "16", "--ordering-only", "--baselines"])
+    _check_common(report)
+    baselines, ratios = report["baselines"], report["ratios"]
+    expected = {"pysyncobj_batch_on", "pysyncobj_batch_off"}
+    if shutil.which("etcd"):
+        expected.add("etcd")
+    else:
+        assert any("etcd skipped" in note for note in report["baseline_notes"])
+    assert set(baselines) == expected and set(ratios) == expected
+    for key, figures in baselines.items():
+        assert figures["nodes"] == 4 and figures["inflight"] == 16, key
+        assert figures["value_bytes"] == 256, key
+        assert isinstance(figures["completed"], int) and figures["completed"] > 0, key
+        assert figures["throughput_per_s"] > 0 and figures["p50_ms"] <= figures["p99_ms"], key
+        assert figures["cpu_s_per_request"] > 0 and figures["rss_peak_mb"] > 0, key
+        ratio = ratios[key]
+        assert ratio["throughput"] == pytest.approx(
+            report["throughput_per_s"] / figures["throughput_per_s"], rel=0.02
+        ), key
 
 
 def test_plot_of_a_sweep_writes_a_png(tmp_path: Path) -> None:
