@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import subprocess
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +24,7 @@ from cluster.client import SyncClient, mandate, tool_spec
 from cluster.clusterfile import ClusterSpec, init_cluster
 from cluster.ops import log_tail, start_cluster, stop_nodes
 from sidecar.engine.model import EnvelopeArg
+from tests import polling
 
 T = TypeVar("T")
 
@@ -61,15 +61,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def wait_until(what: str, check: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(POLL_S)
+    """`tests.polling.wait_until` with this suite's deadline and step."""
+    return polling.wait_until(what, check, timeout_s, POLL_S)
 
 
 def _wait_procs(procs: Sequence[subprocess.Popen[bytes]]) -> None:

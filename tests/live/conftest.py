@@ -47,6 +47,7 @@ from replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
 from replica.types import Block
 from replica.wire import decode_block
 from sidecar.engine.tx import parse
+from tests import polling
 
 T = TypeVar("T")
 
@@ -115,17 +116,8 @@ def wait_until(
     timeout_s: float = WAIT_S,
     describe: Callable[[], str] | None = None,
 ) -> T:
-    """Poll `check` until it returns something truthy and return that; past the deadline,
-    fail saying what was awaited and (with `describe`) what was seen last."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            seen = f"; last seen: {describe()}" if describe is not None else ""
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{seen}")
-        time.sleep(POLL_S)
+    """`tests.polling.wait_until` with this suite's deadline and step."""
+    return polling.wait_until(what, check, timeout_s, POLL_S, describe)
 
 
 # ============================================================================ metrics

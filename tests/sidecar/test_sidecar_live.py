@@ -107,6 +107,7 @@ from sidecar.engine.statements import target_digest
 from sidecar.execution import execute_block
 from sidecar.store import SidecarStore
 from sidecar.wire import receipt_from_pb
+from tests import polling
 
 with warnings.catch_warnings():
     # "live" is registered by the live suites' conftests; alone, this module still marks
@@ -150,27 +151,13 @@ def wait_until(
     timeout_s: float = WAIT_S,
     describe: Callable[[], str] | None = None,
 ) -> T:
-    """Poll `check` until it returns something truthy and return that; past the deadline,
-    fail naming what was awaited and (with `describe`) what was seen last."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            seen = f"; last seen: {describe()}" if describe is not None else ""
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{seen}")
-        time.sleep(POLL_S)
+    """`tests.polling.wait_until` with this module's deadline and step."""
+    return polling.wait_until(what, check, timeout_s, POLL_S, describe)
 
 
 def poll_for(check: Callable[[], T | None], timeout_s: float) -> T | None:
     """As `wait_until`, but None at the deadline (for a moment worth waiting for)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result or time.monotonic() >= deadline:
-            return result
-        time.sleep(POLL_S)
+    return polling.poll_for(check, timeout_s, POLL_S)
 
 
 # ============================================================================ the cluster
