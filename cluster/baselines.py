@@ -60,6 +60,7 @@ from cluster.bench import (
     cpu_delta,
     drive,
     percentile,
+    queued_requests,
     reap,
     sample_cpu,
     sample_rss,
@@ -329,14 +330,7 @@ async def _baseline_client(
         if job.system == "pysyncobj":
             queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
-            async def requests() -> Any:
-                while True:
-                    item = await queue.get()
-                    if item is None:
-                        return
-                    yield item
-
-            stream = channel.stream_stream(PUT_METHOD)(requests())
+            stream = channel.stream_stream(PUT_METHOD)(queued_requests(queue))
 
             def send_pso(rid: int) -> None:
                 queue.put_nowait(rid.to_bytes(REQUEST_ID_BYTES, "big") + value)

@@ -44,13 +44,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -201,13 +201,26 @@ def cluster_pids(spec: ClusterSpec) -> dict[str, int]:
     return pids
 
 
+def _sample(pids: dict[str, int], read: Callable[[int], float | None]) -> dict[str, float]:
+    """`read(pid)` for each named process still there to read."""
+    values = {name: read(pid) for name, pid in pids.items()}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+Q = TypeVar("Q")  # a request message
+
+
+async def queued_requests(queue: asyncio.Queue[Q | None]) -> AsyncIterator[Q]:
+    """A request stream fed by `queue`; None ends it."""
+    while True:
+        item = await queue.get()
+        if item is None:
+            return
+        yield item
+
+
 def sample_cpu(pids: dict[str, int]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, pid in pids.items():
-        cpu = cpu_seconds(pid)
-        if cpu is not None:
-            out[name] = cpu
-    return out
+    return _sample(pids, cpu_seconds)
 
 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -215,12 +228,7 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 
 
 def sample_rss(pids: dict[str, int]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, pid in pids.items():
-        rss = rss_peak_mb(pid)
-        if rss is not None:
-            out[name] = rss
-    return out
+    return _sample(pids, rss_peak_mb)
 
 
 # ---------------------------------------------------------------------------- figures
@@ -635,16 +643,9 @@ async def _client(
 
     aio.add_reader(inbox.fileno(), on_inbox)
 
-    async def requests() -> Any:
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            yield item
-
     async with grpc.aio.insecure_channel(job.address, options=CHANNEL_OPTIONS) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
-        replies = stub.SubmitStream(requests())
+        replies = stub.SubmitStream(queued_requests(queue))
 
         async def read_replies() -> None:
             async for reply in replies:
