@@ -67,16 +67,6 @@ class ReplicaMetrics:
         self.send_queue_drops = Counter(
             "qg_replica_send_queue_drops", "Messages dropped on full peer send queues", registry=r
         )
-        self.peer_messages_sent = Counter(
-            "qg_replica_peer_messages_sent",
-            "Consensus and gossip messages sent to peers",
-            registry=r,
-        )
-        self.peer_frames_sent = Counter(
-            "qg_replica_peer_frames_sent",
-            "Stream writes to peers (one frame carries the messages queued meanwhile)",
-            registry=r,
-        )
         self.sync_requests = Counter(
             "qg_replica_sync_requests", "Catch-up requests sent", registry=r
         )

@@ -50,7 +50,7 @@ from replica.grpcutil import add_service
 from replica.mempool import Admission, Mempool, MempoolLimits
 from replica.metrics import ReplicaMetrics
 from replica.storage import ReplicaStore
-from replica.transport import CHANNEL_OPTIONS, PEER_FRAME_MESSAGES_MAX, PeerLink
+from replica.transport import CHANNEL_OPTIONS, PeerLink
 from replica.types import Block, Envelope, RemoteError, SyncRequest, SyncResponse
 from replica.wire import block_to_pb, envelope_from_pb, envelope_to_pb
 from sidecar.engine.tx import ParsedTx
@@ -221,9 +221,7 @@ class ReplicaNode:
         start_http_server(self.member.metrics_port, self.member.host, self.metrics.registry)
         for m in self.spec.members:
             if m.index != self.index:
-                link = PeerLink(
-                    m.index, m.replica_address, self.metrics.send_queue_drops.inc, self._frame_sent
-                )
+                link = PeerLink(m.index, m.replica_address, self.metrics.send_queue_drops.inc)
                 link.start()
                 self._links[m.index] = link
         await self._execute(self.core.start())
@@ -383,10 +381,6 @@ class ReplicaNode:
             link.send(message)
             if isinstance(send.message, SyncRequest):
                 self.metrics.sync_requests.inc()
-
-    def _frame_sent(self, messages: int) -> None:
-        self.metrics.peer_frames_sent.inc()
-        self.metrics.peer_messages_sent.inc(messages)
 
     # ------------------------------------------------------------------ peer messages
 
@@ -607,26 +601,19 @@ class _PeerService(pb_grpc.PeerServicer):  # type: ignore[misc]
 
     async def Stream(
         self,
-        request_iterator: AsyncIterator[pb.PeerFrame],
+        request_iterator: AsyncIterator[pb.ConsensusMessage],
         context: grpc.aio.ServicerContext,
     ) -> pb.StreamAck:
         node = self.node
         received = 0
         sender: int | None = None
         try:
-            async for frame in request_iterator:
-                messages = frame.messages
-                if len(messages) > PEER_FRAME_MESSAGES_MAX:
-                    node.metrics.dropped.labels("frame_too_long").inc(
-                        len(messages) - PEER_FRAME_MESSAGES_MAX
-                    )
-                    messages = messages[:PEER_FRAME_MESSAGES_MAX]
-                for message in messages:
-                    if sender is None and node.membership.is_member(message.sender):
-                        sender = message.sender
-                        node._inbound_peers[sender] = node._inbound_peers.get(sender, 0) + 1
-                    received += 1
-                    node.on_peer_message(message)
+            async for message in request_iterator:
+                if sender is None and node.membership.is_member(message.sender):
+                    sender = message.sender
+                    node._inbound_peers[sender] = node._inbound_peers.get(sender, 0) + 1
+                received += 1
+                node.on_peer_message(message)
         finally:
             if sender is not None:
                 node._inbound_peers[sender] -= 1

@@ -1,10 +1,7 @@
 """Replica-to-replica transport: one long-lived gRPC stream to each peer.
 
 Each replica dials every peer once and pushes its messages down a client stream
-(`Peer.Stream`); the peer's server reads them. Messages travel in frames: whatever was
-queued for a peer while its previous write was in flight goes in the next write, so under
-light load a frame holds one message (no waiting for a fuller one) and under load one
-stream write carries many. Per peer there is one bounded send queue;
+(`Peer.Stream`); the peer's server reads them. Per peer there is one bounded send queue;
 when it is full the oldest message goes (consensus tolerates loss: timeouts are re-sent and
 certificates travel in later messages) and the drop is counted. A broken stream is redialled
 with exponential back-off.
@@ -25,11 +22,9 @@ from qgpb import consensus_pb2_grpc as pb_grpc
 from replica.wire import ENVELOPE_BYTES_MAX
 
 SEND_QUEUE_MESSAGES_MAX = 8_192
-PEER_FRAME_MESSAGES_MAX = 256
-PEER_FRAME_BYTES_MAX = 4 * 1024 * 1024  # a bigger single message still goes, alone
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
-GRPC_MESSAGE_BYTES_MAX = ENVELOPE_BYTES_MAX + 1024  # one envelope and its frame's tag
+GRPC_MESSAGE_BYTES_MAX = ENVELOPE_BYTES_MAX + 1024
 
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
@@ -49,19 +44,12 @@ log = logging.getLogger("quorumgate.transport")
 class PeerLink:
     """The send side of one peer: a bounded queue drained into one gRPC stream."""
 
-    def __init__(
-        self,
-        peer: int,
-        address: str,
-        on_drop: Callable[[], None],
-        on_frame: Callable[[int], None] = lambda messages: None,
-    ) -> None:
+    def __init__(self, peer: int, address: str, on_drop: Callable[[], None]) -> None:
         self.peer = peer
         self.address = address
         self._queue: deque[pb.ConsensusMessage] = deque()
         self._ready = asyncio.Event()
         self._on_drop = on_drop
-        self._on_frame = on_frame
         self._task: asyncio.Task[None] | None = None
         self.connected = False
         self.sent = 0
@@ -83,26 +71,11 @@ class PeerLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def take_frame(self) -> pb.PeerFrame:
-        """The next frame: queued messages, oldest first, within the frame's limits
-        (at least one message; the queue must not be empty)."""
-        queue = self._queue
-        first = queue.popleft()
-        taken = [first]
-        size = first.ByteSize()
-        while queue and len(taken) < PEER_FRAME_MESSAGES_MAX:
-            size += queue[0].ByteSize()
-            if size > PEER_FRAME_BYTES_MAX:
-                break
-            taken.append(queue.popleft())
-        self.sent += len(taken)
-        self._on_frame(len(taken))
-        return pb.PeerFrame(messages=taken)
-
-    async def _outgoing(self) -> AsyncIterator[pb.PeerFrame]:
+    async def _outgoing(self) -> AsyncIterator[pb.ConsensusMessage]:
         while True:
             while self._queue:
-                yield self.take_frame()
+                self.sent += 1
+                yield self._queue.popleft()
             self._ready.clear()
             await self._ready.wait()
 

@@ -178,12 +178,6 @@ class ConsensusMessage(_message.Message):
     hello_reply: HelloReply
     def __init__(self, chain_id: _Optional[str] = ..., sender: _Optional[int] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., timeout: _Optional[_Union[Timeout, _Mapping]] = ..., timeout_cert: _Optional[_Union[TimeoutCert, _Mapping]] = ..., sync_request: _Optional[_Union[SyncRequest, _Mapping]] = ..., sync_response: _Optional[_Union[SyncResponse, _Mapping]] = ..., tx_batch: _Optional[_Union[TxBatch, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., hello_reply: _Optional[_Union[HelloReply, _Mapping]] = ...) -> None: ...
 
-class PeerFrame(_message.Message):
-    __slots__ = ("messages",)
-    MESSAGES_FIELD_NUMBER: _ClassVar[int]
-    messages: _containers.RepeatedCompositeFieldContainer[ConsensusMessage]
-    def __init__(self, messages: _Optional[_Iterable[_Union[ConsensusMessage, _Mapping]]] = ...) -> None: ...
-
 class StreamAck(_message.Message):
     __slots__ = ("received",)
     RECEIVED_FIELD_NUMBER: _ClassVar[int]

@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class PeerStub:
     """Replica-to-replica transport: each replica opens one long-lived stream to each peer
-    and pushes its messages down it, in frames.
+    and pushes its messages down it.
     """
 
     def __init__(self, channel):
@@ -38,14 +38,14 @@ class PeerStub:
         """
         self.Stream = channel.stream_unary(
                 '/qgpb.Peer/Stream',
-                request_serializer=qgpb_dot_consensus__pb2.PeerFrame.SerializeToString,
+                request_serializer=qgpb_dot_consensus__pb2.ConsensusMessage.SerializeToString,
                 response_deserializer=qgpb_dot_consensus__pb2.StreamAck.FromString,
                 _registered_method=True)
 
 
 class PeerServicer:
     """Replica-to-replica transport: each replica opens one long-lived stream to each peer
-    and pushes its messages down it, in frames.
+    and pushes its messages down it.
     """
 
     def Stream(self, request_iterator, context):
@@ -59,7 +59,7 @@ def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Stream': grpc.stream_unary_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=qgpb_dot_consensus__pb2.PeerFrame.FromString,
+                    request_deserializer=qgpb_dot_consensus__pb2.ConsensusMessage.FromString,
                     response_serializer=qgpb_dot_consensus__pb2.StreamAck.SerializeToString,
             ),
     }
@@ -72,7 +72,7 @@ def add_PeerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Peer:
     """Replica-to-replica transport: each replica opens one long-lived stream to each peer
-    and pushes its messages down it, in frames.
+    and pushes its messages down it.
     """
 
     @staticmethod
@@ -90,7 +90,7 @@ class Peer:
             request_iterator,
             target,
             '/qgpb.Peer/Stream',
-            qgpb_dot_consensus__pb2.PeerFrame.SerializeToString,
+            qgpb_dot_consensus__pb2.ConsensusMessage.SerializeToString,
             qgpb_dot_consensus__pb2.StreamAck.FromString,
             options,
             channel_credentials,

@@ -14,7 +14,7 @@ from cluster.loadgen import LoadAgent
 from qgpb import client_pb2 as cpb
 from qgpb import consensus_pb2 as pb
 from qgpb import sidecar_pb2 as spb
-from replica.transport import GRPC_MESSAGE_BYTES_MAX, PEER_FRAME_MESSAGES_MAX
+from replica.transport import GRPC_MESSAGE_BYTES_MAX
 from replica.types import timeout_bytes
 from sidecar.engine.tx import parse
 from tests.live.conftest import (
@@ -319,29 +319,14 @@ def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
         "bad_certificate": [timeout, tc],
     }
     messages = [m for batch in sent.values() for m in batch]
-    # Half in one frame, the rest one per frame: both shapes a real peer sends.
-    half = len(messages) // 2
-    frames = [pb.PeerFrame(messages=messages[:half])]
-    frames += [pb.PeerFrame(messages=[m]) for m in messages[half:]]
     before = cluster.metrics(TARGET)
-    ack = cluster.peer(TARGET).Stream(iter(frames), timeout=RPC_TIMEOUT_S)
+    ack = cluster.peer(TARGET).Stream(iter(messages), timeout=RPC_TIMEOUT_S)
     assert ack.received == len(messages)
     _wait_drops(cluster, before, {reason: len(batch) for reason, batch in sent.items()})
 
-    # A frame longer than the limit: the excess is dropped and counted, the rest handled.
-    before = cluster.metrics(TARGET)
-    extra = 3
-    long_frame = pb.PeerFrame(
-        messages=[vote(message(chain_id=chain + "-other"))] * (PEER_FRAME_MESSAGES_MAX + extra)
-    )
-    ack = cluster.peer(TARGET).Stream(iter([long_frame]), timeout=RPC_TIMEOUT_S)
-    assert ack.received == PEER_FRAME_MESSAGES_MAX
-    _wait_drops(cluster, before, {"wrong_chain": PEER_FRAME_MESSAGES_MAX, "frame_too_long": extra})
-
-    oversized = pb.ConsensusMessage(chain_id="x" * GRPC_MESSAGE_BYTES_MAX)
     with pytest.raises(grpc.RpcError) as too_big:
         cluster.peer(TARGET).Stream(
-            iter([pb.PeerFrame(messages=[oversized])]),
+            iter([pb.ConsensusMessage(chain_id="x" * (GRPC_MESSAGE_BYTES_MAX + 1))]),
             timeout=RPC_TIMEOUT_S * 4,
         )
     assert too_big.value.code() == StatusCode.RESOURCE_EXHAUSTED
