@@ -753,21 +753,22 @@ async def _observe(
     async def follow_receipts(signer: int, channel: grpc.aio.Channel) -> None:
         stub = spb_grpc.SidecarStub(channel)
         stream = stub.Receipts(spb.ReceiptsRequest(from_height=job.from_height))
-        async for receipt in stream:
-            leaves = certifier.add(signer, receipt)
-            if leaves is None:
-                continue
-            now = time.monotonic()
-            for tid, outcome in leaves:
-                entry = committed.pop(tid, None)
-                if entry is None:
-                    early[tid] = (now, outcome)
-                    if len(early) > EARLY_CERTS_MAX:
-                        early.pop(next(iter(early)))
+        async for batch in stream:
+            for receipt in batch.receipts:
+                leaves = certifier.add(signer, receipt)
+                if leaves is None:
                     continue
-                result.outcomes[outcome] = result.outcomes.get(outcome, 0) + 1
-                client, t_commit = entry
-                complete(client, (tid, t_commit, now))
+                now = time.monotonic()
+                for tid, outcome in leaves:
+                    entry = committed.pop(tid, None)
+                    if entry is None:
+                        early[tid] = (now, outcome)
+                        if len(early) > EARLY_CERTS_MAX:
+                            early.pop(next(iter(early)))
+                        continue
+                    result.outcomes[outcome] = result.outcomes.get(outcome, 0) + 1
+                    client, t_commit = entry
+                    complete(client, (tid, t_commit, now))
             flush()
 
     channels = [grpc.aio.insecure_channel(job.replica_address, options=CHANNEL_OPTIONS)]

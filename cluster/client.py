@@ -873,15 +873,16 @@ class QuorumGateClient:
         async def follow(i: int, stub: spb_grpc.SidecarStub) -> None:
             stream = stub.Receipts(spb.ReceiptsRequest(from_height=from_height))
             try:
-                async for message in stream:
-                    if message.leaf.tx_id != tx_id:
-                        continue
-                    receipt = receipt_from_pb(message)
-                    if _receipt_signature_ok(self.spec, receipt, i):
-                        found[i] = receipt
-                        if self._certify(receipt.leaf.proposal_id, list(found.values()), {}):
-                            done.set()
-                    return
+                async for batch in stream:
+                    for message in batch.receipts:
+                        if message.leaf.tx_id != tx_id:
+                            continue
+                        receipt = receipt_from_pb(message)
+                        if _receipt_signature_ok(self.spec, receipt, i):
+                            found[i] = receipt
+                            if self._certify(receipt.leaf.proposal_id, list(found.values()), {}):
+                                done.set()
+                        return
             finally:
                 stream.cancel()
 
@@ -1053,8 +1054,9 @@ class QuorumGateClient:
         async def follow(i: int, stub: spb_grpc.SidecarStub) -> None:
             stream = stub.Receipts(spb.ReceiptsRequest(from_height=max(1, from_height)))
             try:
-                async for message in stream:
-                    await queue.put((i, receipt_from_pb(message)))
+                async for batch in stream:
+                    for message in batch.receipts:
+                        await queue.put((i, receipt_from_pb(message)))
             except grpc.aio.AioRpcError as err:
                 log.info("event=receipts_stream_closed sidecar=%d code=%s", i, err.code().name)
             finally:

@@ -705,6 +705,16 @@ class SidecarStore:
             )
         return [self._receipt_from_row(row) for row in rows]
 
+    async def receipts_at(self, height: int) -> list[Receipt]:
+        """Every receipt of one height, in leaf order (a height's receipts are bounded by
+        its block's transaction count)."""
+        async with self._lock:
+            self._check_open()
+            rows = await self._conn.execute_fetchall(
+                _RECEIPT_SELECT + "WHERE r.height = ? ORDER BY r.idx", (height,)
+            )
+        return [self._receipt_from_row(row) for row in rows]
+
     async def card(self, proposal_id: bytes) -> bytes | None:
         """The confirmation card bytes of `proposal_id`'s pending verdict, if it had one
         (kept after it is confirmed or expires: it is what was approved)."""

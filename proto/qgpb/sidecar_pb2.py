@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from qgpb import consensus_pb2 as qgpb_dot_consensus__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12qgpb/sidecar.proto\x12\x04qgpb\x1a\x14qgpb/consensus.proto\"\xd9\x01\n\x0bReceiptLeaf\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\x12\x13\n\x0bproposal_id\x18\x04 \x01(\x0c\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rtarget_digest\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63\x61rd_digest\x18\t \x01(\x0c\x12\x17\n\x0fmandate_version\x18\n \x01(\x04\x12\x13\n\x0b\x62ody_digest\x18\x0b \x01(\x0c\"\x99\x01\n\x07Receipt\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12\x0e\n\x06signer\x18\x06 \x01(\r\x12\x11\n\tsignature\x18\x07 \x01(\x0c\"\xb1\x01\n\x0b\x43\x65rtificate\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12#\n\nsignatures\x18\x06 \x03(\x0b\x32\x0f.qgpb.Signature\x12\x10\n\x08\x63hain_id\x18\x07 \x01(\t\"%\n\x0eReceiptRequest\x12\x13\n\x0bproposal_id\x18\x01 \x01(\x0c\"d\n\x0cReceiptReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x1e\n\x07receipt\x18\x02 \x01(\x0b\x32\r.qgpb.Receipt\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x0c\n\x04\x63\x61rd\x18\x04 \x01(\x0c\"&\n\x0fReceiptsRequest\x12\x13\n\x0b\x66rom_height\x18\x01 \x01(\x04\"\x1a\n\x0c\x41\x64mitRequest\x12\n\n\x02tx\x18\x01 \x01(\x0c\"=\n\x11\x41\x64mitBatchRequest\x12\x0b\n\x03txs\x18\x01 \x03(\x0c\x12\x1b\n\x13signatures_verified\x18\x02 \x01(\x08\"4\n\x0f\x41\x64mitBatchReply\x12!\n\x07replies\x18\x01 \x03(\x0b\x32\x10.qgpb.AdmitReply\"=\n\nAdmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\" \n\x0e\x41\x63\x63ountRequest\x12\x0e\n\x06signer\x18\x01 \x01(\x0c\"J\n\x0c\x41\x63\x63ountReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x12\n\nnext_nonce\x18\x02 \x01(\x04\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\"\x16\n\x14SidecarStatusRequest\"\xe9\x01\n\x12SidecarStatusReply\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x12\n\nstate_root\x18\x04 \x01(\x0c\x12\x13\n\x0bledger_head\x18\x05 \x01(\x0c\x12\x16\n\x0eledger_entries\x18\x06 \x01(\x04\x12\x11\n\tartifacts\x18\x07 \x01(\x04\x12\x10\n\x08\x64iverged\x18\x08 \x01(\x08\x12\x12\n\ndivergence\x18\t \x01(\t\x12 \n\x18replica_committed_height\x18\n \x01(\x04\"H\n\x0fStateRootReport\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x12\n\nstate_root\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x32\xd7\x02\n\x07Sidecar\x12\x36\n\nGetReceipt\x12\x14.qgpb.ReceiptRequest\x1a\x12.qgpb.ReceiptReply\x12\x32\n\x08Receipts\x12\x15.qgpb.ReceiptsRequest\x1a\r.qgpb.Receipt0\x01\x12-\n\x05\x41\x64mit\x12\x12.qgpb.AdmitRequest\x1a\x10.qgpb.AdmitReply\x12<\n\nAdmitBatch\x12\x17.qgpb.AdmitBatchRequest\x1a\x15.qgpb.AdmitBatchReply\x12\x33\n\x07\x41\x63\x63ount\x12\x14.qgpb.AccountRequest\x1a\x12.qgpb.AccountReply\x12>\n\x06Status\x12\x1a.qgpb.SidecarStatusRequest\x1a\x18.qgpb.SidecarStatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12qgpb/sidecar.proto\x12\x04qgpb\x1a\x14qgpb/consensus.proto\"\xd9\x01\n\x0bReceiptLeaf\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\x12\x13\n\x0bproposal_id\x18\x04 \x01(\x0c\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rtarget_digest\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63\x61rd_digest\x18\t \x01(\x0c\x12\x17\n\x0fmandate_version\x18\n \x01(\x04\x12\x13\n\x0b\x62ody_digest\x18\x0b \x01(\x0c\"\x99\x01\n\x07Receipt\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12\x0e\n\x06signer\x18\x06 \x01(\r\x12\x11\n\tsignature\x18\x07 \x01(\x0c\"\xb1\x01\n\x0b\x43\x65rtificate\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12#\n\nsignatures\x18\x06 \x03(\x0b\x32\x0f.qgpb.Signature\x12\x10\n\x08\x63hain_id\x18\x07 \x01(\t\"%\n\x0eReceiptRequest\x12\x13\n\x0bproposal_id\x18\x01 \x01(\x0c\"d\n\x0cReceiptReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x1e\n\x07receipt\x18\x02 \x01(\x0b\x32\r.qgpb.Receipt\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x0c\n\x04\x63\x61rd\x18\x04 \x01(\x0c\"&\n\x0fReceiptsRequest\x12\x13\n\x0b\x66rom_height\x18\x01 \x01(\x04\"?\n\x0cReceiptBatch\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x1f\n\x08receipts\x18\x02 \x03(\x0b\x32\r.qgpb.Receipt\"\x1a\n\x0c\x41\x64mitRequest\x12\n\n\x02tx\x18\x01 \x01(\x0c\"=\n\x11\x41\x64mitBatchRequest\x12\x0b\n\x03txs\x18\x01 \x03(\x0c\x12\x1b\n\x13signatures_verified\x18\x02 \x01(\x08\"4\n\x0f\x41\x64mitBatchReply\x12!\n\x07replies\x18\x01 \x03(\x0b\x32\x10.qgpb.AdmitReply\"=\n\nAdmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\" \n\x0e\x41\x63\x63ountRequest\x12\x0e\n\x06signer\x18\x01 \x01(\x0c\"J\n\x0c\x41\x63\x63ountReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x12\n\nnext_nonce\x18\x02 \x01(\x04\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\"\x16\n\x14SidecarStatusRequest\"\xe9\x01\n\x12SidecarStatusReply\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x12\n\nstate_root\x18\x04 \x01(\x0c\x12\x13\n\x0bledger_head\x18\x05 \x01(\x0c\x12\x16\n\x0eledger_entries\x18\x06 \x01(\x04\x12\x11\n\tartifacts\x18\x07 \x01(\x04\x12\x10\n\x08\x64iverged\x18\x08 \x01(\x08\x12\x12\n\ndivergence\x18\t \x01(\t\x12 \n\x18replica_committed_height\x18\n \x01(\x04\"H\n\x0fStateRootReport\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x12\n\nstate_root\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x32\xdc\x02\n\x07Sidecar\x12\x36\n\nGetReceipt\x12\x14.qgpb.ReceiptRequest\x1a\x12.qgpb.ReceiptReply\x12\x37\n\x08Receipts\x12\x15.qgpb.ReceiptsRequest\x1a\x12.qgpb.ReceiptBatch0\x01\x12-\n\x05\x41\x64mit\x12\x12.qgpb.AdmitRequest\x1a\x10.qgpb.AdmitReply\x12<\n\nAdmitBatch\x12\x17.qgpb.AdmitBatchRequest\x1a\x15.qgpb.AdmitBatchReply\x12\x33\n\x07\x41\x63\x63ount\x12\x14.qgpb.AccountRequest\x1a\x12.qgpb.AccountReply\x12>\n\x06Status\x12\x1a.qgpb.SidecarStatusRequest\x1a\x18.qgpb.SidecarStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,24 +44,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECEIPTREPLY']._serialized_end=745
   _globals['_RECEIPTSREQUEST']._serialized_start=747
   _globals['_RECEIPTSREQUEST']._serialized_end=785
-  _globals['_ADMITREQUEST']._serialized_start=787
-  _globals['_ADMITREQUEST']._serialized_end=813
-  _globals['_ADMITBATCHREQUEST']._serialized_start=815
-  _globals['_ADMITBATCHREQUEST']._serialized_end=876
-  _globals['_ADMITBATCHREPLY']._serialized_start=878
-  _globals['_ADMITBATCHREPLY']._serialized_end=930
-  _globals['_ADMITREPLY']._serialized_start=932
-  _globals['_ADMITREPLY']._serialized_end=993
-  _globals['_ACCOUNTREQUEST']._serialized_start=995
-  _globals['_ACCOUNTREQUEST']._serialized_end=1027
-  _globals['_ACCOUNTREPLY']._serialized_start=1029
-  _globals['_ACCOUNTREPLY']._serialized_end=1103
-  _globals['_SIDECARSTATUSREQUEST']._serialized_start=1105
-  _globals['_SIDECARSTATUSREQUEST']._serialized_end=1127
-  _globals['_SIDECARSTATUSREPLY']._serialized_start=1130
-  _globals['_SIDECARSTATUSREPLY']._serialized_end=1363
-  _globals['_STATEROOTREPORT']._serialized_start=1365
-  _globals['_STATEROOTREPORT']._serialized_end=1437
-  _globals['_SIDECAR']._serialized_start=1440
-  _globals['_SIDECAR']._serialized_end=1783
+  _globals['_RECEIPTBATCH']._serialized_start=787
+  _globals['_RECEIPTBATCH']._serialized_end=850
+  _globals['_ADMITREQUEST']._serialized_start=852
+  _globals['_ADMITREQUEST']._serialized_end=878
+  _globals['_ADMITBATCHREQUEST']._serialized_start=880
+  _globals['_ADMITBATCHREQUEST']._serialized_end=941
+  _globals['_ADMITBATCHREPLY']._serialized_start=943
+  _globals['_ADMITBATCHREPLY']._serialized_end=995
+  _globals['_ADMITREPLY']._serialized_start=997
+  _globals['_ADMITREPLY']._serialized_end=1058
+  _globals['_ACCOUNTREQUEST']._serialized_start=1060
+  _globals['_ACCOUNTREQUEST']._serialized_end=1092
+  _globals['_ACCOUNTREPLY']._serialized_start=1094
+  _globals['_ACCOUNTREPLY']._serialized_end=1168
+  _globals['_SIDECARSTATUSREQUEST']._serialized_start=1170
+  _globals['_SIDECARSTATUSREQUEST']._serialized_end=1192
+  _globals['_SIDECARSTATUSREPLY']._serialized_start=1195
+  _globals['_SIDECARSTATUSREPLY']._serialized_end=1428
+  _globals['_STATEROOTREPORT']._serialized_start=1430
+  _globals['_STATEROOTREPORT']._serialized_end=1502
+  _globals['_SIDECAR']._serialized_start=1505
+  _globals['_SIDECAR']._serialized_end=1853
 # @@protoc_insertion_point(module_scope)

@@ -93,6 +93,14 @@ class ReceiptsRequest(_message.Message):
     from_height: int
     def __init__(self, from_height: _Optional[int] = ...) -> None: ...
 
+class ReceiptBatch(_message.Message):
+    __slots__ = ("height", "receipts")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
+    def __init__(self, height: _Optional[int] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
+
 class AdmitRequest(_message.Message):
     __slots__ = ("tx",)
     TX_FIELD_NUMBER: _ClassVar[int]

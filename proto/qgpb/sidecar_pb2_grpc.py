@@ -42,7 +42,7 @@ class SidecarStub:
         self.Receipts = channel.unary_stream(
                 '/qgpb.Sidecar/Receipts',
                 request_serializer=qgpb_dot_sidecar__pb2.ReceiptsRequest.SerializeToString,
-                response_deserializer=qgpb_dot_sidecar__pb2.Receipt.FromString,
+                response_deserializer=qgpb_dot_sidecar__pb2.ReceiptBatch.FromString,
                 _registered_method=True)
         self.Admit = channel.unary_unary(
                 '/qgpb.Sidecar/Admit',
@@ -76,7 +76,8 @@ class SidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Receipts(self, request, context):
-        """Receipts from a height on, then new ones as blocks execute.
+        """Receipts from a height on, then new ones as blocks execute: one message per height
+        (heights without transactions send none).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,7 +119,7 @@ def add_SidecarServicer_to_server(servicer, server):
             'Receipts': grpc.unary_stream_rpc_method_handler(
                     servicer.Receipts,
                     request_deserializer=qgpb_dot_sidecar__pb2.ReceiptsRequest.FromString,
-                    response_serializer=qgpb_dot_sidecar__pb2.Receipt.SerializeToString,
+                    response_serializer=qgpb_dot_sidecar__pb2.ReceiptBatch.SerializeToString,
             ),
             'Admit': grpc.unary_unary_rpc_method_handler(
                     servicer.Admit,
@@ -194,7 +195,7 @@ class Sidecar:
             target,
             '/qgpb.Sidecar/Receipts',
             qgpb_dot_sidecar__pb2.ReceiptsRequest.SerializeToString,
-            qgpb_dot_sidecar__pb2.Receipt.FromString,
+            qgpb_dot_sidecar__pb2.ReceiptBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -360,6 +360,24 @@ class Live:
                 call.cancel()
         return out
 
+    def receipt_batches(self, index: int, to_height: int) -> list[spb.ReceiptBatch]:
+        """Sidecar `index`'s `Receipts` stream from height 1 until it passes `to_height`
+        (the stream never ends by itself: it follows new heights)."""
+        out: list[spb.ReceiptBatch] = []
+        address = self.spec.member(index).sidecar_address
+        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            call = spb_grpc.SidecarStub(channel).Receipts(
+                spb.ReceiptsRequest(from_height=1), timeout=WAIT_S
+            )
+            try:
+                for batch in call:
+                    out.append(batch)
+                    if batch.height >= to_height:
+                        break
+            finally:
+                call.cancel()
+        return out
+
 
 class Agent:
     """A registered agent: its id, key and client."""
@@ -926,6 +944,23 @@ def test_ledgers_artifacts_and_state_roots_agree_on_all_sidecars_after_load(
     assert carried, "no committed block carries a state root"
     for root_height, root in carried.items():
         assert live.root_at(0, root_height) == root, f"committed root at {root_height} differs"
+
+    # The Receipts stream: one message per height that has verdicts, heights in order,
+    # each with every receipt of its height in leaf order; the leaves are the ledger's.
+    last = max(d.height for d in decisions)
+    batches = live.receipt_batches(0, last)
+    heights = [b.height for b in batches]
+    assert heights == sorted(set(heights)) and heights[-1] == last, heights
+    streamed: dict[tuple[int, int], bytes] = {}
+    for batch in batches:
+        leaves = [r.leaf for r in batch.receipts]
+        assert [leaf.index for leaf in leaves] == list(range(len(leaves))), batch.height
+        assert all(leaf.height == batch.height for leaf in leaves)
+        assert all(r.leaf_count == len(leaves) for r in batch.receipts), batch.height
+        streamed.update({(leaf.height, leaf.index): leaf.tx_id for leaf in leaves})
+    for d in decisions:
+        leaf = d.certificate.leaf
+        assert streamed[(leaf.height, leaf.index)] == leaf.tx_id, (leaf.height, leaf.index)
 
     # The operator's views: `quorumgate artifacts --json` and `ledger export`.
     procs = [

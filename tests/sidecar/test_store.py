@@ -187,7 +187,9 @@ async def test_stored_receipts_assemble_into_certificates_that_verify_offline(
         keys = receipt_public_keys()
         checked = 0
         for result in story.world.results:
-            receipts = [await s.receipts_from(result.height, 1 << 16) for s in stores]
+            receipts = [await s.receipts_at(result.height) for s in stores]
+            following = await stores[0].receipts_from(result.height, 1 << 16)
+            assert receipts[0] == [r for r in following if r.leaf.height == result.height]
             count = len(result.verdicts)
             for index, verdict in enumerate(result.verdicts):
                 pair = [rs[index] for rs in receipts]
