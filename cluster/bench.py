@@ -62,6 +62,7 @@ from qgpb import sidecar_pb2 as spb
 from qgpb import sidecar_pb2_grpc as spb_grpc
 from qgpb import tx_pb2
 from replica.transport import CHANNEL_OPTIONS
+from replica.wire import SUBMIT_BATCH_TXS_MAX
 from sidecar.engine.tx import tx_id
 from sidecar.receipts import (
     Certificate,
@@ -217,6 +218,23 @@ async def queued_requests(queue: asyncio.Queue[Q | None]) -> AsyncIterator[Q]:
         if item is None:
             return
         yield item
+
+
+async def queued_batches(queue: asyncio.Queue[Q | None], items_max: int) -> AsyncIterator[list[Q]]:
+    """As `queued_requests`, but each message is everything queued by then (at least one
+    item, at most `items_max`): under load, few stream messages carry many requests."""
+    while True:
+        item = await queue.get()
+        if item is None:
+            return
+        batch = [item]
+        while len(batch) < items_max and not queue.empty():
+            item = queue.get_nowait()
+            if item is None:
+                yield batch
+                return
+            batch.append(item)
+        yield batch
 
 
 def sample_cpu(pids: dict[str, int]) -> dict[str, float]:
@@ -645,20 +663,24 @@ async def _client(
 
     async with grpc.aio.insecure_channel(job.address, options=CHANNEL_OPTIONS) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
-        replies = stub.SubmitStream(queued_requests(queue))
+        replies = stub.SubmitStream(
+            cpb.SubmitBatch(requests=batch)
+            async for batch in queued_batches(queue, SUBMIT_BATCH_TXS_MAX)
+        )
 
         async def read_replies() -> None:
-            async for reply in replies:
-                entry = pending.pop(reply.request_id, None)
-                if entry is None or reply.accepted:
-                    continue
-                tx, tid = entry
-                if reply.reason in RETRYABLE_REFUSALS and time.monotonic() < loop.window_end:
-                    loop.result.retries += 1
-                    aio.call_later(RETRY_BACKOFF_S, submit, tx, tid)
-                    continue
-                loop.failed(tid, reply.reason or "refused")
-                wake.set()
+            async for reply_batch in replies:
+                for reply in reply_batch.replies:
+                    entry = pending.pop(reply.request_id, None)
+                    if entry is None or reply.accepted:
+                        continue
+                    tx, tid = entry
+                    if reply.reason in RETRYABLE_REFUSALS and time.monotonic() < loop.window_end:
+                        loop.result.retries += 1
+                        aio.call_later(RETRY_BACKOFF_S, submit, tx, tid)
+                        continue
+                    loop.failed(tid, reply.reason or "refused")
+                    wake.set()
 
         reader = asyncio.create_task(read_replies())
         try:

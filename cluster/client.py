@@ -724,11 +724,13 @@ class QuorumGateClient:
                 self._ch()
                 .replicas[index]
                 .SubmitStream(
-                    iter([r for _, r in signed]), timeout=self.rpc_timeout_s + 0.01 * len(signed)
+                    iter([cpb.SubmitBatch(requests=[r for _, r in signed])]),
+                    timeout=self.rpc_timeout_s + 0.01 * len(signed),
                 )
             )
-            async for reply in stream:
-                replies[reply.request_id] = reply
+            async for reply_batch in stream:
+                for reply in reply_batch.replies:
+                    replies[reply.request_id] = reply
         except grpc.aio.AioRpcError as err:
             log.debug("event=submit_stream_broken replica=%d code=%s", index, err.code().name)
         out: list[Submitted | QuorumGateError] = []

@@ -75,7 +75,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,7 +108,7 @@ from qgpb import client_pb2_grpc as cpb_grpc
 from replica.storage import ReplicaStore, StorageError
 from replica.transport import GRPC_MESSAGE_BYTES_MAX
 from replica.types import Block
-from replica.wire import decode_block
+from replica.wire import SUBMIT_BATCH_TXS_MAX, decode_block
 from sidecar.engine.limits import QUOTA_PROPOSALS_MAX_DEFAULT, QUOTA_WINDOW_MS_DEFAULT
 from sidecar.engine.model import Argument
 from sidecar.engine.model import Proposal as CallProposal
@@ -862,12 +862,15 @@ class _Load:
         with self._lock:
             self._down_until[node] = time.monotonic() + NODE_DOWN_HOLD_S
 
-    def _stream(self, node: int, txs: Sequence[bytes]) -> Iterable[cpb.SubmitReply]:
-        requests = iter([cpb.SubmitRequest(tx=tx, request_id=j) for j, tx in enumerate(txs)])
-        replies: Iterable[cpb.SubmitReply] = cpb_grpc.ReplicaStub(self._channel(node)).SubmitStream(
-            requests, timeout=STREAM_TIMEOUT_S
-        )
-        return replies
+    def _stream(self, node: int, txs: Sequence[bytes]) -> Iterator[cpb.SubmitReply]:
+        requests = [cpb.SubmitRequest(tx=tx, request_id=j) for j, tx in enumerate(txs)]
+        batches = [
+            cpb.SubmitBatch(requests=requests[i : i + SUBMIT_BATCH_TXS_MAX])
+            for i in range(0, len(requests), SUBMIT_BATCH_TXS_MAX)
+        ]
+        stub = cpb_grpc.ReplicaStub(self._channel(node))
+        for reply_batch in stub.SubmitStream(iter(batches), timeout=STREAM_TIMEOUT_S):
+            yield from reply_batch.replies
 
     def _deliver(self, batch: list[tuple[bytes, bytes, bool]]) -> None:
         """Until every proposal of `batch` is acknowledged or finally refused, or the load

@@ -19,6 +19,7 @@ from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from qgpb import sidecar_pb2 as spb
 from qgpb import sidecar_pb2_grpc as spb_grpc
+from replica.wire import SUBMIT_BATCH_TXS_MAX
 from sidecar.engine.model import (
     Admin,
     AdminOp,
@@ -79,9 +80,14 @@ class OwnerSession:
         member = self.spec.members[0]
         with grpc.insecure_channel(member.replica_address) as channel:
             stub = cpb_grpc.ReplicaStub(channel)
-            for reply in stub.SubmitStream(iter(requests), timeout=APPLY_WAIT_S):
-                if not reply.accepted:
-                    raise OwnerError(f"owner transaction refused: {reply.reason}")
+            batches = [
+                cpb.SubmitBatch(requests=requests[i : i + SUBMIT_BATCH_TXS_MAX])
+                for i in range(0, len(requests), SUBMIT_BATCH_TXS_MAX)
+            ]
+            for reply_batch in stub.SubmitStream(iter(batches), timeout=APPLY_WAIT_S):
+                for reply in reply_batch.replies:
+                    if not reply.accepted:
+                        raise OwnerError(f"owner transaction refused: {reply.reason}")
         deadline = time.monotonic() + APPLY_WAIT_S
         while time.monotonic() < deadline:
             _, nxt = next_nonce(self.spec, bytes(self.key.verify_key))

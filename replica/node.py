@@ -52,7 +52,7 @@ from replica.metrics import ReplicaMetrics
 from replica.storage import ReplicaStore
 from replica.transport import CHANNEL_OPTIONS, PeerLink
 from replica.types import Block, Envelope, RemoteError, SyncRequest, SyncResponse
-from replica.wire import block_to_pb, envelope_from_pb, envelope_to_pb
+from replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb, envelope_from_pb, envelope_to_pb
 from sidecar.engine.tx import ParsedTx
 from sidecar.receipts import root_report_statement
 
@@ -111,8 +111,7 @@ Event = Envelope | _Tick | _NewTransactions | _NewStateRoot
 STATE_ROOTS_KEPT = 4_096
 MEMPOOL_REBUILD_TXS_MAX = 200_000
 MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
-SUBMIT_BATCH_TXS_MAX = 1_024
-SUBMIT_INBOX_MAX = 4_096
+SUBMIT_INBOX_BATCHES_MAX = 64
 ADMIT_RPC_TIMEOUT_S = 2.0
 
 
@@ -636,16 +635,17 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         return reply
 
     async def SubmitStream(
-        self, request_iterator: AsyncIterator[cpb.SubmitRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[cpb.SubmitReply]:
-        """Requests are read as they come and admitted in batches (whatever arrived while
-        the previous batch was admitted, up to SUBMIT_BATCH_TXS_MAX); replies keep order."""
-        inbox: asyncio.Queue[cpb.SubmitRequest | None] = asyncio.Queue(SUBMIT_INBOX_MAX)
+        self, request_iterator: AsyncIterator[cpb.SubmitBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.SubmitBatchReply]:
+        """Batches are read as they come; those that arrived while the previous ones were
+        being admitted are admitted together (up to SUBMIT_BATCH_TXS_MAX requests, one
+        sidecar call), and each is answered by its own reply batch, in order."""
+        inbox: asyncio.Queue[cpb.SubmitBatch | None] = asyncio.Queue(SUBMIT_INBOX_BATCHES_MAX)
 
         async def read() -> None:
             try:
-                async for request in request_iterator:
-                    await inbox.put(request)
+                async for batch in request_iterator:
+                    await inbox.put(batch)
             finally:
                 await inbox.put(None)
 
@@ -656,15 +656,30 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
                 first = await inbox.get()
                 if first is None:
                     break
-                batch = [first]
-                while len(batch) < SUBMIT_BATCH_TXS_MAX and not inbox.empty():
+                batches = [first]
+                total = len(first.requests)
+                while not inbox.empty():
                     item = inbox.get_nowait()
                     if item is None:
                         done = True
                         break
-                    batch.append(item)
-                for reply in await self.node.admit_batch(batch):
-                    yield reply
+                    batches.append(item)
+                    total += len(item.requests)
+                    if total >= SUBMIT_BATCH_TXS_MAX:
+                        break
+                for batch in batches:
+                    if len(batch.requests) > SUBMIT_BATCH_TXS_MAX:
+                        await context.abort(
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"a SubmitStream batch holds at most {SUBMIT_BATCH_TXS_MAX} "
+                            f"requests; this one held {len(batch.requests)}",
+                        )
+                replies = await self.node.admit_batch([r for b in batches for r in b.requests])
+                start = 0
+                for batch in batches:
+                    end = start + len(batch.requests)
+                    yield cpb.SubmitBatchReply(replies=replies[start:end])
+                    start = end
         finally:
             reader.cancel()
 

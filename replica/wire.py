@@ -32,6 +32,10 @@ from replica.types import (
 # A wire message larger than this is refused before parsing (the shell's gRPC limit
 # matches it). A full block of Limits.batch_bytes_max plus certificates fits.
 ENVELOPE_BYTES_MAX = 32 * 1024 * 1024
+# Requests in one SubmitStream message (client.proto SubmitBatch). Batches a replica merges
+# stop once they reach it, so a merge stays under twice this: under the sidecar's
+# ADMIT_BATCH_TXS_MAX.
+SUBMIT_BATCH_TXS_MAX = 1_024
 
 
 # ------------------------------------------------------------------ encoding

@@ -32,6 +32,18 @@ class SubmitReply(_message.Message):
     code: int
     def __init__(self, request_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., proposal_id: _Optional[bytes] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., code: _Optional[int] = ...) -> None: ...
 
+class SubmitBatch(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[SubmitRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[SubmitRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitBatchReply(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[SubmitReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[SubmitReply, _Mapping]]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -43,8 +43,8 @@ class ReplicaStub:
                 _registered_method=True)
         self.SubmitStream = channel.stream_stream(
                 '/qgpb.Replica/SubmitStream',
-                request_serializer=qgpb_dot_client__pb2.SubmitRequest.SerializeToString,
-                response_deserializer=qgpb_dot_client__pb2.SubmitReply.FromString,
+                request_serializer=qgpb_dot_client__pb2.SubmitBatch.SerializeToString,
+                response_deserializer=qgpb_dot_client__pb2.SubmitBatchReply.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/qgpb.Replica/Status',
@@ -76,7 +76,8 @@ class ReplicaServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SubmitStream(self, request_iterator, context):
-        """Many transactions on one stream; one reply per request, in order.
+        """Many transactions on one stream, in batches; one reply batch per batch, in order. A
+        batch over the limit ends the stream with INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -113,8 +114,8 @@ def add_ReplicaServicer_to_server(servicer, server):
             ),
             'SubmitStream': grpc.stream_stream_rpc_method_handler(
                     servicer.SubmitStream,
-                    request_deserializer=qgpb_dot_client__pb2.SubmitRequest.FromString,
-                    response_serializer=qgpb_dot_client__pb2.SubmitReply.SerializeToString,
+                    request_deserializer=qgpb_dot_client__pb2.SubmitBatch.FromString,
+                    response_serializer=qgpb_dot_client__pb2.SubmitBatchReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -184,8 +185,8 @@ class Replica:
             request_iterator,
             target,
             '/qgpb.Replica/SubmitStream',
-            qgpb_dot_client__pb2.SubmitRequest.SerializeToString,
-            qgpb_dot_client__pb2.SubmitReply.FromString,
+            qgpb_dot_client__pb2.SubmitBatch.SerializeToString,
+            qgpb_dot_client__pb2.SubmitBatchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -507,9 +507,23 @@ class LiveCluster:
         )
         return reply
 
-    def submit_stream(self, index: int, txs: Sequence[bytes]) -> list[cpb.SubmitReply]:
-        requests = iter([cpb.SubmitRequest(tx=tx, request_id=k) for k, tx in enumerate(txs, 1)])
-        replies = list(self.replica(index).SubmitStream(requests, timeout=STREAM_TIMEOUT_S))
+    def submit_stream(
+        self, index: int, txs: Sequence[bytes], batch: int | None = None
+    ) -> list[cpb.SubmitReply]:
+        """`txs` on one SubmitStream, `batch` per message (all in one by default); each
+        reply batch must answer its request batch, request ids in order."""
+        requests = [cpb.SubmitRequest(tx=tx, request_id=k) for k, tx in enumerate(txs, 1)]
+        size = batch or max(1, len(requests))
+        batches = [
+            cpb.SubmitBatch(requests=requests[i : i + size]) for i in range(0, len(requests), size)
+        ]
+        reply_batches = list(
+            self.replica(index).SubmitStream(iter(batches), timeout=STREAM_TIMEOUT_S)
+        )
+        assert [len(r.replies) for r in reply_batches] == [len(b.requests) for b in batches], (
+            f"node {index}: SubmitStream reply batches do not match the request batches"
+        )
+        replies = [reply for r in reply_batches for reply in r.replies]
         assert [r.request_id for r in replies] == list(range(1, len(txs) + 1)), (
             f"node {index}: SubmitStream replies out of order or missing"
         )
@@ -714,17 +728,15 @@ class Load:
                         self._one(node, *remaining[0])
                         remaining = remaining[1:]
                 else:
-                    requests = iter(
-                        [
-                            cpb.SubmitRequest(tx=tx, request_id=j)
-                            for j, (tx, _) in enumerate(remaining, 1)
-                        ]
-                    )
+                    requests = [
+                        cpb.SubmitRequest(tx=tx, request_id=j)
+                        for j, (tx, _) in enumerate(remaining, 1)
+                    ]
                     call = self.cluster.replica(node).SubmitStream(
-                        requests, timeout=STREAM_TIMEOUT_S
+                        iter([cpb.SubmitBatch(requests=requests)]), timeout=STREAM_TIMEOUT_S
                     )
                     answered = 0
-                    for reply in call:
+                    for reply in (r for batch in call for r in batch.replies):
                         answered += 1
                         assert reply.request_id == answered, (
                             f"node {node}: SubmitStream reply {reply.request_id} in place "

@@ -16,6 +16,7 @@ from qgpb import consensus_pb2 as pb
 from qgpb import sidecar_pb2 as spb
 from replica.transport import GRPC_MESSAGE_BYTES_MAX
 from replica.types import timeout_bytes
+from replica.wire import SUBMIT_BATCH_TXS_MAX
 from sidecar.engine.tx import parse
 from tests.live.conftest import (
     DROPPED,
@@ -123,7 +124,7 @@ def test_bad_inputs_get_exact_grpc_statuses_and_reasons_and_the_replica_stays_up
     streamed = [tx for _, tx, _, _ in cases]
     middle = len(streamed) // 2
     streamed.insert(middle, good_tx)
-    replies = cluster.submit_stream(TARGET, streamed)
+    replies = cluster.submit_stream(TARGET, streamed, batch=3)
     good = replies.pop(middle)
     assert good.accepted and good.code == StatusCode.OK.value[0], good
     for (what, _, code, reason), reply in zip(cases, replies, strict=True):
@@ -143,6 +144,15 @@ def test_bad_inputs_get_exact_grpc_statuses_and_reasons_and_the_replica_stays_up
     with pytest.raises(grpc.RpcError) as too_big:
         cluster.submit(TARGET, b"\x00" * (GRPC_MESSAGE_BYTES_MAX + 1))
     assert too_big.value.code() == StatusCode.RESOURCE_EXHAUSTED
+
+    # A SubmitStream batch over its limit ends the stream with a sentence naming the limit.
+    over = cpb.SubmitBatch(
+        requests=[cpb.SubmitRequest(tx=b"", request_id=k) for k in range(SUBMIT_BATCH_TXS_MAX + 1)]
+    )
+    with pytest.raises(grpc.RpcError) as too_many:
+        list(cluster.replica(TARGET).SubmitStream(iter([over]), timeout=RPC_TIMEOUT_S))
+    assert too_many.value.code() == StatusCode.INVALID_ARGUMENT
+    assert f"at most {SUBMIT_BATCH_TXS_MAX} requests" in too_many.value.details()
 
     _garbage_to_peer_stream(cluster)
     _forged_state_roots(cluster)
