@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 HASH_BYTES = 32
 U32_MAX = 2**32 - 1
@@ -26,6 +26,13 @@ TAG_VOTE = b"qg/vote/v1"
 TAG_TIMEOUT = b"qg/timeout/v1"
 TAG_PROPOSAL = b"qg/proposal/v1"
 TAG_QC = b"qg/qc/v1"
+
+# Precompiled packers: the encoder runs some hundred times per executed transaction.
+# Each raises struct.error for a value outside its width, so no value is ever truncated.
+_U8 = struct.Struct(">B").pack
+_U32 = struct.Struct(">I").pack
+_U64 = struct.Struct(">Q").pack
+_I64 = struct.Struct(">q").pack
 
 
 class Encoder:
@@ -44,36 +51,46 @@ class Encoder:
         return self
 
     def u8(self, value: int) -> Encoder:
-        assert 0 <= value <= 0xFF, value
-        self._parts.append(struct.pack(">B", value))
+        self._parts.append(_U8(value))
         return self
 
     def u32(self, value: int) -> Encoder:
-        assert 0 <= value <= U32_MAX, value
-        self._parts.append(struct.pack(">I", value))
+        self._parts.append(_U32(value))
         return self
 
     def u64(self, value: int) -> Encoder:
-        assert 0 <= value <= U64_MAX, value
-        self._parts.append(struct.pack(">Q", value))
+        self._parts.append(_U64(value))
+        return self
+
+    def u64s(self, values: Sequence[int]) -> Encoder:
+        """A counted list of u64: the count as a u32, then each value (one pack call)."""
+        parts = self._parts
+        parts.append(_U32(len(values)))
+        parts.append(struct.pack(f">{len(values)}Q", *values))
         return self
 
     def i64(self, value: int) -> Encoder:
-        self._parts.append(struct.pack(">q", value))
+        self._parts.append(_I64(value))
         return self
 
     def boolean(self, value: bool) -> Encoder:
-        return self.u8(1 if value else 0)
+        self._parts.append(b"\x01" if value else b"\x00")
+        return self
 
     def blob(self, data: bytes) -> Encoder:
         """Length-prefixed bytes."""
-        self.u32(len(data))
-        self._parts.append(data)
+        parts = self._parts
+        parts.append(_U32(len(data)))
+        parts.append(data)
         return self
 
     def text(self, value: str) -> Encoder:
         """Length-prefixed UTF-8 text."""
-        return self.blob(value.encode("utf-8"))
+        data = value.encode("utf-8")
+        parts = self._parts
+        parts.append(_U32(len(data)))
+        parts.append(data)
+        return self
 
     def blobs(self, items: Iterable[bytes]) -> Encoder:
         """A counted list of length-prefixed byte strings."""

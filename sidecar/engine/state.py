@@ -237,9 +237,7 @@ def _enc_optional_text(enc: Encoder, text: str | None) -> None:
 
 
 def _enc_nonces(enc: Encoder, window: NonceWindow) -> None:
-    enc.u64(window.low_water).u32(len(window.executed))
-    for nonce in sorted(window.executed):
-        enc.u64(nonce)
+    enc.u64(window.low_water).u64s(sorted(window.executed))
 
 
 def _enc_mandate(enc: Encoder, mandate: Mandate) -> None:
@@ -271,9 +269,7 @@ def _encode_agent(rec: AgentRecord) -> bytes:
     if rec.mandate is not None:
         _enc_mandate(enc, rec.mandate)
     _enc_nonces(enc, rec.nonces)
-    enc.u32(len(rec.recent_proposals_ms))
-    for t in rec.recent_proposals_ms:
-        enc.u64(t)
+    enc.u64s(rec.recent_proposals_ms)
     return bytes(enc)
 
 
