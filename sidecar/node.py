@@ -28,7 +28,8 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from nacl.signing import SigningKey
@@ -51,7 +52,7 @@ from replica.types import RemoteError
 from replica.wire import decode_block
 from sidecar.engine.core import Engine, EngineConfig, StateCacheError
 from sidecar.execution import execute_block
-from sidecar.receipts import root_report_statement
+from sidecar.receipts import Receipt, root_report_statement
 from sidecar.store import DivergenceError, SidecarStore
 from sidecar.wire import receipt_to_pb
 
@@ -60,6 +61,9 @@ RECONNECT_DELAY_S_MAX = 2.0
 ADMIT_BATCH_TXS_MAX = 4_096
 ROOTS_RESENT_ON_CONNECT = 256
 RECEIPT_BATCH_LEAVES_MAX = 4_096  # receipts per stream message (~2 MB)
+# Executed heights whose Receipts stream messages stay in memory, built once and sent to
+# every subscriber; older heights are read from the store.
+RECENT_RECEIPT_HEIGHTS = 64
 DB_FILE = "sidecar.db"
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -129,6 +133,7 @@ class Sidecar:
         self.replica_height = 0
         self._executed = asyncio.Condition()
         self._roots: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self._recent_receipts: OrderedDict[int, list[spb.ReceiptBatch]] = OrderedDict()
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -233,6 +238,15 @@ class Sidecar:
             self._alarm(str(err))
             return
         self.metrics.execute_latency.observe(time.perf_counter() - started)
+        self._recent_receipts[height] = receipt_batches(
+            height,
+            [
+                Receipt(leaf, path, executed.signed)
+                for leaf, path in zip(executed.leaves, executed.paths, strict=True)
+            ],
+        )
+        while len(self._recent_receipts) > RECENT_RECEIPT_HEIGHTS:
+            self._recent_receipts.popitem(last=False)
         m = self.metrics
         m.executed_height.set(height)
         m.replica_height.set(self.replica_height)
@@ -253,6 +267,15 @@ class Sidecar:
         log.error(
             "event=divergence_alarm node=%d detail=%s action=stopped_executing", self.index, what
         )
+
+    async def receipt_batches(self, height: int) -> list[spb.ReceiptBatch]:
+        """The Receipts stream messages of an executed height (none for an empty one)."""
+        cached = self._recent_receipts.get(height)
+        if cached is not None:
+            return cached
+        store = self.store
+        assert store is not None
+        return receipt_batches(height, await store.receipts_at(height))
 
     async def wait_executed(self, height: int) -> None:
         store = self.store
@@ -333,10 +356,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             if height > store.executed_height:
                 await sidecar.wait_executed(height)
                 continue
-            receipts = [receipt_to_pb(r) for r in await store.receipts_at(height)]
-            for start in range(0, len(receipts), RECEIPT_BATCH_LEAVES_MAX):
-                chunk = receipts[start : start + RECEIPT_BATCH_LEAVES_MAX]
-                yield spb.ReceiptBatch(height=height, receipts=chunk)
+            for batch in await sidecar.receipt_batches(height):
+                yield batch
             height += 1
 
     async def Admit(
@@ -406,6 +427,15 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             divergence=sidecar.diverged,
             replica_committed_height=sidecar.replica_height,
         )
+
+
+def receipt_batches(height: int, receipts: Sequence[Receipt]) -> list[spb.ReceiptBatch]:
+    """A height's receipts as Receipts stream messages of at most RECEIPT_BATCH_LEAVES_MAX."""
+    pbs = [receipt_to_pb(r) for r in receipts]
+    return [
+        spb.ReceiptBatch(height=height, receipts=pbs[start : start + RECEIPT_BATCH_LEAVES_MAX])
+        for start in range(0, len(pbs), RECEIPT_BATCH_LEAVES_MAX)
+    ]
 
 
 # ============================================================================ process

@@ -26,12 +26,13 @@ from typing import Any
 
 import pytest
 
+from sidecar import node as sidecar_node
 from sidecar import store as store_module
 from sidecar.engine.core import Engine
 from sidecar.engine.model import Outcome, Reason
 from sidecar.engine.statements import ArtifactDenial, RejectionArtifact
 from sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry, ProblemKind, verify_chain
-from sidecar.receipts import assemble_certificate, verify_certificate
+from sidecar.receipts import Receipt, assemble_certificate, verify_certificate
 from sidecar.store import (
     DivergenceError,
     ExecutedHeight,
@@ -901,3 +902,26 @@ def test_executed_heights_pickle_for_the_kill_test(heights: list[ExecutedHeight]
     assert {v.outcome for h in heights for v in h.result.verdicts} >= {
         Outcome.ALLOW, Outcome.DENY, Outcome.PENDING, Outcome.REJECTED, Outcome.APPLIED,
     }  # fmt: skip
+
+
+async def test_receipt_stream_messages_from_memory_equal_those_from_the_store(
+    heights: list[ExecutedHeight], store: SidecarStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sidecar sends a recent height's `Receipts` messages from memory (built from the
+    executed height) and older ones from its store: both must be the same messages, and a
+    height is split into messages of at most RECEIPT_BATCH_LEAVES_MAX in leaf order."""
+    await record_all(store, heights)
+    monkeypatch.setattr(sidecar_node, "RECEIPT_BATCH_LEAVES_MAX", 1)
+    split = 0
+    for h in heights:
+        fresh = [
+            Receipt(leaf, path, h.signed) for leaf, path in zip(h.leaves, h.paths, strict=True)
+        ]
+        from_memory = sidecar_node.receipt_batches(h.height, fresh)
+        from_store = sidecar_node.receipt_batches(h.height, await store.receipts_at(h.height))
+        assert from_memory == from_store, f"height {h.height}"
+        assert all(b.height == h.height and len(b.receipts) == 1 for b in from_memory)
+        indices = [r.leaf.index for b in from_memory for r in b.receipts]
+        assert indices == list(range(len(h.leaves)))
+        split += len(from_memory) > 1
+    assert split, "no height had receipts enough to be split"
