@@ -87,6 +87,7 @@ from replica.transport import CHANNEL_OPTIONS
 from replica.types import Block, QuorumCert
 from replica.wire import decode_block
 from sidecar import operator
+from sidecar import replay as replay_module
 from sidecar.engine import tx as txlib
 from sidecar.engine.core import Engine, EngineConfig
 from sidecar.engine.model import (
@@ -1358,6 +1359,56 @@ def test_a_sidecar_sigkilled_under_load_resumes_exactly_once(live: Live) -> None
     assert report["mismatches"] == [], report["mismatches"][:5]
     assert report["heights_compared"] >= height and report["certificates_checked"] >= height
     live.wait_executed(max(live.executed(others).values()), [victim])
+
+
+def test_an_interrupted_replay_resumes_from_its_checkpoint_and_rebuilds_the_same_ledger(
+    live: Live, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sidecar 2 stopped and its store deleted; `replay` (in process, a checkpoint every 4
+    heights, each height's record overlapping the next height's execution) is cut off
+    part-way by an exception from its progress callback, then run again: it resumes from
+    its last checkpoint, compares the heights recorded after it (the ledger head in the
+    checkpoint must be the store's for the comparison to pass), records the rest, and ends
+    with the ledger and state root the other sidecars have."""
+    victim = 2
+    heights_wanted = 24
+    with contextlib.ExitStack() as stack:
+        [agent] = load_agents(live, stack, 1)
+        for k in range(heights_wanted * 2):  # each certified proposal is a later height
+            if min(live.executed().values()) >= heights_wanted:
+                break
+            [r] = agent.qg.submit_many(mixed_payloads(k, 1))
+            assert isinstance(r, Submitted), r
+            agent.qg.await_certificate(r.proposal_id, WAIT_S)
+    height = min(live.executed().values())
+    assert height >= heights_wanted, f"only {height} heights: too few to cut a replay"
+    every = 4
+    stop_at = height // 2 // every * every + every - 1  # 3 heights past a checkpoint
+
+    class Cut(Exception):
+        pass
+
+    def progress(at: int, top: int, seconds: float) -> None:
+        if at >= stop_at:
+            raise Cut
+
+    monkeypatch.setattr(replay_module, "CHECKPOINT_HEIGHTS", every)
+    live.kill_sidecar(victim, signal.SIGTERM)
+    try:
+        for name in ("sidecar.db", "sidecar.db-wal", "sidecar.db-shm"):
+            (live.spec.node_dir(victim) / name).unlink(missing_ok=True)
+        with pytest.raises(Cut):
+            asyncio.run(replay_module.replay(live.spec, victim, progress=progress))
+        report = asyncio.run(replay_module.replay(live.spec, victim))
+    finally:
+        live.start_sidecar(victim)
+    assert report.mismatches == [], report.mismatches[:5]
+    assert report.resumed_from == stop_at - every + 1, (report.resumed_from, stop_at)
+    assert report.heights_compared == every - 1, report.as_dict()
+    assert report.heights_recorded == report.top_height - stop_at, report.as_dict()
+    live.wait_executed(height, [victim])
+    assert ledger_head_at(live, victim, height) == ledger_head_at(live, 0, height)
+    assert live.root_at(victim, height) == live.root_at(0, height)
 
 
 # ============================================================================ 6. divergence
