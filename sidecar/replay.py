@@ -17,8 +17,6 @@ it. The sidecar must be stopped while replay writes its store.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import time
@@ -262,7 +260,6 @@ async def replay(
             f"cannot open sidecar {index}'s store ({err}); stop the sidecar first"
         ) from err
     replica_store: ReplicaStore | None = None
-    recording: asyncio.Task[dict[str, object] | None] | None = None
     try:
         top = await _replica_top(spec, index)
         if top is None:
@@ -294,31 +291,6 @@ async def replay(
             else _blocks_from_replica(spec, index, start, top)
         )
         last_checkpoint = prev_height
-
-        # A height's record (SQLite work, in aiosqlite's thread) runs while the next block
-        # executes; it is awaited before the next record, a comparison or a checkpoint, so
-        # heights are recorded in order and a failed record stops the replay at its height
-        # (the block executed meanwhile is dropped, never recorded).
-        async def record(executed: ExecutedHeight) -> dict[str, object] | None:
-            try:
-                await store.record(executed)
-            except DivergenceError as err:
-                return {"height": executed.height, "what": "artifact", "detail": str(err)}
-            report.heights_recorded += 1
-            report.artifacts_written += len(executed.result.artifacts)
-            return None
-
-        async def recorded() -> bool:
-            """Wait for the record in flight; False if it failed (and say so)."""
-            nonlocal recording
-            if recording is None:
-                return True
-            failure, recording = await recording, None
-            if failure is not None:
-                report.mismatches.append(failure)
-                return False
-            return True
-
         async for block in blocks:
             # The certificate: this block extends the one before it, and its justify QC
             # is a valid quorum certificate for that block.
@@ -335,8 +307,6 @@ async def replay(
                 break
             report.certificates_checked += 1
             executed = execute_block(engine, key, index, spec.chain_id, block)
-            if not await recorded():
-                break
             report.heights_replayed += 1
             report.verdicts += len(executed.result.verdicts)
             if block.height <= store.executed_height:
@@ -352,25 +322,25 @@ async def replay(
                     report.heights_compared += 1
                     await _compare(store, spec.chain_id, executed, entries, report)
             else:
-                recording = asyncio.create_task(record(executed))
-                ledger_head = b""  # the store's, once that record is done
+                try:
+                    await store.record(executed)
+                except DivergenceError as err:
+                    report.mismatches.append(
+                        {"height": block.height, "what": "artifact", "detail": str(err)}
+                    )
+                    break
+                report.heights_recorded += 1
+                report.artifacts_written += len(executed.result.artifacts)
+                ledger_head = store.ledger_head
             prev_hash, prev_view, prev_height = block.hash, block.view, block.height
             if block.height - last_checkpoint >= CHECKPOINT_HEIGHTS:
-                if not await recorded():
-                    break
-                if not ledger_head:
-                    ledger_head = store.ledger_head
                 _write_checkpoint(spec, index, block, ledger_head, engine)
                 last_checkpoint = block.height
             if progress is not None:
                 progress(block.height, top, time.perf_counter() - started)
-        await recorded()  # a failure is a mismatch: the checkpoint stays
         if prev_height == top and not report.mismatches:
             _clear_checkpoint(spec, index)
     finally:
-        if recording is not None:  # an exception left a record in flight: let it finish
-            with contextlib.suppress(Exception):
-                await recording
         await store.close()
         if replica_store is not None:
             await replica_store.close()
