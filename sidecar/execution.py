@@ -10,7 +10,7 @@ from nacl.signing import SigningKey
 
 from replica.types import Block
 from sidecar.engine.core import Engine
-from sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
+from sidecar.receipts import leaf_from_verdict, root_and_paths, sign_block
 from sidecar.store import ExecutedHeight
 
 
@@ -24,17 +24,15 @@ def execute_block(
         height, block.timestamp_ms, list(block.payload), verify_signatures=False
     )
     leaves = tuple(leaf_from_verdict(height, i, v) for i, v in enumerate(result.verdicts))
-    hashes = [leaf.hash(chain_id) for leaf in leaves]
-    signed = sign_block(
-        key, signer, chain_id, height, merkle_root(hashes), result.state_root, len(leaves)
-    )
+    root, paths = root_and_paths([leaf.hash(chain_id) for leaf in leaves])
+    signed = sign_block(key, signer, chain_id, height, root, result.state_root, len(leaves))
     return ExecutedHeight(
         height=height,
         block_hash=block.hash,
         block_time_ms=block.timestamp_ms,
         result=result,
         leaves=leaves,
-        paths=tuple(tuple(p) for p in all_paths(hashes)),
+        paths=tuple(tuple(p) for p in paths),
         signed=signed,
         engine_state=engine.state_bytes(),
         state_parts=engine.state_parts(),

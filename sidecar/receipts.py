@@ -133,17 +133,24 @@ def merkle_path(hashes: Sequence[bytes], index: int) -> list[bytes]:
     return [*merkle_path(hashes[k:], index - k), merkle_root(hashes[:k])]
 
 
-def all_paths(hashes: Sequence[bytes]) -> list[list[bytes]]:
-    """The path of every leaf, sharing subtree roots (O(n log n))."""
+def root_and_paths(hashes: Sequence[bytes]) -> tuple[bytes, list[list[bytes]]]:
+    """`merkle_root(hashes)` and every leaf's `merkle_path`, each subtree hashed once
+    (n - 1 node hashes in all)."""
     n = len(hashes)
     if n == 0:
-        return []
+        return EMPTY_ROOT, []
     if n == 1:
-        return [[]]
+        return hashes[0], [[]]
     k = _split(n)
-    left, right = hashes[:k], hashes[k:]
-    left_root, right_root = merkle_root(left), merkle_root(right)
-    return [[*p, right_root] for p in all_paths(left)] + [[*p, left_root] for p in all_paths(right)]
+    left_root, left_paths = root_and_paths(hashes[:k])
+    right_root, right_paths = root_and_paths(hashes[k:])
+    paths = [[*p, right_root] for p in left_paths] + [[*p, left_root] for p in right_paths]
+    return _node_hash(left_root, right_root), paths
+
+
+def all_paths(hashes: Sequence[bytes]) -> list[list[bytes]]:
+    """The path of every leaf (`root_and_paths`)."""
+    return root_and_paths(hashes)[1]
 
 
 def root_from_path(leaf_hash: bytes, index: int, count: int, path: Sequence[bytes]) -> bytes:
