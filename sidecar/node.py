@@ -28,6 +28,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 
@@ -251,10 +252,11 @@ class Sidecar:
         m.executed_height.set(height)
         m.replica_height.set(self.replica_height)
         m.lag.set(max(0, self.replica_height - height))
-        for verdict in result.verdicts:
-            m.verdicts.labels(verdict.outcome.value, verdict.reason.value).inc()
-            if verdict.reason.value == "run_halted":
-                m.latch_halts.inc()
+        kinds = Tally((v.outcome.value, v.reason.value) for v in result.verdicts)
+        for (outcome, reason), count in kinds.items():
+            m.verdicts.labels(outcome, reason).inc(count)
+            if reason == "run_halted":
+                m.latch_halts.inc(count)
         m.artifacts.inc(len(result.artifacts))
         m.pending.set(len(engine.state.pending))
         self._roots.put_nowait((height, result.state_root))
