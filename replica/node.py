@@ -659,29 +659,27 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
 
         reader = asyncio.create_task(read())
         try:
-            done = False
-            while not done:
-                first = await inbox.get()
+            held: list[cpb.SubmitBatch | None] = []  # taken from the inbox, not yet handled
+            while True:
+                first = held.pop() if held else await inbox.get()
                 if first is None:
                     break
+                if len(first.requests) > SUBMIT_BATCH_TXS_MAX:
+                    # Every batch before it has been answered; this one and the rest are not.
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a SubmitStream batch holds at most {SUBMIT_BATCH_TXS_MAX} "
+                        f"requests; this one held {len(first.requests)}",
+                    )
                 batches = [first]
                 total = len(first.requests)
-                while not inbox.empty():
+                while total < SUBMIT_BATCH_TXS_MAX and not inbox.empty():
                     item = inbox.get_nowait()
-                    if item is None:
-                        done = True
+                    if item is None or len(item.requests) > SUBMIT_BATCH_TXS_MAX:
+                        held.append(item)  # handled after this merge is answered
                         break
                     batches.append(item)
                     total += len(item.requests)
-                    if total >= SUBMIT_BATCH_TXS_MAX:
-                        break
-                for batch in batches:
-                    if len(batch.requests) > SUBMIT_BATCH_TXS_MAX:
-                        await context.abort(
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            f"a SubmitStream batch holds at most {SUBMIT_BATCH_TXS_MAX} "
-                            f"requests; this one held {len(batch.requests)}",
-                        )
                 replies = await self.node.admit_batch([r for b in batches for r in b.requests])
                 start = 0
                 for batch in batches:

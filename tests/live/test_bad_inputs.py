@@ -145,14 +145,23 @@ def test_bad_inputs_get_exact_grpc_statuses_and_reasons_and_the_replica_stays_up
         cluster.submit(TARGET, b"\x00" * (GRPC_MESSAGE_BYTES_MAX + 1))
     assert too_big.value.code() == StatusCode.RESOURCE_EXHAUSTED
 
-    # A SubmitStream batch over its limit ends the stream with a sentence naming the limit.
+    # A SubmitStream batch over its limit ends the stream with a sentence naming the limit,
+    # after the batch before it has been admitted and answered.
+    before_tx, before_id = agent.proposal()
+    fine = cpb.SubmitBatch(requests=[cpb.SubmitRequest(tx=before_tx, request_id=1)])
     over = cpb.SubmitBatch(
         requests=[cpb.SubmitRequest(tx=b"", request_id=k) for k in range(SUBMIT_BATCH_TXS_MAX + 1)]
     )
+    answered: list[cpb.SubmitBatchReply] = []
     with pytest.raises(grpc.RpcError) as too_many:
-        list(cluster.replica(TARGET).SubmitStream(iter([over]), timeout=RPC_TIMEOUT_S))
+        for reply_batch in cluster.replica(TARGET).SubmitStream(
+            iter([fine, over]), timeout=RPC_TIMEOUT_S
+        ):
+            answered.append(reply_batch)
     assert too_many.value.code() == StatusCode.INVALID_ARGUMENT
     assert f"at most {SUBMIT_BATCH_TXS_MAX} requests" in too_many.value.details()
+    assert [[r.accepted for r in b.replies] for b in answered] == [[True]], answered
+    cluster.wait_committed([before_id], TARGET)
 
     _garbage_to_peer_stream(cluster)
     _forged_state_roots(cluster)
