@@ -103,6 +103,7 @@ from cluster.ops import (
 )
 from cluster.owner import OwnerError, OwnerSession, agent_ops, tool_op
 from cluster.owner import next_nonce as owner_next_nonce
+from cluster.polling import poll_for
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from replica.storage import ReplicaStore, StorageError
@@ -408,16 +409,8 @@ def _listed(items: Iterable[object]) -> str:
 
 
 def _poll(check: Callable[[], T | None], timeout_s: float, every_s: float = POLL_S) -> T | None:
-    """Call `check` every `every_s` until it returns something truthy, which is returned,
-    or the deadline passes (None)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(every_s)
+    """`cluster.polling.poll_for` with the drill's step."""
+    return poll_for(check, timeout_s, every_s)
 
 
 def _replica_status(spec: ClusterSpec, index: int) -> cpb.StatusReply | None:

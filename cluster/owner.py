@@ -8,13 +8,13 @@ small synchronous piece `bench` and the main job need before any agent can act.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import grpc
 from nacl.signing import SigningKey
 
 from cluster.clusterfile import OWNER_KEY_FILE, ClusterSpec, read_seed
+from cluster.polling import poll_for
 from qgpb import client_pb2 as cpb
 from qgpb import client_pb2_grpc as cpb_grpc
 from qgpb import sidecar_pb2 as spb
@@ -88,12 +88,9 @@ class OwnerSession:
                 for reply in reply_batch.replies:
                     if not reply.accepted:
                         raise OwnerError(f"owner transaction refused: {reply.reason}")
-        deadline = time.monotonic() + APPLY_WAIT_S
-        while time.monotonic() < deadline:
-            _, nxt = next_nonce(self.spec, bytes(self.key.verify_key))
-            if nxt > last_nonce:
-                return
-            time.sleep(POLL_S)
+        signer = bytes(self.key.verify_key)
+        if poll_for(lambda: next_nonce(self.spec, signer)[1] > last_nonce, APPLY_WAIT_S, POLL_S):
+            return
         raise OwnerError(f"owner transactions not executed within {APPLY_WAIT_S:.0f} s")
 
 
