@@ -19,7 +19,7 @@ to give it. Reason codes are for operators; nothing here is shown to an agent.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -144,6 +144,19 @@ class LedgerEntry:
             prev_hash=prev_hash,
             hash=sha256(data),
         )
+
+    @classmethod
+    def chain(
+        cls, chain_id: str, height: int, verdicts: Sequence[Verdict], prev_hash: bytes
+    ) -> list[LedgerEntry]:
+        """The entries of one height's verdicts, in order, the first chained after
+        `prev_hash` and each after the one before (the last one's hash is the new head)."""
+        entries: list[LedgerEntry] = []
+        for index, verdict in enumerate(verdicts):
+            entry = cls.from_verdict(chain_id, height, index, verdict, prev_hash)
+            entries.append(entry)
+            prev_hash = entry.hash
+        return entries
 
     # ---------------------------------------------------------------- canonical bytes
 

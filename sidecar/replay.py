@@ -201,11 +201,7 @@ async def _compare(
         executed.signed.leaf_count,
     ):
         mismatch("verdict_root", "the signed verdict root or leaf count differs")
-    receipts = [
-        r
-        for r in await store.receipts_from(height, len(executed.leaves) + 1)
-        if r.leaf.height == height
-    ]
+    receipts = await store.receipts_at(height)
     if [r.leaf for r in receipts] != list(executed.leaves):
         mismatch(
             "receipts", f"{len(receipts)} recorded leaves, {len(executed.leaves)} replayed differ"
@@ -311,13 +307,10 @@ async def replay(
             report.verdicts += len(executed.result.verdicts)
             if block.height <= store.executed_height:
                 # Recorded before: compare (the ledger entries are computed here only).
-                entries = []
-                for i, verdict in enumerate(executed.result.verdicts):
-                    entry = LedgerEntry.from_verdict(
-                        spec.chain_id, block.height, i, verdict, ledger_head
-                    )
-                    entries.append(entry)
-                    ledger_head = entry.hash
+                entries = LedgerEntry.chain(
+                    spec.chain_id, block.height, executed.result.verdicts, ledger_head
+                )
+                ledger_head = entries[-1].hash if entries else ledger_head
                 if block.height >= report.from_height:
                     report.heights_compared += 1
                     await _compare(store, spec.chain_id, executed, entries, report)

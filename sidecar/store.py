@@ -523,13 +523,10 @@ class SidecarStore:
                     f"height {h.height} does not follow executed height "
                     f"{self._executed_height}: a height would be skipped"
                 )
-            chain_id = self._chain_id
-            head = self._ledger_head
-            entries: list[LedgerEntry] = []
-            for index, verdict in enumerate(h.result.verdicts):
-                entry = LedgerEntry.from_verdict(chain_id, h.height, index, verdict, head)
-                entries.append(entry)
-                head = entry.hash
+            entries = LedgerEntry.chain(
+                self._chain_id, h.height, h.result.verdicts, self._ledger_head
+            )
+            head = entries[-1].hash if entries else self._ledger_head
             conn = self._conn
             await conn.execute("BEGIN IMMEDIATE")
             try:
