@@ -344,40 +344,44 @@ class Live:
 
     def committed_blocks(self, index: int, from_height: int, to_height: int) -> list[Block]:
         """Replica `index`'s committed blocks from_height..to_height, decoded."""
-        out: list[Block] = []
-        address = self.spec.member(index).replica_address
-        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-            call = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
+        replies = read_stream(
+            self.spec.member(index).replica_address,
+            lambda ch: cpb_grpc.ReplicaStub(ch).CommittedBlocks(
                 cpb.BlocksRequest(from_height=from_height), timeout=WAIT_S
-            )
-            try:
-                for reply in call:
-                    block = decode_block(self.spec.chain_id, reply.block.SerializeToString())
-                    assert block.height == from_height + len(out)
-                    out.append(block)
-                    if block.height >= to_height:
-                        break
-            finally:
-                call.cancel()
+            ),
+            lambda reply: reply.height >= to_height,
+        )
+        out = [decode_block(self.spec.chain_id, r.block.SerializeToString()) for r in replies]
+        assert [b.height for b in out] == list(range(from_height, from_height + len(out)))
         return out
 
     def receipt_batches(self, index: int, to_height: int) -> list[spb.ReceiptBatch]:
-        """Sidecar `index`'s `Receipts` stream from height 1 until it passes `to_height`
-        (the stream never ends by itself: it follows new heights)."""
-        out: list[spb.ReceiptBatch] = []
-        address = self.spec.member(index).sidecar_address
-        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-            call = spb_grpc.SidecarStub(channel).Receipts(
+        """Sidecar `index`'s `Receipts` stream from height 1 until it passes `to_height`."""
+        return read_stream(
+            self.spec.member(index).sidecar_address,
+            lambda ch: spb_grpc.SidecarStub(ch).Receipts(
                 spb.ReceiptsRequest(from_height=1), timeout=WAIT_S
-            )
-            try:
-                for batch in call:
-                    out.append(batch)
-                    if batch.height >= to_height:
-                        break
-            finally:
-                call.cancel()
-        return out
+            ),
+            lambda batch: batch.height >= to_height,
+        )
+
+
+def read_stream(
+    address: str, open_call: Callable[[grpc.Channel], Any], last: Callable[[Any], bool]
+) -> list[Any]:
+    """The messages of a server stream up to and including the first one `last` accepts
+    (these streams never end by themselves: they follow new heights), then cancelled."""
+    out: list[Any] = []
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        call = open_call(channel)
+        try:
+            for message in call:
+                out.append(message)
+                if last(message):
+                    break
+        finally:
+            call.cancel()
+    return out
 
 
 class Agent:

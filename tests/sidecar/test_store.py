@@ -100,6 +100,14 @@ async def record_all(store: SidecarStore, heights: list[ExecutedHeight]) -> None
         await store.record(h)
 
 
+async def recorded_file(path: Path, heights: list[ExecutedHeight]) -> Path:
+    """A closed store file at `path` holding every height of `heights`."""
+    store = await SidecarStore.open(path, CHAIN)
+    await record_all(store, heights)
+    await store.close()
+    return path
+
+
 async def everything(store: SidecarStore, story: Story) -> dict[str, Any]:
     """All a store serves, read through its API."""
     top = store.executed_height
@@ -460,10 +468,7 @@ async def test_replay_over_kept_artifacts_moves_on_when_the_bytes_are_the_same(
 async def test_divergent_artifact_bytes_raise_naming_the_key_and_write_nothing(
     story: Story, heights: list[ExecutedHeight], tmp_path: Path
 ) -> None:
-    path = tmp_path / "sidecar.db"
-    store = await SidecarStore.open(path, CHAIN)
-    await record_all(store, heights)
-    await store.close()
+    path = await recorded_file(tmp_path / "sidecar.db", heights)
     denied = heights[story.denial_heights[0] - 1]
     key = denied.result.artifacts[1].key
     # what an earlier, different execution left behind for that key
@@ -813,10 +818,7 @@ async def test_each_height_rewrites_only_the_agents_it_changed(
 async def test_a_damaged_agent_record_is_refused_on_read(
     heights: list[ExecutedHeight], tmp_path: Path
 ) -> None:
-    path = tmp_path / "sidecar.db"
-    store = await SidecarStore.open(path, CHAIN)
-    await record_all(store, heights)
-    await store.close()
+    path = await recorded_file(tmp_path / "sidecar.db", heights)
     write_around_the_store(
         path, "UPDATE state_agents SET data = CAST(data || x'00' AS BLOB) WHERE agent_id = 'bob'"
     )
