@@ -1,0 +1,155 @@
+"""QuorumGate: a Byzantine-fault-tolerant judge for AI-agent tool calls.
+
+The public SDK is this package's top level; everything else lives beneath it, one
+sub-package per layer (the lower layers import nothing from the upper ones):
+
+    quorumgate.proto      wire formats every process shares: protobuf schemas and generated
+                          code, canonical bytes, the signed-transaction format, the cluster file
+    quorumgate.replica    the consensus core (sans-I/O), its simulator, and the replica process
+    quorumgate.sidecar    the governance engine (sans-I/O) and the execution sidecar process
+    quorumgate.sdk        clients, governed tools, the executor, owner operations
+    quorumgate.examples   the multi-agent orchestrator example
+    quorumgate.bench      the benchmark harness and its baselines
+    quorumgate.ops        the `quorumgate` command line, cluster processes, recovery drills
+
+    from quorumgate import SyncClient, governed_tool, agent_context, ActionDenied
+
+Names are loaded on first use (PEP 562), so `import quorumgate.replica.core` does not pull
+in gRPC or the SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the module that defines it. `__all__` below lists the same names (a test checks).
+_EXPORTS: dict[str, str] = {
+    # clients
+    "Client": "quorumgate.sdk.client",
+    "SyncClient": "quorumgate.sdk.client",
+    "Decision": "quorumgate.sdk.client",
+    "Submitted": "quorumgate.sdk.client",
+    "Handle": "quorumgate.sdk.client",
+    "mandate": "quorumgate.sdk.client",
+    "tool_spec": "quorumgate.sdk.client",
+    "generate_key": "quorumgate.sdk.keys",
+    "generate_sink_key": "quorumgate.sdk.keys",
+    "load_key": "quorumgate.sdk.keys",
+    "load_sink_key": "quorumgate.sdk.keys",
+    # errors a client raises
+    "QuorumGateError": "quorumgate.sdk.client",
+    "Refused": "quorumgate.sdk.client",
+    "Replayed": "quorumgate.sdk.client",
+    "Overloaded": "quorumgate.sdk.client",
+    "ClusterUnavailable": "quorumgate.sdk.client",
+    "CertificateTimeout": "quorumgate.sdk.client",
+    "InvalidCertificate": "quorumgate.sdk.client",
+    "TransactionRejected": "quorumgate.sdk.client",
+    # governed tools
+    "governed_tool": "quorumgate.sdk.governed",
+    "agent_context": "quorumgate.sdk.governed",
+    "agent_context_async": "quorumgate.sdk.governed",
+    "resume_confirmed": "quorumgate.sdk.governed",
+    "current_call": "quorumgate.sdk.governed",
+    "Posture": "quorumgate.sdk.governed",
+    "ActionDenied": "quorumgate.sdk.governed",
+    "RunHalted": "quorumgate.sdk.governed",
+    "CertificateUnavailable": "quorumgate.sdk.governed",
+    "ConfirmationRequired": "quorumgate.sdk.governed",
+    "ArgumentMappingError": "quorumgate.sdk.governed",
+    # the tool-executor side
+    "Executor": "quorumgate.sdk.executor",
+    "ExecutorRefused": "quorumgate.sdk.executor",
+    # the owner's operations
+    "OwnerSession": "quorumgate.sdk.owner",
+    # the one sentence an agent is ever told on a refusal
+    "DENIAL_TEXT": "quorumgate.proto.model",
+}
+
+__all__ = [
+    "DENIAL_TEXT",
+    "ActionDenied",
+    "ArgumentMappingError",
+    "CertificateTimeout",
+    "CertificateUnavailable",
+    "Client",
+    "ClusterUnavailable",
+    "ConfirmationRequired",
+    "Decision",
+    "Executor",
+    "ExecutorRefused",
+    "Handle",
+    "InvalidCertificate",
+    "Overloaded",
+    "OwnerSession",
+    "Posture",
+    "QuorumGateError",
+    "Refused",
+    "Replayed",
+    "RunHalted",
+    "Submitted",
+    "SyncClient",
+    "TransactionRejected",
+    "agent_context",
+    "agent_context_async",
+    "current_call",
+    "generate_key",
+    "generate_sink_key",
+    "governed_tool",
+    "load_key",
+    "load_sink_key",
+    "mandate",
+    "resume_confirmed",
+    "tool_spec",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'quorumgate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
+    from quorumgate.proto.model import DENIAL_TEXT
+    from quorumgate.sdk.client import (
+        CertificateTimeout,
+        Client,
+        ClusterUnavailable,
+        Decision,
+        Handle,
+        InvalidCertificate,
+        Overloaded,
+        QuorumGateError,
+        Refused,
+        Replayed,
+        Submitted,
+        SyncClient,
+        TransactionRejected,
+        mandate,
+        tool_spec,
+    )
+    from quorumgate.sdk.executor import Executor, ExecutorRefused
+    from quorumgate.sdk.governed import (
+        ActionDenied,
+        ArgumentMappingError,
+        CertificateUnavailable,
+        ConfirmationRequired,
+        Posture,
+        RunHalted,
+        agent_context,
+        agent_context_async,
+        current_call,
+        governed_tool,
+        resume_confirmed,
+    )
+    from quorumgate.sdk.keys import generate_key, generate_sink_key, load_key, load_sink_key
+    from quorumgate.sdk.owner import OwnerSession

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replica.safety import SafetyState
-from replica.types import Block, CommitProof, Message
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.types import Block, CommitProof, Message
 
 
 @dataclass(frozen=True, slots=True)

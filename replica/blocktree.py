@@ -11,7 +11,7 @@ certifies block B2, and B2's parent B1 and grandparent B0 are in consecutive vie
 
 from __future__ import annotations
 
-from replica.types import Block, CommitProof, QuorumCert
+from quorumgate.replica.types import Block, CommitProof, QuorumCert
 
 
 class BlockTree:

@@ -7,10 +7,10 @@ reason the core counts; valid certificates are remembered in the verifier's boun
 
 from __future__ import annotations
 
-from replica.canonical import Encoder
-from replica.config import Membership
-from replica.crypto import Verifier
-from replica.types import (
+from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.membership import Membership
+from quorumgate.replica.crypto import Verifier
+from quorumgate.replica.types import (
     Block,
     Proposal,
     QuorumCert,

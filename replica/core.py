@@ -37,13 +37,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from replica.actions import Action, Commit, PersistSafety, ScheduleTimeout, Send, StoreBlock
-from replica.blocktree import BlockTree
-from replica.certs import CertificateChecker
-from replica.config import Limits, Membership
-from replica.crypto import Signer, Verifier
-from replica.safety import SafetyError, SafetyRules, SafetyState
-from replica.types import (
+from quorumgate.proto.membership import Membership
+from quorumgate.replica.actions import (
+    Action,
+    Commit,
+    PersistSafety,
+    ScheduleTimeout,
+    Send,
+    StoreBlock,
+)
+from quorumgate.replica.blocktree import BlockTree
+from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.config import Limits
+from quorumgate.replica.crypto import Signer, Verifier
+from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
+from quorumgate.replica.types import (
     Block,
     Envelope,
     Hello,
@@ -151,7 +159,7 @@ class CoreStats:
 class Core:
     """One replica's consensus state machine."""
 
-    # Components a test may swap for deliberately broken ones (see cluster/sim.py).
+    # Components a test may swap for deliberately broken ones (see replica/sim.py).
     safety_rules_cls: type[SafetyRules] = SafetyRules
     block_tree_cls: type[BlockTree] = BlockTree
 

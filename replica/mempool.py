@@ -11,8 +11,8 @@ What it promises:
   transaction id and costs no verification. `check` skips verification for transactions
   it already holds or verified recently (a bounded cache of their SHA-256 digests).
 - **Replays refused, by the engine's rule.** A transaction is `(signer, nonce)`, and its id
-  is derived from exactly that (sidecar/engine/tx.py). The governance engine refuses a
-  nonce as `replayed` with `NonceWindow.is_fresh` (sidecar/engine/state.py): at or below
+  is derived from exactly that (proto/tx.py). The governance engine refuses a
+  nonce as `replayed` with `NonceWindow.is_fresh` (proto/nonces.py): at or below
   the signer's low-water mark, beyond `low_water + nonce_window`, or already executed.
   The mempool keeps the *same* `NonceWindow` per signer and feeds it the committed log the
   way the engine does (`on_commit`), so while it has seen every commit since genesis it
@@ -49,12 +49,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
-from replica.canonical import sha256
-from replica.types import Block
-from sidecar.engine import limits as engine_limits
-from sidecar.engine.model import Reason
-from sidecar.engine.state import NonceWindow
-from sidecar.engine.tx import ParsedTx, TxRejected, parse
+from quorumgate.proto import limits as engine_limits
+from quorumgate.proto.canonical import sha256
+from quorumgate.proto.model import Reason
+from quorumgate.proto.nonces import NonceWindow
+from quorumgate.proto.tx import ParsedTx, TxRejected, parse
+from quorumgate.replica.types import Block
 
 # gRPC status names the client API answers with (grpc.StatusCode.<name>).
 STATUS_OK = "OK"

@@ -1,6 +1,6 @@
 """The replica process: the consensus core inside its I/O shell.
 
-    python -m replica.node --dir DIR --node I      (what `quorumgate up` starts)
+    python -m quorumgate.replica.node --dir DIR --node I      (what `quorumgate up` starts)
 
 One asyncio loop (uvloop when importable) runs:
 
@@ -30,32 +30,44 @@ from dataclasses import dataclass
 import grpc
 from prometheus_client import start_http_server
 
-from cluster.clusterfile import (
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import consensus_pb2 as pb
+from quorumgate.proto import consensus_pb2_grpc as pb_grpc
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
+from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
-    read_key,
+    read_seed,
 )
-from cluster.process import process_main
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from qgpb import consensus_pb2 as pb
-from qgpb import consensus_pb2_grpc as pb_grpc
-from qgpb import sidecar_pb2 as spb
-from qgpb import sidecar_pb2_grpc as spb_grpc
-from replica.actions import Action, Commit, ScheduleTimeout, Send, StoreBlock, check_send_allowed
-from replica.config import Limits
-from replica.core import Core
-from replica.crypto import Ed25519Signer, ed25519_verify
-from replica.grpcutil import add_service
-from replica.mempool import Admission, Mempool, MempoolLimits
-from replica.metrics import ReplicaMetrics
-from replica.storage import ReplicaStore
-from replica.transport import CHANNEL_OPTIONS, PeerLink
-from replica.types import Block, Envelope, RemoteError, SyncRequest, SyncResponse
-from replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb, envelope_from_pb, envelope_to_pb
-from sidecar.engine.tx import ParsedTx
-from sidecar.receipts import root_report_statement
+from quorumgate.proto.reports import root_report_statement
+from quorumgate.proto.tx import ParsedTx
+from quorumgate.replica.actions import (
+    Action,
+    Commit,
+    ScheduleTimeout,
+    Send,
+    StoreBlock,
+    check_send_allowed,
+)
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core
+from quorumgate.replica.crypto import Ed25519Signer, ed25519_verify
+from quorumgate.replica.grpcutil import add_service
+from quorumgate.replica.mempool import Admission, Mempool, MempoolLimits
+from quorumgate.replica.metrics import ReplicaMetrics
+from quorumgate.replica.process import process_main
+from quorumgate.replica.storage import ReplicaStore
+from quorumgate.replica.transport import CHANNEL_OPTIONS, PeerLink
+from quorumgate.replica.types import Block, Envelope, RemoteError, SyncRequest, SyncResponse
+from quorumgate.replica.wire import (
+    SUBMIT_BATCH_TXS_MAX,
+    block_to_pb,
+    envelope_from_pb,
+    envelope_to_pb,
+)
 
 INBOUND_EVENTS_MAX = 20_000
 EVENTS_PER_BATCH_MAX = 512
@@ -732,7 +744,8 @@ class _ClientService(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
 
 
 async def make_replica(spec: ClusterSpec, index: int) -> ReplicaNode:
-    return ReplicaNode(spec, index, read_key(spec.node_dir(index) / CONSENSUS_KEY_FILE))
+    seed = read_seed(spec.node_dir(index) / CONSENSUS_KEY_FILE)
+    return ReplicaNode(spec, index, Ed25519Signer(seed))
 
 
 def main(argv: list[str] | None = None) -> int:

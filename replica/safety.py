@@ -55,9 +55,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from replica.certs import CertificateChecker
-from replica.crypto import Signer
-from replica.types import (
+from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.crypto import Signer
+from quorumgate.replica.types import (
     Block,
     Proposal,
     QuorumCert,

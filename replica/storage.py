@@ -4,11 +4,12 @@ This is the shell's half of the contract in replica/actions.py. `ReplicaStore.ap
 the actions of one core call and makes their durable part — `PersistSafety`, `StoreBlock`,
 `Commit` — durable in ONE SQLite transaction, committed with an fsync before it returns.
 What it returns is the durable safety epoch, which the caller hands to
-`replica.actions.check_send_allowed` before letting any `Send` of that call leave. So a vote
-or timeout never leaves before the safety state it was signed from is on disk (DESIGN §3,
-STYLE rule 3), and a restarted replica reloads that state and never signs twice in a view.
+`quorumgate.replica.actions.check_send_allowed` before letting any `Send` of that call
+leave. So a vote or timeout never leaves before the safety state it was signed from is on
+disk (DESIGN §3, STYLE rule 3), and a restarted replica reloads that state and never signs
+twice in a view.
 
-The in-memory model of exactly this storage is `cluster.sim.Disk`; the tests replay a
+The in-memory model of exactly this storage is `quorumgate.replica.sim.Disk`; the tests replay a
 simulated node's actions into both and compare them.
 
 Tables (schema version `SCHEMA_VERSION`):
@@ -28,8 +29,8 @@ Tables (schema version `SCHEMA_VERSION`):
   them, as `Disk` drops them.
 - `committed(height, hash, data)`: the committed log, height 0 (genesis) upwards, with the
   block data kept.
-- `proofs(height, data)`: the commit proof (replica.types.CommitProof) of the last block of
-  each `Commit`, keyed by that block's height.
+- `proofs(height, data)`: the commit proof (quorumgate.replica.types.CommitProof) of the last
+  block of each `Commit`, keyed by that block's height.
 
 Durability settings, set on every connection:
 
@@ -72,17 +73,17 @@ from typing import Any
 
 import aiosqlite
 
-from replica.actions import Action, Commit, PersistSafety, StoreBlock
-from replica.config import Limits
-from replica.core import Core, Recovered
-from replica.safety import SafetyState
-from replica.sync import (
+from quorumgate.replica.actions import Action, Commit, PersistSafety, StoreBlock
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.sync import (
     SYNC_PROOF_REACH_BLOCKS_MAX,
     assemble_sync_response,
     proof_height,
     sync_window,
 )
-from replica.types import (
+from quorumgate.replica.types import (
     Block,
     CommitProof,
     RemoteError,
@@ -90,7 +91,7 @@ from replica.types import (
     SyncResponse,
     genesis_block,
 )
-from replica.wire import (
+from quorumgate.replica.wire import (
     decode_block,
     decode_proof,
     decode_safety,
@@ -542,8 +543,9 @@ class ReplicaStore:
     async def sync_response(
         self, request: SyncRequest, core: Core | None, limits: Limits
     ) -> SyncResponse:
-        """Answer a catch-up request from disk, as `replica.sync.build_sync_response` does
-        for a synchronous store: the same window, the same proof choice, the same reply.
+        """Answer a catch-up request from disk, as
+        `quorumgate.replica.sync.build_sync_response` does for a synchronous store: the same
+        window, the same proof choice, the same reply.
 
         All reads happen under one hold of the lock, so the reply is one consistent view.
         """

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from replica.config import Limits
-from replica.core import Core
-from replica.types import Block, CommitProof, SyncRequest, SyncResponse
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core
+from quorumgate.replica.types import Block, CommitProof, SyncRequest, SyncResponse
 
 # How far past `max_blocks` a response may reach to end on a height that has a proof.
 SYNC_PROOF_REACH_BLOCKS_MAX = 256

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from qgpb import consensus_pb2 as pb
-from qgpb import consensus_pb2_grpc as pb_grpc
-from replica.wire import ENVELOPE_BYTES_MAX
+from quorumgate.proto import consensus_pb2 as pb
+from quorumgate.proto import consensus_pb2_grpc as pb_grpc
+from quorumgate.replica.wire import ENVELOPE_BYTES_MAX
 
 SEND_QUEUE_MESSAGES_MAX = 8_192
 RECONNECT_DELAY_S_MIN = 0.05

@@ -2,14 +2,14 @@
 
 Protobuf never crosses into the core (see replica/wire.py for the codec); these types are
 what the core, the safety rules and the simulation exchange. Hashes and signed bytes come
-from replica/canonical.py.
+from proto/canonical.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replica.canonical import (
+from quorumgate.proto.canonical import (
     HASH_BYTES,
     TAG_BLOCK,
     TAG_PROPOSAL,
@@ -20,7 +20,6 @@ from replica.canonical import (
 )
 
 SIGNATURE_BYTES = 64
-PUBLIC_KEY_BYTES = 32
 ZERO_HASH = bytes(HASH_BYTES)
 
 
@@ -198,9 +197,7 @@ class Block:
 
 def genesis_block(chain_id: str) -> Block:
     """Height 0, view 0: every chain starts here; its hash depends on the chain id."""
-    return Block.create(
-        chain_id, ZERO_HASH, 0, 0, QuorumCert(0, 0, ZERO_HASH), 0, 0, (), 0, b""
-    )
+    return Block.create(chain_id, ZERO_HASH, 0, 0, QuorumCert(0, 0, ZERO_HASH), 0, 0, (), 0, b"")
 
 
 def genesis_qc(chain_id: str) -> QuorumCert:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
-from qgpb import consensus_pb2 as pb
-from replica.safety import SafetyState
-from replica.types import (
+from quorumgate.proto import consensus_pb2 as pb
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.types import (
     Block,
     CommitProof,
     Envelope,

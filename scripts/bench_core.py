@@ -19,7 +19,7 @@ import time
 
 from nacl.signing import SigningKey
 
-from cluster.sim import SimNode, SimOptions, Simulation
+from quorumgate.replica.sim import SimNode, SimOptions, Simulation
 
 
 def verify_cost_us(samples: int = 2000) -> float:
@@ -35,7 +35,11 @@ def verify_cost_us(samples: int = 2000) -> float:
 def one_run(n: int, ticks: int, seed: int) -> tuple[float, float, int]:
     """(blocks per wall second, core CPU seconds in total, blocks committed)."""
     options = SimOptions(
-        seed=seed, n=n, ticks=ticks, delay_ticks_max=0, fast_crypto=False,
+        seed=seed,
+        n=n,
+        ticks=ticks,
+        delay_ticks_max=0,
+        fast_crypto=False,
         tx_per_tick_permille=1000,
     )
     sim = Simulation(options)

@@ -4,7 +4,7 @@
     python scripts/simulate.py --seeds 10000 --nodes 4 7
     python scripts/simulate.py --start 5000 --seeds 200 --nodes 7 --unsafe no_lock
 
-Each scenario is `cluster.sim.scenario(seed, n)`: faults and Byzantine members drawn from
+Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed. A failure prints the SimOptions that reproduce it. Exit status 1 if any failed.
 """
 
@@ -15,7 +15,7 @@ import dataclasses
 import sys
 import time
 
-from cluster.sim import UNSAFE_VARIANTS, Simulation, SimulationFailure, scenario
+from quorumgate.replica.sim import UNSAFE_VARIANTS, Simulation, SimulationFailure, scenario
 
 
 def main() -> int:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from nacl.signing import SigningKey
 
-from replica.types import Block
-from sidecar.engine.core import Engine
-from sidecar.receipts import leaf_from_verdict, root_and_paths, sign_block
-from sidecar.store import ExecutedHeight
+from quorumgate.replica.types import Block
+from quorumgate.sidecar.engine.core import Engine
+from quorumgate.sidecar.receipts import leaf_from_verdict, root_and_paths, sign_block
+from quorumgate.sidecar.store import ExecutedHeight
 
 
 def execute_block(

@@ -6,7 +6,7 @@ exported JSONL file is checked offline by the same `ChainVerifier`.
 
 One entry per verdict, in execution order: height ascending, and inside a height the
 transaction's position in the block (`index`, 0, 1, 2, ... with no gap). An entry's hash is
-SHA-256 over its canonical bytes, built with `replica.canonical.Encoder` (house rule 4)
+SHA-256 over its canonical bytes, built with `quorumgate.proto.canonical.Encoder` (house rule 4)
 under the tag `b"qg/ledger/v1"` from the chain id and every field but `hash` — including
 `prev_hash`, the hash of the entry before it (32 zero bytes for the first). Editing any
 field of any entry therefore changes its hash, and editing the hash breaks the next
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from replica.canonical import HASH_BYTES, U32_MAX, U64_MAX, Encoder, sha256
-from sidecar.engine.statements import Verdict
+from quorumgate.proto.canonical import HASH_BYTES, U32_MAX, U64_MAX, Encoder, sha256
+from quorumgate.sidecar.engine.statements import Verdict
 
 TAG_LEDGER = b"qg/ledger/v1"
 GENESIS_PREV_HASH = bytes(HASH_BYTES)

@@ -1,7 +1,7 @@
 """The execution sidecar process: committed log in; verdicts, receipts, artifacts, ledger and
 state roots out (DESIGN §4, §4.8).
 
-    python -m sidecar.node --dir DIR --node I      (what `quorumgate up` starts)
+    python -m quorumgate.sidecar.node --dir DIR --node I      (what `quorumgate up` starts)
 
 It follows its replica's committed-block stream strictly in height order and runs the
 governance engine over each block. Everything a height produces — ledger entries, receipts,
@@ -36,26 +36,27 @@ import grpc
 from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from cluster.clusterfile import (
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
+from quorumgate.proto.clusterfile import (
     RECEIPT_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
     read_seed,
 )
-from cluster.process import process_main
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from qgpb import sidecar_pb2 as spb
-from qgpb import sidecar_pb2_grpc as spb_grpc
-from replica.grpcutil import add_service
-from replica.transport import CHANNEL_OPTIONS
-from replica.types import RemoteError
-from replica.wire import decode_block
-from sidecar.engine.core import Engine, EngineConfig, StateCacheError
-from sidecar.execution import execute_block
-from sidecar.receipts import Receipt, root_report_statement
-from sidecar.store import DivergenceError, SidecarStore
-from sidecar.wire import receipt_to_pb
+from quorumgate.proto.reports import root_report_statement
+from quorumgate.replica.grpcutil import add_service
+from quorumgate.replica.process import process_main
+from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.replica.types import RemoteError
+from quorumgate.replica.wire import decode_block
+from quorumgate.sidecar.engine.core import Engine, EngineConfig, StateCacheError
+from quorumgate.sidecar.execution import execute_block
+from quorumgate.sidecar.receipts import Receipt
+from quorumgate.sidecar.store import DivergenceError, SidecarStore
+from quorumgate.sidecar.wire import receipt_to_pb
 
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0

@@ -32,8 +32,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from sidecar.ledger import JSON_LINE_CHARS_MAX, ChainVerifier, LedgerEntry
-from sidecar.store import (
+from quorumgate.sidecar.ledger import JSON_LINE_CHARS_MAX, ChainVerifier, LedgerEntry
+from quorumgate.sidecar.store import (
     ARTIFACTS_PAGE_MAX,
     LEDGER_PAGE_ROWS_MAX,
     SidecarStore,

@@ -83,9 +83,8 @@ from typing import Any, TextIO
 from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
 
-from sidecar.engine import names, tx
-from sidecar.engine.core import Engine, EngineConfig
-from sidecar.engine.model import (
+from quorumgate.proto import names, tx
+from quorumgate.proto.model import (
     Admin,
     Argument,
     Confirm,
@@ -108,7 +107,8 @@ from sidecar.engine.model import (
     ToolSpec,
     TxPayload,
 )
-from sidecar.engine.statements import Verdict
+from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.engine.statements import Verdict
 
 EXIT_OK = 0
 EXIT_FAILED = 1

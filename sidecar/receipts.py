@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from replica.canonical import Encoder
-from sidecar.engine.statements import Verdict
+from quorumgate.proto.canonical import Encoder
+from quorumgate.sidecar.engine.statements import Verdict
 
 TAG_LEAF = b"qg/receipt-leaf/v1"
 TAG_BLOCK = b"qg/receipt/v1"
-TAG_ROOT_REPORT = b"qg/state-root/v1"
 HASH_BYTES = 32
 LEAVES_PER_BLOCK_MAX = 1 << 20
 PATH_HASHES_MAX = 21  # ceil(log2(LEAVES_PER_BLOCK_MAX)) + 1
@@ -176,10 +175,6 @@ def block_statement(
 ) -> bytes:
     enc = Encoder(TAG_BLOCK).text(chain_id).u64(height).raw(verdict_root)
     return bytes(enc.blob(state_root).u32(leaf_count))
-
-
-def root_report_statement(chain_id: str, height: int, state_root: bytes) -> bytes:
-    return bytes(Encoder(TAG_ROOT_REPORT).text(chain_id).u64(height).blob(state_root))
 
 
 def _verify(public_key: bytes, message: bytes, signature: bytes) -> bool:

@@ -27,19 +27,19 @@ from pathlib import Path
 import grpc
 from nacl.signing import SigningKey
 
-from cluster.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from replica.certs import CertificateChecker
-from replica.crypto import Verifier
-from replica.storage import ReplicaStore
-from replica.transport import CHANNEL_OPTIONS
-from replica.types import Block, RemoteError, genesis_block
-from replica.wire import decode_block
-from sidecar.engine.core import Engine, EngineConfig
-from sidecar.execution import execute_block
-from sidecar.ledger import LedgerEntry
-from sidecar.store import DivergenceError, ExecutedHeight, SidecarStore
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.crypto import Verifier
+from quorumgate.replica.storage import ReplicaStore
+from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.replica.types import Block, RemoteError, genesis_block
+from quorumgate.replica.wire import decode_block
+from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.execution import execute_block
+from quorumgate.sidecar.ledger import LedgerEntry
+from quorumgate.sidecar.store import DivergenceError, ExecutedHeight, SidecarStore
 
 CHECKPOINT_HEIGHTS = 1_000
 CHECKPOINT_FILE = "replay.checkpoint"

@@ -16,7 +16,7 @@ at write time):
 - `head`: one row — the executed height, the ledger head and entry count, and the engine
   state after the executed height: either whole in `engine_state`, or (what the sidecar
   writes) in parts, `state_prefix` and `state_suffix` here and one row per agent in
-  `state_agents` (`sidecar.engine.state.StateParts`). Both NULL before the first height.
+  `state_agents` (`quorumgate.sidecar.engine.state.StateParts`). Both NULL before the first height.
 - `state_agents`: each agent's encoded record, by agent id. A height rewrites only the
   agents it changed, so recording costs what the height changed, not the size of the
   state (the whole state was 400 KB with 256 busy agents, written at every height).
@@ -73,11 +73,11 @@ from typing import Any
 
 import aiosqlite
 
-from replica.canonical import HASH_BYTES, sha256
-from sidecar.engine.state import StateParts, assemble
-from sidecar.engine.statements import BlockResult, RejectionArtifact
-from sidecar.ledger import GENESIS_PREV_HASH, ChainVerifier, LedgerEntry, LedgerProblem
-from sidecar.receipts import (
+from quorumgate.proto.canonical import HASH_BYTES, sha256
+from quorumgate.sidecar.engine.state import StateParts, assemble
+from quorumgate.sidecar.engine.statements import BlockResult, RejectionArtifact
+from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, ChainVerifier, LedgerEntry, LedgerProblem
+from quorumgate.sidecar.receipts import (
     PATH_HASHES_MAX,
     Receipt,
     ReceiptLeaf,

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
-from qgpb import sidecar_pb2 as spb
-from sidecar.receipts import Certificate, CertificateError, Receipt, ReceiptLeaf, SignedBlock
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.sidecar.receipts import (
+    Certificate,
+    CertificateError,
+    Receipt,
+    ReceiptLeaf,
+    SignedBlock,
+)
 
 
 def leaf_to_pb(leaf: ReceiptLeaf, out: spb.ReceiptLeaf) -> None:

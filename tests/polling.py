@@ -1,6 +1,6 @@
 """Bounded polling for the tests that wait on live processes.
 
-No test sleeps for a condition: it polls `check` with a deadline (`cluster.polling`, which
+No test sleeps for a condition: it polls `check` with a deadline (`quorumgate.sdk.polling`, which
 the drills and the owner use too) and, past it, fails naming what it waited for (and,
 given `describe`, what it saw last). The live suites wrap these with their own deadline
 and polling step.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from cluster.polling import poll_for
+from quorumgate.sdk.polling import poll_for
 
 __all__ = ["poll_for", "wait_until"]
 

@@ -38,9 +38,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from replica.canonical import Encoder, sha256
-from sidecar.engine import limits, names
-from sidecar.engine.model import (
+from quorumgate.proto import limits, names
+from quorumgate.proto.canonical import Encoder, sha256
+from quorumgate.proto.model import (
     Admin,
     AdminOp,
     Argument,
@@ -66,19 +66,20 @@ from sidecar.engine.model import (
     ToolSpec,
     TxKind,
 )
-from sidecar.engine.state import (
+from quorumgate.proto.nonces import NonceWindow
+from quorumgate.proto.tx import ParsedTx, TxRejected, parse
+from quorumgate.sidecar.engine.state import (
     AgentRecord,
     EngineState,
     Grant,
     Handle,
     LatchBucket,
     LatchRun,
-    NonceWindow,
     PendingCall,
     RunKey,
     StateParts,
 )
-from sidecar.engine.statements import (
+from quorumgate.sidecar.engine.statements import (
     OWNER_PRINCIPAL,
     AdmissionResult,
     BlockResult,
@@ -88,13 +89,12 @@ from sidecar.engine.statements import (
     handle_for,
     target_digest,
 )
-from sidecar.engine.targets import (
+from quorumgate.sidecar.engine.targets import (
     UNCHECKED_TARGET,
     TargetRefused,
     canonical_call,
     canonicalize_target,
 )
-from sidecar.engine.tx import ParsedTx, TxRejected, parse
 
 TAG_CONFIG = b"qg/engine-config/v1"
 # An argument name with no canonical form is recorded as this; never a valid name.

@@ -14,8 +14,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from replica.canonical import Encoder, sha256
-from sidecar.engine.model import (
+from quorumgate.proto.canonical import Encoder, sha256
+from quorumgate.proto.model import (
     DelegationPolicy,
     Enforcement,
     EnvelopeArg,
@@ -25,36 +25,13 @@ from sidecar.engine.model import (
     ToolMode,
     ToolSpec,
 )
-from sidecar.engine.statements import TAG_CARD, ConfirmationCard
+from quorumgate.proto.nonces import NonceWindow
+from quorumgate.sidecar.engine.statements import TAG_CARD, ConfirmationCard
 
 TAG_STATE = b"qg/engine-state/v1"
 
 RunKey = tuple[str, str]  # (run owner: the root agent of the delegation chain, run id)
 BucketKey = tuple[str, str]  # (agent, canonical tool)
-
-
-@dataclass
-class NonceWindow:
-    """Replay memory for one signer: a low-water mark plus the executed nonces above it.
-
-    A nonce at or below `low_water`, or above `low_water + window`, is refused; so is one
-    already in `executed`. Contiguous nonces fold into the low-water mark, so `executed`
-    never holds more than `window` entries.
-    """
-
-    low_water: int = 0
-    executed: set[int] = field(default_factory=set)
-
-    def is_fresh(self, nonce: int, window: int) -> bool:
-        return self.low_water < nonce <= self.low_water + window and nonce not in self.executed
-
-    def record(self, nonce: int, window: int) -> None:
-        assert self.is_fresh(nonce, window), nonce
-        self.executed.add(nonce)
-        while self.low_water + 1 in self.executed:
-            self.low_water += 1
-            self.executed.remove(self.low_water)
-        assert len(self.executed) <= window
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What the engine says about a block: verdicts, confirmation cards, rejection artifacts.
 
-Each has canonical bytes built with `replica.canonical.Encoder` (house rule 4: one module
+Each has canonical bytes built with `quorumgate.proto.canonical.Encoder` (house rule 4: one module
 owns how bytes are built; the domain tags of the engine's own statements live here). None
 of them can hold an argument value: verdicts and artifacts carry argument *names*, cards
 carry names, handle references and a digest of the signed body (DESIGN §4.2, §4.8).
@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from replica.canonical import Encoder
-from sidecar.engine.model import DENIAL_TEXT, Outcome, Reason, Tier, ToolMode, TxKind
+from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.model import DENIAL_TEXT, Outcome, Reason, Tier, ToolMode, TxKind
 
 TAG_CARD = b"qg/card/v1"
 TAG_VERDICT = b"qg/verdict/v1"

@@ -34,8 +34,8 @@ import idna
 from rfc3986 import exceptions, misc, normalizers, uri_reference  # type: ignore[import-untyped]
 from rfc3986.validators import Validator  # type: ignore[import-untyped]
 
-from sidecar.engine import limits, names
-from sidecar.engine.model import Reason
+from quorumgate.proto import limits, names
+from quorumgate.proto.model import Reason
 
 NO_TARGET = "-"
 # Stands in for the target of a call that was refused before its target could be

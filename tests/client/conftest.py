@@ -20,10 +20,10 @@ import pytest
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from cluster.client import SyncClient, mandate, tool_spec
-from cluster.clusterfile import ClusterSpec, init_cluster
-from cluster.ops import log_tail, start_cluster, stop_nodes
-from sidecar.engine.model import EnvelopeArg
+from quorumgate.ops.nodes import log_tail, start_cluster, stop_nodes
+from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
+from quorumgate.proto.model import EnvelopeArg
+from quorumgate.sdk.client import SyncClient, mandate, tool_spec
 from tests import polling
 
 T = TypeVar("T")

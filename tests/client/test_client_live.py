@@ -14,15 +14,22 @@ import pytest
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-import cluster.client as client_module
-from cluster.client import (
+import quorumgate.sdk.client as client_module
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
+from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, init_cluster, read_seed
+from quorumgate.proto.model import Argument, Proposal
+from quorumgate.proto.tx import tx_id
+from quorumgate.sdk.client import (
+    Client,
     ClusterUnavailable,
     CommittedLog,
     Decision,
     Handle,
     InvalidCertificate,
     Overloaded,
-    QuorumGateClient,
     Refused,
     Submitted,
     SyncClient,
@@ -30,8 +37,7 @@ from cluster.client import (
     load_certificate,
     verify,
 )
-from cluster.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, init_cluster, read_seed
-from cluster.executor import (
+from quorumgate.sdk.executor import (
     CertificateRejected,
     CertifiedLogSource,
     EnvelopeUnopenable,
@@ -40,14 +46,8 @@ from cluster.executor import (
     NotAllowed,
     WrongCall,
 )
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from qgpb import sidecar_pb2 as spb
-from qgpb import sidecar_pb2_grpc as spb_grpc
-from sidecar.engine.model import Argument, Proposal
-from sidecar.engine.statements import target_digest
-from sidecar.engine.tx import tx_id
-from sidecar.receipts import (
+from quorumgate.sidecar.engine.statements import target_digest
+from quorumgate.sidecar.receipts import (
     Certificate,
     Receipt,
     ReceiptLeaf,
@@ -56,7 +56,7 @@ from sidecar.receipts import (
     sign_block,
     verify_certificate,
 )
-from sidecar.wire import receipt_from_pb, receipt_to_pb
+from quorumgate.sidecar.wire import receipt_from_pb, receipt_to_pb
 from tests.client.conftest import SINK, LiveCluster, new_agent
 
 RUN = "run-1"
@@ -64,8 +64,8 @@ LIAR_POLLS_MAX = 150  # x 10 ms: well inside the client's per-call RPC timeout
 URL = "https://example.com/a"
 
 
-def agent_client(spec: ClusterSpec, key: SigningKey) -> QuorumGateClient:
-    return QuorumGateClient(spec, key, certificate_deadline_s=15.0)
+def agent_client(spec: ClusterSpec, key: SigningKey) -> Client:
+    return Client(spec, key, certificate_deadline_s=15.0)
 
 
 def receipt_key(spec: ClusterSpec, index: int) -> SigningKey:
@@ -663,7 +663,7 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
 
 async def test_an_unreachable_cluster_is_a_typed_error(tmp_path: Path) -> None:
     dead = init_cluster(tmp_path / "dead", 4)  # never started
-    async with QuorumGateClient.from_files(dead.directory, certificate_deadline_s=0.5) as qg:
+    async with Client.from_files(dead.directory, certificate_deadline_s=0.5) as qg:
         with pytest.raises(ClusterUnavailable) as err:
             await qg.propose("web.get", URL, run_id=RUN)
         assert str(err.value) == "The cluster could not be reached."

@@ -1,4 +1,4 @@
-"""The client commands (`cluster.clientcli`) against a live cluster, run in-process."""
+"""The client commands (`quorumgate.ops.clientcli`) against a live cluster, run in-process."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from cluster import clientcli
-from cluster.client import SyncClient, load_certificate, verify
-from cluster.clusterfile import ClusterSpec, init_cluster, read_seed
-from sidecar.engine.model import DENIAL_TEXT, Mandate
+from quorumgate.ops import clientcli
+from quorumgate.proto.clusterfile import ClusterSpec, init_cluster, read_seed
+from quorumgate.proto.model import DENIAL_TEXT, Mandate
+from quorumgate.sdk.client import SyncClient, load_certificate, verify
 from tests.client.conftest import SINK
 
 SECRET = f"SECRET-{uuid.uuid4().hex}"

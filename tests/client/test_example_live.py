@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 import urllib.request
 
-from cluster.clusterfile import ClusterSpec
-from cluster.example import CARD_NUMBER, run_example
-from sidecar.engine.model import DENIAL_TEXT
+from quorumgate.examples.multi_agent import CARD_NUMBER, run_example
+from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.model import DENIAL_TEXT
 
 from .conftest import cluster_text
 

@@ -11,17 +11,8 @@ import pytest
 from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
 
-from cluster.clusterfile import ClusterSpec, MemberSpec
-from cluster.executor import (
-    CertificateRejected,
-    EngineSource,
-    EnvelopeUnopenable,
-    Executor,
-    HandleRefused,
-    NotAllowed,
-    WrongCall,
-)
-from sidecar.engine.model import (
+from quorumgate.proto.clusterfile import ClusterSpec, MemberSpec
+from quorumgate.proto.model import (
     Argument,
     Confirm,
     EnvelopeArg,
@@ -30,8 +21,17 @@ from sidecar.engine.model import (
     SealEnvelope,
     ToolMode,
 )
-from sidecar.engine.statements import BlockResult, ConfirmationCard
-from sidecar.receipts import (
+from quorumgate.sdk.executor import (
+    CertificateRejected,
+    EngineSource,
+    EnvelopeUnopenable,
+    Executor,
+    HandleRefused,
+    NotAllowed,
+    WrongCall,
+)
+from quorumgate.sidecar.engine.statements import BlockResult, ConfirmationCard
+from quorumgate.sidecar.receipts import (
     Certificate,
     Receipt,
     assemble_certificate,
@@ -40,7 +40,7 @@ from sidecar.receipts import (
     merkle_root,
     sign_block,
 )
-from sidecar.wire import encode_certificate
+from quorumgate.sidecar.wire import encode_certificate
 from tests.engine.harness import CHAIN, World
 
 URL = "https://example.com/x"

@@ -17,15 +17,19 @@ import grpc
 import pytest
 from nacl.signing import SigningKey
 
-import cluster.client as client_module
-from cluster.client import (
-    QuorumGateClient,
+import quorumgate.sdk.client as client_module
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
+from quorumgate.proto.model import DENIAL_TEXT, Proposal
+from quorumgate.proto.tx import parse
+from quorumgate.sdk.client import (
+    Client,
     SyncClient,
     load_certificate,
     verify,
 )
-from cluster.clusterfile import ClusterSpec, init_cluster
-from cluster.governed import (
+from quorumgate.sdk.governed import (
     FAIL_OPEN_MARKER,
     ActionDenied,
     CertificateUnavailable,
@@ -41,10 +45,6 @@ from cluster.governed import (
     governed_tool,
     resume_confirmed,
 )
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from sidecar.engine.model import DENIAL_TEXT, Proposal
-from sidecar.engine.tx import parse
 from tests.client.conftest import LiveCluster, new_agent, wait_until
 from tests.client.test_client_live import Exhausted, _serve, _with_member
 
@@ -139,7 +139,7 @@ async def test_async_tool_with_an_async_client_and_with_a_sync_client(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
     _, key = new_agent(owner, ["web.get"])
-    async with QuorumGateClient(cluster, key) as qg, agent_context_async(qg, run_id="run-a"):
+    async with Client(cluster, key) as qg, agent_context_async(qg, run_id="run-a"):
         seen = await afetch(URL, "news")
     assert seen["call"].decision.allowed and RAN == ["afetch"]
     _, other = new_agent(owner, ["web.get"])
@@ -212,7 +212,7 @@ async def test_two_agents_under_gather_never_share_a_context(
     BARRIER.append(asyncio.Barrier(2))  # both bodies are inside at the same time
 
     async def agent(key: SigningKey, run_id: str) -> dict[str, Any]:
-        async with QuorumGateClient(cluster, key) as qg, agent_context_async(qg, run_id=run_id):
+        async with Client(cluster, key) as qg, agent_context_async(qg, run_id=run_id):
             seen = await afetch(URL, run_id)
             try:
                 posted = await apost(URL, "hello")
@@ -383,7 +383,7 @@ async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(
         spec = cluster
         for i in range(cluster.n):
             spec = _with_member(spec, i, replica_port=port)
-        async with QuorumGateClient(spec, key) as qg:
+        async with Client(spec, key) as qg:
             async with agent_context_async(qg, run_id="run-full"):
                 with pytest.raises(CertificateUnavailable) as closed:
                     await afetch(URL, "q")

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from cluster.client import Handle, QuorumGateClient
-from cluster.clusterfile import ClusterSpec, MemberSpec
-from cluster.governed import (
+from quorumgate.proto.clusterfile import ClusterSpec, MemberSpec
+from quorumgate.proto.model import DENIAL_TEXT, Argument, Proposal
+from quorumgate.sdk.client import Client, Handle
+from quorumgate.sdk.governed import (
     FAIL_OPEN_MARKER,
     ActionDenied,
     AgentBinding,
@@ -31,7 +32,6 @@ from cluster.governed import (
     default_tool_name,
     governed_tool,
 )
-from sidecar.engine.model import DENIAL_TEXT, Argument, Proposal
 
 HANDLE = "h_card_0123456789abcdef"
 
@@ -50,7 +50,7 @@ def _spec() -> ClusterSpec:
 
 
 def _binding(run_id: str = "run-1", grant: bytes | None = None) -> AgentBinding:
-    return AgentBinding(QuorumGateClient(_spec(), SigningKey.generate()), run_id, grant)
+    return AgentBinding(Client(_spec(), SigningKey.generate()), run_id, grant)
 
 
 def _propose(fn: Any, *args: Any, **kwargs: Any) -> Proposal:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from cluster.sim import Disk
-from replica.actions import (
+from quorumgate.proto.membership import Member, Membership
+from quorumgate.replica.actions import (
     Action,
     Commit,
     PersistSafety,
@@ -22,12 +22,13 @@ from replica.actions import (
     StoreBlock,
     check_send_allowed,
 )
-from replica.config import Limits, Member, Membership
-from replica.core import Core, Recovered
-from replica.crypto import Ed25519Signer
-from replica.safety import SafetyState
-from replica.sync import build_sync_response
-from replica.types import (
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.crypto import Ed25519Signer
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.sim import Disk
+from quorumgate.replica.sync import build_sync_response
+from quorumgate.replica.types import (
     Block,
     Envelope,
     Message,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from cluster.sim import SIM_LIMITS, SimOptions, Simulation
-from replica.blocktree import BlockTree
-from replica.types import Block, CommitProof, QuorumCert, genesis_block
+from quorumgate.replica.blocktree import BlockTree
+from quorumgate.replica.sim import SIM_LIMITS, SimOptions, Simulation
+from quorumgate.replica.types import Block, CommitProof, QuorumCert, genesis_block
 from tests.consensus.helpers import CHAIN, make_block
 
 PENDING_MAX = 64

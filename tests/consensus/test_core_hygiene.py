@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import pytest
 
-from replica.actions import PersistSafety, Send, UnpersistedSend, check_send_allowed
-from replica.core import Core
-from replica.types import (
+from quorumgate.replica.actions import PersistSafety, Send, UnpersistedSend, check_send_allowed
+from quorumgate.replica.core import Core
+from quorumgate.replica.types import (
     Envelope,
     Message,
     Proposal,

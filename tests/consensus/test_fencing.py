@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from cluster.sim import Simulation, SimulationFailure, scenario
-from replica.actions import PersistSafety, Send
-from replica.types import Hello, HelloReply, Vote, genesis_qc
+from quorumgate.replica.actions import PersistSafety, Send
+from quorumgate.replica.sim import Simulation, SimulationFailure, scenario
+from quorumgate.replica.types import Hello, HelloReply, Vote, genesis_qc
 from tests.consensus.helpers import (
     CHAIN,
     START_MS,
@@ -54,9 +54,7 @@ def test_a_restarting_replica_signs_nothing_until_2f_plus_1_peers_answer() -> No
     core = new_core(3, fence_on_start=True)
     started = core.start()
     assert sent_of(started, Hello) == [Hello()]
-    assert [s.to for s in started if isinstance(s, Send) and isinstance(s.message, Hello)] == [
-        None
-    ]
+    assert [s.to for s in started if isinstance(s, Send) and isinstance(s.message, Hello)] == [None]
     votes = sent_of(core.on_message(envelope(1, signed_proposal(B1))), Vote)
     assert votes == [], "voted while it did not know which views it had signed in"
     # Peers saw us vote in view 1 before our disk was rolled back.

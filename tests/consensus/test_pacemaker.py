@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from replica.actions import ScheduleTimeout, Send
-from replica.config import Limits
-from replica.core import Core
-from replica.types import Block, Proposal, Timeout, TimeoutCert, Vote, genesis_qc
+from quorumgate.replica.actions import ScheduleTimeout, Send
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core
+from quorumgate.replica.types import Block, Proposal, Timeout, TimeoutCert, Vote, genesis_qc
 from tests.consensus.helpers import (
     CHAIN,
     START_MS,

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from replica.certs import CertificateChecker
-from replica.crypto import Ed25519Signer, Verifier
-from replica.safety import SafetyError, SafetyRules, SafetyState
-from replica.types import Block, QuorumCert, RemoteError, genesis_block, genesis_qc
+from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.crypto import Ed25519Signer, Verifier
+from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
+from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_block, genesis_qc
 from tests.consensus.helpers import (
     CHAIN,
     SIGNERS,

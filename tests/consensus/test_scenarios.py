@@ -1,7 +1,7 @@
 """Thousands of seeded simulated clusters (DESIGN §3; issue 2 "CI runs at least 2,000
 seeded scenarios over n = 4 and n = 7 with up to f Byzantine members").
 
-`cluster.sim.scenario(seed, n)` draws faults and Byzantine behaviours from the seed; the
+`quorumgate.replica.sim.scenario(seed, n)` draws faults and Byzantine behaviours from the seed; the
 simulator checks safety after every step and liveness after the heal, and every failure
 (`SimulationFailure`) carries the seed and the SimOptions that reproduce it. Seeds run in
 chunks of 100 so progress is visible; a failing chunk reports every failing seed in it.
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from cluster.sim import (
+from quorumgate.replica.crypto import Ed25519Signer, ed25519_verify
+from quorumgate.replica.sim import (
     BEHAVIOURS,
     SimNode,
     SimOptions,
@@ -27,7 +28,6 @@ from cluster.sim import (
     SimulationFailure,
     scenario,
 )
-from replica.crypto import Ed25519Signer, ed25519_verify
 
 CHUNK = 100
 SEEDS = {4: 1_200, 7: 800}

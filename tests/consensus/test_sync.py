@@ -2,7 +2,7 @@
 their certificates and verifies every QC before applying; sync never commits anything on
 its own say, only through the commit rule (HotStuff §5) on verified certificates.
 
-Responses are built by `replica.sync.build_sync_response` over the simulator's `Disk`.
+Responses are built by `quorumgate.replica.sync.build_sync_response` over the simulator's `Disk`.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from cluster.sim import Disk
-from replica.actions import Action, Commit
-from replica.config import Limits
-from replica.core import Core
-from replica.safety import SafetyState
-from replica.sync import build_sync_response
-from replica.types import (
+from quorumgate.replica.actions import Action, Commit
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.sim import Disk
+from quorumgate.replica.sync import build_sync_response
+from quorumgate.replica.types import (
     Block,
     CommitProof,
     Envelope,

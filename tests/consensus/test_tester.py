@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-import cluster.sim as sim_module
-from cluster.sim import UNSAFE_VARIANTS, SimOptions, Simulation, SimulationFailure
-from replica.core import Core
-from replica.safety import SafetyState
+import quorumgate.replica.sim as sim_module
+from quorumgate.replica.core import Core
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.sim import UNSAFE_VARIANTS, SimOptions, Simulation, SimulationFailure
 
 SEEDS = range(20)
 

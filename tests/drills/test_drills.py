@@ -1,4 +1,4 @@
-"""Short forms of the recovery drills (issue 7, item 3): each drill of `cluster/drill.py`
+"""Short forms of the recovery drills (issue 7, item 3): each drill of `cluster/ops/drill.py`
 against a live 4-node cluster (replicas and sidecars, real processes on loopback) for a
 few seconds of faults under load.
 
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli import main as quorumgate
-from cluster.clusterfile import init_cluster
-from cluster.drill import (
+from quorumgate.ops.cli import main as quorumgate
+from quorumgate.ops.drill import (
     DRILLS,
     FAULT_CYCLES_MIN,
     DrillError,
@@ -41,7 +40,8 @@ from cluster.drill import (
     run_drill,
     vote_splits,
 )
-from cluster.ops import start_nodes, stop_nodes, wait_serving
+from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
+from quorumgate.proto.clusterfile import init_cluster
 
 pytestmark = pytest.mark.live
 
@@ -77,7 +77,8 @@ def _cluster_pids(directory: Path) -> list[int]:
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             text = [a.decode(errors="replace") for a in argv]
-            if any(m in text for m in ("replica.node", "sidecar.node")) and want in text:
+            servers = ("quorumgate.replica.node", "quorumgate.sidecar.node")
+            if any(m in text for m in servers) and want in text:
                 pids.append(int(entry))
     return pids
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
 
-from sidecar.engine import tx
-from sidecar.engine.core import Engine, EngineConfig
-from sidecar.engine.model import (
+from quorumgate.proto import tx
+from quorumgate.proto.model import (
     Admin,
     AdminOp,
     Argument,
@@ -40,8 +39,9 @@ from sidecar.engine.model import (
     TxPayload,
     canonical_tool_list,
 )
-from sidecar.engine.state import assemble
-from sidecar.engine.statements import BlockResult, Verdict
+from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.engine.state import assemble
+from quorumgate.sidecar.engine.statements import BlockResult, Verdict
 
 CHAIN = "qg-test"
 START_MS = 1_000_000

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
-from sidecar.engine.core import Engine
-from sidecar.engine.model import Argument, Outcome, Proposal, Reason
-from sidecar.engine.statements import ArtifactDenial, RejectionArtifact, target_digest
+from quorumgate.proto.model import Argument, Outcome, Proposal, Reason
+from quorumgate.sidecar.engine.core import Engine
+from quorumgate.sidecar.engine.statements import ArtifactDenial, RejectionArtifact, target_digest
 from tests.engine.harness import World
 
 

@@ -5,7 +5,7 @@ engine-level attack.)"""
 
 from __future__ import annotations
 
-from sidecar.engine.model import (
+from quorumgate.proto.model import (
     DENIAL_TEXT,
     Admin,
     Argument,

@@ -10,10 +10,8 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 
-from qgpb import tx_pb2
-from sidecar.engine import tx
-from sidecar.engine.core import Engine
-from sidecar.engine.model import (
+from quorumgate.proto import tx, tx_pb2
+from quorumgate.proto.model import (
     Argument,
     DelegationPolicy,
     EnvelopeArg,
@@ -22,6 +20,7 @@ from sidecar.engine.model import (
     Tier,
     ToolMode,
 )
+from quorumgate.sidecar.engine.core import Engine
 from tests.engine.harness import World
 
 SEALED_SECRET = b"SEALED-PLAINTEXT-5f1e9c-do-not-leak"

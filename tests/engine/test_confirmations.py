@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from sidecar.engine.model import (
+from quorumgate.proto.model import (
     Argument,
     DelegationPolicy,
     Outcome,
@@ -14,8 +14,8 @@ from sidecar.engine.model import (
     ToolMode,
     TxKind,
 )
-from sidecar.engine.statements import CARD_HEADER
-from sidecar.engine.tx import parse
+from quorumgate.proto.tx import parse
+from quorumgate.sidecar.engine.statements import CARD_HEADER
 from tests.engine.harness import World
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from qgpb import tx_pb2
-from sidecar.engine import codec
-from sidecar.engine.model import (
+from quorumgate.proto import codec, tx_pb2
+from quorumgate.proto.model import (
     DelegationPolicy,
     Enforcement,
     Outcome,

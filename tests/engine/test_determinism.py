@@ -15,9 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from sidecar.engine import limits
-from sidecar.engine.core import Engine, StateCacheError
-from sidecar.engine.model import (
+from quorumgate.proto import limits
+from quorumgate.proto.model import (
     Admin,
     Argument,
     Confirm,
@@ -39,7 +38,8 @@ from sidecar.engine.model import (
     TxPayload,
     canonical_tool_list,
 )
-from sidecar.engine.statements import BlockResult
+from quorumgate.sidecar.engine.core import Engine, StateCacheError
+from quorumgate.sidecar.engine.statements import BlockResult
 from tests.engine.harness import World, replay, signing_key
 
 AGENTS = ("ann", "ben", "cyd")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from nacl.public import SealedBox
 
-from sidecar.engine import names
-from sidecar.engine.model import (
+from quorumgate.proto import names
+from quorumgate.proto.model import (
     Admin,
     Argument,
     EnvelopeArg,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.engine.core import Engine
-from sidecar.engine.model import Outcome, Proposal, Reason, Suspend
+from quorumgate.proto.model import Outcome, Proposal, Reason, Suspend
+from quorumgate.sidecar.engine.core import Engine
 from tests.engine.harness import World
 
 

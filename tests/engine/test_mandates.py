@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.engine.model import (
+from quorumgate.proto.model import (
     DENIAL_TEXT,
     Argument,
     Enforcement,
@@ -16,7 +16,7 @@ from sidecar.engine.model import (
     Resume,
     Suspend,
 )
-from sidecar.engine.statements import Verdict
+from quorumgate.sidecar.engine.statements import Verdict
 from tests.engine.harness import World, signing_key
 
 

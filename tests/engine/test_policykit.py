@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.policykit import (
+from quorumgate.sidecar.policykit import (
     EXIT_FAILED,
     EXIT_MALFORMED,
     EXIT_OK,

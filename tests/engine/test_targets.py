@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sidecar.engine import limits, names
-from sidecar.engine.model import Argument, Outcome, Reason
-from sidecar.engine.targets import TargetRefused, canonicalize_target
+from quorumgate.proto import limits, names
+from quorumgate.proto.model import Argument, Outcome, Reason
+from quorumgate.sidecar.engine.targets import TargetRefused, canonicalize_target
 from tests.engine.harness import World
 
 SCHEMES = ("file", "http", "https", "mailto", "principal")
@@ -324,7 +324,7 @@ def _web_uris(draw: st.DrawFn) -> str:
 
 
 def _slow(raw: str, schemes: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> str | Reason:
-    from sidecar.engine import targets
+    from quorumgate.sidecar.engine import targets
 
     with monkeypatch.context() as patch:
         patch.setattr(targets, "_already_canonical_web_uri", lambda text, schemes: None)
@@ -339,7 +339,7 @@ def _slow(raw: str, schemes: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -
 def test_the_fast_path_for_canonical_web_uris_agrees_with_the_general_one(raw: str) -> None:
     """The shortcut for an already-canonical http(s) URI returns exactly what the full
     canonicalization returns, and never answers for anything it would change or refuse."""
-    from sidecar.engine.targets import _already_canonical_web_uri
+    from quorumgate.sidecar.engine.targets import _already_canonical_web_uri
 
     schemes = ("http", "https")
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -355,7 +355,7 @@ def test_the_fast_path_for_canonical_web_uris_agrees_with_the_general_one(raw: s
 
 
 def test_the_fast_path_takes_the_common_case() -> None:
-    from sidecar.engine.targets import _already_canonical_web_uri
+    from quorumgate.sidecar.engine.targets import _already_canonical_web_uri
 
     assert _already_canonical_web_uri("https://pay.acme.example/invoices/1042", ("https",)) == (
         "https://pay.acme.example/invoices/1042"

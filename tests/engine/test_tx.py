@@ -7,9 +7,8 @@ import struct
 
 import pytest
 
-from qgpb import tx_pb2
-from sidecar.engine import codec, limits, tx
-from sidecar.engine.model import (
+from quorumgate.proto import codec, limits, tx, tx_pb2
+from quorumgate.proto.model import (
     Admin,
     Outcome,
     Proposal,

@@ -1,10 +1,10 @@
 """Live clusters: real replica processes on loopback (issue 3, item 8).
 
-`LiveCluster` wraps one cluster directory made by `cluster.clusterfile.init_cluster` and the
-processes `cluster.ops.start_nodes` started for it (loopback, the free ports `init` picked).
-It reads Status and `/metrics`, follows `CommittedBlocks`, kills and restarts members, and
-audits each replica's SQLite store once its process is gone. `Load` submits signed
-~256-byte proposals from `LoadAgent`s in background threads, streamed or unary.
+`LiveCluster` wraps one cluster directory made by `quorumgate.proto.clusterfile.init_cluster`
+and the processes `quorumgate.ops.nodes.start_nodes` started for it (loopback, the free ports
+`init` picked). It reads Status and `/metrics`, follows `CommittedBlocks`, kills and
+restarts members, and audits each replica's SQLite store once its process is gone. `Load`
+submits signed ~256-byte proposals from `LoadAgent`s in background threads, streamed or unary.
 
 Every wait is a loop with a deadline (`wait_until`) that fails with what it was waiting
 for and the state it saw; nothing sleeps in the hope that a condition has become true. The
@@ -36,17 +36,17 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.clusterfile import ClusterSpec, init_cluster
-from cluster.loadgen import BENCH_TOOL, LoadAgent
-from cluster.ops import log_tail, start_nodes, wait_serving, wait_sidecars_serving
-from cluster.owner import OwnerSession, agent_ops, tool_op
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from qgpb import consensus_pb2_grpc as pb_grpc
-from replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
-from replica.types import Block
-from replica.wire import decode_block
-from sidecar.engine.tx import parse
+from quorumgate.bench.loadgen import BENCH_TOOL, LoadAgent
+from quorumgate.ops.nodes import log_tail, start_nodes, wait_serving, wait_sidecars_serving
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import consensus_pb2_grpc as pb_grpc
+from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
+from quorumgate.proto.tx import parse
+from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
+from quorumgate.replica.types import Block
+from quorumgate.replica.wire import decode_block
+from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
 from tests import polling
 
 T = TypeVar("T")
@@ -62,7 +62,7 @@ METRICS_TIMEOUT_S = 5.0
 STOP_GRACE_S = 8.0
 # Submitting one batch: attempts on other live replicas when one is unreachable.
 DELIVERY_ATTEMPTS_MAX = 8
-# The mempool's nonce window (sidecar.engine.limits.NONCE_WINDOW) refuses a nonce more
+# The mempool's nonce window (quorumgate.proto.limits.NONCE_WINDOW) refuses a nonce more
 # than 1024 above an agent's low-water mark; an agent that never submits more than this
 # can never be refused for running ahead of the commits.
 AGENT_PROPOSALS_MAX = 1000
@@ -826,7 +826,7 @@ def proc_cmdlines() -> dict[int, list[str]]:
     return out
 
 
-SERVER_MODULES = ("replica.node", "sidecar.node")
+SERVER_MODULES = ("quorumgate.replica.node", "quorumgate.sidecar.node")
 
 
 def cluster_pids(directory: Path, modules: Sequence[str] = SERVER_MODULES) -> list[int]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sidecar.engine.tx import parse
+from quorumgate.proto.tx import parse
 from tests.live.conftest import LiveCluster, Load, assert_each_committed_once
 
 # (members, sidecars, agents, proposals per agent): a few thousand on 4 replicas, lighter on

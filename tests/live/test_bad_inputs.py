@@ -9,15 +9,16 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from cluster.clusterfile import CONSENSUS_KEY_FILE, read_key
-from cluster.loadgen import LoadAgent
-from qgpb import client_pb2 as cpb
-from qgpb import consensus_pb2 as pb
-from qgpb import sidecar_pb2 as spb
-from replica.transport import GRPC_MESSAGE_BYTES_MAX
-from replica.types import timeout_bytes
-from replica.wire import SUBMIT_BATCH_TXS_MAX
-from sidecar.engine.tx import parse
+from quorumgate.bench.loadgen import LoadAgent
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import consensus_pb2 as pb
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, read_seed
+from quorumgate.proto.tx import parse
+from quorumgate.replica.crypto import Ed25519Signer
+from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX
+from quorumgate.replica.types import timeout_bytes
+from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
 from tests.live.conftest import (
     DROPPED,
     RPC_TIMEOUT_S,
@@ -276,7 +277,7 @@ def _wait_drops(cluster: LiveCluster, before: Metrics, expected: dict[str, int])
 def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
     chain = cluster.chain_id
     view = cluster.status(TARGET).view + 8  # ahead, but within the core's vote window (16)
-    member1 = read_key(cluster.spec.node_dir(1) / CONSENSUS_KEY_FILE)
+    member1 = Ed25519Signer(read_seed(cluster.spec.node_dir(1) / CONSENSUS_KEY_FILE))
 
     def message(sender: int = 1, chain_id: str = chain) -> pb.ConsensusMessage:
         return pb.ConsensusMessage(chain_id=chain_id, sender=sender)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from replica.types import Block
+from quorumgate.replica.types import Block
 from tests.live.conftest import LiveCluster, Load, StoreAudit, assert_each_committed_once
 
 N = 4

@@ -1,4 +1,4 @@
-"""The canonical encoder (replica/canonical.py): exact bytes, and no value ever truncated."""
+"""The canonical encoder (proto/canonical.py): exact bytes, and no value ever truncated."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replica.canonical import U32_MAX, U64_MAX, Encoder
+from quorumgate.proto.canonical import U32_MAX, U64_MAX, Encoder
 
 
 def test_fields_have_their_documented_layout() -> None:

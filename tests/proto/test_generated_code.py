@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "proto" / "qgpb"
+PACKAGE = ROOT / "proto"
 
 
 def test_regenerating_the_protobuf_code_changes_nothing(tmp_path: Path) -> None:
@@ -16,7 +16,7 @@ def test_regenerating_the_protobuf_code_changes_nothing(tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--out", str(tmp_path)],
         check=True,
     )
-    fresh = tmp_path / "qgpb"
+    fresh = tmp_path
     generated = sorted(p.name for p in fresh.iterdir() if p.suffix in {".py", ".pyi"})
     committed = sorted(
         p.name for p in PACKAGE.iterdir() if p.name.endswith(("_pb2.py", "_pb2.pyi", "_grpc.py"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.sim import SimOptions, Simulation
-from replica.types import Envelope, RemoteError, SyncRequest
-from replica.wire import ENVELOPE_BYTES_MAX, decode_envelope, encode_envelope
+from quorumgate.replica.sim import SimOptions, Simulation
+from quorumgate.replica.types import Envelope, RemoteError, SyncRequest
+from quorumgate.replica.wire import ENVELOPE_BYTES_MAX, decode_envelope, encode_envelope
 
 
 def _messages_from_a_simulation() -> list[Envelope]:
@@ -28,7 +28,13 @@ def test_every_message_kind_round_trips_unchanged() -> None:
     envelopes = _messages_from_a_simulation()
     kinds = {type(e.message).__name__ for e in envelopes}
     assert {
-        "Proposal", "Vote", "Timeout", "SyncRequest", "SyncResponse", "Hello", "HelloReply"
+        "Proposal",
+        "Vote",
+        "Timeout",
+        "SyncRequest",
+        "SyncResponse",
+        "Hello",
+        "HelloReply",
     } <= kinds, kinds
     for envelope in envelopes:
         decoded = decode_envelope(encode_envelope(envelope))
@@ -57,7 +63,7 @@ def test_oversized_data_is_refused_before_parsing() -> None:
 
 
 def test_a_vote_with_a_short_block_hash_is_malformed() -> None:
-    from qgpb import consensus_pb2 as pb
+    from quorumgate.proto import consensus_pb2 as pb
 
     msg = pb.ConsensusMessage(chain_id="c", sender=1)
     msg.vote.block_hash = b"short"

@@ -2,7 +2,7 @@
 
 Keys are derived from names and Ed25519 signatures are deterministic, so every test here
 is deterministic; hypothesis drives the random workloads. Signature verification is
-counted by wrapping `sidecar.engine.tx.verify_signature`, which `parse` calls.
+counted by wrapping `quorumgate.proto.tx.verify_signature`, which `parse` calls.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from replica import mempool as mempool_module
-from replica.mempool import (
+from quorumgate.proto import tx
+from quorumgate.proto.model import Argument, Proposal, Reason, SignedTx
+from quorumgate.proto.nonces import NonceWindow
+from quorumgate.replica import mempool as mempool_module
+from quorumgate.replica.mempool import (
     STATUS_OF_REASON,
     Admission,
     Mempool,
     MempoolLimits,
 )
-from replica.types import Block, QuorumCert, genesis_block
-from sidecar.engine import tx
-from sidecar.engine.model import Argument, Proposal, Reason, SignedTx
-from sidecar.engine.state import NonceWindow
+from quorumgate.replica.types import Block, QuorumCert, genesis_block
 from tests.engine.harness import CHAIN, World, signing_key
 
 SECRET = "hunter2-do-not-echo"
@@ -426,13 +426,19 @@ def test_module_is_pure_no_io_clock_or_randomness() -> None:
     imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
+            imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
+            imported.add(node.module)
+    tops = {name.split(".")[0] for name in imported}
     forbidden = {"asyncio", "grpc", "aiosqlite", "time", "datetime", "random", "secrets", "os"}
-    assert not imported & forbidden
-    assert imported <= {"__future__", "bisect", "collections", "dataclasses", "itertools",
-                        "replica", "sidecar"}  # fmt: skip
+    assert not tops & forbidden
+    assert tops <= {"__future__", "bisect", "collections", "dataclasses", "itertools",
+                    "quorumgate"}  # fmt: skip
+    # within QuorumGate: the replica layer and the formats below it, never the sidecar
+    ours = {name for name in imported if name.startswith("quorumgate")}
+    assert ours and all(
+        name.startswith(("quorumgate.replica.", "quorumgate.proto")) for name in ours
+    ), ours
 
 
 # --------------------------------------------------------------------------- garbage

@@ -1,4 +1,4 @@
-"""ReplicaStore (replica/storage.py) against its in-memory model, cluster.sim.Disk.
+"""ReplicaStore (replica/storage.py) against its in-memory model, quorumgate.replica.sim.Disk.
 
 Most tests replay what one honest simulated node applied — every action list it carried
 out, cut where the simulator crashed it — through `ReplicaStore.apply`, and compare the
@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.sim import SIM_LIMITS, Disk, SimNode, SimOptions, Simulation
-from replica.actions import (
+from quorumgate.replica.actions import (
     Action,
     Commit,
     PersistSafety,
@@ -34,13 +33,14 @@ from replica.actions import (
     Send,
     StoreBlock,
 )
-from replica.config import Limits
-from replica.core import Core, Recovered
-from replica.crypto import Verifier
-from replica.safety import SafetyError, SafetyState
-from replica.storage import RANGE_BLOCKS_MAX, ReplicaStore, StorageError
-from replica.sync import build_sync_response
-from replica.types import (
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.crypto import Verifier
+from quorumgate.replica.safety import SafetyError, SafetyState
+from quorumgate.replica.sim import SIM_LIMITS, Disk, SimNode, SimOptions, Simulation
+from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore, StorageError
+from quorumgate.replica.sync import build_sync_response
+from quorumgate.replica.types import (
     Block,
     CommitProof,
     QuorumCert,
@@ -49,7 +49,7 @@ from replica.types import (
     Vote,
     genesis_block,
 )
-from replica.wire import encode_block
+from quorumgate.replica.wire import encode_block
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -660,7 +660,7 @@ async def test_audit_rows_cannot_be_updated_or_deleted(tmp_path: Path) -> None:
 CHILD = """
 import asyncio, os, pickle, sys
 from pathlib import Path
-from replica.storage import ReplicaStore
+from quorumgate.replica.storage import ReplicaStore
 
 async def main() -> None:
     db, recording, chain = sys.argv[1:4]

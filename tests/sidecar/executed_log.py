@@ -16,8 +16,7 @@ from typing import Any
 
 from nacl.signing import SigningKey
 
-from sidecar.engine.core import Engine
-from sidecar.engine.model import (
+from quorumgate.proto.model import (
     Argument,
     DelegationPolicy,
     EnvelopeArg,
@@ -27,10 +26,11 @@ from sidecar.engine.model import (
     Tier,
     ToolMode,
 )
-from sidecar.engine.state import StateParts
-from sidecar.engine.statements import BlockResult
-from sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
-from sidecar.store import ExecutedHeight
+from quorumgate.sidecar.engine.core import Engine
+from quorumgate.sidecar.engine.state import StateParts
+from quorumgate.sidecar.engine.statements import BlockResult
+from quorumgate.sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
+from quorumgate.sidecar.store import ExecutedHeight
 from tests.engine.harness import CHAIN, World
 
 SEALED_SECRET = b"SEALED-PLAINTEXT-3c7a91-store-must-not-leak"

@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from replica.canonical import Encoder
-from sidecar.engine.core import Engine
-from sidecar.ledger import (
+from quorumgate.proto.canonical import Encoder
+from quorumgate.sidecar.engine.core import Engine
+from quorumgate.sidecar.ledger import (
     GENESIS_PREV_HASH,
     TAG_LEDGER,
     ChainVerifier,

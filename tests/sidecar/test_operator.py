@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import operator
-from sidecar.ledger import LedgerEntry
-from sidecar.operator import (
+from quorumgate.sidecar import operator
+from quorumgate.sidecar.ledger import LedgerEntry
+from quorumgate.sidecar.operator import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNUSABLE,
@@ -27,7 +27,7 @@ from sidecar.operator import (
     printable,
     verify_ledger_file,
 )
-from sidecar.store import ExecutedHeight, SidecarStore
+from quorumgate.sidecar.store import ExecutedHeight, SidecarStore
 from tests.engine.harness import CHAIN
 from tests.sidecar.executed_log import (
     ARGUMENT_SECRET,
@@ -306,7 +306,7 @@ def test_a_store_of_another_chain_is_refused(db: Path) -> None:
 HOLDER = """
 import asyncio, sys
 from pathlib import Path
-from sidecar.store import SidecarStore
+from quorumgate.sidecar.store import SidecarStore
 
 async def main() -> None:
     store = await SidecarStore.open(Path(sys.argv[1]), sys.argv[2])

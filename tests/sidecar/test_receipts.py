@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from sidecar.receipts import (
+from quorumgate.sidecar.receipts import (
     EMPTY_ROOT,
     CertificateError,
     all_paths,

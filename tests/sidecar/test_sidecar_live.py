@@ -51,26 +51,7 @@ from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.client import (
-    Decision,
-    Handle,
-    QuorumGateError,
-    Refused,
-    Submitted,
-    SyncClient,
-    TransactionRejected,
-    mandate,
-    tool_spec,
-)
-from cluster.clusterfile import (
-    CLUSTER_FILE,
-    OWNER_KEY_FILE,
-    RECEIPT_KEY_FILE,
-    ClusterSpec,
-    init_cluster,
-    read_seed,
-)
-from cluster.ops import (
+from quorumgate.ops.nodes import (
     log_tail,
     running_pid,
     sidecar_status,
@@ -79,18 +60,20 @@ from cluster.ops import (
     stop_nodes,
     wait_sidecars_serving,
 )
-from qgpb import client_pb2 as cpb
-from qgpb import client_pb2_grpc as cpb_grpc
-from qgpb import sidecar_pb2 as spb
-from qgpb import sidecar_pb2_grpc as spb_grpc
-from replica.transport import CHANNEL_OPTIONS
-from replica.types import Block, QuorumCert
-from replica.wire import decode_block
-from sidecar import operator
-from sidecar import replay as replay_module
-from sidecar.engine import tx as txlib
-from sidecar.engine.core import Engine, EngineConfig
-from sidecar.engine.model import (
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
+from quorumgate.proto import tx as txlib
+from quorumgate.proto.clusterfile import (
+    CLUSTER_FILE,
+    OWNER_KEY_FILE,
+    RECEIPT_KEY_FILE,
+    ClusterSpec,
+    init_cluster,
+    read_seed,
+)
+from quorumgate.proto.model import (
     Admin,
     AdminOp,
     Argument,
@@ -104,10 +87,27 @@ from sidecar.engine.model import (
     SealEnvelope,
     SetMandate,
 )
-from sidecar.engine.statements import target_digest
-from sidecar.execution import execute_block
-from sidecar.store import SidecarStore
-from sidecar.wire import receipt_from_pb
+from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.replica.types import Block, QuorumCert
+from quorumgate.replica.wire import decode_block
+from quorumgate.sdk.client import (
+    Decision,
+    Handle,
+    QuorumGateError,
+    Refused,
+    Submitted,
+    SyncClient,
+    TransactionRejected,
+    mandate,
+    tool_spec,
+)
+from quorumgate.sidecar import operator
+from quorumgate.sidecar import replay as replay_module
+from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.engine.statements import target_digest
+from quorumgate.sidecar.execution import execute_block
+from quorumgate.sidecar.store import SidecarStore
+from quorumgate.sidecar.wire import receipt_from_pb
 from tests import polling
 
 with warnings.catch_warnings():
@@ -184,7 +184,7 @@ class Live:
         for proc in start_cluster(self.spec, list(range(N))):
             self.procs.append(proc)
             args = [str(a) for a in proc.args]  # type: ignore[union-attr]
-            if "sidecar.node" in args:
+            if "quorumgate.sidecar.node" in args:
                 self.sidecars[int(args[args.index("--node") + 1])] = proc
 
     def close(self) -> None:
@@ -1028,7 +1028,7 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def quorumgate() -> list[str]:
-    return [sys.executable, "-m", "cluster.cli"]
+    return [sys.executable, "-m", "quorumgate.ops.cli"]
 
 
 def ledger_export_text(live: Live, index: int) -> str:

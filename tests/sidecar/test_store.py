@@ -26,14 +26,14 @@ from typing import Any
 
 import pytest
 
-from sidecar import node as sidecar_node
-from sidecar import store as store_module
-from sidecar.engine.core import Engine
-from sidecar.engine.model import Outcome, Reason
-from sidecar.engine.statements import ArtifactDenial, RejectionArtifact
-from sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry, ProblemKind, verify_chain
-from sidecar.receipts import Receipt, assemble_certificate, verify_certificate
-from sidecar.store import (
+from quorumgate.proto.model import Outcome, Reason
+from quorumgate.sidecar import node as sidecar_node
+from quorumgate.sidecar import store as store_module
+from quorumgate.sidecar.engine.core import Engine
+from quorumgate.sidecar.engine.statements import ArtifactDenial, RejectionArtifact
+from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry, ProblemKind, verify_chain
+from quorumgate.sidecar.receipts import Receipt, assemble_certificate, verify_certificate
+from quorumgate.sidecar.store import (
     DivergenceError,
     ExecutedHeight,
     SidecarStore,
@@ -362,7 +362,7 @@ async def test_cancelled_record_still_ends_its_transaction(
 CHILD = """
 import asyncio, os, pickle, sys
 from pathlib import Path
-from sidecar.store import SidecarStore
+from quorumgate.sidecar.store import SidecarStore
 
 async def main() -> None:
     db, recording, chain = sys.argv[1:4]

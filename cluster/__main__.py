@@ -1,0 +1,7 @@
+"""`python -m quorumgate ...` is the `quorumgate` command."""
+
+import sys
+
+from quorumgate.ops.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The benchmark harness (`quorumgate bench`), its load generator and its baselines."""

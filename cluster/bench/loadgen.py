@@ -1,0 +1,55 @@
+"""Signed proposals for load: what `quorumgate bench`, drills and live tests submit.
+
+Each agent key signs proposals with consecutive nonces; the target and one argument are
+padded so a serialized transaction is about `TX_BYTES_TARGET` bytes (issue 8's 256-byte
+proposals). The argument is a bench payload, not a secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from nacl.signing import SigningKey
+
+from quorumgate.proto.model import Argument
+from quorumgate.proto.model import Proposal as CallProposal
+from quorumgate.proto.tx import build, tx_id
+
+TX_BYTES_TARGET = 256
+BENCH_TOOL = "bench.echo"
+
+
+@dataclass
+class LoadAgent:
+    """One agent key and its next nonce."""
+
+    key: SigningKey
+    chain_id: str
+    run_id: str = "bench-run"
+    next_nonce: int = 1
+
+    @staticmethod
+    def from_seed(chain_id: str, name: str) -> LoadAgent:
+        seed = hashlib.sha256(f"quorumgate-load/{chain_id}/{name}".encode()).digest()
+        return LoadAgent(SigningKey(seed), chain_id)
+
+    @property
+    def public_key(self) -> bytes:
+        return bytes(self.key.verify_key)
+
+    def proposal(self, seq: int | None = None) -> tuple[bytes, bytes]:
+        """(transaction bytes, transaction id) of the next proposal."""
+        nonce = self.next_nonce
+        self.next_nonce += 1
+        label = seq if seq is not None else nonce
+        target = f"https://bench.example/items/{label}"
+        pad = max(0, TX_BYTES_TARGET - 151 - len(target))
+        call = CallProposal(
+            run_id=self.run_id,
+            tool=BENCH_TOOL,
+            target=target,
+            arguments=(Argument("note", text="x" * pad),),
+        )
+        data = build(self.chain_id, nonce, call, self.key)
+        return data, tx_id(self.public_key, nonce)

@@ -1,0 +1,1 @@
+"""Examples: the multi-agent orchestrator the main job runs."""

@@ -1,0 +1,2 @@
+"""Operator tooling: the `quorumgate` command line, cluster processes, recovery drills, and
+the main job (`quorumgate demo`)."""

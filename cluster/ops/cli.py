@@ -1,0 +1,586 @@
+"""The `quorumgate` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quorumgate.ops.nodes import NodeStatus
+    from quorumgate.proto.clusterfile import ClusterSpec
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    """Run one simulated cluster and print what it committed."""
+    from quorumgate.replica.sim import SimOptions, Simulation, SimulationFailure
+
+    options = SimOptions(
+        seed=args.seed,
+        n=args.nodes,
+        ticks=args.ticks,
+        fast_crypto=False,
+        byzantine=tuple(args.byzantine),
+        loss_permille=args.loss_permille,
+    )
+    sim = Simulation(options)
+    try:
+        result = sim.run()
+    except SimulationFailure as failure:
+        print(f"simulation failed: {failure}", file=sys.stderr)
+        return 1
+    node = sim.nodes[sim.honest[0]][0]
+    committed = node.disk.committed
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "nodes": args.nodes,
+                    "byzantine": {str(k): v for k, v in sim.byzantine.items()},
+                    "committed_height": {str(k): v for k, v in result.committed_heights.items()},
+                    "views": {str(k): v for k, v in result.views.items()},
+                    "transactions_committed": sum(len(b.payload) for b in committed),
+                    "messages": result.messages,
+                    "dropped": dict(result.dropped),
+                }
+            )
+        )
+        return 0
+    print(
+        f"Simulated {args.nodes} replicas for {result.ticks} ticks "
+        f"(Byzantine: {sim.byzantine or 'none'}), real Ed25519 votes."
+    )
+    print(f"{'height':>7} {'view':>6} {'proposer':>8} {'txs':>4}  block")
+    for block in committed[-args.show :]:
+        print(
+            f"{block.height:>7} {block.view:>6} {block.proposer:>8} {len(block.payload):>4}  "
+            f"{block.hash.hex()[:16]}"
+        )
+    heights = result.committed_heights
+    print(
+        f"Every honest replica committed the same chain: heights {heights}; "
+        f"{sum(len(b.payload) for b in committed)} transactions; "
+        f"{result.messages} messages; dropped {dict(result.dropped) or 'none'}."
+    )
+    return 0
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"quorumgate: {message}", file=sys.stderr)
+    return code
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from quorumgate.proto.clusterfile import ClusterFileError, init_cluster
+
+    try:
+        spec = init_cluster(Path(args.dir), args.nodes, host=args.host)
+    except (ClusterFileError, OSError) as err:
+        return _fail(str(err), 2)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dir": str(spec.directory),
+                    "chain_id": spec.chain_id,
+                    "n": spec.n,
+                    "f": spec.f,
+                    "members": [m.replica_address for m in spec.members],
+                }
+            )
+        )
+        return 0
+    print(
+        f"Wrote {spec.directory / 'cluster.json'}: chain {spec.chain_id}, "
+        f"{spec.n} replicas (tolerates f={spec.f} faulty)."
+    )
+    for m in spec.members:
+        metrics = f"http://{m.host}:{m.metrics_port}/metrics"
+        print(f"  node {m.index}: replica {m.replica_address}, metrics {metrics}")
+    keys = f"{spec.directory}/owner.key, {spec.directory}/node-*/consensus.key"
+    print(f"Private keys (mode 0600): {keys}")
+    return 0
+
+
+def _load(args: argparse.Namespace) -> ClusterSpec:
+    from quorumgate.proto.clusterfile import load_cluster
+
+    return load_cluster(Path(args.dir))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain text table: numbers right-aligned, text left-aligned, `-` for None."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    numeric = [
+        all(r[i].lstrip("-").isdigit() or r[i] == "-" for r in cells) for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in cells)])
+
+
+def _status_table(statuses: Sequence[NodeStatus]) -> str:
+    return table(
+        ["node", "address", "alive", "height", "view", "leader", "peers", "mempool"],
+        [
+            [
+                st.index,
+                st.address,
+                "yes" if st.alive else "no",
+                st.height,
+                st.view,
+                st.leader,
+                st.peers,
+                st.mempool,
+            ]
+            for st in statuses
+        ],
+    )
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from quorumgate.ops.nodes import OpsError, query_status, start_cluster, stop_nodes
+    from quorumgate.proto.clusterfile import ClusterFileError
+
+    try:
+        spec = _load(args)
+        indexes = list(range(spec.n)) if args.node is None else [spec.member(args.node).index]
+        procs = start_cluster(spec, indexes)
+    except (ClusterFileError, OpsError) as err:
+        return _fail(str(err), 2)
+    if args.detach:
+        hint = f"quorumgate status --dir {args.dir}"
+        print(f"{len(indexes)} replicas serving (chain {spec.chain_id}); `{hint}`")
+        return 0
+    print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
+    try:
+        while True:
+            table = _status_table([query_status(spec, i) for i in range(spec.n)])
+            if sys.stdout.isatty():
+                print(
+                    "\x1b[2J\x1b[H"
+                    + f"QuorumGate {spec.chain_id} — {args.dir}  (Ctrl-C stops)\n"
+                    + table,
+                    flush=True,
+                )
+            else:
+                print(table, flush=True)
+            time.sleep(args.refresh)
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+    finally:
+        stop_nodes(spec, indexes)
+        for proc in procs:
+            proc.wait()
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from quorumgate.ops.nodes import query_status
+    from quorumgate.proto.clusterfile import ClusterFileError
+
+    try:
+        spec = _load(args)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    statuses = [query_status(spec, i) for i in range(spec.n)]
+    if args.json:
+        print(
+            json.dumps(
+                {"chain_id": spec.chain_id, "f": spec.f, "nodes": [st.as_dict() for st in statuses]}
+            )
+        )
+    else:
+        print(_status_table(statuses))
+    return 0 if any(st.alive for st in statuses) else 1
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from quorumgate.ops.nodes import stop_nodes
+    from quorumgate.proto.clusterfile import ClusterFileError
+
+    try:
+        spec = _load(args)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    stopped = stop_nodes(spec, None if args.node is None else [args.node])
+    print(f"stopped nodes {stopped}" if stopped else "nothing was running")
+    return 0
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    from quorumgate.replica.node import main as node_main
+
+    return node_main(["--dir", args.dir, "--node", str(args.node), "--log-stderr"])
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from quorumgate.bench.harness import (
+        BenchError,
+        BenchInterrupted,
+        BenchRequest,
+        RunOptions,
+        bench_command,
+        format_report,
+        plot_report,
+    )
+    from quorumgate.ops.nodes import OpsError
+    from quorumgate.proto.clusterfile import ClusterFileError
+
+    try:
+        sweep = tuple(float(v) for v in args.sweep.split(",") if v) if args.sweep else ()
+        request = BenchRequest(
+            directory=Path(args.dir) if args.dir else None,
+            start_nodes=args.nodes if args.start else None,
+            base=RunOptions(
+                seconds=args.seconds,
+                warmup_s=args.warmup,
+                inflight=args.inflight,
+                rate_per_s=args.rate or 0.0,
+                clients=args.clients,
+                ordering_only=args.ordering_only,
+            ),
+            sweep=sweep,
+            runs=args.runs,
+            agents=args.agents,
+            baselines=args.baselines,
+        )
+        request.base.shape()
+    except ValueError as err:
+        return _fail(str(err), 2)
+
+    def progress(line: str) -> None:
+        print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+    try:
+        report = bench_command(request, progress)
+        if args.plot:
+            plot_report(report, Path(args.plot))
+    except (ClusterFileError, OpsError, BenchError) as err:
+        return _fail(str(err))
+    except BenchInterrupted:
+        return _fail("interrupted (what the bench started is stopped)", 130)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_report(report))
+    if args.plot:
+        print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from quorumgate.ops.demo import run_demo
+    from quorumgate.ops.nodes import OpsError
+    from quorumgate.proto.clusterfile import ClusterFileError, init_cluster, load_cluster
+
+    directory = Path(args.dir or f"run/demo-{args.nodes}")
+    try:
+        if (directory / "cluster.json").exists():
+            spec = load_cluster(directory)
+            if spec.n != args.nodes:
+                return _fail(
+                    f"{directory} holds a {spec.n}-node cluster; use another --dir for {args.nodes}"
+                )
+        else:
+            spec = init_cluster(directory, args.nodes)
+            print(f"Created a {spec.n}-replica cluster in {directory} (chain {spec.chain_id}).")
+        return run_demo(spec, once=args.once, refresh_s=args.refresh)
+    except (ClusterFileError, OpsError) as err:
+        return _fail(str(err), 2)
+
+
+def _sidecar_db(args: argparse.Namespace) -> tuple[Path, str] | int:
+    from quorumgate.proto.clusterfile import ClusterFileError
+
+    try:
+        spec = _load(args)
+        spec.member(args.node)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    return spec.node_dir(args.node) / "sidecar.db", spec.chain_id
+
+
+def _cmd_artifacts(args: argparse.Namespace) -> int:
+    from quorumgate.sidecar.operator import export_artifacts, list_artifacts
+
+    found = _sidecar_db(args)
+    if isinstance(found, int):
+        return found
+    db, chain = found
+    if args.export:
+        return export_artifacts(db, chain, Path(args.export))
+    return list_artifacts(db, chain, args.json, sys.stdout)
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    from quorumgate.sidecar.operator import ledger_export, ledger_verify, verify_ledger_file
+
+    if args.ledger_command == "verify" and args.file:
+        from quorumgate.proto.clusterfile import ClusterFileError
+
+        try:
+            chain = _load(args).chain_id
+        except ClusterFileError as err:
+            return _fail(str(err), 2)
+        head = bytes.fromhex(args.head) if args.head else None
+        return verify_ledger_file(Path(args.file), chain, sys.stdout, expected_head=head)
+    if args.node is None:
+        return _fail("--node is required (or --file for an exported ledger)", 2)
+    found = _sidecar_db(args)
+    if isinstance(found, int):
+        return found
+    db, chain = found
+    if args.ledger_command == "verify":
+        return ledger_verify(db, chain, sys.stdout)
+    return ledger_export(db, chain, sys.stdout)
+
+
+class Progress:
+    """A one-line progress bar on stderr with rate and ETA (a line per 10% when not a tty)."""
+
+    def __init__(self, label: str, unit: str) -> None:
+        self.label, self.unit = label, unit
+        self.tty = sys.stderr.isatty()
+        self.last_decile = -1
+        self.last_draw = 0.0
+
+    def __call__(self, done: int, total: int, elapsed_s: float) -> None:
+        now = time.monotonic()
+        fraction = done / total if total else 1.0
+        decile = int(fraction * 10)
+        if self.tty and now - self.last_draw < 0.1 and done < total:
+            return
+        if not self.tty and decile == self.last_decile and done < total:
+            return
+        self.last_draw, self.last_decile = now, decile
+        rate = done / elapsed_s if elapsed_s > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else 0.0
+        bar = "#" * int(fraction * 30)
+        line = f"{self.label} [{bar:<30}] {done}/{total} {self.unit} {rate:,.0f}/s ETA {eta:,.0f} s"
+        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
+        if self.tty and done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from quorumgate.ops.nodes import running_pid
+    from quorumgate.proto.clusterfile import ClusterFileError
+    from quorumgate.sidecar.replay import ReplayError, replay
+
+    try:
+        spec = _load(args)
+        spec.member(args.node)
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+    if running_pid(spec, args.node, "sidecar") is not None:
+        return _fail(
+            f"sidecar {args.node} is running; stop it first "
+            f"(quorumgate down --dir {args.dir} --node {args.node} stops its replica too)",
+            2,
+        )
+    progress = None if args.quiet else Progress(f"replay node {args.node}", "heights")
+    try:
+        report = asyncio.run(
+            replay(
+                spec,
+                args.node,
+                from_height=args.from_height,
+                resume=not args.no_resume,
+                progress=progress,
+            )
+        )
+    except ReplayError as err:
+        return _fail(str(err))
+    doc = report.as_dict()
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(
+            f"replayed {report.heights_replayed} heights ({report.verdicts} verdicts) of node "
+            f"{report.node} up to height {report.top_height} in {doc['seconds']} s "
+            f"({doc['rate_heights_per_s']} heights/s, {doc['rate_verdicts_per_s']} verdicts/s)"
+        )
+        print(
+            f"compared {report.heights_compared} heights, recorded {report.heights_recorded}; "
+            f"artifacts re-confirmed {report.artifacts_reconfirmed}, written "
+            f"{report.artifacts_written}; certificates checked {report.certificates_checked}"
+            + (f"; resumed after height {report.resumed_from}" if report.resumed_from else "")
+        )
+        if report.mismatches:
+            print(f"{len(report.mismatches)} MISMATCHES:")
+            for m in report.mismatches[:20]:
+                print(f"  height {m['height']}: {m['what']}: {m['detail']}")
+        else:
+            print("no mismatches")
+    return 0 if report.ok else 1
+
+
+def _cmd_policy_test(args: argparse.Namespace) -> int:
+    from quorumgate.sidecar.policykit import run_policy_test
+
+    return run_policy_test(args.file, json_output=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quorumgate",
+        description="QuorumGate: a Byzantine-fault-tolerant judge for AI-agent tool calls.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser(
+        "simulate", help="run a simulated cluster of consensus cores and print its chain"
+    )
+    sim.add_argument("--nodes", type=int, default=4)
+    sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument("--ticks", type=int, default=600)
+    sim.add_argument("--byzantine", nargs="*", default=[], help="behaviours, at most f")
+    sim.add_argument("--loss-permille", type=int, default=0)
+    sim.add_argument("--show", type=int, default=10, help="last N committed blocks to print")
+    sim.add_argument("--json", action="store_true")
+    sim.set_defaults(func=_cmd_simulate)
+
+    demo = sub.add_parser(
+        "demo", help="the main job: a local cluster, the multi-agent example, live status"
+    )
+    demo.add_argument("--dir", help="cluster directory, made if absent (run/demo-N)")
+    demo.add_argument("--nodes", type=int, default=4, help="4 or 7 (any 3f+1)")
+    demo.add_argument("--once", action="store_true", help="stop the cluster at the end")
+    demo.add_argument("--refresh", type=float, default=1.0)
+    demo.set_defaults(func=_cmd_demo)
+
+    init = sub.add_parser("init", help="write a cluster file and keys for N replicas")
+    init.add_argument("--nodes", type=int, default=4, help="3f+1 replicas: 4 or 7 (default 4)")
+    init.add_argument("--dir", required=True)
+    init.add_argument("--host", default="127.0.0.1", help="address every member listens on")
+    init.add_argument("--json", action="store_true")
+    init.set_defaults(func=_cmd_init)
+
+    up = sub.add_parser("up", help="start every replica of a cluster as its own process")
+    up.add_argument("--dir", required=True)
+    up.add_argument("--node", type=int, help="start only this member (multi-host setups)")
+    up.add_argument("--detach", action="store_true", help="return once the cluster serves")
+    up.add_argument("--refresh", type=float, default=1.0, help="status refresh seconds")
+    up.set_defaults(func=_cmd_up)
+
+    status = sub.add_parser("status", help="per node: alive, height, view, leader")
+    status.add_argument("--dir", required=True)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_cmd_status)
+
+    down = sub.add_parser("down", help="stop what `up` started for this directory")
+    down.add_argument("--dir", required=True)
+    down.add_argument("--node", type=int)
+    down.set_defaults(func=_cmd_down)
+
+    node = sub.add_parser("node", help="run one replica in the foreground (multi-host)")
+    node.add_argument("--dir", required=True)
+    node.add_argument("--node", type=int, required=True)
+    node.set_defaults(func=_cmd_node)
+
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark: certified proposals/s, latency, CPU and RSS; baselines",
+        description="Load a cluster with signed 256-byte proposals from client processes "
+        "and report committed and certified proposals per second, submit-to-commit and "
+        "submit-to-certificate latency p50/p99, cluster CPU seconds per proposal and peak "
+        "RSS per process (medians over --runs).",
+    )
+    where = bench.add_mutually_exclusive_group(required=True)
+    where.add_argument("--dir", help="a running cluster's directory")
+    where.add_argument(
+        "--start",
+        action="store_true",
+        help="init and start a temporary cluster (stopped at the end)",
+    )
+    bench.add_argument("--nodes", type=int, default=4, help="with --start: 4 or 7 (any 3f+1)")
+    bench.add_argument("--seconds", type=float, default=10.0, help="measured window per run")
+    bench.add_argument("--warmup", type=float, default=2.0, help="seconds before the window")
+    bench.add_argument("--inflight", type=int, default=256, help="closed loop: in flight, in all")
+    bench.add_argument("--rate", type=float, help="open loop: proposals/s offered, in all")
+    bench.add_argument("--clients", type=int, default=2, help="client processes")
+    bench.add_argument(
+        "--ordering-only", action="store_true", help="replicas only; count committed proposals"
+    )
+    bench.add_argument("--runs", type=int, default=1, help="runs per point (medians reported)")
+    bench.add_argument(
+        "--sweep", help="comma-separated inflight values (or rates with --rate): 1,8,64,256"
+    )
+    bench.add_argument(
+        "--agents", type=int, default=2048, help="governed bench agents (the quota is per agent)"
+    )
+    bench.add_argument(
+        "--baselines", action="store_true", help="PySyncObj (and etcd if on PATH), same runs"
+    )
+    bench.add_argument("--plot", metavar="FILE.png", help="throughput against latency (matplotlib)")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=_cmd_bench)
+
+    artifacts = sub.add_parser("artifacts", help="a sidecar's rejection artifacts")
+    artifacts.add_argument("--dir", required=True)
+    artifacts.add_argument("--node", type=int, required=True)
+    artifacts.add_argument("--json", action="store_true")
+    artifacts.add_argument("--export", metavar="OUT_DIR", help="write one file per artifact")
+    artifacts.set_defaults(func=_cmd_artifacts)
+
+    ledger = sub.add_parser("ledger", help="a sidecar's verdict ledger")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True)
+    lverify = ledger_sub.add_parser("verify", help="check the hash chain; name the first bad entry")
+    lverify.add_argument("--dir", required=True)
+    lverify.add_argument("--node", type=int)
+    lverify.add_argument("--file", help="an exported ledger (JSONL) instead of a node's store")
+    lverify.add_argument("--head", help="with --file: the head (hex) another sidecar reports")
+    lverify.set_defaults(func=_cmd_ledger)
+    lexport = ledger_sub.add_parser("export", help="JSONL, one verdict a line")
+    lexport.add_argument("--dir", required=True)
+    lexport.add_argument("--node", type=int, required=True)
+    lexport.set_defaults(func=_cmd_ledger)
+
+    rp = sub.add_parser("replay", help="rebuild and check a sidecar's state from its log")
+    rp.add_argument("--dir", required=True)
+    rp.add_argument("--node", type=int, required=True)
+    rp.add_argument("--from-height", type=int, default=1, help="compare from this height on")
+    rp.add_argument("--no-resume", action="store_true", help="ignore a checkpoint, start over")
+    rp.add_argument("--quiet", action="store_true", help="no progress bar")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=_cmd_replay)
+
+    from quorumgate.ops.clientcli import add_client_commands
+
+    add_client_commands(sub)
+
+    from quorumgate.ops.drill import add_drill_command
+
+    add_drill_command(sub)
+
+    policy = sub.add_parser("policy", help="operator policy tools")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    ptest = policy_sub.add_parser("test", help="check a policy file's expected verdicts")
+    ptest.add_argument("file")
+    ptest.add_argument("--json", action="store_true")
+    ptest.set_defaults(func=_cmd_policy_test)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,811 @@
+"""Client commands of the `quorumgate` CLI (issue 6, items 4-5).
+
+`add_client_commands(sub)` registers, on the CLI's subparsers:
+
+    keygen     --out FILE [--sink]              an Ed25519 agent key (or X25519 sink key), 0600
+    submit     --dir D --key F --run R --tool T [--target X] [--arg N=V]... [--handle N=H]...
+    confirm    --dir D [--key F] PROPOSAL_ID [--yes]
+    admin      --dir D [--key F] register-tool | register-agent | register-sink |
+               set-mandate | suspend | resume ...
+    agents     --dir D                          registered agents and their mandates
+    tools      --dir D                          registered tools
+    verdicts   --dir D [--from-height H] [--follow]
+
+Every command takes `--json` (one JSON document; `verdicts` prints JSON lines) and prints
+tidy tables otherwise; anything that waits shows a progress line on a terminal (stderr,
+never with `--json`). Keys are hex seed files with mode 0600, like `DIR/owner.key`;
+`admin` and `confirm` default to the owner's.
+
+Exit codes: 0 done (allow, flag, applied); 1 denied or rejected; 2 bad input, refused, or
+cluster unreachable; 3 pending confirmation (`submit`).
+
+Reason codes are operator information. `admin`, `confirm`, `agents`, `tools` and
+`verdicts` are operator commands and show them; `submit` (what an agent's wrapper might
+run) shows only the outcome and the fixed denial sentence unless `--show-reason`.
+
+`agents` and `tools` need read access to the registry. No sidecar RPC serves it yet, so
+they read a `RegistrySource`: today `ReplayRegistry`, which replays the committed log
+locally (`quorumgate.sdk.client.CommittedLog`) — correct, but linear in the log's length — and
+tomorrow a read-only Sidecar `Registry` RPC answered by f+1 sidecars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol, TypeVar
+
+from nacl.public import PrivateKey
+from nacl.signing import SigningKey
+
+from quorumgate.proto.clusterfile import (
+    OWNER_KEY_FILE,
+    ClusterFileError,
+    ClusterSpec,
+    load_cluster,
+    read_seed,
+)
+from quorumgate.proto.model import DENIAL_TEXT, EnvelopeArg, Mandate, Outcome, ToolSpec
+from quorumgate.sdk.client import (
+    Client,
+    ClusterUnavailable,
+    CommittedLog,
+    Decision,
+    Handle,
+    QuorumGateError,
+    TransactionRejected,
+    mandate,
+    tool_spec,
+)
+from quorumgate.sdk.keys import generate_key, generate_sink_key
+
+T = TypeVar("T")
+
+EXIT_OK = 0
+EXIT_DENIED = 1
+EXIT_ERROR = 2
+EXIT_PENDING = 3
+PROGRESS_BAR_CHARS = 30
+PROGRESS_REFRESH_S = 0.1  # at most this often, so a fast replay is not slowed by drawing
+VERDICTS_IDLE_S = 1.0  # without --follow: stop once sidecars were silent this long
+
+
+# ---------------------------------------------------------------------------- output
+
+
+class Progress:
+    """One self-rewriting line on stderr when it is a terminal (and not --json): a bar
+    when the total is known, elapsed seconds otherwise."""
+
+    def __init__(self, label: str, *, enabled: bool, stream: IO[str] | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled and self.stream.isatty()
+        self.label = label
+        self.started = time.monotonic()
+        self._drawn = 0.0
+
+    def update(self, done: int | None = None, total: int | None = None) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._drawn < PROGRESS_REFRESH_S and (done is None or done != total):
+            return
+        self._drawn = now
+        elapsed = now - self.started
+        if done is not None and total:
+            filled = int(PROGRESS_BAR_CHARS * min(done, total) / total)
+            bar = "#" * filled + "-" * (PROGRESS_BAR_CHARS - filled)
+            text = f"{self.label} [{bar}] {done}/{total}"
+        else:
+            text = f"{self.label} ... {elapsed:.1f} s"
+        self.stream.write("\r" + text + "\x1b[K")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    from quorumgate.ops.cli import table
+
+    return table(headers, rows)
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> int:
+    print(f"quorumgate: {message}", file=sys.stderr)
+    return code
+
+
+def _emit(args: argparse.Namespace, doc: object, human: str) -> None:
+    print(json.dumps(doc, sort_keys=True) if args.json else human)
+
+
+def _signers(decision: Decision) -> str:
+    return ",".join(str(s) for s in decision.signers)
+
+
+def decision_json(decision: Decision, *, with_reason: bool) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "proposal_id": decision.proposal_id.hex(),
+        "tx_id": decision.tx_id.hex(),
+        "kind": decision.kind,
+        "outcome": decision.outcome.value,
+        "height": decision.height,
+        "certified_by": list(decision.signers),
+        "mandate_version": decision.mandate_version,
+        "certificate": decision.certificate_bytes().hex(),
+    }
+    if with_reason:
+        doc["reason"] = decision.reason
+    if decision.card is not None:
+        doc["card"] = {
+            "digest": decision.card.digest.hex(),
+            "text": decision.card.render(),
+            "expires_at_ms": decision.card.expires_at_ms,
+        }
+    return doc
+
+
+# ---------------------------------------------------------------------------- plumbing
+
+
+def _spec(args: argparse.Namespace) -> ClusterSpec:
+    return load_cluster(Path(args.dir))
+
+
+def _key(args: argparse.Namespace, spec: ClusterSpec, *, owner_default: bool) -> SigningKey:
+    if args.key is None:
+        if not owner_default:
+            raise ClusterFileError("--key FILE is required (an agent key; see `keygen`)")
+        return SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+    return SigningKey(read_seed(Path(args.key)))
+
+
+def _run_with_client(
+    args: argparse.Namespace,
+    *,
+    owner_default: bool,
+    work: Callable[[Client], Coroutine[Any, Any, int]],
+) -> int:
+    try:
+        spec = _spec(args)
+        key = _key(args, spec, owner_default=owner_default)
+    except ClusterFileError as err:
+        return _fail(str(err))
+
+    async def main() -> int:
+        async with Client(spec, key) as client:
+            return await work(client)
+
+    try:
+        return asyncio.run(main())
+    except ClusterUnavailable:
+        return _fail("the cluster could not be reached (no quorum of replicas or sidecars)")
+
+
+async def _waiting(label: str, args: argparse.Namespace, coro: Coroutine[Any, Any, T]) -> T:
+    """Await `coro` with a progress line (elapsed time) while it runs."""
+    progress = Progress(label, enabled=not args.json)
+    task = asyncio.ensure_future(coro)
+    try:
+        while not task.done():
+            progress.update()
+            await asyncio.wait({task}, timeout=PROGRESS_REFRESH_S)
+        return task.result()
+    finally:
+        task.cancel()
+        progress.close()
+
+
+def _hex_bytes(text: str, what: str, size: int = 32) -> bytes:
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be hex") from None
+    if len(value) != size:
+        raise argparse.ArgumentTypeError(f"{what} must be {size} bytes ({2 * size} hex digits)")
+    return value
+
+
+def _pairs(items: Sequence[str], what: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"{what} takes NAME=VALUE")
+        out.append((name, value))
+    return out
+
+
+# ---------------------------------------------------------------------------- keygen
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    path = Path(args.out)
+    try:
+        if args.sink:
+            public, kind = bytes(generate_sink_key(path).public_key), "x25519"
+        else:
+            public, kind = bytes(generate_key(path).verify_key), "ed25519"
+    except FileExistsError:
+        return _fail(f"{path} exists; keys are never overwritten")
+    except OSError as err:
+        return _fail(f"cannot write {path}: {err.strerror}")
+    _emit(
+        args,
+        {"file": str(path), "kind": kind, "public_key": public.hex()},
+        f"wrote {path} (mode 0600, {kind}); public key {public.hex()}",
+    )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- submit
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        texts = _pairs(args.arg, "--arg")
+        handles = _pairs(args.handle, "--handle")
+        grant = _hex_bytes(args.grant, "--grant") if args.grant else None
+    except argparse.ArgumentTypeError as err:
+        return _fail(str(err))
+    arguments: dict[str, str | Handle] = {name: value for name, value in texts}
+    arguments.update({name: Handle(value) for name, value in handles})
+
+    async def work(client: Client) -> int:
+        try:
+            decision = await _waiting(
+                "waiting for f+1 receipts",
+                args,
+                client.propose(
+                    args.tool,
+                    args.target,
+                    arguments,
+                    run_id=args.run,
+                    grant=grant,
+                    deadline_s=args.deadline,
+                ),
+            )
+        except QuorumGateError as err:
+            if isinstance(err, ClusterUnavailable):
+                raise
+            detail = f" ({err.reason})" if args.show_reason else ""
+            return _fail(f"{err}{detail}")
+        return _print_decision(args, decision)
+
+    try:
+        return _run_with_client(args, owner_default=False, work=work)
+    except ValueError as err:  # a malformed proposal (run id, sizes): never echoes values
+        return _fail(f"invalid proposal: {err}")
+
+
+def _print_decision(args: argparse.Namespace, decision: Decision) -> int:
+    show = bool(getattr(args, "show_reason", True))
+    outcome = decision.outcome
+    row = [decision.proposal_id.hex()[:16], outcome.value, decision.height, _signers(decision)]
+    headers = ["proposal", "outcome", "height", "certified by"]
+    if show:
+        headers.append("reason")
+        row.append(decision.reason)
+    lines = [_table(headers, [row])]
+    if outcome in (Outcome.DENY, Outcome.REJECTED):
+        lines.append(DENIAL_TEXT)
+    if decision.card is not None and outcome is Outcome.PENDING:
+        lines += ["", decision.card.render(), ""]
+        lines.append(
+            f"confirm with: quorumgate confirm --dir {args.dir} --key PRINCIPAL_KEY "
+            f"{decision.proposal_id.hex()}"
+        )
+    _emit(args, decision_json(decision, with_reason=show), "\n".join(lines))
+    if decision.allowed or outcome is Outcome.APPLIED:
+        return EXIT_OK
+    return EXIT_PENDING if outcome is Outcome.PENDING else EXIT_DENIED
+
+
+# ---------------------------------------------------------------------------- confirm
+
+
+def _cmd_confirm(args: argparse.Namespace) -> int:
+    try:
+        proposal_id = _hex_bytes(args.proposal_id, "PROPOSAL_ID")
+    except argparse.ArgumentTypeError as err:
+        return _fail(str(err))
+
+    async def work(client: Client) -> int:
+        pending = await _waiting(
+            "fetching the certified card",
+            args,
+            client.await_certificate(proposal_id, args.deadline),
+        )
+        if pending.card is None or pending.outcome is not Outcome.PENDING:
+            return _fail(f"proposal is not pending (outcome {pending.outcome.value})", 1)
+        card = pending.card
+        if not args.json:
+            print(card.render())
+        if not args.yes:
+            if not sys.stdin.isatty():
+                return _fail("not a terminal: pass --yes to confirm the card shown")
+            answer = input("Confirm exactly this call? [y/N] ").strip().lower()
+            if answer not in ("y", "yes"):
+                return _fail("not confirmed", 1)
+        try:
+            decision = await _waiting(
+                "confirming",
+                args,
+                client.confirm(proposal_id, card.digest, args.deadline),
+            )
+        except TransactionRejected as err:
+            _emit(
+                args,
+                decision_json(err.decision, with_reason=True),
+                f"confirmation rejected: {err.reason}",
+            )
+            return EXIT_DENIED
+        return _print_decision(args, decision)
+
+    return _run_with_client(args, owner_default=True, work=work)
+
+
+# ---------------------------------------------------------------------------- admin
+
+
+def _public_key_arg(args: argparse.Namespace, *, sink: bool) -> bytes:
+    if args.public_key:
+        return _hex_bytes(args.public_key, "--public-key")
+    if args.key_file:
+        seed = read_seed(Path(args.key_file))
+        if sink:
+            return bytes(PrivateKey(seed).public_key)
+        return bytes(SigningKey(seed).verify_key)
+    raise argparse.ArgumentTypeError("give --public-key HEX or --key-file FILE")
+
+
+def _envelope(text: str) -> EnvelopeArg:
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "verified"):
+        raise argparse.ArgumentTypeError("--envelope takes NAME:KIND or NAME:KIND:verified")
+    return EnvelopeArg(parts[0], parts[1], require_verified=len(parts) == 3)
+
+
+def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], Any]]:
+    """(operation, subject, call) for the admin subcommand in `args`."""
+    op = args.admin_command
+    if op == "register-tool":
+        spec = tool_spec(
+            args.name,
+            args.mode,
+            sink=args.sink,
+            schemes=args.scheme,
+            envelopes=[_envelope(e) for e in args.envelope],
+            min_tier=args.min_tier,
+            binds_caller=args.binds_caller,
+        )
+        return op, args.name, lambda c: c.register_tool(spec, args.deadline)
+    if op in ("register-agent", "register-sink"):
+        key = _public_key_arg(args, sink=op == "register-sink")
+        if op == "register-agent":
+            return op, args.agent_id, lambda c: c.register_agent(args.agent_id, key, args.deadline)
+        return op, args.sink_id, lambda c: c.register_sink(args.sink_id, key, args.deadline)
+    if op == "set-mandate":
+        chosen = [args.tools is not None, args.unrestricted, args.no_tools]
+        if sum(chosen) != 1:
+            raise argparse.ArgumentTypeError(
+                "give one of --tools A,B / --unrestricted / --no-tools"
+            )
+        tools: list[str] | None
+        if args.unrestricted:
+            tools = None
+        elif args.no_tools:
+            tools = []
+        else:
+            tools = [t for t in args.tools.split(",") if t]
+        value = mandate(
+            tools,
+            enforcement="observe" if args.observe else "enforce",
+            suspended=args.suspended,
+            delegation_policy=args.delegation,
+            max_delegation_depth=args.max_depth,
+        )
+        return op, args.agent_id, lambda c: c.set_mandate(args.agent_id, value, args.deadline)
+    if op == "suspend":
+        return op, args.agent_id, lambda c: c.suspend(args.agent_id, args.deadline)
+    assert op == "resume", op
+    return op, args.agent_id, lambda c: c.resume(args.agent_id, args.deadline)
+
+
+def _cmd_admin(args: argparse.Namespace) -> int:
+    try:
+        op, subject, call = _admin_op(args)
+    except (argparse.ArgumentTypeError, ValueError, ClusterFileError) as err:
+        return _fail(str(err))
+
+    async def work(client: Client) -> int:
+        if not client.is_owner:
+            return _fail("admin operations are signed with the owner key (DIR/owner.key)")
+        try:
+            decision = await _waiting(f"{op} {subject}", args, call(client))
+        except TransactionRejected as err:
+            _emit(
+                args,
+                {
+                    "operation": op,
+                    "subject": subject,
+                    **decision_json(err.decision, with_reason=True),
+                },
+                f"rejected: {op} {subject} ({err.reason})",
+            )
+            return EXIT_DENIED
+        except QuorumGateError as err:
+            if isinstance(err, ClusterUnavailable):
+                raise
+            return _fail(f"{err} ({err.reason})")
+        _emit(
+            args,
+            {"operation": op, "subject": subject, **decision_json(decision, with_reason=True)},
+            f"applied: {op} {subject} at height {decision.height}, "
+            f"certified by sidecars {_signers(decision)}",
+        )
+        return EXIT_OK
+
+    return _run_with_client(args, owner_default=True, work=work)
+
+
+# ---------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class AgentEntry:
+    agent_id: str
+    public_key: bytes
+    mandate: Mandate | None
+    mandate_version: int
+    suspended: bool
+
+
+@dataclass(frozen=True)
+class Registry:
+    height: int
+    source: str
+    agents: tuple[AgentEntry, ...]
+    tools: tuple[ToolSpec, ...]
+    sinks: tuple[tuple[str, bytes], ...]
+
+
+class RegistrySource(Protocol):
+    def snapshot(self, progress: Callable[[int, int], None] | None = None) -> Registry: ...
+
+
+class ReplayRegistry:
+    """The registry as of the committed height, from a local replay of the log."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.log = CommittedLog(spec)
+
+    def snapshot(self, progress: Callable[[int, int], None] | None = None) -> Registry:
+        height = self.log.advance(progress=progress)
+        state = self.log.engine.state
+        agents = tuple(
+            AgentEntry(r.agent_id, r.public_key, r.mandate, r.mandate_version, r.suspended)
+            for _, r in sorted(state.agents.items())
+        )
+        return Registry(
+            height=height,
+            source="log_replay",
+            agents=agents,
+            tools=tuple(spec for _, spec in sorted(state.tools.items())),
+            sinks=tuple(sorted(state.sinks.items())),
+        )
+
+
+# The source the `agents` and `tools` commands read; a test or a future RPC-backed source
+# replaces it.
+registry_source: Callable[[ClusterSpec], RegistrySource] = ReplayRegistry
+
+
+def _registry(args: argparse.Namespace) -> Registry | int:
+    try:
+        spec = _spec(args)
+    except ClusterFileError as err:
+        return _fail(str(err))
+    progress = Progress("replaying the committed log", enabled=not args.json)
+    try:
+        return registry_source(spec).snapshot(progress.update)
+    except ClusterUnavailable:
+        return _fail("the cluster could not be reached")
+    finally:
+        progress.close()
+
+
+def _mandate_json(m: Mandate | None) -> dict[str, object] | None:
+    if m is None:
+        return None
+    return {
+        "allowed_tools": None if m.allowed_tools is None else list(m.allowed_tools),
+        "enforcement": m.enforcement.value,
+        "suspended": m.suspended,
+        "delegation_policy": m.delegation_policy.value,
+        "max_delegation_depth": m.max_delegation_depth,
+    }
+
+
+def _tools_cell(m: Mandate | None) -> str:
+    if m is None:
+        return "(no mandate)"
+    if m.allowed_tools is None:
+        return "(unrestricted)"
+    return ",".join(m.allowed_tools) or "(none)"
+
+
+def _cmd_agents(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    if isinstance(registry, int):
+        return registry
+    doc = {
+        "height": registry.height,
+        "source": registry.source,
+        "agents": [
+            {
+                "agent_id": a.agent_id,
+                "public_key": a.public_key.hex(),
+                "mandate_version": a.mandate_version,
+                "suspended": a.suspended,
+                "mandate": _mandate_json(a.mandate),
+            }
+            for a in registry.agents
+        ],
+    }
+    rows = [
+        [
+            a.agent_id,
+            a.public_key.hex()[:16],
+            a.mandate_version,
+            "yes" if a.suspended else "no",
+            a.mandate.enforcement.value if a.mandate else None,
+            a.mandate.delegation_policy.value if a.mandate else None,
+            _tools_cell(a.mandate),
+        ]
+        for a in registry.agents
+    ]
+    human = _table(
+        ["agent", "key", "version", "suspended", "enforcement", "delegation", "tools"], rows
+    )
+    _emit(args, doc, f"{human}\n{len(rows)} agents at height {registry.height}")
+    return EXIT_OK
+
+
+def _cmd_tools(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    if isinstance(registry, int):
+        return registry
+    doc = {
+        "height": registry.height,
+        "source": registry.source,
+        "tools": [
+            {
+                "name": t.name,
+                "mode": t.mode.value,
+                "sink": t.sink,
+                "target_schemes": list(t.target_schemes),
+                "envelope_args": [
+                    {"name": e.name, "kind": e.kind, "require_verified": e.require_verified}
+                    for e in t.envelope_args
+                ],
+                "min_tier": t.min_tier.value,
+                "binds_caller": t.binds_caller,
+            }
+            for t in registry.tools
+        ],
+        "sinks": [{"sink_id": s, "public_key": k.hex()} for s, k in registry.sinks],
+    }
+    rows = [
+        [
+            t.name,
+            t.mode.value,
+            t.sink,
+            ",".join(t.target_schemes) or None,
+            ",".join(
+                f"{e.name}:{e.kind}{':verified' if e.require_verified else ''}"
+                for e in t.envelope_args
+            )
+            or None,
+            t.min_tier.value,
+            "yes" if t.binds_caller else "no",
+        ]
+        for t in registry.tools
+    ]
+    human = _table(
+        ["tool", "mode", "sink", "schemes", "envelopes", "min tier", "binds caller"], rows
+    )
+    _emit(args, doc, f"{human}\n{len(rows)} tools at height {registry.height}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+VERDICT_HEADERS = ("height", "idx", "kind", "outcome", "reason", "proposal", "certified by")
+# --follow prints rows as they are certified, so the columns have fixed widths
+VERDICT_WIDTHS = (8, 4, 13, 8, 26, 16, 12)
+
+
+def _verdict_row(decision: Decision) -> list[object]:
+    leaf = decision.certificate.leaf
+    return [
+        leaf.height,
+        leaf.index,
+        leaf.kind,
+        leaf.outcome,
+        leaf.reason,
+        decision.proposal_id.hex()[:16],
+        _signers(decision),
+    ]
+
+
+def _fixed(values: Sequence[object]) -> str:
+    cells = []
+    for value, width in zip(values, VERDICT_WIDTHS, strict=True):
+        text = str(value)
+        cells.append(text.rjust(width) if isinstance(value, int) else text.ljust(width))
+    return "  ".join(cells).rstrip()
+
+
+def _cmd_verdicts(args: argparse.Namespace) -> int:
+    async def work(client: Client) -> int:
+        statuses = await client.sidecar_status()
+        if len(statuses) < client.spec.f + 1:
+            raise ClusterUnavailable("sidecars_unreachable")
+        top = max(s.executed_height for s in statuses.values())
+        start = args.from_height if args.from_height is not None else max(1, top - 100)
+        progress = Progress("certifying verdicts", enabled=not args.json and not args.follow)
+        rows: list[list[object]] = []
+        if args.follow and not args.json:
+            print(_fixed(VERDICT_HEADERS))
+        idle = None if args.follow else VERDICTS_IDLE_S
+        count = 0
+        try:
+            async for decision in client.certified_verdicts(start, idle_s=idle):
+                count += 1
+                height = decision.height
+                progress.update(min(height, top) - start + 1, max(1, top - start + 1))
+                if args.json:
+                    print(json.dumps(decision_json(decision, with_reason=True), sort_keys=True))
+                elif args.follow:
+                    print(_fixed(_verdict_row(decision)))
+                else:
+                    rows.append(_verdict_row(decision))
+                sys.stdout.flush()
+                if args.limit and count >= args.limit:
+                    break
+        finally:
+            progress.close()
+        if not args.json and not args.follow:
+            rows.sort(key=lambda r: (int(str(r[0])), int(str(r[1]))))
+            print(_table(VERDICT_HEADERS, rows))
+            print(f"{len(rows)} certified verdicts from height {start}")
+        return EXIT_OK
+
+    try:
+        return _run_with_client(args, owner_default=True, work=work)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:  # `verdicts --follow | head`: the reader is gone, we are done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def _common(parser: argparse.ArgumentParser, *, key_help: str | None) -> None:
+    parser.add_argument("--dir", required=True, help="cluster directory (cluster.json)")
+    if key_help is not None:
+        parser.add_argument("--key", metavar="FILE", help=key_help)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _deadline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--deadline", type=float, default=10.0, metavar="S", help="certificate wait (s)"
+    )
+
+
+def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the client commands on the `quorumgate` subparsers."""
+    keygen = sub.add_parser("keygen", help="write a new agent (or sink) key file, mode 0600")
+    keygen.add_argument("--out", required=True, metavar="FILE")
+    keygen.add_argument("--sink", action="store_true", help="an X25519 sink key")
+    keygen.add_argument("--json", action="store_true")
+    keygen.set_defaults(func=_cmd_keygen)
+
+    submit = sub.add_parser("submit", help="propose one tool call; print its certified verdict")
+    _common(submit, key_help="the agent's key file (required)")
+    submit.add_argument("--run", required=True, help="run id")
+    submit.add_argument("--tool", required=True)
+    submit.add_argument("--target", default="", help="the call's target (none by default)")
+    submit.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE")
+    submit.add_argument("--handle", action="append", default=[], metavar="NAME=HANDLE")
+    submit.add_argument("--grant", metavar="HEX", help="the delegation grant id to act under")
+    submit.add_argument("--show-reason", action="store_true", help="operator: print reasons")
+    _deadline(submit)
+    submit.set_defaults(func=_cmd_submit)
+
+    confirm = sub.add_parser("confirm", help="show a pending call's card and confirm it")
+    _common(confirm, key_help="the confirming principal's key (default: the owner's)")
+    confirm.add_argument("proposal_id", metavar="PROPOSAL_ID", help="hex")
+    confirm.add_argument("--yes", action="store_true", help="confirm without asking")
+    _deadline(confirm)
+    confirm.set_defaults(func=_cmd_confirm)
+
+    admin = sub.add_parser("admin", help="owner operations (signed with DIR/owner.key)")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    tool = admin_sub.add_parser("register-tool", help="register (or replace) a tool")
+    tool.add_argument("name")
+    tool.add_argument(
+        "--mode", required=True, choices=["read", "direct", "user_confirm", "owner_confirm"]
+    )
+    tool.add_argument("--sink", help="the sink that opens this tool's envelopes")
+    tool.add_argument("--scheme", action="append", default=[], help="accepted target scheme")
+    tool.add_argument("--envelope", action="append", default=[], metavar="NAME:KIND[:verified]")
+    tool.add_argument("--min-tier", default="delegate", choices=["delegate", "master"])
+    tool.add_argument("--binds-caller", action="store_true", help="a status tool")
+    agent = admin_sub.add_parser("register-agent", help="register an agent's public key")
+    agent.add_argument("agent_id")
+    sink = admin_sub.add_parser("register-sink", help="register a sink's X25519 public key")
+    sink.add_argument("sink_id")
+    for parser in (agent, sink):
+        parser.add_argument("--public-key", metavar="HEX")
+        parser.add_argument("--key-file", metavar="FILE", help="derive it from a key file")
+    mand = admin_sub.add_parser("set-mandate", help="set an agent's mandate (new version)")
+    mand.add_argument("agent_id")
+    mand.add_argument("--tools", metavar="A,B", help="allowed tools")
+    mand.add_argument("--unrestricted", action="store_true", help="allowed_tools = null")
+    mand.add_argument("--no-tools", action="store_true", help="allowed_tools = [] (nothing)")
+    mand.add_argument("--observe", action="store_true", help="flag out-of-scope calls")
+    mand.add_argument("--suspended", action="store_true")
+    mand.add_argument("--delegation", default="none", choices=["none", "attenuated"])
+    mand.add_argument("--max-depth", type=int, help="max delegation depth")
+    suspend = admin_sub.add_parser("suspend", help="suspend an agent (temporary)")
+    suspend.add_argument("agent_id")
+    resume = admin_sub.add_parser("resume", help="lift a suspension")
+    resume.add_argument("agent_id")
+    for parser in (tool, agent, sink, mand, suspend, resume):
+        _common(parser, key_help="the owner key (default DIR/owner.key)")
+        _deadline(parser)
+        parser.set_defaults(func=_cmd_admin)
+
+    agents = sub.add_parser("agents", help="registered agents and their mandates")
+    _common(agents, key_help=None)
+    agents.set_defaults(func=_cmd_agents)
+
+    tools = sub.add_parser("tools", help="registered tools and sinks")
+    _common(tools, key_help=None)
+    tools.set_defaults(func=_cmd_tools)
+
+    verdicts = sub.add_parser("verdicts", help="verdicts certified by f+1 sidecars")
+    _common(verdicts, key_help="any client key (default: the owner's)")
+    verdicts.add_argument("--from-height", type=int, help="default: 100 below the top")
+    verdicts.add_argument("--follow", action="store_true", help="keep printing new verdicts")
+    verdicts.add_argument("--limit", type=int, default=0, help="stop after N verdicts")
+    verdicts.set_defaults(func=_cmd_verdicts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m quorumgate.ops.clientcli ...`: the client commands on their own."""
+    parser = argparse.ArgumentParser(prog="quorumgate", description="QuorumGate client commands")
+    add_client_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,774 @@
+"""`governed_tool`: a tool function that runs only with a verdict certificate (issue 6, item 2).
+
+    @governed_tool(name="files.write", target="path")
+    def write_file(path: str, text: str) -> None: ...
+
+    with SyncClient.from_files("run/c4", "agent.key") as qg, agent_context(qg, run_id="run-7"):
+        write_file("/docs/a.txt", "hello")      # proposal -> certificate -> body
+
+Each call becomes a signed `Proposal`, is ordered by the replicas, judged by the sidecars,
+and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
+
+- **deny** (or a refusal at submission): `ActionDenied`, whose `str()` and `repr()` are
+  exactly `This action is not permitted.` whatever the reason (DESIGN §4.2, mandate guide
+  "Denials do not come back as tool errors"). The reason is on `.reason`, for operators.
+  `RunHalted` (a subclass) tells a supervisor the run is over (`.halted`).
+- **pending**: `ConfirmationRequired`, carrying the certified card and the proposal id.
+  After the principal confirms (`Client.confirm`, `quorumgate confirm`), call
+  the tool again inside `with resume_confirmed(exc):` with the same arguments: it checks
+  them against the card's body digest, waits for the confirmed certificate and runs.
+- **no certificate before the deadline** (cluster unreachable, no quorum, overloaded):
+  the posture decides. `fail_closed` (default) raises `CertificateUnavailable`, an
+  `ActionDenied` with the same fixed sentence. `fail_open` runs the body and queues a
+  *fail-open record* in memory (`FailOpenQueue`, at most `FAIL_OPEN_QUEUE_MAX` per agent
+  key; when full the call fails closed, so nothing runs unrecorded). The record is
+  submitted once the cluster answers again (after the next certified call, or
+  `flush_fail_open`) as a Proposal of the same tool, target, run and arguments plus one
+  marker argument, `qg.fail-open`, whose text says why and which proposal it stands for
+  (`cause=...;original=<id hex or ->;ran_at_ms=...`). The marker's *name* lands in the
+  verdict ledger and in any rejection artifact, so an operator finds every call that ran
+  without a certificate, and the verdict it got shows whether it was in scope.
+
+**Arguments.** The function's bound arguments (defaults applied) become the proposal:
+
+- the *target* is `target="param"` (that parameter's value), `target=callable` (called
+  with the bound arguments as a dict), or else a parameter named `target`, or else none
+  (`""`, for tools that take no target). The target parameter is not sent again as an
+  argument;
+- every other parameter is one argument named after it: a `Handle`, or any value of a
+  parameter listed in `envelopes=`, is sent as a handle (a raw value for an envelope
+  parameter is refused here, before anything leaves the process); `str` as text; `bool`
+  as `true`/`false`; `int`, `float`, `Decimal` and enums by their text; `None` is
+  omitted; `*args` as `name.0`, `name.1`...; `**kwargs` by key. Anything else raises
+  `ArgumentMappingError` naming the parameter (never the value). `exclude=` names
+  parameters that are not sent at all; a leading `self`/`cls` is never sent;
+- the tool name is `name=`, or the function's name with `_` as `-` (`read_file` is
+  `read-file`: tool names take no underscore).
+
+**Which agent, which run.** `agent_context(client, run_id=...)` (or `async with
+agent_context_async(...)`) binds a client (its key is the agent) and a run id in a
+`contextvars.ContextVar`: each asyncio task and each thread has its own, so two agents in
+one process never share one (a new `threading.Thread` starts with no binding;
+`asyncio.to_thread` and `loop.run_in_executor` under `contextvars.copy_context()` carry
+the caller's, which is the same agent continuing its work). No binding: `NoAgentContext`,
+and the body does not run. Async tools work with a `Client` of the same loop or
+a `SyncClient`; sync tools need a `SyncClient` (its loop runs in its own thread).
+
+Inside the body, `current_call()` gives the certified `Decision` and the signed
+transaction, to hand to the tool executor (`quorumgate.sdk.executor`).
+
+No argument value appears in any exception, repr or log line of this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import inspect
+import logging
+import time
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+from quorumgate.proto import limits, names
+from quorumgate.proto import tx as txlib
+from quorumgate.proto.model import DENIAL_TEXT, Argument, Outcome, Proposal, TxKind
+from quorumgate.sdk.client import (
+    CERTIFICATE_DEADLINE_S,
+    CertificateTimeout,
+    Client,
+    ClusterUnavailable,
+    Decision,
+    Handle,
+    Overloaded,
+    QuorumGateError,
+    Refused,
+    Submitted,
+    SyncClient,
+    proposal_body_digest,
+)
+from quorumgate.sidecar.engine.statements import ConfirmationCard
+
+__all__ = [
+    "ActionDenied",
+    "AgentBinding",
+    "ArgumentMappingError",
+    "CertificateUnavailable",
+    "ConfirmationRequired",
+    "FailOpenQueue",
+    "GovernedCall",
+    "NoAgentContext",
+    "Posture",
+    "RunHalted",
+    "agent_context",
+    "agent_context_async",
+    "current_call",
+    "fail_open_queue",
+    "flush_fail_open",
+    "governed_tool",
+    "resume_confirmed",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+FAIL_OPEN_QUEUE_MAX = 256  # fail-open records held per agent key until the cluster answers
+FAIL_OPEN_MARKER = "qg.fail-open"  # argument name that marks a fail-open record
+FLUSHED_IDS_KEPT_MAX = 256  # proposal ids of submitted fail-open records remembered
+FLUSH_DEADLINE_S = 10.0  # one fail-open record: submit and certificate
+
+log = logging.getLogger("quorumgate.governed")
+
+
+class Posture(StrEnum):
+    """What a call does when no certificate can be had before the deadline."""
+
+    FAIL_CLOSED = "fail_closed"
+    FAIL_OPEN = "fail_open"
+
+
+# ---------------------------------------------------------------------------- exceptions
+
+
+class ActionDenied(Exception):
+    """The call may not run. `str()` and `repr()` are the fixed sentence, whatever the
+    reason; `reason` (operator-only), `proposal_id` and `decision` are attributes."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        proposal_id: bytes | None = None,
+        decision: Decision | None = None,
+    ) -> None:
+        super().__init__(DENIAL_TEXT)
+        self.reason = reason
+        self.proposal_id = proposal_id
+        self.decision = decision
+
+    @property
+    def halted(self) -> bool:
+        """The run is halted (DESIGN §4.3): stop scheduling turns for it."""
+        return self.reason == "run_halted"
+
+    def __str__(self) -> str:
+        return DENIAL_TEXT
+
+    def __repr__(self) -> str:
+        return DENIAL_TEXT
+
+
+class RunHalted(ActionDenied):
+    """The denial latch halted this run: every later call in it is denied too."""
+
+
+class CertificateUnavailable(ActionDenied):
+    """`fail_closed`: no certificate before the deadline. `cause` is the client error."""
+
+    def __init__(self, cause: QuorumGateError | TimeoutError, proposal_id: bytes | None) -> None:
+        reason = cause.reason if isinstance(cause, QuorumGateError) else "deadline"
+        super().__init__(f"no_certificate:{reason}", proposal_id=proposal_id)
+        self.cause = cause
+
+
+class ConfirmationRequired(Exception):
+    """The call is pending: the principal (or the owner) must confirm the card first.
+    Retry inside `resume_confirmed(exc)` with the same arguments once confirmed."""
+
+    def __init__(
+        self, tool: str, decision: Decision, nonce: int, signer: bytes, card: ConfirmationCard
+    ) -> None:
+        self.tool = tool
+        self.decision = decision
+        self.proposal_id = decision.proposal_id
+        self.nonce = nonce
+        self.signer = signer
+        self.card = card
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return f"This action requires confirmation (proposal {self.proposal_id.hex()})."
+
+    def __repr__(self) -> str:
+        return f"ConfirmationRequired(tool={self.tool!r}, proposal={self.proposal_id.hex()[:16]})"
+
+
+class NoAgentContext(RuntimeError):
+    """A governed tool was called outside `agent_context`: it does not run."""
+
+
+class ArgumentMappingError(TypeError):
+    """A parameter whose value cannot become a proposal argument (the value is never
+    named)."""
+
+
+# ---------------------------------------------------------------------------- context
+
+
+@dataclass(frozen=True, repr=False)
+class AgentBinding:
+    """Which agent (the client's key) and which run a governed call belongs to."""
+
+    client: Client | SyncClient
+    run_id: str
+    grant: bytes | None = None
+    posture: Posture = Posture.FAIL_CLOSED
+    deadline_s: float = CERTIFICATE_DEADLINE_S
+
+    def __post_init__(self) -> None:
+        if not names.is_run_id(self.run_id):
+            raise ValueError("run_id must match " + names.RUN_ID_RE.pattern)
+        if self.deadline_s <= 0:
+            raise ValueError("deadline_s must be positive")
+
+    @property
+    def public_key(self) -> bytes:
+        return self.client.public_key
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentBinding(signer={self.public_key.hex()[:16]}, run_id={self.run_id!r}, "
+            f"posture={self.posture.value})"
+        )
+
+
+_BINDING: ContextVar[AgentBinding | None] = ContextVar("quorumgate_agent", default=None)
+
+
+@dataclass(frozen=True, repr=False)
+class GovernedCall:
+    """What the body of a governed tool runs under. `decision` is None only for a
+    fail-open run; `tx` is the signed proposal (it holds argument values: never print
+    it), for an executor that binds the call to the certificate."""
+
+    tool: str
+    proposal_id: bytes | None
+    decision: Decision | None
+    tx: bytes | None = field(default=None, repr=False)
+    fail_open: bool = False
+
+    def __repr__(self) -> str:
+        pid = self.proposal_id.hex()[:16] if self.proposal_id else "-"
+        return f"GovernedCall(tool={self.tool!r}, proposal={pid}, fail_open={self.fail_open})"
+
+
+_CALL: ContextVar[GovernedCall | None] = ContextVar("quorumgate_call", default=None)
+_RESUME: ContextVar[ConfirmationRequired | None] = ContextVar("quorumgate_resume", default=None)
+
+
+@contextlib.contextmanager
+def agent_context(
+    client: Client | SyncClient,
+    *,
+    run_id: str,
+    grant: bytes | None = None,
+    posture: Posture | str = Posture.FAIL_CLOSED,
+    deadline_s: float = CERTIFICATE_DEADLINE_S,
+) -> Iterator[AgentBinding]:
+    """Bind an agent and a run for the governed calls made inside (this task or thread
+    only). `grant`: the delegation this agent acts under (DESIGN §4.4)."""
+    binding = AgentBinding(client, run_id, grant, Posture(posture), deadline_s)
+    token = _BINDING.set(binding)
+    try:
+        yield binding
+    finally:
+        _BINDING.reset(token)
+
+
+@contextlib.asynccontextmanager
+async def agent_context_async(
+    client: Client | SyncClient,
+    *,
+    run_id: str,
+    grant: bytes | None = None,
+    posture: Posture | str = Posture.FAIL_CLOSED,
+    deadline_s: float = CERTIFICATE_DEADLINE_S,
+) -> AsyncIterator[AgentBinding]:
+    """`async with` form of `agent_context` (the binding is this task's alone)."""
+    with agent_context(
+        client, run_id=run_id, grant=grant, posture=posture, deadline_s=deadline_s
+    ) as binding:
+        yield binding
+
+
+def current_binding() -> AgentBinding | None:
+    return _BINDING.get()
+
+
+def current_call() -> GovernedCall:
+    """The certified call the running governed body belongs to."""
+    call = _CALL.get()
+    if call is None:
+        raise LookupError("not inside the body of a governed tool")
+    return call
+
+
+@contextlib.contextmanager
+def resume_confirmed(pending: ConfirmationRequired) -> Iterator[None]:
+    """Run the confirmed call `pending` stands for: inside, calling the same tool with the
+    same arguments waits for its confirmed certificate instead of proposing again."""
+    token = _RESUME.set(pending)
+    try:
+        yield
+    finally:
+        _RESUME.reset(token)
+
+
+# ---------------------------------------------------------------------------- fail-open
+
+
+@dataclass(frozen=True, repr=False)
+class FailOpenRecord:
+    """A call that ran without a certificate; `arguments` may hold values (never printed)."""
+
+    tool: str
+    target: str
+    run_id: str
+    grant: bytes | None
+    arguments: tuple[Argument, ...]
+    cause: str
+    original: bytes | None
+    ran_at_ms: int
+
+    def marker_proposal(self) -> Proposal:
+        original = self.original.hex() if self.original else "-"
+        text = f"cause={self.cause};original={original};ran_at_ms={self.ran_at_ms}"
+        kept = self.arguments[: limits.ARGUMENTS_MAX - 1]
+        return Proposal(
+            run_id=self.run_id,
+            tool=self.tool,
+            target=self.target,
+            arguments=(*kept, Argument(FAIL_OPEN_MARKER, text=text)),
+            grant=self.grant,
+        )
+
+    def __repr__(self) -> str:
+        return f"FailOpenRecord(tool={self.tool!r}, run_id={self.run_id!r}, cause={self.cause})"
+
+
+class FailOpenQueue:
+    """Fail-open records of one agent key, in memory, at most `limit` (named:
+    `FAIL_OPEN_QUEUE_MAX`). Used only from the client's event loop."""
+
+    def __init__(self, limit: int = FAIL_OPEN_QUEUE_MAX) -> None:
+        self.limit = limit
+        self._records: deque[FailOpenRecord] = deque()
+        self.flushed: deque[bytes] = deque(maxlen=FLUSHED_IDS_KEPT_MAX)
+        self.dropped = 0
+        self._flush_task: asyncio.Future[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, record: FailOpenRecord) -> bool:
+        if len(self._records) >= self.limit:
+            return False
+        self._records.append(record)
+        return True
+
+    async def flush(self, client: Client, deadline_s: float = FLUSH_DEADLINE_S) -> int:
+        """Submit queued records in order until one cannot be certified; returns how many
+        were recorded. A record the cluster refuses outright (its tool was removed...) is
+        dropped and logged, so one bad record cannot block the others."""
+        recorded = 0
+        while self._records:
+            record = self._records[0]
+            try:
+                async with asyncio.timeout(deadline_s):
+                    submitted = await client.submit(record.marker_proposal())
+                    await client.await_certificate(submitted.proposal_id, deadline_s)
+            except Overloaded:
+                break  # back-pressure: try again later, keep the record
+            except Refused as err:
+                self._records.popleft()
+                self.dropped += 1
+                log.error(
+                    "event=fail_open_record_refused tool=%s run=%s reason=%s",
+                    record.tool,
+                    record.run_id,
+                    err.reason,
+                )
+                continue
+            except (QuorumGateError, TimeoutError):
+                break
+            self._records.popleft()
+            self.flushed.append(submitted.proposal_id)
+            recorded += 1
+            log.info(
+                "event=fail_open_recorded tool=%s run=%s proposal=%s",
+                record.tool,
+                record.run_id,
+                submitted.proposal_id.hex()[:16],
+            )
+        return recorded
+
+    def schedule_flush(self, client: Client) -> None:
+        """Start a background flush in the running loop unless one is running."""
+        if self._records and (self._flush_task is None or self._flush_task.done()):
+            self._flush_task = asyncio.ensure_future(self.flush(client))
+
+
+_QUEUES: weakref.WeakKeyDictionary[Client, FailOpenQueue] = weakref.WeakKeyDictionary()
+
+
+def fail_open_queue(client: Client | SyncClient) -> FailOpenQueue:
+    """The fail-open queue of a client's key (one per client object)."""
+    aio = client.aio if isinstance(client, SyncClient) else client
+    queue = _QUEUES.get(aio)
+    if queue is None:
+        queue = _QUEUES[aio] = FailOpenQueue()
+    return queue
+
+
+async def flush_fail_open(client: Client | SyncClient) -> int:
+    """Submit the queued fail-open records now (from any loop)."""
+    queue = fail_open_queue(client)
+    if isinstance(client, SyncClient):
+        return await client.bridge(queue.flush(client.aio))
+    return await queue.flush(client)
+
+
+def flush_fail_open_sync(client: SyncClient) -> int:
+    queue = fail_open_queue(client)
+    return client.run(queue.flush(client.aio))
+
+
+# ---------------------------------------------------------------------------- arguments
+
+
+@dataclass(frozen=True)
+class _Options:
+    name: str
+    target: str | Callable[[dict[str, Any]], str] | None
+    envelopes: frozenset[str]
+    exclude: frozenset[str]
+    posture: Posture | None
+    deadline_s: float | None
+
+
+def default_tool_name(fn: Callable[..., Any]) -> str:
+    return fn.__name__.replace("_", "-").lower()
+
+
+def _text(param: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return _text(param, value.value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | Decimal):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    raise ArgumentMappingError(
+        f"argument {param!r}: a {type(value).__name__} has no text form; pass text, "
+        "a Handle, or list the parameter in exclude="
+    )
+
+
+def _argument(param: str, value: object, envelope: bool) -> Argument:
+    if isinstance(value, Handle) or envelope:
+        if not isinstance(value, str) or names.HANDLE_RE.fullmatch(value) is None:
+            raise ArgumentMappingError(
+                f"argument {param!r} must be an envelope handle (h_<kind>_<16 hex>); "
+                "seal the value first"
+            )
+        return Argument(param, handle=str(value))
+    try:
+        return Argument(param, text=_text(param, value))
+    except ValueError:
+        raise ArgumentMappingError(f"argument {param!r} is too large or unnamed") from None
+
+
+def build_proposal(
+    options: _Options,
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    binding: AgentBinding,
+) -> Proposal:
+    """The Proposal one call makes (module docstring, "Arguments")."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        raise ArgumentMappingError(
+            f"call does not match the signature of tool {options.name!r}"
+        ) from None
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    params = list(signature.parameters.values())
+    skip = set(options.exclude)
+    if params and params[0].name in ("self", "cls"):
+        skip.add(params[0].name)
+    target_param: str | None = None
+    if callable(options.target):
+        target = options.target(values)
+    else:
+        target_param = options.target
+        if target_param is None and "target" in signature.parameters:
+            target_param = "target"
+        target = "" if target_param is None else values.get(target_param, "")
+    if not isinstance(target, str):
+        raise ArgumentMappingError(f"the target of tool {options.name!r} must be text")
+    arguments: list[Argument] = []
+    for param in params:
+        if param.name in skip or param.name == target_param or param.name not in values:
+            continue
+        value = values[param.name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            for k, item in enumerate(value):
+                if item is not None:
+                    name = f"{param.name}.{k}"
+                    arguments.append(_argument(name, item, param.name in options.envelopes))
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            for key in sorted(value):
+                if key not in skip and value[key] is not None:
+                    arguments.append(_argument(key, value[key], key in options.envelopes))
+        elif value is not None:
+            arguments.append(_argument(param.name, value, param.name in options.envelopes))
+    if len(arguments) > limits.ARGUMENTS_MAX:
+        raise ArgumentMappingError(f"tool {options.name!r}: more than {limits.ARGUMENTS_MAX} args")
+    try:
+        return Proposal(
+            run_id=binding.run_id,
+            tool=options.name,
+            target=target,
+            arguments=tuple(arguments),
+            grant=binding.grant,
+        )
+    except ValueError:
+        raise ArgumentMappingError(f"tool {options.name!r}: name or target too long") from None
+
+
+# ---------------------------------------------------------------------------- judging
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    decision: Decision | None
+    submitted: Submitted | None
+    fail_open: bool = False
+    original: bytes | None = None  # fail-open: the proposal that got no certificate
+
+
+NO_CERTIFICATE = (ClusterUnavailable, CertificateTimeout, Overloaded, TimeoutError)
+
+
+async def _govern(
+    aio: Client, proposal: Proposal, binding: AgentBinding, options: _Options
+) -> _Verdict:
+    """Submit, await the certificate, apply the posture. Runs in the client's loop."""
+    deadline_s = options.deadline_s or binding.deadline_s
+    posture = options.posture or binding.posture
+    queue = fail_open_queue(aio)
+    submitted: Submitted | None = None
+    try:
+        async with asyncio.timeout(deadline_s):
+            submitted = await aio.submit(proposal)
+            decision = await aio.await_certificate(submitted.proposal_id, deadline_s)
+    except NO_CERTIFICATE as err:  # before Refused: Overloaded is a refusal with no verdict
+        original = submitted.proposal_id if submitted else getattr(err, "proposal_id", None)
+        cause = err.reason if isinstance(err, QuorumGateError) else "deadline"
+        if posture is Posture.FAIL_OPEN:
+            record = FailOpenRecord(
+                tool=proposal.tool,
+                target=proposal.target,
+                run_id=proposal.run_id,
+                grant=proposal.grant,
+                arguments=proposal.arguments,
+                cause=cause,
+                original=original,
+                ran_at_ms=int(time.time() * 1000),
+            )
+            if queue.add(record):
+                log.warning(
+                    "event=fail_open tool=%s run=%s cause=%s queued=%d",
+                    proposal.tool,
+                    proposal.run_id,
+                    cause,
+                    len(queue),
+                )
+                return _Verdict(None, submitted, fail_open=True, original=original)
+            log.error("event=fail_open_queue_full tool=%s action=fail_closed", proposal.tool)
+        log.warning(
+            "event=fail_closed tool=%s run=%s cause=%s", proposal.tool, proposal.run_id, cause
+        )
+        raise CertificateUnavailable(err, original) from None
+    except Refused as err:
+        raise ActionDenied(err.reason, proposal_id=err.proposal_id) from None
+    queue.schedule_flush(aio)  # the cluster answered: record what ran while it did not
+    return _Verdict(decision, submitted)
+
+
+async def _resume(
+    aio: Client,
+    proposal: Proposal,
+    pending: ConfirmationRequired,
+    binding: AgentBinding,
+    options: _Options,
+) -> _Verdict:
+    """The confirmed run of a pending call: same signer, same body (card digest), then the
+    settled certificate."""
+    digest = proposal_body_digest(aio.spec.chain_id, pending.nonce, proposal)
+    if pending.signer != aio.public_key or digest != pending.card.body_digest:
+        raise ActionDenied("confirmation_mismatch", proposal_id=pending.proposal_id)
+    deadline_s = options.deadline_s or binding.deadline_s
+    try:
+        decision = await aio.await_certificate(pending.proposal_id, deadline_s, settled=True)
+    except CertificateTimeout:
+        raise pending from None  # not confirmed yet
+    except (ClusterUnavailable, TimeoutError) as err:
+        raise CertificateUnavailable(err, pending.proposal_id) from None
+    tx = txlib.build(aio.spec.chain_id, pending.nonce, proposal, aio.key)
+    return _Verdict(
+        decision, Submitted(pending.proposal_id, pending.nonce, TxKind.PROPOSAL, aio.public_key, tx)
+    )
+
+
+def _admit(tool: str, verdict: _Verdict) -> GovernedCall:
+    """Turn a verdict into the body's call record, or raise what the agent is told."""
+    submitted = verdict.submitted
+    if verdict.fail_open:
+        return GovernedCall(tool, verdict.original, None, None, fail_open=True)
+    decision = verdict.decision
+    assert decision is not None and submitted is not None
+    if decision.allowed:
+        log.info(
+            "event=allowed tool=%s proposal=%s outcome=%s",
+            tool,
+            decision.proposal_id.hex()[:16],
+            decision.outcome.value,
+        )
+        return GovernedCall(tool, decision.proposal_id, decision, submitted.tx)
+    if decision.outcome is Outcome.PENDING and decision.card is not None:
+        log.info("event=pending tool=%s proposal=%s", tool, decision.proposal_id.hex()[:16])
+        raise ConfirmationRequired(tool, decision, submitted.nonce, submitted.signer, decision.card)
+    log.warning(
+        "event=denied tool=%s proposal=%s reason=%s",
+        tool,
+        decision.proposal_id.hex()[:16],
+        decision.reason,
+    )
+    kind = RunHalted if decision.reason == "run_halted" else ActionDenied
+    raise kind(decision.reason, proposal_id=decision.proposal_id, decision=decision)
+
+
+def _binding() -> AgentBinding:
+    binding = _BINDING.get()
+    if binding is None:
+        raise NoAgentContext("a governed tool runs only inside agent_context(client, run_id=...)")
+    return binding
+
+
+def _judge_coro(
+    aio: Client, proposal: Proposal, binding: AgentBinding, options: _Options
+) -> Coroutine[Any, Any, _Verdict]:
+    pending = _RESUME.get()
+    if pending is not None and pending.tool == options.name:
+        return _resume(aio, proposal, pending, binding, options)
+    return _govern(aio, proposal, binding, options)
+
+
+async def _judge_async(binding: AgentBinding, proposal: Proposal, options: _Options) -> _Verdict:
+    client = binding.client
+    if isinstance(client, SyncClient):
+        return await client.bridge(_judge_coro(client.aio, proposal, binding, options))
+    return await _judge_coro(client, proposal, binding, options)
+
+
+def _judge_blocking(binding: AgentBinding, proposal: Proposal, options: _Options) -> _Verdict:
+    client = binding.client
+    if not isinstance(client, SyncClient):
+        raise NoAgentContext("a sync governed tool needs a SyncClient in its agent_context")
+    return client.run(_judge_coro(client.aio, proposal, binding, options))
+
+
+# ---------------------------------------------------------------------------- decorator
+
+
+@overload
+def governed_tool(fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+
+@overload
+def governed_tool(
+    *,
+    name: str | None = None,
+    target: str | Callable[[dict[str, Any]], str] | None = None,
+    envelopes: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+    posture: Posture | str | None = None,
+    deadline_s: float | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+def governed_tool(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    target: str | Callable[[dict[str, Any]], str] | None = None,
+    envelopes: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+    posture: Posture | str | None = None,
+    deadline_s: float | None = None,
+) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+    """Make a sync or async function a governed tool (module docstring). Name, signature
+    and docstring are kept (`functools.wraps`); `posture` and `deadline_s` override the
+    agent context's."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        options = _Options(
+            name=name or default_tool_name(func),
+            target=target,
+            envelopes=frozenset(envelopes),
+            exclude=frozenset(exclude),
+            posture=None if posture is None else Posture(posture),
+            deadline_s=deadline_s,
+        )
+        signature = inspect.signature(func)
+        if isinstance(options.target, str) and options.target not in signature.parameters:
+            raise ArgumentMappingError(f"target={options.target!r} is not a parameter")
+
+        if inspect.iscoroutinefunction(func):
+            async_func = cast(Callable[..., Coroutine[Any, Any, Any]], func)
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                binding = _binding()
+                proposal = build_proposal(options, signature, args, kwargs, binding)
+                call = _admit(options.name, await _judge_async(binding, proposal, options))
+                token = _CALL.set(call)
+                try:
+                    return await async_func(*args, **kwargs)
+                finally:
+                    _CALL.reset(token)
+
+            return cast(Callable[P, R], async_wrapper)
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            binding = _binding()
+            proposal = build_proposal(options, signature, args, dict(kwargs), binding)
+            call = _admit(options.name, _judge_blocking(binding, proposal, options))
+            token = _CALL.set(call)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _CALL.reset(token)
+
+        return wrapper
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate

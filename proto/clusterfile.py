@@ -1,0 +1,302 @@
+"""The cluster file and the per-node key files (DESIGN §6).
+
+One JSON file, `DIR/cluster.json`, names the chain, the owner's public key and every
+member: where its replica listens for peers and clients, where its metrics are served, and
+its public keys. Private keys live beside it, one file per key, mode 0600, never in git:
+
+    DIR/cluster.json
+    DIR/owner.key                      owner (operator) Ed25519 seed, hex
+    DIR/node-I/consensus.key           replica I's Ed25519 seed, hex
+    DIR/node-I/receipt.key             sidecar I's Ed25519 receipt seed, hex
+    DIR/node-I/                        replica and sidecar I's databases, logs, pid files
+
+Replicas on several hosts: give each member the `host` its peers and clients reach it at
+(an address on that host's network) and copy `cluster.json` plus that member's own
+`node-I/` directory to its host; run `quorumgate node --dir DIR --node I` there. `init`
+writes loopback addresses for a one-machine cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import stat
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
+
+FORMAT = "quorumgate-cluster/1"
+CLUSTER_FILE = "cluster.json"
+OWNER_KEY_FILE = "owner.key"
+CONSENSUS_KEY_FILE = "consensus.key"
+RECEIPT_KEY_FILE = "receipt.key"
+KEY_FILE_MODE = 0o600
+NODE_DIR_MODE = 0o700
+PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
+PORT_FIELDS = ("replica_port", "metrics_port", "sidecar_port", "sidecar_metrics_port")
+
+
+class ClusterFileError(Exception):
+    """The cluster file or a key file is missing, unreadable or inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSpec:
+    index: int
+    host: str
+    replica_port: int
+    metrics_port: int
+    sidecar_port: int
+    sidecar_metrics_port: int
+    public_key: bytes
+    receipt_public_key: bytes
+
+    @property
+    def replica_address(self) -> str:
+        return f"{self.host}:{self.replica_port}"
+
+    @property
+    def sidecar_address(self) -> str:
+        return f"{self.host}:{self.sidecar_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    directory: Path
+    chain_id: str
+    owner_public_key: bytes
+    members: tuple[MemberSpec, ...]
+    tick_ms: int = 10
+
+    @property
+    def n(self) -> int:
+        return len(self.members)
+
+    @property
+    def f(self) -> int:
+        return (self.n - 1) // 3
+
+    @property
+    def receipt_keys(self) -> tuple[bytes, ...]:
+        return tuple(m.receipt_public_key for m in self.members)
+
+    def membership(self) -> Membership:
+        return Membership(
+            self.chain_id,
+            tuple(Member(m.index, m.public_key, m.replica_address) for m in self.members),
+        )
+
+    def node_dir(self, index: int) -> Path:
+        return self.directory / f"node-{index}"
+
+    def member(self, index: int) -> MemberSpec:
+        if not 0 <= index < self.n:
+            raise ClusterFileError(f"node {index} is not a member (0..{self.n - 1})")
+        return self.members[index]
+
+
+def _free_loopback_ports(count: int) -> list[int]:
+    """Ports the kernel hands out now, all held open together so none repeats."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def write_seed(path: Path, seed: bytes) -> None:
+    """Create a key file readable by its owner only; never overwrite one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(seed.hex() + "\n")
+
+
+def read_seed(path: Path) -> bytes:
+    """A 32-byte key seed from a file only its owner may read."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        text = path.read_text().strip()
+    except OSError as err:
+        raise ClusterFileError(f"cannot read key file {path}: {err.strerror}") from err
+    if mode & 0o077:
+        raise ClusterFileError(f"key file {path} is readable by others (mode {mode:o}); chmod 600")
+    try:
+        seed = bytes.fromhex(text)
+    except ValueError as err:
+        raise ClusterFileError(f"key file {path} is not hex") from err
+    if len(seed) != 32:
+        raise ClusterFileError(f"key file {path} must hold a 32-byte seed")
+    return seed
+
+
+def public_key_of(seed: bytes) -> bytes:
+    return bytes(SigningKey(seed).verify_key)
+
+
+def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> ClusterSpec:
+    """Write a new cluster file and fresh keys for `nodes` members under `directory`."""
+    if nodes < MEMBERS_MIN:
+        raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
+    if (nodes - 1) % 3:
+        raise ClusterFileError(
+            f"{nodes} nodes is not 3f+1: it tolerates no more faults than "
+            f"{nodes - (nodes - 1) % 3} nodes; use 4, 7, 10, ..."
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / CLUSTER_FILE).exists():
+        raise ClusterFileError(f"{directory / CLUSTER_FILE} exists; use another --dir")
+    ports = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
+    owner_seed = secrets.token_bytes(32)
+    members = []
+    for i in range(nodes):
+        node_dir = directory / f"node-{i}"
+        node_dir.mkdir(mode=NODE_DIR_MODE, exist_ok=True)
+        seed = secrets.token_bytes(32)
+        write_seed(node_dir / CONSENSUS_KEY_FILE, seed)
+        receipt_seed = secrets.token_bytes(32)
+        write_seed(node_dir / RECEIPT_KEY_FILE, receipt_seed)
+        base = i * PORTS_PER_MEMBER
+        members.append(
+            MemberSpec(
+                index=i,
+                host=host,
+                replica_port=ports[base],
+                metrics_port=ports[base + 1],
+                sidecar_port=ports[base + 2],
+                sidecar_metrics_port=ports[base + 3],
+                public_key=public_key_of(seed),
+                receipt_public_key=public_key_of(receipt_seed),
+            )
+        )
+    write_seed(directory / OWNER_KEY_FILE, owner_seed)
+    spec = ClusterSpec(
+        directory=directory,
+        chain_id=f"qg-{secrets.token_hex(6)}",
+        owner_public_key=public_key_of(owner_seed),
+        members=tuple(members),
+    )
+    write_cluster_file(spec)
+    return spec
+
+
+def write_cluster_file(spec: ClusterSpec) -> None:
+    doc = {
+        "format": FORMAT,
+        "chain_id": spec.chain_id,
+        "f": spec.f,
+        "tick_ms": spec.tick_ms,
+        "owner_public_key": spec.owner_public_key.hex(),
+        "members": [
+            {
+                "index": m.index,
+                "host": m.host,
+                "replica_port": m.replica_port,
+                "metrics_port": m.metrics_port,
+                "sidecar_port": m.sidecar_port,
+                "sidecar_metrics_port": m.sidecar_metrics_port,
+                "public_key": m.public_key.hex(),
+                "receipt_public_key": m.receipt_public_key.hex(),
+            }
+            for m in spec.members
+        ],
+    }
+    path = spec.directory / CLUSTER_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _field(doc: dict[str, object], name: str, kind: type, where: str) -> object:
+    if name not in doc:
+        raise ClusterFileError(f"{where}: missing field {name!r}")
+    value = doc[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ClusterFileError(f"{where}: field {name!r} must be {kind.__name__}")
+    return value
+
+
+def _hex_key(text: object, where: str) -> bytes:
+    try:
+        key = bytes.fromhex(str(text))
+    except ValueError as err:
+        raise ClusterFileError(f"{where}: not hex") from err
+    if len(key) != 32:
+        raise ClusterFileError(f"{where}: a public key is 32 bytes")
+    return key
+
+
+def load_cluster(directory: Path) -> ClusterSpec:
+    path = directory / CLUSTER_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ClusterFileError(
+            f"no cluster file at {path}; create one with `quorumgate init --dir {directory}`"
+        ) from err
+    except (OSError, ValueError) as err:
+        raise ClusterFileError(f"cluster file {path} is unreadable or not JSON: {err}") from err
+    if not isinstance(doc, dict):
+        raise ClusterFileError(f"{path}: expected a JSON object")
+    where = str(path)
+    if doc.get("format") != FORMAT:
+        raise ClusterFileError(f"{where}: format must be {FORMAT!r}")
+    chain_id = _field(doc, "chain_id", str, where)
+    owner = _hex_key(_field(doc, "owner_public_key", str, where), f"{where}: owner_public_key")
+    tick_ms = doc.get("tick_ms", 10)
+    if not isinstance(tick_ms, int) or not 1 <= tick_ms <= 1000:
+        raise ClusterFileError(f"{where}: tick_ms must be an integer in 1..1000")
+    raw_members = _field(doc, "members", list, where)
+    assert isinstance(raw_members, list)
+    members = []
+    for i, raw in enumerate(raw_members):
+        mwhere = f"{where}: members[{i}]"
+        if not isinstance(raw, dict):
+            raise ClusterFileError(f"{mwhere}: expected an object")
+        index = _field(raw, "index", int, mwhere)
+        if index != i:
+            raise ClusterFileError(f"{mwhere}: index must be {i}")
+        ports = []
+        for name in PORT_FIELDS:
+            port = _field(raw, name, int, mwhere)
+            assert isinstance(port, int)
+            if not 1 <= port <= 65535:
+                raise ClusterFileError(f"{mwhere}: {name} out of range")
+            ports.append(port)
+        members.append(
+            MemberSpec(
+                index=i,
+                host=str(_field(raw, "host", str, mwhere)),
+                replica_port=ports[0],
+                metrics_port=ports[1],
+                sidecar_port=ports[2],
+                sidecar_metrics_port=ports[3],
+                public_key=_hex_key(_field(raw, "public_key", str, mwhere), mwhere),
+                receipt_public_key=_hex_key(
+                    _field(raw, "receipt_public_key", str, mwhere), f"{mwhere}: receipt_public_key"
+                ),
+            )
+        )
+    spec = ClusterSpec(directory, str(chain_id), owner, tuple(members), tick_ms)
+    declared_f = doc.get("f")
+    if declared_f is not None and declared_f != spec.f:
+        raise ClusterFileError(f"{where}: f is {declared_f} but {spec.n} members give f={spec.f}")
+    try:
+        spec.membership()
+    except ValueError as err:
+        raise ClusterFileError(f"{where}: {err}") from err
+    endpoints = [
+        (m.host, p)
+        for m in members
+        for p in (m.replica_port, m.metrics_port, m.sidecar_port, m.sidecar_metrics_port)
+    ]
+    if len(set(endpoints)) != len(endpoints):
+        raise ClusterFileError(f"{where}: two endpoints share a host and port")
+    return spec

@@ -1,0 +1,359 @@
+"""The one module that converts protobuf messages to domain types and back.
+
+Protobuf objects never leave this module (STYLE.md, hypercorn anchor): everything else in
+the engine sees `quorumgate.proto.model` values. Decoding is strict, because two honest
+sidecars must read one transaction the same way:
+
+- a body must be the canonical protobuf encoding of what it decodes to (no unknown
+  fields, no reordering, no duplicate fields), so one meaning has one byte string;
+- enumerations in strings must be known, except the two the design says default:
+  `delegation_policy` other than `attenuated` is `none` (§4.2), and `enforcement` other
+  than `observe` is `enforce` (fail closed);
+- anything a domain type refuses is a `CodecError`, which the engine reports as a
+  `malformed` rejection. Error messages never quote a field value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from quorumgate.proto import names, tx_pb2
+from quorumgate.proto.model import (
+    Admin,
+    AdminOp,
+    Argument,
+    Confirm,
+    Delegate,
+    DelegationPolicy,
+    Enforcement,
+    EnvelopeArg,
+    Mandate,
+    Proposal,
+    RegisterAgent,
+    RegisterSink,
+    RegisterTool,
+    Resume,
+    Revoke,
+    SealedValue,
+    SealEnvelope,
+    SetMandate,
+    SignedTx,
+    Suspend,
+    Tier,
+    ToolMode,
+    ToolSpec,
+    TxBody,
+    TxKind,
+    TxPayload,
+    canonical_tool_list,
+)
+
+_ONEOF_KIND = {
+    "proposal": TxKind.PROPOSAL,
+    "confirm": TxKind.CONFIRM,
+    "delegate": TxKind.DELEGATE,
+    "revoke": TxKind.REVOKE,
+    "seal_envelope": TxKind.SEAL_ENVELOPE,
+    "admin": TxKind.ADMIN,
+}
+
+
+class CodecError(ValueError):
+    """A transaction that cannot become a domain value. Carries what was learnt so far."""
+
+    def __init__(self, message: str, *, nonce: int = 0, kind: TxKind = TxKind.MALFORMED):
+        super().__init__(message)
+        self.nonce = nonce
+        self.kind = kind
+
+
+def _parse(message: Any, data: bytes, what: str) -> None:
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        raise CodecError(f"{what}: not a protobuf message") from exc
+
+
+def _is_canonical(message: Any, data: bytes) -> bool:
+    """True when `data` is exactly the encoding of what it decoded to."""
+    message.DiscardUnknownFields()
+    return bytes(message.SerializeToString(deterministic=True)) == data
+
+
+# ----------------------------------------------------------------------------- SignedTx
+
+
+def encode_signed(tx: SignedTx) -> bytes:
+    msg = tx_pb2.SignedTx(body=tx.body, signer=tx.signer, signature=tx.signature)
+    return bytes(msg.SerializeToString())
+
+
+def decode_signed(data: bytes) -> SignedTx:
+    msg = tx_pb2.SignedTx()
+    _parse(msg, data, "SignedTx")
+    if not _is_canonical(msg, data):
+        raise CodecError("SignedTx: not the canonical encoding (unknown or reordered fields)")
+    try:
+        return SignedTx(body=msg.body, signer=msg.signer, signature=msg.signature)
+    except ValueError as exc:
+        raise CodecError(f"SignedTx: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- TxBody
+
+
+def decode_body(data: bytes) -> TxBody:
+    msg = tx_pb2.TxBody()
+    _parse(msg, data, "TxBody")
+    nonce = int(msg.nonce)
+    case = msg.WhichOneof("kind")
+    kind = TxKind.MALFORMED if case is None else _ONEOF_KIND[case]
+    if not _is_canonical(msg, data):
+        raise CodecError("TxBody: not the canonical encoding", nonce=nonce, kind=kind)
+    if case is None:
+        raise CodecError("TxBody: no transaction kind", nonce=nonce)
+    try:
+        payload = _decode_payload(case, getattr(msg, case))
+        return TxBody(chain_id=msg.chain_id, nonce=nonce, payload=payload)
+    except ValueError as exc:
+        raise CodecError(f"{kind}: {exc}", nonce=nonce, kind=kind) from exc
+
+
+def encode_body(body: TxBody) -> bytes:
+    msg = tx_pb2.TxBody(chain_id=body.chain_id, nonce=body.nonce)
+    payload = body.payload
+    if isinstance(payload, Proposal):
+        msg.proposal.CopyFrom(_encode_proposal(payload))
+    elif isinstance(payload, Confirm):
+        msg.confirm.CopyFrom(
+            tx_pb2.Confirm(proposal_id=payload.proposal_id, card_digest=payload.card_digest)
+        )
+    elif isinstance(payload, Delegate):
+        msg.delegate.CopyFrom(_encode_delegate(payload))
+    elif isinstance(payload, Revoke):
+        msg.revoke.CopyFrom(tx_pb2.Revoke(grant=payload.grant))
+    elif isinstance(payload, SealEnvelope):
+        msg.seal_envelope.CopyFrom(_encode_seal(payload))
+    else:
+        msg.admin.CopyFrom(_encode_admin(payload))
+    return bytes(msg.SerializeToString(deterministic=True))
+
+
+def _decode_payload(case: str, pb: Any) -> TxPayload:
+    if case == "proposal":
+        return _decode_proposal(pb)
+    if case == "confirm":
+        return Confirm(proposal_id=pb.proposal_id, card_digest=pb.card_digest)
+    if case == "delegate":
+        return _decode_delegate(pb)
+    if case == "revoke":
+        return Revoke(grant=pb.grant)
+    if case == "seal_envelope":
+        return _decode_seal(pb)
+    assert case == "admin", case
+    return Admin(op=_decode_admin(pb))
+
+
+def _optional_bytes(value: bytes) -> bytes | None:
+    return value if value else None
+
+
+def _optional_text(value: str) -> str | None:
+    return value if value else None
+
+
+def _decode_proposal(pb: Any) -> Proposal:
+    arguments: list[Argument] = []
+    for arg in pb.arguments:
+        case = arg.WhichOneof("value")
+        if case == "text":
+            arguments.append(Argument(name=arg.name, text=arg.text))
+        elif case == "handle":
+            arguments.append(Argument(name=arg.name, handle=arg.handle))
+        else:
+            raise ValueError("argument without a value")
+    return Proposal(
+        run_id=pb.run_id,
+        tool=pb.tool,
+        target=pb.target,
+        arguments=tuple(arguments),
+        grant=_optional_bytes(pb.grant),
+    )
+
+
+def _encode_proposal(p: Proposal) -> Any:
+    msg = tx_pb2.CallProposal(run_id=p.run_id, tool=p.tool, target=p.target, grant=p.grant or b"")
+    for arg in p.arguments:
+        if arg.handle is not None:
+            msg.arguments.add(name=arg.name, handle=arg.handle)
+        else:
+            msg.arguments.add(name=arg.name, text=arg.text)
+    return msg
+
+
+def _decode_tool_list(pb: Any, field: str) -> tuple[str, ...] | None:
+    if not pb.HasField(field):
+        return None  # absent: null, unrestricted (never "no tools")
+    return canonical_tool_list(list(getattr(pb, field).tools))
+
+
+def _decode_delegate(pb: Any) -> Delegate:
+    return Delegate(
+        child=pb.child,
+        run_id=pb.run_id,
+        tools=_decode_tool_list(pb, "tools"),
+        expires_at_ms=int(pb.expires_at_ms),
+        parent_grant=_optional_bytes(pb.parent_grant),
+    )
+
+
+def _encode_delegate(d: Delegate) -> Any:
+    msg = tx_pb2.Delegate(
+        child=d.child,
+        run_id=d.run_id,
+        expires_at_ms=d.expires_at_ms,
+        parent_grant=d.parent_grant or b"",
+    )
+    if d.tools is not None:
+        msg.tools.CopyFrom(tx_pb2.ToolList(tools=list(d.tools)))
+    return msg
+
+
+def _decode_seal(pb: Any) -> SealEnvelope:
+    sealed = tuple(SealedValue(sink=item.sink, ciphertext=item.ciphertext) for item in pb.sealed)
+    return SealEnvelope(
+        kind=pb.kind,
+        sealed=sealed,
+        owner_principal=_optional_text(pb.owner_principal),
+    )
+
+
+def _encode_seal(s: SealEnvelope) -> Any:
+    msg = tx_pb2.SealEnvelope(kind=s.kind, owner_principal=s.owner_principal or "")
+    for item in s.sealed:
+        msg.sealed.add(sink=item.sink, ciphertext=item.ciphertext)
+    return msg
+
+
+def _decode_tool_spec(pb: Any) -> ToolSpec:
+    name = names.canonical_tool_name(pb.name)
+    if name is None:
+        raise ValueError("tool name has no canonical form")
+    try:
+        mode = ToolMode(pb.mode)
+    except ValueError:
+        raise ValueError("mode must be read, direct, user_confirm or owner_confirm") from None
+    raw_tier = pb.min_tier or Tier.DELEGATE.value
+    if raw_tier not in (Tier.DELEGATE.value, Tier.MASTER.value):
+        raise ValueError("min_tier must be delegate or master")
+    envelope_args: dict[str, EnvelopeArg] = {}
+    for item in pb.envelope_args:
+        arg_name = names.canonical_argument_name(item.name)
+        if arg_name is None or arg_name in envelope_args:
+            raise ValueError("envelope argument names must be valid and unique")
+        envelope_args[arg_name] = EnvelopeArg(
+            name=arg_name, kind=item.kind, require_verified=item.require_verified
+        )
+    schemes = [s.lower() for s in pb.target_schemes]
+    if len(set(schemes)) != len(schemes):
+        raise ValueError("target schemes must be unique")
+    return ToolSpec(
+        name=name,
+        mode=mode,
+        sink=_optional_text(pb.sink),
+        target_schemes=tuple(sorted(schemes)),
+        envelope_args=tuple(envelope_args[key] for key in sorted(envelope_args)),
+        min_tier=Tier(raw_tier),
+        binds_caller=bool(pb.binds_caller),
+    )
+
+
+def _encode_tool_spec(spec: ToolSpec) -> Any:
+    return tx_pb2.RegisterTool(
+        name=spec.name,
+        mode=spec.mode.value,
+        sink=spec.sink or "",
+        target_schemes=list(spec.target_schemes),
+        envelope_args=[
+            tx_pb2.EnvelopeArg(name=a.name, kind=a.kind, require_verified=a.require_verified)
+            for a in spec.envelope_args
+        ],
+        min_tier=spec.min_tier.value,
+        binds_caller=spec.binds_caller,
+    )
+
+
+def _decode_mandate(pb: Any) -> Mandate:
+    enforcement = (
+        Enforcement.OBSERVE if pb.enforcement == Enforcement.OBSERVE.value else Enforcement.ENFORCE
+    )
+    policy = (
+        DelegationPolicy.ATTENUATED
+        if pb.delegation_policy == DelegationPolicy.ATTENUATED.value
+        else DelegationPolicy.NONE
+    )
+    depth = int(pb.max_delegation_depth) if pb.HasField("max_delegation_depth") else None
+    return Mandate(
+        allowed_tools=_decode_tool_list(pb, "allowed_tools"),
+        enforcement=enforcement,
+        suspended=bool(pb.suspended),
+        delegation_policy=policy,
+        max_delegation_depth=depth,
+    )
+
+
+def _encode_mandate(agent_id: str, m: Mandate) -> Any:
+    msg = tx_pb2.SetMandate(
+        agent_id=agent_id,
+        enforcement=m.enforcement.value,
+        suspended=m.suspended,
+        delegation_policy=m.delegation_policy.value,
+    )
+    if m.allowed_tools is not None:
+        msg.allowed_tools.CopyFrom(tx_pb2.ToolList(tools=list(m.allowed_tools)))
+    if m.max_delegation_depth is not None:
+        msg.max_delegation_depth = m.max_delegation_depth
+    return msg
+
+
+def _decode_admin(pb: Any) -> AdminOp:
+    case = pb.WhichOneof("op")
+    if case is None:
+        raise ValueError("admin without an operation")
+    op = getattr(pb, case)
+    if case == "register_tool":
+        return RegisterTool(spec=_decode_tool_spec(op))
+    if case == "register_agent":
+        return RegisterAgent(agent_id=op.agent_id, public_key=op.public_key)
+    if case == "register_sink":
+        return RegisterSink(sink_id=op.sink_id, public_key=op.public_key)
+    if case == "set_mandate":
+        return SetMandate(agent_id=op.agent_id, mandate=_decode_mandate(op))
+    if case == "suspend":
+        return Suspend(agent_id=op.agent_id)
+    assert case == "resume", case
+    return Resume(agent_id=op.agent_id)
+
+
+def _encode_admin(admin: Admin) -> Any:
+    msg = tx_pb2.Admin()
+    op = admin.op
+    if isinstance(op, RegisterTool):
+        msg.register_tool.CopyFrom(_encode_tool_spec(op.spec))
+    elif isinstance(op, RegisterAgent):
+        msg.register_agent.CopyFrom(
+            tx_pb2.RegisterAgent(agent_id=op.agent_id, public_key=op.public_key)
+        )
+    elif isinstance(op, RegisterSink):
+        msg.register_sink.CopyFrom(
+            tx_pb2.RegisterSink(sink_id=op.sink_id, public_key=op.public_key)
+        )
+    elif isinstance(op, SetMandate):
+        msg.set_mandate.CopyFrom(_encode_mandate(op.agent_id, op.mandate))
+    elif isinstance(op, Suspend):
+        msg.suspend.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))
+    else:
+        msg.resume.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))
+    return msg

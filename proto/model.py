@@ -1,0 +1,469 @@
+"""Domain types of the governance engine: transactions, mandates, tool specs, codes.
+
+Frozen dataclasses that validate themselves in `__post_init__` (STYLE.md, hypercorn
+anchor). A value that exists is well formed; the codec turns a protobuf that would build an
+ill-formed value into a `malformed` rejection. Standard library only.
+
+Argument values are the one thing that must never leak (DESIGN §4.2): `Argument` and
+`Proposal` print argument names and never values, whatever formats them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from quorumgate.proto import limits, names
+
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+DIGEST_BYTES = 32
+
+# DESIGN §4.2: what the agent is told on any denial, whatever the reason.
+DENIAL_TEXT = "This action is not permitted."
+
+
+class TxKind(StrEnum):
+    PROPOSAL = "proposal"
+    CONFIRM = "confirm"
+    DELEGATE = "delegate"
+    REVOKE = "revoke"
+    SEAL_ENVELOPE = "seal_envelope"
+    ADMIN = "admin"
+    MALFORMED = "malformed"  # could not be parsed far enough to know
+
+
+class Outcome(StrEnum):
+    """Proposals (and the Confirm that settles one) get allow/flag/deny/pending;
+    every other kind gets applied/rejected; an unattributable transaction is rejected."""
+
+    ALLOW = "allow"
+    FLAG = "flag"  # an allow recorded as a finding (observe mode)
+    DENY = "deny"
+    PENDING = "pending"  # confirmation required (§4.5)
+    APPLIED = "applied"
+    REJECTED = "rejected"
+
+
+class Reason(StrEnum):
+    """Reason codes: for operators only (ledger, metrics, CLI), never shown to an agent."""
+
+    OK = "ok"
+    # unattributable or structurally bad transactions (rejected, no state change)
+    MALFORMED = "malformed"
+    BAD_SIGNATURE = "bad_signature"
+    WRONG_CHAIN = "wrong_chain"
+    UNKNOWN_SIGNER = "unknown_signer"
+    REPLAYED = "replayed"
+    # proposals
+    QUOTA_EXCEEDED = "quota_exceeded"
+    RUN_HALTED = "run_halted"
+    UNKNOWN_TOOL = "unknown_tool"
+    NO_MANDATE = "no_mandate"
+    SUSPENDED = "suspended"
+    OUT_OF_SCOPE = "out_of_scope"
+    OUT_OF_SCOPE_OBSERVED = "out_of_scope_observed"
+    REPEAT_DENIED = "repeat_denied"
+    TIER_INSUFFICIENT = "tier_insufficient"
+    MALFORMED_TARGET = "malformed_target"
+    TARGET_SCHEME_NOT_ALLOWED = "target_scheme_not_allowed"
+    CROSS_PRINCIPAL_TARGET = "cross_principal_target"
+    MALFORMED_ARGUMENT = "malformed_argument"
+    AMBIENT_IDENTITY_ARGUMENT = "ambient_identity_argument"
+    ENVELOPE_REQUIRED = "envelope_required"
+    HANDLE_VIOLATION = "handle_violation"
+    HANDLE_KIND_MISMATCH = "handle_kind_mismatch"
+    STATUS_TOOL_ARGUMENT = "status_tool_argument"
+    CONFIRMATION_REQUIRED = "confirmation_required"
+    PENDING_LIMIT = "pending_limit"
+    DELEGATION_UNKNOWN = "delegation_unknown"
+    DELEGATION_EXPIRED = "delegation_expired"
+    DELEGATION_REVOKED = "delegation_revoked"
+    DELEGATION_REFUSED = "delegation_refused"
+    DELEGATION_DEPTH_EXCEEDED = "delegation_depth_exceeded"
+    DELEGATION_WIDENING = "delegation_widening"
+    DELEGATION_MISMATCH = "delegation_mismatch"
+    DELEGATION_EXPIRY_INVALID = "delegation_expiry_invalid"
+    # confirmations
+    UNKNOWN_PROPOSAL = "unknown_proposal"
+    CARD_DIGEST_MISMATCH = "card_digest_mismatch"
+    CONFIRMATION_EXPIRED = "confirmation_expired"
+    CONFIRMER_NOT_AUTHORIZED = "confirmer_not_authorized"
+    # administration, envelopes, grants
+    NOT_OWNER = "not_owner"
+    NOT_AN_AGENT = "not_an_agent"
+    OWNER_ONLY_FIELD = "owner_only_field"
+    UNKNOWN_AGENT = "unknown_agent"
+    UNKNOWN_SINK = "unknown_sink"
+    UNKNOWN_GRANT = "unknown_grant"
+    NOT_GRANTOR = "not_grantor"
+    KEY_IN_USE = "key_in_use"
+    INVALID_SPEC = "invalid_spec"
+    HANDLE_EXISTS = "handle_exists"
+    CAPACITY_EXCEEDED = "capacity_exceeded"
+
+
+class ToolMode(StrEnum):
+    """DESIGN §4.5 / BRAH §6.3: how a registered tool may run."""
+
+    READ = "read"
+    DIRECT = "direct"
+    USER_CONFIRM = "user_confirm"
+    OWNER_CONFIRM = "owner_confirm"
+
+    @property
+    def needs_confirmation(self) -> bool:
+        return self in (ToolMode.USER_CONFIRM, ToolMode.OWNER_CONFIRM)
+
+
+class Tier(StrEnum):
+    """BRAH §6.8 assurance tiers; the owner outranks both."""
+
+    DELEGATE = "delegate"
+    MASTER = "master"
+    OWNER = "owner"
+
+    @property
+    def rank(self) -> int:
+        return {Tier.DELEGATE: 0, Tier.MASTER: 1, Tier.OWNER: 2}[self]
+
+
+class Enforcement(StrEnum):
+    ENFORCE = "enforce"
+    OBSERVE = "observe"
+
+
+class DelegationPolicy(StrEnum):
+    ATTENUATED = "attenuated"
+    NONE = "none"
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _require_digest(value: bytes, what: str) -> None:
+    _require(len(value) == DIGEST_BYTES, f"{what} must be {DIGEST_BYTES} bytes")
+
+
+def _require_key(value: bytes, what: str) -> None:
+    _require(len(value) == PUBLIC_KEY_BYTES, f"{what} must be {PUBLIC_KEY_BYTES} bytes")
+
+
+def _require_tool_list(tools: tuple[str, ...], what: str) -> None:
+    _require(len(tools) <= limits.TOOLS_PER_LIST_MAX, f"{what}: too many tools")
+    for tool in tools:
+        _require(names.canonical_tool_name(tool) == tool, f"{what}: tool name not canonical")
+    _require(list(tools) == sorted(set(tools)), f"{what}: tools must be sorted and unique")
+
+
+def canonical_tool_list(raw: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Canonical, sorted, de-duplicated tool names; ValueError on a name that has none."""
+    out: set[str] = set()
+    for item in raw:
+        if not isinstance(item, str):
+            raise ValueError("a tool list holds names, not " + type(item).__name__)
+        name = names.canonical_tool_name(item)
+        if name is None:
+            raise ValueError("tool name has no canonical form")
+        out.add(name)
+    return tuple(sorted(out))
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+@dataclass(frozen=True, repr=False)
+class Argument:
+    """One call argument: a plain text value or a handle reference, never both."""
+
+    name: str
+    text: str | None = None
+    handle: str | None = None
+
+    def __post_init__(self) -> None:
+        _require((self.text is None) != (self.handle is None), "argument: text xor handle")
+        _require(0 < len(self.name) <= 4 * limits.ARGUMENT_NAME_CHARS_MAX, "argument name")
+        if self.text is not None:
+            size = len(self.text.encode("utf-8", "surrogatepass"))
+            _require(size <= limits.ARGUMENT_TEXT_BYTES_MAX, "argument value too large")
+        if self.handle is not None:
+            _require(len(self.handle) <= 64, "handle too long")
+
+    @property
+    def is_handle(self) -> bool:
+        return self.handle is not None
+
+    def __repr__(self) -> str:
+        return f"Argument(name={self.name!r}, {'handle' if self.is_handle else 'text'}=<redacted>)"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, repr=False)
+class Proposal:
+    """An agent's tool call. Who is calling is not in here: it comes from the signer key."""
+
+    run_id: str
+    tool: str
+    target: str
+    arguments: tuple[Argument, ...] = ()
+    grant: bytes | None = None  # the Delegate tx id this call acts under
+
+    def __post_init__(self) -> None:
+        _require(names.is_run_id(self.run_id), "run_id must match " + names.RUN_ID_RE.pattern)
+        _require(len(self.tool) <= 4 * limits.TOOL_NAME_CHARS_MAX, "tool name too long")
+        _require(len(self.target) <= 4 * limits.TARGET_CHARS_MAX, "target too long")
+        _require(len(self.arguments) <= limits.ARGUMENTS_MAX, "too many arguments")
+        if self.grant is not None:
+            _require_digest(self.grant, "grant")
+
+    @property
+    def argument_names(self) -> tuple[str, ...]:
+        return tuple(arg.name for arg in self.arguments)
+
+    def __repr__(self) -> str:
+        return (
+            f"Proposal(run_id={self.run_id!r}, tool={self.tool!r}, target={self.target!r}, "
+            f"argument_names={self.argument_names!r}, grant={'yes' if self.grant else 'no'})"
+        )
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class Confirm:
+    proposal_id: bytes
+    card_digest: bytes
+
+    def __post_init__(self) -> None:
+        _require_digest(self.proposal_id, "proposal_id")
+        _require_digest(self.card_digest, "card_digest")
+
+
+@dataclass(frozen=True)
+class Delegate:
+    child: bytes
+    run_id: str
+    tools: tuple[str, ...] | None  # None: the delegator's whole effective scope
+    expires_at_ms: int
+    parent_grant: bytes | None = None
+
+    def __post_init__(self) -> None:
+        _require_key(self.child, "child")
+        _require(names.is_run_id(self.run_id), "run_id must match " + names.RUN_ID_RE.pattern)
+        if self.tools is not None:
+            _require_tool_list(self.tools, "delegate.tools")
+        _require(0 < self.expires_at_ms < 2**63, "expires_at_ms must be set")
+        if self.parent_grant is not None:
+            _require_digest(self.parent_grant, "parent_grant")
+
+
+@dataclass(frozen=True)
+class Revoke:
+    grant: bytes
+
+    def __post_init__(self) -> None:
+        _require_digest(self.grant, "grant")
+
+
+@dataclass(frozen=True, repr=False)
+class SealedValue:
+    sink: str
+    ciphertext: bytes
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.sink), "sink id")
+        size = len(self.ciphertext)
+        _require(limits.SEALED_BYTES_MIN <= size <= limits.SEALED_BYTES_MAX, "ciphertext size")
+
+    def __repr__(self) -> str:
+        return f"SealedValue(sink={self.sink!r}, ciphertext=<{len(self.ciphertext)} bytes>)"
+
+
+@dataclass(frozen=True)
+class SealEnvelope:
+    kind: str
+    sealed: tuple[SealedValue, ...]
+    owner_principal: str | None = None  # honoured only when the owner signs
+
+    def __post_init__(self) -> None:
+        _require(names.is_kind(self.kind), "kind must match " + names.KIND_RE.pattern)
+        _require(0 < len(self.sealed) <= limits.SINKS_PER_HANDLE_MAX, "sealed: 1..max sinks")
+        sinks = [value.sink for value in self.sealed]
+        _require(len(set(sinks)) == len(sinks), "sealed: one value per sink")
+        if self.owner_principal is not None:
+            _require(names.is_agent_id(self.owner_principal), "owner_principal")
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        return tuple(sorted(value.sink for value in self.sealed))
+
+
+@dataclass(frozen=True)
+class EnvelopeArg:
+    name: str
+    kind: str
+    require_verified: bool = False
+
+    def __post_init__(self) -> None:
+        _require(names.canonical_argument_name(self.name) == self.name, "envelope arg name")
+        _require(names.is_kind(self.kind), "envelope arg kind")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A registered tool (DESIGN §4.5, §4.6): what it needs before it may run."""
+
+    name: str
+    mode: ToolMode
+    sink: str | None = None
+    target_schemes: tuple[str, ...] = ()  # empty: the tool takes no target
+    envelope_args: tuple[EnvelopeArg, ...] = ()
+    min_tier: Tier = Tier.DELEGATE
+    binds_caller: bool = False  # a status tool: no arguments, target bound to the caller
+
+    def __post_init__(self) -> None:
+        _require(names.canonical_tool_name(self.name) == self.name, "tool name not canonical")
+        if self.sink is not None:
+            _require(names.is_agent_id(self.sink), "sink id")
+        _require(len(self.target_schemes) <= limits.SCHEMES_PER_TOOL_MAX, "too many schemes")
+        for scheme in self.target_schemes:
+            _require(names.is_scheme(scheme), "scheme must match " + names.SCHEME_RE.pattern)
+        _require(
+            list(self.target_schemes) == sorted(set(self.target_schemes)),
+            "schemes must be sorted and unique",
+        )
+        _require(len(self.envelope_args) <= limits.ENVELOPE_ARGS_PER_TOOL_MAX, "envelope args")
+        arg_names = [arg.name for arg in self.envelope_args]
+        _require(arg_names == sorted(set(arg_names)), "envelope args sorted and unique")
+        _require(self.min_tier in (Tier.DELEGATE, Tier.MASTER), "min_tier: delegate|master")
+
+    def envelope_arg(self, name: str) -> EnvelopeArg | None:
+        for arg in self.envelope_args:
+            if arg.name == name:
+                return arg
+        return None
+
+
+@dataclass(frozen=True)
+class Mandate:
+    """DESIGN §4.2. `allowed_tools` None is unrestricted and () is nothing: the engine
+    branches on `is None`, never on truthiness (mandate guide, "An empty tool list...")."""
+
+    allowed_tools: tuple[str, ...] | None
+    enforcement: Enforcement = Enforcement.ENFORCE
+    suspended: bool = False
+    delegation_policy: DelegationPolicy = DelegationPolicy.NONE
+    max_delegation_depth: int | None = None  # None: only the policy gates delegation
+
+    def __post_init__(self) -> None:
+        if self.allowed_tools is not None:
+            _require(not isinstance(self.allowed_tools, str), "allowed_tools: a list, not a str")
+            _require_tool_list(self.allowed_tools, "allowed_tools")
+        if self.max_delegation_depth is not None:
+            _require(0 <= self.max_delegation_depth < 2**32, "max_delegation_depth")
+
+    def permits(self, tool: str) -> bool:
+        return self.allowed_tools is None or tool in self.allowed_tools
+
+
+@dataclass(frozen=True)
+class RegisterTool:
+    spec: ToolSpec
+
+
+@dataclass(frozen=True)
+class RegisterAgent:
+    agent_id: str
+    public_key: bytes
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.agent_id), "agent id: " + names.AGENT_ID_RE.pattern)
+        _require_key(self.public_key, "public_key")
+
+
+@dataclass(frozen=True)
+class RegisterSink:
+    sink_id: str
+    public_key: bytes  # X25519
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.sink_id), "sink id: " + names.AGENT_ID_RE.pattern)
+        _require_key(self.public_key, "public_key")
+
+
+@dataclass(frozen=True)
+class SetMandate:
+    agent_id: str
+    mandate: Mandate
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.agent_id), "agent id")
+
+
+@dataclass(frozen=True)
+class Suspend:
+    agent_id: str
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.agent_id), "agent id")
+
+
+@dataclass(frozen=True)
+class Resume:
+    agent_id: str
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.agent_id), "agent id")
+
+
+AdminOp = RegisterTool | RegisterAgent | RegisterSink | SetMandate | Suspend | Resume
+
+
+@dataclass(frozen=True)
+class Admin:
+    op: AdminOp
+
+
+TxPayload = Proposal | Confirm | Delegate | Revoke | SealEnvelope | Admin
+
+_KIND_OF: dict[type, TxKind] = {
+    Proposal: TxKind.PROPOSAL,
+    Confirm: TxKind.CONFIRM,
+    Delegate: TxKind.DELEGATE,
+    Revoke: TxKind.REVOKE,
+    SealEnvelope: TxKind.SEAL_ENVELOPE,
+    Admin: TxKind.ADMIN,
+}
+
+
+@dataclass(frozen=True)
+class TxBody:
+    chain_id: str
+    nonce: int
+    payload: TxPayload
+
+    def __post_init__(self) -> None:
+        _require(0 < len(self.chain_id) <= limits.ID_CHARS_MAX, "chain_id")
+        _require(0 < self.nonce < 2**64, "nonce must be in 1..2**64-1")
+
+    @property
+    def kind(self) -> TxKind:
+        return _KIND_OF[type(self.payload)]
+
+
+@dataclass(frozen=True, repr=False)
+class SignedTx:
+    body: bytes = field(repr=False)
+    signer: bytes
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _require(len(self.body) <= limits.TX_BYTES_MAX, "body too large")
+        _require_key(self.signer, "signer")
+        _require(len(self.signature) == SIGNATURE_BYTES, "signature must be 64 bytes")
+
+    def __repr__(self) -> str:
+        return f"SignedTx(signer={self.signer.hex()[:16]}.., body=<{len(self.body)} bytes>)"

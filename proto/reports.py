@@ -1,0 +1,16 @@
+"""The statement a sidecar signs to report its state root to its replica (DESIGN §4).
+
+Both sides need its bytes: the sidecar signs them with its receipt key, and the replica
+checks the signature before it votes for a block carrying that root. So it lives in the
+bottom layer, below both.
+"""
+
+from __future__ import annotations
+
+from quorumgate.proto.canonical import Encoder
+
+TAG_ROOT_REPORT = b"qg/state-root/v1"
+
+
+def root_report_statement(chain_id: str, height: int, state_root: bytes) -> bytes:
+    return bytes(Encoder(TAG_ROOT_REPORT).text(chain_id).u64(height).blob(state_root))

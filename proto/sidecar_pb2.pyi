@@ -1,0 +1,186 @@
+from quorumgate.proto import consensus_pb2 as _consensus_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReceiptLeaf(_message.Message):
+    __slots__ = ("height", "index", "tx_id", "proposal_id", "kind", "outcome", "reason", "target_digest", "card_digest", "mandate_version", "body_digest")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TX_ID_FIELD_NUMBER: _ClassVar[int]
+    PROPOSAL_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CARD_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MANDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BODY_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    index: int
+    tx_id: bytes
+    proposal_id: bytes
+    kind: str
+    outcome: str
+    reason: str
+    target_digest: bytes
+    card_digest: bytes
+    mandate_version: int
+    body_digest: bytes
+    def __init__(self, height: _Optional[int] = ..., index: _Optional[int] = ..., tx_id: _Optional[bytes] = ..., proposal_id: _Optional[bytes] = ..., kind: _Optional[str] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., target_digest: _Optional[bytes] = ..., card_digest: _Optional[bytes] = ..., mandate_version: _Optional[int] = ..., body_digest: _Optional[bytes] = ...) -> None: ...
+
+class Receipt(_message.Message):
+    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signer", "signature")
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_ROOT_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    leaf: ReceiptLeaf
+    path: _containers.RepeatedScalarFieldContainer[bytes]
+    leaf_count: int
+    verdict_root: bytes
+    state_root: bytes
+    signer: int
+    signature: bytes
+    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class Certificate(_message.Message):
+    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signatures", "chain_id")
+    LEAF_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_ROOT_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    leaf: ReceiptLeaf
+    path: _containers.RepeatedScalarFieldContainer[bytes]
+    leaf_count: int
+    verdict_root: bytes
+    state_root: bytes
+    signatures: _containers.RepeatedCompositeFieldContainer[_consensus_pb2.Signature]
+    chain_id: str
+    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[_consensus_pb2.Signature, _Mapping]]] = ..., chain_id: _Optional[str] = ...) -> None: ...
+
+class ReceiptRequest(_message.Message):
+    __slots__ = ("proposal_id",)
+    PROPOSAL_ID_FIELD_NUMBER: _ClassVar[int]
+    proposal_id: bytes
+    def __init__(self, proposal_id: _Optional[bytes] = ...) -> None: ...
+
+class ReceiptReply(_message.Message):
+    __slots__ = ("found", "receipt", "executed_height", "card")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    receipt: Receipt
+    executed_height: int
+    card: bytes
+    def __init__(self, found: _Optional[bool] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., executed_height: _Optional[int] = ..., card: _Optional[bytes] = ...) -> None: ...
+
+class ReceiptsRequest(_message.Message):
+    __slots__ = ("from_height",)
+    FROM_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    from_height: int
+    def __init__(self, from_height: _Optional[int] = ...) -> None: ...
+
+class ReceiptBatch(_message.Message):
+    __slots__ = ("height", "receipts")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    receipts: _containers.RepeatedCompositeFieldContainer[Receipt]
+    def __init__(self, height: _Optional[int] = ..., receipts: _Optional[_Iterable[_Union[Receipt, _Mapping]]] = ...) -> None: ...
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("tx",)
+    TX_FIELD_NUMBER: _ClassVar[int]
+    tx: bytes
+    def __init__(self, tx: _Optional[bytes] = ...) -> None: ...
+
+class AdmitBatchRequest(_message.Message):
+    __slots__ = ("txs", "signatures_verified")
+    TXS_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    txs: _containers.RepeatedScalarFieldContainer[bytes]
+    signatures_verified: bool
+    def __init__(self, txs: _Optional[_Iterable[bytes]] = ..., signatures_verified: _Optional[bool] = ...) -> None: ...
+
+class AdmitBatchReply(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[AdmitReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[AdmitReply, _Mapping]]] = ...) -> None: ...
+
+class AdmitReply(_message.Message):
+    __slots__ = ("accepted", "reason", "tx_id")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TX_ID_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    tx_id: bytes
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., tx_id: _Optional[bytes] = ...) -> None: ...
+
+class AccountRequest(_message.Message):
+    __slots__ = ("signer",)
+    SIGNER_FIELD_NUMBER: _ClassVar[int]
+    signer: bytes
+    def __init__(self, signer: _Optional[bytes] = ...) -> None: ...
+
+class AccountReply(_message.Message):
+    __slots__ = ("known", "next_nonce", "executed_height")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    NEXT_NONCE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    next_nonce: int
+    executed_height: int
+    def __init__(self, known: _Optional[bool] = ..., next_nonce: _Optional[int] = ..., executed_height: _Optional[int] = ...) -> None: ...
+
+class SidecarStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SidecarStatusReply(_message.Message):
+    __slots__ = ("chain_id", "node", "executed_height", "state_root", "ledger_head", "ledger_entries", "artifacts", "diverged", "divergence", "replica_committed_height")
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_HEAD_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_FIELD_NUMBER: _ClassVar[int]
+    DIVERGENCE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_COMMITTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    chain_id: str
+    node: int
+    executed_height: int
+    state_root: bytes
+    ledger_head: bytes
+    ledger_entries: int
+    artifacts: int
+    diverged: bool
+    divergence: str
+    replica_committed_height: int
+    def __init__(self, chain_id: _Optional[str] = ..., node: _Optional[int] = ..., executed_height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., ledger_head: _Optional[bytes] = ..., ledger_entries: _Optional[int] = ..., artifacts: _Optional[int] = ..., diverged: _Optional[bool] = ..., divergence: _Optional[str] = ..., replica_committed_height: _Optional[int] = ...) -> None: ...
+
+class StateRootReport(_message.Message):
+    __slots__ = ("height", "state_root", "signature")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    state_root: bytes
+    signature: bytes
+    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...

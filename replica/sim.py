@@ -1,0 +1,982 @@
+"""A seeded simulator of whole clusters of consensus cores (TigerBeetle's VOPR, in spirit).
+
+N cores run on a simulated network with delay, loss, duplication, reordering, partitions
+and a heal; members crash (possibly half-way through one step's actions) and restart from
+what they had made durable; up to f members are Byzantine. After every step the simulator
+checks safety:
+
+- no two honest replicas commit different blocks at one height, and each honest replica
+  commits heights in order without gaps (so honest committed chains are prefixes of one
+  another);
+- no honest replica ever signs two different votes in one view, across restarts too;
+- no `Send` leaves before the safety state it depends on is durable.
+
+After the network heals it checks liveness: every honest replica commits a block proposed
+after the heal within `liveness_views_max` views. Every failure raises `SimulationFailure`
+whose message carries the seed and options that reproduce it.
+
+Byzantine behaviours wrap honest cores and override one thing each (as relab/hotstuff's
+twins and Byzantine wrappers do): an equivocating leader, twins (two honest instances with
+one key), a voter that signs every block it sees (no safety rules), a silent leader,
+invalid signatures, and forged certificates.
+
+Nothing here is used by a production process; it lives in `cluster/` because the demo and
+`scripts/simulate.py` drive it as well as the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from quorumgate.proto.membership import Member, Membership
+from quorumgate.replica.actions import (
+    Action,
+    Commit,
+    PersistSafety,
+    Send,
+    StoreBlock,
+    check_send_allowed,
+)
+from quorumgate.replica.blocktree import BlockTree
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.crypto import Ed25519Signer, Signer, Verifier, ed25519_verify
+from quorumgate.replica.safety import SafetyRules, SafetyState, Signed
+from quorumgate.replica.sync import build_sync_response
+from quorumgate.replica.types import (
+    Block,
+    CommitProof,
+    Envelope,
+    Message,
+    Proposal,
+    QuorumCert,
+    SyncRequest,
+    Timeout,
+    TimeoutCert,
+    Vote,
+    genesis_block,
+    genesis_qc,
+    proposal_bytes,
+    timeout_bytes,
+    vote_bytes,
+)
+
+BEHAVIOURS = (
+    "equivocate",  # as leader, sends two conflicting blocks to two halves of the cluster
+    "twins",  # two honest instances share one key, each seeing part of the network
+    "double_vote",  # signs a vote for every block it sees, ignoring the safety rules
+    "silent_leader",  # never sends its proposals
+    "bad_signatures",  # corrupts the signature of everything it sends
+    "forge_certs",  # sends forged QCs and TCs and proposals built on them
+    "fork_leader",  # leads from a stale QC to fork the chain, votes for anything, and
+    # sends its votes to one victim only, so commits diverge: what locks exist to stop
+)
+UNSAFE_VARIANTS = ("no_lock", "two_chain_commit")
+SIM_TICK_MS = 10
+TX_BYTES = 48
+
+
+class SimulationFailure(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    seed: int
+    n: int = 4
+    byzantine: tuple[str, ...] = ()  # one behaviour per Byzantine member, at most f
+    ticks: int = 1_500  # ticks of adversarial network before the heal
+    delay_ticks_max: int = 3
+    loss_permille: int = 0
+    dup_permille: int = 0
+    partition_ticks: int = 0  # 0: none; else a new random partition about this often
+    victim_delay_ticks: int = 0  # extra delay on everything one honest member sends
+    crash_permille: int = 0  # per node per tick, before the heal
+    crash_ticks_max: int = 200
+    stale_restore_permille: int = 0  # a restart from an older copy of the disk (drill)
+    tx_per_tick_permille: int = 500
+    liveness_views_max: int = 40
+    liveness_ticks_max: int = 6_000
+    unsafe: str | None = None  # a deliberately broken rule, for testing the tester
+    fast_crypto: bool = True
+
+    def __post_init__(self) -> None:
+        f = (self.n - 1) // 3
+        if len(self.byzantine) > f:
+            raise ValueError(f"{len(self.byzantine)} Byzantine members but f = {f}")
+        for b in self.byzantine:
+            if b not in BEHAVIOURS:
+                raise ValueError(f"unknown behaviour {b!r}")
+        if self.unsafe is not None and self.unsafe not in UNSAFE_VARIANTS:
+            raise ValueError(f"unknown unsafe variant {self.unsafe!r}")
+
+    def reproduce(self) -> str:
+        fields = ", ".join(
+            f"{k}={getattr(self, k)!r}"
+            for k in self.__dataclass_fields__
+            if getattr(self, k) != SimOptions.__dataclass_fields__[k].default or k == "seed"
+        )
+        return f"SimOptions({fields})"
+
+
+SIM_LIMITS = Limits(
+    view_timeout_ticks_base=20,
+    view_timeout_ticks_max=160,
+    idle_propose_ticks=4,
+    timestamp_skew_ms_max=60_000,
+    sync_blocks_max=64,
+    sync_retry_ticks=15,
+    fence_wait_ticks=40,
+    pending_blocks_max=512,
+    batch_txs_max=32,
+)
+
+
+# ============================================================================ crypto
+
+
+class FastKeys:
+    """A keyed-hash stand-in for Ed25519 with the property that matters here: nobody can
+    produce a member's signature without that member's secret. 50x cheaper, so thousands
+    of scenarios fit in CI; some scenarios run real Ed25519 (`fast_crypto=False`)."""
+
+    def __init__(self) -> None:
+        self._secrets: dict[bytes, bytes] = {}
+
+    def signer(self, seed: bytes) -> Signer:
+        secret = hashlib.sha256(b"sim-secret" + seed).digest()
+        public = hashlib.sha256(b"sim-public" + secret).digest()
+        self._secrets[public] = secret
+        return _FastSigner(secret, public)
+
+    def verify(self, public_key: bytes, message: bytes, signature: bytes) -> bool:
+        secret = self._secrets.get(public_key)
+        if secret is None:
+            return False
+        return hashlib.blake2b(message, key=secret, digest_size=64).digest() == signature
+
+
+@dataclass(frozen=True)
+class _FastSigner:
+    secret: bytes
+    public: bytes
+
+    @property
+    def public_key(self) -> bytes:
+        return self.public
+
+    def sign(self, message: bytes) -> bytes:
+        return hashlib.blake2b(message, key=self.secret, digest_size=64).digest()
+
+
+# ============================================================================ unsafe variants
+
+
+class NoLockSafetyRules(SafetyRules):
+    """Broken on purpose: Rule 2 (the lock) never refuses."""
+
+    def vote(
+        self,
+        block: Block,
+        parent: Block,
+        high_qc: QuorumCert | None = None,
+        high_tc: TimeoutCert | None = None,
+    ) -> Signed[Vote]:
+        saved_lock = self._state.locked_qc
+        self._state = replace(self._state, locked_qc=genesis_qc(block.chain_id))
+        try:
+            return super().vote(block, parent, high_qc, high_tc)
+        finally:
+            if self._state.locked_qc.view < saved_lock.view:
+                self._state = replace(self._state, locked_qc=saved_lock)
+
+
+class TwoChainTree(BlockTree):
+    """Broken on purpose: commits the parent of a certified block (2-chain, no lock change)."""
+
+    def three_chain(self, qc: QuorumCert) -> tuple[list[Block], CommitProof] | None:
+        b2 = self.get(qc.block_hash)
+        if b2 is None or b2.hash == self.root.hash:
+            return None
+        b1 = self.get(b2.parent_hash)
+        if b1 is None or b1.height <= self.root.height or b2.view != b1.view + 1:
+            return None
+        return self.uncommitted_chain(b1.hash), CommitProof(b2, b2, qc)
+
+
+class NoLockCore(Core):
+    safety_rules_cls = NoLockSafetyRules
+
+
+class TwoChainCore(Core):
+    block_tree_cls = TwoChainTree
+
+
+CORE_CLASSES: dict[str | None, type[Core]] = {
+    None: Core,
+    "no_lock": NoLockCore,
+    "two_chain_commit": TwoChainCore,
+}
+
+
+# ============================================================================ a node and its disk
+
+
+@dataclass
+class Disk:
+    """What survives a crash: exactly what the node's actions made durable."""
+
+    safety: SafetyState
+    committed: list[Block]
+    proofs: dict[int, CommitProof] = field(default_factory=dict)
+    blocks: dict[bytes, Block] = field(default_factory=dict)
+
+    def copy(self) -> Disk:
+        return Disk(self.safety, list(self.committed), dict(self.proofs), dict(self.blocks))
+
+    # CommittedStore, for serving sync requests
+    def committed_height(self) -> int:
+        return len(self.committed) - 1
+
+    def committed_range(self, start: int, end: int) -> list[Block]:
+        return self.committed[start : end + 1]
+
+    def proof_at_or_after(self, height: int, limit: int) -> CommitProof | None:
+        for h in range(height, limit + 1):
+            if h in self.proofs:
+                return self.proofs[h]
+        return None
+
+    def proof_at_or_before(self, height: int, floor: int) -> CommitProof | None:
+        for h in range(height, floor - 1, -1):
+            if h in self.proofs:
+                return self.proofs[h]
+        return None
+
+
+class SimPool:
+    """The transactions clients submitted, as every replica's mempool would hold them
+    after gossip; each node tracks which it has seen committed."""
+
+    def __init__(self) -> None:
+        self.txs: list[bytes] = []
+        self.valid: set[bytes] = set()
+
+    def add(self, tx: bytes) -> None:
+        self.txs.append(tx)
+        self.valid.add(tx)
+
+
+class SimMempool:
+    def __init__(self, pool: SimPool, committed: set[bytes]) -> None:
+        self._pool = pool
+        self._committed = committed
+        self._cursor = 0
+
+    def _advance(self) -> None:
+        while (
+            self._cursor < len(self._pool.txs) and self._pool.txs[self._cursor] in self._committed
+        ):
+            self._cursor += 1
+
+    def pending(self) -> bool:
+        self._advance()
+        return self._cursor < len(self._pool.txs)
+
+    def take(self, chain: Sequence[Block], txs_max: int, bytes_max: int) -> tuple[bytes, ...]:
+        self._advance()
+        in_chain = {tx for block in chain for tx in block.payload}
+        out: list[bytes] = []
+        size = 0
+        for tx in self._pool.txs[self._cursor :]:
+            if len(out) >= txs_max or size + len(tx) > bytes_max:
+                break
+            if tx not in self._committed and tx not in in_chain:
+                out.append(tx)
+                size += len(tx)
+        return tuple(out)
+
+    def check(self, block: Block) -> str | None:
+        if any(tx not in self._pool.valid for tx in block.payload):
+            return "unknown transaction"
+        return None
+
+    def on_commit(self, blocks: Sequence[Block]) -> None:
+        for block in blocks:
+            self._committed.update(block.payload)
+
+
+class SimExecution:
+    """An instant 'sidecar': the state root after height h folds in the block hashes."""
+
+    def __init__(self, disk: Disk) -> None:
+        self._disk = disk
+        self._roots: list[bytes] = [b""]
+
+    def _catch_up(self) -> None:
+        while len(self._roots) < len(self._disk.committed):
+            block = self._disk.committed[len(self._roots)]
+            self._roots.append(hashlib.sha256(self._roots[-1] + block.hash).digest())
+
+    def latest_root(self) -> tuple[int, bytes]:
+        self._catch_up()
+        return len(self._roots) - 1, self._roots[-1]
+
+    def root_at(self, height: int) -> bytes | None:
+        self._catch_up()
+        return self._roots[height] if 0 <= height < len(self._roots) else None
+
+
+class SimNode:
+    """One instance of a member: a core plus its disk. Twins are two of these, one index."""
+
+    def __init__(self, sim: Simulation, index: int, signer: Signer, instance: int = 0) -> None:
+        self.sim = sim
+        self.index = index
+        self.instance = instance
+        self.signer = signer
+        chain = sim.membership.chain_id
+        self.disk = Disk(SafetyState.initial(chain), [genesis_block(chain)])
+        self.durable_epoch = 0
+        self.committed_txs: set[bytes] = set()
+        self.up = True
+        self.down_until = 0
+        self.snapshots: list[Disk] = []
+        self.core = self._make_core(None)
+
+    def _make_core(self, recovered: Recovered | None) -> Core:
+        sim = self.sim
+        cls = CORE_CLASSES[sim.options.unsafe] if self.index not in sim.byzantine else Core
+        core = cls(
+            sim.membership,
+            self.index,
+            self.signer,
+            limits=SIM_LIMITS,
+            verifier=Verifier(SIM_LIMITS.verified_cache_max, sim.verify_fn),
+            payload=SimMempool(sim.pool, self.committed_txs),
+            execution=SimExecution(self.disk),
+            recovered=recovered,
+            now_ms=sim.now_ms(self.index),
+        )
+        return core
+
+    def start(self) -> list[Action]:
+        return self.core.start()
+
+    def crash(self, until_tick: int) -> None:
+        self.up = False
+        self.down_until = until_tick
+        self.snapshots.append(self.disk.copy())
+
+    def restart(self, stale: bool = False) -> list[Action]:
+        if stale and len(self.snapshots) > 1:
+            # Restored from an old copy of the data directory: it forgot what it signed since.
+            self.disk = self.snapshots[0].copy()
+            self.sim.stale_restores += 1
+            self.sim.amnesiac.add(self.index)
+        disk = self.disk
+        committed = disk.committed[-1]
+        pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
+        self.durable_epoch = disk.safety.epoch
+        self.core = self._make_core(Recovered(disk.safety, committed, pending))
+        self.up = True
+        return self.core.start()
+
+
+# ============================================================================ the simulation
+
+
+@dataclass
+class SimResult:
+    options: SimOptions
+    ticks: int
+    committed_heights: dict[int, int]
+    views: dict[int, int]
+    dropped: Counter[str]
+    messages: int
+    liveness_views: int
+
+
+@dataclass(order=True)
+class _InFlight:
+    deliver_tick: int
+    order: int
+    to: int = field(compare=False)
+    instance: int | None = field(compare=False)  # None: every instance of `to`
+    envelope: Envelope = field(compare=False)
+
+
+class Simulation:
+    def __init__(self, options: SimOptions) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+        n = options.n
+        chain = f"sim-{options.seed}"
+        fast = FastKeys()
+        self.verify_fn = fast.verify if options.fast_crypto else ed25519_verify
+        signers: list[Signer] = []
+        for i in range(n):
+            seed = hashlib.sha256(f"{chain}/{i}".encode()).digest()
+            signers.append(fast.signer(seed) if options.fast_crypto else Ed25519Signer(seed))
+        self.membership = Membership(
+            chain, tuple(Member(i, signers[i].public_key) for i in range(n))
+        )
+        members = list(range(n))
+        self.rng.shuffle(members)
+        self.byzantine: dict[int, str] = dict(zip(members, options.byzantine, strict=False))
+        self.honest = [i for i in range(n) if i not in self.byzantine]
+        self.clock_skew_ms = {i: self.rng.randint(-200, 200) for i in range(n)}
+        self.tick = 0
+        self.pool = SimPool()
+        self.nodes: dict[int, list[SimNode]] = {}
+        for i in range(n):
+            self.nodes[i] = [SimNode(self, i, signers[i])]
+            if self.byzantine.get(i) == "twins":
+                self.nodes[i].append(SimNode(self, i, signers[i], instance=1))
+        self.signers = signers
+        self._queue: list[_InFlight] = []
+        self._order = 0
+        self.messages = 0
+        # safety oracles
+        self.committed_by_height: dict[int, bytes] = {0: genesis_block(chain).hash}
+        self.honest_votes: dict[tuple[int, int], bytes] = {}
+        # (member, instance) -> side; None when the network is whole
+        self.partition: dict[tuple[int, int], int] | None = None
+        self.next_partition_tick = 0
+        self.healed = False
+        self.forge_seq = 0
+        self.fork_pending: dict[int, Proposal] = {}
+        self.stale_restores = 0
+        self.amnesiac: set[int] = set()
+        self.delivered_votes: dict[tuple[int, int], bytes] = {}
+        self.forks_made = 0
+        self.fork_timeouts: dict[int, dict[int, Timeout]] = {}
+        # The victim leads three views after a fork_leader, so the two views between can
+        # extend a fork while the victim's word is delayed.
+        self.fork_leaders = [i for i, b in self.byzantine.items() if b == "fork_leader"]
+        self.fork_victim = (self.fork_leaders[0] + 3) % n if self.fork_leaders else -1
+
+    # ------------------------------------------------------------------ helpers
+
+    def fail(self, message: str) -> SimulationFailure:
+        return SimulationFailure(
+            f"{message}\n  at tick {self.tick}; reproduce with: "
+            f"Simulation({self.options.reproduce()}).run()"
+        )
+
+    def now_ms(self, index: int) -> int:
+        return 1_000_000 + self.tick * SIM_TICK_MS + self.clock_skew_ms[index]
+
+    def _connected(self, src: int, src_instance: int, dst: int, dst_instance: int) -> bool:
+        if self.partition is None:
+            return True
+        return self.partition[(src, src_instance)] == self.partition[(dst, dst_instance)]
+
+    def _victim_message(self, src: int, msg: Message) -> bool:
+        """The network adversary's target: the victim's votes and timeouts around a view
+        that a fork_leader leads (from two views before it to three after) arrive late."""
+        if src != self.fork_victim or not self.fork_leaders:
+            return False
+        if not isinstance(msg, Vote | Timeout):
+            return False
+        view = msg.view
+        n = self.options.n
+        return any((view - lead) % n in (n - 2, n - 1, 0, 1, 2, 3) for lead in self.fork_leaders)
+
+    def _enqueue(self, src: int, src_instance: int, to: int, envelope: Envelope) -> None:
+        opts = self.options
+        for instance, _node in enumerate(self.nodes[to]):
+            if not self._connected(src, src_instance, to, instance):
+                continue
+            copies = 1
+            if not self.healed:
+                if self.rng.randrange(1000) < opts.loss_permille:
+                    continue
+                if self.rng.randrange(1000) < opts.dup_permille:
+                    copies = 2
+            msg = envelope.message
+            if src in self.amnesiac and isinstance(msg, Vote):
+                # A restored node may re-sign what it forgot only if the first copy reached
+                # nobody: judge what reaches the network, not what leaves the process.
+                prior = self.delivered_votes.setdefault((src, msg.view), msg.block_hash)
+                if prior != msg.block_hash:
+                    raise self.fail(
+                        f"restored node {src} equivocated: two votes for view {msg.view} "
+                        f"reached peers"
+                    )
+            for _ in range(copies):
+                delay = self.rng.randint(0, opts.delay_ticks_max) if not self.healed else 1
+                if not self.healed and self._victim_message(src, envelope.message):
+                    delay += opts.victim_delay_ticks
+                self._order += 1
+                self._queue.append(
+                    _InFlight(self.tick + 1 + delay, self._order, to, instance, envelope)
+                )
+
+    # ------------------------------------------------------------------ actions
+
+    def _apply(self, node: SimNode, actions: list[Action], crash_cut: int | None = None) -> None:
+        """Carry out a node's actions in order, as a shell must; a crash may cut them."""
+        for i, action in enumerate(actions):
+            if crash_cut is not None and i >= crash_cut:
+                return
+            if isinstance(action, PersistSafety):
+                node.disk.safety = action.state
+                node.durable_epoch = action.state.epoch
+            elif isinstance(action, StoreBlock):
+                node.disk.blocks[action.block.hash] = action.block
+            elif isinstance(action, Send):
+                try:
+                    check_send_allowed(action, node.durable_epoch)
+                except AssertionError as err:
+                    raise self.fail(f"node {node.index}: {err}") from err
+                self._send(node, action)
+            elif isinstance(action, Commit):
+                self._commit(node, action)
+
+    def _send(self, node: SimNode, send: Send) -> None:
+        behaviour = self.byzantine.get(node.index)
+        msg = send.message
+        if behaviour is None and isinstance(msg, Vote) and node.index not in self.amnesiac:
+            key = (node.index, msg.view)
+            prior = self.honest_votes.setdefault(key, msg.block_hash)
+            if prior != msg.block_hash:
+                raise self.fail(f"honest node {node.index} voted twice in view {msg.view}")
+        if behaviour is not None:
+            for to, out in self._byzantine_rewrite(node, behaviour, send):
+                self._deliver_from(node.index, to, out, node.instance)
+            return
+        self._deliver_from(node.index, send.to, msg)
+
+    def _deliver_from(self, src: int, to: int | None, msg: Message, src_instance: int = 0) -> None:
+        envelope = Envelope(self.membership.chain_id, src, msg)
+        targets = [to] if to is not None else [i for i in range(self.options.n) if i != src]
+        for dst in targets:
+            self.messages += 1
+            self._enqueue(src, src_instance, dst, envelope)
+
+    def _commit(self, node: SimNode, commit: Commit) -> None:
+        disk = node.disk
+        for block in commit.blocks:
+            if block.height != len(disk.committed):
+                raise self.fail(
+                    f"node {node.index} committed height {block.height} "
+                    f"after {len(disk.committed) - 1}"
+                )
+            if block.parent_hash != disk.committed[-1].hash:
+                raise self.fail(f"node {node.index} committed a block off its own chain")
+            if node.index not in self.byzantine:
+                known = self.committed_by_height.setdefault(block.height, block.hash)
+                if known != block.hash:
+                    raise self.fail(
+                        f"SAFETY: two blocks committed at height {block.height} "
+                        f"({known[:4].hex()} and {block.hash[:4].hex()}, node {node.index})"
+                    )
+            disk.committed.append(block)
+            node.committed_txs.update(block.payload)
+            disk.blocks.pop(block.hash, None)
+        disk.proofs[commit.blocks[-1].height] = commit.proof
+        for h in [h for h, b in disk.blocks.items() if b.height <= len(disk.committed) - 1]:
+            del disk.blocks[h]
+
+    # ------------------------------------------------------------------ Byzantine behaviours
+
+    def _sign(self, index: int, message: bytes) -> bytes:
+        return self.signers[index].sign(message)
+
+    def _byzantine_rewrite(
+        self, node: SimNode, behaviour: str, send: Send
+    ) -> list[tuple[int | None, Message]]:
+        msg = send.message
+        chain = self.membership.chain_id
+        me = node.index
+        if behaviour == "silent_leader" and isinstance(msg, Proposal):
+            return []
+        if behaviour == "bad_signatures":
+            bad = bytes(64)
+            if isinstance(msg, Vote):
+                return [(send.to, replace(msg, signature=bad))]
+            if isinstance(msg, Timeout):
+                return [(send.to, replace(msg, signature=bad))]
+            if isinstance(msg, Proposal):
+                return [(send.to, replace(msg, signature=bad))]
+        if behaviour == "equivocate" and isinstance(msg, Proposal):
+            block = msg.block
+            alt = Block.create(
+                chain,
+                block.parent_hash,
+                block.view,
+                block.height,
+                block.justify,
+                block.timestamp_ms + 1,
+                block.proposer,
+                tuple(reversed(block.payload))[:-1] if block.payload else (),
+                block.state_root_height,
+                block.state_root,
+            )
+            alt_prop = Proposal(alt, self._sign(me, proposal_bytes(chain, alt.view, alt.hash)))
+            others = [i for i in range(self.options.n) if i != me]
+            self.rng.shuffle(others)
+            half = len(others) // 2
+            out: list[tuple[int | None, Message]] = [(i, msg) for i in others[:half]]
+            out += [(i, alt_prop) for i in others[half:]]
+            # and vote for the alternative too
+            out += [
+                (
+                    None,
+                    Vote(
+                        alt.view,
+                        alt.height,
+                        alt.hash,
+                        me,
+                        self._sign(me, vote_bytes(chain, alt.view, alt.hash)),
+                    ),
+                )
+            ]
+            return out
+        if behaviour == "double_vote" and isinstance(msg, Vote):
+            return [(send.to, msg)]
+        if behaviour == "fork_leader":
+            if isinstance(msg, Proposal):
+                fork = self._fork_block(node, msg)
+                if fork is None:
+                    return [(send.to, msg)]
+                self.fork_pending[me] = fork  # sent once a TC for the view before admits it
+                return []
+            if isinstance(msg, Timeout | TimeoutCert):
+                return []  # its certificates would tell the others what the victim knows
+            if isinstance(msg, Vote) and self.membership.leader(msg.view) == me:
+                return []  # its vote goes to the fork, not to the block it replaced
+            if isinstance(msg, Vote):
+                # Withhold the vote for the block just before our own view from all but
+                # the victim: only the victim can then certify it (and commit).
+                if self.membership.leader(msg.view + 1) == me:
+                    return [(self.fork_victim, msg)]
+                return [(send.to, msg)]
+        if behaviour == "forge_certs":
+            return [(send.to, msg), *self._forgeries(node)]
+        return [(send.to, msg)]
+
+    def _forgeries(self, node: SimNode) -> list[tuple[int | None, Message]]:
+        """Certificates no honest member signed, pointing far ahead and at fake blocks."""
+        self.forge_seq += 1
+        if self.forge_seq % 7:
+            return []
+        chain = self.membership.chain_id
+        me = node.index
+        core = node.core
+        fake_hash = hashlib.sha256(b"fake" + self.forge_seq.to_bytes(8, "big")).digest()
+        view = core.view + 1 + self.rng.randrange(5)
+        my_sig = self._sign(me, vote_bytes(chain, view, fake_hash))
+        forged: list[QuorumCert] = []
+        q = self.membership.quorum
+        # under-signed: only my signature
+        forged.append(QuorumCert(view, core.committed_height + 5, fake_hash, ((me, my_sig),)))
+        # enough signers, but only mine is real
+        sigs = tuple(sorted((i, my_sig if i == me else bytes(64)) for i in range(q)))
+        forged.append(QuorumCert(view, core.committed_height + 5, fake_hash, sigs))
+        # a non-member signer
+        sigs2 = tuple(sorted([(me, my_sig), *((self.options.n + k, my_sig) for k in range(q))]))
+        forged.append(QuorumCert(view, core.committed_height + 5, fake_hash, sigs2))
+        out: list[tuple[int | None, Message]] = []
+        for qc in forged:
+            t_sig = self._sign(me, timeout_bytes(chain, view + 1, qc.view))
+            out.append((None, Timeout(view + 1, qc, me, t_sig)))
+        tc_sigs = tuple(
+            sorted(
+                (
+                    i,
+                    core.high_qc.view,
+                    bytes(64)
+                    if i != me
+                    else self._sign(me, timeout_bytes(chain, view, core.high_qc.view)),
+                )
+                for i in range(q)
+            )
+        )
+        out.append((None, TimeoutCert(view, core.high_qc, tc_sigs)))
+        # a proposal from a fake parent, justified by a forged QC (sent if we lead that view)
+        if self.membership.leader(view + 1) == me:
+            fake_parent_qc = forged[1]
+            block = Block.create(
+                chain,
+                fake_hash,
+                view + 1,
+                fake_parent_qc.height + 1,
+                fake_parent_qc,
+                self.now_ms(me),
+                me,
+                (),
+                0,
+                b"",
+            )
+            sig = self._sign(me, proposal_bytes(chain, block.view, block.hash))
+            out.append((None, Proposal(block, sig)))
+        return out
+
+    def _fork_block(self, node: SimNode, honest: Proposal) -> Proposal | None:
+        """The same view, but extending the QC three (or, every other time, two) blocks
+        below the highest: a sibling of the block the victim alone has seen committed (or
+        would have, under a 2-chain commit rule)."""
+        chain = self.membership.chain_id
+        tree = node.core.tree
+        qc = honest.block.justify
+        disk = node.disk
+
+        def find(block_hash: bytes, height: int) -> Block | None:
+            found = tree.get(block_hash) or disk.blocks.get(block_hash)
+            if found is None and height < len(disk.committed):
+                found = disk.committed[height]
+            return found if found is not None and found.hash == block_hash else None
+
+        self.forks_made += 1
+        for _ in range(3 if self.forks_made % 2 else 2):
+            block = find(qc.block_hash, qc.height)
+            if block is None or block.height == 0:
+                return None
+            qc = block.justify
+        parent = find(qc.block_hash, qc.height)
+        if parent is None:
+            return None
+        me = node.index
+        view = honest.block.view
+        block = Block.create(
+            chain,
+            parent.hash,
+            view,
+            parent.height + 1,
+            qc,
+            max(self.now_ms(me), parent.timestamp_ms + 1),
+            me,
+            (),
+            parent.state_root_height,
+            parent.state_root,
+        )
+        sig = self._sign(me, proposal_bytes(chain, view, block.hash))
+        return Proposal(block, sig, honest.high_tc)
+
+    def _fork_watch(self, node: SimNode, envelope: Envelope) -> None:
+        """Vote for every block, and once honest members give up on the view before a
+        pending fork, sign a timeout too and send the fork with the TC that admits it."""
+        msg = envelope.message
+        me = node.index
+        chain = self.membership.chain_id
+        if isinstance(msg, Proposal):
+            block = msg.block
+            sig = self._sign(me, vote_bytes(chain, block.view, block.hash))
+            vote = Vote(block.view, block.height, block.hash, me, sig)
+            to = self.fork_victim if self.membership.leader(block.view + 1) == me else None
+            self._deliver_from(me, to, vote, node.instance)
+            return
+        fork = self.fork_pending.get(me)
+        if not isinstance(msg, Timeout) or fork is None or msg.view != fork.block.view - 1:
+            return
+        statement = timeout_bytes(chain, msg.view, msg.high_qc.view)
+        if not self.verify_fn(self.membership.key(msg.voter), statement, msg.signature):
+            return  # another Byzantine member's forgery: a TC built on it would be forged too
+        seen = self.fork_timeouts.setdefault(msg.view, {})
+        seen[msg.voter] = msg
+        if len(seen) + 1 < self.membership.quorum:
+            return
+        timeouts = list(seen.values())[: self.membership.quorum - 1]
+        high = max((t.high_qc for t in timeouts), key=lambda q: q.view)
+        mine = Timeout(
+            msg.view, high, me, self._sign(me, timeout_bytes(chain, msg.view, high.view))
+        )
+        signers = sorted([*timeouts, mine], key=lambda t: t.voter)
+        tc = TimeoutCert(
+            msg.view, high, tuple((t.voter, t.high_qc.view, t.signature) for t in signers)
+        )
+        block = fork.block
+        if block.justify.view >= tc.view:
+            return
+        del self.fork_pending[me]
+        self._deliver_from(me, None, Proposal(block, fork.signature, tc), node.instance)
+        # and vote for it, to everyone
+        sig = self._sign(me, vote_bytes(chain, block.view, block.hash))
+        self._deliver_from(me, None, Vote(block.view, block.height, block.hash, me, sig))
+
+    def _double_vote_extra(self, node: SimNode, envelope: Envelope) -> None:
+        """A `double_vote` member also signs every proposal it receives, rules or not."""
+        msg = envelope.message
+        if not isinstance(msg, Proposal):
+            return
+        chain = self.membership.chain_id
+        block = msg.block
+        sig = self._sign(node.index, vote_bytes(chain, block.view, block.hash))
+        vote = Vote(block.view, block.height, block.hash, node.index, sig)
+        self._deliver_from(node.index, None, vote, node.instance)
+
+    # ------------------------------------------------------------------ running
+
+    def _maybe_crash(self, node: SimNode) -> int | None:
+        opts = self.options
+        if self.healed or opts.crash_permille == 0 or node.index in self.byzantine:
+            return None
+        if opts.stale_restore_permille and node.index != self.honest[-1]:
+            # Stale-restore scenarios crash only the victim: its fencing relies on peers
+            # that stayed up since it signed what it forgot (they remember in memory).
+            return None
+        if self.rng.randrange(1000) >= opts.crash_permille:
+            return None
+        return 1 + self.rng.randrange(opts.crash_ticks_max)
+
+    def _step_node(self, node: SimNode, actions_fn: str, envelope: Envelope | None) -> None:
+        if envelope is not None:
+            actions = node.core.on_message(envelope)
+        elif actions_fn == "tick":
+            actions = node.core.on_tick(self.now_ms(node.index))
+        else:
+            actions = node.core.on_transactions()
+        down = self._maybe_crash(node)
+        if down is not None:
+            cut = self.rng.randrange(len(actions) + 1)
+            self._apply(node, actions, crash_cut=cut)
+            node.crash(self.tick + down)
+            return
+        self._apply(node, actions)
+
+    def _deliver(self, item: _InFlight) -> None:
+        envelope = item.envelope
+        for instance, node in enumerate(self.nodes[item.to]):
+            if item.instance is not None and instance != item.instance:
+                continue
+            if not node.up:
+                continue
+            msg = envelope.message
+            if isinstance(msg, SyncRequest):
+                response = build_sync_response(msg, node.disk, node.core, SIM_LIMITS)
+                self._deliver_from(node.index, envelope.sender, response, node.instance)
+                continue
+            self._step_node(node, "msg", envelope)
+            if self.byzantine.get(node.index) == "double_vote":
+                self._double_vote_extra(node, envelope)
+            if self.byzantine.get(node.index) == "fork_leader":
+                self._fork_watch(node, envelope)
+
+    def _all_nodes(self) -> list[SimNode]:
+        return [node for i in range(self.options.n) for node in self.nodes[i]]
+
+    def _one_tick(self) -> None:
+        self.tick += 1
+        opts = self.options
+        if self.rng.randrange(1000) < opts.tx_per_tick_permille:
+            seq = len(self.pool.txs)
+            self.pool.add(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
+            for node in self._all_nodes():
+                if node.up:
+                    self._apply(node, node.core.on_transactions())
+        due = [m for m in self._queue if m.deliver_tick <= self.tick]
+        if due:
+            self._queue = [m for m in self._queue if m.deliver_tick > self.tick]
+            self.rng.shuffle(due)  # reordering among messages due in the same tick
+            for item in due:
+                self._deliver(item)
+        for node in self._all_nodes():
+            if not node.up:
+                if self.tick >= node.down_until:
+                    # Amnesia is survivable only while enough peers remember: at most one
+                    # member (the drill's stale-restore victim) ever restarts from old data.
+                    stale = (
+                        node.index == self.honest[-1]
+                        and self.rng.randrange(1000) < self.options.stale_restore_permille
+                    )
+                    self._apply(node, node.restart(stale))
+                continue
+            self._step_node(node, "tick", None)
+
+    def _repartition(self) -> None:
+        """Twins-style: every so often the instances (twins are two) split anew, or heal."""
+        opts = self.options
+        if opts.partition_ticks == 0 or self.tick < self.next_partition_tick:
+            return
+        span = opts.partition_ticks
+        self.next_partition_tick = self.tick + span // 2 + self.rng.randrange(span + 1)
+        if self.rng.randrange(3) == 0:
+            self.partition = None
+            return
+        instances = [(node.index, node.instance) for node in self._all_nodes()]
+        self.rng.shuffle(instances)
+        cut = 1 + self.rng.randrange(len(instances) - 1)
+        self.partition = {inst: (0 if k < cut else 1) for k, inst in enumerate(instances)}
+
+    def heal(self) -> None:
+        self.healed = True
+        self.partition = None
+        for node in self._all_nodes():
+            if not node.up:
+                self._apply(node, node.restart())
+
+    def run(self) -> SimResult:
+        opts = self.options
+        for node in self._all_nodes():
+            self._apply(node, node.start())
+        while self.tick < opts.ticks:
+            self._repartition()
+            self._one_tick()
+        self.heal()
+        # Liveness: every honest replica commits a block proposed after the heal.
+        heal_view = max(self._honest_core(i).view for i in self.honest)
+        done: dict[int, int] = {}
+        deadline = self.tick + opts.liveness_ticks_max
+        while len(done) < len(self.honest) and self.tick < deadline:
+            self._one_tick()
+            for i in self.honest:
+                if i in done:
+                    continue
+                disk = self.nodes[i][0].disk
+                if disk.committed[-1].view > heal_view:
+                    done[i] = self._honest_core(i).view
+        if len(done) < len(self.honest):
+            stuck = [i for i in self.honest if i not in done]
+            views = {i: self._honest_core(i).view for i in self.honest}
+            raise self.fail(
+                f"LIVENESS: nodes {stuck} committed nothing new after the heal; views {views}"
+            )
+        liveness_views = max(done.values()) - heal_view
+        if liveness_views > opts.liveness_views_max:
+            raise self.fail(
+                f"LIVENESS: {liveness_views} views after the heal before every honest node "
+                f"committed (bound {opts.liveness_views_max})"
+            )
+        dropped: Counter[str] = Counter()
+        for i in self.honest:
+            dropped.update(self._honest_core(i).dropped)
+        return SimResult(
+            options=opts,
+            ticks=self.tick,
+            committed_heights={i: len(self.nodes[i][0].disk.committed) - 1 for i in self.honest},
+            views={i: self._honest_core(i).view for i in self.honest},
+            dropped=dropped,
+            messages=self.messages,
+            liveness_views=liveness_views,
+        )
+
+    def _honest_core(self, index: int) -> Core:
+        return self.nodes[index][0].core
+
+
+def scenario(seed: int, n: int) -> SimOptions:
+    """The scenario a seed stands for: faults and Byzantine members drawn from the seed."""
+    rng = random.Random(seed * 7919 + n)
+    f = (n - 1) // 3
+    k = rng.randint(0, f)
+    byzantine = tuple(rng.choice(BEHAVIOURS) for _ in range(k))
+    return SimOptions(
+        seed=seed,
+        n=n,
+        byzantine=byzantine,
+        ticks=rng.choice((300, 600, 900)),
+        delay_ticks_max=rng.choice((0, 1, 3, 6)),
+        loss_permille=rng.choice((0, 0, 50, 200)),
+        dup_permille=rng.choice((0, 50, 200)),
+        partition_ticks=rng.choice((0, 0, 10, 40, 200)),
+        victim_delay_ticks=rng.choice((0, 30, 60)) if "fork_leader" in byzantine else 0,
+        crash_permille=rng.choice((0, 0, 1, 3)),
+        crash_ticks_max=rng.choice((30, 150)),
+        tx_per_tick_permille=rng.choice((100, 500, 900)),
+    )
