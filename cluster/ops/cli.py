@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from quorumgate.ops.output import status_table
+
 if TYPE_CHECKING:
-    from quorumgate.ops.nodes import NodeStatus
     from quorumgate.proto.clusterfile import ClusterSpec
 
 
@@ -112,42 +113,6 @@ def _load(args: argparse.Namespace) -> ClusterSpec:
     return load_cluster(Path(args.dir))
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain text table: numbers right-aligned, text left-aligned, `-` for None."""
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    numeric = [
-        all(r[i].lstrip("-").isdigit() or r[i] == "-" for r in cells) for i in range(len(headers))
-    ]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if num else v.ljust(w)
-            for v, w, num in zip(values, widths, numeric, strict=True)
-        ).rstrip()
-
-    return "\n".join([line(headers), *(line(r) for r in cells)])
-
-
-def _status_table(statuses: Sequence[NodeStatus]) -> str:
-    return table(
-        ["node", "address", "alive", "height", "view", "leader", "peers", "mempool"],
-        [
-            [
-                st.index,
-                st.address,
-                "yes" if st.alive else "no",
-                st.height,
-                st.view,
-                st.leader,
-                st.peers,
-                st.mempool,
-            ]
-            for st in statuses
-        ],
-    )
-
-
 def _cmd_up(args: argparse.Namespace) -> int:
     from quorumgate.ops.nodes import OpsError, query_status, start_cluster, stop_nodes
     from quorumgate.proto.clusterfile import ClusterFileError
@@ -165,7 +130,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
     try:
         while True:
-            table = _status_table([query_status(spec, i) for i in range(spec.n)])
+            table = status_table([query_status(spec, i) for i in range(spec.n)])
             if sys.stdout.isatty():
                 print(
                     "\x1b[2J\x1b[H"
@@ -201,7 +166,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(_status_table(statuses))
+        print(status_table(statuses))
     return 0 if any(st.alive for st in statuses) else 1
 
 
@@ -225,15 +190,8 @@ def _cmd_node(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from quorumgate.bench.harness import (
-        BenchError,
-        BenchInterrupted,
-        BenchRequest,
-        RunOptions,
-        bench_command,
-        format_report,
-        plot_report,
-    )
+    from quorumgate.bench.command import BenchRequest, bench_command, format_report, plot_report
+    from quorumgate.bench.harness import BenchError, BenchInterrupted, RunOptions
     from quorumgate.ops.nodes import OpsError
     from quorumgate.proto.clusterfile import ClusterFileError
 

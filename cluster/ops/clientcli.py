@@ -45,6 +45,7 @@ from typing import IO, Any, Protocol, TypeVar
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
+from quorumgate.ops.output import table
 from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     ClusterFileError,
@@ -112,12 +113,6 @@ class Progress:
         if self.enabled:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    from quorumgate.ops.cli import table
-
-    return table(headers, rows)
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> int:
@@ -296,7 +291,7 @@ def _print_decision(args: argparse.Namespace, decision: Decision) -> int:
     if show:
         headers.append("reason")
         row.append(decision.reason)
-    lines = [_table(headers, [row])]
+    lines = [table(headers, [row])]
     if outcome in (Outcome.DENY, Outcome.REJECTED):
         lines.append(DENIAL_TEXT)
     if decision.card is not None and outcome is Outcome.PENDING:
@@ -575,7 +570,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         ]
         for a in registry.agents
     ]
-    human = _table(
+    human = table(
         ["agent", "key", "version", "suspended", "enforcement", "delegation", "tools"], rows
     )
     _emit(args, doc, f"{human}\n{len(rows)} agents at height {registry.height}")
@@ -622,7 +617,7 @@ def _cmd_tools(args: argparse.Namespace) -> int:
         ]
         for t in registry.tools
     ]
-    human = _table(
+    human = table(
         ["tool", "mode", "sink", "schemes", "envelopes", "min tier", "binds caller"], rows
     )
     _emit(args, doc, f"{human}\n{len(rows)} tools at height {registry.height}")
@@ -689,7 +684,7 @@ def _cmd_verdicts(args: argparse.Namespace) -> int:
             progress.close()
         if not args.json and not args.follow:
             rows.sort(key=lambda r: (int(str(r[0])), int(str(r[1]))))
-            print(_table(VERDICT_HEADERS, rows))
+            print(table(VERDICT_HEADERS, rows))
             print(f"{len(rows)} certified verdicts from height {start}")
         return EXIT_OK
 

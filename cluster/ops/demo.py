@@ -2,8 +2,8 @@
 
 Starts every replica and sidecar of the cluster as its own process, runs the orchestrator
 example (cluster/examples/multi_agent.py), prints each certified verdict with the sidecars
-that signed it, checks that every replica holds the same chain, then keeps a live status table until
-Ctrl-C (or stops at once with `--once`).
+that signed it, checks that every replica holds the same chain, then keeps a live status
+table until Ctrl-C (or stops at once with `--once`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,15 @@ import time
 import grpc
 
 from quorumgate.examples.multi_agent import ExampleReport, run_example
-from quorumgate.ops.cli import table
 from quorumgate.ops.nodes import query_status, start_cluster, stop_nodes
+from quorumgate.ops.output import status_table, table
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
 
 
 def _status_lines(spec: ClusterSpec) -> str:
-    from quorumgate.ops.cli import _status_table
-
-    return _status_table([query_status(spec, i) for i in range(spec.n)])
+    return status_table([query_status(spec, i) for i in range(spec.n)])
 
 
 def _print_report(report: ExampleReport) -> None:

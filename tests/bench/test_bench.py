@@ -323,7 +323,7 @@ def test_baselines_run_on_the_same_load_with_ratios_run_by_run() -> None:
 
 def test_plot_of_a_sweep_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from quorumgate.bench.harness import plot_report
+    from quorumgate.bench.command import plot_report
 
     point = {
         "certified_per_s": 100.0,
