@@ -2,6 +2,6 @@
 
 import sys
 
-from quorumgate.ops.cli import main
+from quorumgate.cli import main
 
 sys.exit(main())

@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     python = ensure_env()
     os.chdir(ROOT)
     if job == "run":
-        cmd = [str(python), "-m", "quorumgate.ops.cli", "demo", *rest]
+        cmd = [str(python), "-m", "quorumgate.cli", "demo", *rest]
     elif job == "test":
         cmd = [str(python), "-m", "pytest", *rest]
     else:

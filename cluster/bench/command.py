@@ -27,7 +27,7 @@ from quorumgate.bench.harness import (
     stop_signals_handled,
     sweep_options,
 )
-from quorumgate.bench.loadgen import TX_BYTES_TARGET
+from quorumgate.ops.loadgen import TX_BYTES_TARGET
 
 
 @dataclass(frozen=True, slots=True)

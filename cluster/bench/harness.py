@@ -1,7 +1,7 @@
 """`quorumgate bench`: the benchmark harness (issue 8).
 
 Load. Client processes (their own OS processes, so the load generator shares no interpreter
-with what it measures) submit signed ~256-byte proposals (`quorumgate.bench.loadgen`) on one
+with what it measures) submit signed ~256-byte proposals (`quorumgate.ops.loadgen`) on one
 `SubmitStream` each, either closed-loop (W proposals in flight in all: a new one as soon as
 one completes) or open-loop (a fixed offered rate: proposal k of a client is *due* at
 `start + k / rate`, and its latency is counted from that due time, so a client that falls
@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from quorumgate.bench.loadgen import BENCH_TOOL, LoadAgent
+from quorumgate.ops.loadgen import BENCH_TOOL, LoadAgent
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb

@@ -83,7 +83,7 @@ from typing import Any, TypeVar
 import grpc
 from nacl.signing import SigningKey
 
-from quorumgate.bench.loadgen import BENCH_TOOL, TX_BYTES_TARGET, LoadAgent
+from quorumgate.ops.loadgen import BENCH_TOOL, TX_BYTES_TARGET, LoadAgent
 from quorumgate.ops.nodes import (
     OpsError,
     log_tail,
@@ -814,7 +814,7 @@ class _Load:
             seq = self._sequence
         denied = seq % DENY_EVERY == 0
         target = (DENIED_TARGET if denied else ALLOWED_TARGET).format(label=seq)
-        pad = max(0, TX_BYTES_TARGET - 151 - len(target))  # as cluster/bench/loadgen.py pads
+        pad = max(0, TX_BYTES_TARGET - 151 - len(target))  # as cluster/ops/loadgen.py pads
         call = CallProposal(
             run_id=RUN_ID,
             tool=BENCH_TOOL,

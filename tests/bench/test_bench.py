@@ -30,7 +30,7 @@ from quorumgate.bench.harness import (
     percentile,
     rss_peak_mb,
 )
-from quorumgate.ops.cli import main as cli_main
+from quorumgate.cli import main as cli_main
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.sidecar.receipts import Receipt, ReceiptLeaf, all_paths, sign_block
 from quorumgate.sidecar.wire import receipt_to_pb

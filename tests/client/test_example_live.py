@@ -8,8 +8,7 @@ import urllib.request
 from quorumgate.examples.multi_agent import CARD_NUMBER, run_example
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import DENIAL_TEXT
-
-from .conftest import cluster_text
+from tests.client.conftest import cluster_text
 
 
 def test_the_example_refuses_the_injection_gates_the_payment_and_seals_the_card(

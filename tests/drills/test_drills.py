@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumgate.ops.cli import main as quorumgate
+from quorumgate.cli import main as quorumgate
 from quorumgate.ops.drill import (
     DRILLS,
     FAULT_CYCLES_MIN,

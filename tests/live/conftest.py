@@ -36,7 +36,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from quorumgate.bench.loadgen import BENCH_TOOL, LoadAgent
+from quorumgate.ops.loadgen import BENCH_TOOL, LoadAgent
 from quorumgate.ops.nodes import log_tail, start_nodes, wait_serving, wait_sidecars_serving
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc

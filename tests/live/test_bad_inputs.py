@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from quorumgate.bench.loadgen import LoadAgent
+from quorumgate.ops.loadgen import LoadAgent
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb

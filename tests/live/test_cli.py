@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from quorumgate.bench.loadgen import BENCH_TOOL
+from quorumgate.ops.loadgen import BENCH_TOOL
 from quorumgate.proto.clusterfile import load_cluster
 from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
 from tests.live.conftest import STOP_GRACE_S, LiveCluster, cluster_pids, wait_until
 
 CLI_TIMEOUT_S = 60.0
 _SCRIPT = Path(sys.executable).parent / "quorumgate"
-QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "quorumgate.ops.cli"]
+QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "quorumgate.cli"]
 
 
 def quorumgate(*args: str | Path | int) -> subprocess.CompletedProcess[str]:

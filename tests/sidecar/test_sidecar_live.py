@@ -1028,7 +1028,7 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def quorumgate() -> list[str]:
-    return [sys.executable, "-m", "quorumgate.ops.cli"]
+    return [sys.executable, "-m", "quorumgate.cli"]
 
 
 def ledger_export_text(live: Live, index: int) -> str:
