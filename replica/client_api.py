@@ -1,0 +1,232 @@
+"""The client API every replica serves (`proto/client.proto`, service `Replica`).
+
+`Submit` / `SubmitStream` take signed transactions in: each signature is checked once
+(the mempool's precheck), the sidecar is asked once per batch whether the engine would
+refuse any early, and the mempool takes the rest, which are gossiped to the other
+replicas. `Status` reports where the replica is, `CommittedBlocks` streams the committed
+chain, and `ReportStateRoots` is how this replica's own sidecar reports its state roots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import consensus_pb2 as pb
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto.tx import ParsedTx
+from quorumgate.replica.mempool import Admission, Mempool
+from quorumgate.replica.metrics import ReplicaMetrics
+from quorumgate.replica.peers import PeerNetwork
+from quorumgate.replica.sidecar_link import SidecarLink
+from quorumgate.replica.storage import ReplicaStore
+from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
+
+STREAM_BLOCKS_PER_READ = 128
+SUBMIT_INBOX_BATCHES_MAX = 64
+
+# Refusals the sidecar's admission check may give early, and their status codes; anything
+# else it says goes on to the mempool and to execution, which decides.
+SIDECAR_REFUSALS = {
+    "unknown_signer": grpc.StatusCode.PERMISSION_DENIED,
+    "unknown_tool": grpc.StatusCode.NOT_FOUND,
+    "not_owner": grpc.StatusCode.PERMISSION_DENIED,
+    "not_an_agent": grpc.StatusCode.PERMISSION_DENIED,
+    "malformed": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_signature": grpc.StatusCode.INVALID_ARGUMENT,
+    "wrong_chain": grpc.StatusCode.FAILED_PRECONDITION,
+    "replayed": grpc.StatusCode.ALREADY_EXISTS,
+}
+SIDECAR_REFUSALS_WHILE_BEHIND = frozenset({"unknown_signer", "unknown_tool"})
+SIDECAR_REFUSAL_DETAIL = "refused before ordering by the execution sidecar's admission check"
+
+STATUS_CODES = {
+    "OK": grpc.StatusCode.OK,
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
+    def __init__(
+        self,
+        *,
+        mempool: Mempool,
+        store: ReplicaStore,
+        sidecar: SidecarLink,
+        peers: PeerNetwork,
+        metrics: ReplicaMetrics,
+        on_transactions: Callable[[], None],
+        wait_committed: Callable[[int], Awaitable[None]],
+        status: Callable[[], cpb.StatusReply],
+    ) -> None:
+        self.mempool = mempool
+        self.store = store
+        self.sidecar = sidecar
+        self.peers = peers
+        self.metrics = metrics
+        self._on_transactions = on_transactions
+        self._wait_committed = wait_committed
+        self._status = status
+        self._submissions: Counter[tuple[str, str]] = Counter()  # counted once per batch
+
+    # ------------------------------------------------------------------ admission
+
+    async def admit_batch(self, requests: list[cpb.SubmitRequest]) -> list[cpb.SubmitReply]:
+        """Client transactions, in order: the signature checked once (mempool precheck),
+        the sidecar asked once for the whole batch, then the mempool takes them in."""
+        replies: list[cpb.SubmitReply | None] = [None] * len(requests)
+        pending: list[tuple[int, ParsedTx]] = []
+        for i, request in enumerate(requests):
+            checked = self.mempool.precheck(request.tx)
+            if isinstance(checked, Admission):
+                replies[i] = self._reply(request, checked)
+            else:
+                pending.append((i, checked))
+        answers = await self.sidecar.admission([requests[i].tx for i, _ in pending])
+        # A refusal that only a sidecar behind the committed log would give (an agent or
+        # tool registered in a block it has not executed yet) is not taken as final.
+        behind = self.sidecar.executed_height < self.store.committed_height
+        fresh: list[bytes] = []
+        for (i, parsed), (accepted, reason) in zip(pending, answers, strict=True):
+            request = requests[i]
+            stale = behind and reason in SIDECAR_REFUSALS_WHILE_BEHIND
+            if not accepted and reason in SIDECAR_REFUSALS and not stale:
+                self.metrics.submissions.labels("refused", reason).inc()
+                replies[i] = cpb.SubmitReply(
+                    request_id=request.request_id,
+                    accepted=False,
+                    proposal_id=parsed.tx_id,
+                    reason=reason,
+                    detail=SIDECAR_REFUSAL_DETAIL,
+                    code=SIDECAR_REFUSALS[reason].value[0],
+                )
+                continue
+            admission = self.mempool.admit_checked(request.tx, parsed)
+            if admission.accepted and admission.detail != "already pending":
+                fresh.append(request.tx)
+            replies[i] = self._reply(request, admission)
+        if fresh:
+            self.peers.gossip(fresh)
+            self._on_transactions()
+        for (result, reason), count in self._submissions.items():
+            self.metrics.submissions.labels(result, reason).inc(count)
+        self._submissions.clear()
+        assert all(r is not None for r in replies), "every request answered"
+        return [r for r in replies if r is not None]
+
+    def _reply(self, request: cpb.SubmitRequest, admission: Admission) -> cpb.SubmitReply:
+        result = "accepted" if admission.accepted else "refused"
+        self._submissions[(result, admission.reason or "ok")] += 1
+        code = STATUS_CODES.get(admission.status, grpc.StatusCode.INVALID_ARGUMENT)
+        return cpb.SubmitReply(
+            request_id=request.request_id,
+            accepted=admission.accepted,
+            proposal_id=admission.tx_id or b"",
+            reason="" if admission.accepted else admission.reason,
+            detail=admission.detail,
+            code=code.value[0],
+        )
+
+    # ------------------------------------------------------------------ the RPCs
+
+    async def Submit(
+        self, request: cpb.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.SubmitReply:
+        (reply,) = await self.admit_batch([request])
+        if not reply.accepted:
+            code = next(c for c in grpc.StatusCode if c.value[0] == reply.code)
+            await context.abort(
+                code, f"{reply.reason}: {reply.detail}", (("qg-reason", reply.reason),)
+            )
+        return reply
+
+    async def SubmitStream(
+        self, request_iterator: AsyncIterator[cpb.SubmitBatch], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.SubmitBatchReply]:
+        """Batches are read as they come; those that arrived while the previous ones were
+        being admitted are admitted together (up to SUBMIT_BATCH_TXS_MAX requests, one
+        sidecar call), and each is answered by its own reply batch, in order."""
+        inbox: asyncio.Queue[cpb.SubmitBatch | None] = asyncio.Queue(SUBMIT_INBOX_BATCHES_MAX)
+
+        async def read() -> None:
+            try:
+                async for batch in request_iterator:
+                    await inbox.put(batch)
+            finally:
+                await inbox.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            held: list[cpb.SubmitBatch | None] = []  # taken from the inbox, not yet handled
+            while True:
+                first = held.pop() if held else await inbox.get()
+                if first is None:
+                    break
+                if len(first.requests) > SUBMIT_BATCH_TXS_MAX:
+                    # Every batch before it has been answered; this one and the rest are not.
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a SubmitStream batch holds at most {SUBMIT_BATCH_TXS_MAX} "
+                        f"requests; this one held {len(first.requests)}",
+                    )
+                batches = [first]
+                total = len(first.requests)
+                while total < SUBMIT_BATCH_TXS_MAX and not inbox.empty():
+                    item = inbox.get_nowait()
+                    if item is None or len(item.requests) > SUBMIT_BATCH_TXS_MAX:
+                        held.append(item)  # handled after this merge is answered
+                        break
+                    batches.append(item)
+                    total += len(item.requests)
+                replies = await self.admit_batch([r for b in batches for r in b.requests])
+                start = 0
+                for batch in batches:
+                    end = start + len(batch.requests)
+                    yield cpb.SubmitBatchReply(replies=replies[start:end])
+                    start = end
+        finally:
+            reader.cancel()
+
+    async def Status(
+        self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.StatusReply:
+        return self._status()
+
+    async def ReportStateRoots(
+        self,
+        request_iterator: AsyncIterator[spb.StateRootReport],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.StreamAck:
+        received = 0
+        async for report in request_iterator:
+            if not self.sidecar.on_state_root(report.height, report.state_root, report.signature):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, "state roots are taken from our sidecar only"
+                )
+            received += 1
+        return pb.StreamAck(received=received)
+
+    async def CommittedBlocks(
+        self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[cpb.CommittedBlock]:
+        store = self.store
+        next_height = max(request.from_height, 1)
+        while True:
+            top = store.committed_height
+            if next_height > top:
+                await self._wait_committed(next_height)
+                continue
+            end = min(top, next_height + STREAM_BLOCKS_PER_READ - 1)
+            for block in await store.committed_range(next_height, end):
+                out = cpb.CommittedBlock(height=block.height, hash=block.hash)
+                block_to_pb(block, out.block)
+                yield out
+                next_height = block.height + 1

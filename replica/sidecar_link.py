@@ -1,0 +1,128 @@
+"""The replica's link to its own execution sidecar (DESIGN §4).
+
+Two things cross it. The sidecar reports the state root of each height it executed, signed
+with its receipt key; the replica keeps the most recent ones (`SidecarRoots`, the core's
+`ExecutionView`) and votes only for blocks whose carried root matches. And before taking a
+client transaction into its mempool, the replica asks the sidecar whether the engine would
+refuse it early (`admission`); the verdict at execution stays the authority.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
+from quorumgate.proto.clusterfile import MemberSpec
+from quorumgate.proto.reports import root_report_statement
+from quorumgate.replica.crypto import ed25519_verify
+from quorumgate.replica.metrics import ReplicaMetrics
+from quorumgate.replica.transport import CHANNEL_OPTIONS
+
+STATE_ROOTS_KEPT = 4_096
+ADMIT_RPC_TIMEOUT_S = 2.0
+
+log = logging.getLogger("quorumgate.replica")
+
+
+class SidecarRoots:
+    """The core's ExecutionView: state roots this replica's own sidecar reported (signed
+    with its receipt key), the most recent `STATE_ROOTS_KEPT` of them."""
+
+    def __init__(self) -> None:
+        self._roots: dict[int, bytes] = {}
+        self._latest = (0, b"")
+
+    def add(self, height: int, root: bytes) -> bool:
+        if height in self._roots or height <= self._latest[0] - STATE_ROOTS_KEPT:
+            return False
+        self._roots[height] = root
+        if height > self._latest[0]:
+            self._latest = (height, root)
+        if len(self._roots) > STATE_ROOTS_KEPT:
+            del self._roots[min(self._roots)]
+        return True
+
+    def forget(self) -> None:
+        """The sidecar restarted from scratch (a replay): its old reports no longer hold."""
+        self._roots.clear()
+        self._latest = (0, b"")
+
+    def latest_root(self) -> tuple[int, bytes]:
+        return self._latest
+
+    def root_at(self, height: int) -> bytes | None:
+        if height == 0:
+            return b""
+        return self._roots.get(height)
+
+
+class SidecarLink:
+    """The channel to this replica's sidecar, the roots it reported, and admission checks.
+
+    `on_new_root` is called (from the event loop) each time a report adds a root, so that
+    the consensus shell can wake its core.
+    """
+
+    def __init__(
+        self,
+        chain_id: str,
+        member: MemberSpec,
+        metrics: ReplicaMetrics,
+        on_new_root: Callable[[], None],
+    ) -> None:
+        self.chain_id = chain_id
+        self.member = member
+        self.metrics = metrics
+        self.roots = SidecarRoots()
+        self._on_new_root = on_new_root
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: spb_grpc.SidecarStub | None = None
+
+    def open(self) -> None:
+        self._channel = grpc.aio.insecure_channel(
+            self.member.sidecar_address, options=CHANNEL_OPTIONS
+        )
+        self._stub = spb_grpc.SidecarStub(self._channel)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    @property
+    def executed_height(self) -> int:
+        """The highest height the sidecar reported a root for (0 before any report)."""
+        return self.roots.latest_root()[0]
+
+    def on_state_root(self, height: int, root: bytes, signature: bytes) -> bool:
+        """A report from our sidecar; False (and nothing kept) if not signed by its key."""
+        message = root_report_statement(self.chain_id, height, root)
+        if not ed25519_verify(self.member.receipt_public_key, message, signature):
+            self.metrics.dropped.labels("bad_root_report").inc()
+            return False
+        if height < self.executed_height - STATE_ROOTS_KEPT // 2:
+            self.roots.forget()  # our sidecar started over (replay): heights went back
+        if self.roots.add(height, root):
+            self._on_new_root()
+        return True
+
+    async def admission(self, txs: list[bytes]) -> list[tuple[bool, str]]:
+        """Ask our sidecar, in one call, whether the engine would refuse each of `txs`
+        early (unknown agent or tool, replay...); their signatures were verified here. The
+        verdict at execution stays the authority, so when the sidecar cannot answer the
+        transactions go on to the mempool and to execution."""
+        stub = self._stub
+        if stub is None or not txs:
+            return [(True, "")] * len(txs)
+        request = spb.AdmitBatchRequest(txs=txs, signatures_verified=True)
+        try:
+            reply = await stub.AdmitBatch(request, timeout=ADMIT_RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            self.metrics.submissions.labels("unchecked", "sidecar_unavailable").inc(len(txs))
+            return [(True, "")] * len(txs)
+        if len(reply.replies) != len(txs):
+            return [(True, "")] * len(txs)
+        return [(r.accepted, r.reason) for r in reply.replies]
