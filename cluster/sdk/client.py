@@ -15,7 +15,10 @@ caller never needs a loop of its own.
 What it promises:
 
 - **Nonces.** Started from the sidecars' `Account.next_nonce` (f+1 of them asked, the
-  largest answer taken) and counted up in memory; nothing is persisted. One key should be
+  largest answer taken) and counted up in memory; nothing is persisted. A nonce refused on
+  arrival is given back, so a client never drifts past the engine's window
+  (`quorumgate.sdk.nonces`), and `submit_many` signs no further ahead than the window
+  allows: it waits for the cluster to execute before it signs more. One key should be
   driven by one client at a time: two clients counting the same key's nonces collide, and
   a collision costs a fresh nonce (`RESIGN_ON_REPLAY_MAX`), never a wrong answer.
 - **Idempotent delivery.** A transaction is signed once and its bytes are offered to the
@@ -93,6 +96,7 @@ from quorumgate.proto.model import (
     TxPayload,
     canonical_tool_list,
 )
+from quorumgate.sdk.nonces import NonceLedger
 from quorumgate.sidecar.engine.statements import ConfirmationCard, handle_for
 from quorumgate.sidecar.receipts import (
     Certificate,
@@ -142,6 +146,7 @@ CERTIFICATE_DEADLINE_S = 10.0  # default wait for f+1 agreeing receipts
 # Transactions `submit_many` keeps on one stream before reading replies; well below the
 # engine's nonce window (1024), which refuses nonces further ahead of the executed ones.
 SUBMIT_MANY_BATCH_MAX = 512
+WINDOW_WAIT_S_DEFAULT = 30.0  # submit_many: longest wait for the nonce window to move
 RECEIPTS_PER_PROPOSAL_MAX = 64  # receipts held while waiting (one per sidecar is enough)
 RECEIPT_KEYS_REMEMBERED_MAX = 65_536  # (height, index) keys `certified_verdicts` holds
 DELEGATION_TTL_S_DEFAULT = 3600.0
@@ -483,7 +488,7 @@ class Client:
         self.certificate_deadline_s = certificate_deadline_s
         self._channels: _Channels | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._next_nonce: int | None = None
+        self._nonces = NonceLedger()
         self._nonce_lock: asyncio.Lock | None = None
         self._replica_cursor = 0
 
@@ -557,7 +562,8 @@ class Client:
         return answers
 
     async def sync_nonce(self) -> int:
-        """Ask f+1 sidecars for this key's next nonce; keep the largest (never go back)."""
+        """Ask f+1 sidecars for this key's next executed nonce (the largest answer; it never
+        goes back) and return the nonce this client signs with next."""
         needed = self.spec.f + 1
         answers = await self._sidecar_calls(
             lambda stub: stub.Account(
@@ -567,26 +573,30 @@ class Client:
         )
         if len(answers) < needed:
             raise ClusterUnavailable("sidecars_unreachable")
-        best = max(1, *(a.next_nonce for a in answers.values()))
-        self._next_nonce = max(best, self._next_nonce or 0)
-        return self._next_nonce
+        self._nonces.sync(max(a.next_nonce for a in answers.values()))
+        return self._nonces.next
 
     async def _take_nonce(self) -> int:
         if self._nonce_lock is None:
             self._nonce_lock = asyncio.Lock()
         async with self._nonce_lock:
-            if self._next_nonce is None:
+            if not self._nonces.synced:
                 await self.sync_nonce()
-            assert self._next_nonce is not None
-            nonce = self._next_nonce
-            self._next_nonce += 1
-            return nonce
+            return self._nonces.take()
 
-    def _release_nonce(self, nonce: int) -> None:
-        """Give back a nonce whose bytes certainly reached no replica, if it is the last
-        one taken (a long outage must not march the counter out of the replay window)."""
-        if self._next_nonce == nonce + 1:
-            self._next_nonce = nonce
+    async def _wait_for_window(self, wanted: int, deadline_s: float) -> int:
+        """Wait (polling the sidecars, bounded by `deadline_s`) until `wanted` more nonces
+        fit in the engine's window; return how many fit then (0 if none by the deadline)."""
+        if not self._nonces.synced:
+            await self.sync_nonce()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        delay = RECEIPT_POLL_S_MIN
+        while self._nonces.room() < wanted and loop.time() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECEIPT_POLL_S_MAX)
+            await self.sync_nonce()
+        return min(wanted, self._nonces.room())
 
     async def replica_status(self) -> dict[int, cpb.StatusReply]:
         """Status of every replica that answers, by member index."""
@@ -673,22 +683,30 @@ class Client:
             nonce = await self._take_nonce()
             data = txlib.build(self.spec.chain_id, nonce, payload, self.key)
             proposal_id = txlib.tx_id(self.public_key, nonce)
+            settled = False
             try:
                 await self._deliver(data)
             except _FreshReplay:
                 log.info("event=nonce_taken nonce=%d action=resign", nonce)
                 await self.sync_nonce()
+                self._nonces.held_elsewhere(nonce)
+                settled = True
                 continue
             except ClusterUnavailable as err:
                 if err.reason == "replicas_unreachable":
-                    self._release_nonce(nonce)
+                    self._nonces.refused(nonce)
+                    settled = True
                 err.proposal_id = proposal_id
                 raise
             except Refused as err:
                 if type(err) is Refused:
-                    self._release_nonce(nonce)  # refused on arrival: certainly not admitted
+                    self._nonces.refused(nonce)  # refused on arrival: certainly not admitted
+                    settled = True
                 err.proposal_id = proposal_id
                 raise
+            finally:
+                if not settled:  # admitted, or it may have been: the nonce is spent
+                    self._nonces.delivered(nonce)
             log.debug(
                 "event=submitted kind=%s proposal=%s nonce=%d",
                 kind.value,
@@ -698,16 +716,39 @@ class Client:
             return Submitted(proposal_id, nonce, kind, self.public_key, data)
         raise Replayed("replayed", grpc.StatusCode.ALREADY_EXISTS.name)
 
-    async def submit_many(self, payloads: Iterable[TxPayload]) -> list[Submitted | QuorumGateError]:
+    async def submit_many(
+        self, payloads: Iterable[TxPayload], *, window_wait_s: float = WINDOW_WAIT_S_DEFAULT
+    ) -> list[Submitted | QuorumGateError]:
         """Sign and stream many transactions (`SubmitStream`), in batches of at most
         `SUBMIT_MANY_BATCH_MAX`; one result per payload, in order: a `Submitted` or the
         error for that one. A batch whose stream breaks is delivered one by one, with the
-        same bytes, through the retrying path."""
+        same bytes, through the retrying path.
+
+        It never signs past the engine's nonce window (`NONCE_WINDOW` nonces above what
+        the cluster executed): when the window is full it waits for execution to move it,
+        up to `window_wait_s` at a time; payloads still waiting then are answered
+        `Overloaded("nonce_window_full")`, unsigned, and cost no nonce.
+
+        Order: the payloads are signed with ascending nonces and streamed in that order to
+        one replica, and any one leader proposes a signer's transactions in nonce order,
+        so they usually execute in order. The cluster does not promise it: the engine
+        accepts nonces out of order within the window, and a leader may propose a later
+        transaction before an earlier one reaches it (a retry through another replica).
+        When one operation depends on another (register a tool, then call it), await the
+        first one's certificate before submitting the second, as `OwnerSession` does."""
         items = list(payloads)
         results: list[Submitted | QuorumGateError] = []
-        for start in range(0, len(items), SUBMIT_MANY_BATCH_MAX):
-            batch = items[start : start + SUBMIT_MANY_BATCH_MAX]
+        start = 0
+        while start < len(items):
+            wanted = min(SUBMIT_MANY_BATCH_MAX, len(items) - start)
+            fits = await self._wait_for_window(wanted, window_wait_s)
+            if fits == 0:
+                for _ in items[start:]:
+                    results.append(Overloaded("nonce_window_full", "RESOURCE_EXHAUSTED"))
+                break
+            batch = items[start : start + fits]
             results.extend(await self._submit_batch(batch))
+            start += fits
         return results
 
     async def _submit_batch(self, batch: list[TxPayload]) -> list[Submitted | QuorumGateError]:
@@ -735,9 +776,12 @@ class Client:
         except grpc.aio.AioRpcError as err:
             log.debug("event=submit_stream_broken replica=%d code=%s", index, err.code().name)
         out: list[Submitted | QuorumGateError] = []
+        if any(r.code == grpc.StatusCode.ALREADY_EXISTS.value[0] for r in replies.values()):
+            await self.sync_nonce()  # tells a nonce held elsewhere from one too far ahead
         for k, (sub, _request) in enumerate(signed):
             reply = replies.get(k)
             if reply is not None and reply.accepted:
+                self._nonces.delivered(sub.nonce)
                 out.append(sub)
                 continue
             code = grpc.StatusCode.UNAVAILABLE
@@ -749,17 +793,26 @@ class Client:
             ):
                 error: QuorumGateError
                 if code is grpc.StatusCode.ALREADY_EXISTS:
+                    self._nonces.held_elsewhere(sub.nonce)
                     error = Replayed(reply.reason, code.name, proposal_id=sub.proposal_id)
                 else:
+                    self._nonces.refused(sub.nonce)
                     error = Refused(reply.reason, code.name, proposal_id=sub.proposal_id)
                 out.append(error)
                 continue
             try:  # no answer, or back-pressure: the same bytes through the retrying path
                 await self._deliver(sub.tx)
+                self._nonces.delivered(sub.nonce)
                 out.append(sub)
             except _FreshReplay as err:
+                await self.sync_nonce()
+                self._nonces.held_elsewhere(sub.nonce)
                 out.append(Replayed(err.reason, proposal_id=sub.proposal_id))
             except QuorumGateError as err:
+                if isinstance(err, ClusterUnavailable) and err.reason == "replicas_unreachable":
+                    self._nonces.refused(sub.nonce)
+                else:
+                    self._nonces.delivered(sub.nonce)
                 err.proposal_id = sub.proposal_id
                 out.append(err)
         return out

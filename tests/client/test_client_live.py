@@ -20,6 +20,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, init_cluster, read_seed
+from quorumgate.proto.limits import NONCE_WINDOW
 from quorumgate.proto.model import Argument, Proposal
 from quorumgate.proto.tx import tx_id
 from quorumgate.sdk.client import (
@@ -526,6 +527,51 @@ async def test_submit_many_streams_and_every_one_is_certified(
     assert all(d.allowed for d in decisions)
     digests = {d.target_digest for d in decisions}
     assert len(digests) == 40
+
+
+async def test_submit_many_past_the_nonce_window_waits_and_the_client_stays_usable(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """Issue 13: a submit_many longer than the engine's nonce window used to sign its tail
+    past the window (refused `replayed`), and the client's counter stayed there: every
+    later call was `Replayed`, for good. Now it waits for the window to move, and a refused
+    nonce is given back."""
+    _, key = new_agent(owner, ["web.get"])
+    count = 2 * NONCE_WINDOW + 100
+    payloads = [Proposal(run_id=RUN, tool="web.get", target=f"{URL}/{k}") for k in range(count)]
+    async with agent_client(cluster, key) as qg:
+        results = await qg.submit_many(payloads)
+        refused = [r for r in results if not isinstance(r, Submitted)]
+        assert refused == [], refused[:3]
+        nonces = [r.nonce for r in results if isinstance(r, Submitted)]
+        assert nonces == list(range(1, count + 1))
+        # the same client goes on: a later call is admitted and certified
+        later = await qg.submit(Proposal(run_id=RUN, tool="web.get", target=URL))
+        assert later.nonce == count + 1
+        assert (await qg.await_certificate(later.proposal_id)).certificate is not None
+
+
+async def test_a_nonce_refused_on_arrival_is_signed_again(
+    cluster: ClusterSpec, owner: SyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction a replica refuses on arrival leaves its nonce unused; the next
+    transaction takes it, so no gap stops the engine's window. (The refusal is injected:
+    which early refusals a replica gives depends on how far its sidecar has executed.)"""
+    _, key = new_agent(owner, ["web.get"])
+    async with agent_client(cluster, key) as qg:
+        first = await qg.submit(Proposal(run_id=RUN, tool="web.get", target=URL))
+        deliver = qg._deliver
+
+        async def refuse_once(data: bytes) -> None:
+            monkeypatch.setattr(qg, "_deliver", deliver)
+            raise Refused("unknown_tool", "NOT_FOUND")
+
+        monkeypatch.setattr(qg, "_deliver", refuse_once)
+        with pytest.raises(Refused):
+            await qg.submit(Proposal(run_id=RUN, tool="web.get", target=URL))
+        again = await qg.submit(Proposal(run_id=RUN, tool="web.get", target=URL))
+        decision = await qg.await_certificate(again.proposal_id)
+    assert (first.nonce, again.nonce) == (1, 2) and decision.allowed
 
 
 def test_sync_client_from_many_threads(cluster: ClusterSpec, owner: SyncClient) -> None:
