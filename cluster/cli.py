@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -534,10 +535,62 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_ENV = "QUORUMGATE_DEBUG"  # set it to see the traceback of an unexpected error
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Every error is one line on stderr that says what to do, and exit status 2; a
+    Python traceback only with QUORUMGATE_DEBUG=1."""
     args = build_parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        return _fail(describe_error(err), 2)
     return result
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for an error no command handled itself. It names what failed and what to
+    do; it never carries an argument value (our errors never hold one) or a traceback."""
+    from quorumgate.ops.nodes import OpsError
+    from quorumgate.proto.clusterfile import ClusterFileError
+    from quorumgate.sdk.client import (
+        CertificateTimeout,
+        ClusterUnavailable,
+        InvalidCertificate,
+        QuorumGateError,
+        Refused,
+    )
+
+    if isinstance(err, ClusterFileError | OpsError):
+        return str(err)
+    if isinstance(err, ClusterUnavailable):
+        return (
+            f"the cluster could not be reached ({err.reason}); "
+            "check that it runs with `quorumgate status --dir DIR`"
+        )
+    if isinstance(err, CertificateTimeout):
+        return (
+            "no certified verdict arrived before the deadline; check the proposal id with "
+            "`quorumgate verdicts --dir DIR`, or wait longer with --deadline S"
+        )
+    if isinstance(err, InvalidCertificate):
+        return f"a certificate did not verify ({err.reason}); report it: a sidecar may be faulty"
+    if isinstance(err, Refused):
+        return f"the cluster refused the transaction ({err.reason})"
+    if isinstance(err, QuorumGateError):
+        return f"{type(err).__name__} ({err.reason})"
+    if isinstance(err, OSError):
+        where = f" ({err.filename})" if err.filename else ""
+        return f"{err.strerror or type(err).__name__}{where}"
+    return (
+        f"unexpected error ({type(err).__name__}); "
+        f"run again with {DEBUG_ENV}=1 for the traceback and report it"
+    )
 
 
 if __name__ == "__main__":

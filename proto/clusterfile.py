@@ -18,6 +18,7 @@ writes loopback addresses for a one-machine cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -150,40 +151,62 @@ def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> Clu
             f"{nodes} nodes is not 3f+1: it tolerates no more faults than "
             f"{nodes - (nodes - 1) % 3} nodes; use 4, 7, 10, ..."
         )
-    directory.mkdir(parents=True, exist_ok=True)
-    if (directory / CLUSTER_FILE).exists():
-        raise ClusterFileError(f"{directory / CLUSTER_FILE} exists; use another --dir")
-    ports = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
-    owner_seed = secrets.token_bytes(32)
-    members = []
+    # Nothing is written until nothing can be in the way: init never overwrites a key, and
+    # a half-built directory (some node keys, no cluster file) is worse than a refusal.
+    planned = [directory / CLUSTER_FILE, directory / OWNER_KEY_FILE]
     for i in range(nodes):
-        node_dir = directory / f"node-{i}"
-        node_dir.mkdir(mode=NODE_DIR_MODE, exist_ok=True)
-        seed = secrets.token_bytes(32)
-        write_seed(node_dir / CONSENSUS_KEY_FILE, seed)
-        receipt_seed = secrets.token_bytes(32)
-        write_seed(node_dir / RECEIPT_KEY_FILE, receipt_seed)
-        base = i * PORTS_PER_MEMBER
-        members.append(
-            MemberSpec(
-                index=i,
-                host=host,
-                replica_port=ports[base],
-                metrics_port=ports[base + 1],
-                sidecar_port=ports[base + 2],
-                sidecar_metrics_port=ports[base + 3],
-                public_key=public_key_of(seed),
-                receipt_public_key=public_key_of(receipt_seed),
+        planned += [
+            directory / f"node-{i}" / CONSENSUS_KEY_FILE,
+            directory / f"node-{i}" / RECEIPT_KEY_FILE,
+        ]
+    for path in planned:
+        if path.exists():
+            raise ClusterFileError(f"{path} exists; init writes only into a new or empty --dir")
+    ports = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
+    created: list[Path] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        owner_seed = secrets.token_bytes(32)
+        members = []
+        for i in range(nodes):
+            node_dir = directory / f"node-{i}"
+            if not node_dir.exists():
+                node_dir.mkdir(mode=NODE_DIR_MODE)
+                created.append(node_dir)
+            seed = secrets.token_bytes(32)
+            receipt_seed = secrets.token_bytes(32)
+            for name, value in ((CONSENSUS_KEY_FILE, seed), (RECEIPT_KEY_FILE, receipt_seed)):
+                write_seed(node_dir / name, value)
+                created.append(node_dir / name)
+            base = i * PORTS_PER_MEMBER
+            members.append(
+                MemberSpec(
+                    index=i,
+                    host=host,
+                    replica_port=ports[base],
+                    metrics_port=ports[base + 1],
+                    sidecar_port=ports[base + 2],
+                    sidecar_metrics_port=ports[base + 3],
+                    public_key=public_key_of(seed),
+                    receipt_public_key=public_key_of(receipt_seed),
+                )
             )
+        write_seed(directory / OWNER_KEY_FILE, owner_seed)
+        created.append(directory / OWNER_KEY_FILE)
+        spec = ClusterSpec(
+            directory=directory,
+            chain_id=f"qg-{secrets.token_hex(6)}",
+            owner_public_key=public_key_of(owner_seed),
+            members=tuple(members),
         )
-    write_seed(directory / OWNER_KEY_FILE, owner_seed)
-    spec = ClusterSpec(
-        directory=directory,
-        chain_id=f"qg-{secrets.token_hex(6)}",
-        owner_public_key=public_key_of(owner_seed),
-        members=tuple(members),
-    )
-    write_cluster_file(spec)
+        write_cluster_file(spec)
+    except OSError as err:
+        for path in reversed(created):  # files first, then the node folders we made
+            with contextlib.suppress(OSError):
+                path.rmdir() if path.is_dir() else path.unlink()
+        raise ClusterFileError(
+            f"cannot write the cluster under {directory}: {err.strerror}"
+        ) from err
     return spec
 
 

@@ -84,6 +84,16 @@ def process_main(
         log.error("event=fatal kind=%s error=%s", kind, err)
         print(f"quorumgate {kind} {args.node}: {err}", file=sys.stderr)
         return 1
+    except Exception as err:
+        # Any other failure ends the process too (fail-stop): the traceback goes to the
+        # log file, and one line with the reason to stderr, which `up` shows.
+        log.exception("event=fatal kind=%s error=%s", kind, type(err).__name__)
+        print(
+            f"quorumgate {kind} {args.node}: cannot go on: {type(err).__name__}: {err} "
+            f"(traceback in {node_dir / f'{kind}.log'})",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         with contextlib.suppress(FileNotFoundError):
             if pid_path.read_text().strip() == str(os.getpid()):

@@ -55,7 +55,7 @@ from quorumgate.replica.wire import decode_block
 from quorumgate.sidecar.engine.core import Engine, EngineConfig, StateCacheError
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
-from quorumgate.sidecar.store import DivergenceError, SidecarStore
+from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
 from quorumgate.sidecar.wire import receipt_to_pb
 
 RECONNECT_DELAY_S_MIN = 0.05
@@ -141,7 +141,14 @@ class Sidecar:
 
     async def start(self) -> None:
         path = self.spec.node_dir(self.index) / DB_FILE
-        self.store = await SidecarStore.open(path, self.spec.chain_id)
+        try:
+            self.store = await SidecarStore.open(path, self.spec.chain_id)
+        except SidecarStoreError as err:
+            raise SidecarStoreError(
+                f"{err}; keep it for the investigation, move it aside and rebuild it from "
+                f"the committed log: "
+                f"`quorumgate replay --dir {self.spec.directory} --node {self.index}`"
+            ) from err
         state = await self.store.engine_state()
         self.engine = (
             Engine(self.config) if state is None else Engine.from_state_bytes(self.config, state)

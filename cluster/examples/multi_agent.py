@@ -163,7 +163,7 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
     report = ExampleReport()
 
     say("[owner] registering the payment sink, four tools and three agents")
-    with SyncClient.from_files(spec.directory) as owner:
+    with SyncClient.as_owner(spec.directory) as owner:
         owner.register_sink(PAYMENTS_SINK, bytes(sink_key.public_key))
         for spec_ in (
             tool_spec("files.read", "read", schemes=["file"]),

@@ -55,6 +55,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.model import DENIAL_TEXT, EnvelopeArg, Mandate, Outcome, ToolSpec
 from quorumgate.sdk.client import (
+    CertificateTimeout,
     Client,
     ClusterUnavailable,
     CommittedLog,
@@ -316,11 +317,18 @@ def _cmd_confirm(args: argparse.Namespace) -> int:
         return _fail(str(err))
 
     async def work(client: Client) -> int:
-        pending = await _waiting(
-            "fetching the certified card",
-            args,
-            client.await_certificate(proposal_id, args.deadline),
-        )
+        try:
+            pending = await _waiting(
+                "fetching the certified card",
+                args,
+                client.await_certificate(proposal_id, args.deadline),
+            )
+        except CertificateTimeout:
+            return _fail(
+                f"proposal {proposal_id.hex()[:16]}... has no certified verdict (unknown, or "
+                f"not executed within {args.deadline:g} s): check the id with "
+                f"`quorumgate verdicts --dir {args.dir}`"
+            )
         if pending.card is None or pending.outcome is not Outcome.PENDING:
             return _fail(f"proposal is not pending (outcome {pending.outcome.value})", 1)
         card = pending.card

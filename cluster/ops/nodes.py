@@ -198,8 +198,8 @@ def _wait_ready(
             proc = (procs or {}).get(i)
             if proc is not None and proc.poll() is not None:
                 raise OpsError(
-                    f"{kind} {i} exited with status {proc.returncode}:\n"
-                    f"{log_tail(spec, i, kind=kind)}"
+                    f"{kind} {i} exited with status {proc.returncode}: {last_words(spec, i, kind)}"
+                    f" (all of it in {output_path(spec, i, kind)})"
                 )
             if kind == "replica":
                 ready = query_status(spec, i, timeout_s=0.5).alive
@@ -208,7 +208,12 @@ def _wait_ready(
             if ready:
                 waiting.discard(i)
         if waiting and time.monotonic() > deadline:
-            raise OpsError(f"{kind}s {sorted(waiting)} did not start serving in {timeout_s:.0f} s")
+            first = min(waiting)
+            raise OpsError(
+                f"{kind}s {sorted(waiting)} did not start serving in {timeout_s:.0f} s; "
+                f"{kind} {first} last wrote: {last_words(spec, first, kind)} "
+                f"(see {output_path(spec, first, kind)})"
+            )
         if waiting:
             time.sleep(POLL_INTERVAL_S)
 
@@ -229,6 +234,21 @@ def wait_sidecars_serving(
     timeout_s: float = READY_TIMEOUT_S,
 ) -> None:
     _wait_ready(spec, indexes, procs, timeout_s, "sidecar")
+
+
+def output_path(spec: ClusterSpec, index: int, kind: str = "replica") -> Path:
+    """Where a node process's own stdout and stderr go (`up` redirects them there)."""
+    return spec.node_dir(index) / f"{kind}.out"
+
+
+def last_words(spec: ClusterSpec, index: int, kind: str = "replica") -> str:
+    """The last line a node process wrote to its output: on a fatal start, the reason."""
+    try:
+        lines = output_path(spec, index, kind).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no output)"
+    said = [line.strip() for line in lines if line.strip()]
+    return said[-1] if said else "(no output)"
 
 
 def log_tail(spec: ClusterSpec, index: int, lines: int = 15, kind: str = "replica") -> str:

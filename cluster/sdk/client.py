@@ -448,6 +448,15 @@ def proposal_body_digest(chain_id: str, nonce: int, payload: Proposal) -> bytes:
 # ---------------------------------------------------------------------------- client
 
 
+def _required_key(key_file: str | Path | None, client: str) -> SigningKey:
+    if key_file is None:
+        raise ValueError(
+            f"{client}.from_files needs the key file to sign with (an agent's, a "
+            f"principal's...); to sign as the cluster owner, use {client}.as_owner(directory)"
+        )
+    return SigningKey(read_seed(Path(key_file)))
+
+
 class _Channels:
     """One channel per replica and per sidecar, made in the loop that first needs them."""
 
@@ -496,10 +505,18 @@ class Client:
     def from_files(
         cls, directory: str | Path, key_file: str | Path | None = None, **options: Any
     ) -> Client:
-        """The cluster in `directory` and the key in `key_file` (default: the owner's)."""
+        """The cluster in `directory`, signing with the key in `key_file`. The key is not
+        optional: a client that silently fell back to the owner's key would let a script
+        that forgot its agent key administer the cluster. Sign as the owner only on
+        purpose, with `as_owner`."""
         spec = load_cluster(Path(directory))
-        path = Path(key_file) if key_file is not None else spec.directory / OWNER_KEY_FILE
-        return cls(spec, SigningKey(read_seed(path)), **options)
+        return cls(spec, _required_key(key_file, "Client"), **options)
+
+    @classmethod
+    def as_owner(cls, directory: str | Path, **options: Any) -> Client:
+        """The cluster in `directory`, signing as its owner (`DIR/owner.key`)."""
+        spec = load_cluster(Path(directory))
+        return cls(spec, SigningKey(read_seed(spec.directory / OWNER_KEY_FILE)), **options)
 
     @property
     def is_owner(self) -> bool:
@@ -1178,9 +1195,15 @@ class SyncClient:
     def from_files(
         cls, directory: str | Path, key_file: str | Path | None = None, **options: Any
     ) -> SyncClient:
+        """As `Client.from_files`: the key file is required."""
         spec = load_cluster(Path(directory))
-        path = Path(key_file) if key_file is not None else spec.directory / OWNER_KEY_FILE
-        return cls(spec, SigningKey(read_seed(path)), **options)
+        return cls(spec, _required_key(key_file, "SyncClient"), **options)
+
+    @classmethod
+    def as_owner(cls, directory: str | Path, **options: Any) -> SyncClient:
+        """The cluster in `directory`, signing as its owner (`DIR/owner.key`)."""
+        spec = load_cluster(Path(directory))
+        return cls(spec, SigningKey(read_seed(spec.directory / OWNER_KEY_FILE)), **options)
 
     @property
     def spec(self) -> ClusterSpec:

@@ -126,7 +126,7 @@ def sink_key() -> PrivateKey:
 @pytest.fixture(scope="module")
 def owner(cluster: ClusterSpec, sink_key: PrivateKey) -> Iterator[SyncClient]:
     """The owner's client, after registering the sink and the tools of `TOOLS`."""
-    with SyncClient.from_files(cluster.directory) as client:
+    with SyncClient.as_owner(cluster.directory) as client:
         client.register_sink(SINK, bytes(sink_key.public_key))
         for name, mode, extra in TOOLS:
             client.register_tool(tool_spec(name, mode, **extra))

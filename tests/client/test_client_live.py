@@ -709,7 +709,7 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
 
 async def test_an_unreachable_cluster_is_a_typed_error(tmp_path: Path) -> None:
     dead = init_cluster(tmp_path / "dead", 4)  # never started
-    async with Client.from_files(dead.directory, certificate_deadline_s=0.5) as qg:
+    async with Client.as_owner(dead.directory, certificate_deadline_s=0.5) as qg:
         with pytest.raises(ClusterUnavailable) as err:
             await qg.propose("web.get", URL, run_id=RUN)
         assert str(err.value) == "The cluster could not be reached."

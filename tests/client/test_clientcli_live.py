@@ -229,3 +229,37 @@ def test_an_unreachable_cluster_and_missing_files_exit_2(
     assert code == 2 and "--key FILE is required" in err
     code, _, err = run(capsys, "agents", "--dir", str(tmp_path / "nowhere"))
     assert code == 2 and "no cluster file" in err
+
+
+def test_confirming_an_unknown_proposal_is_one_line_not_a_traceback(
+    cluster: ClusterSpec, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = "ab" * 32
+    code, out, err = run(
+        capsys, "confirm", "--dir", str(cluster.directory), "--deadline", "0.3", "--yes", unknown
+    )
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "has no certified verdict" in lines[0] and "quorumgate verdicts" in lines[0]
+
+
+def test_an_unexpected_error_is_one_line_naming_the_debug_switch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Whatever a command raises reaches the user as one line; the traceback only with
+    QUORUMGATE_DEBUG=1."""
+    from quorumgate import cli
+
+    def broken(args: object) -> int:
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(cli, "_cmd_status", broken)
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    code = cli.main(["status", "--dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "ZeroDivisionError" in err
+    assert "QUORUMGATE_DEBUG=1" in err and "boom" not in err
+    monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["status", "--dir", str(tmp_path)])

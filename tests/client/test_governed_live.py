@@ -297,7 +297,7 @@ def test_no_argument_value_in_any_exception_repr_or_log_line(
         attempt(fetch, URL)  # does not match the signature
         shown.append(current_binding())
     dead = init_cluster(tmp_path / "dead", 4)
-    with SyncClient.from_files(dead.directory) as gone:
+    with SyncClient.as_owner(dead.directory) as gone:
         for posture in ("fail_closed", "fail_open"):
             with agent_context(gone, run_id="run-gone", posture=posture, deadline_s=1.0):
                 attempt(fetch, URL, SECRET)

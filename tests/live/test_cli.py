@@ -271,3 +271,37 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
     for m in spec.members:
         assert m.public_key.hex().encode() in public
         assert m.receipt_public_key.hex().encode() in public
+
+
+def test_cli_init_refuses_a_folder_holding_a_key_and_writes_nothing(
+    cli_dirs: Callable[[str], Path],
+) -> None:
+    """Issue 13: `init` into a folder holding a stray `owner.key` wrote node keys, then
+    failed with a raw `[Errno 17]`, leaving a half-built folder."""
+    directory = cli_dirs("stray")
+    directory.mkdir()
+    (directory / "owner.key").write_text("not ours\n")
+    assert_clean_failure(quorumgate("init", "--dir", directory), 2, "owner.key exists", "--dir")
+    assert sorted(p.name for p in directory.iterdir()) == ["owner.key"]
+    assert (directory / "owner.key").read_text() == "not ours\n"
+    (directory / "owner.key").unlink()
+    (directory / "node-2").mkdir()
+    (directory / "node-2" / "receipt.key").write_text("not ours either\n")
+    assert_clean_failure(quorumgate("init", "--dir", directory), 2, "node-2/receipt.key exists")
+    assert sorted(p.name for p in directory.rglob("*")) == ["node-2", "receipt.key"]
+
+
+def test_cli_up_with_a_damaged_sidecar_store_says_why_at_once(
+    cli_dirs: Callable[[str], Path],
+) -> None:
+    """Issue 13: `up` with a damaged sidecar store waited 30 s and said only that the
+    sidecar did not start. Now the sidecar exits at once, `up` shows its reason and what to
+    do in one line, and leaves nothing running."""
+    directory = cli_dirs("damaged")
+    init(directory)
+    (directory / "node-2" / "sidecar.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+    result = quorumgate("up", "--dir", directory, "--detach")
+    assert_clean_failure(
+        result, 2, "sidecar 2 exited", "not a readable sidecar store", "quorumgate replay"
+    )
+    wait_none_running(directory)
