@@ -458,7 +458,7 @@ def _required_key(key_file: str | Path | None, client: str) -> SigningKey:
 
 
 class _Channels:
-    """One channel per replica and per sidecar, made in the loop that first needs them."""
+    """One channel per replica and per sidecar."""
 
     def __init__(self, spec: ClusterSpec) -> None:
         from quorumgate.replica.transport import CHANNEL_OPTIONS
@@ -479,6 +479,36 @@ class _Channels:
             await channel.close()
 
 
+class ChannelPool:
+    """gRPC channels to every replica and sidecar of one cluster, made in the event loop
+    that first needs them and usable from that loop only. Clients of many keys can share
+    one pool (`Client(..., pool=pool)`, `Client.with_key`): an orchestrator with a hundred
+    agents then holds 2n channels, not 200n. A client closes only a pool it made itself;
+    whoever made a shared pool closes it."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self._channels: _Channels | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> _Channels:
+        loop = asyncio.get_running_loop()
+        if self._channels is None:
+            self._channels = _Channels(self.spec)
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError(
+                "a Client (and its channel pool) is bound to the event loop that first used "
+                "it; use one client per loop, or SyncClient from threads"
+            )
+        return self._channels
+
+    async def close(self) -> None:
+        if self._channels is not None:
+            await self._channels.close()
+            self._channels = None
+
+
 class Client:
     """See the module docstring. One signing key, one event loop."""
 
@@ -489,14 +519,17 @@ class Client:
         *,
         rpc_timeout_s: float = RPC_TIMEOUT_S,
         certificate_deadline_s: float = CERTIFICATE_DEADLINE_S,
+        pool: ChannelPool | None = None,
     ) -> None:
+        if pool is not None and pool.spec.chain_id != spec.chain_id:
+            raise ValueError("the channel pool belongs to another cluster")
         self.spec = spec
         self.key = key
         self.public_key = bytes(key.verify_key)
         self.rpc_timeout_s = rpc_timeout_s
         self.certificate_deadline_s = certificate_deadline_s
-        self._channels: _Channels | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pool = pool if pool is not None else ChannelPool(spec)
+        self._owns_pool = pool is None
         self._nonces = NonceLedger()
         self._nonce_lock: asyncio.Lock | None = None
         self._replica_cursor = 0
@@ -536,22 +569,23 @@ class Client:
     ) -> None:
         await self.close()
 
+    def with_key(self, key: SigningKey) -> Client:
+        """A client for another key (another agent, a principal...) sharing this one's
+        channels and timeouts. Close this client last: it owns the channels."""
+        return Client(
+            self.spec,
+            key,
+            rpc_timeout_s=self.rpc_timeout_s,
+            certificate_deadline_s=self.certificate_deadline_s,
+            pool=self.pool,
+        )
+
     async def close(self) -> None:
-        if self._channels is not None:
-            await self._channels.close()
-            self._channels = None
+        if self._owns_pool:
+            await self.pool.close()
 
     def _ch(self) -> _Channels:
-        loop = asyncio.get_running_loop()
-        if self._channels is None:
-            self._channels = _Channels(self.spec)
-            self._loop = loop
-        elif self._loop is not loop:
-            raise RuntimeError(
-                "a Client is bound to the event loop that first used it; "
-                "use one client per loop, or SyncClient from threads"
-            )
-        return self._channels
+        return self.pool.get()
 
     # ------------------------------------------------------------------ reads
 
@@ -1190,6 +1224,18 @@ class SyncClient:
         self._thread.start()
         self.aio = Client(spec, key, **options)
         self._closed = False
+        self._parent: SyncClient | None = None
+
+    def with_key(self, key: SigningKey) -> SyncClient:
+        """A client for another key sharing this one's thread, event loop and channels
+        (see `Client.with_key`). Closing it frees nothing; close this client last."""
+        shared = object.__new__(SyncClient)
+        shared._loop = self._loop
+        shared._thread = self._thread
+        shared.aio = self.aio.with_key(key)
+        shared._closed = False
+        shared._parent = self
+        return shared
 
     @classmethod
     def from_files(
@@ -1218,7 +1264,7 @@ class SyncClient:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one coroutine of `aio` on the client's loop and wait for its result."""
-        if self._closed:
+        if self._closed or (self._parent is not None and self._parent._closed):
             coro.close()
             raise RuntimeError("SyncClient is closed")
         try:
@@ -1242,6 +1288,9 @@ class SyncClient:
 
     def close(self) -> None:
         if self._closed:
+            return
+        if self._parent is not None:  # the loop and the channels are the parent's
+            self._closed = True
             return
         asyncio.run_coroutine_threadsafe(self.aio.close(), self._loop).result()
         self._closed = True

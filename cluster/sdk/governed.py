@@ -38,8 +38,10 @@ and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
 - every other parameter is one argument named after it: a `Handle`, or any value of a
   parameter listed in `envelopes=`, is sent as a handle (a raw value for an envelope
   parameter is refused here, before anything leaves the process); `str` as text; `bool`
-  as `true`/`false`; `int`, `float`, `Decimal` and enums by their text; `None` is
-  omitted; `*args` as `name.0`, `name.1`...; `**kwargs` by key. Anything else raises
+  as `true`/`false`; `int`, `float`, `Decimal` and enums by their text; lists, tuples and
+  dicts of JSON values as their canonical JSON text (RFC 8785: sorted keys, no spaces,
+  one spelling per number, so equal values are equal text); `None` is omitted; `*args`
+  as `name.0`, `name.1`...; `**kwargs` by key. Anything else raises
   `ArgumentMappingError` naming the parameter (never the value). `exclude=` names
   parameters that are not sent at all; a leading `self`/`cls` is never sent;
 - the tool name is `name=`, or the function's name with `_` as `-` (`read_file` is
@@ -57,6 +59,19 @@ a `SyncClient`; sync tools need a `SyncClient` (its loop runs in its own thread)
 Inside the body, `current_call()` gives the certified `Decision` and the signed
 transaction, to hand to the tool executor (`quorumgate.sdk.executor`).
 
+**By name.** Agent frameworks dispatch tools by name with an argument dict, and their
+tools need not have a Python signature that matches. `Gate` is for them:
+
+    gate = Gate()
+    gate.tool("files.write", write_file, target="path")
+    gate.call("files.write", {"path": "/docs/a.txt", "body": "hi"})   # judged, then run
+    await gate.call_many([("files.read", {"path": p}) for p in paths]) # one stream, in order
+
+The argument dict is never spread into a signature of ours, so any argument name works
+(`body`, `tool`, `self`...). `call_many` submits every proposal in one `submit_many` and
+waits for the certificates together; it returns one result per call, in order: the tool's
+return value, or the exception that call raised (`ActionDenied`, `ConfirmationRequired`).
+
 No argument value appears in any exception, repr or log line of this module.
 """
 
@@ -71,12 +86,14 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any, ParamSpec, TypeVar, cast, overload
+
+import rfc8785
 
 from quorumgate.proto import limits, names
 from quorumgate.proto import tx as txlib
@@ -104,6 +121,7 @@ __all__ = [
     "CertificateUnavailable",
     "ConfirmationRequired",
     "FailOpenQueue",
+    "Gate",
     "GovernedCall",
     "NoAgentContext",
     "Posture",
@@ -460,6 +478,14 @@ def default_tool_name(fn: Callable[..., Any]) -> str:
 
 
 def _text(param: str, value: object) -> str:
+    if isinstance(value, list | tuple | dict):
+        try:
+            return rfc8785.dumps(value).decode()
+        except (rfc8785.CanonicalizationError, TypeError, RecursionError):
+            raise ArgumentMappingError(
+                f"argument {param!r}: a structured value must hold only JSON values (text "
+                "keys; strings, integers within 2**53, finite floats, booleans, null)"
+            ) from None
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, enum.Enum):
@@ -565,16 +591,24 @@ NO_CERTIFICATE = (ClusterUnavailable, CertificateTimeout, Overloaded, TimeoutErr
 
 
 async def _govern(
-    aio: Client, proposal: Proposal, binding: AgentBinding, options: _Options
+    aio: Client,
+    proposal: Proposal,
+    binding: AgentBinding,
+    options: _Options,
+    delivery: Submitted | QuorumGateError | None = None,
 ) -> _Verdict:
-    """Submit, await the certificate, apply the posture. Runs in the client's loop."""
+    """Submit (unless `delivery` says how an earlier `submit_many` went), await the
+    certificate, apply the posture. Runs in the client's loop."""
     deadline_s = options.deadline_s or binding.deadline_s
     posture = options.posture or binding.posture
     queue = fail_open_queue(aio)
-    submitted: Submitted | None = None
+    submitted: Submitted | None = delivery if isinstance(delivery, Submitted) else None
     try:
         async with asyncio.timeout(deadline_s):
-            submitted = await aio.submit(proposal)
+            if isinstance(delivery, QuorumGateError):
+                raise delivery
+            if submitted is None:
+                submitted = await aio.submit(proposal)
             decision = await aio.await_certificate(submitted.proposal_id, deadline_s)
     except NO_CERTIFICATE as err:  # before Refused: Overloaded is a refusal with no verdict
         original = submitted.proposal_id if submitted else getattr(err, "proposal_id", None)
@@ -772,3 +806,205 @@ def governed_tool(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+# ---------------------------------------------------------------------------- by name
+
+
+@dataclass(frozen=True)
+class _Registered:
+    options: _Options
+    fn: Callable[..., Any] | None
+
+
+def proposal_from_dict(
+    options: _Options, arguments: Mapping[str, Any], binding: AgentBinding
+) -> Proposal:
+    """The Proposal of a by-name call: the target is the argument `options.target` names
+    (none when it is None), every other argument is sent by name, in name order."""
+    values = dict(arguments)
+    target: Any = ""
+    if callable(options.target):
+        target = options.target(values)
+    elif options.target is not None:
+        target = values.pop(options.target, "")
+    if not isinstance(target, str):
+        raise ArgumentMappingError(f"the target of tool {options.name!r} must be text")
+    args = [
+        _argument(name, values[name], name in options.envelopes)
+        for name in sorted(values)
+        if name not in options.exclude and values[name] is not None
+    ]
+    if len(args) > limits.ARGUMENTS_MAX:
+        raise ArgumentMappingError(f"tool {options.name!r}: more than {limits.ARGUMENTS_MAX} args")
+    try:
+        return Proposal(
+            run_id=binding.run_id,
+            tool=options.name,
+            target=target,
+            arguments=tuple(args),
+            grant=binding.grant,
+        )
+    except ValueError:
+        raise ArgumentMappingError(f"tool {options.name!r}: name or target too long") from None
+
+
+class Gate:
+    """Governed tool calls by name with an argument dict (module docstring, "By name").
+    Which agent and run: the `agent_context` of the caller, as for `governed_tool`."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, _Registered] = {}
+
+    def tool(
+        self,
+        name: str,
+        fn: Callable[..., Any] | None = None,
+        *,
+        target: str | Callable[[dict[str, Any]], str] | None = None,
+        envelopes: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+        posture: Posture | str | None = None,
+        deadline_s: float | None = None,
+    ) -> None:
+        """Register tool `name`: `target` names the argument that is its target (None: the
+        tool takes none); `fn`, called with the arguments as keywords, is the body that
+        runs once the call is certified (None: `authorize` only)."""
+        self._tools[name] = _Registered(
+            _Options(
+                name=name,
+                target=target,
+                envelopes=frozenset(envelopes),
+                exclude=frozenset(exclude),
+                posture=None if posture is None else Posture(posture),
+                deadline_s=deadline_s,
+            ),
+            fn,
+        )
+
+    @property
+    def tools(self) -> list[str]:
+        return sorted(self._tools)
+
+    def _registered(self, tool: str) -> _Registered:
+        found = self._tools.get(tool)
+        if found is None:
+            raise ArgumentMappingError(
+                f"tool {tool!r} is not registered with this gate (Gate.tool(name, fn, target=...))"
+            )
+        return found
+
+    def authorize(self, tool: str, arguments: Mapping[str, Any] | None = None) -> GovernedCall:
+        """Judge a call without running anything: the certified call, or the exception
+        a governed tool raises (`ActionDenied`, `ConfirmationRequired`...)."""
+        registered = self._registered(tool)
+        binding = _binding()
+        proposal = proposal_from_dict(registered.options, arguments or {}, binding)
+        return _admit(tool, _judge_blocking(binding, proposal, registered.options))
+
+    async def aauthorize(
+        self, tool: str, arguments: Mapping[str, Any] | None = None
+    ) -> GovernedCall:
+        registered = self._registered(tool)
+        binding = _binding()
+        proposal = proposal_from_dict(registered.options, arguments or {}, binding)
+        return _admit(tool, await _judge_async(binding, proposal, registered.options))
+
+    def call(self, tool: str, arguments: Mapping[str, Any] | None = None) -> Any:
+        """Judge, then run the registered body with the arguments as keywords."""
+        registered = self._registered(tool)
+        fn = _body(registered)
+        call = self.authorize(tool, arguments)
+        token = _CALL.set(call)
+        try:
+            return fn(**dict(arguments or {}))
+        finally:
+            _CALL.reset(token)
+
+    async def acall(self, tool: str, arguments: Mapping[str, Any] | None = None) -> Any:
+        registered = self._registered(tool)
+        fn = _body(registered)
+        call = await self.aauthorize(tool, arguments)
+        return await _run_body(fn, call, arguments or {})
+
+    async def call_many(self, calls: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[Any]:
+        """Many calls of this agent and run: proposed in one `submit_many` (in order),
+        their certificates awaited together, each certified body run in order. One result
+        per call: the body's return value, or the exception that call raised."""
+        binding = _binding()
+        prepared: list[tuple[_Registered, Proposal] | BaseException] = []
+        for tool, arguments in calls:
+            try:
+                registered = self._registered(tool)
+                _body(registered)
+                prepared.append(
+                    (registered, proposal_from_dict(registered.options, arguments or {}, binding))
+                )
+            except ArgumentMappingError as err:
+                prepared.append(err)
+        proposals = [item[1] for item in prepared if isinstance(item, tuple)]
+        verdicts = await _judge_many(
+            binding, proposals, [item[0].options for item in prepared if isinstance(item, tuple)]
+        )
+        results: list[Any] = []
+        judged = iter(verdicts)
+        for (tool, arguments), item in zip(calls, prepared, strict=True):
+            if not isinstance(item, tuple):
+                results.append(item)
+                continue
+            verdict = next(judged)
+            try:
+                if isinstance(verdict, BaseException):
+                    raise verdict
+                call = _admit(tool, verdict)
+                results.append(await _run_body(_body(item[0]), call, arguments or {}))
+            except Exception as err:  # this call's outcome, handed back in its place
+                results.append(err)
+        return results
+
+
+def _body(registered: _Registered) -> Callable[..., Any]:
+    if registered.fn is None:
+        raise ArgumentMappingError(
+            f"tool {registered.options.name!r} has no body registered; use authorize()"
+        )
+    return registered.fn
+
+
+async def _run_body(
+    fn: Callable[..., Any], call: GovernedCall, arguments: Mapping[str, Any]
+) -> Any:
+    token = _CALL.set(call)
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(**dict(arguments))
+        return fn(**dict(arguments))
+    finally:
+        _CALL.reset(token)
+
+
+async def _govern_many(
+    aio: Client, binding: AgentBinding, proposals: list[Proposal], options: list[_Options]
+) -> list[_Verdict | BaseException]:
+    """One `submit_many`, then every certificate awaited together (each under its tool's
+    posture, as `_govern` does for one call)."""
+    deliveries = await aio.submit_many(proposals)
+    judged = await asyncio.gather(
+        *(
+            _govern(aio, proposal, binding, opts, delivery)
+            for proposal, opts, delivery in zip(proposals, options, deliveries, strict=True)
+        ),
+        return_exceptions=True,
+    )
+    return list(judged)
+
+
+async def _judge_many(
+    binding: AgentBinding, proposals: list[Proposal], options: list[_Options]
+) -> list[_Verdict | BaseException]:
+    if not proposals:
+        return []
+    client = binding.client
+    if isinstance(client, SyncClient):
+        return await client.bridge(_govern_many(client.aio, binding, proposals, options))
+    return await _govern_many(client, binding, proposals, options)

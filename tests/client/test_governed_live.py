@@ -34,6 +34,7 @@ from quorumgate.sdk.governed import (
     ActionDenied,
     CertificateUnavailable,
     ConfirmationRequired,
+    Gate,
     NoAgentContext,
     RunHalted,
     agent_context,
@@ -407,3 +408,82 @@ def _committed_proposal(spec: ClusterSpec, height: int, index: int) -> Proposal:
     payload = parse(block.block.payload[index]).body.payload
     assert isinstance(payload, Proposal)
     return payload
+
+
+# ---------------------------------------------------------------------------- by name (issue 13)
+
+
+def _gate() -> Gate:
+    gate = Gate()
+
+    def web_post(url: str, body: str, tool: str = "") -> str:
+        RAN.append(f"post:{tool}")
+        return "posted"
+
+    async def web_get(url: str, query: str = "") -> str:
+        RAN.append("get")
+        return f"got {current_call().proposal_id.hex()[:8]}"
+
+    gate.tool("web.post", web_post, target="url")
+    gate.tool("web.get", web_get, target="url")
+    return gate
+
+
+def test_a_framework_calls_tools_by_name_with_an_argument_dict(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """No Python signature of ours in the way: `body` and `tool` are the tool's own
+    arguments; the body runs only with an allow certificate; a denial is the sentence."""
+    _, key = new_agent(owner, ["web.post"])
+    gate = _gate()
+    with SyncClient(cluster, key) as qg, agent_context(qg, run_id="run-byname"):
+        assert gate.call("web.post", {"url": URL, "body": "hello", "tool": "x"}) == "posted"
+        call = gate.authorize("web.post", {"url": URL, "body": "again"})
+        with pytest.raises(ActionDenied) as denied:
+            gate.call("web.get", {"url": URL})  # not in the mandate
+    assert RAN == ["post:x"] and call.decision is not None and call.decision.allowed
+    assert str(denied.value) == DENIAL_TEXT and denied.value.reason == "out_of_scope"
+    proposal = parse(call.tx).body.payload  # type: ignore[arg-type]
+    assert isinstance(proposal, Proposal)
+    assert [(a.name, a.text) for a in proposal.arguments] == [("body", "again")]
+
+
+async def test_call_many_is_one_stream_and_one_result_per_call_in_order(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    _, key = new_agent(owner, ["web.get"])
+    gate = _gate()
+    calls: list[tuple[str, dict[str, Any] | None]] = [
+        ("web.get", {"url": f"{URL}/{k}", "query": "q"}) for k in range(6)
+    ]
+    calls.insert(2, ("web.post", {"url": URL, "body": "b"}))  # out of scope: denied
+    calls.append(("no.such", {}))  # never registered: refused here
+    async with Client(cluster, key) as qg, agent_context_async(qg, run_id="run-many"):
+        sent_before = await qg.sync_nonce()
+        results = await gate.call_many(calls)
+        sent_after = await qg.sync_nonce()
+    assert len(results) == len(calls)
+    assert isinstance(results[2], ActionDenied) and str(results[2]) == DENIAL_TEXT
+    assert isinstance(results[-1], Exception) and "not registered" in str(results[-1])
+    got = [r for i, r in enumerate(results) if i not in (2, len(calls) - 1)]
+    assert all(isinstance(r, str) and r.startswith("got ") for r in got), results
+    assert len(set(got)) == 6 and RAN == ["get"] * 6
+    assert sent_after - sent_before == 7  # six gets and the denied post were proposed
+
+
+def test_clients_of_many_keys_share_one_channel_pool(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    keys = [new_agent(owner, ["web.get"])[1] for _ in range(3)]
+    with SyncClient(cluster, keys[0]) as first:
+        others = [first.with_key(k) for k in keys[1:]]
+        decisions = [c.propose("web.get", URL, run_id="run-pool") for c in [first, *others]]
+        pools = {id(c.aio.pool) for c in [first, *others]}
+        proposal_ids = {d.certificate.leaf.proposal_id for d in decisions}
+        for other in others:
+            other.close()
+        assert first.propose("web.get", URL, run_id="run-pool").allowed  # still open
+    assert pools == {id(first.aio.pool)} and len(proposal_ids) == 3
+    assert all(d.allowed for d in decisions)
+    with pytest.raises(RuntimeError, match="closed"):
+        others[0].propose("web.get", URL, run_id="run-pool")

@@ -24,6 +24,7 @@ from quorumgate.sdk.governed import (
     CertificateUnavailable,
     FailOpenQueue,
     FailOpenRecord,
+    Gate,
     RunHalted,
     _Options,
     agent_context,
@@ -31,6 +32,7 @@ from quorumgate.sdk.governed import (
     current_binding,
     default_tool_name,
     governed_tool,
+    proposal_from_dict,
 )
 
 HANDLE = "h_card_0123456789abcdef"
@@ -238,3 +240,72 @@ async def test_bindings_are_per_task_and_per_thread() -> None:
     assert inner is not None and inner.run_id == "run-outer" and fresh is None
     with pytest.raises(ValueError):
         agent_context(a.client, run_id="bad run id!").__enter__()
+
+
+# ---------------------------------------------------------------------------- issue 13
+
+
+def test_structured_values_are_canonical_json_equal_values_equal_text() -> None:
+    """RFC 8785: key order, spacing and number spelling do not change the text, so one
+    value is one argument whatever dict order the caller built it in."""
+
+    def post(url: str, payload: Any, tags: Any) -> None: ...
+
+    options_of(post, target="url")
+    a = _propose(post, "https://x.example/", {"b": [1, 2.50, True], "a": None}, ("x", "y"))
+    b = _propose(post, "https://x.example/", {"a": None, "b": [1, 2.5, True]}, ["x", "y"])
+    assert a.arguments == b.arguments
+    assert [(x.name, x.text) for x in a.arguments] == [
+        ("payload", '{"a":null,"b":[1,2.5,true]}'),
+        ("tags", '["x","y"]'),
+    ]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{1: "SECRET-VALUE"}, [float("nan")], [2**60], {"k": b"SECRET-VALUE"}, [Decimal("1.5")]],
+)
+def test_a_structured_value_that_is_not_json_is_refused_without_the_value(value: Any) -> None:
+    def post(payload: Any) -> None: ...
+
+    options_of(post)
+    with pytest.raises(ArgumentMappingError) as err:
+        _propose(post, value)
+    assert "SECRET-VALUE" not in str(err.value) and "payload" in str(err.value)
+
+
+def test_by_name_arguments_may_use_any_name_and_the_target_is_taken_out() -> None:
+    """A by-name call is never spread into a signature of ours: `body`, `tool`, `self`,
+    `arguments`, `fn` are ordinary argument names (a tool with a `body` argument crashed
+    an earlier wrapper with TypeError)."""
+    options = _Options("mail.send", "to", frozenset(), frozenset(), None, None)
+    arguments = {
+        "to": "mailto:bob@example.com",
+        "body": "hi",
+        "tool": "t",
+        "self": "s",
+        "arguments": ["a", "b"],
+        "fn": 1,
+        "skipped": None,
+    }
+    proposal = proposal_from_dict(options, arguments, _binding())
+    assert proposal.target == "mailto:bob@example.com" and proposal.tool == "mail.send"
+    assert [(a.name, a.text) for a in proposal.arguments] == [
+        ("arguments", '["a","b"]'),
+        ("body", "hi"),
+        ("fn", "1"),
+        ("self", "s"),
+        ("tool", "t"),
+    ]
+    assert arguments["to"] == "mailto:bob@example.com"  # the caller's dict is not changed
+
+
+def test_a_gate_refuses_a_tool_it_does_not_know_before_anything_leaves() -> None:
+    gate = Gate()
+    gate.tool("files.read", lambda path: path, target="path")
+    assert gate.tools == ["files.read"]
+    with (
+        agent_context(_binding().client, run_id="run-1"),
+        pytest.raises(ArgumentMappingError, match="not registered"),
+    ):
+        gate.call("files.write", {"path": "/a"})
