@@ -237,7 +237,7 @@ def _encode_seal(s: SealEnvelope) -> Any:
     return msg
 
 
-def _decode_tool_spec(pb: Any) -> ToolSpec:
+def decode_tool_spec(pb: Any) -> ToolSpec:
     name = names.canonical_tool_name(pb.name)
     if name is None:
         raise ValueError("tool name has no canonical form")
@@ -270,7 +270,7 @@ def _decode_tool_spec(pb: Any) -> ToolSpec:
     )
 
 
-def _encode_tool_spec(spec: ToolSpec) -> Any:
+def encode_tool_spec(spec: ToolSpec) -> Any:
     return tx_pb2.RegisterTool(
         name=spec.name,
         mode=spec.mode.value,
@@ -285,7 +285,7 @@ def _encode_tool_spec(spec: ToolSpec) -> Any:
     )
 
 
-def _decode_mandate(pb: Any) -> Mandate:
+def decode_mandate(pb: Any) -> Mandate:
     enforcement = (
         Enforcement.OBSERVE if pb.enforcement == Enforcement.OBSERVE.value else Enforcement.ENFORCE
     )
@@ -304,7 +304,7 @@ def _decode_mandate(pb: Any) -> Mandate:
     )
 
 
-def _encode_mandate(agent_id: str, m: Mandate) -> Any:
+def encode_mandate(agent_id: str, m: Mandate) -> Any:
     msg = tx_pb2.SetMandate(
         agent_id=agent_id,
         enforcement=m.enforcement.value,
@@ -324,13 +324,13 @@ def _decode_admin(pb: Any) -> AdminOp:
         raise ValueError("admin without an operation")
     op = getattr(pb, case)
     if case == "register_tool":
-        return RegisterTool(spec=_decode_tool_spec(op))
+        return RegisterTool(spec=decode_tool_spec(op))
     if case == "register_agent":
         return RegisterAgent(agent_id=op.agent_id, public_key=op.public_key)
     if case == "register_sink":
         return RegisterSink(sink_id=op.sink_id, public_key=op.public_key)
     if case == "set_mandate":
-        return SetMandate(agent_id=op.agent_id, mandate=_decode_mandate(op))
+        return SetMandate(agent_id=op.agent_id, mandate=decode_mandate(op))
     if case == "suspend":
         return Suspend(agent_id=op.agent_id)
     assert case == "resume", case
@@ -341,7 +341,7 @@ def _encode_admin(admin: Admin) -> Any:
     msg = tx_pb2.Admin()
     op = admin.op
     if isinstance(op, RegisterTool):
-        msg.register_tool.CopyFrom(_encode_tool_spec(op.spec))
+        msg.register_tool.CopyFrom(encode_tool_spec(op.spec))
     elif isinstance(op, RegisterAgent):
         msg.register_agent.CopyFrom(
             tx_pb2.RegisterAgent(agent_id=op.agent_id, public_key=op.public_key)
@@ -351,7 +351,7 @@ def _encode_admin(admin: Admin) -> Any:
             tx_pb2.RegisterSink(sink_id=op.sink_id, public_key=op.public_key)
         )
     elif isinstance(op, SetMandate):
-        msg.set_mandate.CopyFrom(_encode_mandate(op.agent_id, op.mandate))
+        msg.set_mandate.CopyFrom(encode_mandate(op.agent_id, op.mandate))
     elif isinstance(op, Suspend):
         msg.suspend.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))
     else:

@@ -1,4 +1,5 @@
 from quorumgate.proto import consensus_pb2 as _consensus_pb2
+from quorumgate.proto import tx_pb2 as _tx_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -184,3 +185,45 @@ class StateRootReport(_message.Message):
     state_root: bytes
     signature: bytes
     def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class RegistryRequest(_message.Message):
+    __slots__ = ("height",)
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    def __init__(self, height: _Optional[int] = ...) -> None: ...
+
+class RegistryAgent(_message.Message):
+    __slots__ = ("agent_id", "public_key", "mandate_version", "suspended", "mandate")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    MANDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
+    MANDATE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    public_key: bytes
+    mandate_version: int
+    suspended: bool
+    mandate: _tx_pb2.SetMandate
+    def __init__(self, agent_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., mandate_version: _Optional[int] = ..., suspended: _Optional[bool] = ..., mandate: _Optional[_Union[_tx_pb2.SetMandate, _Mapping]] = ...) -> None: ...
+
+class RegistryContent(_message.Message):
+    __slots__ = ("agents", "tools", "sinks")
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    SINKS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[RegistryAgent]
+    tools: _containers.RepeatedCompositeFieldContainer[_tx_pb2.RegisterTool]
+    sinks: _containers.RepeatedCompositeFieldContainer[_tx_pb2.RegisterSink]
+    def __init__(self, agents: _Optional[_Iterable[_Union[RegistryAgent, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_tx_pb2.RegisterTool, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[_tx_pb2.RegisterSink, _Mapping]]] = ...) -> None: ...
+
+class RegistryReply(_message.Message):
+    __slots__ = ("height", "state_root", "registry_since", "content")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_SINCE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    state_root: bytes
+    registry_since: int
+    content: RegistryContent
+    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., registry_since: _Optional[int] = ..., content: _Optional[_Union[RegistryContent, _Mapping]] = ...) -> None: ...

@@ -64,6 +64,11 @@ class SidecarStub:
                 request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.SidecarStatusRequest.SerializeToString,
                 response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.SidecarStatusReply.FromString,
                 _registered_method=True)
+        self.Registry = channel.unary_unary(
+                '/qgpb.Sidecar/Registry',
+                request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryRequest.SerializeToString,
+                response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryReply.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -108,6 +113,14 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Registry(self, request, context):
+        """The registry as of a height (FAILED_PRECONDITION when it changed after that height,
+        UNAVAILABLE when the sidecar has not executed it within a short wait).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +153,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.SidecarStatusRequest.FromString,
                     response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.SidecarStatusReply.SerializeToString,
+            ),
+            'Registry': grpc.unary_unary_rpc_method_handler(
+                    servicer.Registry,
+                    request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryRequest.FromString,
+                    response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +322,33 @@ class Sidecar:
             '/qgpb.Sidecar/Status',
             quorumgate_dot_proto_dot_sidecar__pb2.SidecarStatusRequest.SerializeToString,
             quorumgate_dot_proto_dot_sidecar__pb2.SidecarStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Registry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Sidecar/Registry',
+            quorumgate_dot_proto_dot_sidecar__pb2.RegistryRequest.SerializeToString,
+            quorumgate_dot_proto_dot_sidecar__pb2.RegistryReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,7 @@ from quorumgate.proto.clusterfile import (
     ClusterSpec,
     read_seed,
 )
+from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
 from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.process import process_main
@@ -56,7 +57,7 @@ from quorumgate.sidecar.engine.core import Engine, EngineConfig, StateCacheError
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
-from quorumgate.sidecar.wire import receipt_to_pb
+from quorumgate.sidecar.wire import receipt_to_pb, registry_content
 
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
@@ -67,6 +68,7 @@ RECEIPT_BATCH_LEAVES_MAX = 4_096  # receipts per stream message (~2 MB)
 # every subscriber; older heights are read from the store.
 RECENT_RECEIPT_HEIGHTS = 64
 DB_FILE = "sidecar.db"
+REGISTRY_WAIT_S = 2.0  # a Registry request for a height not executed yet waits this long
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 log = logging.getLogger("quorumgate.sidecar")
@@ -133,6 +135,10 @@ class Sidecar:
         self.engine: Engine | None = None
         self.diverged = ""
         self.replica_height = 0
+        # The height of the last applied owner transaction: the registry served for any
+        # height from it on is the engine's current one. Unknown after a restart, so it
+        # starts at the executed height (set in start()).
+        self.registry_since = 0
         self._executed = asyncio.Condition()
         self._roots: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self._recent_receipts: OrderedDict[int, list[spb.ReceiptBatch]] = OrderedDict()
@@ -163,6 +169,7 @@ class Sidecar:
         self._server = server
         start_http_server(self.member.sidecar_metrics_port, self.member.host, self.metrics.registry)
         self.metrics.executed_height.set(self.store.executed_height)
+        self.registry_since = self.store.executed_height
         self._tasks = [
             asyncio.create_task(self._follow(), name="follow"),
             asyncio.create_task(self._report_roots(), name="roots"),
@@ -267,6 +274,8 @@ class Sidecar:
                 m.latch_halts.inc(count)
         m.artifacts.inc(len(result.artifacts))
         m.pending.set(len(engine.state.pending))
+        if any(v.kind is TxKind.ADMIN and v.outcome is Outcome.APPLIED for v in result.verdicts):
+            self.registry_since = height
         self._roots.put_nowait((height, result.state_root))
         async with self._executed:
             self._executed.notify_all()
@@ -416,6 +425,37 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         nxt = engine.next_nonce(request.signer)
         return spb.AccountReply(
             known=nxt is not None, next_nonce=nxt or 0, executed_height=store.executed_height
+        )
+
+    async def Registry(
+        self, request: spb.RegistryRequest, context: grpc.aio.ServicerContext
+    ) -> spb.RegistryReply:
+        sidecar = self.sidecar
+        engine, store = sidecar.engine, sidecar.store
+        assert engine is not None and store is not None
+        height = request.height or store.executed_height
+        if height > store.executed_height:
+            try:
+                async with asyncio.timeout(REGISTRY_WAIT_S):
+                    await sidecar.wait_executed(height)
+            except TimeoutError:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"height {height} not executed here yet (executed {store.executed_height})",
+                )
+        root = await store.root_at(height) if height else b""
+        # No await from here on: the content is the engine's state at this moment.
+        if sidecar.registry_since > height or root is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the registry here is valid from height {sidecar.registry_since} on; "
+                f"ask for a height at or above it",
+            )
+        return spb.RegistryReply(
+            height=height,
+            state_root=root,
+            registry_since=sidecar.registry_since,
+            content=registry_content(engine.state),
         )
 
     async def Status(

@@ -1,10 +1,13 @@
-"""Protobuf <-> domain for receipts and certificates (sidecar/receipts.py)."""
+"""Protobuf <-> domain for receipts and certificates (sidecar/receipts.py), and the
+registry a sidecar serves."""
 
 from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
+from quorumgate.proto import codec, tx_pb2
 from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.sidecar.engine.state import EngineState
 from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
@@ -102,3 +105,24 @@ def decode_certificate(data: bytes) -> Certificate:
     except DecodeError as err:
         raise CertificateError("malformed", "undecodable certificate") from err
     return certificate_from_pb(msg)
+
+
+def registry_content(state: EngineState) -> spb.RegistryContent:
+    """The registry part of an engine state, each list sorted by id (a pure function of
+    the state: honest sidecars at one height build the same bytes)."""
+    content = spb.RegistryContent()
+    for agent_id in sorted(state.agents):
+        record = state.agents[agent_id]
+        agent = content.agents.add(
+            agent_id=agent_id,
+            public_key=record.public_key,
+            mandate_version=record.mandate_version,
+            suspended=record.suspended,
+        )
+        if record.mandate is not None:
+            agent.mandate.CopyFrom(codec.encode_mandate(agent_id, record.mandate))
+    for name in sorted(state.tools):
+        content.tools.append(codec.encode_tool_spec(state.tools[name]))
+    for sink_id in sorted(state.sinks):
+        content.sinks.append(tx_pb2.RegisterSink(sink_id=sink_id, public_key=state.sinks[sink_id]))
+    return content

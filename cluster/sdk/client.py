@@ -97,6 +97,7 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.sdk.nonces import NonceLedger
+from quorumgate.sdk.registry import Registry, registry_from_pb
 from quorumgate.sidecar.engine.statements import ConfirmationCard, handle_for
 from quorumgate.sidecar.receipts import (
     Certificate,
@@ -674,6 +675,48 @@ class Client:
 
         results = await asyncio.gather(*(one(s) for s in stubs), return_exceptions=True)
         return {i: r for i, r in enumerate(results) if isinstance(r, spb.SidecarStatusReply)}
+
+    async def registry(self, deadline_s: float | None = None) -> Registry:
+        """Agents, mandates, tools and sinks as of one executed height, from the sidecars'
+        `Registry` RPC: accepted when f+1 of them return the same content with the same
+        height and state root (at least one of them honest). The height asked for is the
+        highest that f+1 sidecars have executed; if the registry changes meanwhile, the
+        client asks again, until `deadline_s` (then `ClusterUnavailable`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.certificate_deadline_s if deadline_s is None else deadline_s)
+        needed = self.spec.f + 1
+        stubs = self._ch().sidecars
+        delay = RECEIPT_POLL_S_MIN
+        while True:
+            statuses = await self.sidecar_status()
+            heights = sorted((s.executed_height for s in statuses.values()), reverse=True)
+            if len(heights) >= needed:
+                height = max(1, heights[needed - 1])
+
+                async def ask(stub: spb_grpc.SidecarStub, h: int = height) -> spb.RegistryReply:
+                    reply: spb.RegistryReply = await stub.Registry(
+                        spb.RegistryRequest(height=h), timeout=self.rpc_timeout_s
+                    )
+                    return reply
+
+                replies = await asyncio.gather(*(ask(s) for s in stubs), return_exceptions=True)
+                groups: dict[tuple[int, bytes, bytes], list[int]] = {}
+                for i, reply in enumerate(replies):
+                    if isinstance(reply, spb.RegistryReply) and reply.height == height:
+                        content = reply.content.SerializeToString(deterministic=True)
+                        groups.setdefault((reply.height, reply.state_root, content), []).append(i)
+                for members in groups.values():
+                    if len(members) >= needed:
+                        agreed = replies[members[0]]
+                        assert isinstance(agreed, spb.RegistryReply)
+                        try:
+                            return registry_from_pb(agreed, tuple(members))
+                        except ValueError as err:
+                            raise InvalidCertificate("registry_undecodable") from err
+            if loop.time() >= deadline:
+                raise ClusterUnavailable("registry_no_agreement")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECEIPT_POLL_S_MAX)
 
     # ------------------------------------------------------------------ submitting
 
@@ -1343,6 +1386,9 @@ class SyncClient:
                 tool, target, arguments, run_id=run_id, grant=grant, deadline_s=deadline_s
             )
         )
+
+    def registry(self, deadline_s: float | None = None) -> Registry:
+        return self.run(self.aio.registry(deadline_s))
 
     def pending_card(self, proposal_id: bytes, deadline_s: float | None = None) -> ConfirmationCard:
         return self.run(self.aio.pending_card(proposal_id, deadline_s))

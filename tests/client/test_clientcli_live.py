@@ -104,7 +104,7 @@ def test_admin_commands_and_the_registry_listings(
     mine = agents["cli-admin"]
     assert mine["mandate"]["allowed_tools"] == ["pay", "web.get"]
     assert (mine["mandate_version"], mine["suspended"]) == (1, False)
-    assert doc["source"] == "log_replay"
+    assert len(doc["agreed_by"]) >= cluster.f + 1  # f+1 sidecars returned this content
     code, out, _ = run(capsys, "agents", "--dir", d)
     assert out.splitlines()[0].split() == [
         "agent",
@@ -179,41 +179,48 @@ def test_submit_confirm_and_verdicts(
         assert SECRET not in text
 
 
-def test_the_registry_listing_reads_a_replaceable_source(
-    cluster: ClusterSpec, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_the_registry_comes_from_f_plus_1_sidecars_at_one_height(
+    cluster: ClusterSpec,
+    owner: SyncClient,
+    agent_key: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Where a read-only Sidecar Registry RPC will plug in."""
-    fake = clientcli.Registry(
-        height=7,
-        source="sidecar_rpc",
-        agents=(clientcli.AgentEntry("zed", bytes(32), None, 0, True),),
-        tools=(),
-        sinks=(),
-    )
-
-    class Source:
-        def __init__(self, spec: ClusterSpec) -> None:
-            assert spec.chain_id == cluster.chain_id
-
-        def snapshot(self, progress: object = None) -> clientcli.Registry:
-            return fake
-
-    monkeypatch.setattr(clientcli, "registry_source", Source)
+    """`agents` and `tools` read the sidecars' Registry RPC (issue 13, item 6): the answer
+    names the height, the state root the sidecars signed for it, and the f+1 (or more)
+    sidecars that returned exactly this content."""
     code, doc = run_json(capsys, "agents", "--dir", str(cluster.directory))
     assert code == 0
-    assert doc == {
-        "height": 7,
-        "source": "sidecar_rpc",
-        "agents": [
-            {
-                "agent_id": "zed",
-                "public_key": "00" * 32,
-                "mandate_version": 0,
-                "suspended": True,
-                "mandate": None,
-            }
-        ],
-    }
+    assert len(doc["agreed_by"]) >= cluster.f + 1 and len(doc["state_root"]) == 64
+    mine = next(a for a in doc["agents"] if a["agent_id"] == "cli-agent")
+    assert mine["mandate"]["allowed_tools"] == ["pay", "web.get"]
+    registry = owner.registry()
+    assert registry.height >= doc["height"] and registry.tool("pay") is not None
+    statuses = owner.run(owner.aio.sidecar_status())
+    roots = {s.state_root for s in statuses.values() if s.executed_height == registry.height}
+    assert not roots or roots == {registry.state_root}
+
+
+def test_the_registry_rpc_answers_for_one_height_or_says_why_not(cluster: ClusterSpec) -> None:
+    """A height the registry changed after is FAILED_PRECONDITION; a height far ahead is
+    UNAVAILABLE after a short wait; the current height is answered with its signed root."""
+    import grpc
+
+    from quorumgate.proto import sidecar_pb2 as spb
+    from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
+
+    with grpc.insecure_channel(cluster.members[0].sidecar_address) as channel:
+        stub = spb_grpc.SidecarStub(channel)
+        now = stub.Registry(spb.RegistryRequest(), timeout=5)
+        status = stub.Status(spb.SidecarStatusRequest(), timeout=5)
+        assert now.height >= 1 and now.registry_since <= now.height
+        if now.height == status.executed_height:
+            assert now.state_root == status.state_root
+        with pytest.raises(grpc.RpcError) as before:
+            stub.Registry(spb.RegistryRequest(height=1), timeout=5)
+        assert before.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(grpc.RpcError) as ahead:
+            stub.Registry(spb.RegistryRequest(height=now.height + 10**6), timeout=10)
+        assert ahead.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_an_unreachable_cluster_and_missing_files_exit_2(
