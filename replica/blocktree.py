@@ -51,6 +51,26 @@ class BlockTree:
         self._children[block.parent_hash].append(block.hash)
         return True
 
+    def blocks(self) -> list[Block]:
+        """Every block above the root (uncommitted), in no particular order."""
+        return [b for h, b in self._blocks.items() if h != self.root.hash]
+
+    def retain(self, tips: list[bytes]) -> int:
+        """Keep the root, `tips` that are in the tree and all their ancestors; drop every
+        other block. The kept set is closed under parents, so nothing is orphaned.
+        Returns how many blocks were dropped."""
+        keep: set[bytes] = {self.root.hash}
+        for tip in tips:
+            cur = self._blocks.get(tip)
+            while cur is not None and cur.hash not in keep:
+                keep.add(cur.hash)
+                cur = self._blocks.get(cur.parent_hash)
+        dropped = len(self._blocks) - len(keep)
+        if dropped:
+            self._blocks = {h: b for h, b in self._blocks.items() if h in keep}
+            self._children = {h: [c for c in self._children[h] if c in keep] for h in keep}
+        return dropped
+
     def extends(self, block_hash: bytes, ancestor_hash: bytes) -> bool:
         """True if `block_hash` is `ancestor_hash` or descends from it within the tree."""
         cur = self._blocks.get(block_hash)

@@ -66,6 +66,7 @@ from quorumgate.replica.types import (
     Vote,
     genesis_block,
 )
+from quorumgate.replica.validate import check_envelope
 
 BACKOFF_EXPONENT_MAX = 16
 
@@ -153,6 +154,8 @@ class CoreStats:
     sync_requests: int = 0
     late_messages: int = 0
     fenced: int = 0  # safety Rule 6: own signatures seen above what we remembered
+    evicted: int = 0  # uncertified blocks of past views dropped from a full tree
+    sync_target: int = 0  # the highest height a verified sync response proved
     refused: Counter[str] = field(default_factory=Counter)
 
 
@@ -197,7 +200,20 @@ class Core:
             me, signer, recovered.safety, self.checker, self._persist
         )
         self.tree = self.block_tree_cls(recovered.committed, self.limits.pending_blocks_max)
-        for block in sorted(recovered.pending, key=lambda b: b.height):
+        # Recovered blocks go back within the bound: the certified chain (the high QC's
+        # block and its ancestors) first, then the rest by height until the tree is full.
+        pending = sorted(recovered.pending, key=lambda b: b.height)
+        by_hash = {b.hash: b for b in pending}
+        certified: set[bytes] = set()
+        tip = recovered.safety.high_qc.block_hash
+        while tip in by_hash and tip not in certified:
+            certified.add(tip)
+            tip = by_hash[tip].parent_hash
+        for block in [b for b in pending if b.hash in certified] + [
+            b for b in pending if b.hash not in certified
+        ]:
+            if self.tree.full:
+                break
             if block.parent_hash in self.tree and block.height > self.tree.committed_height:
                 self.tree.insert(block)
 
@@ -286,9 +302,11 @@ class Core:
         return self._flush()
 
     def on_message(self, envelope: Envelope) -> list[Action]:
+        """A peer's message. Whatever it holds, this either acts on a well-formed message
+        or counts it in `dropped` by reason; it raises nothing (issue 14: a malformed sync
+        response once raised out of here and silently killed the replica's core task)."""
         try:
-            if envelope.chain_id != self.membership.chain_id:
-                raise RemoteError("wrong_chain", "envelope for another chain")
+            check_envelope(envelope, self.membership, self.limits)
             sender = envelope.sender
             if not self.membership.is_member(sender) or sender == self.me:
                 raise RemoteError("non_member", f"sender {sender}")
@@ -505,6 +523,8 @@ class Core:
                 self._request_sync(signers[0], self.high_qc.block_hash)
             return
         if self.tree.full:
+            self._evict_stale()
+        if self.tree.full:
             return
         chain = self.tree.uncommitted_chain(parent.hash)
         ready = (
@@ -658,6 +678,8 @@ class Core:
         if block.proposer != self.me:
             self._validate(block, parent)
         if self.tree.full and block.hash not in self.tree:
+            self._evict_stale()
+        if self.tree.full and block.hash not in self.tree:
             raise RemoteError("tree_full", f"{len(self.tree)} pending blocks")
         if self.tree.insert(block):
             self._inserted(block)
@@ -672,6 +694,19 @@ class Core:
         self.stats.votes_sent += 1
         self._out.append(Send(None, signed.value, signed.epoch))
         self._on_vote(signed.value, local=True)
+
+    def _evict_stale(self) -> None:
+        """Make room in a full tree (issue 14: views that ended by timeout, each leaving an
+        uncertified block, filled it for good, and only a commit prunes). Kept: the chain
+        the highest QC certifies, the locked block's chain, and every block of the current
+        view or later with its ancestors. The rest are uncertified blocks of past views: no
+        honest leader extends them (a new proposal extends the highest QC), and one that
+        still gets certified later is fetched again like any block we lack."""
+        tips = [self.high_qc.block_hash, self.safety.state.locked_qc.block_hash]
+        tips += [b.hash for b in self.tree.blocks() if b.view >= self.view]
+        evicted = self.tree.retain(tips)
+        if evicted:
+            self.stats.evicted += evicted
 
     # ------------------------------------------------------------------ votes
 
@@ -817,6 +852,8 @@ class Core:
             if block.height <= self.tree.committed_height or block.hash in self.tree:
                 continue
             if self.tree.full:
+                self._evict_stale()
+            if self.tree.full:
                 break
             self.tree.insert(block)
             self._inserted(block)
@@ -829,10 +866,8 @@ class Core:
         target = self._sync_target
         self._sync_peer = None
         height_before = self.tree.committed_height
-        limits = self.limits
-        total = len(response.committed) + len(response.proof) + len(response.pending)
-        if total > limits.sync_blocks_max + 2 + limits.sync_blocks_max:
-            raise RemoteError("oversized_sync", f"{total} blocks")
+        # (check_sync_response has checked its shape: a committed part comes with one or
+        # two proof blocks and the proof QC, and the whole is bounded in blocks and bytes)
         # Only certified blocks enter the tree. The committed part and its proof form one
         # chain, each block certified by the next one's justify and the last by the proof
         # QC; all of it is checked before any of it is kept, and a lie anywhere drops the
@@ -842,10 +877,10 @@ class Core:
         # never commits anything on its own say.
         certified = [*response.committed, *response.proof]
         if certified:
+            assert response.proof and response.proof_qc is not None, "checked on arrival"
             self._check_chain(certified)
-            if not 1 <= len(response.proof) <= 2 or response.proof_qc is None:
-                raise RemoteError("bad_sync_proof", "committed blocks without a commit proof")
             self.checker.check_block_certified(certified[-1], response.proof_qc)
+            self.stats.sync_target = max(self.stats.sync_target, certified[-1].height)
         inserted = self._insert_chain(certified)
         if response.pending:
             try:
@@ -858,7 +893,7 @@ class Core:
                 inserted += self._insert_chain(response.pending)
         for block in inserted:
             self._process_qc(block.justify)
-        if response.proof_qc is not None and response.proof[-1].hash in self.tree:
+        if response.proof_qc is not None and certified[-1].hash in self.tree:
             self._process_qc(response.proof_qc)
         # More to fetch from the same peer, as long as each answer moves us forward (a
         # peer that claims more but proves nothing gets asked no further).

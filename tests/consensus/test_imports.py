@@ -29,6 +29,7 @@ CORE_MODULES = (
     "quorumgate.replica.safety",
     "quorumgate.replica.blocktree",
     "quorumgate.replica.actions",
+    "quorumgate.replica.validate",
     "quorumgate.replica.core",
     "quorumgate.replica.sync",
 )
