@@ -21,7 +21,6 @@ Log lines are `key=value` text and never carry transaction contents.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -56,7 +55,7 @@ from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.mempool import Mempool, MempoolLimits
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
-from quorumgate.replica.process import process_main
+from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.transport import CHANNEL_OPTIONS
@@ -120,7 +119,7 @@ class ReplicaNode:
         self._stored_at: dict[bytes, float] = {}
         self._qc_seen = b""
         self._server: grpc.aio.Server | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.failstop = FailStop()
         self._ticks = 0
         self._dropped_seen: dict[str, int] = {}
         self._refused_seen: dict[str, int] = {}
@@ -168,10 +167,8 @@ class ReplicaNode:
         start_http_server(self.member.metrics_port, self.member.host, self.metrics.registry)
         self.peers.start()
         await self._execute(self.core.start())
-        self._tasks = [
-            asyncio.create_task(self._core_loop(), name="core"),
-            asyncio.create_task(self._ticker(), name="ticker"),
-        ]
+        self.failstop.spawn(self._core_loop(), "core")
+        self.failstop.spawn(self._ticker(), "ticker")
         self._update_gauges()
         log.info(
             "event=started node=%d address=%s height=%d view=%d",
@@ -202,11 +199,7 @@ class ReplicaNode:
         return mempool
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.failstop.cancel_all()
         await self.peers.stop()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)

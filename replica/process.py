@@ -10,19 +10,87 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from quorumgate.proto.clusterfile import ClusterFileError, ClusterSpec, load_cluster
 
 log = logging.getLogger("quorumgate.process")
 
+EXIT_FAIL_STOP = 70  # EX_SOFTWARE: a task of the service ended unexpectedly
+
+
+class FailStop:
+    """The long-lived tasks of a service, each of which must run until the service stops.
+    One that ends any other way — an exception, or a return — makes the whole process stop
+    with `EXIT_FAIL_STOP` after logging the traceback (DESIGN §3, fail-stop: issue 14 found
+    a replica whose core task had died while the process kept serving `Status` and taking
+    transactions, and nothing said so). A supervisor sees the exit and restarts it."""
+
+    def __init__(self) -> None:
+        self._failed: asyncio.Future[BaseException] | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def failed(self) -> asyncio.Future[BaseException]:
+        if self._failed is None:
+            self._failed = asyncio.get_running_loop().create_future()
+        return self._failed
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._done)
+        self.tasks.append(task)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception() or RuntimeError(f"task {task.get_name()} returned")
+        log.error(
+            "event=fail_stop task=%s error=%s",
+            task.get_name(),
+            type(error).__name__,
+            exc_info=(type(error), error, error.__traceback__),
+        )
+        if not self.failed.done():
+            self.failed.set_result(error)
+
+    async def cancel_all(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
 
 class Service(Protocol):
+    failstop: FailStop
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+async def serve(service: Service, stop: asyncio.Event) -> int:
+    """Run a started service until `stop` is set (0) or one of its tasks fails (fail-stop)."""
+    stopping: asyncio.Future[object] = asyncio.ensure_future(stop.wait())
+    failed: asyncio.Future[object] = service.failstop.failed  # type: ignore[assignment]
+    try:
+        await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    await service.stop()
+    if failed.done():
+        error = service.failstop.failed.result()
+        print(
+            f"quorumgate: fail-stop: a task ended ({type(error).__name__}: {error}); "
+            "the traceback is in the log file",
+            file=sys.stderr,
+        )
+        return EXIT_FAIL_STOP
+    return 0
 
 
 async def _serve(make: Callable[[], Awaitable[Service]]) -> int:
@@ -32,9 +100,7 @@ async def _serve(make: Callable[[], Awaitable[Service]]) -> int:
         loop.add_signal_handler(sig, stop.set)
     service = await make()
     await service.start()
-    await stop.wait()
-    await service.stop()
-    return 0
+    return await serve(service, stop)
 
 
 def process_main(
@@ -46,7 +112,8 @@ def process_main(
 ) -> int:
     """`python -m <kind module> --dir DIR --node I`: run one `kind` process of a member
     until SIGTERM/SIGINT. Exit 2 for a bad cluster file or member, 1 for a fatal start
-    error (a port in use, a key that does not match), 0 after a clean stop."""
+    error (a port in use, a key that does not match), 70 when a task of the running
+    service failed (fail-stop), 0 after a clean stop."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--node", required=True, type=int)

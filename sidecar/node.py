@@ -24,7 +24,6 @@ them, so at least f+1 honest), so the engine runs with `verify_signatures=False`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -49,7 +48,7 @@ from quorumgate.proto.clusterfile import (
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
 from quorumgate.replica.grpcutil import add_service
-from quorumgate.replica.process import process_main
+from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.transport import CHANNEL_OPTIONS
 from quorumgate.replica.types import RemoteError
 from quorumgate.replica.wire import decode_block
@@ -143,7 +142,7 @@ class Sidecar:
         self._roots: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self._recent_receipts: OrderedDict[int, list[spb.ReceiptBatch]] = OrderedDict()
         self._server: grpc.aio.Server | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.failstop = FailStop()
 
     async def start(self) -> None:
         path = self.spec.node_dir(self.index) / DB_FILE
@@ -170,10 +169,8 @@ class Sidecar:
         start_http_server(self.member.sidecar_metrics_port, self.member.host, self.metrics.registry)
         self.metrics.executed_height.set(self.store.executed_height)
         self.registry_since = self.store.executed_height
-        self._tasks = [
-            asyncio.create_task(self._follow(), name="follow"),
-            asyncio.create_task(self._report_roots(), name="roots"),
-        ]
+        self.failstop.spawn(self._follow(), "follow")
+        self.failstop.spawn(self._report_roots(), "roots")
         log.info(
             "event=started node=%d address=%s executed_height=%d",
             self.index,
@@ -182,11 +179,7 @@ class Sidecar:
         )
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.failstop.cancel_all()
         if self._server is not None:
             await self._server.stop(0.5)
         if self.store is not None:
