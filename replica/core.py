@@ -719,11 +719,15 @@ class Core:
             return  # its view is certified already: the usual fate of the last votes
         if vote.view > self.view + self.limits.vote_views_max:
             raise RemoteError("future_view", f"vote for view {vote.view}")
-        if not local:
-            self.checker.check_vote(vote)
-            self._saw_signature(vote.voter, vote.view)
         by_voter = self._votes.setdefault(vote.view, {})
         previous = by_voter.get(vote.voter)
+        if previous is not None and previous == vote:
+            # A copy of a vote we hold (a replay, a re-broadcast): no signature check, which
+            # is the expensive part (issue 14: it came before the duplicate check).
+            raise RemoteError("duplicate", f"view {vote.view}")
+        if not local:
+            self.checker.check_vote(vote)  # before any equivocation is blamed on the voter
+            self._saw_signature(vote.voter, vote.view)
         if previous is not None:
             same = previous.block_hash == vote.block_hash
             raise RemoteError("duplicate" if same else "equivocating_vote", f"view {vote.view}")

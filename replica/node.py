@@ -59,7 +59,7 @@ from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.transport import CHANNEL_OPTIONS
-from quorumgate.replica.types import Block, Envelope, RemoteError, SyncRequest, SyncResponse
+from quorumgate.replica.types import Block, Envelope, RemoteError, SyncRequest
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
 
 INBOUND_EVENTS_MAX = 20_000
@@ -67,6 +67,7 @@ EVENTS_PER_BATCH_MAX = 512
 REGOSSIP_TICKS = 100
 REGOSSIP_TXS_MAX = 256
 SHUTDOWN_GRACE_S = 1.0
+SYNC_SERVING_MAX = 4  # catch-up requests answered at once; more are dropped and counted
 DB_FILE = "replica.db"
 
 log = logging.getLogger("quorumgate.replica")
@@ -124,7 +125,7 @@ class ReplicaNode:
         self._dropped_seen: dict[str, int] = {}
         self._refused_seen: dict[str, int] = {}
         self._timeouts_seen = 0
-        self.sync_target = 0
+        self._sync_serving = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -339,12 +340,21 @@ class ReplicaNode:
             self.metrics.dropped.labels(err.reason).inc()
             return
         if isinstance(envelope.message, SyncRequest):
+            # Catch-up answers read the store off the core loop, at most SYNC_SERVING_MAX
+            # at a time: a peer that floods requests gets the rest dropped and counted
+            # (issue 14: one unbounded task each).
+            if self._sync_serving >= SYNC_SERVING_MAX:
+                self.metrics.dropped.labels("sync_busy").inc()
+                return
+            self._sync_serving += 1
             task = asyncio.create_task(self._answer_sync(envelope))
-            task.add_done_callback(_log_task_error)
+            task.add_done_callback(self._sync_answered)
             return
-        if isinstance(envelope.message, SyncResponse):
-            self.sync_target = max(self.sync_target, envelope.message.committed_height)
         self.enqueue(envelope)
+
+    def _sync_answered(self, task: asyncio.Task[None]) -> None:
+        self._sync_serving -= 1
+        _log_task_error(task)
 
     async def _answer_sync(self, envelope: Envelope) -> None:
         store, core = self.store, self.core
@@ -385,7 +395,7 @@ class ReplicaNode:
         m.mempool_txs.set(self.mempool.size)
         m.mempool_bytes.set(self.mempool.bytes)
         m.peers_connected.set(len(self.peers.connected()))
-        m.sync_target.set(self.sync_target)
+        m.sync_target.set(core.stats.sync_target)
         for reason, count in core.dropped.items():
             seen = self._dropped_seen.get(reason, 0)
             if count > seen:
@@ -415,7 +425,7 @@ class ReplicaNode:
             mempool_bytes=self.mempool.bytes,
             members=self.spec.n,
             f=self.spec.f,
-            sync_target_height=self.sync_target,
+            sync_target_height=core.stats.sync_target,
         )
 
 

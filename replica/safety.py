@@ -79,6 +79,18 @@ class SafetyError(Exception):
         self.rule = rule
 
 
+class SafetyMisuse(RuntimeError):
+    """The caller broke the signing contract (our own bug, never a peer's input): asked to
+    sign another member's block, a vote with the wrong parent... It is not caught: the
+    process stops (fail-stop). These are explicit checks, not `assert`s, so that they hold
+    under `python -O` too (issue 14)."""
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise SafetyMisuse(what)
+
+
 @dataclass(frozen=True, slots=True)
 class SafetyState:
     """What must be on disk before any signature made from it leaves the process.
@@ -112,9 +124,15 @@ class SafetyState:
         return replace(self, high_qc=qc, high_tc=tc)
 
     def __post_init__(self) -> None:
-        assert self.locked_qc.view <= self.high_qc.view, "lock newer than highest qc"
-        assert self.last_vote is None or self.last_vote.view <= self.last_voted_view
-        assert self.last_timeout is None or self.last_timeout.view <= self.last_voted_view
+        _require(self.locked_qc.view <= self.high_qc.view, "lock newer than highest qc")
+        _require(
+            self.last_vote is None or self.last_vote.view <= self.last_voted_view,
+            "last vote above the last voted view",
+        )
+        _require(
+            self.last_timeout is None or self.last_timeout.view <= self.last_voted_view,
+            "last timeout above the last voted view",
+        )
 
 
 T = TypeVar("T")
@@ -139,7 +157,7 @@ class SafetyRules:
         checker: CertificateChecker,
         persist: Callable[[SafetyState], None],
     ) -> None:
-        assert checker.membership.key(me) == signer.public_key, "signer is not this member"
+        _require(checker.membership.key(me) == signer.public_key, "signer is not this member")
         self._me = me
         self._signer = signer
         self._state = state
@@ -161,8 +179,8 @@ class SafetyRules:
     def sign_proposal(self, block: Block, high_tc: TimeoutCert | None) -> Signed[Proposal]:
         """Sign `block` as its view's leader; `high_tc` is the TC it carries, if any."""
         # verify input
-        assert block.proposer == self._me, "asked to sign another member's block"
-        assert self._checker.membership.leader(block.view) == self._me, "not the leader"
+        _require(block.proposer == self._me, "asked to sign another member's block")
+        _require(self._checker.membership.leader(block.view) == self._me, "not the leader")
         self._checker.check_qc(block.justify)
         # load
         state = self._state
@@ -206,7 +224,7 @@ class SafetyRules:
         """Vote for `block`; `high_qc`/`high_tc` are the voter's highest certificates,
         recorded with the vote."""
         # verify input
-        assert parent.hash == block.parent_hash, "parent does not match block"
+        _require(parent.hash == block.parent_hash, "parent does not match block")
         self._checker.check_qc(block.justify)
         # load
         state = self._state
@@ -256,7 +274,7 @@ class SafetyRules:
     ) -> Signed[Timeout]:
         # verify input
         self._checker.check_qc(high_qc)
-        assert high_qc.view < view, "timeout high qc must be below its view"
+        _require(high_qc.view < view, "timeout high qc must be below its view")
         # load
         state = self._state
         last = state.last_timeout

@@ -41,9 +41,9 @@ Durability settings, set on every connection:
   survives a process crash but not a power loss or kernel panic: a vote could leave, the
   machine lose power, and the replica reboot without the safety record of that vote —
   free to vote again in the same view. FULL is what makes "durable before send" true.
-  Transactions that carry no safety record (only blocks and commits) run under NORMAL:
-  nothing leaves on their account, and what a power cut may lose of them, catch-up
-  fetches again from the peers (see `_apply_locked`).
+  Every transaction runs under FULL, those with only blocks and commits too: a `Commit`
+  is reported (to the sidecar, to clients following the chain) only once it is durable,
+  as replica/actions.py promises (issue 14: they once ran under NORMAL).
 - `fullfsync` and `checkpoint_fullfsync`: on macOS, where plain fsync does not flush the
   drive's cache; no effect elsewhere.
 - `foreign_keys=ON`: proofs must name a committed height.
@@ -208,7 +208,6 @@ class ReplicaStore:
         self._durable_epoch = 0
         self._head = genesis_block(chain_id)
         self._closed = False
-        self._sync_mode = "FULL"
 
     # ================================================================== open / close
 
@@ -430,16 +429,8 @@ class ReplicaStore:
                 proof_rows.append((head.height, encode_proof(commit.proof)))
 
             conn = self._conn
-            # Only the safety record must be on disk before anything leaves (a vote, a
-            # timeout): a transaction carrying one is fsynced (synchronous=FULL). One with
-            # only blocks and commits is not: in WAL mode its frames reach the disk with
-            # the next fsynced transaction, at most one view later, and survive a process
-            # crash at once. A power cut can lose such a commit; the replica then fetches
-            # those committed blocks again from its peers (catch-up verifies them).
-            sync_mode = "FULL" if safety is not None else "NORMAL"
-            if sync_mode != self._sync_mode:
-                await conn.execute(f"PRAGMA synchronous={sync_mode}")
-                self._sync_mode = sync_mode
+            # synchronous=FULL (set at open, never changed): this transaction is fsynced
+            # before apply returns, whether it carries a safety record or only commits.
             await conn.execute("BEGIN IMMEDIATE")
             try:
                 if safety is not None:

@@ -1,10 +1,10 @@
 """Replica-to-replica transport: one long-lived gRPC stream to each peer.
 
 Each replica dials every peer once and pushes its messages down a client stream
-(`Peer.Stream`); the peer's server reads them. Per peer there is one bounded send queue;
-when it is full the oldest message goes (consensus tolerates loss: timeouts are re-sent and
-certificates travel in later messages) and the drop is counted. A broken stream is redialled
-with exponential back-off.
+(`Peer.Stream`); the peer's server reads them. Per peer there is one send queue, bounded in
+messages and in bytes; when either bound is reached the oldest messages go (consensus
+tolerates loss: timeouts are re-sent and certificates travel in later messages) and the drop
+is counted. A broken stream is redialled with exponential back-off.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from quorumgate.proto import consensus_pb2_grpc as pb_grpc
 from quorumgate.replica.wire import ENVELOPE_BYTES_MAX
 
 SEND_QUEUE_MESSAGES_MAX = 8_192
+SEND_QUEUE_BYTES_MAX = 64 * 1024 * 1024  # a few full blocks; a slow peer costs no more
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
 GRPC_MESSAGE_BYTES_MAX = ENVELOPE_BYTES_MAX + 1024
@@ -47,7 +48,8 @@ class PeerLink:
     def __init__(self, peer: int, address: str, on_drop: Callable[[], None]) -> None:
         self.peer = peer
         self.address = address
-        self._queue: deque[pb.ConsensusMessage] = deque()
+        self._queue: deque[tuple[pb.ConsensusMessage, int]] = deque()
+        self.queued_bytes = 0
         self._ready = asyncio.Event()
         self._on_drop = on_drop
         self._task: asyncio.Task[None] | None = None
@@ -55,10 +57,16 @@ class PeerLink:
         self.sent = 0
 
     def send(self, message: pb.ConsensusMessage) -> None:
-        if len(self._queue) >= SEND_QUEUE_MESSAGES_MAX:
-            self._queue.popleft()
+        size = message.ByteSize()
+        while self._queue and (
+            len(self._queue) >= SEND_QUEUE_MESSAGES_MAX
+            or self.queued_bytes + size > SEND_QUEUE_BYTES_MAX
+        ):
+            _, dropped = self._queue.popleft()
+            self.queued_bytes -= dropped
             self._on_drop()
-        self._queue.append(message)
+        self._queue.append((message, size))
+        self.queued_bytes += size
         self._ready.set()
 
     def start(self) -> None:
@@ -75,7 +83,9 @@ class PeerLink:
         while True:
             while self._queue:
                 self.sent += 1
-                yield self._queue.popleft()
+                message, size = self._queue.popleft()
+                self.queued_bytes -= size
+                yield message
             self._ready.clear()
             await self._ready.wait()
 

@@ -25,6 +25,7 @@ from tests.consensus.helpers import (
     qc_for,
     sent_of,
     signed_proposal,
+    signed_vote,
 )
 
 
@@ -120,3 +121,29 @@ def test_proposals_for_unknown_parents_still_ask_for_them() -> None:
     """The ordinary catch-up path keeps working with the new validation."""
     core, blocks = _waiting_for_sync_from(3)
     assert isinstance(core, Core) and isinstance(signed_proposal(blocks[3]), Proposal)
+
+
+def test_a_replayed_vote_costs_no_signature_check() -> None:
+    """Issue 14: a replayed vote was verified before it was found to be a duplicate, so a
+    peer could make us verify the same signature again and again."""
+    core = new_core(0)
+    core.start()
+    blocks = chain_of([1])
+    core.on_message(envelope(1, signed_proposal(blocks[1])))
+    vote = signed_vote(2, blocks[1])
+    core.on_message(envelope(2, vote))
+    calls: list[Vote] = []
+    real = core.checker
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def check_vote(self, v: Vote) -> None:
+            calls.append(v)
+            real.check_vote(v)
+
+    core.checker = Counting()  # type: ignore[assignment]
+    for _ in range(50):
+        core.on_message(envelope(2, vote))
+    assert calls == [] and core.dropped["duplicate"] == 50

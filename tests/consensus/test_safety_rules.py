@@ -356,3 +356,29 @@ def test_the_private_key_never_appears_in_repr() -> None:
         for secret in secret_forms:
             assert secret not in text
     assert signer.public_key[:4].hex() in repr(signer)  # the repr is not simply empty
+
+
+def test_the_signing_contract_holds_under_python_dash_o() -> None:
+    """Issue 14: the safety rules checked their inputs with `assert`, which `python -O`
+    removes. Under -O a vote for a block with the wrong parent is still refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+from quorumgate.replica.safety import SafetyMisuse
+from tests.consensus.helpers import chain_of, new_core
+blocks = chain_of([1, 2])
+core = new_core(1)
+try:
+    core.safety.vote(blocks[2], blocks[0])  # blocks[0] is not blocks[2]'s parent
+except SafetyMisuse:
+    print("refused")
+else:
+    print("signed")
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-O", "-c", code], capture_output=True, text=True, cwd=root, check=True
+    )
+    assert out.stdout.strip() == "refused", out.stdout + out.stderr

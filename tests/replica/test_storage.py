@@ -732,3 +732,24 @@ async def test_sigkill_at_random_points_leaves_every_returned_apply_durable(
                 assert (await store.signed_votes())[vote.view] == vote.block_hash, where
         finally:
             await store.close()
+
+
+async def test_every_transaction_is_fsynced_commits_too(
+    crashy: Recording, tmp_path: Path
+) -> None:
+    """Issue 14: transactions with only blocks and commits ran under synchronous=NORMAL,
+    though a Commit is reported only once durable (replica/actions.py). Every apply of the
+    recorded run — those without a safety record included — leaves the connection FULL."""
+    store = await ReplicaStore.open(tmp_path / "replica.db", crashy.chain_id)
+    try:
+        commit_only = 0
+        for actions in crashy.applies:
+            await store.apply(actions)
+            if not any(isinstance(a, PersistSafety) for a in actions) and any(
+                isinstance(a, Commit) for a in actions
+            ):
+                commit_only += 1
+            assert await store._scalar("PRAGMA synchronous") == 2  # 2 = FULL
+        assert commit_only > 0, "the recording has no commit-only transaction to check"
+    finally:
+        await store.close()
