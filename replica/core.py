@@ -230,6 +230,7 @@ class Core:
         self._sync_peer: int | None = None
         self._sync_target = b""
         self._sync_ticks = 0
+        self._sync_blocks_ask = self.limits.sync_blocks_max
         self._next_sync_peer = (me + 1) % membership.n
         self._started = False
         # Rule 6 at start: sign nothing until f+1 peers said which views they saw us sign in.
@@ -281,7 +282,10 @@ class Core:
         self._retry_waiting()
         self._sync_ticks += 1
         if self._sync_peer is not None and self._sync_ticks >= self.limits.sync_retry_ticks:
-            self._sync_peer = None  # no answer: the next request goes to another peer
+            # No answer: the next request goes to another peer, and asks for half as many
+            # blocks (an answer too large for the transport never arrives at all).
+            self._sync_peer = None
+            self._sync_blocks_ask = max(1, self._sync_blocks_ask // 2)
         waiting = self._waiting
         if (
             waiting is not None
@@ -821,9 +825,7 @@ class Core:
         if self._next_sync_peer == self.me:
             self._next_sync_peer = (self._next_sync_peer + 1) % self.membership.n
         self.stats.sync_requests += 1
-        request = SyncRequest(
-            self.tree.committed_height + 1, self.limits.sync_blocks_max, target_hash
-        )
+        request = SyncRequest(self.tree.committed_height + 1, self._sync_blocks_ask, target_hash)
         self._out.append(Send(peer, request))
 
     def _check_chain(self, blocks: Sequence[Block]) -> None:
@@ -902,6 +904,8 @@ class Core:
         # More to fetch from the same peer, as long as each answer moves us forward (a
         # peer that claims more but proves nothing gets asked no further).
         advanced = self.tree.committed_height > height_before
+        if advanced:
+            self._sync_blocks_ask = min(self.limits.sync_blocks_max, self._sync_blocks_ask * 2)
         if advanced and response.committed_height > self.tree.committed_height:
             self._request_sync(sender, b"")
         self._retry_waiting()  # (it also waits for our sidecar's root, if the block needs it)

@@ -80,6 +80,7 @@ from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sync import (
     SYNC_PROOF_REACH_BLOCKS_MAX,
     assemble_sync_response,
+    blocks_within,
     proof_height,
     sync_window,
 )
@@ -103,6 +104,7 @@ from quorumgate.replica.wire import (
 SCHEMA_VERSION = 1
 # The most committed blocks one `committed_range` call returns; callers page for more.
 RANGE_BLOCKS_MAX = 1024
+SYNC_READ_PAGE_BLOCKS = 16  # catch-up answers read the committed log this many at a time
 # The most pending blocks `load` hands back (lowest heights first). A core's block tree
 # holds `Limits.pending_blocks_max` (1024 by default); more could not be used.
 PENDING_BLOCKS_LOAD_MAX = 4096
@@ -565,7 +567,20 @@ class ReplicaStore:
                     assert end - window.start < limits.sync_blocks_max + (
                         SYNC_PROOF_REACH_BLOCKS_MAX
                     ), "sync window wider than its limits"
-                    committed = await self._read_range(window.start, end)
+                    committed = await self._read_range_within(
+                        window.start, end, limits.sync_bytes_max
+                    )
+                    # as build_sync_response: end at the last proof within the byte budget
+                    fit = blocks_within(committed, limits.sync_bytes_max)
+                    if fit < end - window.start + 1:
+                        proof = await self._read_proof(
+                            "SELECT height, data FROM proofs WHERE height <= ? AND height >= ? "
+                            "ORDER BY height DESC LIMIT 1",
+                            window.start + fit - 1,
+                            window.start,
+                        )
+                        keep = proof_height(proof) - window.start + 1 if proof else 0
+                        committed = committed[:keep]
         return assemble_sync_response(request, committed, proof, top, core, limits)
 
     # ================================================================== audit and operations
@@ -641,6 +656,20 @@ class ReplicaStore:
             return None
         block_hash, data = rows[0]
         return self._decode_committed(height, bytes(block_hash), bytes(data))
+
+    async def _read_range_within(self, start: int, end: int, budget: int) -> list[Block]:
+        """Committed blocks from `start` towards `end`, read a page at a time, stopping
+        once their payload passes `budget` (so a catch-up answer never reads much more
+        than it sends)."""
+        blocks: list[Block] = []
+        total = 0
+        page = start
+        while page <= end and total <= budget:
+            chunk = await self._read_range(page, min(end, page + SYNC_READ_PAGE_BLOCKS - 1))
+            blocks += chunk
+            total += sum(b.payload_bytes for b in chunk)
+            page += SYNC_READ_PAGE_BLOCKS
+        return blocks
 
     async def _read_range(self, start: int, end: int) -> list[Block]:
         if end < start:

@@ -111,10 +111,10 @@ def check_sync_response(response: SyncResponse, membership: Membership, limits: 
         "oversized_sync",
         f"{len(response.committed)}+{len(response.proof)}+{len(response.pending)} blocks",
     )
-    parts = (response.committed, response.proof, response.pending)
-    for part in parts:
+    for part in (response.committed, response.proof, response.pending):
         _check_blocks(part, membership, limits)
-    total = sum(b.payload_bytes for part in parts for b in part)
+    # the proof's one or two blocks come on top, each bounded by batch_bytes_max
+    total = sum(b.payload_bytes for part in (response.committed, response.pending) for b in part)
     _require(total <= limits.sync_bytes_max, "oversized_sync", f"{total} payload bytes")
     if response.committed or response.proof or response.proof_qc is not None:
         _require(

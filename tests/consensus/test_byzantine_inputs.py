@@ -147,3 +147,58 @@ def test_a_replayed_vote_costs_no_signature_check() -> None:
     for _ in range(50):
         core.on_message(envelope(2, vote))
     assert calls == [] and core.dropped["duplicate"] == 50
+
+
+def _fat_net(payload_bytes: int, sync_bytes_max: int) -> Net:
+    limits = replace(TEST_LIMITS, sync_bytes_max=sync_bytes_max)
+    net = Net(limits=limits)
+    tx = b"x" * payload_bytes
+    for core in net.cores:
+        core.payload = FatPayload(tx)
+    return net
+
+
+class FatPayload:
+    """Every block carries one transaction of a fixed size: blocks big enough that a
+    count-bounded catch-up answer would not fit the byte bound."""
+
+    def __init__(self, tx: bytes) -> None:
+        self.tx = tx
+
+    def pending(self) -> bool:
+        return True
+
+    def take(self, chain: object, txs_max: int, bytes_max: int) -> tuple[bytes, ...]:
+        return (self.tx,)
+
+    def check(self, block: Block) -> str | None:
+        return None
+
+    def on_commit(self, blocks: object) -> None:
+        return None
+
+
+def test_catch_up_answers_are_bounded_in_bytes_and_a_wiped_replica_still_catches_up() -> None:
+    """Issue 14, hole 4: the committed part of a sync answer was bounded in blocks only (256
+    blocks of 160 KiB made a 40 MiB envelope, over the 32 MiB transport limit, and the
+    asker asked for the same count again). Now each answer ends at the last proof within
+    `sync_bytes_max`, and the asker goes on from there."""
+    net = _fat_net(payload_bytes=60_000, sync_bytes_max=250_000)
+    net.start()
+    net.tick(60)
+    assert min(net.committed_heights()) >= 12
+    request = SyncRequest(1, 16)
+    from quorumgate.replica.sync import build_sync_response
+
+    answer = build_sync_response(request, net.disks[0], None, net.limits)
+    committed_bytes = sum(b.payload_bytes for b in answer.committed)
+    assert answer.committed and committed_bytes <= net.limits.sync_bytes_max
+    net.wipe(3)
+    target = min(net.committed_heights()[:3])
+    for _ in range(400):
+        net.tick()
+        if net.committed_heights()[3] >= target:
+            break
+    assert net.committed_heights()[3] >= target
+    net.assert_committed_prefixes()
+    assert net.cores[3].dropped["oversized_sync"] == 0
