@@ -26,6 +26,8 @@ TAG_VOTE = b"qg/vote/v1"
 TAG_TIMEOUT = b"qg/timeout/v1"
 TAG_PROPOSAL = b"qg/proposal/v1"
 TAG_QC = b"qg/qc/v1"
+TAG_HELLO = b"qg/hello/v1"
+TAG_HELLO_REPLY = b"qg/hello-reply/v1"
 
 # Precompiled packers: the encoder runs some hundred times per executed transaction.
 # Each raises struct.error for a value outside its width, so no value is ever truncated.

@@ -131,20 +131,30 @@ class SyncResponse(_message.Message):
     def __init__(self, committed: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., committed_height: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("nonce", "signature")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    signature: bytes
+    def __init__(self, nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("last_signed_view", "view", "high_qc", "high_tc")
+    __slots__ = ("last_signed_view", "view", "high_qc", "high_tc", "asker", "nonce", "signature")
     LAST_SIGNED_VIEW_FIELD_NUMBER: _ClassVar[int]
     VIEW_FIELD_NUMBER: _ClassVar[int]
     HIGH_QC_FIELD_NUMBER: _ClassVar[int]
     HIGH_TC_FIELD_NUMBER: _ClassVar[int]
+    ASKER_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     last_signed_view: int
     view: int
     high_qc: QuorumCert
     high_tc: TimeoutCert
-    def __init__(self, last_signed_view: _Optional[int] = ..., view: _Optional[int] = ..., high_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., high_tc: _Optional[_Union[TimeoutCert, _Mapping]] = ...) -> None: ...
+    asker: int
+    nonce: bytes
+    signature: bytes
+    def __init__(self, last_signed_view: _Optional[int] = ..., view: _Optional[int] = ..., high_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., high_tc: _Optional[_Union[TimeoutCert, _Mapping]] = ..., asker: _Optional[int] = ..., nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class TxBatch(_message.Message):
     __slots__ = ("txs",)

@@ -12,6 +12,8 @@ from quorumgate.proto.membership import Membership
 from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.types import (
     Block,
+    Hello,
+    HelloReply,
     Proposal,
     QuorumCert,
     RemoteError,
@@ -19,6 +21,8 @@ from quorumgate.replica.types import (
     TimeoutCert,
     Vote,
     genesis_qc,
+    hello_bytes,
+    hello_reply_bytes,
     proposal_bytes,
     timeout_bytes,
     vote_bytes,
@@ -78,6 +82,25 @@ class CertificateChecker:
             if not self.verifier.verify(key, timeout_bytes(chain, tc.view, hqc_view), sig):
                 raise RemoteError("bad_certificate", f"tc view {tc.view}: bad signature")
         self.verifier.remember(digest)
+
+    def check_hello(self, sender: int, hello: Hello) -> None:
+        key = self._signer_key(sender)
+        message = hello_bytes(self.membership.chain_id, sender, hello.nonce)
+        if not self.verifier.verify(key, message, hello.signature):
+            raise RemoteError("bad_signature", f"hello from {sender}")
+
+    def check_hello_reply(self, sender: int, reply: HelloReply) -> None:
+        key = self._signer_key(sender)
+        message = hello_reply_bytes(
+            self.membership.chain_id,
+            sender,
+            reply.asker,
+            reply.nonce,
+            reply.last_signed_view,
+            reply.view,
+        )
+        if not self.verifier.verify(key, message, reply.signature):
+            raise RemoteError("bad_signature", f"hello reply from {sender}")
 
     def check_vote(self, vote: Vote) -> None:
         key = self._signer_key(vote.voter)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import (
     Action,
@@ -52,6 +53,7 @@ from quorumgate.replica.config import Limits
 from quorumgate.replica.crypto import Signer, Verifier
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
 from quorumgate.replica.types import (
+    HELLO_NONCE_BYTES,
     Block,
     Envelope,
     Hello,
@@ -179,6 +181,7 @@ class Core:
         recovered: Recovered | None = None,
         now_ms: int = 0,
         fence_on_start: bool = True,
+        hello_nonce: bytes | None = None,
     ) -> None:
         assert membership.is_member(me), "not a member"
         self.membership = membership
@@ -235,6 +238,11 @@ class Core:
         self._started = False
         # Rule 6 at start: sign nothing until f+1 peers said which views they saw us sign in.
         self._fencing = fence_on_start
+        # Fresh at every start (the shell draws it: the core holds no randomness); a reply
+        # counts only if it repeats it, so a reply to an earlier start cannot be replayed.
+        # The default, derived from the start state, is for tests and the simulator only.
+        default_nonce = Encoder(b"qg/hello-nonce/default").u32(me).u64(recovered.safety.epoch)
+        self.hello_nonce = hello_nonce or default_nonce.digest()[:HELLO_NONCE_BYTES]
         self._hello_replies: dict[int, int] = {}
         self._hello_ticks = 0
         self._last_signed_by: dict[int, int] = {}  # member -> highest view seen it sign
@@ -257,7 +265,7 @@ class Core:
         assert not self._started, "start called twice"
         self._started = True
         if self._fencing:
-            self._out.append(Send(None, Hello()))
+            self._out.append(Send(None, self.safety.sign_hello(self.hello_nonce)))
         self._enter_view(self._start_view, via_qc=False, initial=True)
         last = self.safety.state.last_timeout
         if last is not None and last.view == self.view:
@@ -277,7 +285,7 @@ class Core:
         if self._fencing:
             self._hello_ticks += 1
             if self._hello_ticks % self.limits.sync_retry_ticks == 0:
-                self._out.append(Send(None, Hello()))
+                self._out.append(Send(None, self.safety.sign_hello(self.hello_nonce)))
             self._try_end_fencing()
         self._retry_waiting()
         self._sync_ticks += 1
@@ -329,8 +337,11 @@ class Core:
             elif isinstance(msg, SyncRequest):
                 raise RemoteError("unexpected", "sync requests are served by the shell")
             elif isinstance(msg, Hello):
+                self.checker.check_hello(sender, msg)
                 seen = self._last_signed_by.get(sender, 0)
-                reply = HelloReply(seen, self.view, self.high_qc, self.high_tc)
+                reply = self.safety.sign_hello_reply(
+                    sender, msg.nonce, seen, self.view, self.high_qc, self.high_tc
+                )
                 self._out.append(Send(sender, reply))
             elif isinstance(msg, HelloReply):
                 self._on_hello_reply(sender, msg)
@@ -451,6 +462,9 @@ class Core:
     def _on_hello_reply(self, sender: int, reply: HelloReply) -> None:
         if not self._fencing:
             return
+        if reply.asker != self.me or reply.nonce != self.hello_nonce:
+            raise RemoteError("stale_hello_reply", f"from {sender}, not for this start")
+        self.checker.check_hello_reply(sender, reply)
         self.checker.check_qc(reply.high_qc)
         if reply.high_tc is not None:
             self.checker.check_tc(reply.high_tc)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.transport import CHANNEL_OPTIONS
-from quorumgate.replica.types import Block, Envelope, RemoteError, SyncRequest
+from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, Envelope, RemoteError, SyncRequest
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
 
 INBOUND_EVENTS_MAX = 20_000
@@ -143,6 +144,7 @@ class ReplicaNode:
             execution=self.sidecar.roots,
             recovered=recovered,
             now_ms=self._now_ms(),
+            hello_nonce=os.urandom(HELLO_NONCE_BYTES),  # fresh at every start (Rule 6)
         )
         client_api = ClientApi(
             mempool=self.mempool,

@@ -59,12 +59,16 @@ from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.crypto import Signer
 from quorumgate.replica.types import (
     Block,
+    Hello,
+    HelloReply,
     Proposal,
     QuorumCert,
     Timeout,
     TimeoutCert,
     Vote,
     genesis_qc,
+    hello_bytes,
+    hello_reply_bytes,
     proposal_bytes,
     timeout_bytes,
     vote_bytes,
@@ -266,6 +270,31 @@ class SafetyRules:
         chain = self._checker.membership.chain_id
         sig = self._signer.sign(vote_bytes(chain, statement.view, statement.block_hash))
         return replace(statement, signature=sig)
+
+    # ------------------------------------------------------------------ Rule 6 handshake
+
+    def sign_hello(self, nonce: bytes) -> Hello:
+        """The start-up question of Rule 6, signed so that no one else can ask for us.
+        It changes no safety state: it asks, it promises nothing."""
+        chain = self._checker.membership.chain_id
+        return Hello(nonce, self._signer.sign(hello_bytes(chain, self._me, nonce)))
+
+    def sign_hello_reply(
+        self,
+        asker: int,
+        nonce: bytes,
+        last_signed_view: int,
+        view: int,
+        high_qc: QuorumCert,
+        high_tc: TimeoutCert | None,
+    ) -> HelloReply:
+        """Our answer to one start of `asker` (its nonce): the last view we saw it sign in.
+        Signed, so that a forger cannot end a restored replica's fencing (issue 14)."""
+        chain = self._checker.membership.chain_id
+        statement = hello_reply_bytes(chain, self._me, asker, nonce, last_signed_view, view)
+        return HelloReply(
+            last_signed_view, view, high_qc, high_tc, asker, nonce, self._signer.sign(statement)
+        )
 
     # ------------------------------------------------------------------ timeouts
 

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.actions import (
     Action,
@@ -48,6 +49,7 @@ from quorumgate.replica.crypto import Ed25519Signer, Signer, Verifier, ed25519_v
 from quorumgate.replica.safety import SafetyRules, SafetyState, Signed
 from quorumgate.replica.sync import build_sync_response
 from quorumgate.replica.types import (
+    HELLO_NONCE_BYTES,
     Block,
     CommitProof,
     Envelope,
@@ -346,11 +348,16 @@ class SimNode:
         self.up = True
         self.down_until = 0
         self.snapshots: list[Disk] = []
+        self.starts = 0
         self.core = self._make_core(None)
 
     def _make_core(self, recovered: Recovered | None) -> Core:
         sim = self.sim
         cls = CORE_CLASSES[sim.options.unsafe] if self.index not in sim.byzantine else Core
+        self.starts += 1
+        # A fresh nonce per start, as the replica shell draws one (the default is derived
+        # from the safety epoch, which a restore from old data repeats).
+        nonce = Encoder(b"qg/sim/hello").u64(sim.options.seed).u32(self.index).u32(self.starts)
         core = cls(
             sim.membership,
             self.index,
@@ -361,6 +368,7 @@ class SimNode:
             execution=SimExecution(self.disk),
             recovered=recovered,
             now_ms=sim.now_ms(self.index),
+            hello_nonce=nonce.digest()[:HELLO_NONCE_BYTES],
         )
         return core
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from quorumgate.proto.canonical import (
     HASH_BYTES,
     TAG_BLOCK,
+    TAG_HELLO,
+    TAG_HELLO_REPLY,
     TAG_PROPOSAL,
     TAG_QC,
     TAG_TIMEOUT,
@@ -50,6 +52,26 @@ def timeout_bytes(chain_id: str, view: int, high_qc_view: int) -> bytes:
 
 def proposal_bytes(chain_id: str, view: int, block_hash: bytes) -> bytes:
     return bytes(Encoder(TAG_PROPOSAL).text(chain_id).u64(view).raw(block_hash))
+
+
+def hello_bytes(chain_id: str, sender: int, nonce: bytes) -> bytes:
+    return bytes(Encoder(TAG_HELLO).text(chain_id).u32(sender).blob(nonce))
+
+
+def hello_reply_bytes(
+    chain_id: str, replier: int, asker: int, nonce: bytes, last_signed_view: int, view: int
+) -> bytes:
+    """What a Rule 6 answer signs: who answers whom, for which start (the asker's nonce),
+    and the view it last saw the asker sign in. Its certificates prove themselves."""
+    return bytes(
+        Encoder(TAG_HELLO_REPLY)
+        .text(chain_id)
+        .u32(replier)
+        .u32(asker)
+        .blob(nonce)
+        .u64(last_signed_view)
+        .u64(view)
+    )
 
 
 # --------------------------------------------------------------------------- certificates
@@ -264,10 +286,18 @@ class SyncResponse:
     committed_height: int
 
 
+HELLO_NONCE_BYTES = 16
+
+
 @dataclass(frozen=True, slots=True)
 class Hello:
     """Sent by a replica that (re)started: "what is the last view you saw me sign in?"
-    (safety Rule 6: a replica restored from an old copy of its data has forgotten)."""
+    (safety Rule 6: a replica restored from an old copy of its data has forgotten). The
+    nonce is fresh at every start; answers must repeat it (issue 14: unsigned replies with
+    a self-declared sender ended the fencing of a restored replica)."""
+
+    nonce: bytes
+    signature: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +306,9 @@ class HelloReply:
     view: int  # the replier's current view
     high_qc: QuorumCert
     high_tc: TimeoutCert | None = None
+    asker: int = 0
+    nonce: bytes = b""  # the asker's Hello nonce
+    signature: bytes = b""  # the replier's, over hello_reply_bytes
 
 
 Message = Proposal | Vote | Timeout | TimeoutCert | SyncRequest | SyncResponse | Hello | HelloReply

@@ -15,6 +15,7 @@ from __future__ import annotations
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.config import Limits
 from quorumgate.replica.types import (
+    HELLO_NONCE_BYTES,
     Block,
     Envelope,
     Hello,
@@ -161,7 +162,10 @@ def check_message(message: Message, membership: Membership, limits: Limits) -> N
 
 
 def check_hello(message: Hello | HelloReply, membership: Membership) -> None:
+    _require(len(message.nonce) == HELLO_NONCE_BYTES, "malformed", "hello nonce length")
+    _require(len(message.signature) == SIGNATURE_BYTES, "malformed", "hello signature length")
     if isinstance(message, HelloReply):
+        _member(message.asker, membership, "hello asker")
         _number(message.last_signed_view, "last signed view")
         _number(message.view, "view")
         check_qc(message.high_qc, membership)

@@ -101,10 +101,14 @@ def envelope_to_pb(envelope: Envelope) -> pb.ConsensusMessage:
         out.sync_request.max_blocks = msg.max_blocks
         out.sync_request.target_hash = msg.target_hash
     elif isinstance(msg, Hello):
-        out.hello.SetInParent()
+        out.hello.nonce = msg.nonce
+        out.hello.signature = msg.signature
     elif isinstance(msg, HelloReply):
         out.hello_reply.last_signed_view = msg.last_signed_view
         out.hello_reply.view = msg.view
+        out.hello_reply.asker = msg.asker
+        out.hello_reply.nonce = msg.nonce
+        out.hello_reply.signature = msg.signature
         _qc_to_pb(msg.high_qc, out.hello_reply.high_qc)
         if msg.high_tc is not None:
             _tc_to_pb(msg.high_tc, out.hello_reply.high_tc)
@@ -192,13 +196,21 @@ def message_from_pb(chain_id: str, msg: pb.ConsensusMessage) -> Message:
             committed_height=s.committed_height,
         )
     if kind == "hello":
-        return Hello()
+        return Hello(msg.hello.nonce, msg.hello.signature)
     if kind == "hello_reply":
         h = msg.hello_reply
         if not h.HasField("high_qc"):
             raise RemoteError("malformed", "hello reply without a qc")
         high_tc = _tc_from_pb(h.high_tc) if h.HasField("high_tc") else None
-        return HelloReply(h.last_signed_view, h.view, _qc_from_pb(h.high_qc), high_tc)
+        return HelloReply(
+            h.last_signed_view,
+            h.view,
+            _qc_from_pb(h.high_qc),
+            high_tc,
+            h.asker,
+            h.nonce,
+            h.signature,
+        )
     raise RemoteError("malformed", "empty consensus message")
 
 

@@ -6,10 +6,20 @@ from __future__ import annotations
 import dataclasses
 
 from quorumgate.replica.actions import PersistSafety, Send
+from quorumgate.replica.core import Core
 from quorumgate.replica.sim import Simulation, SimulationFailure, scenario
-from quorumgate.replica.types import Hello, HelloReply, Vote, genesis_qc
+from quorumgate.replica.types import (
+    Hello,
+    HelloReply,
+    QuorumCert,
+    Vote,
+    genesis_qc,
+    hello_bytes,
+    hello_reply_bytes,
+)
 from tests.consensus.helpers import (
     CHAIN,
+    SIGNERS,
     START_MS,
     TEST_LIMITS,
     chain_of,
@@ -24,6 +34,29 @@ from tests.consensus.helpers import (
 )
 
 G, B1, B2, B3 = chain_of([1, 2, 3])
+
+
+def reply(
+    peer: int,
+    to: Core,
+    last_signed_view: int,
+    view: int,
+    high_qc: QuorumCert,
+    *,
+    nonce: bytes | None = None,
+    signer: int | None = None,
+) -> HelloReply:
+    """A Rule 6 answer from `peer` to this start of `to`, signed by `signer` (the peer)."""
+    asked = to.hello_nonce if nonce is None else nonce
+    who = peer if signer is None else signer
+    statement = hello_reply_bytes(CHAIN, peer, to.me, asked, last_signed_view, view)
+    return HelloReply(
+        last_signed_view, view, high_qc, None, to.me, asked, SIGNERS[who].sign(statement)
+    )
+
+
+def hello(sender: int, nonce: bytes = bytes(16)) -> Hello:
+    return Hello(nonce, SIGNERS[sender].sign(hello_bytes(CHAIN, sender, nonce)))
 
 
 def test_own_signature_in_a_certificate_fences_the_views_it_forgot() -> None:
@@ -53,15 +86,18 @@ def test_a_timeout_certificate_with_our_signature_fences_too() -> None:
 def test_a_restarting_replica_signs_nothing_until_2f_plus_1_peers_answer() -> None:
     core = new_core(3, fence_on_start=True)
     started = core.start()
-    assert sent_of(started, Hello) == [Hello()]
+    (asked,) = sent_of(started, Hello)
+    assert asked.nonce == core.hello_nonce
+    assert SIGNERS[3].public_key  # the hello is signed by member 3's key:
+    core.checker.check_hello(3, asked)
     assert [s.to for s in started if isinstance(s, Send) and isinstance(s.message, Hello)] == [None]
     votes = sent_of(core.on_message(envelope(1, signed_proposal(B1))), Vote)
     assert votes == [], "voted while it did not know which views it had signed in"
     # Peers saw us vote in view 1 before our disk was rolled back.
     for peer in (0, 1):
-        core.on_message(envelope(peer, HelloReply(1, 1, genesis_qc(CHAIN))))
+        core.on_message(envelope(peer, reply(peer, core, 1, 1, genesis_qc(CHAIN))))
     assert core._fencing, "two replies are f+1, not 2f+1: keep waiting"
-    core.on_message(envelope(2, HelloReply(1, 1, genesis_qc(CHAIN))))
+    core.on_message(envelope(2, reply(2, core, 1, 1, genesis_qc(CHAIN))))
     assert not core._fencing
     assert core.safety.state.last_voted_view == 1  # view 1 is fenced: B1 gets no vote
     actions = core.on_message(envelope(2, signed_proposal(B2)))
@@ -72,7 +108,7 @@ def test_with_peers_down_f_plus_1_answers_do_after_the_wait() -> None:
     core = new_core(3, fence_on_start=True)
     core.start()
     for peer in (0, 1):
-        core.on_message(envelope(peer, HelloReply(0, 1, genesis_qc(CHAIN))))
+        core.on_message(envelope(peer, reply(peer, core, 0, 1, genesis_qc(CHAIN))))
     for k in range(TEST_LIMITS.fence_wait_ticks - 1):
         core.on_tick(START_MS + k)
         assert core._fencing
@@ -83,9 +119,9 @@ def test_with_peers_down_f_plus_1_answers_do_after_the_wait() -> None:
 def test_a_lying_peer_cannot_fence_us_beyond_the_certified_view_plus_two() -> None:
     core = new_core(3, fence_on_start=True)
     core.start()
-    core.on_message(envelope(0, HelloReply(10**9, 10**9, qc_for(B1))))
+    core.on_message(envelope(0, reply(0, core, 10**9, 10**9, qc_for(B1))))
     for peer in (1, 2):
-        core.on_message(envelope(peer, HelloReply(0, 2, qc_for(B1))))
+        core.on_message(envelope(peer, reply(peer, core, 0, 2, qc_for(B1))))
     assert not core._fencing
     assert core.safety.state.last_voted_view == B1.view + 2
 
@@ -95,10 +131,43 @@ def test_a_hello_is_answered_with_the_last_view_we_saw_the_asker_sign() -> None:
     core.start()
     core.on_message(envelope(1, signed_proposal(B1)))  # proposer 1 signed in view 1
     core.on_message(envelope(3, signed_vote(3, B1)))  # member 3 voted in view 1
-    replies = sent_of(core.on_message(envelope(3, Hello())), HelloReply)
+    replies = sent_of(core.on_message(envelope(3, hello(3, b"n" * 16))), HelloReply)
     assert [(r.last_signed_view, r.view) for r in replies] == [(1, core.view)]
-    replies = sent_of(core.on_message(envelope(2, Hello())), HelloReply)
+    assert (replies[0].asker, replies[0].nonce) == (3, b"n" * 16)
+    core.checker.check_hello_reply(0, replies[0])  # signed by us, for that start of 3
+    replies = sent_of(core.on_message(envelope(2, hello(2))), HelloReply)
     assert [r.last_signed_view for r in replies] == [0]  # never saw member 2 sign
+
+
+def test_forged_hello_replies_do_not_end_the_fencing() -> None:
+    """Issue 14, hole 3: hello replies were unsigned and their sender self-declared, so
+    three forged replies claiming `last_signed_view = 0` ended the fencing of a replica
+    restored from old data. Now a reply counts only if its sender signed it, for this
+    start (the nonce) of this replica (the asker)."""
+    core = new_core(3, fence_on_start=True)
+    core.start()
+    forged = [
+        reply(0, core, 0, 1, genesis_qc(CHAIN), signer=1),  # member 1 posing as 0
+        reply(1, core, 0, 1, genesis_qc(CHAIN), nonce=b"\x00" * 16),  # another start's
+        reply(2, core, 0, 1, genesis_qc(CHAIN), signer=3),  # signed by the asker itself
+    ]
+    for peer, message in zip((0, 1, 2), forged, strict=True):
+        core.on_message(envelope(peer, message))
+    bent = dataclasses.replace(reply(2, core, 0, 1, genesis_qc(CHAIN)), last_signed_view=7)
+    core.on_message(envelope(2, bent))  # a genuine reply with its view changed
+    assert core._fencing
+    assert core.dropped["bad_signature"] == 3 and core.dropped["stale_hello_reply"] == 1
+    for peer in (0, 1, 2):  # the genuine answers end it
+        core.on_message(envelope(peer, reply(peer, core, 1, 1, genesis_qc(CHAIN))))
+    assert not core._fencing and core.safety.state.last_voted_view == 1
+
+
+def test_a_forged_hello_gets_no_answer() -> None:
+    core = new_core(0)
+    core.start()
+    forged = Hello(bytes(16), SIGNERS[1].sign(hello_bytes(CHAIN, 1, bytes(16))))
+    assert sent_of(core.on_message(envelope(2, forged)), HelloReply) == []
+    assert core.dropped["bad_signature"] == 1
 
 
 def stale_options(seed: int, n: int) -> object:
