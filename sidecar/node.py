@@ -52,6 +52,12 @@ from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.transport import CHANNEL_OPTIONS
 from quorumgate.replica.types import RemoteError
 from quorumgate.replica.wire import decode_block
+from quorumgate.sidecar.audit import (
+    AUDIT_HEIGHTS_PER_EXECUTED,
+    STARTUP_AUDIT_HEIGHTS,
+    AuditCursor,
+    audit_height,
+)
 from quorumgate.sidecar.engine.core import Engine, EngineConfig, StateCacheError
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
@@ -102,6 +108,11 @@ class SidecarMetrics:
         self.pending = Gauge(
             "qg_sidecar_pending_confirmations", "Calls waiting for a confirmation", registry=r
         )
+        self.audited = Counter(
+            "qg_sidecar_heights_audited",
+            "Executed heights checked against this sidecar's own signed statements",
+            registry=r,
+        )
         self.divergence = Gauge(
             "qg_sidecar_divergence",
             "1 when this sidecar's state root differs from a committed one (stopped)",
@@ -133,6 +144,8 @@ class Sidecar:
         self.store: SidecarStore | None = None
         self.engine: Engine | None = None
         self.diverged = ""
+        self.store_damaged = ""  # set when the store fails its audit: receipts are refused
+        self._audit_cursor = AuditCursor()
         self.replica_height = 0
         # The height of the last applied owner transaction: the registry served for any
         # height from it on is the engine's current one. Unknown after a restart, so it
@@ -169,6 +182,10 @@ class Sidecar:
         start_http_server(self.member.sidecar_metrics_port, self.member.host, self.metrics.registry)
         self.metrics.executed_height.set(self.store.executed_height)
         self.registry_since = self.store.executed_height
+        # Before executing anything: does our store still say what we signed?
+        top = self.store.executed_height
+        for height in range(max(1, top - STARTUP_AUDIT_HEIGHTS + 1), top + 1):
+            await self._audit(height)
         self.failstop.spawn(self._follow(), "follow")
         self.failstop.spawn(self._report_roots(), "roots")
         log.info(
@@ -189,7 +206,13 @@ class Sidecar:
     # ------------------------------------------------------------------ execution
 
     async def _follow(self) -> None:
-        """Follow the replica's committed blocks from the next height to execute."""
+        """Follow the replica's committed blocks from the next height to execute. After a
+        divergence alarm it executes nothing more but keeps running (the sidecar still
+        answers Status), so fail-stop does not take a deliberate halt for a crash."""
+        await self._execute_until_alarm()
+        await asyncio.Event().wait()  # halted on purpose: wait for stop()
+
+    async def _execute_until_alarm(self) -> None:
         delay = RECONNECT_DELAY_S_MIN
         store = self.store
         assert store is not None
@@ -272,6 +295,26 @@ class Sidecar:
         self._roots.put_nowait((height, result.state_root))
         async with self._executed:
             self._executed.notify_all()
+        for _ in range(AUDIT_HEIGHTS_PER_EXECUTED):  # one older height in turn, bounded
+            older = self._audit_cursor.take(height - 1)
+            if older is not None:
+                await self._audit(older)
+
+    async def _audit(self, height: int) -> None:
+        """Check one executed height against our own signed statement (sidecar/audit.py);
+        a mismatch raises the divergence alarm and stops serving receipts."""
+        store = self.store
+        assert store is not None
+        try:
+            problem = await audit_height(
+                store, self.spec.chain_id, self.member.receipt_public_key, height
+            )
+        except SidecarStoreError as err:
+            problem = str(err)
+        self.metrics.audited.inc()
+        if problem is not None:
+            self.store_damaged = problem
+            self._alarm(f"the store does not match our signed statements: {problem}")
 
     def _alarm(self, what: str) -> None:
         self.diverged = what
@@ -339,6 +382,13 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
 
+    async def _refuse_if_damaged(self, context: grpc.aio.ServicerContext) -> None:
+        if self.sidecar.store_damaged:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this sidecar's store failed its audit: it serves no receipts until rebuilt",
+            )
+
     async def GetReceipt(
         self, request: spb.ReceiptRequest, context: grpc.aio.ServicerContext
     ) -> spb.ReceiptReply:
@@ -346,6 +396,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         assert store is not None
         if len(request.proposal_id) != 32:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "proposal id must be 32 bytes")
+        await self._refuse_if_damaged(context)
         receipt = await store.receipt(request.proposal_id)
         reply = spb.ReceiptReply(found=receipt is not None, executed_height=store.executed_height)
         if receipt is not None:
@@ -363,6 +414,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         sidecar = self.sidecar
         store = sidecar.store
         assert store is not None
+        await self._refuse_if_damaged(context)
         height = max(1, request.from_height)
         while True:
             if height > store.executed_height:

@@ -196,6 +196,13 @@ class SignedBlock:
     signer: int
     signature: bytes
 
+    def signed_by(self, chain_id: str, public_key: bytes) -> bool:
+        """Whether `public_key` signed exactly this statement."""
+        statement = block_statement(
+            chain_id, self.height, self.verdict_root, self.state_root, self.leaf_count
+        )
+        return _verify(public_key, statement, self.signature)
+
 
 def sign_block(
     key: SigningKey,

@@ -786,6 +786,32 @@ class SidecarStore:
                 ) from err
         return entries
 
+    async def ledger_at(self, height: int) -> list[LedgerEntry]:
+        """The ledger entries of one height, in index order (bounded by its block's
+        transaction count). Raises `SidecarStoreError` for a row that is not an entry."""
+        async with self._lock:
+            self._check_open()
+            rows = await self._conn.execute_fetchall(
+                f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE height = ? ORDER BY idx", (height,)
+            )
+        try:
+            return [_entry_from_row(row) for row in rows]
+        except (TypeError, ValueError) as err:
+            raise SidecarStoreError(
+                f"{self._path}: a ledger row at height {height}: {err}"
+            ) from err
+
+    async def ledger_hash_before(self, height: int) -> bytes:
+        """The hash of the last ledger entry below `height` (the genesis value if none):
+        what the first entry of `height` must chain after."""
+        async with self._lock:
+            self._check_open()
+            value = await self._scalar(
+                "SELECT hash FROM ledger WHERE height < ? ORDER BY height DESC, idx DESC LIMIT 1",
+                (height,),
+            )
+        return GENESIS_PREV_HASH if value is None else bytes(value)
+
     async def verify_ledger(self) -> LedgerProblem | None:
         """The first bad ledger entry, or None when the whole chain holds.
 

@@ -734,9 +734,7 @@ async def test_sigkill_at_random_points_leaves_every_returned_apply_durable(
             await store.close()
 
 
-async def test_every_transaction_is_fsynced_commits_too(
-    crashy: Recording, tmp_path: Path
-) -> None:
+async def test_every_transaction_is_fsynced_commits_too(crashy: Recording, tmp_path: Path) -> None:
     """Issue 14: transactions with only blocks and commits ran under synchronous=NORMAL,
     though a Commit is reported only once durable (replica/actions.py). Every apply of the
     recorded run — those without a safety record included — leaves the connection FULL."""

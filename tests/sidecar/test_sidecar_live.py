@@ -1484,6 +1484,63 @@ def certified_calls(agent: Agent, victim: int) -> dict[int, str]:
     return outcomes
 
 
+def test_a_sidecar_whose_store_was_edited_raises_the_alarm_when_it_starts(
+    live: Live, tmp_path: Path
+) -> None:
+    """Issue 14, hole 7: with a stored `deny` receipt and its ledger entry edited to
+    `allow`, the sidecar started and served the forged receipt with `diverged=false`. Now
+    it audits its newest heights against its own signed statements when it starts: it
+    raises the divergence alarm, executes nothing, and refuses to serve receipts. Put back
+    as it was, it starts clean and catches up."""
+    victim = 1
+    with contextlib.ExitStack() as stack:
+        [denier] = live.agents(stack, edited=mandate([])).values()
+        denied = denier.qg.propose("kb.search", "https://kb.example/q", run_id="run-edit")
+    assert denied.outcome.value == "deny"
+    live.wait_executed(denied.height, [victim])
+    live.kill_sidecar(victim, signal.SIGTERM)
+    files = [live.db_path(victim).with_name(live.db_path(victim).name + s) for s in ("", "-wal")]
+    saved = {f: f.read_bytes() for f in files if f.exists()}
+    try:
+        with contextlib.closing(sqlite3.connect(live.db_path(victim))) as db:
+            for table in ("receipts", "ledger"):
+                changed = db.execute(
+                    f"UPDATE {table} SET outcome = 'allow', reason = 'ok' "
+                    "WHERE proposal_id = ? AND outcome = 'deny'",
+                    (denied.proposal_id,),
+                ).rowcount
+                assert changed == 1, table
+            db.commit()
+        live.start_sidecar(victim)
+        alarmed = wait_until(
+            f"sidecar {victim} to find its edited store",
+            lambda: (st := live.status(victim)) is not None and st.diverged and st,
+            describe=live.describe,
+        )
+        assert "does not match our signed statements" in alarmed.divergence
+        assert f"height {denied.height}" in alarmed.divergence
+        assert metric(live.metrics(victim), "qg_sidecar_divergence") == 1.0
+        address = live.spec.member(victim).sidecar_address
+        with (
+            grpc.insecure_channel(address) as channel,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            spb_grpc.SidecarStub(channel).GetReceipt(
+                spb.ReceiptRequest(proposal_id=denied.proposal_id), timeout=RPC_TIMEOUT_S
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        live.kill_sidecar(victim, signal.SIGTERM)
+        for f in files:
+            f.unlink(missing_ok=True)
+        for f, data in saved.items():
+            f.write_bytes(data)
+        live.start_sidecar(victim)
+    clean = live.status(victim)
+    assert clean is not None and not clean.diverged
+    live.wait_executed(denied.height + 2, [victim])
+
+
 def test_a_sidecar_fed_a_different_log_raises_the_divergence_alarm_and_stops(
     live: Live,
 ) -> None:

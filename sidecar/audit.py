@@ -1,0 +1,105 @@
+"""A sidecar checks its own store against its own signed statements (issue 14, hole 7).
+
+An edited store — a stored `deny` receipt and its ledger entry both turned into `allow` —
+used to be served as it was, with `diverged=false`; only `ledger verify` and `replay`
+noticed. Each executed height has a block statement this sidecar signed with its receipt
+key: (chain, height, verdict Merkle root, state root, leaf count). `audit_height` checks,
+for one height, that
+
+- the statement's signature is ours (the receipt key's public half is in cluster.json);
+- exactly `leaf count` receipts are stored, at indexes 0..n-1, and each leaf with its
+  path leads to the signed verdict root (RFC 6962);
+- the ledger holds one entry per leaf, agreeing with it on every field they share, each
+  entry's hash recomputes from its content and chains after the one before it.
+
+The sidecar audits the newest `STARTUP_AUDIT_HEIGHTS` heights when it starts, and while it
+runs one older height after every height it executes, walking the whole history in turn
+(`AuditCursor`); a problem raises the divergence alarm. Someone who can also sign with the
+receipt key can forge all of it consistently: that is what replay and the f+1 other
+sidecars are for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quorumgate.sidecar.ledger import LedgerEntry
+from quorumgate.sidecar.receipts import CertificateError, ReceiptLeaf, root_from_path
+from quorumgate.sidecar.store import SidecarStore
+
+STARTUP_AUDIT_HEIGHTS = 64  # the newest heights checked before a sidecar executes anything
+AUDIT_HEIGHTS_PER_EXECUTED = 1  # older heights checked after each height executed
+
+
+async def audit_height(
+    store: SidecarStore, chain_id: str, receipt_public_key: bytes, height: int
+) -> str | None:
+    """What does not add up at `height`, or None. Reads one height's rows."""
+    signed = await store.signed_block(height)
+    if signed is None:
+        return f"height {height}: no signed block statement"
+    if not signed.signed_by(chain_id, receipt_public_key):
+        return f"height {height}: the block statement is not signed by our receipt key"
+    receipts = await store.receipts_at(height)
+    if [r.leaf.index for r in receipts] != list(range(signed.leaf_count)):
+        return f"height {height}: {len(receipts)} receipts for {signed.leaf_count} leaves"
+    for receipt in receipts:
+        leaf = receipt.leaf
+        try:
+            root = root_from_path(leaf.hash(chain_id), leaf.index, signed.leaf_count, receipt.path)
+        except CertificateError as err:
+            return f"height {height}, leaf {leaf.index}: {err}"
+        if root != signed.verdict_root or receipt.block != signed:
+            return f"height {height}, leaf {leaf.index}: not under the signed verdict root"
+    entries = await store.ledger_at(height)
+    if len(entries) != len(receipts):
+        return f"height {height}: {len(entries)} ledger entries for {len(receipts)} receipts"
+    previous = await store.ledger_hash_before(height)
+    for entry, receipt in zip(entries, receipts, strict=True):
+        problem = _entry_disagrees(entry, receipt.leaf, chain_id)
+        if problem:
+            return f"height {height}, ledger entry {entry.index}: {problem}"
+        if entry.prev_hash != previous:
+            return f"height {height}, ledger entry {entry.index}: does not chain"
+        previous = entry.hash
+    return None
+
+
+def _entry_disagrees(entry: LedgerEntry, leaf: ReceiptLeaf, chain_id: str) -> str:
+    if entry.computed_hash(chain_id) != entry.hash:
+        return "its hash does not match its content"
+    # a leaf names the transaction itself when the verdict answers no proposal (as
+    # receipts.leaf_from_verdict does); the ledger keeps the empty proposal id
+    if (entry.proposal_id or entry.tx_id) != leaf.proposal_id:
+        return "its proposal_id differs from the signed receipt's"
+    fields = (
+        "index",
+        "tx_id",
+        "kind",
+        "outcome",
+        "reason",
+        "mandate_version",
+        "target_digest",
+        "card_digest",
+    )
+    for name in fields:
+        if getattr(entry, name) != getattr(leaf, name):
+            return f"its {name} differs from the signed receipt's"
+    return ""
+
+
+@dataclass
+class AuditCursor:
+    """Which older height to audit next: 1, 2, ... up to the executed height, then again
+    from 1. Deterministic, and O(1) work per executed height."""
+
+    next_height: int = 1
+
+    def take(self, executed_height: int) -> int | None:
+        if executed_height < 1:
+            return None
+        if self.next_height > executed_height:
+            self.next_height = 1
+        height = self.next_height
+        self.next_height += 1
+        return height
