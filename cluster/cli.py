@@ -71,6 +71,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+INSECURE_WARNING = (
+    "INSECURE: plaintext gRPC; anyone on the network reads every call and can pose as a "
+    "client (peers still sign what they send)"
+)
+
+
 def _fail(message: str, code: int = 1) -> int:
     print(f"quorumgate: {message}", file=sys.stderr)
     return code
@@ -80,7 +86,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from quorumgate.proto.clusterfile import ClusterFileError, init_cluster
 
     try:
-        spec = init_cluster(Path(args.dir), args.nodes, host=args.host)
+        spec = init_cluster(Path(args.dir), args.nodes, host=args.host, insecure=args.insecure)
     except (ClusterFileError, OSError) as err:
         return _fail(str(err), 2)
     if args.json:
@@ -92,19 +98,22 @@ def _cmd_init(args: argparse.Namespace) -> int:
                     "n": spec.n,
                     "f": spec.f,
                     "members": [m.replica_address for m in spec.members],
+                    "transport": spec.transport,
                 }
             )
         )
         return 0
     print(
         f"Wrote {spec.directory / 'cluster.json'}: chain {spec.chain_id}, "
-        f"{spec.n} replicas (tolerates f={spec.f} faulty)."
+        f"{spec.n} replicas (tolerates f={spec.f} faulty), transport {spec.transport}."
     )
     for m in spec.members:
         metrics = f"http://{m.host}:{m.metrics_port}/metrics"
         print(f"  node {m.index}: replica {m.replica_address}, metrics {metrics}")
-    keys = f"{spec.directory}/owner.key, {spec.directory}/node-*/consensus.key"
+    keys = f"{spec.directory}/owner.key, {spec.directory}/node-*/{{consensus,receipt,tls}}.key"
     print(f"Private keys (mode 0600): {keys}")
+    if spec.insecure:
+        print(INSECURE_WARNING)
     return 0
 
 
@@ -161,13 +170,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return _fail(str(err), 2)
     statuses = [query_status(spec, i) for i in range(spec.n)]
     if args.json:
-        print(
-            json.dumps(
-                {"chain_id": spec.chain_id, "f": spec.f, "nodes": [st.as_dict() for st in statuses]}
-            )
-        )
+        doc = {
+            "chain_id": spec.chain_id,
+            "f": spec.f,
+            "transport": spec.transport,
+            "nodes": [st.as_dict() for st in statuses],
+        }
+        print(json.dumps(doc))
     else:
         print(status_table(statuses))
+        print(f"transport: {spec.transport}" + (f" — {INSECURE_WARNING}" if spec.insecure else ""))
     return 0 if any(st.alive for st in statuses) else 1
 
 
@@ -426,6 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--nodes", type=int, default=4, help="3f+1 replicas: 4 or 7 (default 4)")
     init.add_argument("--dir", required=True)
     init.add_argument("--host", default="127.0.0.1", help="address every member listens on")
+    init.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext gRPC, no TLS: only on a network you trust (status says so)",
+    )
     init.add_argument("--json", action="store_true")
     init.set_defaults(func=_cmd_init)
 

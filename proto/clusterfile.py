@@ -8,6 +8,8 @@ its public keys. Private keys live beside it, one file per key, mode 0600, never
     DIR/owner.key                      owner (operator) Ed25519 seed, hex
     DIR/node-I/consensus.key           replica I's Ed25519 seed, hex
     DIR/node-I/receipt.key             sidecar I's Ed25519 receipt seed, hex
+    DIR/node-I/tls.key                 member I's TLS private key (PEM); its certificate,
+                                       public, is in cluster.json (proto/tls.py)
     DIR/node-I/                        replica and sidecar I's databases, logs, pid files
 
 Replicas on several hosts: give each member the `host` its peers and clients reach it at
@@ -31,12 +33,16 @@ from pathlib import Path
 from nacl.signing import SigningKey
 
 from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
+from quorumgate.proto.tls import check_certificate, make_node_certificate
 
 FORMAT = "quorumgate-cluster/1"
 CLUSTER_FILE = "cluster.json"
 OWNER_KEY_FILE = "owner.key"
 CONSENSUS_KEY_FILE = "consensus.key"
 RECEIPT_KEY_FILE = "receipt.key"
+TLS_KEY_FILE = "tls.key"
+TRANSPORT_TLS = "tls"
+TRANSPORT_INSECURE = "insecure"  # plaintext gRPC: only on a trusted network, and it says so
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
@@ -57,6 +63,7 @@ class MemberSpec:
     sidecar_metrics_port: int
     public_key: bytes
     receipt_public_key: bytes
+    tls_cert: bytes = b""  # PEM; empty in an insecure cluster
 
     @property
     def replica_address(self) -> str:
@@ -74,6 +81,11 @@ class ClusterSpec:
     owner_public_key: bytes
     members: tuple[MemberSpec, ...]
     tick_ms: int = 10
+    insecure: bool = False  # plaintext gRPC (`quorumgate init --insecure`)
+
+    @property
+    def transport(self) -> str:
+        return TRANSPORT_INSECURE if self.insecure else TRANSPORT_TLS
 
     @property
     def n(self) -> int:
@@ -142,8 +154,11 @@ def public_key_of(seed: bytes) -> bytes:
     return bytes(SigningKey(seed).verify_key)
 
 
-def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> ClusterSpec:
-    """Write a new cluster file and fresh keys for `nodes` members under `directory`."""
+def init_cluster(
+    directory: Path, nodes: int, *, host: str = "127.0.0.1", insecure: bool = False
+) -> ClusterSpec:
+    """Write a new cluster file and fresh keys for `nodes` members under `directory`; with
+    TLS (the default) a TLS key per member and its pinned certificate in the file."""
     if nodes < MEMBERS_MIN:
         raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
     if (nodes - 1) % 3:
@@ -158,6 +173,7 @@ def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> Clu
         planned += [
             directory / f"node-{i}" / CONSENSUS_KEY_FILE,
             directory / f"node-{i}" / RECEIPT_KEY_FILE,
+            directory / f"node-{i}" / TLS_KEY_FILE,
         ]
     for path in planned:
         if path.exists():
@@ -178,6 +194,11 @@ def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> Clu
             for name, value in ((CONSENSUS_KEY_FILE, seed), (RECEIPT_KEY_FILE, receipt_seed)):
                 write_seed(node_dir / name, value)
                 created.append(node_dir / name)
+            tls_cert = b""
+            if not insecure:
+                tls_key, tls_cert = make_node_certificate(i, host)
+                _write_private(node_dir / TLS_KEY_FILE, tls_key)
+                created.append(node_dir / TLS_KEY_FILE)
             base = i * PORTS_PER_MEMBER
             members.append(
                 MemberSpec(
@@ -189,6 +210,7 @@ def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> Clu
                     sidecar_metrics_port=ports[base + 3],
                     public_key=public_key_of(seed),
                     receipt_public_key=public_key_of(receipt_seed),
+                    tls_cert=tls_cert,
                 )
             )
         write_seed(directory / OWNER_KEY_FILE, owner_seed)
@@ -198,6 +220,7 @@ def init_cluster(directory: Path, nodes: int, *, host: str = "127.0.0.1") -> Clu
             chain_id=f"qg-{secrets.token_hex(6)}",
             owner_public_key=public_key_of(owner_seed),
             members=tuple(members),
+            insecure=insecure,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -216,6 +239,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         "chain_id": spec.chain_id,
         "f": spec.f,
         "tick_ms": spec.tick_ms,
+        "transport": spec.transport,
         "owner_public_key": spec.owner_public_key.hex(),
         "members": [
             {
@@ -227,6 +251,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
                 "sidecar_metrics_port": m.sidecar_metrics_port,
                 "public_key": m.public_key.hex(),
                 "receipt_public_key": m.receipt_public_key.hex(),
+                **({"tls_cert": m.tls_cert.decode()} if m.tls_cert else {}),
             }
             for m in spec.members
         ],
@@ -256,6 +281,34 @@ def _hex_key(text: object, where: str) -> bytes:
     return key
 
 
+def _tls_cert(raw: dict[str, object], index: int, where: str) -> bytes:
+    pem = str(_field(raw, "tls_cert", str, where)).encode()
+    try:
+        check_certificate(pem, index)
+    except ValueError as err:
+        raise ClusterFileError(f"{where}: tls_cert: {err}") from err
+    return pem
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """A new private file (mode 0600), never over an existing one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, KEY_FILE_MODE)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def read_private(path: Path) -> bytes:
+    """A private file only its owner may read (a TLS key)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        data = path.read_bytes()
+    except OSError as err:
+        raise ClusterFileError(f"cannot read key file {path}: {err.strerror}") from err
+    if mode & 0o077:
+        raise ClusterFileError(f"key file {path} is readable by others (mode {mode:o}); chmod 600")
+    return data
+
+
 def load_cluster(directory: Path) -> ClusterSpec:
     path = directory / CLUSTER_FILE
     try:
@@ -276,6 +329,12 @@ def load_cluster(directory: Path) -> ClusterSpec:
     tick_ms = doc.get("tick_ms", 10)
     if not isinstance(tick_ms, int) or not 1 <= tick_ms <= 1000:
         raise ClusterFileError(f"{where}: tick_ms must be an integer in 1..1000")
+    transport = doc.get("transport", TRANSPORT_INSECURE)  # files from before TLS: plaintext
+    if transport not in (TRANSPORT_TLS, TRANSPORT_INSECURE):
+        raise ClusterFileError(
+            f"{where}: transport must be {TRANSPORT_TLS!r} or {TRANSPORT_INSECURE!r}"
+        )
+    insecure = transport == TRANSPORT_INSECURE
     raw_members = _field(doc, "members", list, where)
     assert isinstance(raw_members, list)
     members = []
@@ -305,9 +364,10 @@ def load_cluster(directory: Path) -> ClusterSpec:
                 receipt_public_key=_hex_key(
                     _field(raw, "receipt_public_key", str, mwhere), f"{mwhere}: receipt_public_key"
                 ),
+                tls_cert=b"" if insecure else _tls_cert(raw, i, mwhere),
             )
         )
-    spec = ClusterSpec(directory, str(chain_id), owner, tuple(members), tick_ms)
+    spec = ClusterSpec(directory, str(chain_id), owner, tuple(members), tick_ms, insecure)
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:
         raise ClusterFileError(f"{where}: f is {declared_f} but {spec.n} members give f={spec.f}")

@@ -48,6 +48,7 @@ from quorumgate.replica.actions import (
     StoreBlock,
     check_send_allowed,
 )
+from quorumgate.replica.channels import add_server_port
 from quorumgate.replica.client_api import ClientApi
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
@@ -111,8 +112,8 @@ class ReplicaNode:
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
         self.store: ReplicaStore | None = None
         self.core: Core | None = None
-        self.sidecar = SidecarLink(spec.chain_id, self.member, self.metrics, self._new_root)
-        self.peers = PeerNetwork(spec, index, self.metrics, self.on_peer_message)
+        self.sidecar = SidecarLink(spec, index, self.metrics, self._new_root)
+        self.peers = PeerNetwork(spec, index, signer, self.metrics, self.on_peer_message)
         self._roots_queued = False
         self._events: asyncio.Queue[Event] = asyncio.Queue(maxsize=INBOUND_EVENTS_MAX)
         self._tick_queued = False
@@ -159,11 +160,7 @@ class ReplicaNode:
         server = grpc.aio.server(options=CHANNEL_OPTIONS)
         add_service(server, pb_grpc.add_PeerServicer_to_server, self.peers.servicer())
         add_service(server, cpb_grpc.add_ReplicaServicer_to_server, client_api)
-        address = self.member.replica_address
-        try:
-            server.add_insecure_port(address)
-        except RuntimeError as err:
-            raise OSError(f"cannot listen on {address} (port in use?)") from err
+        address = add_server_port(server, self.spec, self.index, "replica")
         await server.start()
         self._server = server
         self.sidecar.open()

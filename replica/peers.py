@@ -9,6 +9,8 @@ and receives, through `on_message`, every message a peer streams to us.
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -16,6 +18,8 @@ import grpc
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.replica.channels import aio_channel, check_peer_auth, peer_auth_metadata
+from quorumgate.replica.crypto import Signer
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.transport import PeerLink
 
@@ -27,11 +31,13 @@ class PeerNetwork:
         self,
         spec: ClusterSpec,
         index: int,
+        signer: Signer,
         metrics: ReplicaMetrics,
         on_message: Callable[[pb.ConsensusMessage], None],
     ) -> None:
         self.spec = spec
         self.index = index
+        self.signer = signer
         self.metrics = metrics
         self.on_message = on_message
         self._links: dict[int, PeerLink] = {}
@@ -41,9 +47,18 @@ class PeerNetwork:
     def start(self) -> None:
         for m in self.spec.members:
             if m.index != self.index:
-                link = PeerLink(m.index, m.replica_address, self.metrics.send_queue_drops.inc)
+                link = PeerLink(
+                    m.index,
+                    functools.partial(aio_channel, self.spec, m.index, "replica"),
+                    self.metrics.send_queue_drops.inc,
+                    functools.partial(self._stream_metadata, m.index),
+                )
                 link.start()
                 self._links[m.index] = link
+
+    def _stream_metadata(self, receiver: int) -> tuple[tuple[str, str], ...]:
+        now_ms = int(time.time() * 1000)
+        return peer_auth_metadata(self.spec.chain_id, self.index, receiver, now_ms, self.signer)
 
     async def stop(self) -> None:
         for link in self._links.values():
@@ -102,17 +117,27 @@ class PeerService(pb_grpc.PeerServicer):  # type: ignore[misc]
         request_iterator: AsyncIterator[pb.ConsensusMessage],
         context: grpc.aio.ServicerContext,
     ) -> pb.StreamAck:
+        """A member's stream of messages to us. Who it is comes from the signed statement
+        it opened the stream with, never from the messages: one naming another sender is
+        dropped and counted as spoofed."""
         network = self.network
+        now_ms = int(time.time() * 1000)
+        sender = check_peer_auth(network.spec, network.index, context.invocation_metadata(), now_ms)
+        if sender is None:
+            network.metrics.dropped.labels("unauthenticated_peer").inc()
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "a peer stream opens with a signed statement"
+            )
+        assert sender is not None
         received = 0
-        sender: int | None = None
+        network.stream_opened(sender)
         try:
             async for message in request_iterator:
-                if sender is None and 0 <= message.sender < network.spec.n:
-                    sender = message.sender
-                    network.stream_opened(sender)
                 received += 1
+                if message.sender != sender:
+                    network.metrics.dropped.labels("spoofed_sender").inc()
+                    continue
                 network.on_message(message)
         finally:
-            if sender is not None:
-                network.stream_closed(sender)
+            network.stream_closed(sender)
         return pb.StreamAck(received=received)

@@ -16,11 +16,11 @@ import grpc
 
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
-from quorumgate.proto.clusterfile import MemberSpec
+from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.reports import root_report_statement
+from quorumgate.replica.channels import aio_channel
 from quorumgate.replica.crypto import ed25519_verify
 from quorumgate.replica.metrics import ReplicaMetrics
-from quorumgate.replica.transport import CHANNEL_OPTIONS
 
 STATE_ROOTS_KEPT = 4_096
 ADMIT_RPC_TIMEOUT_S = 2.0
@@ -69,13 +69,15 @@ class SidecarLink:
 
     def __init__(
         self,
-        chain_id: str,
-        member: MemberSpec,
+        spec: ClusterSpec,
+        index: int,
         metrics: ReplicaMetrics,
         on_new_root: Callable[[], None],
     ) -> None:
-        self.chain_id = chain_id
-        self.member = member
+        self.spec = spec
+        self.index = index
+        self.chain_id = spec.chain_id
+        self.member = spec.member(index)
         self.metrics = metrics
         self.roots = SidecarRoots()
         self._on_new_root = on_new_root
@@ -83,9 +85,7 @@ class SidecarLink:
         self._stub: spb_grpc.SidecarStub | None = None
 
     def open(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
-            self.member.sidecar_address, options=CHANNEL_OPTIONS
-        )
+        self._channel = aio_channel(self.spec, self.index, "sidecar")
         self._stub = spb_grpc.SidecarStub(self._channel)
 
     async def close(self) -> None:

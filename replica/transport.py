@@ -45,9 +45,18 @@ log = logging.getLogger("quorumgate.transport")
 class PeerLink:
     """The send side of one peer: a bounded queue drained into one gRPC stream."""
 
-    def __init__(self, peer: int, address: str, on_drop: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        peer: int,
+        connect: Callable[[], grpc.aio.Channel],
+        on_drop: Callable[[], None],
+        metadata: Callable[[], tuple[tuple[str, str], ...]] = tuple,
+    ) -> None:
+        """`connect` opens a channel to the peer (TLS or not: replica/channels.py);
+        `metadata` is sent with each new stream (the signed statement of who we are)."""
         self.peer = peer
-        self.address = address
+        self._connect = connect
+        self._metadata = metadata
         self._queue: deque[tuple[pb.ConsensusMessage, int]] = deque()
         self.queued_bytes = 0
         self._ready = asyncio.Event()
@@ -92,14 +101,14 @@ class PeerLink:
     async def _run(self) -> None:
         delay = RECONNECT_DELAY_S_MIN
         while True:
-            async with grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS) as channel:
+            async with self._connect() as channel:
                 stub = pb_grpc.PeerStub(channel)
                 try:
                     await channel.channel_ready()
                     self.connected = True
                     delay = RECONNECT_DELAY_S_MIN
-                    log.info("event=peer_connected peer=%d address=%s", self.peer, self.address)
-                    await stub.Stream(self._outgoing())
+                    log.info("event=peer_connected peer=%d", self.peer)
+                    await stub.Stream(self._outgoing(), metadata=self._metadata())
                 except grpc.aio.AioRpcError as err:
                     log.info("event=peer_stream_closed peer=%d code=%s", self.peer, err.code().name)
                 finally:

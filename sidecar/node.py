@@ -47,6 +47,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
+from quorumgate.replica.channels import add_server_port, aio_channel
 from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.transport import CHANNEL_OPTIONS
@@ -171,29 +172,27 @@ class Sidecar:
         self.engine = (
             Engine(self.config) if state is None else Engine.from_state_bytes(self.config, state)
         )
-        server = grpc.aio.server(options=CHANNEL_OPTIONS)
-        add_service(server, spb_grpc.add_SidecarServicer_to_server, _SidecarService(self))
-        try:
-            server.add_insecure_port(self.member.sidecar_address)
-        except RuntimeError as err:
-            raise OSError(f"cannot listen on {self.member.sidecar_address} (port in use?)") from err
-        await server.start()
-        self._server = server
-        start_http_server(self.member.sidecar_metrics_port, self.member.host, self.metrics.registry)
-        self.metrics.executed_height.set(self.store.executed_height)
         self.registry_since = self.store.executed_height
-        # Before executing anything: does our store still say what we signed?
+        # Before serving or executing anything: does our store still say what we signed?
+        # (A failed audit raises the alarm; the sidecar then serves Status, no receipts.)
         top = self.store.executed_height
         for height in range(max(1, top - STARTUP_AUDIT_HEIGHTS + 1), top + 1):
             await self._audit(height)
-        self.failstop.spawn(self._follow(), "follow")
-        self.failstop.spawn(self._report_roots(), "roots")
         log.info(
             "event=started node=%d address=%s executed_height=%d",
             self.index,
             self.member.sidecar_address,
-            self.store.executed_height,
+            top,
         )
+        server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        add_service(server, spb_grpc.add_SidecarServicer_to_server, _SidecarService(self))
+        add_server_port(server, self.spec, self.index, "sidecar")
+        await server.start()
+        self._server = server
+        start_http_server(self.member.sidecar_metrics_port, self.member.host, self.metrics.registry)
+        self.metrics.executed_height.set(top)
+        self.failstop.spawn(self._follow(), "follow")
+        self.failstop.spawn(self._report_roots(), "roots")
 
     async def stop(self) -> None:
         await self.failstop.cancel_all()
@@ -218,9 +217,7 @@ class Sidecar:
         assert store is not None
         while not self.diverged:
             try:
-                async with grpc.aio.insecure_channel(
-                    self.member.replica_address, options=CHANNEL_OPTIONS
-                ) as channel:
+                async with aio_channel(self.spec, self.index, "replica") as channel:
                     stub = cpb_grpc.ReplicaStub(channel)
                     request = cpb.BlocksRequest(from_height=store.executed_height + 1)
                     async for committed in stub.CommittedBlocks(request):
@@ -362,9 +359,7 @@ class Sidecar:
 
         while True:
             try:
-                async with grpc.aio.insecure_channel(
-                    self.member.replica_address, options=CHANNEL_OPTIONS
-                ) as channel:
+                async with aio_channel(self.spec, self.index, "replica") as channel:
                     stub = cpb_grpc.ReplicaStub(channel)
                     await stub.ReportStateRoots(reports())
             except grpc.aio.AioRpcError as err:

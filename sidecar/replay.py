@@ -31,9 +31,9 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
 from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.channels import aio_channel
 from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.storage import ReplicaStore
-from quorumgate.replica.transport import CHANNEL_OPTIONS
 from quorumgate.replica.types import Block, RemoteError, genesis_block
 from quorumgate.replica.wire import decode_block
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
@@ -100,8 +100,7 @@ class _Checkpoint:
 async def _blocks_from_replica(
     spec: ClusterSpec, index: int, start: int, top: int
 ) -> AsyncIterator[Block]:
-    address = spec.member(index).replica_address
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+    async with aio_channel(spec, index) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         stream = stub.CommittedBlocks(cpb.BlocksRequest(from_height=start))
         async for committed in stream:
@@ -127,8 +126,7 @@ async def _blocks_from_store(store: ReplicaStore, start: int, top: int) -> Async
 
 async def _replica_top(spec: ClusterSpec, index: int) -> int | None:
     """The running replica's committed height, or None if it does not answer."""
-    address = spec.member(index).replica_address
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+    async with aio_channel(spec, index) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         try:
             status = await stub.Status(cpb.StatusRequest(), timeout=2.0)

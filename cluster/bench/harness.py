@@ -62,7 +62,7 @@ from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto import tx_pb2
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.tx import tx_id
-from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.replica.channels import aio_channel
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
 from quorumgate.sidecar.receipts import (
     Certificate,
@@ -563,7 +563,8 @@ class BlockCertifier:
 @dataclass(frozen=True, slots=True)
 class ClientJob:
     client: int
-    address: str
+    spec: ClusterSpec
+    replica: int  # the member whose replica this client submits to
     chain_id: str
     shape: LoadShape
     agents: tuple[tuple[str, int], ...]  # (name, next nonce)
@@ -573,8 +574,8 @@ class ClientJob:
 @dataclass(frozen=True, slots=True)
 class ObserverJob:
     chain_id: str
-    replica_address: str
-    sidecar_addresses: tuple[str, ...]  # empty: ordering only
+    spec: ClusterSpec
+    full: bool  # certificates too (False: ordering only)
     receipt_keys: tuple[bytes, ...]
     client_of_signer: dict[bytes, int]
     from_height: int
@@ -661,7 +662,7 @@ async def _client(
 
     aio.add_reader(inbox.fileno(), on_inbox)
 
-    async with grpc.aio.insecure_channel(job.address, options=CHANNEL_OPTIONS) as channel:
+    async with aio_channel(job.spec, job.replica) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         replies = stub.SubmitStream(
             cpb.SubmitBatch(requests=batch)
@@ -730,7 +731,7 @@ async def _observe(
     ready: Callable[[], None],
 ) -> ObserverResult:
     result = ObserverResult()
-    full = bool(job.sidecar_addresses)
+    full = job.full
     certifier = BlockCertifier(job.chain_id, job.receipt_keys)
     committed: dict[bytes, tuple[int, float]] = {}  # full mode: tx id -> (client, commit time)
     early: dict[bytes, tuple[float, str]] = {}  # certified before its commit was seen here
@@ -793,10 +794,9 @@ async def _observe(
                     complete(client, (tid, t_commit, now))
             flush()
 
-    channels = [grpc.aio.insecure_channel(job.replica_address, options=CHANNEL_OPTIONS)]
-    channels += [
-        grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in job.sidecar_addresses
-    ]
+    spec = job.spec
+    channels = [aio_channel(spec, 0)]
+    channels += [aio_channel(spec, i, "sidecar") for i in range(spec.n)] if job.full else []
     tasks = [asyncio.create_task(follow_commits(channels[0]))]
     tasks += [asyncio.create_task(follow_receipts(i, ch)) for i, ch in enumerate(channels[1:])]
     ready()
@@ -839,7 +839,7 @@ async def _accounts(spec: ClusterSpec, signers: Sequence[bytes]) -> list[tuple[b
     answered = 0
     semaphore = asyncio.Semaphore(ACCOUNT_CALLS_IN_FLIGHT_MAX)
     for m in spec.members:
-        async with grpc.aio.insecure_channel(m.sidecar_address, options=CHANNEL_OPTIONS) as ch:
+        async with aio_channel(spec, m.index, "sidecar") as ch:
             stub = spb_grpc.SidecarStub(ch)
 
             async def one(i: int, stub: spb_grpc.SidecarStub = stub) -> spb.AccountReply:
@@ -968,8 +968,8 @@ def run_once(
     pipes = [ctx.Pipe(duplex=False) for _ in range(options.clients)]
     observer_job = ObserverJob(
         chain_id=spec.chain_id,
-        replica_address=spec.members[0].replica_address,
-        sidecar_addresses=tuple(m.sidecar_address for m in spec.members) if full else (),
+        spec=spec,
+        full=full,
         receipt_keys=spec.receipt_keys,
         client_of_signer=client_of_signer,
         from_height=from_height,
@@ -988,7 +988,8 @@ def run_once(
         for c in range(options.clients):
             job = ClientJob(
                 client=c,
-                address=spec.members[c % spec.n].replica_address,
+                spec=spec,
+                replica=c % spec.n,
                 chain_id=spec.chain_id,
                 shape=shape,
                 agents=groups[c],

@@ -12,14 +12,13 @@ import logging
 import sys
 import time
 
-import grpc
-
 from quorumgate.examples.multi_agent import ExampleReport, run_example
 from quorumgate.ops.nodes import query_status, start_cluster, stop_nodes
 from quorumgate.ops.output import status_table, table
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.replica.channels import sync_channel
 
 
 def _status_lines(spec: ClusterSpec) -> str:
@@ -51,7 +50,7 @@ def _same_chain(spec: ClusterSpec) -> tuple[int, int]:
     height = min(query_status(spec, i).height or 0 for i in range(spec.n))
     hashes = set()
     for m in spec.members:
-        with grpc.insecure_channel(m.replica_address) as channel:
+        with sync_channel(spec, m.index) as channel:
             stub = cpb_grpc.ReplicaStub(channel)
             for block in stub.CommittedBlocks(cpb.BlocksRequest(from_height=height), timeout=5):
                 hashes.add(block.hash)

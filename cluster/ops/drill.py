@@ -106,6 +106,7 @@ from quorumgate.proto.limits import QUOTA_PROPOSALS_MAX_DEFAULT, QUOTA_WINDOW_MS
 from quorumgate.proto.model import Argument
 from quorumgate.proto.model import Proposal as CallProposal
 from quorumgate.proto.tx import build, parse, tx_id
+from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.storage import ReplicaStore, StorageError
 from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX
 from quorumgate.replica.types import Block
@@ -416,7 +417,7 @@ def _poll(check: Callable[[], T | None], timeout_s: float, every_s: float = POLL
 def _replica_status(spec: ClusterSpec, index: int) -> cpb.StatusReply | None:
     """One Status call on a fresh channel: a cached one may sit in reconnect back-off after
     a restart and make a recovery look slower than it was."""
-    with grpc.insecure_channel(spec.member(index).replica_address) as channel:
+    with sync_channel(spec, index) as channel:
         try:
             reply: cpb.StatusReply = cpb_grpc.ReplicaStub(channel).Status(
                 cpb.StatusRequest(), timeout=STATUS_TIMEOUT_S
@@ -465,8 +466,7 @@ def _committed_blocks(spec: ClusterSpec, index: int, start: int, end: int) -> li
     broken streams."""
     out: list[Block] = []
     failures = 0
-    address = spec.member(index).replica_address
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+    with sync_channel(spec, index) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         while start + len(out) <= end:
             call = stub.CommittedBlocks(
@@ -833,9 +833,8 @@ class _Load:
         with self._lock:
             channel = self._channels.get(node)
             if channel is None:
-                address = self.spec.member(node).replica_address
-                channel = self._channels[node] = grpc.insecure_channel(
-                    address, options=CHANNEL_OPTIONS
+                channel = self._channels[node] = sync_channel(
+                    self.spec, node
                 )
             return channel
 

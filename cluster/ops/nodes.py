@@ -25,6 +25,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.replica.channels import sync_channel
 
 PID_FILE = "replica.pid"  # the replica's; the sidecar's is sidecar.pid
 READY_TIMEOUT_S = 30.0
@@ -147,7 +148,7 @@ def start_sidecars(spec: ClusterSpec, indexes: list[int]) -> dict[int, subproces
 def sidecar_status(
     spec: ClusterSpec, index: int, timeout_s: float = STATUS_RPC_TIMEOUT_S
 ) -> spb.SidecarStatusReply | None:
-    with grpc.insecure_channel(spec.member(index).sidecar_address) as channel:
+    with sync_channel(spec, index, "sidecar") as channel:
         stub = spb_grpc.SidecarStub(channel)
         try:
             reply: spb.SidecarStatusReply = stub.Status(
@@ -163,7 +164,7 @@ def query_status(
 ) -> NodeStatus:
     m = spec.member(index)
     pid = running_pid(spec, index)
-    with grpc.insecure_channel(m.replica_address) as channel:
+    with sync_channel(spec, index) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         try:
             reply = stub.Status(cpb.StatusRequest(), timeout=timeout_s)

@@ -96,6 +96,7 @@ from quorumgate.proto.model import (
     TxPayload,
     canonical_tool_list,
 )
+from quorumgate.replica.channels import aio_channel, sync_channel
 from quorumgate.sdk.nonces import NonceLedger
 from quorumgate.sdk.registry import Registry, registry_from_pb
 from quorumgate.sidecar.engine.statements import ConfirmationCard, handle_for
@@ -462,15 +463,9 @@ class _Channels:
     """One channel per replica and per sidecar."""
 
     def __init__(self, spec: ClusterSpec) -> None:
-        from quorumgate.replica.transport import CHANNEL_OPTIONS
-
-        self.replica_channels = [
-            grpc.aio.insecure_channel(m.replica_address, options=CHANNEL_OPTIONS)
-            for m in spec.members
-        ]
+        self.replica_channels = [aio_channel(spec, m.index) for m in spec.members]
         self.sidecar_channels = [
-            grpc.aio.insecure_channel(m.sidecar_address, options=CHANNEL_OPTIONS)
-            for m in spec.members
+            aio_channel(spec, m.index, "sidecar") for m in spec.members
         ]
         self.replicas = [cpb_grpc.ReplicaStub(c) for c in self.replica_channels]
         self.sidecars = [spb_grpc.SidecarStub(c) for c in self.sidecar_channels]
@@ -733,8 +728,11 @@ class Client:
         uncertain = False  # an earlier attempt may have delivered these bytes
         overloads = 0
         backoff = BACKOFF_S_MIN
+        replayed_by: set[int] = set()  # replicas that answered "replayed" for these bytes
         for _round in range(SUBMIT_ROUNDS_MAX):
             for index in self._replica_order():
+                if index in replayed_by:
+                    continue
                 while True:
                     try:
                         await stubs[index].Submit(
@@ -763,10 +761,19 @@ class Client:
                             return  # our own earlier copy landed: the same transaction
                         if uncertain:
                             raise Replayed(reason, code.name)
-                        raise _FreshReplay(reason)
+                        if reason == "conflicting_nonce":
+                            raise _FreshReplay(reason)  # another transaction holds it
+                        # "replayed": spent, or only ahead of a replica that lags behind
+                        # the cluster (its window has not moved yet): ask the others
+                        replayed_by.add(index)
+                        if len(replayed_by) == len(stubs):
+                            raise _FreshReplay(reason)
+                        break
                     raise Refused(reason or code.name.lower(), code.name)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_S_MAX)
+        if replayed_by and not uncertain:
+            raise _FreshReplay("replayed")
         raise ClusterUnavailable("replicas_unreachable" if not uncertain else "no_admission")
 
     async def submit(self, payload: TxPayload) -> Submitted:
@@ -870,8 +877,6 @@ class Client:
         except grpc.aio.AioRpcError as err:
             log.debug("event=submit_stream_broken replica=%d code=%s", index, err.code().name)
         out: list[Submitted | QuorumGateError] = []
-        if any(r.code == grpc.StatusCode.ALREADY_EXISTS.value[0] for r in replies.values()):
-            await self.sync_nonce()  # tells a nonce held elsewhere from one too far ahead
         for k, (sub, _request) in enumerate(signed):
             reply = replies.get(k)
             if reply is not None and reply.accepted:
@@ -884,17 +889,14 @@ class Client:
             if reply is not None and code not in (
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.ALREADY_EXISTS,
             ):
-                error: QuorumGateError
-                if code is grpc.StatusCode.ALREADY_EXISTS:
-                    self._nonces.held_elsewhere(sub.nonce)
-                    error = Replayed(reply.reason, code.name, proposal_id=sub.proposal_id)
-                else:
-                    self._nonces.refused(sub.nonce)
-                    error = Refused(reply.reason, code.name, proposal_id=sub.proposal_id)
-                out.append(error)
+                self._nonces.refused(sub.nonce)
+                out.append(Refused(reply.reason, code.name, proposal_id=sub.proposal_id))
                 continue
-            try:  # no answer, or back-pressure: the same bytes through the retrying path
+            # No answer, back-pressure, or "replayed" from one replica (which may only lag
+            # behind the others): the same bytes through the retrying path.
+            try:
                 await self._deliver(sub.tx)
                 self._nonces.delivered(sub.nonce)
                 out.append(sub)
@@ -1499,7 +1501,7 @@ class CommittedLog:
         """The highest committed height any replica reports."""
         best = -1
         for member in self.spec.members:
-            with grpc.insecure_channel(member.replica_address) as channel:
+            with sync_channel(self.spec, member.index) as channel:
                 try:
                     reply = cpb_grpc.ReplicaStub(channel).Status(
                         cpb.StatusRequest(), timeout=RPC_TIMEOUT_S
@@ -1518,14 +1520,13 @@ class CommittedLog:
     ) -> int:
         """Execute committed blocks up to `to_height` (default: the committed height now);
         try each replica in turn. Returns the height reached."""
-        from quorumgate.replica.transport import CHANNEL_OPTIONS
         from quorumgate.replica.wire import decode_block
 
         target = self.committed_height() if to_height is None else to_height
         for member in self.spec.members:
             if self.height >= target:
                 break
-            with grpc.insecure_channel(member.replica_address, options=CHANNEL_OPTIONS) as ch:
+            with sync_channel(self.spec, member.index) as ch:
                 stream = cpb_grpc.ReplicaStub(ch).CommittedBlocks(
                     cpb.BlocksRequest(from_height=self.height + 1),
                     timeout=BLOCKS_STREAM_TIMEOUT_S,

@@ -31,6 +31,7 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.proto.tx import build
+from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
 from quorumgate.sdk.polling import poll_for
 
@@ -47,7 +48,7 @@ def next_nonce(spec: ClusterSpec, signer: bytes) -> tuple[bool, int]:
     """(known, next nonce) for `signer`, the highest that f+1 sidecars agree is at least."""
     answers: list[tuple[bool, int]] = []
     for m in spec.members:
-        with grpc.insecure_channel(m.sidecar_address) as channel:
+        with sync_channel(spec, m.index, "sidecar") as channel:
             stub = spb_grpc.SidecarStub(channel)
             try:
                 reply = stub.Account(spb.AccountRequest(signer=signer), timeout=RPC_TIMEOUT_S)
@@ -77,8 +78,7 @@ class OwnerSession:
             requests.append(cpb.SubmitRequest(tx=data, request_id=self._nonce))
             last_nonce = self._nonce
             self._nonce += 1
-        member = self.spec.members[0]
-        with grpc.insecure_channel(member.replica_address) as channel:
+        with sync_channel(self.spec, 0) as channel:
             stub = cpb_grpc.ReplicaStub(channel)
             batches = [
                 cpb.SubmitBatch(requests=requests[i : i + SUBMIT_BATCH_TXS_MAX])

@@ -19,10 +19,18 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
-from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, init_cluster, read_seed
+from quorumgate.proto.clusterfile import (
+    RECEIPT_KEY_FILE,
+    TLS_KEY_FILE,
+    ClusterSpec,
+    init_cluster,
+    read_private,
+    read_seed,
+)
 from quorumgate.proto.limits import NONCE_WINDOW
 from quorumgate.proto.model import Argument, Proposal
 from quorumgate.proto.tx import tx_id
+from quorumgate.replica.channels import aio_channel, sync_channel
 from quorumgate.sdk.client import (
     Client,
     ClusterUnavailable,
@@ -248,7 +256,7 @@ def test_certificate_assembled_from_disagreeing_receipts_is_refused(
 def _receipts(spec: ClusterSpec, proposal_id: bytes, members: list[int]) -> list[Receipt]:
     out = []
     for i in members:
-        with grpc.insecure_channel(spec.member(i).sidecar_address) as channel:
+        with sync_channel(spec, i, "sidecar") as channel:
             reply = spb_grpc.SidecarStub(channel).GetReceipt(
                 spb.ReceiptRequest(proposal_id=proposal_id), timeout=5
             )
@@ -286,7 +294,7 @@ class LyingSidecar(spb_grpc.SidecarServicer):  # type: ignore[misc]
         self.as_index = as_index
         self.garble = garble  # keep the honest statement, break its signature
         self.forged = 0
-        self.real = spb_grpc.SidecarStub(grpc.aio.insecure_channel(spec.member(3).sidecar_address))
+        self.real = spb_grpc.SidecarStub(aio_channel(spec, 3, "sidecar"))
 
     async def GetReceipt(
         self, request: spb.ReceiptRequest, context: grpc.aio.ServicerContext
@@ -321,12 +329,33 @@ class LyingSidecar(spb_grpc.SidecarServicer):  # type: ignore[misc]
         return reply
 
 
-async def _serve(servicer: object, add: object) -> tuple[grpc.aio.Server, int]:
+async def _serve(
+    servicer: object, add: object, spec: ClusterSpec, posing_as: int
+) -> tuple[grpc.aio.Server, int]:
+    """A test double serving as member `posing_as` (a faulty member has its own TLS key)."""
     server = grpc.aio.server()
     add(servicer, server)  # type: ignore[operator]
-    port = server.add_insecure_port("127.0.0.1:0")
+    if spec.insecure:
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        key = read_private(spec.node_dir(posing_as) / TLS_KEY_FILE)
+        credentials = grpc.ssl_server_credentials([(key, spec.member(posing_as).tls_cert)])
+        port = server.add_secure_port("127.0.0.1:0", credentials)
     await server.start()
     return server, port
+
+
+async def _overloaded_cluster(
+    cluster: ClusterSpec, servicer: object
+) -> tuple[ClusterSpec, list[grpc.aio.Server]]:
+    """Every replica is the overloaded double: one server posing as each member (each
+    with that member's TLS key), all sharing one servicer."""
+    spec, servers = cluster, []
+    for i in range(cluster.n):
+        server, port = await _serve(servicer, cpb_grpc.add_ReplicaServicer_to_server, cluster, i)
+        servers.append(server)
+        spec = _with_member(spec, i, replica_port=port)
+    return spec, servers
 
 
 def _with_member(
@@ -356,7 +385,7 @@ async def test_a_lying_sidecar_cannot_change_or_spoil_the_certified_answer(
 ) -> None:
     _, key = new_agent(owner, [])
     liar = LyingSidecar(cluster, as_index, garble=garble)
-    server, port = await _serve(liar, spb_grpc.add_SidecarServicer_to_server)
+    server, port = await _serve(liar, spb_grpc.add_SidecarServicer_to_server, cluster, 3)
     try:
         spec = _with_member(cluster, 3, sidecar_port=port)
         async with agent_client(spec, key) as qg:
@@ -377,7 +406,7 @@ class LandThenDrop(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.delivered = 0
-        self.real = cpb_grpc.ReplicaStub(grpc.aio.insecure_channel(spec.member(0).replica_address))
+        self.real = cpb_grpc.ReplicaStub(aio_channel(spec, 0))
 
     async def Submit(
         self, request: cpb.SubmitRequest, context: grpc.aio.ServicerContext
@@ -392,7 +421,7 @@ async def test_a_lost_answer_is_retried_on_another_replica_with_the_same_bytes(
 ) -> None:
     _, key = new_agent(owner, ["web.get"])
     flaky = LandThenDrop(cluster)
-    server, port = await _serve(flaky, cpb_grpc.add_ReplicaServicer_to_server)
+    server, port = await _serve(flaky, cpb_grpc.add_ReplicaServicer_to_server, cluster, 0)
     try:
         spec = _with_member(cluster, 0, replica_port=port)
         async with agent_client(spec, key) as qg:
@@ -405,7 +434,7 @@ async def test_a_lost_answer_is_retried_on_another_replica_with_the_same_bytes(
     assert submitted.proposal_id == tx_id(bytes(key.verify_key), submitted.nonce)
     # the same bytes again, to every replica: never a second verdict for the id
     for member in cluster.members:
-        with grpc.insecure_channel(member.replica_address) as channel:
+        with sync_channel(cluster, member.index) as channel:
             try:
                 cpb_grpc.ReplicaStub(channel).Submit(cpb.SubmitRequest(tx=submitted.tx), timeout=5)
             except grpc.RpcError as err:
@@ -420,7 +449,7 @@ class Exhausted(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     def __init__(self, spec: ClusterSpec, refusals: int) -> None:
         self.refusals = refusals
         self.calls = 0
-        self.real = cpb_grpc.ReplicaStub(grpc.aio.insecure_channel(spec.member(1).replica_address))
+        self.real = cpb_grpc.ReplicaStub(aio_channel(spec, 1))
 
     async def Submit(
         self, request: cpb.SubmitRequest, context: grpc.aio.ServicerContext
@@ -442,11 +471,8 @@ async def test_resource_exhausted_backs_off_within_a_bound(
     monkeypatch.setattr(client_module, "BACKOFF_S_MAX", 0.01)
     _, key = new_agent(owner, ["web.get"])
     full = Exhausted(cluster, refusals)
-    server, port = await _serve(full, cpb_grpc.add_ReplicaServicer_to_server)
+    spec, servers = await _overloaded_cluster(cluster, full)
     try:
-        spec = cluster
-        for i in range(cluster.n):  # every replica is the overloaded one
-            spec = _with_member(spec, i, replica_port=port)
         async with agent_client(spec, key) as qg:
             if refusals > client_module.OVERLOAD_RETRIES_MAX:
                 with pytest.raises(Overloaded) as err:
@@ -458,7 +484,8 @@ async def test_resource_exhausted_backs_off_within_a_bound(
                 assert full.calls == refusals + 1
                 assert (await qg.await_certificate(submitted.proposal_id)).allowed
     finally:
-        await server.stop(0)
+        for server in servers:
+            await server.stop(0)
 
 
 async def test_a_refusal_is_typed_and_says_nothing_of_the_reason(
@@ -501,7 +528,7 @@ async def _all_sidecars_past(spec: ClusterSpec, key: SigningKey, next_nonce: int
     request = spb.AccountRequest(signer=bytes(key.verify_key))
     deadline = asyncio.get_running_loop().time() + 30
     for member in spec.members:
-        async with grpc.aio.insecure_channel(member.sidecar_address) as channel:
+        async with aio_channel(spec, member.index, "sidecar") as channel:
             stub = spb_grpc.SidecarStub(channel)
             while (await stub.Account(request, timeout=5)).next_nonce < next_nonce:
                 assert asyncio.get_running_loop().time() < deadline, "sidecar never caught up"

@@ -15,6 +15,7 @@ from nacl.signing import SigningKey
 from quorumgate.ops import clientcli
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster, read_seed
 from quorumgate.proto.model import DENIAL_TEXT, Mandate
+from quorumgate.replica.channels import sync_channel
 from quorumgate.sdk.client import SyncClient, load_certificate, verify
 from tests.client.conftest import SINK
 
@@ -208,7 +209,7 @@ def test_the_registry_rpc_answers_for_one_height_or_says_why_not(cluster: Cluste
     from quorumgate.proto import sidecar_pb2 as spb
     from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 
-    with grpc.insecure_channel(cluster.members[0].sidecar_address) as channel:
+    with sync_channel(cluster, 0, "sidecar") as channel:
         stub = spb_grpc.SidecarStub(channel)
         now = stub.Registry(spb.RegistryRequest(), timeout=5)
         status = stub.Status(spb.SidecarStatusRequest(), timeout=5)

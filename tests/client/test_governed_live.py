@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from nacl.signing import SigningKey
 
@@ -23,6 +22,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import DENIAL_TEXT, Proposal
 from quorumgate.proto.tx import parse
+from quorumgate.replica.channels import sync_channel
 from quorumgate.sdk.client import (
     Client,
     SyncClient,
@@ -47,7 +47,7 @@ from quorumgate.sdk.governed import (
     resume_confirmed,
 )
 from tests.client.conftest import LiveCluster, new_agent, wait_until
-from tests.client.test_client_live import Exhausted, _serve, _with_member
+from tests.client.test_client_live import Exhausted, _overloaded_cluster
 
 URL = "https://example.com/page"
 SECRET = f"SECRET-{uuid.uuid4().hex}"  # never known to any code path but the caller's
@@ -379,11 +379,8 @@ async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(
     monkeypatch.setattr(client_module, "BACKOFF_S_MAX", 0.002)
     _, key = new_agent(owner, ["web.get"])
     full = Exhausted(cluster, refusals=1_000_000)
-    server, port = await _serve(full, cpb_grpc.add_ReplicaServicer_to_server)
+    spec, servers = await _overloaded_cluster(cluster, full)
     try:
-        spec = cluster
-        for i in range(cluster.n):
-            spec = _with_member(spec, i, replica_port=port)
         async with Client(spec, key) as qg:
             async with agent_context_async(qg, run_id="run-full"):
                 with pytest.raises(CertificateUnavailable) as closed:
@@ -393,12 +390,13 @@ async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(
                 seen = await afetch(URL, "q")
             assert seen["call"].fail_open and len(fail_open_queue(qg)) == 1
     finally:
-        await server.stop(0)
+        for server in servers:
+            await server.stop(0)
     assert RAN == ["afetch"]
 
 
 def _committed_proposal(spec: ClusterSpec, height: int, index: int) -> Proposal:
-    with grpc.insecure_channel(spec.member(0).replica_address) as channel:
+    with sync_channel(spec, 0) as channel:
         stream = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
             cpb.BlocksRequest(from_height=height), timeout=10
         )

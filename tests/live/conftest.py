@@ -43,6 +43,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.tx import parse
+from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
 from quorumgate.replica.types import Block
 from quorumgate.replica.wire import decode_block
@@ -321,8 +322,7 @@ class LiveCluster:
     def channel(self, index: int) -> grpc.Channel:
         with self._lock:
             if index not in self._channels:
-                address = self.spec.member(index).replica_address
-                self._channels[index] = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+                self._channels[index] = sync_channel(self.spec, index)
             return self._channels[index]
 
     def replica(self, index: int) -> cpb_grpc.ReplicaStub:

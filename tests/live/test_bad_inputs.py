@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -15,6 +16,7 @@ from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, read_seed
 from quorumgate.proto.tx import parse
+from quorumgate.replica.channels import peer_auth_metadata
 from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX
 from quorumgate.replica.types import timeout_bytes
@@ -186,6 +188,9 @@ def test_undecodable_request_frames_on_every_rpc_get_invalid_argument_and_the_re
     status the client API promises for malformed input — and leave the replica serving."""
     frame = b"\x0a\xff\xff\xff\xff"
     channel = cluster.channel(TARGET)
+    key = Ed25519Signer(read_seed(cluster.spec.node_dir(1) / CONSENSUS_KEY_FILE))
+    now_ms = int(time.time() * 1000)
+    member_1 = peer_auth_metadata(cluster.chain_id, 1, TARGET, now_ms, key)
     calls: dict[str, Callable[[str], object]] = {
         "/qgpb.Replica/Submit": lambda p: channel.unary_unary(p)(frame, timeout=RPC_TIMEOUT_S),
         "/qgpb.Replica/Status": lambda p: channel.unary_unary(p)(frame, timeout=RPC_TIMEOUT_S),
@@ -198,8 +203,9 @@ def test_undecodable_request_frames_on_every_rpc_get_invalid_argument_and_the_re
         "/qgpb.Replica/ReportStateRoots": lambda p: channel.stream_unary(p)(
             iter([frame]), timeout=RPC_TIMEOUT_S
         ),
+        # a peer stream is read only once it is authenticated: as member 1, with its key
         "/qgpb.Peer/Stream": lambda p: channel.stream_unary(p)(
-            iter([frame]), timeout=RPC_TIMEOUT_S
+            iter([frame]), timeout=RPC_TIMEOUT_S, metadata=member_1
         ),
     }
     answers = {}
@@ -310,11 +316,12 @@ def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
         msg.proposal.signature = os.urandom(64)
         return msg
 
-    # A view whose leader is neither node 0 (a message "from" itself is non_member) nor 1.
+    # A view whose leader is neither node 0 nor 1, and one that member 1 leads.
     lead_view = next(v for v in range(view, view + N) if v % N not in (TARGET, 1))
     not_leader = proposal(lead_view)
     not_leader.sender = not_leader.proposal.block.proposer = 1
-    bad_sig_proposal = proposal(lead_view)
+    bad_sig_proposal = proposal(next(v for v in range(view, view + N) if v % N == 1))
+    spoofed = vote(message(sender=2))  # member 1's stream, naming member 2 as the sender
 
     timeout = message(sender=1)
     timeout.timeout.view = view
@@ -332,7 +339,7 @@ def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
 
     sent = {
         "wrong_chain": [vote(message(chain_id=chain + "-other"))],
-        "non_member": [vote(message(sender=N + 95))],
+        "spoofed_sender": [vote(message(sender=N + 95)), spoofed],
         "malformed": [message(), vote(message(), block_hash=b"\x01" * 31)],
         "bad_signature": [vote(message()), bad_sig_proposal],
         "not_leader": [not_leader],
@@ -340,14 +347,35 @@ def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
     }
     messages = [m for batch in sent.values() for m in batch]
     before = cluster.metrics(TARGET)
-    ack = cluster.peer(TARGET).Stream(iter(messages), timeout=RPC_TIMEOUT_S)
+    # A Byzantine member 1: it authenticates as itself, then sends garbage, and messages
+    # that claim to come from someone else.
+    as_member_1 = peer_auth_metadata(chain, 1, TARGET, int(time.time() * 1000), member1)
+    ack = cluster.peer(TARGET).Stream(iter(messages), timeout=RPC_TIMEOUT_S, metadata=as_member_1)
     assert ack.received == len(messages)
     _wait_drops(cluster, before, {reason: len(batch) for reason, batch in sent.items()})
+
+    # Anyone else: a stream without the signed statement, or with one signed by the wrong
+    # key, or one meant for another member, is refused before a message is read.
+    before = cluster.metrics(TARGET)
+    outsider = Ed25519Signer(os.urandom(32))
+    for metadata in (
+        (),
+        peer_auth_metadata(chain, 1, TARGET, int(time.time() * 1000), outsider),
+        peer_auth_metadata(chain, 1, 2, int(time.time() * 1000), member1),
+        peer_auth_metadata(chain, 1, TARGET, int(time.time() * 1000) - 10**7, member1),
+    ):
+        with pytest.raises(grpc.RpcError) as anonymous:
+            cluster.peer(TARGET).Stream(
+                iter([vote(message())]), timeout=RPC_TIMEOUT_S, metadata=metadata
+            )
+        assert anonymous.value.code() == StatusCode.UNAUTHENTICATED
+    _wait_drops(cluster, before, {"unauthenticated_peer": 4})
 
     with pytest.raises(grpc.RpcError) as too_big:
         cluster.peer(TARGET).Stream(
             iter([pb.ConsensusMessage(chain_id="x" * (GRPC_MESSAGE_BYTES_MAX + 1))]),
             timeout=RPC_TIMEOUT_S * 4,
+            metadata=as_member_1,
         )
     assert too_big.value.code() == StatusCode.RESOURCE_EXHAUSTED
 

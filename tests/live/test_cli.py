@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from quorumgate.ops.loadgen import BENCH_TOOL
 from quorumgate.proto.clusterfile import load_cluster
@@ -203,8 +204,8 @@ def test_cli_down_stops_only_what_up_started(
 def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_file_or_logs(
     cli_dirs: Callable[[str], Path],
 ) -> None:
-    """`quorumgate init` writes every private key file (owner, and per node consensus and
-    receipt keys) with mode 0600 in 0700 node directories. After `init`, `up`, an agent
+    """`quorumgate init` writes every private key file (owner, and per node consensus,
+    receipt and TLS keys) with mode 0600 in 0700 node directories. After `init`, `up`, an agent
     registered by the owner, its proposals committed, `status` and `down`, no private key
     — as hex in either case, or as raw bytes — appears in cluster.json, in any log, pid or
     database file under the cluster directory, or in anything the CLI printed; while every
@@ -219,7 +220,7 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
         node_dir = spec.node_dir(i)
         assert stat.S_IMODE(node_dir.stat().st_mode) == 0o700, f"{node_dir} is not 0700"
         key_files += sorted(node_dir.glob("*.key"))
-    assert len(key_files) == 1 + 2 * spec.n, [p.name for p in key_files]
+    assert len(key_files) == 1 + 3 * spec.n, [p.name for p in key_files]
     for path in key_files:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == 0o600, f"{path} has mode {mode:o}, not 600"
@@ -245,16 +246,24 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
     assert not failed, failed
     wait_none_running(directory)
 
-    seeds = {path: bytes.fromhex(path.read_text().strip()) for path in key_files}
+    seeds = {p: bytes.fromhex(p.read_text().strip()) for p in key_files if p.name != "tls.key"}
     needles = {}
     for path, seed in seeds.items():
         needles[f"{path.name} hex"] = seed.hex().encode()
         needles[f"{path.name} HEX"] = seed.hex().upper().encode()
         needles[f"{path.name} raw"] = seed
+    tls_keys = [p for p in key_files if p.name == "tls.key"]
+    for path in tls_keys:  # PEM: its base64 body lines, and the private scalar itself
+        pem = path.read_bytes()
+        body = [line for line in pem.splitlines() if line and not line.startswith(b"-----")]
+        needles[f"{path.parent.name}/tls.key PEM"] = body[1]
+        private = serialization.load_pem_private_key(pem, password=None)
+        scalar = private.private_numbers().private_value  # type: ignore[union-attr]
+        needles[f"{path.parent.name}/tls.key scalar"] = scalar.to_bytes(32, "big")
     haystacks = {
         str(p.relative_to(directory)): p.read_bytes()
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and p not in seeds
+        if p.is_file() and p not in key_files
     }
     for k, result in enumerate(printed):
         haystacks[f"CLI output {k}"] = (result.stdout + result.stderr).encode()
@@ -271,6 +280,7 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
     for m in spec.members:
         assert m.public_key.hex().encode() in public
         assert m.receipt_public_key.hex().encode() in public
+        assert m.tls_cert.splitlines()[1] in public  # the certificate is public
 
 
 def test_cli_init_refuses_a_folder_holding_a_key_and_writes_nothing(

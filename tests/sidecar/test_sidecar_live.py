@@ -87,7 +87,7 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetMandate,
 )
-from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.types import Block, QuorumCert
 from quorumgate.replica.wire import decode_block
 from quorumgate.sdk.client import (
@@ -345,7 +345,7 @@ class Live:
     def committed_blocks(self, index: int, from_height: int, to_height: int) -> list[Block]:
         """Replica `index`'s committed blocks from_height..to_height, decoded."""
         replies = read_stream(
-            self.spec.member(index).replica_address,
+            lambda: sync_channel(self.spec, index),
             lambda ch: cpb_grpc.ReplicaStub(ch).CommittedBlocks(
                 cpb.BlocksRequest(from_height=from_height), timeout=WAIT_S
             ),
@@ -358,7 +358,7 @@ class Live:
     def receipt_batches(self, index: int, to_height: int) -> list[spb.ReceiptBatch]:
         """Sidecar `index`'s `Receipts` stream from height 1 until it passes `to_height`."""
         return read_stream(
-            self.spec.member(index).sidecar_address,
+            lambda: sync_channel(self.spec, index, "sidecar"),
             lambda ch: spb_grpc.SidecarStub(ch).Receipts(
                 spb.ReceiptsRequest(from_height=1), timeout=WAIT_S
             ),
@@ -367,12 +367,14 @@ class Live:
 
 
 def read_stream(
-    address: str, open_call: Callable[[grpc.Channel], Any], last: Callable[[Any], bool]
+    channel_of: Callable[[], grpc.Channel],
+    open_call: Callable[[grpc.Channel], Any],
+    last: Callable[[Any], bool],
 ) -> list[Any]:
     """The messages of a server stream up to and including the first one `last` accepts
     (these streams never end by themselves: they follow new heights), then cancelled."""
     out: list[Any] = []
-    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+    with channel_of() as channel:
         call = open_call(channel)
         try:
             for message in call:
@@ -513,7 +515,7 @@ def assert_never_allowed(live: Live, decisions: Iterable[Decision]) -> None:
         allowing = [(bytes(p).hex()[:16], h, x, o, r) for p, h, x, o, r in rows if o in ALLOWING]
         assert not allowing, f"sidecar {i} recorded allowing verdicts: {allowing}"
         assert {bytes(r[0]) for r in rows} == set(chosen), f"sidecar {i} misses verdicts"
-        with grpc.insecure_channel(live.spec.member(i).sidecar_address) as channel:
+        with sync_channel(live.spec, i, "sidecar") as channel:
             stub = spb_grpc.SidecarStub(channel)
             for proposal_id, decision in chosen.items():
                 reply = stub.GetReceipt(
@@ -585,8 +587,7 @@ def test_i3_pre_confirmation_poisoning_cannot_change_what_is_confirmed(live: Liv
         poisoned = Proposal(run_id="r", tool="order.finalize", target="https://shop.example/o/999")
         data = txlib.build(live.spec.chain_id, submitted.nonce, poisoned, alice.key)
         for i in range(N):
-            address = live.spec.member(i).replica_address
-            with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as err:
+            with sync_channel(live.spec, i) as channel, pytest.raises(grpc.RpcError) as err:
                 cpb_grpc.ReplicaStub(channel).Submit(
                     cpb.SubmitRequest(tx=data), timeout=RPC_TIMEOUT_S
                 )
@@ -1520,9 +1521,8 @@ def test_a_sidecar_whose_store_was_edited_raises_the_alarm_when_it_starts(
         assert "does not match our signed statements" in alarmed.divergence
         assert f"height {denied.height}" in alarmed.divergence
         assert metric(live.metrics(victim), "qg_sidecar_divergence") == 1.0
-        address = live.spec.member(victim).sidecar_address
         with (
-            grpc.insecure_channel(address) as channel,
+            sync_channel(live.spec, victim, "sidecar") as channel,
             pytest.raises(grpc.RpcError) as refused,
         ):
             spb_grpc.SidecarStub(channel).GetReceipt(

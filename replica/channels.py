@@ -1,0 +1,132 @@
+"""Every gRPC endpoint of a cluster, opened one way: TLS with the member's pinned
+certificate, or plaintext when the cluster file says `"transport": "insecure"`.
+
+- A client of member I (an agent's SDK, an operator command, a sidecar, another replica)
+  trusts exactly member I's certificate from the cluster file and checks the name
+  `qg-node-I` in it (proto/tls.py): nothing else can stand in for that member.
+- A member's replica and sidecar serve TLS with `DIR/node-I/tls.key` and that certificate.
+- Replicas authenticate to each other per stream: the first thing a peer stream carries
+  is a statement signed with the sender's consensus key — sender, receiver, time — in the
+  call's metadata (`peer_auth_metadata`, checked by `check_peer_auth`). Inside TLS only
+  the receiver sees it, and it names the receiver, so it cannot be replayed elsewhere.
+  From then on every message on that stream must name that sender (issue 14: the sender
+  was whatever the envelope said).
+
+Why this and not mutual TLS: gRPC's Python server asks for client certificates on all of a
+port or none of it, and clients reach the same port without one; the signed stream
+statement gives the same guarantee — the peer is the member whose key signed — with the
+keys the cluster already pins, on one port.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.clusterfile import TLS_KEY_FILE, ClusterSpec, MemberSpec, read_private
+from quorumgate.proto.tls import tls_name
+from quorumgate.replica.crypto import Signer, ed25519_verify
+from quorumgate.replica.transport import CHANNEL_OPTIONS
+
+TAG_PEER_STREAM = b"qg/peer-stream/v1"
+PEER_AUTH_METADATA = "qg-peer-auth"
+PEER_AUTH_SKEW_MS_MAX = 300_000  # a stream statement older or newer than this is refused
+SIGNATURE_BYTES = 64
+
+
+def _address(member: MemberSpec, kind: str) -> str:
+    if kind == "replica":
+        return member.replica_address
+    if kind == "sidecar":
+        return member.sidecar_address
+    raise ValueError(f"unknown endpoint kind {kind!r}")
+
+
+def _tls_options(member: MemberSpec) -> tuple[tuple[str, object], ...]:
+    return (*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", tls_name(member.index)))
+
+
+def _credentials(member: MemberSpec) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=member.tls_cert)
+
+
+def aio_channel(
+    spec: ClusterSpec,
+    index: int,
+    kind: str = "replica",
+    *,
+    options: tuple[tuple[str, object], ...] = (),
+) -> grpc.aio.Channel:
+    """An asyncio channel to member `index`'s replica or sidecar."""
+    member = spec.member(index)
+    address = _address(member, kind)
+    if spec.insecure:
+        return grpc.aio.insecure_channel(address, options=(*CHANNEL_OPTIONS, *options))
+    return grpc.aio.secure_channel(
+        address, _credentials(member), options=(*_tls_options(member), *options)
+    )
+
+
+def sync_channel(spec: ClusterSpec, index: int, kind: str = "replica") -> grpc.Channel:
+    """A blocking channel to member `index`'s replica or sidecar (operator commands)."""
+    member = spec.member(index)
+    address = _address(member, kind)
+    if spec.insecure:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(address, _credentials(member), options=_tls_options(member))
+
+
+def add_server_port(server: grpc.aio.Server, spec: ClusterSpec, index: int, kind: str) -> str:
+    """Listen on member `index`'s address for `kind`, with its TLS key (or plaintext)."""
+    member = spec.member(index)
+    address = _address(member, kind)
+    try:
+        if spec.insecure:
+            server.add_insecure_port(address)
+        else:
+            key = read_private(spec.node_dir(index) / TLS_KEY_FILE)
+            server.add_secure_port(address, grpc.ssl_server_credentials([(key, member.tls_cert)]))
+    except RuntimeError as err:
+        raise OSError(f"cannot listen on {address} (port in use?)") from err
+    return address
+
+
+# ---------------------------------------------------------------------------- peer streams
+
+
+def peer_stream_statement(chain_id: str, sender: int, receiver: int, time_ms: int) -> bytes:
+    return bytes(Encoder(TAG_PEER_STREAM).text(chain_id).u32(sender).u32(receiver).u64(time_ms))
+
+
+def peer_auth_metadata(
+    chain_id: str, sender: int, receiver: int, time_ms: int, signer: Signer
+) -> tuple[tuple[str, str], ...]:
+    """The metadata a replica opens a peer stream with: who it is, signed."""
+    statement = peer_stream_statement(chain_id, sender, receiver, time_ms)
+    value = f"{sender}:{time_ms}:{signer.sign(statement).hex()}"
+    return ((PEER_AUTH_METADATA, value),)
+
+
+def check_peer_auth(
+    spec: ClusterSpec, me: int, metadata: tuple[tuple[str, str | bytes], ...] | None, now_ms: int
+) -> int | None:
+    """The member a peer stream comes from, or None when its statement is missing, stale,
+    not for us, or not signed by that member."""
+    value = next((v for k, v in metadata or () if k == PEER_AUTH_METADATA), None)
+    if not isinstance(value, str):
+        return None
+    parts = value.split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        sender, time_ms, signature = int(parts[0]), int(parts[1]), bytes.fromhex(parts[2])
+    except ValueError:
+        return None
+    if not 0 <= sender < spec.n or sender == me or len(signature) != SIGNATURE_BYTES:
+        return None
+    if abs(now_ms - time_ms) > PEER_AUTH_SKEW_MS_MAX:
+        return None
+    statement = peer_stream_statement(spec.chain_id, sender, me, time_ms)
+    if not ed25519_verify(spec.member(sender).public_key, statement, signature):
+        return None
+    return sender
