@@ -27,7 +27,7 @@ import secrets
 import socket
 import stat
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nacl.signing import SigningKey
@@ -42,6 +42,8 @@ CONSENSUS_KEY_FILE = "consensus.key"
 RECEIPT_KEY_FILE = "receipt.key"
 TLS_KEY_FILE = "tls.key"
 TRANSPORT_TLS = "tls"
+AUDITORS_MAX = 64
+AUDITOR_ID_CHARS_MAX = 64
 TRANSPORT_INSECURE = "insecure"  # plaintext gRPC: only on a trusted network, and it says so
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
@@ -75,6 +77,14 @@ class MemberSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditorSpec:
+    """A key the owner lets read the committed log and every verdict (not an agent)."""
+
+    auditor_id: str
+    public_key: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     directory: Path
     chain_id: str
@@ -82,6 +92,7 @@ class ClusterSpec:
     members: tuple[MemberSpec, ...]
     tick_ms: int = 10
     insecure: bool = False  # plaintext gRPC (`quorumgate init --insecure`)
+    auditors: tuple[AuditorSpec, ...] = ()
 
     @property
     def transport(self) -> str:
@@ -233,6 +244,25 @@ def init_cluster(
     return spec
 
 
+def add_auditor(directory: Path, auditor_id: str, public_key: bytes) -> ClusterSpec:
+    """List a key as an auditor in the cluster file (running nodes see it within a second);
+    refuses an id or a key already listed, or a key the cluster uses for something else."""
+    spec = load_cluster(directory)
+    used = {spec.owner_public_key, *(m.public_key for m in spec.members)}
+    used |= {m.receipt_public_key for m in spec.members}
+    if any(a.auditor_id == auditor_id for a in spec.auditors):
+        raise ClusterFileError(f"auditor {auditor_id!r} is already listed")
+    if public_key in used or any(a.public_key == public_key for a in spec.auditors):
+        raise ClusterFileError("that key is already the owner's, a member's or an auditor's")
+    if not auditor_id or len(auditor_id) > AUDITOR_ID_CHARS_MAX:
+        raise ClusterFileError(f"an auditor id is 1..{AUDITOR_ID_CHARS_MAX} characters")
+    if len(spec.auditors) >= AUDITORS_MAX:
+        raise ClusterFileError(f"at most {AUDITORS_MAX} auditors")
+    updated = replace(spec, auditors=(*spec.auditors, AuditorSpec(auditor_id, public_key)))
+    write_cluster_file(updated)
+    return updated
+
+
 def write_cluster_file(spec: ClusterSpec) -> None:
     doc = {
         "format": FORMAT,
@@ -254,6 +284,9 @@ def write_cluster_file(spec: ClusterSpec) -> None:
                 **({"tls_cert": m.tls_cert.decode()} if m.tls_cert else {}),
             }
             for m in spec.members
+        ],
+        "auditors": [
+            {"auditor_id": a.auditor_id, "public_key": a.public_key.hex()} for a in spec.auditors
         ],
     }
     path = spec.directory / CLUSTER_FILE
@@ -367,7 +400,21 @@ def load_cluster(directory: Path) -> ClusterSpec:
                 tls_cert=b"" if insecure else _tls_cert(raw, i, mwhere),
             )
         )
-    spec = ClusterSpec(directory, str(chain_id), owner, tuple(members), tick_ms, insecure)
+    auditors = []
+    for i, raw in enumerate(doc.get("auditors", [])):
+        awhere = f"{where}: auditors[{i}]"
+        if not isinstance(raw, dict):
+            raise ClusterFileError(f"{awhere}: expected an object")
+        auditor_id = str(_field(raw, "auditor_id", str, awhere))
+        if not auditor_id or len(auditor_id) > AUDITOR_ID_CHARS_MAX:
+            raise ClusterFileError(f"{awhere}: auditor_id must be 1..{AUDITOR_ID_CHARS_MAX} chars")
+        key = _hex_key(_field(raw, "public_key", str, awhere), f"{awhere}: public_key")
+        auditors.append(AuditorSpec(auditor_id, key))
+    if len(auditors) > AUDITORS_MAX:
+        raise ClusterFileError(f"{where}: at most {AUDITORS_MAX} auditors")
+    spec = ClusterSpec(
+        directory, str(chain_id), owner, tuple(members), tick_ms, insecure, tuple(auditors)
+    )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:
         raise ClusterFileError(f"{where}: f is {declared_f} but {spec.n} members give f={spec.f}")

@@ -71,10 +71,14 @@ class Certificate(_message.Message):
     def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[_consensus_pb2.Signature, _Mapping]]] = ..., chain_id: _Optional[str] = ...) -> None: ...
 
 class ReceiptRequest(_message.Message):
-    __slots__ = ("proposal_id",)
+    __slots__ = ("proposal_id", "nonce", "own")
     PROPOSAL_ID_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
     proposal_id: bytes
-    def __init__(self, proposal_id: _Optional[bytes] = ...) -> None: ...
+    nonce: int
+    own: _containers.RepeatedCompositeFieldContainer[OwnTx]
+    def __init__(self, proposal_id: _Optional[bytes] = ..., nonce: _Optional[int] = ..., own: _Optional[_Iterable[_Union[OwnTx, _Mapping]]] = ...) -> None: ...
 
 class ReceiptReply(_message.Message):
     __slots__ = ("found", "receipt", "executed_height", "card")
@@ -89,10 +93,20 @@ class ReceiptReply(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., receipt: _Optional[_Union[Receipt, _Mapping]] = ..., executed_height: _Optional[int] = ..., card: _Optional[bytes] = ...) -> None: ...
 
 class ReceiptsRequest(_message.Message):
-    __slots__ = ("from_height",)
+    __slots__ = ("from_height", "own")
     FROM_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
     from_height: int
-    def __init__(self, from_height: _Optional[int] = ...) -> None: ...
+    own: _containers.RepeatedCompositeFieldContainer[OwnTx]
+    def __init__(self, from_height: _Optional[int] = ..., own: _Optional[_Iterable[_Union[OwnTx, _Mapping]]] = ...) -> None: ...
+
+class OwnTx(_message.Message):
+    __slots__ = ("tx_id", "nonce")
+    TX_ID_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    tx_id: bytes
+    nonce: int
+    def __init__(self, tx_id: _Optional[bytes] = ..., nonce: _Optional[int] = ...) -> None: ...
 
 class ReceiptBatch(_message.Message):
     __slots__ = ("height", "receipts")

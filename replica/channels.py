@@ -20,12 +20,17 @@ keys the cluster already pins, on one port.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import grpc
+from nacl.signing import SigningKey
 
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.clusterfile import TLS_KEY_FILE, ClusterSpec, MemberSpec, read_private
 from quorumgate.proto.tls import tls_name
 from quorumgate.replica.crypto import Signer, ed25519_verify
+from quorumgate.replica.readauth import Sign, SyncReadAuthInterceptor, read_auth_interceptors
 from quorumgate.replica.transport import CHANNEL_OPTIONS
 
 TAG_PEER_STREAM = b"qg/peer-stream/v1"
@@ -50,30 +55,70 @@ def _credentials(member: MemberSpec) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=member.tls_cert)
 
 
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """A key that signs its read calls (replica/readauth.py): the owner, a member, an
+    auditor. Channels opened with one sign every call."""
+
+    public_key: bytes
+    sign: Sign
+
+    @staticmethod
+    def of(key: SigningKey) -> Reader:
+        return Reader(bytes(key.verify_key), lambda message: bytes(key.sign(message).signature))
+
+    @staticmethod
+    def of_signer(signer: Signer) -> Reader:
+        return Reader(signer.public_key, signer.sign)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def aio_channel(
     spec: ClusterSpec,
     index: int,
     kind: str = "replica",
     *,
     options: tuple[tuple[str, object], ...] = (),
+    reader: Reader | None = None,
 ) -> grpc.aio.Channel:
-    """An asyncio channel to member `index`'s replica or sidecar."""
+    """An asyncio channel to member `index`'s replica or sidecar; with `reader`, every
+    call is signed as that key."""
     member = spec.member(index)
     address = _address(member, kind)
+    interceptors = (
+        read_auth_interceptors(spec.chain_id, reader.public_key, reader.sign, _now_ms)
+        if reader is not None
+        else None
+    )
     if spec.insecure:
-        return grpc.aio.insecure_channel(address, options=(*CHANNEL_OPTIONS, *options))
+        return grpc.aio.insecure_channel(
+            address, options=(*CHANNEL_OPTIONS, *options), interceptors=interceptors
+        )
     return grpc.aio.secure_channel(
-        address, _credentials(member), options=(*_tls_options(member), *options)
+        address,
+        _credentials(member),
+        options=(*_tls_options(member), *options),
+        interceptors=interceptors,
     )
 
 
-def sync_channel(spec: ClusterSpec, index: int, kind: str = "replica") -> grpc.Channel:
+def sync_channel(
+    spec: ClusterSpec, index: int, kind: str = "replica", *, reader: Reader | None = None
+) -> grpc.Channel:
     """A blocking channel to member `index`'s replica or sidecar (operator commands)."""
     member = spec.member(index)
     address = _address(member, kind)
     if spec.insecure:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, _credentials(member), options=_tls_options(member))
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.secure_channel(address, _credentials(member), options=_tls_options(member))
+    if reader is None:
+        return channel
+    interceptor = SyncReadAuthInterceptor(spec.chain_id, reader.public_key, reader.sign, _now_ms)
+    return grpc.intercept_channel(channel, interceptor)
 
 
 def add_server_port(server: grpc.aio.Server, spec: ClusterSpec, index: int, kind: str) -> str:

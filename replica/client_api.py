@@ -10,6 +10,7 @@ chain, and `ReportStateRoots` is how this replica's own sidecar reports its stat
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -19,15 +20,18 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.tx import ParsedTx
 from quorumgate.replica.mempool import Admission, Mempool
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import PeerNetwork
+from quorumgate.replica.readauth import require_reader
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
 
 STREAM_BLOCKS_PER_READ = 128
+METHOD_COMMITTED_BLOCKS = "/qgpb.Replica/CommittedBlocks"
 SUBMIT_INBOX_BATCHES_MAX = 64
 
 # Refusals the sidecar's admission check may give early, and their status codes; anything
@@ -58,6 +62,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     def __init__(
         self,
         *,
+        spec: ClusterSpec,
         mempool: Mempool,
         store: ReplicaStore,
         sidecar: SidecarLink,
@@ -67,6 +72,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         wait_committed: Callable[[int], Awaitable[None]],
         status: Callable[[], cpb.StatusReply],
     ) -> None:
+        self.spec = spec
         self.mempool = mempool
         self.store = store
         self.sidecar = sidecar
@@ -217,6 +223,10 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     async def CommittedBlocks(
         self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cpb.CommittedBlock]:
+        """Every argument value of every call is in these blocks: they answer the owner,
+        the members and auditors only (replica/readauth.py)."""
+        now_ms = int(time.time() * 1000)
+        await require_reader(self.spec, context, METHOD_COMMITTED_BLOCKS, now_ms)
         store = self.store
         next_height = max(request.from_height, 1)
         while True:

@@ -148,6 +148,7 @@ class ReplicaNode:
             hello_nonce=os.urandom(HELLO_NONCE_BYTES),  # fresh at every start (Rule 6)
         )
         client_api = ClientApi(
+            spec=self.spec,
             mempool=self.mempool,
             store=self.store,
             sidecar=self.sidecar,

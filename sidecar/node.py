@@ -47,9 +47,11 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
-from quorumgate.replica.channels import add_server_port, aio_channel
+from quorumgate.proto.tx import tx_id
+from quorumgate.replica.channels import Reader, add_server_port, aio_channel
 from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.process import FailStop, process_main
+from quorumgate.replica.readauth import Role, caller_key, role_of
 from quorumgate.replica.transport import CHANNEL_OPTIONS
 from quorumgate.replica.types import RemoteError
 from quorumgate.replica.wire import decode_block
@@ -69,6 +71,10 @@ RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
 ADMIT_BATCH_TXS_MAX = 4_096
 ROOTS_RESENT_ON_CONNECT = 256
+METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
+OWN_TXS_MAX = 64  # transactions a Receipts request may name as its own
+METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
+METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
 RECEIPT_BATCH_LEAVES_MAX = 4_096  # receipts per stream message (~2 MB)
 # Executed heights whose Receipts stream messages stay in memory, built once and sent to
 # every subscriber; older heights are read from the store.
@@ -217,7 +223,8 @@ class Sidecar:
         assert store is not None
         while not self.diverged:
             try:
-                async with aio_channel(self.spec, self.index, "replica") as channel:
+                reader = Reader.of(self.key)  # a member: its sidecar's receipt key
+                async with aio_channel(self.spec, self.index, "replica", reader=reader) as channel:
                     stub = cpb_grpc.ReplicaStub(channel)
                     request = cpb.BlocksRequest(from_height=store.executed_height + 1)
                     async for committed in stub.CommittedBlocks(request):
@@ -329,6 +336,21 @@ class Sidecar:
         assert store is not None
         return receipt_batches(height, await store.receipts_at(height))
 
+    async def own_receipt_batches(
+        self, height: int, agent_id: str | None, own: set[bytes]
+    ) -> list[spb.ReceiptBatch]:
+        """The Receipts stream messages of one height, holding only the verdicts whose
+        principal is `agent_id` or whose transaction is in `own` (what an agent may read
+        of the stream)."""
+        store = self.store
+        assert store is not None
+        entries = await store.ledger_at(height)
+        mine = {e.index for e in entries if e.principal == agent_id or e.tx_id in own}
+        if not mine:
+            return []
+        receipts = [r for r in await store.receipts_at(height) if r.leaf.index in mine]
+        return receipt_batches(height, receipts)
+
     async def wait_executed(self, height: int) -> None:
         store = self.store
         assert store is not None
@@ -373,9 +395,29 @@ class Sidecar:
         return spb.StateRootReport(height=height, state_root=root, signature=signature)
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
+
+    async def _caller(
+        self, context: grpc.aio.ServicerContext, method: str
+    ) -> tuple[bytes, Role | None, str | None]:
+        """Who signed this read (replica/readauth.py): its key, its role in the cluster,
+        the agent id it is registered under; UNAUTHENTICATED without a valid statement."""
+        spec = self.sidecar.spec
+        key = caller_key(spec.chain_id, method, context.invocation_metadata(), _now_ms())
+        if key is None:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, f"{method} needs a signed read statement"
+            )
+        assert key is not None
+        engine = self.sidecar.engine
+        agent = engine.state.agent_by_key.get(key) if engine is not None else None
+        return key, role_of(spec, key), agent
 
     async def _refuse_if_damaged(self, context: grpc.aio.ServicerContext) -> None:
         if self.sidecar.store_damaged:
@@ -392,7 +434,27 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         if len(request.proposal_id) != 32:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "proposal id must be 32 bytes")
         await self._refuse_if_damaged(context)
+        key, role, agent = await self._caller(context, METHOD_GET_RECEIPT)
+        # An agent reads its own verdicts: the proposal's signer proves it with the nonce
+        # (a proposal id is sha256(signer || nonce)), and an agent may read a verdict whose
+        # principal it is (a confirmation it made).
+        signed_it = request.nonce > 0 and tx_id(key, request.nonce) == request.proposal_id
         receipt = await store.receipt(request.proposal_id)
+        own = {
+            o.tx_id for o in request.own[:OWN_TXS_MAX] if o.nonce and tx_id(key, o.nonce) == o.tx_id
+        }
+        answered_by_own = receipt is not None and receipt.leaf.tx_id in own
+        if role is None and not signed_it and not answered_by_own:
+            principal = (
+                await store.principal_at(receipt.leaf.height, receipt.leaf.index)
+                if receipt is not None
+                else None
+            )
+            if agent is None or principal != agent:
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "a verdict answers the owner, members, auditors and the agent it is about",
+                )
         reply = spb.ReceiptReply(found=receipt is not None, executed_height=store.executed_height)
         if receipt is not None:
             reply.receipt.CopyFrom(receipt_to_pb(receipt))
@@ -410,13 +472,26 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         store = sidecar.store
         assert store is not None
         await self._refuse_if_damaged(context)
+        key, role, agent = await self._caller(context, METHOD_RECEIPTS)
+        own = {
+            o.tx_id for o in request.own[:OWN_TXS_MAX] if o.nonce and tx_id(key, o.nonce) == o.tx_id
+        }
+        if role is None and agent is None and not own:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "verdicts answer the owner, members, auditors, and an agent its own",
+            )
         height = max(1, request.from_height)
         while True:
             if height > store.executed_height:
                 await sidecar.wait_executed(height)
                 continue
-            for batch in await sidecar.receipt_batches(height):
-                yield batch
+            if role is not None:
+                for batch in await sidecar.receipt_batches(height):
+                    yield batch
+            else:  # an agent: its own verdicts, nobody else's
+                for batch in await sidecar.own_receipt_batches(height, agent, own):
+                    yield batch
             height += 1
 
     async def Admit(
@@ -473,6 +548,12 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         sidecar = self.sidecar
         engine, store = sidecar.engine, sidecar.store
         assert engine is not None and store is not None
+        _, role, agent = await self._caller(context, METHOD_REGISTRY)
+        if role is None and agent is None:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "the registry answers the owner, members, auditors and registered agents",
+            )
         height = request.height or store.executed_height
         if height > store.executed_height:
             try:

@@ -31,7 +31,7 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.channels import aio_channel
+from quorumgate.replica.channels import Reader, aio_channel
 from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import Block, RemoteError, genesis_block
@@ -100,7 +100,8 @@ class _Checkpoint:
 async def _blocks_from_replica(
     spec: ClusterSpec, index: int, start: int, top: int
 ) -> AsyncIterator[Block]:
-    async with aio_channel(spec, index) as channel:
+    key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))  # a member reads
+    async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         stream = stub.CommittedBlocks(cpb.BlocksRequest(from_height=start))
         async for committed in stream:

@@ -801,6 +801,15 @@ class SidecarStore:
                 f"{self._path}: a ledger row at height {height}: {err}"
             ) from err
 
+    async def principal_at(self, height: int, index: int) -> str | None:
+        """The principal of the verdict at (height, index), from the ledger."""
+        async with self._lock:
+            self._check_open()
+            value = await self._scalar(
+                "SELECT principal FROM ledger WHERE height = ? AND idx = ?", (height, index)
+            )
+        return None if value is None else str(value)
+
     async def ledger_hash_before(self, height: int) -> bytes:
         """The hash of the last ledger entry below `height` (the genesis value if none):
         what the first entry of `height` must chain after."""

@@ -64,6 +64,7 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.tx import tx_id
 from quorumgate.replica.channels import aio_channel
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
+from quorumgate.sdk.owner import owner_reader
 from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
@@ -795,8 +796,11 @@ async def _observe(
             flush()
 
     spec = job.spec
-    channels = [aio_channel(spec, 0)]
-    channels += [aio_channel(spec, i, "sidecar") for i in range(spec.n)] if job.full else []
+    reader = owner_reader(spec)  # the bench runs as the cluster's owner
+    channels = [aio_channel(spec, 0, reader=reader)]
+    channels += (
+        [aio_channel(spec, i, "sidecar", reader=reader) for i in range(spec.n)] if job.full else []
+    )
     tasks = [asyncio.create_task(follow_commits(channels[0]))]
     tasks += [asyncio.create_task(follow_receipts(i, ch)) for i, ch in enumerate(channels[1:])]
     ready()

@@ -34,7 +34,7 @@ from pathlib import Path
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
 from quorumgate.proto.model import EnvelopeArg
 from quorumgate.sdk.client import Decision, Handle, SyncClient, mandate, tool_spec
 from quorumgate.sdk.executor import CertifiedLogSource, Executor
@@ -157,6 +157,10 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
     names = {role: f"{role}-{stamp}" for role in ("planner", "researcher", "accountant")}
     keys = {role: _key(work, role) for role in names}
     sink_key = PrivateKey.generate()
+    # The payment executor reads the committed log to find the sealed card: the owner
+    # lists its reader key as an auditor (running nodes see the change at once).
+    auditor_key = SigningKey.generate()
+    add_auditor(spec.directory, f"payments-executor-{stamp}", bytes(auditor_key.verify_key))
     files = FileStore(work / "files.db")
     ledger = PaymentLedger(work / "payments.db")
     files.write("/docs/invoices/1042.txt", INJECTED_INVOICE)
@@ -236,7 +240,9 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
             call = current_call()
             decision = call.decision
             assert decision is not None and call.proposal_id is not None
-            executor = Executor(spec, PAYMENTS_SINK, sink_key, CertifiedLogSource(spec))
+            executor = Executor(
+                spec, PAYMENTS_SINK, sink_key, CertifiedLogSource(spec, auditor_key)
+            )
             authorized = executor.verify(
                 decision.certificate_bytes(),
                 proposal_id=call.proposal_id,

@@ -47,6 +47,7 @@ from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
+    add_auditor,
     load_cluster,
     read_seed,
 )
@@ -422,6 +423,28 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
     return op, args.agent_id, lambda c: c.resume(args.agent_id, args.deadline)
 
 
+def _cmd_add_auditor(args: argparse.Namespace) -> int:
+    """Auditors are listed in the cluster file, which the owner keeps: running replicas and
+    sidecars see the change within a second. Copy the file to every host of a multi-host
+    cluster."""
+    try:
+        public_key = _public_key_arg(args, sink=False)
+        spec = add_auditor(Path(args.dir), args.auditor_id, public_key)
+    except (argparse.ArgumentTypeError, ClusterFileError) as err:
+        return _fail(str(err))
+    _emit(
+        args,
+        {
+            "auditor_id": args.auditor_id,
+            "public_key": public_key.hex(),
+            "auditors": len(spec.auditors),
+        },
+        f"auditor {args.auditor_id} may now read the committed log and every verdict "
+        f"({len(spec.auditors)} auditors in {spec.directory / 'cluster.json'})",
+    )
+    return EXIT_OK
+
+
 def _cmd_admin(args: argparse.Namespace) -> int:
     try:
         op, subject, call = _admin_op(args)
@@ -470,9 +493,13 @@ def _registry(args: argparse.Namespace) -> Registry | int:
     except ClusterFileError as err:
         return _fail(str(err))
 
+    try:
+        key = _key(args, spec, owner_default=True)  # reads are signed: the owner's by default
+    except ClusterFileError as err:
+        return _fail(str(err))
+
     async def read() -> Registry:
-        # A read signs nothing: any key will do, and none of the caller's is needed.
-        async with Client(spec, SigningKey.generate()) as client:
+        async with Client(spec, key) as client:
             return await client.registry(args.deadline)
 
     try:
@@ -739,14 +766,24 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         _common(parser, key_help="the owner key (default DIR/owner.key)")
         _deadline(parser)
         parser.set_defaults(func=_cmd_admin)
+    auditor = admin_sub.add_parser(
+        "add-auditor",
+        help="let a key read the committed log and every verdict (edits cluster.json)",
+    )
+    auditor.add_argument("auditor_id")
+    auditor.add_argument("--public-key", metavar="HEX")
+    auditor.add_argument("--key-file", metavar="FILE", help="derive it from a key file")
+    auditor.add_argument("--dir", required=True, help="cluster directory (cluster.json)")
+    auditor.add_argument("--json", action="store_true", help="machine-readable output")
+    auditor.set_defaults(func=_cmd_add_auditor)
 
     agents = sub.add_parser("agents", help="registered agents and their mandates")
-    _common(agents, key_help=None)
+    _common(agents, key_help="a key allowed to read the registry (default: the owner's)")
     _deadline(agents)
     agents.set_defaults(func=_cmd_agents)
 
     tools = sub.add_parser("tools", help="registered tools and sinks")
-    _common(tools, key_help=None)
+    _common(tools, key_help="a key allowed to read the registry (default: the owner's)")
     _deadline(tools)
     tools.set_defaults(func=_cmd_tools)
 

@@ -19,6 +19,7 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.replica.channels import sync_channel
+from quorumgate.sdk.owner import owner_reader
 
 
 def _status_lines(spec: ClusterSpec) -> str:
@@ -50,7 +51,7 @@ def _same_chain(spec: ClusterSpec) -> tuple[int, int]:
     height = min(query_status(spec, i).height or 0 for i in range(spec.n))
     hashes = set()
     for m in spec.members:
-        with sync_channel(spec, m.index) as channel:
+        with sync_channel(spec, m.index, reader=owner_reader(spec)) as channel:
             stub = cpb_grpc.ReplicaStub(channel)
             for block in stub.CommittedBlocks(cpb.BlocksRequest(from_height=height), timeout=5):
                 hashes.add(block.hash)

@@ -97,10 +97,12 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import (
     CLUSTER_FILE,
+    OWNER_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
     init_cluster,
     load_cluster,
+    read_seed,
 )
 from quorumgate.proto.limits import QUOTA_PROPOSALS_MAX_DEFAULT, QUOTA_WINDOW_MS_DEFAULT
 from quorumgate.proto.model import Argument
@@ -112,7 +114,7 @@ from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX
 from quorumgate.replica.types import Block
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, decode_block
 from quorumgate.sdk.client import Client, QuorumGateError
-from quorumgate.sdk.owner import OwnerError, OwnerSession, agent_ops, tool_op
+from quorumgate.sdk.owner import OwnerError, OwnerSession, agent_ops, owner_reader, tool_op
 from quorumgate.sdk.owner import next_nonce as owner_next_nonce
 from quorumgate.sdk.polling import poll_for
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH
@@ -466,7 +468,7 @@ def _committed_blocks(spec: ClusterSpec, index: int, start: int, end: int) -> li
     broken streams."""
     out: list[Block] = []
     failures = 0
-    with sync_channel(spec, index) as channel:
+    with sync_channel(spec, index, reader=owner_reader(spec)) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         while start + len(out) <= end:
             call = stub.CommittedBlocks(
@@ -612,7 +614,9 @@ async def _certify(
 ) -> dict[bytes, tuple[int, str, str] | str]:
     """Through the client SDK: proposal id -> (height, outcome, reason) of its verified
     certificate, or the error that kept it from one."""
-    client = Client(spec, SigningKey.generate(), certificate_deadline_s=CERTIFICATE_DEADLINE_S)
+    # the drill is the operator: it reads every verdict as the owner
+    owner_key = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+    client = Client(spec, owner_key, certificate_deadline_s=CERTIFICATE_DEADLINE_S)
     gate = asyncio.Semaphore(CERTIFICATE_CONCURRENCY)
 
     async def one(pid: bytes) -> tuple[bytes, tuple[int, str, str] | str]:
@@ -833,9 +837,7 @@ class _Load:
         with self._lock:
             channel = self._channels.get(node)
             if channel is None:
-                channel = self._channels[node] = sync_channel(
-                    self.spec, node
-                )
+                channel = self._channels[node] = sync_channel(self.spec, node)
             return channel
 
     def _next_node(self, avoid: set[int]) -> int | None:

@@ -96,7 +96,8 @@ from quorumgate.proto.model import (
     TxPayload,
     canonical_tool_list,
 )
-from quorumgate.replica.channels import aio_channel, sync_channel
+from quorumgate.replica.channels import Reader, aio_channel, sync_channel
+from quorumgate.replica.readauth import read_auth_metadata
 from quorumgate.sdk.nonces import NonceLedger
 from quorumgate.sdk.registry import Registry, registry_from_pb
 from quorumgate.sidecar.engine.statements import ConfirmationCard, handle_for
@@ -151,6 +152,10 @@ SUBMIT_MANY_BATCH_MAX = 512
 WINDOW_WAIT_S_DEFAULT = 30.0  # submit_many: longest wait for the nonce window to move
 RECEIPTS_PER_PROPOSAL_MAX = 64  # receipts held while waiting (one per sidecar is enough)
 RECEIPT_KEYS_REMEMBERED_MAX = 65_536  # (height, index) keys `certified_verdicts` holds
+OWN_NONCES_REMEMBERED_MAX = 65_536  # proposal ids this client signed, with their nonces
+METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
+METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
+METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
 DELEGATION_TTL_S_DEFAULT = 3600.0
 # A SyncClient call never blocks longer than this, whatever the coroutine's own deadlines
 # (they are all shorter); a safety net against a stuck channel, not a tuning knob.
@@ -464,9 +469,7 @@ class _Channels:
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.replica_channels = [aio_channel(spec, m.index) for m in spec.members]
-        self.sidecar_channels = [
-            aio_channel(spec, m.index, "sidecar") for m in spec.members
-        ]
+        self.sidecar_channels = [aio_channel(spec, m.index, "sidecar") for m in spec.members]
         self.replicas = [cpb_grpc.ReplicaStub(c) for c in self.replica_channels]
         self.sidecars = [spb_grpc.SidecarStub(c) for c in self.sidecar_channels]
 
@@ -526,6 +529,11 @@ class Client:
         self.certificate_deadline_s = certificate_deadline_s
         self.pool = pool if pool is not None else ChannelPool(spec)
         self._owns_pool = pool is None
+        # proposal id -> nonce of what this client signed: proves "mine" to GetReceipt
+        self._own_nonces: OrderedDict[bytes, int] = OrderedDict()
+        # proposal id -> (tx id, nonce) of this client's Confirm of it: its verdict answers
+        # for the proposal, and this proves it is ours to read
+        self._confirmations: OrderedDict[bytes, tuple[bytes, int]] = OrderedDict()
         self._nonces = NonceLedger()
         self._nonce_lock: asyncio.Lock | None = None
         self._replica_cursor = 0
@@ -582,6 +590,21 @@ class Client:
 
     def _ch(self) -> _Channels:
         return self.pool.get()
+
+    def _read_auth(self, method: str) -> tuple[tuple[str, str], ...]:
+        """This client's signed read statement for one call (replica/readauth.py)."""
+        return read_auth_metadata(
+            self.spec.chain_id,
+            method,
+            self.public_key,
+            lambda message: bytes(self.key.sign(message).signature),
+            int(time.time() * 1000),
+        )
+
+    def _remember_nonce(self, proposal_id: bytes, nonce: int) -> None:
+        self._own_nonces[proposal_id] = nonce
+        while len(self._own_nonces) > OWN_NONCES_REMEMBERED_MAX:
+            self._own_nonces.popitem(last=False)
 
     # ------------------------------------------------------------------ reads
 
@@ -690,7 +713,9 @@ class Client:
 
                 async def ask(stub: spb_grpc.SidecarStub, h: int = height) -> spb.RegistryReply:
                     reply: spb.RegistryReply = await stub.Registry(
-                        spb.RegistryRequest(height=h), timeout=self.rpc_timeout_s
+                        spb.RegistryRequest(height=h),
+                        timeout=self.rpc_timeout_s,
+                        metadata=self._read_auth(METHOD_REGISTRY),
                     )
                     return reply
 
@@ -814,6 +839,7 @@ class Client:
                 proposal_id.hex()[:16],
                 nonce,
             )
+            self._remember_nonce(proposal_id, nonce)
             return Submitted(proposal_id, nonce, kind, self.public_key, data)
         raise Replayed("replayed", grpc.StatusCode.ALREADY_EXISTS.name)
 
@@ -881,6 +907,7 @@ class Client:
             reply = replies.get(k)
             if reply is not None and reply.accepted:
                 self._nonces.delivered(sub.nonce)
+                self._remember_nonce(sub.proposal_id, sub.nonce)
                 out.append(sub)
                 continue
             code = grpc.StatusCode.UNAVAILABLE
@@ -899,6 +926,7 @@ class Client:
             try:
                 await self._deliver(sub.tx)
                 self._nonces.delivered(sub.nonce)
+                self._remember_nonce(sub.proposal_id, sub.nonce)
                 out.append(sub)
             except _FreshReplay as err:
                 await self.sync_nonce()
@@ -922,10 +950,13 @@ class Client:
         *,
         settled: bool = False,
         from_tx: bytes | None = None,
+        nonce: int | None = None,
     ) -> Decision:
         """Poll every sidecar's `GetReceipt` until f+1 distinct sidecars return the same
         signed leaf for `proposal_id`; return it verified. `settled`: wait past a pending
-        verdict (for a confirmed call). `from_tx`: only a verdict from that transaction."""
+        verdict (for a confirmed call). `from_tx`: only a verdict from that transaction.
+        `nonce`: the proposal's, when this client signed it in an earlier life (a client
+        remembers the nonces it signed; it proves the verdict is ours to read)."""
         deadline_s = self.certificate_deadline_s if deadline_s is None else deadline_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
@@ -937,10 +968,18 @@ class Client:
         delay = RECEIPT_POLL_S_MIN
         newer_deadline: float | None = None
 
+        own_nonce = nonce if nonce is not None else self._own_nonces.get(proposal_id, 0)
+        confirmed = self._confirmations.get(proposal_id)
+        request = spb.ReceiptRequest(
+            proposal_id=proposal_id,
+            nonce=own_nonce,
+            own=[spb.OwnTx(tx_id=confirmed[0], nonce=confirmed[1])] if confirmed else [],
+        )
+
         async def ask(i: int) -> spb.ReceiptReply:
             timeout = max(0.05, min(self.rpc_timeout_s, deadline - loop.time()))
             reply: spb.ReceiptReply = await stubs[i].GetReceipt(
-                spb.ReceiptRequest(proposal_id=proposal_id), timeout=timeout
+                request, timeout=timeout, metadata=self._read_auth(METHOD_GET_RECEIPT)
             )
             return reply
 
@@ -948,6 +987,15 @@ class Client:
             replies = await asyncio.gather(
                 *(ask(i) for i in range(self.spec.n)), return_exceptions=True
             )
+            denied = sum(
+                1
+                for r in replies
+                if isinstance(r, grpc.aio.AioRpcError)
+                and r.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+            )
+            if denied >= needed:
+                # f+1 sidecars say this key may not read this verdict: no point waiting
+                raise Refused("read_not_authorized", "PERMISSION_DENIED", proposal_id=proposal_id)
             for i, reply in enumerate(replies):
                 if not isinstance(reply, spb.ReceiptReply):
                     continue
@@ -1022,8 +1070,13 @@ class Client:
         found: dict[int, Receipt] = {}
         done = asyncio.Event()
 
+        nonce = self._own_nonces.get(tx_id, 0)
+        request = spb.ReceiptsRequest(
+            from_height=from_height, own=[spb.OwnTx(tx_id=tx_id, nonce=nonce)] if nonce else []
+        )
+
         async def follow(i: int, stub: spb_grpc.SidecarStub) -> None:
-            stream = stub.Receipts(spb.ReceiptsRequest(from_height=from_height))
+            stream = stub.Receipts(request, metadata=self._read_auth(METHOD_RECEIPTS))
             try:
                 async for batch in stream:
                     for message in batch.receipts:
@@ -1109,6 +1162,9 @@ class Client:
             raise ClusterUnavailable("sidecars_unreachable", proposal_id=proposal_id)
         from_height = min(s.executed_height for s in statuses.values()) + 1
         submitted = await self.submit(Confirm(proposal_id=proposal_id, card_digest=card_digest))
+        self._confirmations[proposal_id] = (submitted.proposal_id, submitted.nonce)
+        while len(self._confirmations) > OWN_NONCES_REMEMBERED_MAX:
+            self._confirmations.popitem(last=False)
         decision = await self.await_transaction(submitted.proposal_id, from_height, deadline_s)
         if decision.outcome is Outcome.REJECTED:
             raise TransactionRejected(decision)
@@ -1204,7 +1260,10 @@ class Client:
         )
 
         async def follow(i: int, stub: spb_grpc.SidecarStub) -> None:
-            stream = stub.Receipts(spb.ReceiptsRequest(from_height=max(1, from_height)))
+            stream = stub.Receipts(
+                spb.ReceiptsRequest(from_height=max(1, from_height)),
+                metadata=self._read_auth(METHOD_RECEIPTS),
+            )
             try:
                 async for batch in stream:
                     for message in batch.receipts:
@@ -1366,9 +1425,16 @@ class SyncClient:
         return self.run(self.aio.submit_many(list(payloads)))
 
     def await_certificate(
-        self, proposal_id: bytes, deadline_s: float | None = None, *, settled: bool = False
+        self,
+        proposal_id: bytes,
+        deadline_s: float | None = None,
+        *,
+        settled: bool = False,
+        nonce: int | None = None,
     ) -> Decision:
-        return self.run(self.aio.await_certificate(proposal_id, deadline_s, settled=settled))
+        return self.run(
+            self.aio.await_certificate(proposal_id, deadline_s, settled=settled, nonce=nonce)
+        )
 
     def decide(self, payload: TxPayload, deadline_s: float | None = None) -> Decision:
         return self.run(self.aio.decide(payload, deadline_s))
@@ -1484,9 +1550,12 @@ class CommittedLog:
     mean the local state is the state f+1 sidecars signed.
     """
 
-    def __init__(self, spec: ClusterSpec) -> None:
+    def __init__(self, spec: ClusterSpec, reader: SigningKey) -> None:
+        """`reader`: a key allowed to read committed blocks — the owner's or an auditor's
+        (replica/readauth.py); the blocks hold every argument value."""
         from quorumgate.sidecar.engine.core import Engine, EngineConfig
 
+        self.reader = Reader.of(reader)
         self.spec = spec
         self.engine = Engine(
             EngineConfig(chain_id=spec.chain_id, owner_public_key=spec.owner_public_key)
@@ -1526,7 +1595,7 @@ class CommittedLog:
         for member in self.spec.members:
             if self.height >= target:
                 break
-            with sync_channel(self.spec, member.index) as ch:
+            with sync_channel(self.spec, member.index, reader=self.reader) as ch:
                 stream = cpb_grpc.ReplicaStub(ch).CommittedBlocks(
                     cpb.BlocksRequest(from_height=self.height + 1),
                     timeout=BLOCKS_STREAM_TIMEOUT_S,

@@ -1,7 +1,7 @@
 """The tool-executor side (issue 6, item 3): run a call only with a certificate for it, and
 open only the envelopes that call carries and that are sealed to this sink.
 
-    executor = Executor(spec, "payments", sink_private_key, CertifiedLogSource(spec))
+    executor = Executor(spec, "payments", sink_private_key, CertifiedLogSource(spec, auditor_key))
     call = executor.verify(certificate, proposal_id=pid, tool="pay",
                            target="https://bank.example/transfer", transaction=tx)
     card_number = executor.open_envelope(call, "card")
@@ -40,6 +40,7 @@ from typing import Protocol
 
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, SealedBox
+from nacl.signing import SigningKey
 
 from quorumgate.proto import names
 from quorumgate.proto.clusterfile import ClusterSpec
@@ -301,8 +302,19 @@ class CertifiedLogSource:
     """Sealed values from a local replay of the committed log, accepted only when the
     replayed state root at the certificate's height equals the certified state root."""
 
-    def __init__(self, spec: ClusterSpec, log: CommittedLog | None = None) -> None:
-        self.log = log if log is not None else CommittedLog(spec)
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        reader: SigningKey | None = None,
+        log: CommittedLog | None = None,
+    ) -> None:
+        """`reader`: a key allowed to read the committed log — an auditor's, whom the
+        owner lists with `quorumgate admin add-auditor` (or pass a `log` built with one)."""
+        if log is None:
+            if reader is None:
+                raise ValueError("a CertifiedLogSource needs a reader key (an auditor's) or a log")
+            log = CommittedLog(spec, reader)
+        self.log = log
 
     def sealed_value(self, handle: str, sink: str, certificate: Certificate) -> bytes | None:
         height = certificate.leaf.height

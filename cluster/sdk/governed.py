@@ -658,7 +658,9 @@ async def _resume(
         raise ActionDenied("confirmation_mismatch", proposal_id=pending.proposal_id)
     deadline_s = options.deadline_s or binding.deadline_s
     try:
-        decision = await aio.await_certificate(pending.proposal_id, deadline_s, settled=True)
+        decision = await aio.await_certificate(
+            pending.proposal_id, deadline_s, settled=True, nonce=pending.nonce
+        )
     except CertificateTimeout:
         raise pending from None  # not confirmed yet
     except (ClusterUnavailable, TimeoutError) as err:

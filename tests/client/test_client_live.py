@@ -20,6 +20,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import (
+    OWNER_KEY_FILE,
     RECEIPT_KEY_FILE,
     TLS_KEY_FILE,
     ClusterSpec,
@@ -55,6 +56,7 @@ from quorumgate.sdk.executor import (
     NotAllowed,
     WrongCall,
 )
+from quorumgate.sdk.owner import owner_reader
 from quorumgate.sidecar.engine.statements import target_digest
 from quorumgate.sidecar.receipts import (
     Certificate,
@@ -256,7 +258,7 @@ def test_certificate_assembled_from_disagreeing_receipts_is_refused(
 def _receipts(spec: ClusterSpec, proposal_id: bytes, members: list[int]) -> list[Receipt]:
     out = []
     for i in members:
-        with sync_channel(spec, i, "sidecar") as channel:
+        with sync_channel(spec, i, "sidecar", reader=owner_reader(spec)) as channel:
             reply = spb_grpc.SidecarStub(channel).GetReceipt(
                 spb.ReceiptRequest(proposal_id=proposal_id), timeout=5
             )
@@ -294,7 +296,7 @@ class LyingSidecar(spb_grpc.SidecarServicer):  # type: ignore[misc]
         self.as_index = as_index
         self.garble = garble  # keep the honest statement, break its signature
         self.forged = 0
-        self.real = spb_grpc.SidecarStub(aio_channel(spec, 3, "sidecar"))
+        self.real = spb_grpc.SidecarStub(aio_channel(spec, 3, "sidecar", reader=owner_reader(spec)))
 
     async def GetReceipt(
         self, request: spb.ReceiptRequest, context: grpc.aio.ServicerContext
@@ -674,8 +676,8 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
     assert (raw.outcome.value, raw.reason) == ("deny", "envelope_required")
     assert (denied.outcome.value, denied.reason) == ("deny", "handle_violation")
 
-    log = CommittedLog(cluster)
-    executor = Executor(cluster, SINK, sink_key, CertifiedLogSource(cluster, log))
+    log = CommittedLog(cluster, SigningKey(read_seed(cluster.directory / OWNER_KEY_FILE)))
+    executor = Executor(cluster, SINK, sink_key, CertifiedLogSource(cluster, log=log))
     call = executor.verify(
         decision.certificate_bytes(),
         proposal_id=decision.proposal_id,
@@ -689,7 +691,7 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
     assert log.state_root_at(decision.height) == decision.certificate.state_root
     # refused: another sink's key, a handle the call does not carry, a target it does not
     # name, a denied call, a forged certificate
-    stranger = Executor(cluster, SINK, PrivateKey.generate(), CertifiedLogSource(cluster, log))
+    stranger = Executor(cluster, SINK, PrivateKey.generate(), CertifiedLogSource(cluster, log=log))
     with pytest.raises(EnvelopeUnopenable):
         stranger.open_envelope(call, "secret")
     with pytest.raises(HandleRefused):

@@ -17,6 +17,7 @@ from quorumgate.proto.clusterfile import ClusterSpec, init_cluster, read_seed
 from quorumgate.proto.model import DENIAL_TEXT, Mandate
 from quorumgate.replica.channels import sync_channel
 from quorumgate.sdk.client import SyncClient, load_certificate, verify
+from quorumgate.sdk.owner import owner_reader
 from tests.client.conftest import SINK
 
 SECRET = f"SECRET-{uuid.uuid4().hex}"
@@ -209,7 +210,7 @@ def test_the_registry_rpc_answers_for_one_height_or_says_why_not(cluster: Cluste
     from quorumgate.proto import sidecar_pb2 as spb
     from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 
-    with sync_channel(cluster, 0, "sidecar") as channel:
+    with sync_channel(cluster, 0, "sidecar", reader=owner_reader(cluster)) as channel:
         stub = spb_grpc.SidecarStub(channel)
         now = stub.Registry(spb.RegistryRequest(), timeout=5)
         status = stub.Status(spb.SidecarStatusRequest(), timeout=5)

@@ -46,6 +46,7 @@ from quorumgate.sdk.governed import (
     governed_tool,
     resume_confirmed,
 )
+from quorumgate.sdk.owner import owner_reader
 from tests.client.conftest import LiveCluster, new_agent, wait_until
 from tests.client.test_client_live import Exhausted, _overloaded_cluster
 
@@ -396,7 +397,7 @@ async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(
 
 
 def _committed_proposal(spec: ClusterSpec, height: int, index: int) -> Proposal:
-    with sync_channel(spec, 0) as channel:
+    with sync_channel(spec, 0, reader=owner_reader(spec)) as channel:
         stream = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
             cpb.BlocksRequest(from_height=height), timeout=10
         )

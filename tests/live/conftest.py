@@ -47,7 +47,7 @@ from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
 from quorumgate.replica.types import Block
 from quorumgate.replica.wire import decode_block
-from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
+from quorumgate.sdk.owner import OwnerSession, agent_ops, owner_reader, tool_op
 from tests import polling
 
 T = TypeVar("T")
@@ -322,7 +322,10 @@ class LiveCluster:
     def channel(self, index: int) -> grpc.Channel:
         with self._lock:
             if index not in self._channels:
-                self._channels[index] = sync_channel(self.spec, index)
+                # the owner reads (CommittedBlocks answers only owner, members, auditors)
+                self._channels[index] = sync_channel(
+                    self.spec, index, reader=owner_reader(self.spec)
+                )
             return self._channels[index]
 
     def replica(self, index: int) -> cpb_grpc.ReplicaStub:

@@ -101,6 +101,7 @@ from quorumgate.sdk.client import (
     mandate,
     tool_spec,
 )
+from quorumgate.sdk.owner import owner_reader
 from quorumgate.sidecar import operator
 from quorumgate.sidecar import replay as replay_module
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
@@ -345,7 +346,7 @@ class Live:
     def committed_blocks(self, index: int, from_height: int, to_height: int) -> list[Block]:
         """Replica `index`'s committed blocks from_height..to_height, decoded."""
         replies = read_stream(
-            lambda: sync_channel(self.spec, index),
+            lambda: sync_channel(self.spec, index, reader=owner_reader(self.spec)),
             lambda ch: cpb_grpc.ReplicaStub(ch).CommittedBlocks(
                 cpb.BlocksRequest(from_height=from_height), timeout=WAIT_S
             ),
@@ -358,7 +359,7 @@ class Live:
     def receipt_batches(self, index: int, to_height: int) -> list[spb.ReceiptBatch]:
         """Sidecar `index`'s `Receipts` stream from height 1 until it passes `to_height`."""
         return read_stream(
-            lambda: sync_channel(self.spec, index, "sidecar"),
+            lambda: sync_channel(self.spec, index, "sidecar", reader=owner_reader(self.spec)),
             lambda ch: spb_grpc.SidecarStub(ch).Receipts(
                 spb.ReceiptsRequest(from_height=1), timeout=WAIT_S
             ),
@@ -515,7 +516,7 @@ def assert_never_allowed(live: Live, decisions: Iterable[Decision]) -> None:
         allowing = [(bytes(p).hex()[:16], h, x, o, r) for p, h, x, o, r in rows if o in ALLOWING]
         assert not allowing, f"sidecar {i} recorded allowing verdicts: {allowing}"
         assert {bytes(r[0]) for r in rows} == set(chosen), f"sidecar {i} misses verdicts"
-        with sync_channel(live.spec, i, "sidecar") as channel:
+        with sync_channel(live.spec, i, "sidecar", reader=owner_reader(live.spec)) as channel:
             stub = spb_grpc.SidecarStub(channel)
             for proposal_id, decision in chosen.items():
                 reply = stub.GetReceipt(

@@ -1,0 +1,136 @@
+"""Reads of committed data are authorized (issue 14, item 2): `CommittedBlocks` holds every
+argument value of every call, a sidecar's `Receipts` every verdict. They answer the owner,
+the members and auditors; an agent reads its own verdicts; an unregistered key gets
+nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from nacl.signing import SigningKey
+
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
+from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
+from quorumgate.replica.channels import Reader, sync_channel
+from quorumgate.sdk.client import SyncClient
+from quorumgate.sdk.polling import poll_for
+from tests.client.conftest import new_agent
+
+URL = "https://example.com/authz"
+READS = ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")
+RPC_S = 5.0
+
+
+def _calls(spec: ClusterSpec, proposal_id: bytes) -> dict[str, Callable[[Any], object]]:
+    """Each read, as a function of (replica channel, sidecar channel)."""
+    return {
+        "CommittedBlocks": lambda ch: next(
+            iter(
+                cpb_grpc.ReplicaStub(ch[0]).CommittedBlocks(
+                    cpb.BlocksRequest(from_height=1), timeout=RPC_S
+                )
+            )
+        ),
+        "Receipts": lambda ch: next(
+            iter(
+                spb_grpc.SidecarStub(ch[1]).Receipts(
+                    spb.ReceiptsRequest(from_height=1), timeout=RPC_S
+                )
+            )
+        ),
+        "GetReceipt": lambda ch: spb_grpc.SidecarStub(ch[1]).GetReceipt(
+            spb.ReceiptRequest(proposal_id=proposal_id), timeout=RPC_S
+        ),
+        "Registry": lambda ch: spb_grpc.SidecarStub(ch[1]).Registry(
+            spb.RegistryRequest(), timeout=RPC_S
+        ),
+    }
+
+
+def _answers(spec: ClusterSpec, reader: Reader | None, proposal_id: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with (
+        sync_channel(spec, 0, reader=reader) as replica,
+        sync_channel(spec, 0, "sidecar", reader=reader) as sidecar,
+    ):
+        for name, call in _calls(spec, proposal_id).items():
+            try:
+                call((replica, sidecar))
+                out[name] = "OK"
+            except grpc.RpcError as err:
+                out[name] = err.code().name
+    return out
+
+
+def test_an_unregistered_key_gets_nothing_and_an_anonymous_caller_less(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    _, key = new_agent(owner, ["web.get"])
+    with SyncClient(cluster, key) as agent:
+        decision = agent.propose("web.get", URL, run_id="run-authz")
+    stranger = Reader.of(SigningKey.generate())
+    assert _answers(cluster, stranger, decision.proposal_id) == {
+        name: "PERMISSION_DENIED"
+        for name in ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")
+    }
+    assert _answers(cluster, None, decision.proposal_id) == {
+        name: "UNAUTHENTICATED"
+        for name in ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")
+    }
+    owner_reader = Reader.of(owner.aio.key)
+    assert set(_answers(cluster, owner_reader, decision.proposal_id).values()) == {"OK"}
+
+
+def test_an_auditor_the_owner_adds_reads_at_once(cluster: ClusterSpec, owner: SyncClient) -> None:
+    auditor = SigningKey.generate()
+    reader = Reader.of(auditor)
+    assert _answers(cluster, reader, b"\x00" * 32)["CommittedBlocks"] == "PERMISSION_DENIED"
+    add_auditor(
+        cluster.directory,
+        f"auditor-{bytes(auditor.verify_key).hex()[:8]}",
+        bytes(auditor.verify_key),
+    )
+    # the running nodes read the cluster file again (within about a second)
+    allowed = poll_for(
+        lambda: _answers(cluster, reader, b"\x00" * 32)["CommittedBlocks"] == "OK" or None,
+        timeout_s=10,
+        every_s=0.2,
+    )
+    assert allowed, "the auditor was not let in"
+    assert set(_answers(cluster, reader, b"\x00" * 32).values()) == {"OK"}
+
+
+def test_an_agent_reads_its_own_verdicts_and_no_one_elses(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    _, alice_key = new_agent(owner, ["web.get"])
+    _, bob_key = new_agent(owner, ["web.get"])
+    with SyncClient(cluster, alice_key) as alice, SyncClient(cluster, bob_key) as bob:
+        mine = alice.propose("web.get", URL, run_id="run-alice")  # proved with its nonce
+        assert mine.allowed
+        theirs = bob.propose("web.get", URL, run_id="run-bob")
+        from quorumgate.sdk.client import Refused
+
+        with pytest.raises(Refused) as refused:
+            alice.await_certificate(theirs.proposal_id, deadline_s=5)
+        assert refused.value.reason == "read_not_authorized"
+    # Alice's view of the Receipts stream: her verdicts only
+    with sync_channel(cluster, 1, "sidecar", reader=Reader.of(alice_key)) as channel:
+        stream = spb_grpc.SidecarStub(channel).Receipts(
+            spb.ReceiptsRequest(from_height=1), timeout=RPC_S
+        )
+        seen: set[bytes] = set()
+        try:
+            for batch in stream:
+                seen |= {r.leaf.proposal_id for r in batch.receipts}
+                if mine.proposal_id in seen:
+                    break
+        finally:
+            stream.cancel()
+    assert mine.proposal_id in seen and theirs.proposal_id not in seen
