@@ -728,7 +728,20 @@ class Core:
 
     # ------------------------------------------------------------------ votes
 
+    def _echo_of_own(self, voter: int, view: int, kind: str) -> None:
+        """A vote or timeout of ours, sent back to us (an echo, a replay). We keep our own
+        signatures ourselves and never count a copy. One for a view above our last voted
+        view means we signed it and forgot (restored from old data): Rule 6 fences it."""
+        if voter != self.me:
+            return
+        if view > self.safety.state.last_voted_view and self.safety.fence(voted_view=view):
+            self.stats.fenced += 1
+        raise RemoteError("own_echo", f"our own {kind} for view {view}")
+
     def _on_vote(self, vote: Vote, *, local: bool) -> None:
+        if not local and vote.voter == self.me:
+            self.checker.check_vote(vote)  # genuinely ours, or it says nothing
+            self._echo_of_own(vote.voter, vote.view, "vote")
         if vote.view <= self.high_qc.view:
             if not local and vote.view > self._last_signed_by.get(vote.voter, 0):
                 self.checker.check_vote(vote)  # a late vote still says where its signer was
@@ -784,6 +797,7 @@ class Core:
             raise RemoteError("future_view", f"timeout for view {timeout.view}")
         if not local:
             self.checker.check_timeout(timeout)
+            self._echo_of_own(timeout.voter, timeout.view, "timeout")
             self._saw_signature(timeout.voter, timeout.view)
         self._process_certs(timeout.high_qc, timeout.high_tc)
         if timeout.view < self.view:

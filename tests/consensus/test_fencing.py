@@ -196,3 +196,18 @@ def test_replicas_restored_from_old_data_never_equivocate_in_simulation() -> Non
             restores += sim.stale_restores
     assert failures == []
     assert restores > 100, "the scenarios hardly restored anyone from old data"
+
+
+def test_our_own_vote_sent_back_is_never_counted_and_fences_a_forgotten_view() -> None:
+    """Found by the fuzzer (issue 14): a copy of our own vote, sent back to us, was stored
+    as a peer's, and our next vote in that view then raised out of the core. Now our own
+    signatures are never taken from the network; one above our last voted view means we
+    signed it and forgot (restored from old data), and Rule 6 fences that view."""
+    core = new_core(3)
+    core.start()
+    echoed = signed_vote(3, B2)  # we signed it, then lost our disk
+    core.on_message(envelope(1, echoed))
+    assert core.dropped["own_echo"] == 1
+    assert core.safety.state.last_voted_view == B2.view and core.stats.fenced == 1
+    core.on_message(envelope(1, signed_proposal(B1)))  # view 1: still below the fence
+    assert core.safety.state.last_voted_view == B2.view
