@@ -31,6 +31,7 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.membership import Member, Membership
@@ -56,6 +57,7 @@ from quorumgate.replica.types import (
     Message,
     Proposal,
     QuorumCert,
+    RemoteError,
     SyncRequest,
     Timeout,
     TimeoutCert,
@@ -77,7 +79,7 @@ BEHAVIOURS = (
     "fork_leader",  # leads from a stale QC to fork the chain, votes for anything, and
     # sends its votes to one victim only, so commits diverge: what locks exist to stop
 )
-UNSAFE_VARIANTS = ("no_lock", "two_chain_commit")
+UNSAFE_VARIANTS = ("no_lock", "two_chain_commit", "double_vote", "no_fence")
 SIM_TICK_MS = 10
 TX_BYTES = 48
 
@@ -105,6 +107,17 @@ class SimOptions:
     liveness_ticks_max: int = 6_000
     unsafe: str | None = None  # a deliberately broken rule, for testing the tester
     fast_crypto: bool = True
+    # Twins-style enumerated schedules: which members are the Byzantine ones (their places
+    # in the round-robin leader order; empty: drawn from the seed), and per phase of
+    # `schedule_phase_ticks` a split of every node instance into side 0 or 1 (instances in
+    # (member, instance) order); after the last phase the network is whole.
+    byzantine_members: tuple[int, ...] = ()
+    partition_schedule: tuple[tuple[int, ...], ...] = ()
+    schedule_phase_ticks: int = 40
+    # The stale-restore drill, aimed: this many times, right after the victim proposed in a
+    # view it leads, it is killed, its data put back to what it held on entering that view,
+    # and restarted at once — into the very view it signed in and forgot (safety Rule 6).
+    restores_when_leading: int = 0
 
     def __post_init__(self) -> None:
         f = (self.n - 1) // 3
@@ -115,6 +128,8 @@ class SimOptions:
                 raise ValueError(f"unknown behaviour {b!r}")
         if self.unsafe is not None and self.unsafe not in UNSAFE_VARIANTS:
             raise ValueError(f"unknown unsafe variant {self.unsafe!r}")
+        if self.byzantine_members and len(self.byzantine_members) != len(self.byzantine):
+            raise ValueError("one member index per Byzantine behaviour")
 
     def reproduce(self) -> str:
         fields = ", ".join(
@@ -210,6 +225,24 @@ class TwoChainTree(BlockTree):
         return self.uncommitted_chain(b1.hash), CommitProof(b2, b2, qc)
 
 
+class DoubleVoteSafetyRules(SafetyRules):
+    """Broken on purpose: Rule 1 forgotten — votes again in a view it already voted in."""
+
+    def vote(
+        self,
+        block: Block,
+        parent: Block,
+        high_qc: QuorumCert | None = None,
+        high_tc: TimeoutCert | None = None,
+    ) -> Signed[Vote]:
+        state = self._state
+        if state.last_voted_view >= block.view:
+            self._state = replace(
+                state, last_vote=None, last_timeout=None, last_voted_view=block.view - 1
+            )
+        return super().vote(block, parent, high_qc, high_tc)
+
+
 class NoLockCore(Core):
     safety_rules_cls = NoLockSafetyRules
 
@@ -218,10 +251,39 @@ class TwoChainCore(Core):
     block_tree_cls = TwoChainTree
 
 
+class DoubleVoteCore(Core):
+    """Broken on purpose: votes for a second block in a view (its safety rules skip Rule 1
+    and it takes a leader's second proposal for a view instead of counting it)."""
+
+    safety_rules_cls = DoubleVoteSafetyRules
+
+    def _on_proposal(self, sender: int, proposal: Proposal) -> None:
+        self._proposal_seen.pop(proposal.block.view, None)
+        super()._on_proposal(sender, proposal)
+
+
+class NoFenceCore(Core):
+    """Broken on purpose: Rule 6 forgotten — a replica restored from old data neither asks
+    its peers which views it signed in nor fences the ones its own signatures show."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["fence_on_start"] = False
+        super().__init__(*args, **kwargs)
+
+    def _fence_on_own_signatures(self, qc: QuorumCert, tc: TimeoutCert | None) -> None:
+        pass
+
+    def _echo_of_own(self, voter: int, view: int, kind: str) -> None:
+        if voter == self.me:
+            raise RemoteError("own_echo", f"view {view}")
+
+
 CORE_CLASSES: dict[str | None, type[Core]] = {
     None: Core,
     "no_lock": NoLockCore,
     "two_chain_commit": TwoChainCore,
+    "double_vote": DoubleVoteCore,
+    "no_fence": NoFenceCore,
 }
 
 
@@ -348,6 +410,7 @@ class SimNode:
         self.up = True
         self.down_until = 0
         self.snapshots: list[Disk] = []
+        self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
         self.starts = 0
         self.core = self._make_core(None)
 
@@ -381,7 +444,7 @@ class SimNode:
         self.snapshots.append(self.disk.copy())
 
     def restart(self, stale: bool = False) -> list[Action]:
-        if stale and len(self.snapshots) > 1:
+        if stale and (len(self.snapshots) > 1 or self.force_stale):
             # Restored from an old copy of the data directory: it forgot what it signed since.
             self.disk = self.snapshots[0].copy()
             self.sim.stale_restores += 1
@@ -435,6 +498,8 @@ class Simulation:
         )
         members = list(range(n))
         self.rng.shuffle(members)
+        if options.byzantine_members:
+            members = list(options.byzantine_members)
         self.byzantine: dict[int, str] = dict(zip(members, options.byzantine, strict=False))
         self.honest = [i for i in range(n) if i not in self.byzantine]
         self.clock_skew_ms = {i: self.rng.randint(-200, 200) for i in range(n)}
@@ -459,6 +524,7 @@ class Simulation:
         self.forge_seq = 0
         self.fork_pending: dict[int, Proposal] = {}
         self.stale_restores = 0
+        self.lead_restores = 0
         self.amnesiac: set[int] = set()
         self.delivered_votes: dict[tuple[int, int], bytes] = {}
         self.forks_made = 0
@@ -507,13 +573,15 @@ class Simulation:
                 if self.rng.randrange(1000) < opts.dup_permille:
                     copies = 2
             msg = envelope.message
-            if src in self.amnesiac and isinstance(msg, Vote):
-                # A restored node may re-sign what it forgot only if the first copy reached
-                # nobody: judge what reaches the network, not what leaves the process.
+            if isinstance(msg, Vote) and src not in self.byzantine:
+                # An honest member's votes as they reach the network, before and after any
+                # restore: a restored node may re-sign what it forgot only if the first
+                # copy reached nobody, so judge what reaches peers, not what leaves.
                 prior = self.delivered_votes.setdefault((src, msg.view), msg.block_hash)
                 if prior != msg.block_hash:
+                    who = "restored node" if src in self.amnesiac else "honest node"
                     raise self.fail(
-                        f"restored node {src} equivocated: two votes for view {msg.view} "
+                        f"SAFETY: {who} {src} equivocated: two votes for view {msg.view} "
                         f"reached peers"
                     )
             for _ in range(copies):
@@ -553,7 +621,7 @@ class Simulation:
             key = (node.index, msg.view)
             prior = self.honest_votes.setdefault(key, msg.block_hash)
             if prior != msg.block_hash:
-                raise self.fail(f"honest node {node.index} voted twice in view {msg.view}")
+                raise self.fail(f"SAFETY: honest node {node.index} voted twice in view {msg.view}")
         if behaviour is not None:
             for to, out in self._byzantine_rewrite(node, behaviour, send):
                 self._deliver_from(node.index, to, out, node.instance)
@@ -576,7 +644,7 @@ class Simulation:
                     f"after {len(disk.committed) - 1}"
                 )
             if block.parent_hash != disk.committed[-1].hash:
-                raise self.fail(f"node {node.index} committed a block off its own chain")
+                raise self.fail(f"SAFETY: node {node.index} committed a block off its own chain")
             if node.index not in self.byzantine:
                 known = self.committed_by_height.setdefault(block.height, block.hash)
                 if known != block.hash:
@@ -632,6 +700,8 @@ class Simulation:
             half = len(others) // 2
             out: list[tuple[int | None, Message]] = [(i, msg) for i in others[:half]]
             out += [(i, alt_prop) for i in others[half:]]
+            # One member of the first half sees both: a replica must vote for one only.
+            out += [(others[0], alt_prop)] if half else []
             # and vote for the alternative too
             out += [
                 (
@@ -834,12 +904,15 @@ class Simulation:
         return 1 + self.rng.randrange(opts.crash_ticks_max)
 
     def _step_node(self, node: SimNode, actions_fn: str, envelope: Envelope | None) -> None:
+        before = self._aimed_restore_victim(node)
         if envelope is not None:
             actions = node.core.on_message(envelope)
         elif actions_fn == "tick":
             actions = node.core.on_tick(self.now_ms(node.index))
         else:
             actions = node.core.on_transactions()
+        if before is not None and self._restore_after_lead(node, before, actions):
+            return
         down = self._maybe_crash(node)
         if down is not None:
             cut = self.rng.randrange(len(actions) + 1)
@@ -847,6 +920,46 @@ class Simulation:
             node.crash(self.tick + down)
             return
         self._apply(node, actions)
+
+    def _aimed_restore_victim(self, node: SimNode) -> Disk | None:
+        """For `restores_when_leading`: the victim's disk before this step, to restore it
+        from if the step proposes (an operator's backup taken as it entered the view)."""
+        if (
+            self.options.restores_when_leading <= self.lead_restores
+            or self.healed
+            or node.index != self.honest[-1]
+            or node.instance != 0
+        ):
+            return None
+        return node.disk.copy()
+
+    def _restore_after_lead(self, node: SimNode, before: Disk, actions: list[Action]) -> bool:
+        proposed = [
+            a.message for a in actions if isinstance(a, Send) and isinstance(a.message, Proposal)
+        ]
+        if not proposed:
+            return False
+        self._apply(node, actions)  # the proposal (and its vote) leave...
+        # ...and the copy kept holds the certificates that let it enter the view, but not
+        # what it signed in it, nor its own block.
+        backup = node.disk.copy()
+        prior = before.safety
+        backup.safety = replace(
+            backup.safety,
+            last_voted_view=prior.last_voted_view,
+            last_proposed_view=prior.last_proposed_view,
+            last_vote=prior.last_vote,
+            last_timeout=prior.last_timeout,
+        )
+        for proposal in proposed:
+            backup.blocks.pop(proposal.block.hash, None)
+        node.snapshots = [backup]
+        # Down for longer than a message takes, as a restore from backup is: what it sent
+        # before has reached its peers when it asks them (Rule 6 at start).
+        node.crash(self.tick + self.options.delay_ticks_max + 2)
+        node.force_stale = True
+        self.lead_restores += 1
+        return True
 
     def _deliver(self, item: _InFlight) -> None:
         envelope = item.envelope
@@ -889,17 +1002,28 @@ class Simulation:
                 if self.tick >= node.down_until:
                     # Amnesia is survivable only while enough peers remember: at most one
                     # member (the drill's stale-restore victim) ever restarts from old data.
-                    stale = (
+                    stale = node.force_stale or (
                         node.index == self.honest[-1]
                         and self.rng.randrange(1000) < self.options.stale_restore_permille
                     )
+                    node.force_stale = False
                     self._apply(node, node.restart(stale))
                 continue
             self._step_node(node, "tick", None)
 
     def _repartition(self) -> None:
-        """Twins-style: every so often the instances (twins are two) split anew, or heal."""
+        """Twins-style: every so often the instances (twins are two) split anew, or heal;
+        with a `partition_schedule`, exactly the enumerated splits, phase by phase."""
         opts = self.options
+        if opts.partition_schedule:
+            phase = self.tick // opts.schedule_phase_ticks
+            if phase < len(opts.partition_schedule):
+                instances = sorted((node.index, node.instance) for node in self._all_nodes())
+                sides = opts.partition_schedule[phase]
+                self.partition = dict(zip(instances, sides, strict=True))
+            else:
+                self.partition = None
+            return
         if opts.partition_ticks == 0 or self.tick < self.next_partition_tick:
             return
         span = opts.partition_ticks
@@ -988,3 +1112,67 @@ def scenario(seed: int, n: int) -> SimOptions:
         crash_ticks_max=rng.choice((30, 150)),
         tx_per_tick_permille=rng.choice((100, 500, 900)),
     )
+
+
+# ============================================================================ Twins
+
+
+TWINS_PHASES = 3  # phases of enumerated partitions before the network heals
+TWINS_PHASE_TICKS = 100  # about five views each
+TWINS_BEHAVIOURS = ("twins", "equivocate", "fork_leader")
+
+
+def twins_splits(instances: int) -> list[tuple[int, ...]]:
+    """Every way to split `instances` node instances into two non-empty sides (each split
+    once: the first instance is always on side 0)."""
+    out = []
+    for mask in range(1, 2 ** (instances - 1)):
+        sides = (0, *((mask >> k) & 1 for k in range(instances - 1)))
+        if any(sides):
+            out.append(sides)
+    return out
+
+
+def twins_scenarios(
+    n: int = 4, *, per_behaviour: int | None = None, restores_when_leading: int = 2
+) -> list[SimOptions]:
+    """The enumerated adversary (Twins, Bano et al. 2020). For each Byzantine behaviour
+    (twin instances of one key, an equivocating leader, a forking leader), every place
+    of the Byzantine member in the round-robin leader order times every partition
+    schedule of `TWINS_PHASES` phases (each phase a two-way split of the node
+    instances); and, beside twins and equivocation, a victim restored from a backup just
+    after it proposed. With
+    `per_behaviour`, that many scenarios of each behaviour, evenly spaced through its
+    enumeration, so that no behaviour outweighs the others by the number of its
+    instances. Each scenario is a plain `SimOptions`: a failure prints what reproduces it.
+    """
+    f = (n - 1) // 3
+    out = []
+    for behaviour in TWINS_BEHAVIOURS:
+        instances = n + f if behaviour == "twins" else n
+        splits = twins_splits(instances)
+        total = n * len(splits) ** TWINS_PHASES  # (place, schedule) pairs, by index
+        step = max(1, total // per_behaviour) if per_behaviour else 1
+        for case in range(0, total, step)[:per_behaviour]:
+            place, k = case % n, case // n
+            schedule = tuple(
+                splits[(k // len(splits) ** phase) % len(splits)] for phase in range(TWINS_PHASES)
+            )
+            out.append(
+                SimOptions(
+                    seed=k,
+                    n=n,
+                    byzantine=(behaviour,) * f,
+                    byzantine_members=tuple((place + j) % n for j in range(f)),
+                    partition_schedule=schedule,
+                    schedule_phase_ticks=TWINS_PHASE_TICKS,
+                    ticks=(TWINS_PHASES + 2) * TWINS_PHASE_TICKS,
+                    delay_ticks_max=2,
+                    victim_delay_ticks=60 if behaviour == "fork_leader" else 0,
+                    # The forking leader's victim is the restore drill's too: one at a time.
+                    restores_when_leading=0
+                    if behaviour == "fork_leader"
+                    else restores_when_leading,
+                )
+            )
+    return out

@@ -3,9 +3,13 @@
 
     python scripts/simulate.py --seeds 10000 --nodes 4 7
     python scripts/simulate.py --start 5000 --seeds 200 --nodes 7 --unsafe no_lock
+    python scripts/simulate.py --twins 300 --nodes 4 --unsafe double_vote
 
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
-the seed. A failure prints the SimOptions that reproduce it. Exit status 1 if any failed.
+the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
+(`twins_scenarios`, 0: all of them). A failure prints the SimOptions that reproduce it, and
+the run ends with the share of scenarios that failed, by behaviour. Exit status 1 if any
+failed.
 """
 
 from __future__ import annotations
@@ -14,8 +18,16 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections import Counter
 
-from quorumgate.replica.sim import UNSAFE_VARIANTS, Simulation, SimulationFailure, scenario
+from quorumgate.replica.sim import (
+    UNSAFE_VARIANTS,
+    SimOptions,
+    Simulation,
+    SimulationFailure,
+    scenario,
+    twins_scenarios,
+)
 
 
 def main() -> int:
@@ -24,25 +36,47 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 7])
     parser.add_argument("--unsafe", choices=UNSAFE_VARIANTS, help="run a broken variant")
+    parser.add_argument(
+        "--twins", type=int, metavar="K", help="the enumerated Twins adversary, K per behaviour"
+    )
     parser.add_argument("--real-crypto", action="store_true", help="Ed25519, not the stand-in")
     args = parser.parse_args()
-    failures = 0
     started = time.perf_counter()
+    runs: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
     for n in args.nodes:
-        for seed in range(args.start, args.start + args.seeds):
+        if args.twins is not None:
+            scenarios = twins_scenarios(n, per_behaviour=args.twins or None)
+        else:
+            scenarios = [scenario(seed, n) for seed in range(args.start, args.start + args.seeds)]
+        for base in scenarios:
             options = dataclasses.replace(
-                scenario(seed, n), unsafe=args.unsafe, fast_crypto=not args.real_crypto
+                base, unsafe=args.unsafe, fast_crypto=not args.real_crypto
             )
-            try:
-                Simulation(options).run()
-            except SimulationFailure as failure:
-                failures += 1
-                print(f"FAIL seed={seed} n={n}: {failure}", flush=True)
-        print(f"n={n}: {args.seeds} scenarios done", flush=True)
-    total = args.seeds * len(args.nodes)
+            family = f"n={n} " + "+".join(sorted(set(options.byzantine)) or ["honest"])
+            runs[family] += 1
+            if not passes(options):
+                failed[family] += 1
+        print(f"n={n}: {len(scenarios)} scenarios done", flush=True)
+    for family in sorted(runs):
+        share = failed[family] / runs[family]
+        print(f"  {family}: {failed[family]}/{runs[family]} failed ({share:.1%})")
+    total, failures = sum(runs.values()), sum(failed.values())
     elapsed = time.perf_counter() - started
-    print(f"{total - failures}/{total} scenarios passed in {elapsed:.1f} s")
+    print(
+        f"{total - failures}/{total} scenarios passed in {elapsed:.1f} s "
+        f"({failures / max(total, 1):.1%} failed)"
+    )
     return 1 if failures else 0
+
+
+def passes(options: SimOptions) -> bool:
+    try:
+        Simulation(options).run()
+    except SimulationFailure as failure:
+        print(f"FAIL seed={options.seed} n={options.n}: {failure}", flush=True)
+        return False
+    return True
 
 
 if __name__ == "__main__":
