@@ -124,7 +124,14 @@ from quorumgate.sidecar.store import LEDGER_PAGE_ROWS_MAX, SidecarStore, Sidecar
 T = TypeVar("T")
 V = TypeVar("V")
 
-DRILLS = ("leader-kill", "wipe-replica", "full-restart", "sidecar-crash", "stale-restore")
+DRILLS = (
+    "leader-kill",
+    "wipe-replica",
+    "full-restart",
+    "sidecar-crash",
+    "stale-restore",
+    "byzantine",
+)
 # Faults a drill injects however short `--seconds` is: enough to repeat what repeats,
 # and both rebuild paths of `wipe-replica`.
 FAULT_CYCLES_MIN = {
@@ -133,6 +140,7 @@ FAULT_CYCLES_MIN = {
     "full-restart": 1,
     "sidecar-crash": 2,
     "stale-restore": 1,
+    "byzantine": 4,  # each attack of BYZANTINE_CYCLES once
 }
 FAULT_CYCLES_MAX = 64
 SECONDS_DEFAULT = 20.0
@@ -157,6 +165,19 @@ LAG_WAIT_S = 2.0  # a sidecar with committed blocks left to execute
 WARMUP_ACKS_MIN = 20  # acknowledged proposals before the first fault
 WARMUP_HEIGHTS = 3  # heights committed before the first fault
 VOTING_HEIGHTS = 8  # heights a stale-restore victim commits (and votes in) before its kill
+ATTACK_HEIGHTS = 5  # heights the honest members commit under each attack
+# The byzantine drill's cycles: the attacks its member runs (quorumgate.ops.byzantine) and
+# what the honest members do meanwhile — commit on their own ("commit"), restart one of
+# them into forged hello replies ("restart"), or stop one, commit without it (the
+# Byzantine member votes in this cycle) and let it catch up from peers that include the
+# poisoner ("catch-up").
+BYZANTINE_CYCLES = (
+    ("poison-sync", ("poison-sync",), "catch-up"),
+    ("forged-hello", ("forged-hello", "silent"), "restart"),
+    ("oversized-sync", ("oversized-sync", "silent"), "commit"),
+    ("spoofed", ("spoofed", "silent"), "commit"),
+)
+BYZANTINE_MODULE = "quorumgate.ops.byzantine"
 
 # The load: batches of BATCH_TXS, paced per sender thread.
 RATE_PER_S_DEFAULT = {4: 50.0, 7: 30.0}
@@ -388,6 +409,20 @@ def rollback_conflicts(
     ]
 
 
+def refusals_since(
+    before: Mapping[int, tuple[int, Counter[str]]], after: Mapping[int, tuple[int, Counter[str]]]
+) -> Counter[str]:
+    """Messages the honest replicas dropped between two readings, by reason (a process
+    restarted in between counts from zero; equivocations are another check's)."""
+    total: Counter[str] = Counter()
+    for i, (pid, counters) in after.items():
+        prior = before.get(i)
+        total.update(counters - prior[1] if prior is not None and prior[0] == pid else counters)
+    for reason in EQUIVOCATION_REASONS:
+        total.pop(reason, None)
+    return total
+
+
 def placements(blocks: Iterable[Block]) -> dict[bytes, list[int]]:
     """Transaction id -> the heights of every committed block that carries it."""
     placed: dict[bytes, list[int]] = {}
@@ -431,6 +466,14 @@ def _replica_status(spec: ClusterSpec, index: int) -> cpb.StatusReply | None:
 
 def _equivocation_counters(spec: ClusterSpec, index: int) -> dict[str, float] | None:
     """A replica's equivocation counters by reason, from its /metrics (None: no answer)."""
+    dropped = _dropped_counters(spec, index)
+    if dropped is None:
+        return None
+    return {reason: dropped.get(reason, 0.0) for reason in EQUIVOCATION_REASONS}
+
+
+def _dropped_counters(spec: ClusterSpec, index: int) -> dict[str, float] | None:
+    """A replica's counts of peer messages dropped, by reason (None: no answer)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     m = spec.member(index)
@@ -440,11 +483,11 @@ def _equivocation_counters(spec: ClusterSpec, index: int) -> dict[str, float] | 
             text = response.read().decode()
     except OSError:
         return None
-    counters = dict.fromkeys(EQUIVOCATION_REASONS, 0.0)
+    counters: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             reason = sample.labels.get("reason", "")
-            if sample.name == DROPPED_METRIC and reason in counters:
+            if sample.name == DROPPED_METRIC and reason:
                 counters[reason] = float(sample.value)
     return counters
 
@@ -645,11 +688,18 @@ class _Processes:
         self.spec = spec
         self.procs: dict[tuple[str, int], subprocess.Popen[bytes]] = {}
 
-    def start(self, kind: str, indexes: Iterable[int]) -> None:
+    def start(
+        self,
+        kind: str,
+        indexes: Iterable[int],
+        *,
+        module: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         """Start them and return once each answers; `_Abort` if one does not."""
         wanted = list(indexes)
         try:
-            procs = start_nodes(self.spec, wanted, kind)
+            procs = start_nodes(self.spec, wanted, kind, module=module, env=env)
         except OpsError as err:
             raise _Abort(f"cannot start {kind}s {wanted}: {err}") from err
         for i, proc in procs.items():
@@ -1583,6 +1633,121 @@ class _Drill:
             + (f" ({report.redelivered} after being offered again)" if report.redelivered else ""),
         )
 
+    def byzantine(self) -> None:
+        """One member turns Byzantine (quorumgate.ops.byzantine), restarted with the next
+        attack of BYZANTINE_CYCLES each cycle; the honest members must stay up, refuse
+        every attack message, and keep committing."""
+        byz = self.n - 1
+        honest = self.others(byz)
+        started: dict[int, int] = {}  # honest member -> pid, as the drill last started it
+        refused_total: Counter[str] = Counter()
+        problems: list[str] = []
+        for k in self.cycles():
+            name, attacks, mode = BYZANTINE_CYCLES[k % len(BYZANTINE_CYCLES)]
+            victim = honest[k % len(honest)]
+            for i in honest:
+                started[i] = self.procs.pid("replica", i) or started.get(i, 0)
+            self.scrape_equivocations()
+            self.procs.stop([("replica", byz)])
+            self.procs.start(
+                "replica",
+                [byz],
+                module=BYZANTINE_MODULE,
+                env={"QUORUMGATE_BYZANTINE": ",".join(attacks)},
+            )
+            before = self._honest_refusals(honest)
+            oversized_before = self._oversized_refused(byz)
+            height = self.top(honest)
+            at = time.monotonic()
+            fault = self.fault(
+                Fault(
+                    f"byzantine-{name}",
+                    byz,
+                    at - self.t0,
+                    pids_after=self.procs.pids(["replica"], [byz]),
+                    height_at_fault=height,
+                    details={"attacks": list(attacks), "honest_action": mode},
+                )
+            )
+            self.say(f"attack {k + 1}: replica {byz} runs {', '.join(attacks)} ({mode})")
+            if mode == "commit":
+                done = self.wait_commits(height + ATTACK_HEIGHTS, honest, RESUME_TIMEOUT_S)
+            elif mode == "restart":
+                self.procs.stop([("replica", victim)])
+                self.procs.start("replica", [victim])
+                started[victim] = self.procs.pid("replica", victim) or 0
+                done = self.wait_commits(height + ATTACK_HEIGHTS, honest, RESUME_TIMEOUT_S)
+            else:
+                self.procs.stop([("replica", victim)])
+                others = [i for i in range(self.n) if i != victim]
+                if self.wait_commits(height + ATTACK_HEIGHTS, others, RESUME_TIMEOUT_S) is None:
+                    raise _Abort(f"no commits without replica {victim}: {self.heights()}")
+                self.procs.start("replica", [victim])
+                started[victim] = self.procs.pid("replica", victim) or 0
+                done = self.wait_replica_back(victim)
+            if done is None:
+                raise _Abort(f"{name}: the honest members did not go on: {self.heights()}")
+            fault.recovery_s = done - at
+
+            seen = functools.partial(
+                self._attack_refused, name, byz, honest, before, oversized_before
+            )
+            refused = _poll(seen, RESUME_TIMEOUT_S) or Counter()
+            refused_total.update(refused)
+            fault.details["refused_by_honest"] = dict(sorted(refused.items()))
+            if not refused:
+                problems.append(f"{name}: no honest member refused anything")
+            for i in honest:
+                pid = self.procs.pid("replica", i)
+                if pid is None or pid != started[i]:
+                    problems.append(f"{name}: honest replica {i} exited (was pid {started[i]})")
+            self.say(
+                f"{name}: honest members at {self.heights(honest)} after {fault.recovery_s:.2f} s; "
+                f"refused {dict(refused)}"
+            )
+        self.report.details["refused_by_honest"] = dict(sorted(refused_total.items()))
+        self.check(
+            "byzantine_contained",
+            problems,
+            "every honest replica stayed up and refused every attack: "
+            + _listed(f"{r} x{int(c)}" for r, c in sorted(refused_total.items())),
+        )
+
+    def _attack_refused(
+        self,
+        name: str,
+        byz: int,
+        honest: Sequence[int],
+        before: Mapping[int, tuple[int, Counter[str]]],
+        oversized_before: int,
+    ) -> Counter[str] | None:
+        """What the honest members refused since `before`, once it shows the attack."""
+        found = refusals_since(before, self._honest_refusals(honest))
+        # A message over the transport's limit never reaches the replica: the honest
+        # side's gRPC resets the stream, as the attacker's log shows.
+        oversized = self._oversized_refused(byz) - oversized_before
+        if oversized:
+            found["transport_resource_exhausted"] = oversized
+        wanted = "oversized" not in name or oversized > 0
+        return found if found and wanted else None
+
+    def _oversized_refused(self, byz: int) -> int:
+        try:
+            text = (self.spec.node_dir(byz) / "replica.log").read_text(errors="replace")
+        except OSError:
+            return 0
+        return text.count("code=RESOURCE_EXHAUSTED")
+
+    def _honest_refusals(self, honest: Sequence[int]) -> dict[int, tuple[int, Counter[str]]]:
+        """Each honest replica's pid and its counts of peer messages dropped, by reason."""
+        out: dict[int, tuple[int, Counter[str]]] = {}
+        for i in honest:
+            pid = self.procs.pid("replica", i)
+            counters = _dropped_counters(self.spec, i) if pid is not None else None
+            if pid is not None and counters is not None:
+                out[i] = (pid, Counter(counters))
+        return out
+
     def settle_and_check(self, load: _Load) -> None:
         report = self.report
         acked = load.snapshot()
@@ -1911,6 +2076,7 @@ FAULTS: dict[str, Callable[[_Drill], None]] = {
     "full-restart": _Drill.full_restart,
     "sidecar-crash": _Drill.sidecar_crash,
     "stale-restore": _Drill.stale_restore,
+    "byzantine": _Drill.byzantine,
 }
 
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,9 +70,14 @@ class NodeStatus:
 MODULES = {"replica": "quorumgate.replica.node", "sidecar": "quorumgate.sidecar.node"}
 
 
-def node_command(spec: ClusterSpec, index: int, kind: str = "replica") -> list[str]:
+def node_command(
+    spec: ClusterSpec, index: int, kind: str = "replica", module: str | None = None
+) -> list[str]:
+    """The command line of a member's `kind` process (`module`: another program in its
+    place, such as the drills' Byzantine replica)."""
     directory = str(spec.directory.resolve())
-    return [sys.executable, "-m", MODULES[kind], "--dir", directory, "--node", str(index)]
+    program = module or MODULES[kind]
+    return [sys.executable, "-m", program, "--dir", directory, "--node", str(index)]
 
 
 def _cmdline(pid: int) -> list[str] | None:
@@ -114,10 +120,16 @@ def _ports(spec: ClusterSpec, index: int, kind: str) -> list[tuple[str, int]]:
 
 
 def start_nodes(
-    spec: ClusterSpec, indexes: list[int], kind: str = "replica"
+    spec: ClusterSpec,
+    indexes: list[int],
+    kind: str = "replica",
+    *,
+    module: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[int, subprocess.Popen[bytes]]:
     """Start the `kind` process of the given members; refuse, starting nothing, if one is
-    running already or one of its ports is taken."""
+    running already or one of its ports is taken. `module` and `env` (added to this
+    process's environment) replace the program, for drills."""
     for i in indexes:
         pid = running_pid(spec, i, kind)
         if pid is not None:
@@ -132,7 +144,8 @@ def start_nodes(
         node_dir.mkdir(mode=0o700, exist_ok=True)
         with open(node_dir / f"{kind}.out", "ab") as out:
             procs[i] = subprocess.Popen(
-                node_command(spec, i, kind),
+                node_command(spec, i, kind, module),
+                env=None if env is None else {**os.environ, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

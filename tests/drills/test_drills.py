@@ -29,6 +29,7 @@ import pytest
 
 from quorumgate.cli import main as quorumgate
 from quorumgate.ops.drill import (
+    BYZANTINE_CYCLES,
     DRILLS,
     FAULT_CYCLES_MIN,
     DrillError,
@@ -36,6 +37,7 @@ from quorumgate.ops.drill import (
     Fault,
     majority,
     prepare_cluster,
+    refusals_since,
     rollback_conflicts,
     run_drill,
     vote_splits,
@@ -77,7 +79,11 @@ def _cluster_pids(directory: Path) -> list[int]:
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             text = [a.decode(errors="replace") for a in argv]
-            servers = ("quorumgate.replica.node", "quorumgate.sidecar.node")
+            servers = (
+                "quorumgate.replica.node",
+                "quorumgate.sidecar.node",
+                "quorumgate.ops.byzantine",
+            )
             if any(m in text for m in servers) and want in text:
                 pids.append(int(entry))
     return pids
@@ -233,6 +239,39 @@ def test_stale_restore_does_not_equivocate_in_the_views_it_forgot(drill_dir: Pat
     assert fault.pids_after["replica"] != fault.pids_before["replica"]
 
 
+# What the honest members must have refused under each attack (issue 14, item 5): the
+# reasons their /metrics count, and for messages over the transport's limit, the stream
+# the honest side reset.
+REFUSED_UNDER = {
+    "poison-sync": {"bad_sync_proof", "malformed"},
+    "forged-hello": {"spoofed_sender", "bad_signature"},
+    "oversized-sync": {"transport_resource_exhausted", "malformed"},
+    "spoofed": {"spoofed_sender", "bad_signature", "wrong_chain", "future_view"},
+}
+
+
+def test_a_byzantine_member_neither_stops_nor_fools_the_honest_ones(drill_dir: Path) -> None:
+    """A live 4-node cluster under load, one member restarted as the Byzantine replica of
+    quorumgate.ops.byzantine with each attack in turn: the poison sync response (asked, by
+    a replica catching up, and unasked), forged and spoofed hello replies while an honest
+    replica restarts and fences, catch-up answers over the transport's limit, spoofed and
+    forged votes. The three honest replicas stay up (same pids), refuse it all, and keep
+    committing; nothing acknowledged is lost and nothing forks."""
+    report = run_drill("byzantine", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress)
+    _assert_clean(report, drill_dir)
+    assert report.check("byzantine_contained").ok
+    names = [f.kind.removeprefix("byzantine-") for f in report.faults]
+    assert names[: len(BYZANTINE_CYCLES)] == [name for name, _, _ in BYZANTINE_CYCLES]
+    for fault in report.faults:
+        name = fault.kind.removeprefix("byzantine-")
+        refused = _detail(fault, "refused_by_honest")
+        assert isinstance(refused, dict)
+        assert REFUSED_UNDER[name] <= set(refused), f"{name}: honest refused only {refused}"
+        assert fault.node == NODES - 1 and "replica" in fault.pids_after
+    pids = [f.pids_after["replica"] for f in report.faults]
+    assert len(set(pids)) == len(pids), "the Byzantine member was not restarted each cycle"
+
+
 def test_a_drill_refuses_a_running_cluster_and_a_cluster_of_another_size(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -276,3 +315,18 @@ def test_rollback_conflicts_finds_a_forgotten_vote_contradicted_after_the_restor
     forgotten = {3: b"c", 4: b"d"}
     assert rollback_conflicts(stale, forgotten, {**stale, 3: b"c", 5: b"e"}) == []
     assert rollback_conflicts(stale, forgotten, {**stale, 4: b"X"}) == [(4, b"d", b"X")]
+
+
+def test_refusals_since_counts_a_restarted_replica_from_zero() -> None:
+    from collections import Counter
+
+    before = {
+        0: (100, Counter(malformed=5, equivocating_vote=1)),
+        1: (200, Counter(bad_signature=9)),
+    }
+    after = {
+        0: (100, Counter(malformed=8, equivocating_vote=3)),  # same process: the difference
+        1: (201, Counter(bad_signature=2)),  # restarted: all of it
+        2: (300, Counter(wrong_chain=1)),  # not read before
+    }
+    assert refusals_since(before, after) == Counter(malformed=3, bad_signature=2, wrong_chain=1)
