@@ -86,7 +86,15 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from quorumgate.proto.clusterfile import ClusterFileError, init_cluster
 
     try:
-        spec = init_cluster(Path(args.dir), args.nodes, host=args.host, insecure=args.insecure)
+        hosts = args.hosts.split(",") if args.hosts is not None else None
+        spec = init_cluster(
+            Path(args.dir),
+            args.nodes,
+            host=args.host,
+            hosts=hosts,
+            port_base=args.port_base,
+            insecure=args.insecure,
+        )
     except (ClusterFileError, OSError) as err:
         return _fail(str(err), 2)
     if args.json:
@@ -438,6 +446,16 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--nodes", type=int, default=4, help="3f+1 replicas: 4 or 7 (default 4)")
     init.add_argument("--dir", required=True)
     init.add_argument("--host", default="127.0.0.1", help="address every member listens on")
+    init.add_argument(
+        "--hosts",
+        help="members on several hosts: member I's address is the I-th of these "
+        "(comma-separated), its ports fixed from --port-base",
+    )
+    init.add_argument(
+        "--port-base",
+        type=int,
+        help="fixed ports: each member's four from here (default with --hosts: 7400)",
+    )
     init.add_argument(
         "--insecure",
         action="store_true",

@@ -26,6 +26,7 @@ import os
 import secrets
 import socket
 import stat
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +49,9 @@ TRANSPORT_INSECURE = "insecure"  # plaintext gRPC: only on a trusted network, an
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
+PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
+PORT_MIN = 1024  # no privileged ports: replicas do not run as root
+PORT_MAX = 65535
 PORT_FIELDS = ("replica_port", "metrics_port", "sidecar_port", "sidecar_metrics_port")
 
 
@@ -165,11 +169,44 @@ def public_key_of(seed: bytes) -> bytes:
     return bytes(SigningKey(seed).verify_key)
 
 
+def member_ports(hosts: Sequence[str], port_base: int) -> list[list[int]]:
+    """Fixed ports for members on the given hosts: PORTS_PER_MEMBER from `port_base` on
+    each host, the next block for a second member on the same host."""
+    seen: dict[str, int] = {}
+    out = []
+    for host in hosts:
+        k = seen.get(host, 0)
+        seen[host] = k + 1
+        first = port_base + k * PORTS_PER_MEMBER
+        out.append(list(range(first, first + PORTS_PER_MEMBER)))
+    if out and max(max(ports) for ports in out) > PORT_MAX:
+        raise ClusterFileError(f"--port-base {port_base} leaves ports above {PORT_MAX}")
+    return out
+
+
 def init_cluster(
-    directory: Path, nodes: int, *, host: str = "127.0.0.1", insecure: bool = False
+    directory: Path,
+    nodes: int,
+    *,
+    host: str = "127.0.0.1",
+    hosts: Sequence[str] | None = None,
+    port_base: int | None = None,
+    insecure: bool = False,
 ) -> ClusterSpec:
     """Write a new cluster file and fresh keys for `nodes` members under `directory`; with
-    TLS (the default) a TLS key per member and its pinned certificate in the file."""
+    TLS (the default) a TLS key per member and its pinned certificate in the file.
+
+    Every member listens on `host` at ports free on this machine now; or, for members on
+    several hosts, member I on `hosts[I]` at fixed ports from `port_base`
+    (PORT_BASE_DEFAULT), the same on every host (`member_ports`)."""
+    if hosts is not None:
+        hosts = [h.strip() for h in hosts]
+        if len(hosts) != nodes:
+            raise ClusterFileError(f"--hosts names {len(hosts)} addresses for {nodes} nodes")
+        if any(not h or any(c.isspace() or c in "/,[]" for c in h) for h in hosts):
+            raise ClusterFileError("--hosts takes addresses or host names, comma-separated")
+    if port_base is not None and not PORT_MIN <= port_base <= PORT_MAX:
+        raise ClusterFileError(f"--port-base must be in {PORT_MIN}..{PORT_MAX}")
     if nodes < MEMBERS_MIN:
         raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
     if (nodes - 1) % 3:
@@ -189,7 +226,12 @@ def init_cluster(
     for path in planned:
         if path.exists():
             raise ClusterFileError(f"{path} exists; init writes only into a new or empty --dir")
-    ports = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
+    if hosts is None and port_base is None:
+        free = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
+        ports = [free[i * PORTS_PER_MEMBER : (i + 1) * PORTS_PER_MEMBER] for i in range(nodes)]
+    else:
+        ports = member_ports(hosts or [host] * nodes, port_base or PORT_BASE_DEFAULT)
+    addresses = list(hosts) if hosts is not None else [host] * nodes
     created: list[Path] = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -207,18 +249,18 @@ def init_cluster(
                 created.append(node_dir / name)
             tls_cert = b""
             if not insecure:
-                tls_key, tls_cert = make_node_certificate(i, host)
+                tls_key, tls_cert = make_node_certificate(i, addresses[i])
                 _write_private(node_dir / TLS_KEY_FILE, tls_key)
                 created.append(node_dir / TLS_KEY_FILE)
-            base = i * PORTS_PER_MEMBER
+            replica_port, metrics_port, sidecar_port, sidecar_metrics_port = ports[i]
             members.append(
                 MemberSpec(
                     index=i,
-                    host=host,
-                    replica_port=ports[base],
-                    metrics_port=ports[base + 1],
-                    sidecar_port=ports[base + 2],
-                    sidecar_metrics_port=ports[base + 3],
+                    host=addresses[i],
+                    replica_port=replica_port,
+                    metrics_port=metrics_port,
+                    sidecar_port=sidecar_port,
+                    sidecar_metrics_port=sidecar_metrics_port,
                     public_key=public_key_of(seed),
                     receipt_public_key=public_key_of(receipt_seed),
                     tls_cert=tls_cert,

@@ -315,3 +315,39 @@ def test_cli_up_with_a_damaged_sidecar_store_says_why_at_once(
         result, 2, "sidecar 2 exited", "not a readable sidecar store", "quorumgate replay"
     )
     wait_none_running(directory)
+
+
+def test_cli_init_for_several_hosts_names_each_address_with_fixed_ports(
+    cli_dirs: Callable[[str], Path],
+) -> None:
+    """`init --hosts` (issue 14, item 6): member I at the I-th address, its four ports
+    from --port-base (7400 by default) on every host, the next four for a second member
+    on one host, and its certificate naming that address; bad lists change nothing."""
+    from quorumgate.proto.clusterfile import load_cluster
+
+    directory = cli_dirs("hosts")
+    hosts = "10.1.0.1,10.1.0.2,node-c.example,node-c.example"
+    result = quorumgate("init", "--dir", directory, "--hosts", hosts)
+    assert result.returncode == 0, result.stderr
+    spec = load_cluster(directory)
+    assert [m.host for m in spec.members] == hosts.split(",")
+    assert [m.replica_port for m in spec.members] == [7400, 7400, 7400, 7404]
+    assert [m.sidecar_metrics_port for m in spec.members] == [7403, 7403, 7403, 7407]
+    assert spec.transport == "tls"
+    from cryptography import x509
+
+    for member in spec.members:
+        cert = x509.load_pem_x509_certificate(member.tls_cert)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        listed = [str(v) for v in names.get_values_for_type(x509.IPAddress)]
+        listed += names.get_values_for_type(x509.DNSName)
+        assert member.host in listed and f"qg-node-{member.index}" in listed, listed
+    for args, fragment in (
+        (("--hosts", "10.1.0.1,10.1.0.2"), "names 2 addresses for 4 nodes"),
+        (("--hosts", "a,,c,d"), "comma-separated"),
+        (("--hosts", "a,b,c,d", "--port-base", "65534"), "above 65535"),
+        (("--hosts", "a,b,c,d", "--port-base", "80"), "--port-base must be in"),
+    ):
+        bad = cli_dirs(f"bad-{len(args)}-{fragment[:6]}")
+        assert_clean_failure(quorumgate("init", "--dir", bad, *args), 2, fragment)
+        assert not bad.exists(), f"{args}: wrote {sorted(bad.rglob('*'))}"
