@@ -44,6 +44,7 @@ def main() -> int:
     started = time.perf_counter()
     runs: Counter[str] = Counter()
     failed: Counter[str] = Counter()
+    unsafe: Counter[str] = Counter()  # failures of a safety check (the rest: liveness)
     for n in args.nodes:
         if args.twins is not None:
             scenarios = twins_scenarios(n, per_behaviour=args.twins or None)
@@ -55,12 +56,17 @@ def main() -> int:
             )
             family = f"n={n} " + "+".join(sorted(set(options.byzantine)) or ["honest"])
             runs[family] += 1
-            if not passes(options):
+            outcome = run(options)
+            if outcome is not None:
                 failed[family] += 1
+                unsafe[family] += outcome.startswith("SAFETY")
         print(f"n={n}: {len(scenarios)} scenarios done", flush=True)
     for family in sorted(runs):
         share = failed[family] / runs[family]
-        print(f"  {family}: {failed[family]}/{runs[family]} failed ({share:.1%})")
+        print(
+            f"  {family}: {failed[family]}/{runs[family]} failed ({share:.1%}), "
+            f"{unsafe[family]} of them a safety check"
+        )
     total, failures = sum(runs.values()), sum(failed.values())
     elapsed = time.perf_counter() - started
     print(
@@ -70,13 +76,14 @@ def main() -> int:
     return 1 if failures else 0
 
 
-def passes(options: SimOptions) -> bool:
+def run(options: SimOptions) -> str | None:
+    """None if the scenario passed, else what failed (printed)."""
     try:
         Simulation(options).run()
     except SimulationFailure as failure:
         print(f"FAIL seed={options.seed} n={options.n}: {failure}", flush=True)
-        return False
-    return True
+        return str(failure)
+    return None
 
 
 if __name__ == "__main__":
