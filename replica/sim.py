@@ -54,11 +54,14 @@ from quorumgate.replica.types import (
     Block,
     CommitProof,
     Envelope,
+    Hello,
+    HelloReply,
     Message,
     Proposal,
     QuorumCert,
     RemoteError,
     SyncRequest,
+    SyncResponse,
     Timeout,
     TimeoutCert,
     Vote,
@@ -78,7 +81,12 @@ BEHAVIOURS = (
     "forge_certs",  # sends forged QCs and TCs and proposals built on them
     "fork_leader",  # leads from a stale QC to fork the chain, votes for anything, and
     # sends its votes to one victim only, so commits diverge: what locks exist to stop
+    "malform",  # sends every kind of message truncated, oversized, stale, far ahead, with
+    # forged or repeated signatures, in another member's or a non-member's name, plus
+    # catch-up answers and hello replies nobody asked for (issue 14)
 )
+MALFORM_COPIES = 2  # mutated copies of each message a `malform` member sends
+FAR_AHEAD_VIEWS = 1_000_000
 UNSAFE_VARIANTS = ("no_lock", "two_chain_commit", "double_vote", "no_fence")
 SIM_TICK_MS = 10
 TX_BYTES = 48
@@ -622,14 +630,28 @@ class Simulation:
             prior = self.honest_votes.setdefault(key, msg.block_hash)
             if prior != msg.block_hash:
                 raise self.fail(f"SAFETY: honest node {node.index} voted twice in view {msg.view}")
+        if behaviour == "malform":
+            for claimed, to, out in self._malformed(node, send):
+                self._deliver_from(node.index, to, out, node.instance, claimed)
+            return
         if behaviour is not None:
             for to, out in self._byzantine_rewrite(node, behaviour, send):
                 self._deliver_from(node.index, to, out, node.instance)
             return
         self._deliver_from(node.index, send.to, msg)
 
-    def _deliver_from(self, src: int, to: int | None, msg: Message, src_instance: int = 0) -> None:
-        envelope = Envelope(self.membership.chain_id, src, msg)
+    def _deliver_from(
+        self,
+        src: int,
+        to: int | None,
+        msg: Message,
+        src_instance: int = 0,
+        claimed: int | None = None,
+    ) -> None:
+        """`claimed`: the sender the envelope names, when a Byzantine member lies about it
+        (on the wire the authenticated stream would give it away; the core must not
+        depend on that)."""
+        envelope = Envelope(self.membership.chain_id, src if claimed is None else claimed, msg)
         targets = [to] if to is not None else [i for i in range(self.options.n) if i != src]
         for dst in targets:
             self.messages += 1
@@ -738,6 +760,109 @@ class Simulation:
         if behaviour == "forge_certs":
             return [(send.to, msg), *self._forgeries(node)]
         return [(send.to, msg)]
+
+    def _malformed(self, node: SimNode, send: Send) -> list[tuple[int, int | None, Message]]:
+        """What a `malform` member sends for one message: the message itself half the
+        time, `MALFORM_COPIES` mutations of it, each in its own name or another's, and now
+        and then a catch-up answer or a hello reply nobody asked for."""
+        rng, n, me = self.rng, self.options.n, node.index
+        out: list[tuple[int, int | None, Message]] = []
+        if rng.randrange(2):
+            out.append((me, send.to, send.message))
+        for _ in range(MALFORM_COPIES):
+            try:
+                mutated = self._mutate(node, send.message)
+            except (RemoteError, ValueError, OverflowError):
+                continue  # a shape the wire codec could not even carry
+            claimed = me if rng.randrange(3) else rng.choice((*range(n), n, n + 7))
+            out.append((claimed, send.to if rng.randrange(2) else None, mutated))
+        core = node.core
+        if rng.randrange(8) == 0:
+            poison = SyncResponse((), (), core.high_qc, (), 10**12)
+            out.append((me, rng.randrange(n), poison))
+        if rng.randrange(8) == 0:
+            asker = rng.randrange(n)
+            nonce = bytes(rng.getrandbits(8) for _ in range(HELLO_NONCE_BYTES))
+            reply = HelloReply(0, core.view, core.high_qc, None, asker, nonce, bytes(64))
+            out.append((rng.choice((me, asker, (asker + 1) % n)), asker, reply))
+        return out
+
+    def _mutate(self, node: SimNode, msg: Message) -> Message:
+        rng = self.rng
+        chain, me = self.membership.chain_id, node.index
+        garbage = bytes(rng.getrandbits(8) for _ in range(64))
+        pick = rng.randrange(6)
+
+        def qc_mutation(qc: QuorumCert) -> QuorumCert:
+            if pick == 0:
+                return replace(qc, signatures=qc.signatures[:1])  # under-signed
+            if pick == 1 and qc.signatures:
+                signer, _ = qc.signatures[0]
+                return replace(qc, signatures=((signer, garbage), *qc.signatures[1:]))
+            return replace(qc, view=qc.view + FAR_AHEAD_VIEWS)
+
+        if isinstance(msg, Vote):
+            if pick < 2:
+                return replace(msg, view=msg.view + FAR_AHEAD_VIEWS * pick, signature=garbage)
+            if pick == 2:
+                return replace(msg, block_hash=garbage[:32])
+            if pick == 3:  # stale, and genuinely signed
+                view = max(1, msg.view - 5)
+                return replace(
+                    msg,
+                    view=view,
+                    signature=self._sign(me, vote_bytes(chain, view, msg.block_hash)),
+                )
+            return replace(msg, height=2**62)
+        if isinstance(msg, Timeout):
+            if pick < 3:
+                return replace(msg, high_qc=qc_mutation(msg.high_qc))
+            return replace(msg, view=msg.view + FAR_AHEAD_VIEWS, signature=garbage)
+        if isinstance(msg, TimeoutCert):
+            if pick < 3:
+                return replace(msg, signatures=msg.signatures[:1])
+            return replace(msg, high_qc=qc_mutation(msg.high_qc))
+        if isinstance(msg, Proposal):
+            block = msg.block
+
+            def rebuilt(**changes: Any) -> Block:
+                fields = {
+                    "parent_hash": block.parent_hash,
+                    "view": block.view,
+                    "height": block.height,
+                    "justify": block.justify,
+                    "timestamp_ms": block.timestamp_ms,
+                    "proposer": block.proposer,
+                    "payload": block.payload,
+                    "state_root_height": block.state_root_height,
+                    "state_root": block.state_root,
+                }
+                fields.update(changes)
+                return Block.create(chain, **fields)
+
+            def signed(b: Block) -> Proposal:
+                return Proposal(b, self._sign(me, proposal_bytes(chain, b.view, b.hash)))
+
+            if pick == 0:
+                return replace(msg, signature=garbage)
+            if pick == 1:  # the payload changed under the signature
+                return replace(msg, block=rebuilt(payload=(*block.payload, garbage)))
+            if pick == 2:  # genuinely signed, on a broken certificate
+                return signed(rebuilt(justify=qc_mutation(block.justify)))
+            if pick == 3:  # far ahead, genuinely signed, on a parent nobody holds
+                return signed(rebuilt(parent_hash=garbage[:32], view=block.view + FAR_AHEAD_VIEWS))
+            if pick == 4:
+                return signed(rebuilt(timestamp_ms=2**62))
+            return signed(rebuilt(state_root_height=block.height + 50, state_root=garbage[:32]))
+        if isinstance(msg, SyncRequest):
+            return replace(msg, from_height=2**62, max_blocks=rng.choice((0, 2**31)))
+        if isinstance(msg, SyncResponse):
+            return replace(msg, proof=(), committed=msg.committed[:1])
+        if isinstance(msg, Hello):
+            return replace(msg, signature=garbage)
+        if isinstance(msg, HelloReply):
+            return replace(msg, last_signed_view=0, signature=garbage)
+        return msg
 
     def _forgeries(self, node: SimNode) -> list[tuple[int | None, Message]]:
         """Certificates no honest member signed, pointing far ahead and at fake blocks."""
@@ -970,6 +1095,12 @@ class Simulation:
                 continue
             msg = envelope.message
             if isinstance(msg, SyncRequest):
+                # As the replica's shell does: members only, never ourselves. (On the
+                # wire the sender is the stream's authenticated one; here, as with
+                # `init --insecure`, it is whatever the envelope says.)
+                asker = envelope.sender
+                if not self.membership.is_member(asker) or asker == node.index:
+                    continue
                 response = build_sync_response(msg, node.disk, node.core, SIM_LIMITS)
                 self._deliver_from(node.index, envelope.sender, response, node.instance)
                 continue
