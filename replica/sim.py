@@ -826,7 +826,7 @@ class Simulation:
             block = msg.block
 
             def rebuilt(**changes: Any) -> Block:
-                fields = {
+                fields: dict[str, Any] = {
                     "parent_hash": block.parent_hash,
                     "view": block.view,
                     "height": block.height,
