@@ -23,7 +23,9 @@ from quorumgate.proto import names, tx_pb2
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
+    ArgCheck,
     Argument,
+    ArgumentRule,
     Confirm,
     Delegate,
     DelegationPolicy,
@@ -36,13 +38,17 @@ from quorumgate.proto.model import (
     RegisterTool,
     Resume,
     Revoke,
+    RuleKind,
     SealedValue,
     SealEnvelope,
+    SetEntries,
     SetMandate,
     SignedTx,
     Suspend,
+    TargetRule,
     Tier,
     ToolMode,
+    ToolRules,
     ToolSpec,
     TxBody,
     TxKind,
@@ -199,6 +205,86 @@ def _decode_tool_list(pb: Any, field: str) -> tuple[str, ...] | None:
     return canonical_tool_list(list(getattr(pb, field).tools))
 
 
+def _decode_target_rule(pb: Any) -> TargetRule:
+    try:
+        kind = RuleKind(pb.kind)
+    except ValueError:
+        raise ValueError("target rule kind: any, exact, prefix, host, host_suffix or set") from None
+    try:
+        mode = ToolMode(pb.mode) if pb.mode else None
+    except ValueError:
+        raise ValueError("rule mode must be read, direct, user_confirm or owner_confirm") from None
+    return TargetRule(kind=kind, value=pb.value, mode=mode)
+
+
+def _encode_target_rule(rule: TargetRule) -> Any:
+    return tx_pb2.TargetRule(
+        kind=rule.kind.value, value=rule.value, mode="" if rule.mode is None else rule.mode.value
+    )
+
+
+def _decode_argument_rule(pb: Any) -> ArgumentRule:
+    name = names.canonical_argument_name(pb.name)
+    if name is None:
+        raise ValueError("argument rule: name has no canonical form")
+    try:
+        check = ArgCheck(pb.check)
+    except ValueError:
+        raise ValueError("argument rule check: max, one_of or max_chars") from None
+    return ArgumentRule(
+        name=name,
+        check=check,
+        number=pb.number,
+        values=tuple(sorted(set(pb.values))),
+        count=int(pb.count),
+    )
+
+
+def _encode_argument_rule(rule: ArgumentRule) -> Any:
+    return tx_pb2.ArgumentRule(
+        name=rule.name,
+        check=rule.check.value,
+        number=rule.number,
+        values=list(rule.values),
+        count=rule.count,
+    )
+
+
+def _decode_rules(items: Any) -> tuple[ToolRules, ...]:
+    out: dict[str, ToolRules] = {}
+    for item in items:
+        tool = names.canonical_tool_name(item.tool)
+        if tool is None or tool in out:
+            raise ValueError("rules: tool names must be valid and listed once")
+        arguments = sorted((_decode_argument_rule(a) for a in item.arguments), key=lambda r: r.name)
+        out[tool] = ToolRules(
+            tool=tool,
+            targets=tuple(_decode_target_rule(t) for t in item.targets),
+            arguments=tuple(arguments),
+        )
+    return tuple(out[tool] for tool in sorted(out))
+
+
+def _encode_rules(rules: tuple[ToolRules, ...]) -> list[Any]:
+    return [
+        tx_pb2.ToolRules(
+            tool=entry.tool,
+            targets=[_encode_target_rule(t) for t in entry.targets],
+            arguments=[_encode_argument_rule(a) for a in entry.arguments],
+        )
+        for entry in rules
+    ]
+
+
+def _decode_set_entries(pb: Any) -> SetEntries:
+    entries = {(rule.kind.value, rule.value): rule for rule in map(_decode_target_rule, pb.entries)}
+    return SetEntries(
+        principal=pb.principal,
+        name=pb.name,
+        entries=tuple(entries[key] for key in sorted(entries)),
+    )
+
+
 def _decode_delegate(pb: Any) -> Delegate:
     return Delegate(
         child=pb.child,
@@ -206,6 +292,7 @@ def _decode_delegate(pb: Any) -> Delegate:
         tools=_decode_tool_list(pb, "tools"),
         expires_at_ms=int(pb.expires_at_ms),
         parent_grant=_optional_bytes(pb.parent_grant),
+        rules=_decode_rules(pb.rules),
     )
 
 
@@ -218,6 +305,7 @@ def _encode_delegate(d: Delegate) -> Any:
     )
     if d.tools is not None:
         msg.tools.CopyFrom(tx_pb2.ToolList(tools=list(d.tools)))
+    msg.rules.extend(_encode_rules(d.rules))
     return msg
 
 
@@ -301,6 +389,7 @@ def decode_mandate(pb: Any) -> Mandate:
         suspended=bool(pb.suspended),
         delegation_policy=policy,
         max_delegation_depth=depth,
+        rules=_decode_rules(pb.rules),
     )
 
 
@@ -315,6 +404,7 @@ def encode_mandate(agent_id: str, m: Mandate) -> Any:
         msg.allowed_tools.CopyFrom(tx_pb2.ToolList(tools=list(m.allowed_tools)))
     if m.max_delegation_depth is not None:
         msg.max_delegation_depth = m.max_delegation_depth
+    msg.rules.extend(_encode_rules(m.rules))
     return msg
 
 
@@ -333,6 +423,8 @@ def _decode_admin(pb: Any) -> AdminOp:
         return SetMandate(agent_id=op.agent_id, mandate=decode_mandate(op))
     if case == "suspend":
         return Suspend(agent_id=op.agent_id)
+    if case == "set_entries":
+        return _decode_set_entries(op)
     assert case == "resume", case
     return Resume(agent_id=op.agent_id)
 
@@ -354,6 +446,14 @@ def _encode_admin(admin: Admin) -> Any:
         msg.set_mandate.CopyFrom(encode_mandate(op.agent_id, op.mandate))
     elif isinstance(op, Suspend):
         msg.suspend.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))
+    elif isinstance(op, SetEntries):
+        msg.set_entries.CopyFrom(
+            tx_pb2.SetEntries(
+                principal=op.principal,
+                name=op.name,
+                entries=[_encode_target_rule(e) for e in op.entries],
+            )
+        )
     else:
         msg.resume.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))
     return msg

@@ -25,6 +25,15 @@ SINKS_PER_HANDLE_MAX = 8
 KIND_CHARS_MAX = 32
 SEALED_BYTES_MIN = 48  # a SealedBox adds a 32-byte ephemeral key and a 16-byte MAC
 SEALED_BYTES_MAX = 8 * 1024
+# --- target and argument rules (DESIGN §4.2) ---
+TOOL_RULES_MAX = 256  # tools with rules in one mandate or grant
+TARGET_RULES_PER_TOOL_MAX = 64
+ARGUMENT_RULES_PER_TOOL_MAX = 16
+RULE_VALUES_MAX = 64  # the enumeration of one `one_of` argument rule
+RULE_NUMBER_DIGITS_MAX = 36  # a ceiling's decimal digits (integer and fraction)
+SET_ENTRIES_MAX = 256  # entries of one named set
+SETS_PER_PRINCIPAL_MAX = 16
+SET_NAME_CHARS_MAX = 32
 
 # --- the engine's own checks ---
 # Every this many heights the engine re-encodes its whole state from scratch and compares

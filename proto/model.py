@@ -249,12 +249,14 @@ class Delegate:
     tools: tuple[str, ...] | None  # None: the delegator's whole effective scope
     expires_at_ms: int
     parent_grant: bytes | None = None
+    rules: tuple[ToolRules, ...] = ()  # narrow the targets and arguments further
 
     def __post_init__(self) -> None:
         _require_key(self.child, "child")
         _require(names.is_run_id(self.run_id), "run_id must match " + names.RUN_ID_RE.pattern)
         if self.tools is not None:
             _require_tool_list(self.tools, "delegate.tools")
+        _require_rules(self.rules, self.tools)
         _require(0 < self.expires_at_ms < 2**63, "expires_at_ms must be set")
         if self.parent_grant is not None:
             _require_digest(self.parent_grant, "parent_grant")
@@ -347,6 +349,98 @@ class ToolSpec:
         return None
 
 
+class RuleKind(StrEnum):
+    """How a target rule matches a canonical target (DESIGN §4.2)."""
+
+    ANY = "any"  # every target: the explicit form of "no rule"
+    EXACT = "exact"  # the canonical target itself
+    PREFIX = "prefix"  # a path-segment prefix of it ("/a/b" matches "/a/b/c", not "/a/bc")
+    HOST = "host"  # the host of a URI, or the domain of a mailto address
+    HOST_SUFFIX = "host_suffix"  # that host, or any host below it ("example.com", "a.example.com")
+    SET = "set"  # any entry of the caller's principal's named set, kept in the log
+
+
+SET_ENTRY_KINDS = (RuleKind.EXACT, RuleKind.PREFIX, RuleKind.HOST, RuleKind.HOST_SUFFIX)
+
+
+@dataclass(frozen=True)
+class TargetRule:
+    """One rule over a tool's canonical targets; in `exact` and `prefix` values a path
+    segment (or principal reference) `CURRENT_USER` stands for the caller. `mode`, when
+    set, is what a call the rule matches does instead of the tool's registered mode."""
+
+    kind: RuleKind
+    value: str = ""
+    mode: ToolMode | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.kind, RuleKind), "rule kind")
+        if self.kind is RuleKind.ANY:
+            _require(self.value == "", "an `any` rule has no value")
+        elif self.kind is RuleKind.SET:
+            _require(names.is_set_name(self.value), "set name: " + names.SET_NAME_RE.pattern)
+        else:
+            _require(0 < len(self.value) <= limits.TARGET_CHARS_MAX, "rule value")
+            _require(self.value.isascii() and self.value.isprintable(), "rule value: ASCII")
+
+
+class ArgCheck(StrEnum):
+    MAX = "max"  # a decimal number no greater than `number`
+    ONE_OF = "one_of"  # one of `values`, exactly
+    MAX_CHARS = "max_chars"  # at most `count` characters
+
+
+@dataclass(frozen=True)
+class ArgumentRule:
+    """A constraint on one plain argument of a call; the argument must be present."""
+
+    name: str
+    check: ArgCheck
+    number: str = ""
+    values: tuple[str, ...] = ()
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        _require(names.canonical_argument_name(self.name) == self.name, "argument rule name")
+        if self.check is ArgCheck.MAX:
+            _require(names.is_decimal(self.number), "ceiling: a decimal number")
+            _require(not self.values and self.count == 0, "ceiling: number only")
+        elif self.check is ArgCheck.ONE_OF:
+            _require(0 < len(self.values) <= limits.RULE_VALUES_MAX, "one_of: 1..max values")
+            _require(list(self.values) == sorted(set(self.values)), "one_of: sorted, unique")
+            _require(all(len(v) <= limits.TARGET_CHARS_MAX for v in self.values), "one_of")
+            _require(self.number == "" and self.count == 0, "one_of: values only")
+        else:
+            _require(self.check is ArgCheck.MAX_CHARS, "argument check")
+            _require(0 < self.count <= limits.ARGUMENT_TEXT_BYTES_MAX, "max_chars: count")
+            _require(self.number == "" and not self.values, "max_chars: count only")
+
+
+@dataclass(frozen=True)
+class ToolRules:
+    """What one allowed tool may be called on: the first target rule that matches decides
+    (none: out of scope), and every argument rule must hold."""
+
+    tool: str
+    targets: tuple[TargetRule, ...]
+    arguments: tuple[ArgumentRule, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(names.canonical_tool_name(self.tool) == self.tool, "rules: tool name")
+        _require(0 < len(self.targets) <= limits.TARGET_RULES_PER_TOOL_MAX, "target rules")
+        _require(len(self.arguments) <= limits.ARGUMENT_RULES_PER_TOOL_MAX, "argument rules")
+        arg_names = [rule.name for rule in self.arguments]
+        _require(arg_names == sorted(set(arg_names)), "argument rules: sorted, one per name")
+
+
+def _require_rules(rules: tuple[ToolRules, ...], tools: tuple[str, ...] | None) -> None:
+    _require(len(rules) <= limits.TOOL_RULES_MAX, "too many tool rules")
+    ruled = [r.tool for r in rules]
+    _require(ruled == sorted(set(ruled)), "rules: sorted by tool, one entry per tool")
+    if tools is not None:
+        _require(set(ruled) <= set(tools), "rules for a tool that is not allowed")
+
+
 @dataclass(frozen=True)
 class Mandate:
     """DESIGN §4.2. `allowed_tools` None is unrestricted and () is nothing: the engine
@@ -357,6 +451,8 @@ class Mandate:
     suspended: bool = False
     delegation_policy: DelegationPolicy = DelegationPolicy.NONE
     max_delegation_depth: int | None = None  # None: only the policy gates delegation
+    # Target and argument rules per allowed tool; a tool without an entry: any target.
+    rules: tuple[ToolRules, ...] = ()
 
     def __post_init__(self) -> None:
         if self.allowed_tools is not None:
@@ -364,9 +460,20 @@ class Mandate:
             _require_tool_list(self.allowed_tools, "allowed_tools")
         if self.max_delegation_depth is not None:
             _require(0 <= self.max_delegation_depth < 2**32, "max_delegation_depth")
+        _require_rules(self.rules, self.allowed_tools)
 
     def permits(self, tool: str) -> bool:
         return self.allowed_tools is None or tool in self.allowed_tools
+
+    def rules_for(self, tool: str) -> ToolRules | None:
+        return rules_for(self.rules, tool)
+
+
+def rules_for(rules: tuple[ToolRules, ...], tool: str) -> ToolRules | None:
+    for entry in rules:
+        if entry.tool == tool:
+            return entry
+    return None
 
 
 @dataclass(frozen=True)
@@ -419,7 +526,26 @@ class Resume:
         _require(names.is_agent_id(self.agent_id), "agent id")
 
 
-AdminOp = RegisterTool | RegisterAgent | RegisterSink | SetMandate | Suspend | Resume
+@dataclass(frozen=True)
+class SetEntries:
+    """Replace one named set of a principal (`payees`, `contacts`, `allowed_domains`...):
+    target rules of the kinds in SET_ENTRY_KINDS; no entries deletes the set."""
+
+    principal: str
+    name: str
+    entries: tuple[TargetRule, ...]
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.principal), "principal id")
+        _require(names.is_set_name(self.name), "set name: " + names.SET_NAME_RE.pattern)
+        _require(len(self.entries) <= limits.SET_ENTRIES_MAX, "too many set entries")
+        for entry in self.entries:
+            _require(entry.kind in SET_ENTRY_KINDS and entry.mode is None, "set entry kind")
+        keys = [(e.kind.value, e.value) for e in self.entries]
+        _require(keys == sorted(set(keys)), "set entries: sorted by (kind, value), unique")
+
+
+AdminOp = RegisterTool | RegisterAgent | RegisterSink | SetMandate | Suspend | Resume | SetEntries
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]{0,31}")
 KIND_RE = re.compile(rf"[a-z][a-z0-9_]{{0,{_KIND_TAIL}}}")
 ARGUMENT_NAME_RE = re.compile(rf"[a-z0-9_][a-z0-9_.-]{{0,{_ARG_TAIL}}}")
 HANDLE_RE = re.compile(rf"h_([a-z][a-z0-9_]{{0,{_KIND_TAIL}}})_([0-9a-f]{{16}})")
+SET_NAME_RE = re.compile(rf"[a-z][a-z0-9_]{{0,{limits.SET_NAME_CHARS_MAX - 1}}}")
+# A plain decimal number in ASCII digits: what an argument ceiling compares (no sign, no
+# exponent, no grouping; "0500" is 500).
+DECIMAL_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
 
 # DESIGN §4.1 / BRAH §6.2 (rule AST-01): arguments that designate a recipient or a
 # principal are refused, never rewritten. Names are compared after NFKC case folding with
@@ -117,6 +121,25 @@ def is_run_id(text: str) -> bool:
 
 def is_kind(text: str) -> bool:
     return KIND_RE.fullmatch(text) is not None
+
+
+def is_set_name(text: str) -> bool:
+    return SET_NAME_RE.fullmatch(text) is not None
+
+
+def is_decimal(text: str) -> bool:
+    return DECIMAL_RE.fullmatch(text) is not None and len(text) <= limits.RULE_NUMBER_DIGITS_MAX + 1
+
+
+def decimal_at_most(value: str, ceiling: str) -> bool:
+    """`value <= ceiling` for two `is_decimal` strings, exactly (integers, no floats)."""
+    a, b = DECIMAL_RE.fullmatch(value), DECIMAL_RE.fullmatch(ceiling)
+    assert a is not None and b is not None, "decimal_at_most takes is_decimal strings"
+    a_frac, b_frac = a.group(2) or "", b.group(2) or ""
+    width = max(len(a_frac), len(b_frac))
+    left = int(a.group(1) + a_frac.ljust(width, "0"))
+    right = int(b.group(1) + b_frac.ljust(width, "0"))
+    return left <= right
 
 
 def is_scheme(text: str) -> bool:

@@ -74,19 +74,55 @@ class ToolList(_message.Message):
     tools: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, tools: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class TargetRule(_message.Message):
+    __slots__ = ("kind", "value", "mode")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    value: str
+    mode: str
+    def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+
+class ArgumentRule(_message.Message):
+    __slots__ = ("name", "check", "number", "values", "count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CHECK_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    check: str
+    number: str
+    values: _containers.RepeatedScalarFieldContainer[str]
+    count: int
+    def __init__(self, name: _Optional[str] = ..., check: _Optional[str] = ..., number: _Optional[str] = ..., values: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ToolRules(_message.Message):
+    __slots__ = ("tool", "targets", "arguments")
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    tool: str
+    targets: _containers.RepeatedCompositeFieldContainer[TargetRule]
+    arguments: _containers.RepeatedCompositeFieldContainer[ArgumentRule]
+    def __init__(self, tool: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[TargetRule, _Mapping]]] = ..., arguments: _Optional[_Iterable[_Union[ArgumentRule, _Mapping]]] = ...) -> None: ...
+
 class Delegate(_message.Message):
-    __slots__ = ("child", "run_id", "tools", "expires_at_ms", "parent_grant")
+    __slots__ = ("child", "run_id", "tools", "expires_at_ms", "parent_grant", "rules")
     CHILD_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     PARENT_GRANT_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     child: bytes
     run_id: str
     tools: ToolList
     expires_at_ms: int
     parent_grant: bytes
-    def __init__(self, child: _Optional[bytes] = ..., run_id: _Optional[str] = ..., tools: _Optional[_Union[ToolList, _Mapping]] = ..., expires_at_ms: _Optional[int] = ..., parent_grant: _Optional[bytes] = ...) -> None: ...
+    rules: _containers.RepeatedCompositeFieldContainer[ToolRules]
+    def __init__(self, child: _Optional[bytes] = ..., run_id: _Optional[str] = ..., tools: _Optional[_Union[ToolList, _Mapping]] = ..., expires_at_ms: _Optional[int] = ..., parent_grant: _Optional[bytes] = ..., rules: _Optional[_Iterable[_Union[ToolRules, _Mapping]]] = ...) -> None: ...
 
 class Revoke(_message.Message):
     __slots__ = ("grant",)
@@ -157,20 +193,32 @@ class RegisterSink(_message.Message):
     def __init__(self, sink_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
 
 class SetMandate(_message.Message):
-    __slots__ = ("agent_id", "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth")
+    __slots__ = ("agent_id", "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth", "rules")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_TOOLS_FIELD_NUMBER: _ClassVar[int]
     ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     SUSPENDED_FIELD_NUMBER: _ClassVar[int]
     DELEGATION_POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_DELEGATION_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     allowed_tools: ToolList
     enforcement: str
     suspended: bool
     delegation_policy: str
     max_delegation_depth: int
-    def __init__(self, agent_id: _Optional[str] = ..., allowed_tools: _Optional[_Union[ToolList, _Mapping]] = ..., enforcement: _Optional[str] = ..., suspended: _Optional[bool] = ..., delegation_policy: _Optional[str] = ..., max_delegation_depth: _Optional[int] = ...) -> None: ...
+    rules: _containers.RepeatedCompositeFieldContainer[ToolRules]
+    def __init__(self, agent_id: _Optional[str] = ..., allowed_tools: _Optional[_Union[ToolList, _Mapping]] = ..., enforcement: _Optional[str] = ..., suspended: _Optional[bool] = ..., delegation_policy: _Optional[str] = ..., max_delegation_depth: _Optional[int] = ..., rules: _Optional[_Iterable[_Union[ToolRules, _Mapping]]] = ...) -> None: ...
+
+class SetEntries(_message.Message):
+    __slots__ = ("principal", "name", "entries")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    name: str
+    entries: _containers.RepeatedCompositeFieldContainer[TargetRule]
+    def __init__(self, principal: _Optional[str] = ..., name: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[TargetRule, _Mapping]]] = ...) -> None: ...
 
 class AgentRef(_message.Message):
     __slots__ = ("agent_id",)
@@ -179,17 +227,19 @@ class AgentRef(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Admin(_message.Message):
-    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume")
+    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries")
     REGISTER_TOOL_FIELD_NUMBER: _ClassVar[int]
     REGISTER_AGENT_FIELD_NUMBER: _ClassVar[int]
     REGISTER_SINK_FIELD_NUMBER: _ClassVar[int]
     SET_MANDATE_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    SET_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     register_tool: RegisterTool
     register_agent: RegisterAgent
     register_sink: RegisterSink
     set_mandate: SetMandate
     suspend: AgentRef
     resume: AgentRef
-    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ...) -> None: ...
+    set_entries: SetEntries
+    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ...) -> None: ...

@@ -59,15 +59,24 @@ from quorumgate.proto.model import (
     Resume,
     Revoke,
     SealEnvelope,
+    SetEntries,
     SetMandate,
     Suspend,
     Tier,
     ToolMode,
+    ToolRules,
     ToolSpec,
     TxKind,
+    rules_for,
 )
 from quorumgate.proto.nonces import NonceWindow
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse
+from quorumgate.sidecar.engine.rules import (
+    judge_layer,
+    rules_are_canonical,
+    stricter,
+    value_is_canonical,
+)
 from quorumgate.sidecar.engine.state import (
     AgentRecord,
     EngineState,
@@ -101,6 +110,10 @@ TAG_CONFIG = b"qg/engine-config/v1"
 INVALID_ARGUMENT_NAME = "!"
 
 Scope = tuple[str, ...] | None  # None: unrestricted; (): nothing
+# One say on a call's target and arguments (§4.2, §4.4): the agent whose sets its `set`
+# rules read, its rules, and whether they are a grant's (else a mandate's). Every layer
+# must permit a call.
+RuleLayer = tuple[str, tuple[ToolRules, ...], bool]
 
 
 def intersect(a: Scope, b: Scope) -> Scope:
@@ -216,6 +229,7 @@ class _ChainView:
     enforce: bool
     grantors: tuple[str, ...]  # nearest first; the last is the run's owner (the master)
     depth_limit: int
+    layers: tuple[RuleLayer, ...] = ()  # every grant's and grantor mandate's rules
 
 
 class Engine:
@@ -476,13 +490,15 @@ class Engine:
             )
 
         try:
-            flagged = self._judge(ctx, record, proposal, tool, spec, target_refusal)
+            flagged, mode = self._judge(ctx, record, proposal, tool, spec, target, target_refusal)
         except _Refusal as refusal:
             return verdict(Outcome.DENY, refusal.reason)
         assert spec is not None and tool is not None
-        if spec.mode.needs_confirmation:
+        if mode.needs_confirmation:
             try:
-                card = self._hold_for_confirmation(parsed, ctx, proposal, spec, canonical, flagged)
+                card = self._hold_for_confirmation(
+                    parsed, ctx, proposal, spec, mode, canonical, flagged
+                )
             except _Refusal as refusal:
                 return verdict(Outcome.DENY, refusal.reason)
             return verdict(Outcome.PENDING, Reason.CONFIRMATION_REQUIRED, card)
@@ -497,9 +513,11 @@ class Engine:
         proposal: Proposal,
         tool: str | None,
         spec: ToolSpec | None,
+        target: str,
         target_refusal: Reason | None,
-    ) -> bool:
-        """Steps 1-9 of the module docstring. Returns whether the call is flagged."""
+    ) -> tuple[bool, ToolMode]:
+        """Steps 1-9 of the module docstring. Returns whether the call is flagged, and the
+        mode it runs in (the tool's, or the one its rules name)."""
         if not self._quota_admits(record):
             raise _Refusal(Reason.QUOTA_EXCEEDED)
         run = self._latch_touch(ctx.run_key)
@@ -512,7 +530,9 @@ class Engine:
             raise _Refusal(Reason.NO_MANDATE)
         if record.suspended:
             raise _Refusal(Reason.SUSPENDED)
-        scope, enforce, chain = self._effective_scope(record, mandate, proposal.grant, ctx.run_id)
+        scope, enforce, chain, layers = self._effective_scope(
+            record, mandate, proposal.grant, ctx.run_id
+        )
         bucket = None if run is None else run.buckets.get((record.agent_id, tool))
         if bucket is not None:
             if self._latch_repeat(ctx.run_key, bucket, chain):
@@ -521,34 +541,76 @@ class Engine:
         flagged = False
         if not permits(scope, tool):
             if enforce:
-                if self._latch_first_denial(ctx.run_key, record.agent_id, tool, chain):
-                    raise _Refusal(Reason.RUN_HALTED)
-                raise _Refusal(Reason.OUT_OF_SCOPE)
+                self._scope_denial(ctx, record, tool, chain)
             flagged = True
-        if (
-            spec.min_tier is Tier.MASTER
-            and ctx.tier is Tier.DELEGATE
-            and not spec.mode.needs_confirmation
-        ):
-            raise _Refusal(Reason.TIER_INSUFFICIENT)
         if target_refusal is not None:
             raise _Refusal(target_refusal)
+        # §4.2: the target and argument rules of every layer, on the canonical target
+        permitted, mode = self._judge_rules(
+            layers, spec, target, proposal.arguments, record.agent_id
+        )
+        if not permitted:
+            if enforce:
+                self._scope_denial(ctx, record, tool, chain)
+            flagged = True
+        # §4.5, after the rules: a rule that runs a master-only tool directly does not let
+        # a delegate through (its confirmation would have checked the tier)
+        delegate = ctx.tier is Tier.DELEGATE
+        if spec.min_tier is Tier.MASTER and delegate and not mode.needs_confirmation:
+            raise _Refusal(Reason.TIER_INSUFFICIENT)
         self._check_arguments(record.agent_id, spec, proposal.arguments)
-        return flagged
+        return flagged, mode
+
+    def _scope_denial(
+        self, ctx: _Context, record: AgentRecord, tool: str, chain: tuple[str, ...]
+    ) -> None:
+        """A scope denial under enforce (§4.3): latched; always raises."""
+        if self._latch_first_denial(ctx.run_key, record.agent_id, tool, chain):
+            raise _Refusal(Reason.RUN_HALTED)
+        raise _Refusal(Reason.OUT_OF_SCOPE)
 
     def _effective_scope(
         self, record: AgentRecord, mandate: Mandate, grant: bytes | None, run_id: str
-    ) -> tuple[Scope, bool, tuple[str, ...]]:
-        """§4.4: own mandate ∩ pinned grant scopes ∩ every delegator's current mandate."""
+    ) -> tuple[Scope, bool, tuple[str, ...], tuple[RuleLayer, ...]]:
+        """§4.4: own mandate ∩ pinned grant scopes ∩ every delegator's current mandate;
+        and the rule layers of each (§4.2)."""
         enforce = mandate.enforcement is Enforcement.ENFORCE
+        own: RuleLayer = (record.agent_id, mandate.rules, False)
         if grant is None:
-            return mandate.allowed_tools, enforce, (record.agent_id,)
+            return mandate.allowed_tools, enforce, (record.agent_id,), (own,)
         view = self._resolve_chain(grant, record.agent_id, run_id)
         return (
             intersect(mandate.allowed_tools, view.scope),
             enforce or view.enforce,
             (record.agent_id, *view.grantors),
+            (own, *view.layers),
         )
+
+    def _judge_rules(
+        self,
+        layers: tuple[RuleLayer, ...],
+        spec: ToolSpec,
+        target: str,
+        arguments: tuple[Argument, ...] | None,
+        principal: str,
+    ) -> tuple[bool, ToolMode]:
+        """Every layer's target and argument rules (§4.2): whether all permit the call, and
+        the mode it runs in. Each mandate on the chain says the mode its matching rule
+        names, or the tool's; a grant only ever makes it stricter. The strictest wins, so
+        a mandate can relax the tool's mode for its own agent (a known payee: direct), but
+        no delegate runs more directly than its delegator would."""
+        mode: ToolMode | None = None
+        for owner, rules, is_grant in layers:
+            entry = rules_for(rules, spec.name)
+            permitted, chosen = judge_layer(
+                entry, target, arguments, principal, self.state.sets_of(owner)
+            )
+            if not permitted:
+                return False, spec.mode
+            if chosen is None and not is_grant:
+                chosen = spec.mode
+            mode = stricter(mode, chosen)
+        return True, spec.mode if mode is None else mode
 
     def _resolve_chain(self, grant_id: bytes, child: str, run_id: str) -> _ChainView:
         """Walk a grant chain up to its root, checking every link against the current state
@@ -556,6 +618,7 @@ class Engine:
         scope: Scope = None
         enforce = False
         grantors: list[str] = []
+        layers: list[RuleLayer] = []
         depth_limit = self.config.delegation_depth_max
         expected_child = child
         current: bytes | None = grant_id
@@ -580,12 +643,13 @@ class Engine:
                 depth_limit = min(depth_limit, mandate.max_delegation_depth)
             scope = intersect(intersect(scope, grant.scope), mandate.allowed_tools)
             enforce = enforce or mandate.enforcement is Enforcement.ENFORCE
+            layers += [(grant.grantor, grant.rules, True), (grant.grantor, mandate.rules, False)]
             grantors.append(grant.grantor)
             expected_child = grant.grantor
             current = grant.parent_grant
         if len(grantors) > depth_limit:
             raise _Refusal(Reason.DELEGATION_DEPTH_EXCEEDED)
-        return _ChainView(scope, enforce, tuple(grantors), depth_limit)
+        return _ChainView(scope, enforce, tuple(grantors), depth_limit, tuple(layers))
 
     def _check_arguments(
         self, principal: str, spec: ToolSpec, arguments: tuple[Argument, ...]
@@ -635,6 +699,7 @@ class Engine:
         ctx: _Context,
         proposal: Proposal,
         spec: ToolSpec,
+        mode: ToolMode,
         canonical: str,
         flagged: bool,
     ) -> ConfirmationCard:
@@ -659,7 +724,7 @@ class Engine:
             tier=ctx.tier,
             delegate_of=ctx.delegate_of,
             tool=spec.name,
-            mode=spec.mode,
+            mode=mode,
             min_tier=spec.min_tier,
             canonical_target=canonical,
             argument_names=tuple(
@@ -763,9 +828,13 @@ class Engine:
             raise _Refusal(Reason.NO_MANDATE)
         if record.suspended:
             raise _Refusal(Reason.SUSPENDED)
-        scope, enforce, _ = self._effective_scope(record, mandate, pending.grant, pending.run_id)
+        scope, enforce, _, layers = self._effective_scope(
+            record, mandate, pending.grant, pending.run_id
+        )
         flagged = pending.flagged
-        if not permits(scope, pending.tool):
+        target = pending.canonical_target[len(pending.tool) + 1 :]
+        permitted, _ = self._judge_rules(layers, spec, target, None, record.agent_id)
+        if not (permits(scope, pending.tool) and permitted):
             if enforce:
                 raise _Refusal(Reason.OUT_OF_SCOPE)
             flagged = True
@@ -816,6 +885,8 @@ class Engine:
             parent_expires = self.state.grants[delegate.parent_grant].expires_at_ms
         if depth > depth_limit:
             return rejected(Reason.DELEGATION_DEPTH_EXCEEDED)
+        if not rules_are_canonical(delegate.rules):
+            return rejected(Reason.INVALID_SPEC)
         if not self._now_ms < delegate.expires_at_ms <= self._now_ms + self.config.grant_ttl_ms_max:
             return rejected(Reason.DELEGATION_EXPIRY_INVALID)
         if (
@@ -842,6 +913,8 @@ class Engine:
             # a grant never outlives the grant it hangs from
             expires_at_ms=min(delegate.expires_at_ms, parent_expires or delegate.expires_at_ms),
             created_height=self._height,
+            # applied on top of every rule above it at each use: it can only narrow
+            rules=delegate.rules,
         )
         return _applied(
             parsed, principal=record.agent_id, subject=child, version=record.mandate_version
@@ -949,11 +1022,15 @@ class Engine:
                 return done(op.sink_id, Reason.CAPACITY_EXCEEDED)
             state.sinks[op.sink_id] = op.public_key
             return done(op.sink_id)
+        if isinstance(op, SetEntries):
+            return done(op.principal, self._set_entries(op))
         record = state.agents.get(op.agent_id)
         if record is None:
             return done(op.agent_id, Reason.UNKNOWN_AGENT)
         state.agent_changed(op.agent_id)  # every op below writes this record
         if isinstance(op, SetMandate):
+            if not rules_are_canonical(op.mandate.rules):
+                return done(op.agent_id, Reason.INVALID_SPEC)  # rules compare canonical forms
             record.mandate = op.mandate
             record.mandate_version += 1
             record.suspended = op.mandate.suspended
@@ -966,6 +1043,23 @@ class Engine:
         assert isinstance(op, Resume), type(op)
         record.suspended = False
         return done(op.agent_id, version=record.mandate_version)
+
+    def _set_entries(self, op: SetEntries) -> Reason | None:
+        """Replace (or, with no entries, delete) a principal's named set (§4.2)."""
+        sets = self.state.sets
+        if op.principal not in self.state.agents:
+            return Reason.UNKNOWN_AGENT
+        if not all(value_is_canonical(entry) for entry in op.entries):
+            return Reason.INVALID_SPEC
+        key = (op.principal, op.name)
+        if not op.entries:
+            sets.pop(key, None)
+            return None
+        owned = sum(1 for owner, _ in sets if owner == op.principal)
+        if key not in sets and owned >= limits.SETS_PER_PRINCIPAL_MAX:
+            return Reason.CAPACITY_EXCEEDED
+        sets[key] = op.entries
+        return None
 
     # ------------------------------------------------------------------ quotas
 

@@ -16,13 +16,18 @@ from dataclasses import dataclass, field
 
 from quorumgate.proto.canonical import Encoder, sha256
 from quorumgate.proto.model import (
+    ArgCheck,
+    ArgumentRule,
     DelegationPolicy,
     Enforcement,
     EnvelopeArg,
     Mandate,
+    RuleKind,
     SealedValue,
+    TargetRule,
     Tier,
     ToolMode,
+    ToolRules,
     ToolSpec,
 )
 from quorumgate.proto.nonces import NonceWindow
@@ -61,6 +66,7 @@ class Grant:
     expires_at_ms: int
     created_height: int
     revoked: bool = False
+    rules: tuple[ToolRules, ...] = ()  # the Delegate's own rules (DESIGN §4.2, §4.4)
 
 
 @dataclass
@@ -155,6 +161,8 @@ class EngineState:
     handles: dict[str, Handle] = field(default_factory=dict)
     latch_runs: dict[RunKey, LatchRun] = field(default_factory=dict)
     latch_activity_seq: int = 0
+    # Named sets of target rules, by (agent, set name) (DESIGN §4.2, `SetEntries`).
+    sets: dict[tuple[str, str], tuple[TargetRule, ...]] = field(default_factory=dict)
     # derived indexes, rebuilt on load; not serialized
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     handles_by_owner: dict[str, int] = field(default_factory=dict)
@@ -169,6 +177,9 @@ class EngineState:
 
     def agent_changed(self, agent_id: str) -> None:
         self.agent_bytes.pop(agent_id, None)
+
+    def sets_of(self, agent_id: str) -> dict[str, tuple[TargetRule, ...]]:
+        return {name: rules for (owner, name), rules in self.sets.items() if owner == agent_id}
 
     def fresh_bytes(self) -> bytes:
         """The canonical bytes encoded from scratch, with no cache: what `to_bytes` must
@@ -202,13 +213,6 @@ class EngineState:
 # ------------------------------------------------------------------------ encoding
 
 
-def _enc_optional_tools(enc: Encoder, tools: tuple[str, ...] | None) -> None:
-    if tools is None:
-        enc.u8(0)
-    else:
-        enc.u8(1).texts(tools)
-
-
 def _enc_optional_text(enc: Encoder, text: str | None) -> None:
     enc.optional_blob(None if text is None else text.encode("utf-8"))
 
@@ -217,12 +221,45 @@ def _enc_nonces(enc: Encoder, window: NonceWindow) -> None:
     enc.u64(window.low_water).u64s(sorted(window.executed))
 
 
+# A tool list that carries rules after it is flagged 2 (null) or 3 (a list), where one
+# without rules is flagged 0 or 1 as before: a state without any rule encodes exactly as
+# it did before rules existed, so its root does not change.
+RULES_FOLLOW = 2
+
+
+def _enc_tools_and_rules(
+    enc: Encoder, tools: tuple[str, ...] | None, rules: tuple[ToolRules, ...]
+) -> None:
+    flag = (0 if tools is None else 1) + (RULES_FOLLOW if rules else 0)
+    enc.u8(flag)
+    if tools is not None:
+        enc.texts(tools)
+
+
+def _enc_target_rule(enc: Encoder, rule: TargetRule) -> None:
+    enc.text(rule.kind.value).text(rule.value).text("" if rule.mode is None else rule.mode.value)
+
+
+def _enc_rules(enc: Encoder, rules: tuple[ToolRules, ...]) -> None:
+    enc.u32(len(rules))
+    for entry in rules:
+        enc.text(entry.tool).u32(len(entry.targets))
+        for rule in entry.targets:
+            _enc_target_rule(enc, rule)
+        enc.u32(len(entry.arguments))
+        for arg in entry.arguments:
+            enc.text(arg.name).text(arg.check.value).text(arg.number).texts(arg.values)
+            enc.u32(arg.count)
+
+
 def _enc_mandate(enc: Encoder, mandate: Mandate) -> None:
-    _enc_optional_tools(enc, mandate.allowed_tools)
+    _enc_tools_and_rules(enc, mandate.allowed_tools, mandate.rules)
     enc.text(mandate.enforcement.value).boolean(mandate.suspended)
     enc.text(mandate.delegation_policy.value)
     depth = mandate.max_delegation_depth
     enc.optional_blob(None if depth is None else struct.pack(">I", depth))
+    if mandate.rules:
+        _enc_rules(enc, mandate.rules)
 
 
 def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
@@ -285,9 +322,11 @@ def _encode_state(
     for grant_id in sorted(state.grants):
         g = state.grants[grant_id]
         enc.raw(g.grant_id).text(g.grantor).text(g.child).text(g.run_owner).text(g.run_id)
-        _enc_optional_tools(enc, g.scope)
+        _enc_tools_and_rules(enc, g.scope, g.rules)
         enc.u64(g.grantor_mandate_version).u32(g.depth).optional_blob(g.parent_grant)
         enc.u64(g.expires_at_ms).u64(g.created_height).boolean(g.revoked)
+        if g.rules:
+            _enc_rules(enc, g.rules)
 
     enc.u32(len(state.pending))
     for proposal_id in sorted(state.pending):
@@ -320,6 +359,14 @@ def _encode_state(
         for bucket_key in sorted(run.buckets):
             bucket = run.buckets[bucket_key]
             enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
+    if state.sets:
+        # Present only once a set exists (so older states keep their bytes): the reader
+        # finds it by there being bytes left.
+        enc.u32(len(state.sets))
+        for owner, name in sorted(state.sets):
+            enc.text(owner).text(name).u32(len(state.sets[(owner, name)]))
+            for rule in state.sets[(owner, name)]:
+                _enc_target_rule(enc, rule)
     return StateParts(prefix, tuple(agents), bytes(enc), ())
 
 
@@ -379,6 +426,9 @@ class _Reader:
         data = self.optional_blob()
         return None if data is None else data.decode("utf-8")
 
+    def remaining(self) -> int:
+        return len(self._data) - self._pos
+
     def finish(self) -> None:
         if self._pos != len(self._data):
             raise StateDecodeError("trailing bytes after state")
@@ -389,18 +439,41 @@ def _dec_nonces(r: _Reader) -> NonceWindow:
     return NonceWindow(low_water=low, executed={r.u64() for _ in range(r.u32())})
 
 
-def _dec_optional_tools(r: _Reader) -> tuple[str, ...] | None:
-    return r.texts() if r.boolean() else None
+def _dec_tools_and_rules_flag(r: _Reader) -> tuple[tuple[str, ...] | None, bool]:
+    flag = r.u8()
+    if flag > 1 + RULES_FOLLOW:
+        raise StateDecodeError("bad tool list flag")
+    tools = r.texts() if flag & 1 else None
+    return tools, flag >= RULES_FOLLOW
+
+
+def _dec_target_rule(r: _Reader) -> TargetRule:
+    kind, value, mode = RuleKind(r.text()), r.text(), r.text()
+    return TargetRule(kind, value, ToolMode(mode) if mode else None)
+
+
+def _dec_rules(r: _Reader) -> tuple[ToolRules, ...]:
+    out = []
+    for _ in range(r.u32()):
+        tool = r.text()
+        targets = tuple(_dec_target_rule(r) for _ in range(r.u32()))
+        arguments = tuple(
+            ArgumentRule(r.text(), ArgCheck(r.text()), r.text(), r.texts(), r.u32())
+            for _ in range(r.u32())
+        )
+        out.append(ToolRules(tool, targets, arguments))
+    return tuple(out)
 
 
 def _dec_mandate(r: _Reader) -> Mandate:
-    tools = _dec_optional_tools(r)
+    tools, has_rules = _dec_tools_and_rules_flag(r)
     enforcement = Enforcement(r.text())
     suspended = r.boolean()
     policy = DelegationPolicy(r.text())
     depth_bytes = r.optional_blob()
     depth = None if depth_bytes is None else int(struct.unpack(">I", depth_bytes)[0])
-    return Mandate(tools, enforcement, suspended, policy, depth)
+    rules = _dec_rules(r) if has_rules else ()
+    return Mandate(tools, enforcement, suspended, policy, depth, rules)
 
 
 def _dec_tool(r: _Reader) -> ToolSpec:
@@ -458,12 +531,13 @@ def _decode_state(r: _Reader) -> EngineState:
         grant_id, grantor, child, run_owner, run_id = (
             r.take(32), r.text(), r.text(), r.text(), r.text(),
         )  # fmt: skip
-        scope = _dec_optional_tools(r)
+        scope, has_rules = _dec_tools_and_rules_flag(r)
         version, depth, parent = r.u64(), r.u32(), r.optional_blob()
         expires, created, revoked = r.u64(), r.u64(), r.boolean()
+        rules = _dec_rules(r) if has_rules else ()
         state.grants[grant_id] = Grant(
             grant_id, grantor, child, run_owner, run_id, scope, version, depth, parent,
-            expires, created, revoked,
+            expires, created, revoked, rules,
         )  # fmt: skip
     for _ in range(r.u32()):
         proposal_id, principal, run_owner, run_id = r.take(32), r.text(), r.text(), r.text()
@@ -496,4 +570,8 @@ def _decode_state(r: _Reader) -> EngineState:
             count = r.u32()
             run.buckets[bucket_key] = LatchBucket(count=count, chain=r.texts())
         state.latch_runs[run_key] = run
+    if r.remaining():
+        for _ in range(r.u32()):
+            owner, name = r.text(), r.text()
+            state.sets[(owner, name)] = tuple(_dec_target_rule(r) for _ in range(r.u32()))
     return state

@@ -9,6 +9,8 @@ call is the string `"<tool> <target>"`. Forms, after NFKC and Unicode-digit fold
 - an absolute path ``/a/./b/../c``: ``.``/``..`` resolved lexically (never above ``/``),
   empty segments dropped, NUL and control characters refused;
 - ``file:`` URIs become the path they name (host empty or ``localhost``);
+- ``mailto:`` one address, ``mailto:local@domain``, the domain as a canonical host (IDNA,
+  lower case), the local part as written; header fields and address lists are refused;
 - any other URI (RFC 3986 §6.2): scheme and host lower-cased, IDNA host (UTS 46, A-labels),
   IPv4/IPv6 literals in their one standard spelling, default port dropped, percent-encoding
   normalized (unreserved decoded, the rest upper-case hex, non-ASCII encoded as UTF-8),
@@ -43,6 +45,10 @@ NO_TARGET = "-"
 UNCHECKED_TARGET = "!"
 PRINCIPAL_SCHEME = "principal"
 FILE_SCHEME = "file"
+MAILTO_SCHEME = "mailto"
+# RFC 5322 dot-atom characters of a local part (quoted local parts are refused).
+LOCAL_PART_RE = re.compile(r"[A-Za-z0-9!#$&'*+/=^_`{|}~-]+(?:\.[A-Za-z0-9!#$&'*+/=^_`{|}~-]+)*")
+LOCAL_PART_CHARS_MAX = 64
 
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 AUTHORITY_REQUIRED = frozenset(DEFAULT_PORTS)
@@ -126,6 +132,8 @@ def canonicalize_target(
     _require_scheme(scheme, schemes)
     if scheme == FILE_SCHEME:
         return _file_uri(text, principal)
+    if scheme == MAILTO_SCHEME:
+        return _mailto(text[len(match.group(0)) :])
     return _uri(text, scheme, principal)
 
 
@@ -269,6 +277,23 @@ def _percent_decode(text: str) -> str:
         raise _malformed("percent-encoding is not UTF-8") from None
 
 
+# ----------------------------------------------------------------------- mailto
+
+
+def _mailto(rest: str) -> str:
+    """One address: `mailto:local@domain`, the domain in its canonical host spelling
+    (IDNA, lower case), the local part as written (RFC 5321: it is the receiving host's to
+    interpret). Header fields (`?cc=...`, `?to=...`, `?bcc=...`) and several addresses
+    are refused: each recipient is a target of its own, judged by the rules."""
+    if "?" in rest or "," in rest or "#" in rest:
+        raise _malformed("mailto: one address, no header fields")
+    address = _percent_decode(rest)
+    local, at, domain = address.rpartition("@")
+    if not at or LOCAL_PART_RE.fullmatch(local) is None or len(local) > LOCAL_PART_CHARS_MAX:
+        raise _malformed("mailto: not an address")
+    return f"{MAILTO_SCHEME}:{local}@{_host(domain)}"
+
+
 # ----------------------------------------------------------------------- URIs
 
 
@@ -381,6 +406,14 @@ def _ipv6_literal(inner: str) -> str:
     except ValueError:
         raise _malformed("bad IPv6 literal") from None
     return f"[{address.compressed}]"
+
+
+def canonical_host(raw: str) -> str | None:
+    """The canonical spelling of a host name or address, None if it has none."""
+    try:
+        return _host(raw) if raw else None
+    except TargetRefused:
+        return None
 
 
 def _host(raw: str) -> str:

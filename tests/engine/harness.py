@@ -35,6 +35,7 @@ from quorumgate.proto.model import (
     SetMandate,
     Tier,
     ToolMode,
+    ToolRules,
     ToolSpec,
     TxPayload,
     canonical_tool_list,
@@ -156,12 +157,19 @@ class World:
         policy: DelegationPolicy = DelegationPolicy.NONE,
         depth: int | None = None,
         suspended: bool = False,
+        rules: Sequence[ToolRules] = (),
     ) -> SigningKey:
         key = signing_key(name)
         self.keys[name] = key
         self.admin(RegisterAgent(agent_id=name, public_key=bytes(key.verify_key)))
         self.set_mandate(
-            name, tools, enforcement=enforcement, policy=policy, depth=depth, suspended=suspended
+            name,
+            tools,
+            enforcement=enforcement,
+            policy=policy,
+            depth=depth,
+            suspended=suspended,
+            rules=rules,
         )
         return key
 
@@ -174,6 +182,7 @@ class World:
         policy: DelegationPolicy = DelegationPolicy.NONE,
         depth: int | None = None,
         suspended: bool = False,
+        rules: Sequence[ToolRules] = (),
     ) -> Verdict:
         mandate = Mandate(
             allowed_tools=None if tools is None else canonical_tool_list(list(tools)),
@@ -181,6 +190,7 @@ class World:
             suspended=suspended,
             delegation_policy=policy,
             max_delegation_depth=depth,
+            rules=tuple(sorted(rules, key=lambda r: r.tool)),
         )
         return self.admin(SetMandate(agent_id=name, mandate=mandate))
 
@@ -209,6 +219,7 @@ class World:
         tools: Sequence[str] | None = None,
         expires_in_ms: int = 600_000,
         parent_grant: bytes | None = None,
+        rules: Sequence[ToolRules] = (),
     ) -> Verdict:
         payload = Delegate(
             child=bytes(self.keys[child].verify_key),
@@ -216,6 +227,7 @@ class World:
             tools=None if tools is None else canonical_tool_list(list(tools)),
             expires_at_ms=self.time_ms + STEP_MS + expires_in_ms,
             parent_grant=parent_grant,
+            rules=tuple(sorted(rules, key=lambda r: r.tool)),
         )
         return self.one(self.keys[parent], payload)
 

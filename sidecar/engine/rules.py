@@ -1,0 +1,208 @@
+"""Target and argument rules (DESIGN §4.2): what an allowed tool may be called *on*.
+
+A mandate (or a grant) may carry, per allowed tool, an ordered list of target rules over
+the call's canonical target and a set of argument rules. The first target rule that
+matches decides — and may name the mode a matching call runs in (a known payee: `direct`;
+anyone else: `user_confirm`); no match is out of scope. Every argument rule must hold.
+A tool without rules takes any target.
+
+Matching is on canonical targets only (sidecar/engine/targets.py), so a rule cannot be
+dodged by another spelling:
+
+- `exact`: the target equals the value;
+- `prefix`: the target is the value or continues it at a segment boundary (`/`, or `?`
+  for a query): `/data/reports` matches `/data/reports/q1`, never `/data/reportsX`;
+- `host`: the target's host (a URI's, or a `mailto:` address's domain) equals the value,
+  on the scheme's default port (another port takes a `prefix` rule naming it);
+- `host_suffix`: that host is the value or lies below it (`example.com` matches
+  `api.example.com`, never `badexample.com`);
+- `set`: any entry of the named set of the layer's agent (`SetEntries`, kept in the log);
+- `any`: every target.
+
+In `exact` and `prefix` values a path segment `CURRENT_USER` (and `principal:CURRENT_USER`)
+stands for the caller, bound at match time. Rule values must already be canonical: the
+engine refuses a mandate, grant or set whose values are not (`invalid_spec`), so that a
+rule and a target are compared in one spelling. Pure functions, standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from quorumgate.proto import names
+from quorumgate.proto.model import (
+    ArgCheck,
+    Argument,
+    ArgumentRule,
+    RuleKind,
+    TargetRule,
+    ToolMode,
+    ToolRules,
+)
+from quorumgate.sidecar.engine.targets import TargetRefused, canonical_host, canonicalize_target
+
+MAILTO = "mailto:"
+PRINCIPAL_CURRENT_USER = f"principal:{names.CURRENT_USER}"
+_AUTHORITY_RE = re.compile(r"[a-z][a-z0-9+.-]*://([^/?#]*)")
+# How strict a mode is: a grant may only make a call stricter (DESIGN §4.4).
+MODE_STRICTNESS = {
+    ToolMode.READ: 0,
+    ToolMode.DIRECT: 1,
+    ToolMode.USER_CONFIRM: 2,
+    ToolMode.OWNER_CONFIRM: 3,
+}
+
+Sets = Mapping[str, tuple[TargetRule, ...]]
+
+
+def target_host(target: str) -> str | None:
+    """The host a canonical target names: a URI's host (without port or user
+    information, which canonical targets never carry), a mailto address's domain; None
+    for paths, principals and other schemes without an authority."""
+    if target.startswith(MAILTO):
+        _, at, domain = target.rpartition("@")
+        return domain if at else None
+    match = _AUTHORITY_RE.match(target)
+    if match is None:
+        return None
+    authority = match.group(1)
+    if authority.startswith("["):
+        return authority[: authority.find("]") + 1]
+    return authority.partition(":")[0]
+
+
+def _has_port(target: str) -> bool:
+    match = _AUTHORITY_RE.match(target)
+    if match is None:
+        return False
+    authority = match.group(1)
+    return (
+        ":" in authority[authority.find("]") + 1 :]
+        if authority.startswith("[")
+        else (":" in authority)
+    )
+
+
+def bind_current_user(value: str, principal: str) -> str:
+    if value == PRINCIPAL_CURRENT_USER:
+        return f"principal:{principal}"
+    if names.CURRENT_USER not in value:
+        return value
+    return "/".join(principal if seg == names.CURRENT_USER else seg for seg in value.split("/"))
+
+
+def _prefix_matches(prefix: str, target: str) -> bool:
+    if target == prefix:
+        return True
+    if not target.startswith(prefix):
+        return False
+    if prefix.endswith("/"):
+        return True
+    return target[len(prefix)] in "/?"
+
+
+def _host_suffix_matches(suffix: str, host: str) -> bool:
+    return host == suffix or host.endswith("." + suffix)
+
+
+def rule_matches(rule: TargetRule, target: str, principal: str, sets: Sets) -> bool:
+    kind = rule.kind
+    if kind is RuleKind.ANY:
+        return True
+    if kind is RuleKind.EXACT:
+        return target == bind_current_user(rule.value, principal)
+    if kind is RuleKind.PREFIX:
+        return _prefix_matches(bind_current_user(rule.value, principal), target)
+    if kind is RuleKind.SET:
+        entries = sets.get(rule.value, ())
+        return any(rule_matches(entry, target, principal, {}) for entry in entries)
+    host = target_host(target)
+    if host is None or _has_port(target):
+        return False  # host rules admit the scheme's default port only
+    if kind is RuleKind.HOST:
+        return host == rule.value
+    assert kind is RuleKind.HOST_SUFFIX, kind
+    return _host_suffix_matches(rule.value, host)
+
+
+def first_match(rules: ToolRules, target: str, principal: str, sets: Sets) -> TargetRule | None:
+    for rule in rules.targets:
+        if rule_matches(rule, target, principal, sets):
+            return rule
+    return None
+
+
+def argument_holds(rule: ArgumentRule, arguments: tuple[Argument, ...]) -> bool:
+    """The argument named by `rule` is present once, as a plain value, and satisfies it.
+    Compared as given: a ceiling reads ASCII digits only (no other digits, signs or
+    exponents), and `one_of` compares exactly."""
+    found = [a for a in arguments if names.canonical_argument_name(a.name) == rule.name]
+    if len(found) != 1 or found[0].text is None:
+        return False
+    value = found[0].text
+    if rule.check is ArgCheck.MAX:
+        return names.is_decimal(value) and names.decimal_at_most(value, rule.number)
+    if rule.check is ArgCheck.ONE_OF:
+        return value in rule.values
+    assert rule.check is ArgCheck.MAX_CHARS, rule.check
+    return len(value) <= rule.count
+
+
+def stricter(a: ToolMode | None, b: ToolMode | None) -> ToolMode | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if MODE_STRICTNESS[a] >= MODE_STRICTNESS[b] else b
+
+
+def judge_layer(
+    rules: ToolRules | None,
+    target: str,
+    arguments: tuple[Argument, ...] | None,
+    principal: str,
+    sets: Sets,
+) -> tuple[bool, ToolMode | None]:
+    """One layer's say on a call: (permitted, the mode its matching rule names).
+    `arguments` None skips the argument rules (a confirmation re-check: values are never
+    kept in the state)."""
+    if rules is None:
+        return True, None
+    rule = first_match(rules, target, principal, sets)
+    if rule is None:
+        return False, None
+    if arguments is not None and not all(argument_holds(r, arguments) for r in rules.arguments):
+        return False, None
+    return True, rule.mode
+
+
+# ----------------------------------------------------------------------- rule values
+
+
+def value_is_canonical(rule: TargetRule) -> bool:
+    """Whether a rule's value is already in the one spelling targets are compared in:
+    `exact` and `prefix` values canonical targets (CURRENT_USER kept as written), hosts
+    the canonical host (lower-case, IDNA A-labels, no port)."""
+    kind, value = rule.kind, rule.value
+    if kind in (RuleKind.ANY, RuleKind.SET):
+        return True
+    if kind in (RuleKind.HOST, RuleKind.HOST_SUFFIX):
+        return canonical_host(value) == value
+    scheme = "principal" if value.startswith("principal:") else None
+    if value.startswith("/"):
+        scheme = "file"
+    elif scheme is None:
+        head, colon, _ = value.partition(":")
+        if not colon or not names.is_scheme(head):
+            return False
+        scheme = head
+    try:
+        canonical = canonicalize_target(value, principal=names.CURRENT_USER, schemes=(scheme,))
+    except TargetRefused:
+        return False
+    return canonical == value
+
+
+def rules_are_canonical(rules: tuple[ToolRules, ...]) -> bool:
+    return all(value_is_canonical(rule) for entry in rules for rule in entry.targets)
