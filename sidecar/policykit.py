@@ -36,6 +36,16 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     delegation_policy = "attenuated"
     max_delegation_depth = 1
 
+    [agents.support.rules."kb.search"]   # optional; with rules, every allowed tool has
+    targets = [                          # an entry (["any"]: any target, explicitly)
+        { host_suffix = "kb.example" },  # exact | prefix | host | host_suffix | set
+        { set = "extra_sites", mode = "user_confirm" },  # mode: what a match runs as
+    ]
+    args = { limit = { max = 50 }, lang = { one_of = ["de", "en"] }, q = { max_chars = 200 } }
+
+    [sets.support]                  # named sets of an agent, read by `set` rules
+    extra_sites = [{ host = "wiki.example.org" }, { prefix = "https://x.example/pub" }]
+
     [envelopes.support-card]        # sealed to its sinks with a placeholder value
     owner = "support"
     kind = "card"
@@ -49,6 +59,7 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     tools = ["kb.search"]           # optional: the parent's whole scope when absent
     expires_in_ms = 600000
     parent_grant = "another-delegation"   # optional
+    rules = { "kb.search" = { targets = [{ host = "kb.example" }] } }  # optional, narrows
     expect = "applied"              # optional: applied (default) | rejected
     reason = "ok"                   # optional
 
@@ -86,7 +97,9 @@ from nacl.signing import SigningKey
 from quorumgate.proto import names, tx
 from quorumgate.proto.model import (
     Admin,
+    ArgCheck,
     Argument,
+    ArgumentRule,
     Confirm,
     Delegate,
     DelegationPolicy,
@@ -99,11 +112,15 @@ from quorumgate.proto.model import (
     RegisterAgent,
     RegisterSink,
     RegisterTool,
+    RuleKind,
     SealedValue,
     SealEnvelope,
+    SetEntries,
     SetMandate,
+    TargetRule,
     Tier,
     ToolMode,
+    ToolRules,
     ToolSpec,
     TxPayload,
 )
@@ -137,14 +154,21 @@ _CONFIG_FIELDS = frozenset(
     for f in dataclasses.fields(EngineConfig)
     if f.name not in ("chain_id", "owner_public_key")
 )
-TOP_FIELDS = ("settings", "sinks", "tools", "agents", "envelopes", "delegations", "calls")
+TOP_FIELDS = (
+    "settings", "sinks", "tools", "agents", "sets", "envelopes", "delegations", "calls",
+)  # fmt: skip
 TOOL_FIELDS = ("mode", "sink", "schemes", "min_tier", "status", "envelopes")
 AGENT_FIELDS = (
     "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth",
+    "rules",
 )  # fmt: skip
+RULES_FIELDS = ("targets", "args")
+TARGET_RULE_KINDS = tuple(k.value for k in RuleKind if k is not RuleKind.ANY)
+ARG_RULE_CHECKS = tuple(c.value for c in ArgCheck)
 ENVELOPE_FIELDS = ("owner", "kind", "sinks", "verified")
 DELEGATION_FIELDS = (
     "parent", "child", "run", "tools", "expires_in_ms", "parent_grant", "expect", "reason",
+    "rules",
 )  # fmt: skip
 CALL_FIELDS = (
     "name", "agent", "tool", "target", "run", "args", "handles", "via", "advance_ms", "expect",
@@ -279,6 +303,7 @@ class _Policy:
     envelopes: dict[str, dict[str, Any]]
     delegations: dict[str, dict[str, Any]]
     calls: list[_CallSpec] = field(default_factory=list)
+    sets: dict[tuple[str, str], tuple[TargetRule, ...]] = field(default_factory=dict)
 
 
 def _tool_name(raw: str, where: str) -> str:
@@ -298,6 +323,123 @@ def _reason(raw: str | None, where: str) -> str | None:
     if raw is not None and raw not in {r.value for r in Reason}:
         raise PolicyFileError(f"{where}.reason: unknown reason code {raw!r}")
     return raw
+
+
+def parse_target_rule(raw: object, where: str) -> TargetRule:
+    """`"any"`, or a table with one of exact / prefix / host / host_suffix / set and an
+    optional `mode`."""
+    if raw == RuleKind.ANY.value:
+        return TargetRule(RuleKind.ANY)
+    t = _Table(raw, where, (*TARGET_RULE_KINDS, "mode"))
+    kinds = [k for k in TARGET_RULE_KINDS if k in t.data]
+    if len(kinds) != 1:
+        raise PolicyFileError(
+            f'{where}: "any", or a table with one of {", ".join(TARGET_RULE_KINDS)}'
+        )
+    mode_text = t.optional_text("mode")
+    modes = tuple(m.value for m in ToolMode)
+    if mode_text is not None and mode_text not in modes:
+        raise PolicyFileError(f"{where}.mode: must be one of {', '.join(modes)}")
+    try:
+        return TargetRule(
+            RuleKind(kinds[0]), t.text(kinds[0]), None if mode_text is None else ToolMode(mode_text)
+        )
+    except ValueError as exc:
+        raise PolicyFileError(f"{where}: {exc}") from None
+
+
+def _parse_argument_rule(arg: str, raw: object, where: str) -> ArgumentRule:
+    name = names.canonical_argument_name(arg)
+    if name is None:
+        raise PolicyFileError(f"{where}: {arg!r} is not an argument name")
+    t = _Table(raw, where, ARG_RULE_CHECKS)
+    if len(t.data) != 1:
+        raise PolicyFileError(f"{where}: one of {', '.join(ARG_RULE_CHECKS)}")
+    check = ArgCheck(next(iter(t.data)))
+    try:
+        if check is ArgCheck.MAX:
+            value = t.get("max")
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise PolicyFileError(f'{where}.max: an integer, or a decimal as a string ("9.50")')
+            return ArgumentRule(name, check, number=str(value))
+        if check is ArgCheck.ONE_OF:
+            values = t.texts("one_of") or []
+            return ArgumentRule(name, check, values=tuple(sorted(set(values))))
+        count = t.integer("max_chars")
+        return ArgumentRule(name, check, count=count or 0)
+    except ValueError as exc:
+        if isinstance(exc, PolicyFileError):
+            raise
+        raise PolicyFileError(f"{where}: {exc}") from None
+
+
+def parse_tool_rules(
+    table: dict[str, Any], where: str, allowed: tuple[str, ...] | None
+) -> tuple[ToolRules, ...]:
+    """`rules."TOOL" = { targets = [...], args = { NAME = { max = 500 } } }` for each
+    tool. With rules at all, every allowed tool needs an entry: `targets = ["any"]` says
+    "any target" explicitly."""
+    out: dict[str, ToolRules] = {}
+    for raw_tool, body in table.items():
+        here = f"{where}.rules.{raw_tool}"
+        tool = _tool_name(raw_tool, here)
+        if allowed is not None and tool not in allowed:
+            raise PolicyFileError(f"{here}: {tool} is not in allowed_tools")
+        r = _Table(body, here, RULES_FIELDS)
+        raw_targets = r.get("targets")
+        if not isinstance(raw_targets, list) or not raw_targets:
+            raise PolicyFileError(f'{here}.targets: a non-empty list (["any"] for any target)')
+        targets = tuple(
+            parse_target_rule(item, f"{here}.targets[{k}]") for k, item in enumerate(raw_targets)
+        )
+        args = tuple(
+            sorted(
+                (
+                    _parse_argument_rule(arg, spec, f"{here}.args.{arg}")
+                    for arg, spec in r.table("args").items()
+                ),
+                key=lambda rule: rule.name,
+            )
+        )
+        try:
+            out[tool] = ToolRules(tool, targets, args)
+        except ValueError as exc:
+            raise PolicyFileError(f"{here}: {exc}") from None
+    if out and allowed is not None:
+        missing = sorted(set(allowed) - set(out))
+        if missing:
+            raise PolicyFileError(
+                f'{where}.rules: no entry for {missing[0]}; write targets = ["any"] to allow '
+                "any target explicitly"
+            )
+    return tuple(out[tool] for tool in sorted(out))
+
+
+def parse_sets(table: dict[str, Any]) -> dict[tuple[str, str], tuple[TargetRule, ...]]:
+    """`[sets.AGENT] NAME = [ { exact = "..." }, { host = "..." } ]`."""
+    out: dict[tuple[str, str], tuple[TargetRule, ...]] = {}
+    for agent, body in table.items():
+        where = f"sets.{agent}"
+        owner = _ident(agent, where)
+        for name, entries in _Table(body, where, None).data.items():
+            here = f"{where}.{name}"
+            if not names.is_set_name(name):
+                raise PolicyFileError(f"{here}: a set name matches {names.SET_NAME_RE.pattern}")
+            if not isinstance(entries, list):
+                raise PolicyFileError(f"{here}: a list of entries")
+            rules = {
+                (rule.kind.value, rule.value): rule
+                for rule in (
+                    parse_target_rule(item, f"{here}[{k}]") for k, item in enumerate(entries)
+                )
+            }
+            try:
+                out[(owner, name)] = SetEntries(
+                    owner, name, tuple(rules[key] for key in sorted(rules))
+                ).entries
+            except ValueError as exc:
+                raise PolicyFileError(f"{here}: {exc}") from None
+    return out
 
 
 def _parse_policy(data: dict[str, Any]) -> _Policy:
@@ -371,7 +513,12 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
                 a.choice("delegation_policy", ("attenuated", "none"), "none")
             ),
             max_delegation_depth=depth,
+            rules=parse_tool_rules(a.table("rules"), where, allowed),
         )
+    sets = parse_sets(top.table("sets"))
+    for owner, _ in sets:
+        if owner not in agents:
+            raise PolicyFileError(f"sets.{owner}: unknown agent")
 
     envelopes: dict[str, dict[str, Any]] = {}
     for name, body in top.table("envelopes").items():
@@ -407,6 +554,14 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
             "expect": d.choice("expect", SETUP_OUTCOMES, "applied"),
             "reason": _reason(d.optional_text("reason"), where),
         }
+        grant_tools = spec_d["tools"]
+        spec_d["rules"] = parse_tool_rules(
+            d.table("rules"),
+            where,
+            None
+            if grant_tools is None
+            else tuple(sorted({_tool_name(t, f"{where}.tools") for t in grant_tools})),
+        )
         for role in ("parent", "child"):
             if spec_d[role] not in agents:
                 raise PolicyFileError(f"{where}.{role}: unknown agent {spec_d[role]!r}")
@@ -476,7 +631,7 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
                 confirm=confirm,
             )
         )
-    return _Policy(settings, chain_id, sinks, tools, agents, envelopes, delegations, calls)
+    return _Policy(settings, chain_id, sinks, tools, agents, envelopes, delegations, calls, sets)
 
 
 # ------------------------------------------------------------------------ running
@@ -560,6 +715,8 @@ class _Runner:
                 (f"agents.{name}", Admin(RegisterAgent(name, bytes(self.keys[name].verify_key))))
             )
             admin.append((f"agents.{name}", Admin(SetMandate(name, mandate))))
+        for (owner, name), entries in sorted(p.sets.items()):
+            admin.append((f"sets.{owner}.{name}", Admin(SetEntries(owner, name, entries))))
         verdicts = self.block([self._signed(self.owner, payload) for _, payload in admin])
         for (where, _), verdict in zip(admin, verdicts, strict=True):
             if verdict.outcome is not Outcome.APPLIED:
@@ -594,6 +751,7 @@ class _Runner:
                 tools=None if d["tools"] is None else tuple(d["tools"]),
                 expires_at_ms=max(1, self.time_ms + STEP_MS + d["expires_in_ms"]),
                 parent_grant=parent_grant,
+                rules=d["rules"],
             )
             verdict = self.block([self._signed(self.keys[d["parent"]], payload)])[0]
             if verdict.outcome is Outcome.APPLIED:

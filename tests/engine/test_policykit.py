@@ -169,3 +169,132 @@ child = "bob"
     code, text = _run(policy)
     assert code == EXIT_FAILED
     assert "delegations.alice-bob: expected applied, got rejected (delegation_refused)" in text
+
+
+RULES = """
+[tools."http.get"]
+mode = "read"
+
+[tools."payments.send"]
+mode = "user_confirm"
+schemes = ["https"]
+
+[agents.billing]
+allowed_tools = ["http.get", "payments.send"]
+delegation_policy = "attenuated"
+
+[agents.billing.rules."http.get"]
+targets = [{ host_suffix = "example.com" }]
+
+[agents.billing.rules."payments.send"]
+targets = [{ set = "payees", mode = "direct" }, "any"]
+args = { amount = { max = 500 }, currency = { one_of = ["CHF", "EUR"] } }
+
+[agents.helper]
+allowed_tools = "unrestricted"
+
+[sets.billing]
+payees = [{ prefix = "https://pay.example.com/acct/77" }]
+
+[delegations.narrow]
+parent = "billing"
+child = "helper"
+rules = { "http.get" = { targets = [{ host = "api.example.com" }] } }
+
+[[calls]]
+name = "an allowed site"
+agent = "billing"
+tool = "http.get"
+target = "https://docs.example.com/"
+expect = "allow"
+
+[[calls]]
+name = "the attacker's site"
+agent = "billing"
+tool = "http.get"
+target = "https://evil.example/exfil"
+run = "run-2"
+expect = "deny"
+reason = "out_of_scope"
+
+[[calls]]
+name = "a known payee, within the ceiling"
+agent = "billing"
+tool = "payments.send"
+target = "https://pay.example.com/acct/77"
+args = { amount = "120.50", currency = "EUR" }
+expect = "allow"
+
+[[calls]]
+name = "a new payee"
+agent = "billing"
+tool = "payments.send"
+target = "https://pay.example.com/acct/99"
+args = { amount = "10", currency = "EUR" }
+expect = "pending"
+
+[[calls]]
+name = "over the ceiling"
+agent = "billing"
+tool = "payments.send"
+target = "https://pay.example.com/acct/77"
+args = { amount = "500.01", currency = "EUR" }
+run = "run-3"
+expect = "deny"
+reason = "out_of_scope"
+
+[[calls]]
+name = "the helper under the narrow grant"
+agent = "helper"
+tool = "http.get"
+target = "https://docs.example.com/"
+via = "narrow"
+expect = "deny"
+reason = "out_of_scope"
+"""
+
+
+def test_a_policy_with_target_rules_sets_and_ceilings(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(RULES)
+    code, text = _run(path)
+    assert code == EXIT_OK, text
+    assert "6 calls, 6 passed, 0 failed" in text
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('targets = [{ host_suffix = "example.com" }]', 'targets = [{ hostname = "x" }]'),
+            "unknown field 'hostname'",
+        ),
+        (
+            ('targets = [{ host_suffix = "example.com" }]', "targets = []"),
+            'a non-empty list (["any"] for any target)',
+        ),
+        (("max = 500 }", "max = 500.5 }"), 'an integer, or a decimal as a string ("9.50")'),
+        (
+            ('[agents.billing.rules."http.get"]\ntargets = [{ host_suffix = "example.com" }]', ""),
+            'no entry for http.get; write targets = ["any"]',
+        ),
+        (('mode = "direct" }', 'mode = "sometimes" }'), "mode: must be one of"),
+        (("payees = [{ prefix", "Payees = [{ prefix"), "a set name matches"),
+    ],
+)
+def test_malformed_rules_are_named(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    old, new = change
+    assert old in RULES
+    path = tmp_path / "bad.toml"
+    path.write_text(RULES.replace(old, new, 1))
+    code, text = _run(path)
+    assert code == EXIT_MALFORMED, text
+    assert message in text, text
+
+
+def test_a_non_canonical_rule_value_is_refused_by_the_engine(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(RULES.replace('host_suffix = "example.com"', 'host_suffix = "Example.COM"'))
+    code, text = _run(path)
+    assert code == EXIT_MALFORMED, text
+    assert "agents.billing: the engine refuses it (invalid_spec)" in text
