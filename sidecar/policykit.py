@@ -40,7 +40,7 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     targets = [                          # an entry (["any"]: any target, explicitly)
         { host_suffix = "kb.example" },  # exact | prefix | host | host_suffix | set
         { set = "extra_sites", mode = "user_confirm" },  # mode: what a match runs as
-    ]
+    ]                                    # ({ any = true, mode = "..." } for any target)
     args = { limit = { max = 50 }, lang = { one_of = ["de", "en"] }, q = { max_chars = 200 } }
 
     [sets.support]                  # named sets of an agent, read by `set` rules
@@ -330,20 +330,23 @@ def parse_target_rule(raw: object, where: str) -> TargetRule:
     optional `mode`."""
     if raw == RuleKind.ANY.value:
         return TargetRule(RuleKind.ANY)
-    t = _Table(raw, where, (*TARGET_RULE_KINDS, "mode"))
-    kinds = [k for k in TARGET_RULE_KINDS if k in t.data]
+    t = _Table(raw, where, (*TARGET_RULE_KINDS, RuleKind.ANY.value, "mode"))
+    kinds = [k for k in (*TARGET_RULE_KINDS, RuleKind.ANY.value) if k in t.data]
     if len(kinds) != 1:
         raise PolicyFileError(
-            f'{where}: "any", or a table with one of {", ".join(TARGET_RULE_KINDS)}'
+            f'{where}: "any", or a table with one of any, {", ".join(TARGET_RULE_KINDS)}'
         )
     mode_text = t.optional_text("mode")
     modes = tuple(m.value for m in ToolMode)
     if mode_text is not None and mode_text not in modes:
         raise PolicyFileError(f"{where}.mode: must be one of {', '.join(modes)}")
+    mode = None if mode_text is None else ToolMode(mode_text)
+    if kinds[0] == RuleKind.ANY.value:
+        if t.get("any") is not True:
+            raise PolicyFileError(f"{where}.any: must be true")
+        return TargetRule(RuleKind.ANY, mode=mode)
     try:
-        return TargetRule(
-            RuleKind(kinds[0]), t.text(kinds[0]), None if mode_text is None else ToolMode(mode_text)
-        )
+        return TargetRule(RuleKind(kinds[0]), t.text(kinds[0]), mode)
     except ValueError as exc:
         raise PolicyFileError(f"{where}: {exc}") from None
 

@@ -51,7 +51,15 @@ from quorumgate.proto.clusterfile import (
     load_cluster,
     read_seed,
 )
-from quorumgate.proto.model import DENIAL_TEXT, EnvelopeArg, Mandate, Outcome
+from quorumgate.proto.model import (
+    DENIAL_TEXT,
+    ArgCheck,
+    EnvelopeArg,
+    Mandate,
+    Outcome,
+    RuleKind,
+    ToolRules,
+)
 from quorumgate.sdk.client import (
     CertificateTimeout,
     Client,
@@ -517,15 +525,41 @@ def _mandate_json(m: Mandate | None) -> dict[str, object] | None:
         "suspended": m.suspended,
         "delegation_policy": m.delegation_policy.value,
         "max_delegation_depth": m.max_delegation_depth,
+        "rules": {entry.tool: _tool_rules_json(entry) for entry in m.rules},
     }
+
+
+def _tool_rules_json(entry: ToolRules) -> dict[str, object]:
+    """The policy file's spelling of one tool's rules."""
+    targets: list[object] = []
+    for rule in entry.targets:
+        if rule.kind is RuleKind.ANY and rule.mode is None:
+            targets.append(RuleKind.ANY.value)
+            continue
+        item: dict[str, object] = {
+            rule.kind.value: True if rule.kind is RuleKind.ANY else rule.value
+        }
+        if rule.mode is not None:
+            item["mode"] = rule.mode.value
+        targets.append(item)
+    args: dict[str, object] = {}
+    for arg in entry.arguments:
+        if arg.check is ArgCheck.MAX:
+            args[arg.name] = {"max": arg.number}
+        elif arg.check is ArgCheck.ONE_OF:
+            args[arg.name] = {"one_of": list(arg.values)}
+        else:
+            args[arg.name] = {"max_chars": arg.count}
+    return {"targets": targets, "args": args}
 
 
 def _tools_cell(m: Mandate | None) -> str:
     if m is None:
         return "(no mandate)"
+    ruled = {entry.tool for entry in m.rules}
     if m.allowed_tools is None:
-        return "(unrestricted)"
-    return ",".join(m.allowed_tools) or "(none)"
+        return "(unrestricted)" + (f" rules: {','.join(sorted(ruled))}" if ruled else "")
+    return ",".join(t + ("*" if t in ruled else "") for t in m.allowed_tools) or "(none)"
 
 
 def _cmd_agents(args: argparse.Namespace) -> int:

@@ -201,6 +201,21 @@ parent = "billing"
 child = "helper"
 rules = { "http.get" = { targets = [{ host = "api.example.com" }] } }
 
+[agents.clerk]
+allowed_tools = ["payments.send"]
+
+[agents.clerk.rules."payments.send"]
+targets = [{ any = true, mode = "direct" }]
+args = { amount = { max = "9.50" } }
+
+[[calls]]
+name = "the clerk pays small amounts directly"
+agent = "clerk"
+tool = "payments.send"
+target = "https://pay.example.com/acct/1"
+args = { amount = "9.5" }
+expect = "allow"
+
 [[calls]]
 name = "an allowed site"
 agent = "billing"
@@ -259,7 +274,7 @@ def test_a_policy_with_target_rules_sets_and_ceilings(tmp_path: Path) -> None:
     path.write_text(RULES)
     code, text = _run(path)
     assert code == EXIT_OK, text
-    assert "6 calls, 6 passed, 0 failed" in text
+    assert "7 calls, 7 passed, 0 failed" in text
 
 
 @pytest.mark.parametrize(
