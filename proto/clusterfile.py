@@ -49,6 +49,8 @@ TRANSPORT_INSECURE = "insecure"  # plaintext gRPC: only on a trusted network, an
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
+CANONICAL_VERSIONS = (1, 2)  # 2: issue 15's forms (one order of operations, ...)
+CANONICAL_VERSION_NEW = 2  # what `init` writes
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
@@ -97,6 +99,10 @@ class ClusterSpec:
     tick_ms: int = 10
     insecure: bool = False  # plaintext gRPC (`quorumgate init --insecure`)
     auditors: tuple[AuditorSpec, ...] = ()
+    # How the governance engine spells canonical targets (sidecar/engine/targets.py): a
+    # property of the chain, fixed at `init`, so that a replay of its log under a newer
+    # build decides every old call as it was decided. Files from before have none: 1.
+    canonical_version: int = 1
 
     @property
     def transport(self) -> str:
@@ -274,6 +280,7 @@ def init_cluster(
             owner_public_key=public_key_of(owner_seed),
             members=tuple(members),
             insecure=insecure,
+            canonical_version=CANONICAL_VERSION_NEW,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -330,6 +337,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         "auditors": [
             {"auditor_id": a.auditor_id, "public_key": a.public_key.hex()} for a in spec.auditors
         ],
+        **({"canonical_version": spec.canonical_version} if spec.canonical_version != 1 else {}),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -454,8 +462,20 @@ def load_cluster(directory: Path) -> ClusterSpec:
         auditors.append(AuditorSpec(auditor_id, key))
     if len(auditors) > AUDITORS_MAX:
         raise ClusterFileError(f"{where}: at most {AUDITORS_MAX} auditors")
+    canonical_version = doc.get("canonical_version", 1)
+    if canonical_version not in CANONICAL_VERSIONS or isinstance(canonical_version, bool):
+        raise ClusterFileError(
+            f"{where}: canonical_version must be one of {CANONICAL_VERSIONS} (this build)"
+        )
     spec = ClusterSpec(
-        directory, str(chain_id), owner, tuple(members), tick_ms, insecure, tuple(auditors)
+        directory,
+        str(chain_id),
+        owner,
+        tuple(members),
+        tick_ms,
+        insecure,
+        tuple(auditors),
+        int(canonical_version),
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

@@ -146,7 +146,11 @@ class Sidecar:
                 f"node {index}'s receipt key does not match its receipt public key"
             )
         self.key = receipt_key
-        self.config = EngineConfig(chain_id=spec.chain_id, owner_public_key=spec.owner_public_key)
+        self.config = EngineConfig(
+            chain_id=spec.chain_id,
+            owner_public_key=spec.owner_public_key,
+            canonical_version=spec.canonical_version,
+        )
         self.metrics = SidecarMetrics()
         self.store: SidecarStore | None = None
         self.engine: Engine | None = None

@@ -245,7 +245,11 @@ async def replay(
 ) -> ReplayReport:
     node_dir = spec.node_dir(index)
     key = SigningKey(read_seed(node_dir / RECEIPT_KEY_FILE))
-    config = EngineConfig(chain_id=spec.chain_id, owner_public_key=spec.owner_public_key)
+    config = EngineConfig(
+        chain_id=spec.chain_id,
+        owner_public_key=spec.owner_public_key,
+        canonical_version=spec.canonical_version,
+    )
     report = ReplayReport(node=index, from_height=max(1, from_height))
     started = time.perf_counter()
     try:

@@ -1558,7 +1558,11 @@ class CommittedLog:
         self.reader = Reader.of(reader)
         self.spec = spec
         self.engine = Engine(
-            EngineConfig(chain_id=spec.chain_id, owner_public_key=spec.owner_public_key)
+            EngineConfig(
+                chain_id=spec.chain_id,
+                owner_public_key=spec.owner_public_key,
+                canonical_version=spec.canonical_version,
+            )
         )
         self.height = 0
         self._roots: OrderedDict[int, bytes] = OrderedDict()

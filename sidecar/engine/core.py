@@ -99,11 +99,14 @@ from quorumgate.sidecar.engine.statements import (
     target_digest,
 )
 from quorumgate.sidecar.engine.targets import (
+    CANONICAL_VERSION_LATEST,
+    CANONICAL_VERSIONS,
     UNCHECKED_TARGET,
     TargetRefused,
     canonical_call,
     canonicalize_target,
 )
+from quorumgate.sidecar.engine.unicode_assigned import UNICODE_VERSION
 
 TAG_CONFIG = b"qg/engine-config/v1"
 # An argument name with no canonical form is recorded as this; never a valid name.
@@ -158,8 +161,13 @@ class EngineConfig:
     agents_max: int = limits.AGENTS_MAX_DEFAULT
     sinks_max: int = limits.SINKS_MAX_DEFAULT
     expired_retention_ms: int = limits.EXPIRED_RETENTION_MS_DEFAULT
+    # The canonical-target forms of the chain (targets.CANONICAL_VERSIONS): fixed at
+    # `init` and kept in cluster.json, so a replay decides old calls as they were decided.
+    canonical_version: int = CANONICAL_VERSION_LATEST
 
     def __post_init__(self) -> None:
+        if self.canonical_version not in CANONICAL_VERSIONS:
+            raise ValueError(f"canonical_version must be one of {CANONICAL_VERSIONS}")
         if not 0 < len(self.chain_id) <= limits.ID_CHARS_MAX:
             raise ValueError("chain_id must be 1..64 characters")
         if len(self.owner_public_key) != 32:
@@ -179,6 +187,9 @@ class EngineConfig:
         enc = Encoder(TAG_CONFIG).text(self.chain_id).raw(self.owner_public_key)
         for name, value in self._limits():
             enc.text(name).u64(value)
+        if self.canonical_version != 1:  # version 1 chains keep the fingerprint they had
+            enc.text("canonical_version").u64(self.canonical_version)
+            enc.text("unicode").text(UNICODE_VERSION)
         return enc.digest()
 
 
@@ -460,6 +471,7 @@ class Engine:
                     principal=record.agent_id,
                     schemes=spec.target_schemes,
                     binds_caller=spec.binds_caller,
+                    version=self.config.canonical_version,
                 )
             except TargetRefused as exc:
                 target_refusal = exc.reason
@@ -885,7 +897,7 @@ class Engine:
             parent_expires = self.state.grants[delegate.parent_grant].expires_at_ms
         if depth > depth_limit:
             return rejected(Reason.DELEGATION_DEPTH_EXCEEDED)
-        if not rules_are_canonical(delegate.rules):
+        if not rules_are_canonical(delegate.rules, self.config.canonical_version):
             return rejected(Reason.INVALID_SPEC)
         if not self._now_ms < delegate.expires_at_ms <= self._now_ms + self.config.grant_ttl_ms_max:
             return rejected(Reason.DELEGATION_EXPIRY_INVALID)
@@ -1029,7 +1041,7 @@ class Engine:
             return done(op.agent_id, Reason.UNKNOWN_AGENT)
         state.agent_changed(op.agent_id)  # every op below writes this record
         if isinstance(op, SetMandate):
-            if not rules_are_canonical(op.mandate.rules):
+            if not rules_are_canonical(op.mandate.rules, config.canonical_version):
                 return done(op.agent_id, Reason.INVALID_SPEC)  # rules compare canonical forms
             record.mandate = op.mandate
             record.mandate_version += 1
@@ -1049,7 +1061,8 @@ class Engine:
         sets = self.state.sets
         if op.principal not in self.state.agents:
             return Reason.UNKNOWN_AGENT
-        if not all(value_is_canonical(entry) for entry in op.entries):
+        version = self.config.canonical_version
+        if not all(value_is_canonical(entry, version) for entry in op.entries):
             return Reason.INVALID_SPEC
         key = (op.principal, op.name)
         if not op.entries:

@@ -40,7 +40,12 @@ from quorumgate.proto.model import (
     ToolMode,
     ToolRules,
 )
-from quorumgate.sidecar.engine.targets import TargetRefused, canonical_host, canonicalize_target
+from quorumgate.sidecar.engine.targets import (
+    CANONICAL_VERSION_LATEST,
+    TargetRefused,
+    canonical_host,
+    canonicalize_target,
+)
 
 MAILTO = "mailto:"
 PRINCIPAL_CURRENT_USER = f"principal:{names.CURRENT_USER}"
@@ -180,7 +185,7 @@ def judge_layer(
 # ----------------------------------------------------------------------- rule values
 
 
-def value_is_canonical(rule: TargetRule) -> bool:
+def value_is_canonical(rule: TargetRule, version: int = CANONICAL_VERSION_LATEST) -> bool:
     """Whether a rule's value is already in the one spelling targets are compared in:
     `exact` and `prefix` values canonical targets (CURRENT_USER kept as written), hosts
     the canonical host (lower-case, IDNA A-labels, no port)."""
@@ -198,11 +203,15 @@ def value_is_canonical(rule: TargetRule) -> bool:
             return False
         scheme = head
     try:
-        canonical = canonicalize_target(value, principal=names.CURRENT_USER, schemes=(scheme,))
+        canonical = canonicalize_target(
+            value, principal=names.CURRENT_USER, schemes=(scheme,), version=version
+        )
     except TargetRefused:
         return False
     return canonical == value
 
 
-def rules_are_canonical(rules: tuple[ToolRules, ...]) -> bool:
-    return all(value_is_canonical(rule) for entry in rules for rule in entry.targets)
+def rules_are_canonical(
+    rules: tuple[ToolRules, ...], version: int = CANONICAL_VERSION_LATEST
+) -> bool:
+    return all(value_is_canonical(rule, version) for entry in rules for rule in entry.targets)

@@ -28,6 +28,7 @@ libraries are lenient in ways that would let two spellings of one target survive
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import re
 import unicodedata
@@ -38,6 +39,17 @@ from rfc3986.validators import Validator  # type: ignore[import-untyped]
 
 from quorumgate.proto import limits, names
 from quorumgate.proto.model import Reason
+from quorumgate.sidecar.engine.unicode_assigned import ASSIGNED_RANGES, UNICODE_VERSION
+
+# The chain's canonical forms (EngineConfig.canonical_version, fixed at `init`):
+# 1 — NFKC and Unicode digits folded before anything else, paths taken literally;
+# 2 — one order of operations (percent-decode, then normalize to NFC), compatibility
+#     characters and non-ASCII digits refused rather than merged, paths and file: URIs
+#     decoded alike, backslashes refused, `mailto:` one address with its domain
+#     canonical, and only characters assigned in Unicode UNICODE_VERSION accepted.
+CANONICAL_VERSIONS = (1, 2)
+CANONICAL_VERSION_LATEST = 2
+_ASSIGNED_FIRSTS = [first for first, _ in ASSIGNED_RANGES]
 
 NO_TARGET = "-"
 # Stands in for the target of a call that was refused before its target could be
@@ -94,12 +106,15 @@ def canonicalize_target(
     principal: str,
     schemes: tuple[str, ...],
     binds_caller: bool = False,
+    version: int = CANONICAL_VERSION_LATEST,
 ) -> str:
-    """The canonical target for `principal` calling a tool that accepts `schemes`.
+    """The canonical target for `principal` calling a tool that accepts `schemes`, in the
+    chain's canonical `version`.
 
     Raises TargetRefused with the reason code; never any other exception on any input.
     """
-    text = _prepare(raw)
+    v2 = version >= 2
+    text = _prepare_v2(raw) if v2 else _prepare(raw)
     if binds_caller:
         # BRAH §7.3: a status tool takes no identity; it is bound to the caller.
         if text == "":
@@ -121,6 +136,8 @@ def canonicalize_target(
             # RFC 3986 §4.2 reads this as a scheme-relative reference to a host
             raise _malformed("ambiguous: a network-path reference, not a path")
         _require_scheme(FILE_SCHEME, schemes)
+        if v2:
+            return _v2_path(text, principal)
         return _path(text, principal)
     fast = _already_canonical_web_uri(text, schemes)
     if fast is not None:
@@ -131,10 +148,10 @@ def canonicalize_target(
     scheme = match.group(1).lower()
     _require_scheme(scheme, schemes)
     if scheme == FILE_SCHEME:
-        return _file_uri(text, principal)
-    if scheme == MAILTO_SCHEME:
+        return _file_uri(text, principal, v2)
+    if scheme == MAILTO_SCHEME and v2:
         return _mailto(text[len(match.group(0)) :])
-    return _uri(text, scheme, principal)
+    return _uri(text, scheme, principal, v2)
 
 
 # The commonest target, an http(s) URI already in canonical form: lower-case ASCII host of
@@ -183,6 +200,62 @@ def _prepare(raw: str) -> str:
     if len(text) > limits.TARGET_CHARS_MAX:
         raise _malformed("too long")
     return text
+
+
+def _prepare_v2(raw: str) -> str:
+    """Version 2: nothing is folded before decoding; what is here is checked and put in
+    NFC (canonical equivalents are one character), and anything compatibility
+    normalization would change is refused (`_check_value`)."""
+    if len(raw) > 4 * limits.TARGET_CHARS_MAX:
+        raise _malformed("too long")
+    text = _check_value(raw)
+    text = text.strip(" ")
+    if len(text) > limits.TARGET_CHARS_MAX:
+        raise _malformed("too long")
+    return text
+
+
+def _check_value(text: str) -> str:
+    """Version 2's character rules for any decoded part of a target, returning its NFC:
+    no control, invisible or unassigned (in the pinned Unicode version) character, no
+    backslash or NUL, no compatibility character that NFKC would change (fullwidth forms,
+    ligatures, superscripts, ...) and no digit but ASCII's."""
+    if "\\" in text or "\x00" in text:
+        raise _malformed("backslash or NUL")
+    _refuse_controls(text)
+    if text.isascii():
+        return text
+    for ch in text:
+        if not ch.isascii() and not _assigned(ord(ch)):
+            raise _malformed(f"a character not assigned in Unicode {UNICODE_VERSION}")
+        if unicodedata.category(ch) == "Nd" and not ch.isascii():
+            raise _malformed("a digit other than 0-9")
+    nfc = unicodedata.normalize("NFC", text)
+    if unicodedata.normalize("NFKC", nfc) != nfc:
+        raise _malformed("a compatibility character (fullwidth, ligature, ...)")
+    return nfc
+
+
+def _assigned(code_point: int) -> bool:
+    k = bisect.bisect_right(_ASSIGNED_FIRSTS, code_point) - 1
+    return k >= 0 and code_point <= ASSIGNED_RANGES[k][1]
+
+
+def _v2_path(text: str, principal: str) -> str:
+    """Version 2: a path decoded and checked, resolved, and its `%` written `%25`, so
+    that the canonical form is itself a target that canonicalizes to itself. A segment
+    that begins or ends with a space is refused (`report.pdf ` is not `report.pdf`, and
+    one would be taken for the other)."""
+    decoded = _decoded_value(text)
+    if any(seg != seg.strip(" ") for seg in decoded.split("/")):
+        raise _malformed("a path segment beginning or ending with a space")
+    return _path(decoded, principal).replace("%", "%25")
+
+
+def _decoded_value(text: str) -> str:
+    """Version 2 paths: percent-encoding decoded (UTF-8), then the character rules: a
+    plain path and its `file:` URI name one file."""
+    return _check_value(_percent_decode(text))
 
 
 def _refuse_controls(text: str) -> None:
@@ -241,7 +314,7 @@ def _path(text: str, principal: str) -> str:
     return out
 
 
-def _file_uri(text: str, principal: str) -> str:
+def _file_uri(text: str, principal: str, v2: bool = False) -> str:
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
@@ -249,9 +322,15 @@ def _file_uri(text: str, principal: str) -> str:
         raise _malformed("file URI with a remote host")
     if parts.group("query") is not None:
         raise _malformed("file URI with a query")
-    path = _percent_decode(parts.group("path") or "")
-    path = names.ascii_digits(unicodedata.normalize("NFKC", path))
-    _refuse_controls(path)
+    if v2:
+        raw_path = parts.group("path") or ""
+        if not raw_path.startswith("/"):
+            raise _malformed("file URI without an absolute path")
+        return _v2_path(raw_path, principal)
+    else:
+        path = _percent_decode(parts.group("path") or "")
+        path = names.ascii_digits(unicodedata.normalize("NFKC", path))
+        _refuse_controls(path)
     if not path.startswith("/"):
         raise _malformed("file URI without an absolute path")
     return _path(path, principal)
@@ -291,22 +370,23 @@ def _mailto(rest: str) -> str:
     local, at, domain = address.rpartition("@")
     if not at or LOCAL_PART_RE.fullmatch(local) is None or len(local) > LOCAL_PART_CHARS_MAX:
         raise _malformed("mailto: not an address")
-    return f"{MAILTO_SCHEME}:{local}@{_host(domain)}"
+    return f"{MAILTO_SCHEME}:{local}@{_host(domain, v2=True)}"
 
 
 # ----------------------------------------------------------------------- URIs
 
 
-def _uri(text: str, scheme: str, principal: str) -> str:
+def _uri(text: str, scheme: str, principal: str, v2: bool = False) -> str:
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
-    path = _normalize_percent(parts.group("path") or "", PATH_CHARS)
-    query = _normalize_percent(parts.group("query") or "", QUERY_CHARS)
+    normalize = _normalize_percent_v2 if v2 else _normalize_percent
+    path = normalize(parts.group("path") or "", PATH_CHARS)
+    query = normalize(parts.group("query") or "", QUERY_CHARS)
     # the fragment never reaches the server: dropped (RFC 3986 §6.2.3 / DESIGN §4.1)
     out = scheme + ":"
     if authority is not None:
-        out += "//" + _authority(authority, scheme)
+        out += "//" + _authority(authority, scheme, v2)
         path = normalizers.remove_dot_segments(path) or "/"
     else:
         if scheme in AUTHORITY_REQUIRED:
@@ -356,6 +436,47 @@ def _normalize_percent(component: str, allowed: frozenset[str]) -> str:
     return "".join(out)
 
 
+def _normalize_percent_v2(component: str, allowed: frozenset[str]) -> str:
+    """Version 2, one order of operations: decode what percent-encodes unreserved ASCII
+    or UTF-8 text, put the text in NFC and check it (`_check_value`), then encode it again
+    the one way — unreserved characters as they are, every other octet upper-case `%XX`.
+    Encoded reserved ASCII (`%2F`, `%3F`, ...) stays encoded: it means something else
+    than the character itself (RFC 3986 §2.2)."""
+    pieces: list[str] = []  # text, with kept escapes as "%XX" (ASCII, so NFC leaves them)
+    i = 0
+    while i < len(component):
+        ch = component[i]
+        if ch != "%":
+            if ch.isascii() and ch not in allowed:
+                raise _malformed("character not allowed in a URI")
+            pieces.append(ch)
+            i += 1
+            continue
+        octets = bytearray()
+        while i < len(component) and component[i] == "%":
+            pair = component[i + 1 : i + 3]
+            if len(pair) != 2 or any(c not in HEX for c in pair):
+                raise _malformed("bad percent-encoding")
+            octets.append(int(pair, 16))
+            i += 3
+        try:
+            decoded = octets.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _malformed("percent-encoding is not UTF-8") from None
+        for dch in decoded:
+            if dch.isascii() and dch not in UNRESERVED:
+                if ord(dch) < 0x20 or dch in "\x7f\\":
+                    raise _malformed("an encoded control character, NUL or backslash")
+                pieces.append(f"%{ord(dch):02X}")
+            else:
+                pieces.append(dch)
+    text = _check_value("".join(pieces))
+    out: list[str] = []
+    for ch in text:
+        out.append(ch if ch.isascii() else "".join(f"%{b:02X}" for b in ch.encode("utf-8")))
+    return "".join(out)
+
+
 def _refuse_ambient_query_keys(query: str) -> None:
     """Query parameters are arguments too: one naming a principal is refused (§4.1)."""
     for pair in re.split(r"[&;]", query):
@@ -365,7 +486,7 @@ def _refuse_ambient_query_keys(query: str) -> None:
             raise TargetRefused(Reason.AMBIENT_IDENTITY_ARGUMENT, "query names a principal")
 
 
-def _authority(authority: str, scheme: str) -> str:
+def _authority(authority: str, scheme: str, v2: bool = False) -> str:
     if "@" in authority:
         raise _malformed("user information in URI")
     if authority.startswith("["):
@@ -379,7 +500,7 @@ def _authority(authority: str, scheme: str) -> str:
         port_text = rest[1:] if rest else ""
     else:
         host_text, _, port_text = authority.partition(":")
-        host = _host(host_text)
+        host = _host(host_text, v2)
     if not host and scheme in AUTHORITY_REQUIRED:
         raise _malformed("empty host")
     return host + _port(port_text, scheme)
@@ -416,10 +537,12 @@ def canonical_host(raw: str) -> str | None:
         return None
 
 
-def _host(raw: str) -> str:
+def _host(raw: str, v2: bool = False) -> str:
     if raw == "":
         return ""
     decoded = _percent_decode(raw)
+    if v2:
+        decoded = _check_value(decoded)
     _refuse_controls(decoded)
     try:
         host = idna.uts46_remap(decoded, std3_rules=False, transitional=False)
