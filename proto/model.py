@@ -70,6 +70,7 @@ class Reason(StrEnum):
     CROSS_PRINCIPAL_TARGET = "cross_principal_target"
     MALFORMED_ARGUMENT = "malformed_argument"
     AMBIENT_IDENTITY_ARGUMENT = "ambient_identity_argument"
+    SECRET_IN_PLAINTEXT = "secret_in_plaintext"  # a value shaped like a secret, not a handle
     ENVELOPE_REQUIRED = "envelope_required"
     HANDLE_VIOLATION = "handle_violation"
     HANDLE_KIND_MISMATCH = "handle_kind_mismatch"

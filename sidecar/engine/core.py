@@ -77,6 +77,12 @@ from quorumgate.sidecar.engine.rules import (
     stricter,
     value_is_canonical,
 )
+from quorumgate.sidecar.engine.secrets import (
+    name_is_credential,
+    proposal_carries_secret,
+    secret_in_target,
+    secret_shape,
+)
 from quorumgate.sidecar.engine.state import (
     AgentRecord,
     EngineState,
@@ -361,6 +367,9 @@ class Engine:
             tool = names.canonical_tool_name(payload.tool)
             if tool is None or tool not in self.state.tools:
                 return refuse(Reason.UNKNOWN_TOOL)
+            if self.config.canonical_version >= 2 and proposal_carries_secret(payload):
+                # refused before ordering, so the raw value never enters a block
+                return refuse(Reason.SECRET_IN_PLAINTEXT)
         return AdmissionResult(True, Reason.OK, parsed.tx_id, parsed.kind)
 
     def pending_card(self, proposal_id: bytes) -> ConfirmationCard | None:
@@ -460,6 +469,7 @@ class Engine:
 
     def _propose(self, parsed: ParsedTx, proposal: Proposal, record: AgentRecord) -> Verdict:
         ctx = self._context(record, proposal)
+        v2 = self.config.canonical_version >= 2
         tool = names.canonical_tool_name(proposal.tool)
         spec = self.state.tools.get(tool) if tool is not None else None
         target = UNCHECKED_TARGET
@@ -475,6 +485,10 @@ class Engine:
                 )
             except TargetRefused as exc:
                 target_refusal = exc.reason
+            if target_refusal is None and v2 and secret_in_target(target):
+                # refused, and recorded without the secret: no verdict, artifact or card
+                # keeps a target that carries one
+                target, target_refusal = UNCHECKED_TARGET, Reason.SECRET_IN_PLAINTEXT
         canonical = canonical_call(tool if tool is not None else UNCHECKED_TARGET, target)
         argument_names = tuple(
             names.canonical_argument_name(arg.name) or INVALID_ARGUMENT_NAME
@@ -681,8 +695,13 @@ class Engine:
             if envelope is None and names.is_ambient_identity_name(name):
                 raise _Refusal(Reason.AMBIENT_IDENTITY_ARGUMENT)
             if arg.handle is None:
+                v2 = self.config.canonical_version >= 2
                 if envelope is not None or names.is_raw_secret_name(name):
                     raise _Refusal(Reason.ENVELOPE_REQUIRED)
+                if v2 and name_is_credential(name):
+                    raise _Refusal(Reason.ENVELOPE_REQUIRED)
+                if v2 and secret_shape(arg.text or ""):
+                    raise _Refusal(Reason.SECRET_IN_PLAINTEXT)
                 continue
             self._check_handle(principal, spec, envelope, arg.handle)
 

@@ -26,7 +26,7 @@ from quorumgate.sidecar.engine.rules import target_host
 from quorumgate.sidecar.engine.state import EngineState
 from tests.engine.harness import World, replay
 
-EXFIL = "https://evil.example/exfil?d=4111111111111111"
+EXFIL = "https://evil.example/exfil?d=c2Vzc2lvbi1ub3Rlcw"
 
 
 def host_suffix(value: str, mode: ToolMode | None = None) -> TargetRule:
