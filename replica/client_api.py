@@ -47,6 +47,7 @@ SIDECAR_REFUSALS = {
     "replayed": grpc.StatusCode.ALREADY_EXISTS,
     # a raw secret never enters a block (issue 15): the sidecar refuses it before ordering
     "secret_in_plaintext": grpc.StatusCode.INVALID_ARGUMENT,
+    "envelope_required": grpc.StatusCode.INVALID_ARGUMENT,
 }
 SIDECAR_REFUSALS_WHILE_BEHIND = frozenset({"unknown_signer", "unknown_tool"})
 SIDECAR_REFUSAL_DETAIL = "refused before ordering by the execution sidecar's admission check"

@@ -365,11 +365,19 @@ class Engine:
             return refuse(Reason.NOT_AN_AGENT)
         if isinstance(payload, Proposal):
             tool = names.canonical_tool_name(payload.tool)
-            if tool is None or tool not in self.state.tools:
+            # version 2 orders a call to an invented tool, so that it is recorded and
+            # counts toward the latch (and admission tells no one which tools exist)
+            unknown = tool is None or tool not in self.state.tools
+            if unknown and self.config.canonical_version < 2:
                 return refuse(Reason.UNKNOWN_TOOL)
-            if self.config.canonical_version >= 2 and proposal_carries_secret(payload):
-                # refused before ordering, so the raw value never enters a block
-                return refuse(Reason.SECRET_IN_PLAINTEXT)
+            if self.config.canonical_version >= 2:
+                # a raw secret is refused before ordering, so it never enters a block
+                spec = None if tool is None else self.state.tools.get(tool)
+                secret = proposal_carries_secret(
+                    payload, () if spec is None else tuple(a.name for a in spec.envelope_args)
+                )
+                if secret is not None:
+                    return refuse(secret)
         return AdmissionResult(True, Reason.OK, parsed.tx_id, parsed.kind)
 
     def pending_card(self, proposal_id: bytes) -> ConfirmationCard | None:
@@ -549,7 +557,11 @@ class Engine:
         run = self._latch_touch(ctx.run_key)
         if run is not None and run.halt_chain is not None:
             raise _Refusal(Reason.RUN_HALTED)
+        probes_latch = self.config.canonical_version >= 2
         if spec is None or tool is None:
+            if probes_latch:
+                # an invented tool is a probe: recorded, and counted toward the latch
+                self._probe_denial(ctx, record, tool or UNCHECKED_TARGET, Reason.UNKNOWN_TOOL)
             raise _Refusal(Reason.UNKNOWN_TOOL)
         mandate = record.mandate
         if mandate is None:
@@ -570,6 +582,8 @@ class Engine:
                 self._scope_denial(ctx, record, tool, chain)
             flagged = True
         if target_refusal is not None:
+            if probes_latch and target_refusal is Reason.CROSS_PRINCIPAL_TARGET:
+                self._probe_denial(ctx, record, tool, target_refusal, chain)
             raise _Refusal(target_refusal)
         # §4.2: the target and argument rules of every layer, on the canonical target
         permitted, mode = self._judge_rules(
@@ -584,8 +598,36 @@ class Engine:
         delegate = ctx.tier is Tier.DELEGATE
         if spec.min_tier is Tier.MASTER and delegate and not mode.needs_confirmation:
             raise _Refusal(Reason.TIER_INSUFFICIENT)
-        self._check_arguments(record.agent_id, spec, proposal.arguments)
+        try:
+            self._check_arguments(record.agent_id, spec, proposal.arguments)
+        except _Refusal as refusal:
+            if probes_latch and refusal.reason is Reason.HANDLE_VIOLATION:
+                self._probe_denial(ctx, record, tool, refusal.reason, chain)
+            raise
         return flagged, mode
+
+    def _probe_denial(
+        self,
+        ctx: _Context,
+        record: AgentRecord,
+        tool: str,
+        reason: Reason,
+        chain: tuple[str, ...] | None = None,
+    ) -> None:
+        """Canonical version 2: a call that probes what it may not know (an invented tool,
+        another principal's target, a handle not its own) counts toward the latch like a
+        scope denial, so a run that keeps probing is halted. Raises unless it is the first
+        such denial of this tool in the run (the caller then raises `reason`); a later
+        one is `repeat_denied`."""
+        members = chain if chain is not None else (record.agent_id,)
+        run = self.state.latch_runs.get(ctx.run_key)
+        bucket = None if run is None else run.buckets.get((record.agent_id, tool))
+        if bucket is not None:
+            if self._latch_repeat(ctx.run_key, bucket, members):
+                raise _Refusal(Reason.RUN_HALTED)
+            raise _Refusal(Reason.REPEAT_DENIED)
+        if self._latch_first_denial(ctx.run_key, record.agent_id, tool, members):
+            raise _Refusal(Reason.RUN_HALTED)
 
     def _scope_denial(
         self, ctx: _Context, record: AgentRecord, tool: str, chain: tuple[str, ...]

@@ -22,7 +22,7 @@ import re
 from urllib.parse import unquote
 
 from quorumgate.proto import names
-from quorumgate.proto.model import Proposal
+from quorumgate.proto.model import Proposal, Reason
 
 # Card brands by leading digits (ISO/IEC 7812 issuer ranges of the networks that matter):
 # Visa 4; Mastercard 51-55, 2221-2720; Amex 34, 37; Discover 6011, 644-649, 65;
@@ -108,15 +108,20 @@ def secret_in_target(target: str) -> bool:
     return _query_names_a_credential(target) or secret_shape(unquote(target)) is not None
 
 
-def proposal_carries_secret(proposal: Proposal) -> bool:
-    """The same checks on a proposal as submitted (its raw target and plain arguments):
-    what admission refuses before ordering. Execution checks the canonical target again."""
+def proposal_carries_secret(proposal: Proposal, envelope_args: tuple[str, ...]) -> Reason | None:
+    """The checks admission makes on a proposal as submitted (its raw target and plain
+    arguments), so that a raw secret is refused before it is ordered: a plain value for
+    an argument the tool declares as an envelope, or named like a credential, is
+    `envelope_required`; a value or target shaped like a secret `secret_in_plaintext`.
+    Execution checks the canonical target and every argument again."""
     if secret_in_target(proposal.target):
-        return True
+        return Reason.SECRET_IN_PLAINTEXT
     for arg in proposal.arguments:
+        if arg.text is None:
+            continue
         name = names.canonical_argument_name(arg.name)
-        if arg.text is not None and (
-            secret_shape(arg.text) or (name is not None and name_is_credential(name))
-        ):
-            return True
-    return False
+        if name is not None and (name in envelope_args or name_is_credential(name)):
+            return Reason.ENVELOPE_REQUIRED
+        if secret_shape(arg.text):
+            return Reason.SECRET_IN_PLAINTEXT
+    return None

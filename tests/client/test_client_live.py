@@ -29,7 +29,7 @@ from quorumgate.proto.clusterfile import (
     read_seed,
 )
 from quorumgate.proto.limits import NONCE_WINDOW
-from quorumgate.proto.model import Argument, Proposal
+from quorumgate.proto.model import Argument, Outcome, Proposal
 from quorumgate.proto.tx import tx_id
 from quorumgate.replica.channels import aio_channel, sync_channel
 from quorumgate.sdk.client import (
@@ -493,17 +493,21 @@ async def test_resource_exhausted_backs_off_within_a_bound(
 async def test_a_refusal_is_typed_and_says_nothing_of_the_reason(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
+    """An unknown signer is refused before ordering; a registered agent's call to an
+    invented tool is ordered and denied with a certificate (canonical version 2, issue 15:
+    it is recorded and counts toward the latch, and admission tells no one which tools
+    exist). Neither says its reason to the agent."""
     _, key = new_agent(owner, None)
     stranger = SigningKey.generate()
     async with agent_client(cluster, key) as qg, agent_client(cluster, stranger) as anon:
-        with pytest.raises(Refused) as unknown_tool:
-            await qg.propose("no.such.tool", URL, run_id=RUN)
+        invented = await qg.propose("no.such.tool", URL, run_id=RUN)
         with pytest.raises(Refused) as unknown_signer:
             await anon.propose("web.get", URL, run_id=RUN)
-    assert (unknown_tool.value.reason, unknown_tool.value.code) == ("unknown_tool", "NOT_FOUND")
+    assert invented.outcome is Outcome.DENY and invented.reason == "unknown_tool"
+    assert "unknown_tool" not in str(invented) and "unknown_tool" not in repr(invented)
     assert unknown_signer.value.reason == "unknown_signer"
-    for err in (unknown_tool.value, unknown_signer.value):
-        assert err.reason not in str(err) and err.reason not in repr(err)
+    err = unknown_signer.value
+    assert err.reason not in str(err) and err.reason not in repr(err)
 
 
 async def test_nonces_resume_from_the_sidecars_and_a_collision_costs_a_fresh_nonce(
@@ -668,12 +672,15 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
             )
         )
         decision = await qg.await_certificate(submitted.proposal_id)
-        raw = await qg.propose("vault.store", URL, {"secret": "4111"}, run_id=RUN)
+        # a raw value for a credential is refused before ordering (canonical version 2,
+        # issue 15): it never enters a block
+        with pytest.raises(Refused) as raw:
+            await qg.propose("vault.store", URL, {"secret": "4111"}, run_id=RUN)
         denied = await qg.propose(
             "vault.store", URL, {"secret": Handle("h_card_0123456789abcdef")}, run_id=RUN
         )
     assert decision.allowed, decision.reason
-    assert (raw.outcome.value, raw.reason) == ("deny", "envelope_required")
+    assert (raw.value.reason, raw.value.code) == ("envelope_required", "INVALID_ARGUMENT")
     assert (denied.outcome.value, denied.reason) == ("deny", "handle_violation")
 
     log = CommittedLog(cluster, SigningKey(read_seed(cluster.directory / OWNER_KEY_FILE)))

@@ -110,11 +110,16 @@ def test_i4_cross_peer_state_tampering_is_refused() -> None:
         "principal:alice": Reason.CROSS_PRINCIPAL_TARGET,
         "https://api.example/records?customer_id=alice": Reason.AMBIENT_IDENTITY_ARGUMENT,
     }
-    for target, reason in attempts.items():
-        verdict = world.propose("mallory", "records.read", target)
+    for k, (target, reason) in enumerate(attempts.items()):
+        # each in a run of its own: a probe of another principal is latched (issue 15)
+        verdict = world.propose("mallory", "records.read", target, run=f"probe-{k}")
         assert (verdict.outcome, verdict.reason) == (Outcome.DENY, reason)
     by_argument = world.propose(
-        "mallory", "records.read", "CURRENT_USER", args=[Argument(name="user_id", text="alice")]
+        "mallory",
+        "records.read",
+        "CURRENT_USER",
+        args=[Argument(name="user_id", text="alice")],
+        run="probe-args",
     )
     assert by_argument.reason is Reason.AMBIENT_IDENTITY_ARGUMENT
     # the only principal mallory can reach is mallory
@@ -185,8 +190,11 @@ def test_c4_existence_oracles_are_closed() -> None:
     foreign = world.propose(
         "mallory", "payments.charge", args=[Argument(name="card", handle=alices)]
     )
-    missing = world.propose(
-        "mallory", "payments.charge", args=[Argument(name="card", handle="h_card_0123456789abcdef")]
+    missing = world.propose(  # in a run of its own: a handle probe is latched (issue 15)
+        "mallory",
+        "payments.charge",
+        args=[Argument(name="card", handle="h_card_0123456789abcdef")],
+        run="other-run",
     )
     assert (foreign.outcome, foreign.reason) == (missing.outcome, missing.reason)
     assert foreign.reason is Reason.HANDLE_VIOLATION

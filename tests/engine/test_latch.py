@@ -45,12 +45,36 @@ def test_suspension_denials_are_not_latched() -> None:
     assert world.engine.state.latch_runs == {}
 
 
-def test_quota_and_unknown_tool_denials_are_not_latched() -> None:
-    world = _world(quota_proposals_max=2)
+def test_quota_and_unknown_tool_denials_are_not_latched_on_version_1() -> None:
+    world = _world(quota_proposals_max=2, canonical_version=1)
     world.propose("alice", "no.such.tool")
     world.propose("alice", "no.such.tool")
     assert world.propose("alice", "kb.search").reason is Reason.QUOTA_EXCEEDED
     assert world.engine.state.latch_runs == {}
+
+
+def test_quota_denials_are_not_latched() -> None:
+    world = _world(quota_proposals_max=1)
+    world.propose("alice", "kb.search")
+    assert world.propose("alice", "kb.search").reason is Reason.QUOTA_EXCEEDED
+    assert world.engine.state.latch_runs == {}
+
+
+def test_probes_count_toward_the_latch_on_version_2() -> None:
+    """Issue 15: invented tools, another principal's targets and handles that are not the
+    caller's are probes; a run that keeps probing is halted like one that keeps asking for
+    a refused tool."""
+    world = _world()
+    first = world.propose("alice", "no.such.tool")
+    assert (first.outcome, first.reason) == (Outcome.DENY, Reason.UNKNOWN_TOOL)
+    assert world.propose("alice", "no.such.tool").reason is Reason.REPEAT_DENIED
+    assert world.propose("alice", "no.such.tool").reason is Reason.RUN_HALTED
+    assert world.propose("alice", "kb.search").reason is Reason.RUN_HALTED  # the whole run
+    # many invented tools: each one a bucket, and too many buckets halt the run
+    many = _world(latch_buckets_per_run_max=4)
+    reasons = [many.propose("alice", f"invented.tool{k}", run="r2").reason for k in range(6)]
+    assert reasons[:4] == [Reason.UNKNOWN_TOOL] * 4
+    assert reasons[4:] == [Reason.RUN_HALTED] * 2
 
 
 def test_new_mandate_version_clears_the_agents_buckets_and_halt() -> None:

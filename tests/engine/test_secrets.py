@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from quorumgate.proto import tx
-from quorumgate.proto.model import Argument, Outcome, Proposal, Reason, ToolMode
+from quorumgate.proto.model import Argument, EnvelopeArg, Outcome, Proposal, Reason, ToolMode
 from quorumgate.sidecar.engine.secrets import luhn_valid, secret_shape
 from tests.engine.harness import CHAIN, World
 
@@ -109,13 +109,17 @@ def test_admission_refuses_a_secret_before_it_is_ordered() -> None:
                 target="",
                 arguments=(Argument("note", text=f"card {CARD}"),),
             ),
-            Proposal(
-                run_id="r", tool="crm.note", target="", arguments=(Argument("cvv", text="1"),)
-            ),
         )
     ):
         signed = tx.build(CHAIN, 100 + k, proposal, key)
         result = w.engine.admission_check(signed)
         assert (result.accepted, result.reason) == (False, Reason.SECRET_IN_PLAINTEXT), k
+    # a credential-named argument, or one the tool declares an envelope, given raw
+    w.add_sink("payments")
+    w.add_tool("payments.charge", sink="payments", envelope_args=(EnvelopeArg("card", "card"),))
+    for k, (tool, arg) in enumerate((("crm.note", "cvv"), ("payments.charge", "card"))):
+        proposal = Proposal(run_id="r", tool=tool, target="", arguments=(Argument(arg, text="1"),))
+        result = w.engine.admission_check(tx.build(CHAIN, 150 + k, proposal, key))
+        assert (result.accepted, result.reason) == (False, Reason.ENVELOPE_REQUIRED), arg
     clean = tx.build(CHAIN, 200, Proposal(run_id="r", tool="http.get", target="https://x/"), key)
     assert w.engine.admission_check(clean).accepted

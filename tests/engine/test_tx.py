@@ -177,7 +177,12 @@ def test_admission_check_refuses_early_and_never_mutates_state() -> None:
     forged = bytearray(good)
     forged[-1] ^= 1
     assert world.engine.admission_check(good).accepted
-    assert world.engine.admission_check(unknown_tool).reason is Reason.UNKNOWN_TOOL
+    # version 2 orders calls to invented tools (recorded, latched, no existence oracle)
+    assert world.engine.admission_check(unknown_tool).accepted
+    old = World(overrides={"canonical_version": 1})
+    old.add_agent("alice", ["kb.search"])
+    unknown_old = tx.build(CHAIN, 51, Proposal(run_id="r", tool="nope", target=""), key)
+    assert old.engine.admission_check(unknown_old).reason is Reason.UNKNOWN_TOOL
     assert world.engine.admission_check(stranger).reason is Reason.UNKNOWN_SIGNER
     assert world.engine.admission_check(bytes(forged)).reason is Reason.BAD_SIGNATURE
     assert world.engine.admission_check(b"junk").reason is Reason.MALFORMED

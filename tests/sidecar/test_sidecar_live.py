@@ -658,20 +658,28 @@ def test_c1_a_confused_handle_is_a_handle_violation(live: Live) -> None:
 
 
 def test_c2_raw_secrets_are_refused_where_envelopes_are_required(live: Live) -> None:
-    """C-2: a raw value where the tool declares an envelope is denied; the sealed handle
-    of the same principal is allowed."""
+    """C-2: a raw value where the tool declares an envelope is refused before ordering
+    (canonical version 2, issue 15: a raw secret never enters a block), and so is a card
+    number in an argument that is not declared; the sealed handle of the same principal
+    is allowed."""
     with contextlib.ExitStack() as stack:
         alice = attack_agents(live, stack)["alice"]
-        raw = expect(
-            alice.propose("payments.charge", URL, {"card": "4111 1111 1111 1111"}),
-            "deny",
+        declared = rejected(
+            lambda: alice.propose("payments.charge", URL, {"card": "4111 1111 1111 1111"}),
             "envelope_required",
         )
+        shaped = rejected(
+            lambda: alice.propose("kb.search", URL, {"q": "card 4111 1111 1111 1111"}),
+            "secret_in_plaintext",
+        )
+        assert declared.code == shaped.code == "INVALID_ARGUMENT"
         handle = alice.qg.seal_envelope(
             "card", "4111 1111 1111 1111", {"payments": bytes(live.sinks["payments"].public_key)}
         )
-        expect(alice.propose("payments.charge", URL, {"card": handle}), "allow", "ok")
-    assert_never_allowed(live, [raw])
+        sealed = expect(alice.propose("payments.charge", URL, {"card": handle}), "allow", "ok")
+    # Neither raw value is in the chain, up to the sealed call's height.
+    for block in live.committed_blocks(0, 1, sealed.height):
+        assert not any(b"4111 1111 1111 1111" in tx for tx in block.payload), block.height
 
 
 def test_c3_identifiers_are_bound_by_the_sidecars(live: Live) -> None:
