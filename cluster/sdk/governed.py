@@ -273,6 +273,9 @@ class GovernedCall:
     decision: Decision | None
     tx: bytes | None = field(default=None, repr=False)
     fail_open: bool = False
+    # The certified canonical target (None in a fail-open run): what the body is handed in
+    # place of the raw target it was called with.
+    canonical_target: str | None = None
 
     def __repr__(self) -> str:
         pid = self.proposal_id.hex()[:16] if self.proposal_id else "-"
@@ -585,6 +588,65 @@ class _Verdict:
     submitted: Submitted | None
     fail_open: bool = False
     original: bytes | None = None  # fail-open: the proposal that got no certificate
+    canonical_target: str | None = None  # the certified call's, checked (`_certified_target`)
+
+
+class TargetNotCertified(ActionDenied):
+    """The certificate names another canonical target than this call's (checked by its
+    digest): the body does not run."""
+
+
+async def _agent_id(aio: Client) -> str | None:
+    """This client's agent id, from the registry f+1 sidecars agree on (cached)."""
+    cached: str | None = getattr(aio, "_qg_agent_id", None)
+    if cached is not None:
+        return cached
+    registry = await aio.registry()
+    found = next((a.agent_id for a in registry.agents if a.public_key == aio.public_key), None)
+    if found is not None:
+        aio._qg_agent_id = found  # type: ignore[attr-defined]
+    return found
+
+
+async def _certified_target(aio: Client, proposal: Proposal, decision: Decision) -> str:
+    """The canonical target of a certified call, as the body must see it (DESIGN §4.1:
+    "the tool body runs on the canonical targets, never the raw ones"): canonicalized here
+    the way the chain does (its `canonical_version`), and accepted only if its digest is
+    the one the certificate carries. The agent id is asked of the registry only when the
+    target binds to the caller."""
+    from quorumgate.sidecar.engine.statements import target_digest
+    from quorumgate.sidecar.engine.targets import (
+        NO_TARGET,
+        TargetRefused,
+        canonical_call,
+        canonicalize_target,
+    )
+
+    tool = names.canonical_tool_name(proposal.tool) or proposal.tool
+    raw = proposal.target
+    certified = decision.certificate.leaf.target_digest
+    version = aio.spec.canonical_version
+    head = raw.strip(" ").split(":", 1)[0].lower()
+    binds = raw.strip(" ") == "" or names.CURRENT_USER.casefold() in raw.casefold()
+    principal = (await _agent_id(aio) if binds else None) or names.CURRENT_USER
+    scheme = "file" if raw.strip(" ").startswith("/") else head
+    candidates: list[tuple[tuple[str, ...], bool]] = [((scheme, "principal"), False)]
+    if raw.strip(" ") == "":
+        candidates = [((), False), ((), True)]  # no target, or a status tool's caller
+    for schemes, binds_caller in candidates:
+        try:
+            canonical = canonicalize_target(
+                raw,
+                principal=principal,
+                schemes=schemes,
+                binds_caller=binds_caller,
+                version=version,
+            )
+        except TargetRefused:
+            continue
+        if target_digest(canonical_call(tool, canonical)) == certified:
+            return "" if canonical == NO_TARGET else canonical
+    raise TargetNotCertified("target_not_certified", proposal_id=decision.proposal_id)
 
 
 NO_CERTIFICATE = (ClusterUnavailable, CertificateTimeout, Overloaded, TimeoutError)
@@ -641,7 +703,8 @@ async def _govern(
     except Refused as err:
         raise ActionDenied(err.reason, proposal_id=err.proposal_id) from None
     queue.schedule_flush(aio)  # the cluster answered: record what ran while it did not
-    return _Verdict(decision, submitted)
+    canonical = await _certified_target(aio, proposal, decision) if decision.allowed else None
+    return _Verdict(decision, submitted, canonical_target=canonical)
 
 
 async def _resume(
@@ -666,9 +729,50 @@ async def _resume(
     except (ClusterUnavailable, TimeoutError) as err:
         raise CertificateUnavailable(err, pending.proposal_id) from None
     tx = txlib.build(aio.spec.chain_id, pending.nonce, proposal, aio.key)
+    canonical = await _certified_target(aio, proposal, decision) if decision.allowed else None
     return _Verdict(
-        decision, Submitted(pending.proposal_id, pending.nonce, TxKind.PROPOSAL, aio.public_key, tx)
+        decision,
+        Submitted(pending.proposal_id, pending.nonce, TxKind.PROPOSAL, aio.public_key, tx),
+        canonical_target=canonical,
     )
+
+
+def _rebound(
+    options: _Options,
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    call: GovernedCall,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with its target parameter replaced by the certified canonical
+    target (a target computed by a function from several arguments is left as it is:
+    the body reads `current_call().canonical_target`)."""
+    param = _target_param(options, signature)
+    if param is None or call.canonical_target is None:
+        return args, kwargs
+    bound = signature.bind(*args, **kwargs)
+    bound.arguments[param] = call.canonical_target
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+def _target_param(options: _Options, signature: inspect.Signature | None) -> str | None:
+    if callable(options.target):
+        return None
+    if options.target is not None:
+        return options.target
+    if signature is not None and "target" in signature.parameters:
+        return "target"
+    return None
+
+
+def _with_canonical_target(
+    options: _Options, arguments: Mapping[str, Any], call: GovernedCall
+) -> dict[str, Any]:
+    """A gate's keyword arguments, the target replaced by the certified canonical one."""
+    out = dict(arguments)
+    if isinstance(options.target, str) and options.target in out and call.canonical_target:
+        out[options.target] = call.canonical_target
+    return out
 
 
 def _admit(tool: str, verdict: _Verdict) -> GovernedCall:
@@ -685,7 +789,13 @@ def _admit(tool: str, verdict: _Verdict) -> GovernedCall:
             decision.proposal_id.hex()[:16],
             decision.outcome.value,
         )
-        return GovernedCall(tool, decision.proposal_id, decision, submitted.tx)
+        return GovernedCall(
+            tool,
+            decision.proposal_id,
+            decision,
+            submitted.tx,
+            canonical_target=verdict.canonical_target,
+        )
     if decision.outcome is Outcome.PENDING and decision.card is not None:
         log.info("event=pending tool=%s proposal=%s", tool, decision.proposal_id.hex()[:16])
         raise ConfirmationRequired(tool, decision, submitted.nonce, submitted.signer, decision.card)
@@ -784,6 +894,7 @@ def governed_tool(
                 binding = _binding()
                 proposal = build_proposal(options, signature, args, kwargs, binding)
                 call = _admit(options.name, await _judge_async(binding, proposal, options))
+                args, kwargs = _rebound(options, signature, args, kwargs, call)
                 token = _CALL.set(call)
                 try:
                     return await async_func(*args, **kwargs)
@@ -797,6 +908,7 @@ def governed_tool(
             binding = _binding()
             proposal = build_proposal(options, signature, args, dict(kwargs), binding)
             call = _admit(options.name, _judge_blocking(binding, proposal, options))
+            args, kwargs = _rebound(options, signature, args, kwargs, call)  # type: ignore[assignment]
             token = _CALL.set(call)
             try:
                 return func(*args, **kwargs)
@@ -919,7 +1031,7 @@ class Gate:
         call = self.authorize(tool, arguments)
         token = _CALL.set(call)
         try:
-            return fn(**dict(arguments or {}))
+            return fn(**_with_canonical_target(registered.options, arguments or {}, call))
         finally:
             _CALL.reset(token)
 
@@ -927,7 +1039,9 @@ class Gate:
         registered = self._registered(tool)
         fn = _body(registered)
         call = await self.aauthorize(tool, arguments)
-        return await _run_body(fn, call, arguments or {})
+        return await _run_body(
+            fn, call, _with_canonical_target(registered.options, arguments or {}, call)
+        )
 
     async def call_many(self, calls: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[Any]:
         """Many calls of this agent and run: proposed in one `submit_many` (in order),
@@ -959,7 +1073,8 @@ class Gate:
                 if isinstance(verdict, BaseException):
                     raise verdict
                 call = _admit(tool, verdict)
-                results.append(await _run_body(_body(item[0]), call, arguments or {}))
+                given = _with_canonical_target(item[0].options, arguments or {}, call)
+                results.append(await _run_body(_body(item[0]), call, given))
             except Exception as err:  # this call's outcome, handed back in its place
                 results.append(err)
         return results

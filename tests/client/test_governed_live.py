@@ -107,6 +107,18 @@ def store(url: str, secret: str) -> str:
     return "stored"
 
 
+@governed_tool(name="web.get", target="url")
+def fetch_exactly(url: str) -> str:
+    RAN.append("fetch_exactly")
+    return url
+
+
+@governed_tool(name="web.get", target="url")
+async def afetch_exactly(url: str) -> str:
+    RAN.append("afetch_exactly")
+    return url
+
+
 @pytest.fixture(autouse=True)
 def _reset() -> None:
     RAN.clear()
@@ -486,3 +498,22 @@ def test_clients_of_many_keys_share_one_channel_pool(
     assert all(d.allowed for d in decisions)
     with pytest.raises(RuntimeError, match="closed"):
         others[0].propose("web.get", URL, run_id="run-pool")
+
+
+def test_the_body_runs_on_the_certified_canonical_target_not_the_raw_one(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """Issue 15, item 3: the target a tool body gets is the canonical one the certificate
+    names (checked against its digest), never the spelling the planner wrote."""
+    _, key = new_agent(owner, ["web.get"])
+    raw = "HTTPS://Example.COM:443/docs/./guide/../page?q=a%7e#section"
+    with SyncClient(cluster, key) as qg, agent_context(qg, run_id="run-canon"):
+        got = fetch_exactly(raw)
+        seen = asyncio.run(_async_canonical(qg, raw))
+    assert got == seen == "https://example.com/docs/page?q=a~"
+    assert RAN == ["fetch_exactly", "afetch_exactly"]
+
+
+async def _async_canonical(qg: SyncClient, raw: str) -> str:
+    async with agent_context_async(qg, run_id="run-canon-async"):
+        return await afetch_exactly(raw)
