@@ -68,7 +68,7 @@ from quorumgate.sidecar.receipts import (
     verify_certificate,
 )
 from quorumgate.sidecar.wire import receipt_from_pb, receipt_to_pb
-from tests.client.conftest import SINK, LiveCluster, new_agent
+from tests.client.conftest import SINK, LiveCluster, new_agent, wait_until
 
 RUN = "run-1"
 LIAR_POLLS_MAX = 150  # x 10 ms: well inside the client's per-call RPC timeout
@@ -256,13 +256,19 @@ def test_certificate_assembled_from_disagreeing_receipts_is_refused(
 
 
 def _receipts(spec: ClusterSpec, proposal_id: bytes, members: list[int]) -> list[Receipt]:
+    """Each member's receipt, once its sidecar has executed the height (the certificate
+    came from the f+1 fastest: a chosen member may still be behind)."""
     out = []
     for i in members:
-        with sync_channel(spec, i, "sidecar", reader=owner_reader(spec)) as channel:
-            reply = spb_grpc.SidecarStub(channel).GetReceipt(
-                spb.ReceiptRequest(proposal_id=proposal_id), timeout=5
-            )
-        assert reply.found
+
+        def found(member: int = i) -> spb.ReceiptReply | None:
+            with sync_channel(spec, member, "sidecar", reader=owner_reader(spec)) as channel:
+                reply = spb_grpc.SidecarStub(channel).GetReceipt(
+                    spb.ReceiptRequest(proposal_id=proposal_id), timeout=5
+                )
+            return reply if reply.found else None
+
+        reply = wait_until(f"sidecar {i} to hold the receipt", found)
         out.append(receipt_from_pb(reply.receipt))
     return out
 

@@ -619,26 +619,31 @@ def test_i4_cross_principal_targets_and_arguments_are_denied(live: Live) -> None
     with contextlib.ExitStack() as stack:
         agents = attack_agents(live, stack)
         alice, mallory = agents["alice"], agents["mallory"]
+        # each in a run of its own: a probe of another principal is latched (issue 15)
         denied = [
             expect(
-                mallory.propose("records.read", f"principal:{alice.id}"),
+                mallory.propose("records.read", f"principal:{alice.id}", run="i4-target"),
                 "deny",
                 "cross_principal_target",
             ),
             expect(
                 mallory.propose(
-                    "records.read", f"https://api.example/records?customer_id={alice.id}"
+                    "records.read",
+                    f"https://api.example/records?customer_id={alice.id}",
+                    run="i4-query",
                 ),
                 "deny",
                 "ambient_identity_argument",
             ),
             expect(
-                mallory.propose("records.read", "CURRENT_USER", {"user_id": alice.id}),
+                mallory.propose(
+                    "records.read", "CURRENT_USER", {"user_id": alice.id}, run="i4-argument"
+                ),
                 "deny",
                 "ambient_identity_argument",
             ),
         ]
-        own = expect(mallory.propose("records.read", "CURRENT_USER"), "allow", "ok")
+        own = expect(mallory.propose("records.read", "CURRENT_USER", run="i4-own"), "allow", "ok")
     assert own.target_digest == target_digest(f"records.read principal:{mallory.id}")
     assert_never_allowed(live, denied)
 
@@ -720,8 +725,8 @@ def test_c4_existence_oracles_are_closed(live: Live) -> None:
             "card", "4111", {"payments": bytes(live.sinks["payments"].public_key)}
         )
         foreign = mallory.propose("payments.charge", URL, {"card": alices})
-        missing = mallory.propose(
-            "payments.charge", URL, {"card": Handle("h_card_0123456789abcdef")}
+        missing = mallory.propose(  # a run of its own: a handle probe is latched (issue 15)
+            "payments.charge", URL, {"card": Handle("h_card_0123456789abcdef")}, run="c4-missing"
         )
     assert mine.target_digest == target_digest(f"crm.my_status principal:{mallory.id}")
     expect(foreign, "deny", "handle_violation")
