@@ -993,9 +993,13 @@ class Client:
                 if isinstance(r, grpc.aio.AioRpcError)
                 and r.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
             )
-            if denied >= needed:
-                # f+1 sidecars say this key may not read this verdict: no point waiting
+            if denied >= needed and not (own_nonce or confirmed):
+                # f+1 sidecars say this key may not read this verdict, and it holds no
+                # proof that would let it once they have executed further: no point waiting
                 raise Refused("read_not_authorized", "PERMISSION_DENIED", proposal_id=proposal_id)
+            # With a proof (this client signed the proposal, or a Confirm of it), a refusal
+            # may only mean that sidecar has not executed that transaction yet: the others'
+            # receipts are read, and the refusing ones asked again until the deadline.
             for i, reply in enumerate(replies):
                 if not isinstance(reply, spb.ReceiptReply):
                     continue
