@@ -4,8 +4,9 @@ A secret that reaches a block stays in every replica's log forever, readable by 
 who may read the log. So a value that looks like one — in a target or a plain argument —
 is refused (`secret_in_plaintext`); secrets travel as envelope handles (§4.6). The shapes:
 
-- payment card numbers: 13 to 19 digits (spaces or dashes between groups allowed) with a
-  card brand's leading digits and a valid Luhn check digit;
+- payment card numbers: 13 to 19 digits standing on their own (spaces or dashes between
+  groups allowed; not inside a longer token such as a hex id) with a card brand's leading
+  digits and a valid Luhn check digit;
 - API keys and tokens of well-known formats (Stripe `sk_live_`/`rk_live_`, GitHub
   `ghp_`/`gho_`/`ghs_`/`github_pat_`, Slack `xox?-`, AWS `AKIA`/`ASIA` key ids, Google
   `AIza`, OpenAI and Anthropic `sk-`/`sk-ant-`, JSON Web Tokens, PEM private keys);
@@ -31,7 +32,9 @@ _CARD_PREFIX_RE = re.compile(
     r"4|5[1-5]|2(?:22[1-9]|2[3-9]\d|[3-6]\d\d|7[01]\d|720)|3[47]|6011|64[4-9]|65|3(?:0[0-5]|[689])"
     r"|35(?:2[89]|[3-8]\d)|62|5[06-8]|6"
 )
-_DIGIT_RUN_RE = re.compile(r"(?<![0-9])[0-9](?:[ -]?[0-9]){12,18}(?![0-9])")
+# A number standing on its own: not part of a longer token (a hex id or base64 text holds
+# long digit runs that a Luhn check would pass one time in ten).
+_DIGIT_RUN_RE = re.compile(r"(?<![0-9A-Za-z])[0-9](?:[ -]?[0-9]){12,18}(?![0-9A-Za-z])")
 CARD_DIGITS_MIN = 13
 CARD_DIGITS_MAX = 19
 
