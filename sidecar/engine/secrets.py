@@ -44,7 +44,9 @@ _TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("slack_token", re.compile(r"\bxox[abposr]-[0-9A-Za-z-]{10,}")),
     ("aws_key_id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
     ("google_api_key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}")),
-    ("model_api_key", re.compile(r"\bsk-(?:ant-|proj-|live-)?[0-9A-Za-z_-]{20,}")),
+    # `sk-` keys are long and hold digits; a URL slug such as `sk-products-and-services`
+    # must not pass for one
+    ("model_api_key", re.compile(r"\bsk-(?:ant-|proj-)?(?=[0-9A-Za-z_-]*[0-9])[0-9A-Za-z_-]{32,}")),
     ("jwt", re.compile(r"\beyJ[0-9A-Za-z_-]{8,}\.eyJ[0-9A-Za-z_-]{8,}\.[0-9A-Za-z_-]{8,}")),
     ("private_key", re.compile(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----")),
 )

@@ -22,7 +22,7 @@ SHAPES = {
     "stripe_key": ["sk_live_4eC39HqLyjWDarjtT1zdp7dc"],
     "github_token": ["ghp_" + "a1B2" * 9],
     "aws_key_id": ["AKIAIOSFODNN7EXAMPLE"],
-    "model_api_key": ["sk-ant-api03-" + "x" * 24],
+    "model_api_key": ["sk-ant-api03-" + "x1" * 20, "sk-proj-" + "Ab3" * 12],
     "jwt": ["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9"],
     "private_key": ["-----BEGIN RSA PRIVATE KEY-----"],
 }
@@ -36,6 +36,7 @@ NOT_SECRETS = [
     # 5860936822510560, which made a fail-open marker look like a card) and base64
     "original=cdf0371c71d015ef51b4f51bc1cbd5026874254261b673dc5860936822510560",
     "aGVsbG8=4111111111111111abc",
+    "https://x.example/sk-products-and-services-overview-for-customers",
 ]
 
 
