@@ -51,6 +51,8 @@ NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
 CANONICAL_VERSIONS = (1, 2)  # 2: issue 15's forms (one order of operations, ...)
 CANONICAL_VERSION_NEW = 2  # what `init` writes
+AUTHORITY_VERSIONS = (1, 2)  # 2: issue 16, only principals and the owner answer cards
+AUTHORITY_VERSION_NEW = 2  # what `init` writes
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
@@ -103,6 +105,9 @@ class ClusterSpec:
     # property of the chain, fixed at `init`, so that a replay of its log under a newer
     # build decides every old call as it was decided. Files from before have none: 1.
     canonical_version: int = 1
+    # Who answers confirmation cards (sidecar/engine/core.py AUTHORITY_VERSIONS): 2, only
+    # principals and the owner (issue 16); files from before have none: 1.
+    authority_version: int = 1
 
     @property
     def transport(self) -> str:
@@ -281,6 +286,7 @@ def init_cluster(
             members=tuple(members),
             insecure=insecure,
             canonical_version=CANONICAL_VERSION_NEW,
+            authority_version=AUTHORITY_VERSION_NEW,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -338,6 +344,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
             {"auditor_id": a.auditor_id, "public_key": a.public_key.hex()} for a in spec.auditors
         ],
         **({"canonical_version": spec.canonical_version} if spec.canonical_version != 1 else {}),
+        **({"authority_version": spec.authority_version} if spec.authority_version != 1 else {}),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -467,6 +474,11 @@ def load_cluster(directory: Path) -> ClusterSpec:
         raise ClusterFileError(
             f"{where}: canonical_version must be one of {CANONICAL_VERSIONS} (this build)"
         )
+    authority_version = doc.get("authority_version", 1)
+    if authority_version not in AUTHORITY_VERSIONS or isinstance(authority_version, bool):
+        raise ClusterFileError(
+            f"{where}: authority_version must be one of {AUTHORITY_VERSIONS} (this build)"
+        )
     spec = ClusterSpec(
         directory,
         str(chain_id),
@@ -476,6 +488,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
         insecure,
         tuple(auditors),
         int(canonical_version),
+        int(authority_version),
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

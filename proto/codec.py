@@ -34,6 +34,7 @@ from quorumgate.proto.model import (
     Mandate,
     Proposal,
     RegisterAgent,
+    RegisterPrincipal,
     RegisterSink,
     RegisterTool,
     Resume,
@@ -134,7 +135,11 @@ def encode_body(body: TxBody) -> bytes:
         msg.proposal.CopyFrom(_encode_proposal(payload))
     elif isinstance(payload, Confirm):
         msg.confirm.CopyFrom(
-            tx_pb2.Confirm(proposal_id=payload.proposal_id, card_digest=payload.card_digest)
+            tx_pb2.Confirm(
+                proposal_id=payload.proposal_id,
+                card_digest=payload.card_digest,
+                reject=payload.reject,
+            )
         )
     elif isinstance(payload, Delegate):
         msg.delegate.CopyFrom(_encode_delegate(payload))
@@ -151,7 +156,7 @@ def _decode_payload(case: str, pb: Any) -> TxPayload:
     if case == "proposal":
         return _decode_proposal(pb)
     if case == "confirm":
-        return Confirm(proposal_id=pb.proposal_id, card_digest=pb.card_digest)
+        return Confirm(proposal_id=pb.proposal_id, card_digest=pb.card_digest, reject=pb.reject)
     if case == "delegate":
         return _decode_delegate(pb)
     if case == "revoke":
@@ -416,7 +421,9 @@ def _decode_admin(pb: Any) -> AdminOp:
     if case == "register_tool":
         return RegisterTool(spec=decode_tool_spec(op))
     if case == "register_agent":
-        return RegisterAgent(agent_id=op.agent_id, public_key=op.public_key)
+        return RegisterAgent(agent_id=op.agent_id, public_key=op.public_key, principal=op.principal)
+    if case == "register_principal":
+        return RegisterPrincipal(principal_id=op.principal_id, public_key=op.public_key)
     if case == "register_sink":
         return RegisterSink(sink_id=op.sink_id, public_key=op.public_key)
     if case == "set_mandate":
@@ -436,7 +443,13 @@ def _encode_admin(admin: Admin) -> Any:
         msg.register_tool.CopyFrom(encode_tool_spec(op.spec))
     elif isinstance(op, RegisterAgent):
         msg.register_agent.CopyFrom(
-            tx_pb2.RegisterAgent(agent_id=op.agent_id, public_key=op.public_key)
+            tx_pb2.RegisterAgent(
+                agent_id=op.agent_id, public_key=op.public_key, principal=op.principal
+            )
+        )
+    elif isinstance(op, RegisterPrincipal):
+        msg.register_principal.CopyFrom(
+            tx_pb2.RegisterPrincipal(principal_id=op.principal_id, public_key=op.public_key)
         )
     elif isinstance(op, RegisterSink):
         msg.register_sink.CopyFrom(

@@ -62,3 +62,9 @@ SINKS_MAX_DEFAULT = 256
 # confirmation or use is answered `confirmation_expired` / `delegation_expired` rather than
 # "unknown"; after that they are pruned, which is what keeps both tables bounded in time.
 EXPIRED_RETENTION_MS_DEFAULT = 3_600_000
+
+# --- split authority (issue 16) ---
+# Answers naming a wrong card digest, from the card's rightful confirmer, that lock the
+# proposal: it leaves the state, denied (`card_locked`).
+CARD_WRONG_DIGESTS_MAX = 3
+PRINCIPALS_MAX = 4096

@@ -90,11 +90,14 @@ class Reason(StrEnum):
     CARD_DIGEST_MISMATCH = "card_digest_mismatch"
     CONFIRMATION_EXPIRED = "confirmation_expired"
     CONFIRMER_NOT_AUTHORIZED = "confirmer_not_authorized"
+    CONFIRMATION_REJECTED = "confirmation_rejected"  # the principal declined the card
+    CARD_LOCKED = "card_locked"  # too many answers naming a wrong card digest
     # administration, envelopes, grants
     NOT_OWNER = "not_owner"
     NOT_AN_AGENT = "not_an_agent"
     OWNER_ONLY_FIELD = "owner_only_field"
     UNKNOWN_AGENT = "unknown_agent"
+    UNKNOWN_PRINCIPAL = "unknown_principal"
     UNKNOWN_SINK = "unknown_sink"
     UNKNOWN_GRANT = "unknown_grant"
     NOT_GRANTOR = "not_grantor"
@@ -235,8 +238,11 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Confirm:
+    """The answer to a pending call's card: approve it, or (`reject`) decline it."""
+
     proposal_id: bytes
     card_digest: bytes
+    reject: bool = False
 
     def __post_init__(self) -> None:
         _require_digest(self.proposal_id, "proposal_id")
@@ -486,9 +492,25 @@ class RegisterTool:
 class RegisterAgent:
     agent_id: str
     public_key: bytes
+    principal: str = ""  # the principal it acts for; "": the owner
 
     def __post_init__(self) -> None:
         _require(names.is_agent_id(self.agent_id), "agent id: " + names.AGENT_ID_RE.pattern)
+        _require_key(self.public_key, "public_key")
+        if self.principal:
+            _require(names.is_agent_id(self.principal), "principal id")
+
+
+@dataclass(frozen=True)
+class RegisterPrincipal:
+    """A principal: the human agents act for, who answers their confirmation cards. Its
+    key is of its own class: never an agent's, a sink's or the owner's."""
+
+    principal_id: str
+    public_key: bytes
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.principal_id), "principal id")
         _require_key(self.public_key, "public_key")
 
 
@@ -546,7 +568,16 @@ class SetEntries:
         _require(keys == sorted(set(keys)), "set entries: sorted by (kind, value), unique")
 
 
-AdminOp = RegisterTool | RegisterAgent | RegisterSink | SetMandate | Suspend | Resume | SetEntries
+AdminOp = (
+    RegisterTool
+    | RegisterAgent
+    | RegisterSink
+    | SetMandate
+    | Suspend
+    | Resume
+    | SetEntries
+    | RegisterPrincipal
+)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19quorumgate/proto/tx.proto\x12\x04qgpb\";\n\x08SignedTx\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06signer\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\x8a\x02\n\x06TxBody\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12&\n\x08proposal\x18\n \x01(\x0b\x32\x12.qgpb.CallProposalH\x00\x12 \n\x07\x63onfirm\x18\x0b \x01(\x0b\x32\r.qgpb.ConfirmH\x00\x12\"\n\x08\x64\x65legate\x18\x0c \x01(\x0b\x32\x0e.qgpb.DelegateH\x00\x12\x1e\n\x06revoke\x18\r \x01(\x0b\x32\x0c.qgpb.RevokeH\x00\x12+\n\rseal_envelope\x18\x0e \x01(\x0b\x32\x12.qgpb.SealEnvelopeH\x00\x12\x1c\n\x05\x61\x64min\x18\x0f \x01(\x0b\x32\x0b.qgpb.AdminH\x00\x42\x06\n\x04kind\"C\n\x08\x41rgument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x10\n\x06handle\x18\x03 \x01(\tH\x00\x42\x07\n\x05value\"n\n\x0c\x43\x61llProposal\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12!\n\targuments\x18\x04 \x03(\x0b\x32\x0e.qgpb.Argument\x12\r\n\x05grant\x18\x05 \x01(\x0c\"3\n\x07\x43onfirm\x12\x13\n\x0bproposal_id\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63\x61rd_digest\x18\x02 \x01(\x0c\"\x19\n\x08ToolList\x12\r\n\x05tools\x18\x01 \x03(\t\"7\n\nTargetRule\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\"Z\n\x0c\x41rgumentRule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63heck\x18\x02 \x01(\t\x12\x0e\n\x06number\x18\x03 \x01(\t\x12\x0e\n\x06values\x18\x04 \x03(\t\x12\r\n\x05\x63ount\x18\x05 \x01(\r\"c\n\tToolRules\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12!\n\x07targets\x18\x02 \x03(\x0b\x32\x10.qgpb.TargetRule\x12%\n\targuments\x18\x03 \x03(\x0b\x32\x12.qgpb.ArgumentRule\"\x95\x01\n\x08\x44\x65legate\x12\r\n\x05\x63hild\x18\x01 \x01(\x0c\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x1d\n\x05tools\x18\x03 \x01(\x0b\x32\x0e.qgpb.ToolList\x12\x15\n\rexpires_at_ms\x18\x04 \x01(\x04\x12\x14\n\x0cparent_grant\x18\x05 \x01(\x0c\x12\x1e\n\x05rules\x18\x06 \x03(\x0b\x32\x0f.qgpb.ToolRules\"\x17\n\x06Revoke\x12\r\n\x05grant\x18\x01 \x01(\x0c\"/\n\x0bSealedValue\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\"X\n\x0cSealEnvelope\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12!\n\x06sealed\x18\x02 \x03(\x0b\x32\x11.qgpb.SealedValue\x12\x17\n\x0fowner_principal\x18\x03 \x01(\t\"C\n\x0b\x45nvelopeArg\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x18\n\x10require_verified\x18\x03 \x01(\x08\"\xa2\x01\n\x0cRegisterTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x0c\n\x04sink\x18\x03 \x01(\t\x12\x16\n\x0etarget_schemes\x18\x04 \x03(\t\x12(\n\renvelope_args\x18\x05 \x03(\x0b\x32\x11.qgpb.EnvelopeArg\x12\x10\n\x08min_tier\x18\x06 \x01(\t\x12\x14\n\x0c\x62inds_caller\x18\x07 \x01(\x08\"5\n\rRegisterAgent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\"3\n\x0cRegisterSink\x12\x0f\n\x07sink_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\"\xe4\x01\n\nSetMandate\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12%\n\rallowed_tools\x18\x02 \x01(\x0b\x32\x0e.qgpb.ToolList\x12\x13\n\x0b\x65nforcement\x18\x03 \x01(\t\x12\x11\n\tsuspended\x18\x04 \x01(\x08\x12\x19\n\x11\x64\x65legation_policy\x18\x05 \x01(\t\x12!\n\x14max_delegation_depth\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x1e\n\x05rules\x18\x07 \x03(\x0b\x32\x0f.qgpb.ToolRulesB\x17\n\x15_max_delegation_depth\"P\n\nSetEntries\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12!\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x10.qgpb.TargetRule\"\x1c\n\x08\x41gentRef\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"\xad\x02\n\x05\x41\x64min\x12+\n\rregister_tool\x18\x01 \x01(\x0b\x32\x12.qgpb.RegisterToolH\x00\x12-\n\x0eregister_agent\x18\x02 \x01(\x0b\x32\x13.qgpb.RegisterAgentH\x00\x12+\n\rregister_sink\x18\x03 \x01(\x0b\x32\x12.qgpb.RegisterSinkH\x00\x12\'\n\x0bset_mandate\x18\x04 \x01(\x0b\x32\x10.qgpb.SetMandateH\x00\x12!\n\x07suspend\x18\x05 \x01(\x0b\x32\x0e.qgpb.AgentRefH\x00\x12 \n\x06resume\x18\x06 \x01(\x0b\x32\x0e.qgpb.AgentRefH\x00\x12\'\n\x0bset_entries\x18\x07 \x01(\x0b\x32\x10.qgpb.SetEntriesH\x00\x42\x04\n\x02opb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19quorumgate/proto/tx.proto\x12\x04qgpb\";\n\x08SignedTx\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0e\n\x06signer\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\x8a\x02\n\x06TxBody\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12&\n\x08proposal\x18\n \x01(\x0b\x32\x12.qgpb.CallProposalH\x00\x12 \n\x07\x63onfirm\x18\x0b \x01(\x0b\x32\r.qgpb.ConfirmH\x00\x12\"\n\x08\x64\x65legate\x18\x0c \x01(\x0b\x32\x0e.qgpb.DelegateH\x00\x12\x1e\n\x06revoke\x18\r \x01(\x0b\x32\x0c.qgpb.RevokeH\x00\x12+\n\rseal_envelope\x18\x0e \x01(\x0b\x32\x12.qgpb.SealEnvelopeH\x00\x12\x1c\n\x05\x61\x64min\x18\x0f \x01(\x0b\x32\x0b.qgpb.AdminH\x00\x42\x06\n\x04kind\"C\n\x08\x41rgument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x10\n\x06handle\x18\x03 \x01(\tH\x00\x42\x07\n\x05value\"n\n\x0c\x43\x61llProposal\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12!\n\targuments\x18\x04 \x03(\x0b\x32\x0e.qgpb.Argument\x12\r\n\x05grant\x18\x05 \x01(\x0c\"C\n\x07\x43onfirm\x12\x13\n\x0bproposal_id\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63\x61rd_digest\x18\x02 \x01(\x0c\x12\x0e\n\x06reject\x18\x03 \x01(\x08\"\x19\n\x08ToolList\x12\r\n\x05tools\x18\x01 \x03(\t\"7\n\nTargetRule\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\"Z\n\x0c\x41rgumentRule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63heck\x18\x02 \x01(\t\x12\x0e\n\x06number\x18\x03 \x01(\t\x12\x0e\n\x06values\x18\x04 \x03(\t\x12\r\n\x05\x63ount\x18\x05 \x01(\r\"c\n\tToolRules\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12!\n\x07targets\x18\x02 \x03(\x0b\x32\x10.qgpb.TargetRule\x12%\n\targuments\x18\x03 \x03(\x0b\x32\x12.qgpb.ArgumentRule\"\x95\x01\n\x08\x44\x65legate\x12\r\n\x05\x63hild\x18\x01 \x01(\x0c\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x1d\n\x05tools\x18\x03 \x01(\x0b\x32\x0e.qgpb.ToolList\x12\x15\n\rexpires_at_ms\x18\x04 \x01(\x04\x12\x14\n\x0cparent_grant\x18\x05 \x01(\x0c\x12\x1e\n\x05rules\x18\x06 \x03(\x0b\x32\x0f.qgpb.ToolRules\"\x17\n\x06Revoke\x12\r\n\x05grant\x18\x01 \x01(\x0c\"/\n\x0bSealedValue\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\"X\n\x0cSealEnvelope\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12!\n\x06sealed\x18\x02 \x03(\x0b\x32\x11.qgpb.SealedValue\x12\x17\n\x0fowner_principal\x18\x03 \x01(\t\"C\n\x0b\x45nvelopeArg\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x18\n\x10require_verified\x18\x03 \x01(\x08\"\xa2\x01\n\x0cRegisterTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x0c\n\x04sink\x18\x03 \x01(\t\x12\x16\n\x0etarget_schemes\x18\x04 \x03(\t\x12(\n\renvelope_args\x18\x05 \x03(\x0b\x32\x11.qgpb.EnvelopeArg\x12\x10\n\x08min_tier\x18\x06 \x01(\t\x12\x14\n\x0c\x62inds_caller\x18\x07 \x01(\x08\"H\n\rRegisterAgent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\x12\x11\n\tprincipal\x18\x03 \x01(\t\"=\n\x11RegisterPrincipal\x12\x14\n\x0cprincipal_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\"3\n\x0cRegisterSink\x12\x0f\n\x07sink_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\"\xe4\x01\n\nSetMandate\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12%\n\rallowed_tools\x18\x02 \x01(\x0b\x32\x0e.qgpb.ToolList\x12\x13\n\x0b\x65nforcement\x18\x03 \x01(\t\x12\x11\n\tsuspended\x18\x04 \x01(\x08\x12\x19\n\x11\x64\x65legation_policy\x18\x05 \x01(\t\x12!\n\x14max_delegation_depth\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\x1e\n\x05rules\x18\x07 \x03(\x0b\x32\x0f.qgpb.ToolRulesB\x17\n\x15_max_delegation_depth\"P\n\nSetEntries\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12!\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x10.qgpb.TargetRule\"\x1c\n\x08\x41gentRef\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"\xe4\x02\n\x05\x41\x64min\x12+\n\rregister_tool\x18\x01 \x01(\x0b\x32\x12.qgpb.RegisterToolH\x00\x12-\n\x0eregister_agent\x18\x02 \x01(\x0b\x32\x13.qgpb.RegisterAgentH\x00\x12+\n\rregister_sink\x18\x03 \x01(\x0b\x32\x12.qgpb.RegisterSinkH\x00\x12\'\n\x0bset_mandate\x18\x04 \x01(\x0b\x32\x10.qgpb.SetMandateH\x00\x12!\n\x07suspend\x18\x05 \x01(\x0b\x32\x0e.qgpb.AgentRefH\x00\x12 \n\x06resume\x18\x06 \x01(\x0b\x32\x0e.qgpb.AgentRefH\x00\x12\'\n\x0bset_entries\x18\x07 \x01(\x0b\x32\x10.qgpb.SetEntriesH\x00\x12\x35\n\x12register_principal\x18\x08 \x01(\x0b\x32\x17.qgpb.RegisterPrincipalH\x00\x42\x04\n\x02opb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,37 +40,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLPROPOSAL']._serialized_start=434
   _globals['_CALLPROPOSAL']._serialized_end=544
   _globals['_CONFIRM']._serialized_start=546
-  _globals['_CONFIRM']._serialized_end=597
-  _globals['_TOOLLIST']._serialized_start=599
-  _globals['_TOOLLIST']._serialized_end=624
-  _globals['_TARGETRULE']._serialized_start=626
-  _globals['_TARGETRULE']._serialized_end=681
-  _globals['_ARGUMENTRULE']._serialized_start=683
-  _globals['_ARGUMENTRULE']._serialized_end=773
-  _globals['_TOOLRULES']._serialized_start=775
-  _globals['_TOOLRULES']._serialized_end=874
-  _globals['_DELEGATE']._serialized_start=877
-  _globals['_DELEGATE']._serialized_end=1026
-  _globals['_REVOKE']._serialized_start=1028
-  _globals['_REVOKE']._serialized_end=1051
-  _globals['_SEALEDVALUE']._serialized_start=1053
-  _globals['_SEALEDVALUE']._serialized_end=1100
-  _globals['_SEALENVELOPE']._serialized_start=1102
-  _globals['_SEALENVELOPE']._serialized_end=1190
-  _globals['_ENVELOPEARG']._serialized_start=1192
-  _globals['_ENVELOPEARG']._serialized_end=1259
-  _globals['_REGISTERTOOL']._serialized_start=1262
-  _globals['_REGISTERTOOL']._serialized_end=1424
-  _globals['_REGISTERAGENT']._serialized_start=1426
-  _globals['_REGISTERAGENT']._serialized_end=1479
-  _globals['_REGISTERSINK']._serialized_start=1481
-  _globals['_REGISTERSINK']._serialized_end=1532
-  _globals['_SETMANDATE']._serialized_start=1535
-  _globals['_SETMANDATE']._serialized_end=1763
-  _globals['_SETENTRIES']._serialized_start=1765
-  _globals['_SETENTRIES']._serialized_end=1845
-  _globals['_AGENTREF']._serialized_start=1847
-  _globals['_AGENTREF']._serialized_end=1875
-  _globals['_ADMIN']._serialized_start=1878
-  _globals['_ADMIN']._serialized_end=2179
+  _globals['_CONFIRM']._serialized_end=613
+  _globals['_TOOLLIST']._serialized_start=615
+  _globals['_TOOLLIST']._serialized_end=640
+  _globals['_TARGETRULE']._serialized_start=642
+  _globals['_TARGETRULE']._serialized_end=697
+  _globals['_ARGUMENTRULE']._serialized_start=699
+  _globals['_ARGUMENTRULE']._serialized_end=789
+  _globals['_TOOLRULES']._serialized_start=791
+  _globals['_TOOLRULES']._serialized_end=890
+  _globals['_DELEGATE']._serialized_start=893
+  _globals['_DELEGATE']._serialized_end=1042
+  _globals['_REVOKE']._serialized_start=1044
+  _globals['_REVOKE']._serialized_end=1067
+  _globals['_SEALEDVALUE']._serialized_start=1069
+  _globals['_SEALEDVALUE']._serialized_end=1116
+  _globals['_SEALENVELOPE']._serialized_start=1118
+  _globals['_SEALENVELOPE']._serialized_end=1206
+  _globals['_ENVELOPEARG']._serialized_start=1208
+  _globals['_ENVELOPEARG']._serialized_end=1275
+  _globals['_REGISTERTOOL']._serialized_start=1278
+  _globals['_REGISTERTOOL']._serialized_end=1440
+  _globals['_REGISTERAGENT']._serialized_start=1442
+  _globals['_REGISTERAGENT']._serialized_end=1514
+  _globals['_REGISTERPRINCIPAL']._serialized_start=1516
+  _globals['_REGISTERPRINCIPAL']._serialized_end=1577
+  _globals['_REGISTERSINK']._serialized_start=1579
+  _globals['_REGISTERSINK']._serialized_end=1630
+  _globals['_SETMANDATE']._serialized_start=1633
+  _globals['_SETMANDATE']._serialized_end=1861
+  _globals['_SETENTRIES']._serialized_start=1863
+  _globals['_SETENTRIES']._serialized_end=1943
+  _globals['_AGENTREF']._serialized_start=1945
+  _globals['_AGENTREF']._serialized_end=1973
+  _globals['_ADMIN']._serialized_start=1976
+  _globals['_ADMIN']._serialized_end=2332
 # @@protoc_insertion_point(module_scope)

@@ -61,12 +61,14 @@ class CallProposal(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ...) -> None: ...
 
 class Confirm(_message.Message):
-    __slots__ = ("proposal_id", "card_digest")
+    __slots__ = ("proposal_id", "card_digest", "reject")
     PROPOSAL_ID_FIELD_NUMBER: _ClassVar[int]
     CARD_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REJECT_FIELD_NUMBER: _ClassVar[int]
     proposal_id: bytes
     card_digest: bytes
-    def __init__(self, proposal_id: _Optional[bytes] = ..., card_digest: _Optional[bytes] = ...) -> None: ...
+    reject: bool
+    def __init__(self, proposal_id: _Optional[bytes] = ..., card_digest: _Optional[bytes] = ..., reject: _Optional[bool] = ...) -> None: ...
 
 class ToolList(_message.Message):
     __slots__ = ("tools",)
@@ -177,12 +179,22 @@ class RegisterTool(_message.Message):
     def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ...) -> None: ...
 
 class RegisterAgent(_message.Message):
-    __slots__ = ("agent_id", "public_key")
+    __slots__ = ("agent_id", "public_key", "principal")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     public_key: bytes
-    def __init__(self, agent_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
+    principal: str
+    def __init__(self, agent_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., principal: _Optional[str] = ...) -> None: ...
+
+class RegisterPrincipal(_message.Message):
+    __slots__ = ("principal_id", "public_key")
+    PRINCIPAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    principal_id: str
+    public_key: bytes
+    def __init__(self, principal_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
 
 class RegisterSink(_message.Message):
     __slots__ = ("sink_id", "public_key")
@@ -227,7 +239,7 @@ class AgentRef(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Admin(_message.Message):
-    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries")
+    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries", "register_principal")
     REGISTER_TOOL_FIELD_NUMBER: _ClassVar[int]
     REGISTER_AGENT_FIELD_NUMBER: _ClassVar[int]
     REGISTER_SINK_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +247,7 @@ class Admin(_message.Message):
     SUSPEND_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     SET_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     register_tool: RegisterTool
     register_agent: RegisterAgent
     register_sink: RegisterSink
@@ -242,4 +255,5 @@ class Admin(_message.Message):
     suspend: AgentRef
     resume: AgentRef
     set_entries: SetEntries
-    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ...) -> None: ...
+    register_principal: RegisterPrincipal
+    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ..., register_principal: _Optional[_Union[RegisterPrincipal, _Mapping]] = ...) -> None: ...

@@ -150,6 +150,7 @@ class Sidecar:
             chain_id=spec.chain_id,
             owner_public_key=spec.owner_public_key,
             canonical_version=spec.canonical_version,
+            authority_version=spec.authority_version,
         )
         self.metrics = SidecarMetrics()
         self.store: SidecarStore | None = None

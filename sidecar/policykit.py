@@ -29,7 +29,11 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     status = false                  # a status tool binds to the caller, takes nothing
     envelopes = { card = { kind = "card", verified = true } }
 
+    [principals]                    # the people agents act for (authority version 2):
+    dana = {}                       # only they answer their agents' cards
+
     [agents.support]
+    principal = "dana"              # optional: without one, the owner answers its cards
     allowed_tools = ["kb.search"]   # a list, [] for nothing, or "unrestricted" (null)
     enforcement = "enforce"         # enforce | observe
     suspended = false
@@ -76,8 +80,10 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     expect = "allow"                # allow | flag | deny | pending
     reason = "ok"                   # optional
     confirm = { by = "owner", expect = "allow" }  # optional, for a pending call;
-                                    # by: "principal", "owner" or an agent name;
-                                    # digest = "wrong" sends a wrong card digest
+                                    # by: "principal" (whom the card names), "owner",
+                                    # or an agent's or a principal's name;
+                                    # digest = "wrong" sends a wrong card digest;
+                                    # reject = true declines the card
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ from quorumgate.proto.model import (
     Proposal,
     Reason,
     RegisterAgent,
+    RegisterPrincipal,
     RegisterSink,
     RegisterTool,
     RuleKind,
@@ -125,7 +132,7 @@ from quorumgate.proto.model import (
     TxPayload,
 )
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
-from quorumgate.sidecar.engine.statements import Verdict
+from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, PRINCIPAL_PREFIX, Verdict
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -155,12 +162,13 @@ _CONFIG_FIELDS = frozenset(
     if f.name not in ("chain_id", "owner_public_key")
 )
 TOP_FIELDS = (
-    "settings", "sinks", "tools", "agents", "sets", "envelopes", "delegations", "calls",
+    "settings", "sinks", "tools", "principals", "agents", "sets", "envelopes", "delegations",
+    "calls",
 )  # fmt: skip
 TOOL_FIELDS = ("mode", "sink", "schemes", "min_tier", "status", "envelopes")
 AGENT_FIELDS = (
     "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth",
-    "rules",
+    "rules", "principal",
 )  # fmt: skip
 RULES_FIELDS = ("targets", "args")
 TARGET_RULE_KINDS = tuple(k.value for k in RuleKind if k is not RuleKind.ANY)
@@ -174,7 +182,7 @@ CALL_FIELDS = (
     "name", "agent", "tool", "target", "run", "args", "handles", "via", "advance_ms", "expect",
     "reason", "confirm",
 )  # fmt: skip
-CONFIRM_FIELDS = ("by", "expect", "reason", "digest", "after_ms")
+CONFIRM_FIELDS = ("by", "expect", "reason", "digest", "after_ms", "reject")
 
 
 class PolicyFileError(ValueError):
@@ -187,6 +195,10 @@ def _key(kind: str, name: str) -> bytes:
 
 def agent_key(name: str) -> SigningKey:
     return SigningKey(_key("agent", name))
+
+
+def principal_key(name: str) -> SigningKey:
+    return SigningKey(_key("principal", name))
 
 
 def owner_key() -> SigningKey:
@@ -304,6 +316,8 @@ class _Policy:
     delegations: dict[str, dict[str, Any]]
     calls: list[_CallSpec] = field(default_factory=list)
     sets: dict[tuple[str, str], tuple[TargetRule, ...]] = field(default_factory=dict)
+    principals: list[str] = field(default_factory=list)
+    agent_principal: dict[str, str] = field(default_factory=dict)
 
 
 def _tool_name(raw: str, where: str) -> str:
@@ -488,10 +502,21 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
             raise PolicyFileError(f"{where}: {exc}") from None
         tools[spec.name] = spec
 
+    principals = [_ident(name, f"principals.{name}") for name in top.table("principals")]
+    if principals and settings.get("authority_version", 2) < 2:
+        raise PolicyFileError("principals: a chain of authority_version 1 has none")
+    agent_principal: dict[str, str] = {}
     agents: dict[str, Mandate] = {}
     for raw, body in top.table("agents").items():
         where = f"agents.{raw}"
         a = _Table(body, where, AGENT_FIELDS)
+        principal = a.optional_text("principal")
+        if principal is not None:
+            if principal not in principals:
+                raise PolicyFileError(f"{where}.principal: unknown principal {principal!r}")
+            agent_principal[raw] = principal
+        if raw in principals:
+            raise PolicyFileError(f"{where}: {raw!r} is also a principal's name")
         allowed_raw = a.get("allowed_tools")
         if allowed_raw is None:
             raise PolicyFileError(
@@ -601,10 +626,13 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
         if confirm is not None:
             ct = _Table(confirm, f"{where}.confirm", CONFIRM_FIELDS)
             by = ct.text("by", "principal")
-            if by not in ("principal", "owner") and by not in agents:
-                raise PolicyFileError(f"{where}.confirm.by: principal, owner or an agent name")
+            if by not in ("principal", "owner") and by not in agents and by not in principals:
+                raise PolicyFileError(
+                    f"{where}.confirm.by: principal, owner, an agent's or a principal's name"
+                )
             confirm = {
                 "by": by,
+                "reject": ct.boolean("reject"),
                 "expect": ct.choice("expect", (*CALL_OUTCOMES, "rejected"), "allow"),
                 "reason": _reason(ct.optional_text("reason"), f"{where}.confirm"),
                 "digest": ct.choice("digest", ("card", "wrong"), "card"),
@@ -634,7 +662,10 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
                 confirm=confirm,
             )
         )
-    return _Policy(settings, chain_id, sinks, tools, agents, envelopes, delegations, calls, sets)
+    return _Policy(
+        settings, chain_id, sinks, tools, agents, envelopes, delegations, calls, sets,
+        principals, agent_principal,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------ running
@@ -713,10 +744,13 @@ class _Runner:
             admin.append((f"sinks.{sink}", Admin(RegisterSink(sink, public))))
         for name, spec in p.tools.items():
             admin.append((f"tools.{name}", Admin(RegisterTool(spec))))
+        for name in p.principals:
+            public = bytes(principal_key(name).verify_key)
+            admin.append((f"principals.{name}", Admin(RegisterPrincipal(name, public))))
         for name, mandate in p.agents.items():
-            admin.append(
-                (f"agents.{name}", Admin(RegisterAgent(name, bytes(self.keys[name].verify_key))))
-            )
+            key = bytes(self.keys[name].verify_key)
+            principal = p.agent_principal.get(name, "")
+            admin.append((f"agents.{name}", Admin(RegisterAgent(name, key, principal))))
             admin.append((f"agents.{name}", Admin(SetMandate(name, mandate))))
         for (owner, name), entries in sorted(p.sets.items()):
             admin.append((f"sets.{owner}.{name}", Admin(SetEntries(owner, name, entries))))
@@ -806,9 +840,9 @@ class _Runner:
         spec = call.confirm
         assert spec is not None
         by = spec["by"]
-        signer = self.owner if by == "owner" else self.keys[call.agent if by == "principal" else by]
+        signer = self._confirmer(call, pending, by)
         digest = pending.card_digest if spec["digest"] == "card" else hashlib.sha256(b"x").digest()
-        payload = Confirm(pending.proposal_id, digest)
+        payload = Confirm(pending.proposal_id, digest, reject=spec["reject"])
         verdict = self.block([self._signed(signer, payload)], spec["after_ms"])[0]
         passed = verdict.outcome.value == spec["expect"] and (
             spec["reason"] is None or spec["reason"] == verdict.reason.value
@@ -817,6 +851,22 @@ class _Runner:
             "by": by, "expect": spec["expect"], "expect_reason": spec["reason"],
             "outcome": verdict.outcome.value, "reason": verdict.reason.value, "passed": passed,
         }  # fmt: skip
+
+    def _confirmer(self, call: _CallSpec, pending: Verdict, by: str) -> SigningKey:
+        """`by`: "owner", an agent's or a principal's name, or "principal": the one the
+        card names (authority version 2), or the proposing agent (version 1)."""
+        if by == "principal":
+            confirmer = pending.card.confirmer if pending.card is not None else ""
+            if not confirmer:
+                return self.keys[call.agent]
+            if confirmer == OWNER_PRINCIPAL:
+                return self.owner
+            return principal_key(confirmer.removeprefix(PRINCIPAL_PREFIX))
+        if by == "owner":
+            return self.owner
+        if by in self.policy.principals:
+            return principal_key(by)
+        return self.keys[by]
 
     def _record_firing(self, call: _CallSpec, verdict: Verdict) -> None:
         tool = names.canonical_tool_name(call.tool) or call.tool

@@ -249,6 +249,7 @@ async def replay(
         chain_id=spec.chain_id,
         owner_public_key=spec.owner_public_key,
         canonical_version=spec.canonical_version,
+        authority_version=spec.authority_version,
     )
     report = ReplayReport(node=index, from_height=max(1, from_height))
     started = time.perf_counter()

@@ -1566,6 +1566,7 @@ class CommittedLog:
                 chain_id=spec.chain_id,
                 owner_public_key=spec.owner_public_key,
                 canonical_version=spec.canonical_version,
+                authority_version=spec.authority_version,
             )
         )
         self.height = 0

@@ -35,11 +35,12 @@ A proposal is judged in this order (each step cites its rule):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from quorumgate.proto import limits, names
 from quorumgate.proto.canonical import Encoder, sha256
+from quorumgate.proto.clusterfile import AUTHORITY_VERSION_NEW, AUTHORITY_VERSIONS
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -54,6 +55,7 @@ from quorumgate.proto.model import (
     Proposal,
     Reason,
     RegisterAgent,
+    RegisterPrincipal,
     RegisterSink,
     RegisterTool,
     Resume,
@@ -91,11 +93,13 @@ from quorumgate.sidecar.engine.state import (
     LatchBucket,
     LatchRun,
     PendingCall,
+    PrincipalRecord,
     RunKey,
     StateParts,
 )
 from quorumgate.sidecar.engine.statements import (
     OWNER_PRINCIPAL,
+    PRINCIPAL_PREFIX,
     AdmissionResult,
     BlockResult,
     ConfirmationCard,
@@ -115,6 +119,7 @@ from quorumgate.sidecar.engine.targets import (
 from quorumgate.sidecar.engine.unicode_assigned import UNICODE_VERSION
 
 TAG_CONFIG = b"qg/engine-config/v1"
+AUTHORITY_VERSION_LATEST = AUTHORITY_VERSION_NEW
 # An argument name with no canonical form is recorded as this; never a valid name.
 INVALID_ARGUMENT_NAME = "!"
 
@@ -170,10 +175,17 @@ class EngineConfig:
     # The canonical-target forms of the chain (targets.CANONICAL_VERSIONS): fixed at
     # `init` and kept in cluster.json, so a replay decides old calls as they were decided.
     canonical_version: int = CANONICAL_VERSION_LATEST
+    # Who answers confirmation cards (AUTHORITY_VERSIONS), fixed at `init` likewise:
+    # 1, the proposing agent (or its master, or the owner), as chains from before issue 16
+    # did; 2, only the principal the run acts for (`user_confirm`) or the owner
+    # (`owner_confirm`), never an agent key.
+    authority_version: int = AUTHORITY_VERSION_LATEST
 
     def __post_init__(self) -> None:
         if self.canonical_version not in CANONICAL_VERSIONS:
             raise ValueError(f"canonical_version must be one of {CANONICAL_VERSIONS}")
+        if self.authority_version not in AUTHORITY_VERSIONS:
+            raise ValueError(f"authority_version must be one of {AUTHORITY_VERSIONS}")
         if not 0 < len(self.chain_id) <= limits.ID_CHARS_MAX:
             raise ValueError("chain_id must be 1..64 characters")
         if len(self.owner_public_key) != 32:
@@ -196,7 +208,13 @@ class EngineConfig:
         if self.canonical_version != 1:  # version 1 chains keep the fingerprint they had
             enc.text("canonical_version").u64(self.canonical_version)
             enc.text("unicode").text(UNICODE_VERSION)
+        if self.authority_version != 1:  # likewise for chains from before principals
+            enc.text("authority_version").u64(self.authority_version)
         return enc.digest()
+
+    @property
+    def split_authority(self) -> bool:
+        return self.authority_version >= 2
 
 
 _LIMIT_FIELDS = (
@@ -363,6 +381,8 @@ class Engine:
             return refuse(Reason.NOT_OWNER)
         if isinstance(payload, Proposal | Delegate) and is_owner:
             return refuse(Reason.NOT_AN_AGENT)
+        if parsed.signer in self.state.principal_by_key and not isinstance(payload, Confirm):
+            return refuse(Reason.NOT_AN_AGENT)
         if isinstance(payload, Proposal):
             tool = names.canonical_tool_name(payload.tool)
             # version 2 orders a call to an invented tool, so that it is recorded and
@@ -383,6 +403,27 @@ class Engine:
     def pending_card(self, proposal_id: bytes) -> ConfirmationCard | None:
         pending = self.state.pending.get(proposal_id)
         return None if pending is None else pending.card
+
+    def cards_for(self, public_key: bytes) -> tuple[ConfirmationCard, ...]:
+        """The open cards that `public_key` alone may answer (authority version 2): a
+        principal's, or the owner's; in proposal-id order. Nothing for any other key."""
+        if public_key == self.config.owner_public_key:
+            who = OWNER_PRINCIPAL
+        else:
+            principal_id = self.state.principal_by_key.get(public_key)
+            if principal_id is None:
+                return ()
+            who = PRINCIPAL_PREFIX + principal_id
+        pending = self.state.pending
+        return tuple(
+            pending[pid].card
+            for pid in sorted(pending)
+            if pending[pid].card.confirmer == who and pending[pid].expires_at_ms > self._now_ms
+        )
+
+    def principal_of(self, agent_id: str) -> str | None:
+        """The principal an agent acts for; None for the owner (or an unknown agent)."""
+        return self.state.agent_principal.get(agent_id)
 
     def sealed_value(self, handle: str, sink: str) -> bytes | None:
         """The ciphertext an executor at `sink` opens; the engine never holds plaintext."""
@@ -414,7 +455,10 @@ class Engine:
         if signer == self.config.owner_public_key:
             return self.state.owner_nonces
         agent_id = self.state.agent_by_key.get(signer)
-        return None if agent_id is None else self.state.agents[agent_id].nonces
+        if agent_id is not None:
+            return self.state.agents[agent_id].nonces
+        principal_id = self.state.principal_by_key.get(signer)
+        return None if principal_id is None else self.state.principals[principal_id].nonces
 
     def _execute_tx(self, data: bytes, verify: bool) -> Verdict:
         try:
@@ -438,12 +482,18 @@ class Engine:
         if not window.is_fresh(parsed.nonce, self.config.nonce_window):
             return _rejected(parsed, Reason.REPLAYED)
         window.record(parsed.nonce, self.config.nonce_window)
+        payload = parsed.body.payload
+        principal_id = self.state.principal_by_key.get(parsed.signer)
+        if principal_id is not None:
+            # a principal answers cards and does nothing else
+            if isinstance(payload, Confirm):
+                return self._confirm(parsed, payload, None, principal_id)
+            return _rejected(parsed, Reason.NOT_AN_AGENT, principal=PRINCIPAL_PREFIX + principal_id)
         record = None if is_owner else self.state.agents[self.state.agent_by_key[parsed.signer]]
         if record is not None:
             # its nonces changed; its quota window may too: a signer's record is the only
             # one a non-admin transaction writes
             self.state.agent_changed(record.agent_id)
-        payload = parsed.body.payload
         if isinstance(payload, Admin):
             if not is_owner:
                 return _rejected(parsed, Reason.NOT_OWNER, principal=_principal(record))
@@ -790,6 +840,8 @@ class Engine:
             )
         )
         expires = self._now_ms + self.config.confirmation_ttl_ms
+        # issue 16: the card names who alone answers it
+        confirmer = self._confirmer_of(ctx.run_owner, mode) if self.config.split_authority else ""
         card = ConfirmationCard(
             chain_id=self.config.chain_id,
             proposal_id=parsed.tx_id,
@@ -808,6 +860,7 @@ class Engine:
             body_digest=sha256(parsed.signed.body),
             created_height=self._height,
             expires_at_ms=expires,
+            confirmer=confirmer,
         )
         pending[parsed.tx_id] = PendingCall(
             proposal_id=parsed.tx_id,
@@ -827,12 +880,25 @@ class Engine:
 
     # ------------------------------------------------------------------ confirmations
 
-    def _confirm(self, parsed: ParsedTx, confirm: Confirm, record: AgentRecord | None) -> Verdict:
-        """§4.5: a Confirm from the principal (or its master, or the owner) naming the card
-        digest settles a pending call - after the call is judged again against the state
-        as it is now, so a suspension or narrowing in between still stops it."""
+    def _confirm(
+        self,
+        parsed: ParsedTx,
+        confirm: Confirm,
+        record: AgentRecord | None,
+        principal_id: str | None = None,
+    ) -> Verdict:
+        """§4.5: a Confirm naming the card digest settles a pending call - after the call
+        is judged again against the state as it is now, so a suspension or narrowing in
+        between still stops it. Who may answer: under authority version 2 only the card's
+        confirmer (a principal or the owner, never an agent), who may also reject it;
+        under version 1 the proposer, its master or the owner (`_confirmer_tier`)."""
         pending = self.state.pending.get(confirm.proposal_id)
-        confirmer = _principal(record)
+        if principal_id is not None:
+            confirmer = PRINCIPAL_PREFIX + principal_id
+        else:
+            confirmer = _principal(record)
+        if confirm.reject and not self.config.split_authority:
+            return _rejected(parsed, Reason.INVALID_SPEC, principal=confirmer)
         if pending is None:
             return _rejected(parsed, Reason.UNKNOWN_PROPOSAL, principal=confirmer)
         principal_record = self.state.agents[pending.principal]
@@ -856,8 +922,10 @@ class Engine:
             )
 
         if self._now_ms >= pending.expires_at_ms:
-            del self.state.pending[pending.proposal_id]
+            self._drop_pending(pending.proposal_id)
             return verdict(Outcome.REJECTED, Reason.CONFIRMATION_EXPIRED)
+        if self.config.split_authority:
+            return self._answer(pending, confirm, confirmer, verdict)
         confirmer_tier = self._confirmer_tier(pending, record)
         if confirmer_tier is None:
             return verdict(Outcome.REJECTED, Reason.CONFIRMER_NOT_AUTHORIZED)
@@ -877,6 +945,43 @@ class Engine:
         if flagged:
             return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
         return verdict(Outcome.ALLOW, Reason.OK)
+
+    def _answer(
+        self,
+        pending: PendingCall,
+        confirm: Confirm,
+        confirmer: str,
+        verdict: Callable[[Outcome, Reason], Verdict],
+    ) -> Verdict:
+        """Authority version 2 (issue 16): only the card's confirmer answers; its answers
+        naming a wrong digest lock the proposal at the CARD_WRONG_DIGESTS_MAX-th (others'
+        answers count for nothing, so no one else can lock a call out); a reject or a lock
+        takes the card out of the state at once."""
+        proposal_id = pending.proposal_id
+        if confirmer != pending.card.confirmer:
+            return verdict(Outcome.REJECTED, Reason.CONFIRMER_NOT_AUTHORIZED)
+        if confirm.card_digest != pending.card.digest:
+            wrong = self.state.wrong_digests.get(proposal_id, 0) + 1
+            if wrong >= limits.CARD_WRONG_DIGESTS_MAX:
+                self._drop_pending(proposal_id)
+                return verdict(Outcome.DENY, Reason.CARD_LOCKED)
+            self.state.wrong_digests[proposal_id] = wrong
+            return verdict(Outcome.REJECTED, Reason.CARD_DIGEST_MISMATCH)
+        self._drop_pending(proposal_id)
+        if confirm.reject:
+            return verdict(Outcome.DENY, Reason.CONFIRMATION_REJECTED)
+        principal_record = self.state.agents[pending.principal]
+        try:
+            flagged = self._recheck(pending, principal_record, self.state.tools.get(pending.tool))
+        except _Refusal as refusal:
+            return verdict(Outcome.DENY, refusal.reason)
+        if flagged:
+            return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
+        return verdict(Outcome.ALLOW, Reason.OK)
+
+    def _drop_pending(self, proposal_id: bytes) -> None:
+        del self.state.pending[proposal_id]
+        self.state.wrong_digests.pop(proposal_id, None)
 
     def _confirmer_tier(self, pending: PendingCall, record: AgentRecord | None) -> Tier | None:
         if record is None:
@@ -1073,22 +1178,32 @@ class Engine:
                 return done(spec.name, Reason.CAPACITY_EXCEEDED)
             state.tools[spec.name] = spec
             return done(spec.name)
+        if isinstance(op, RegisterPrincipal):
+            return done(op.principal_id, self._register_principal(op))
         if isinstance(op, RegisterAgent):
             existing = state.agent_by_key.get(op.public_key)
             if op.public_key == config.owner_public_key or existing not in (None, op.agent_id):
                 return done(op.agent_id, Reason.KEY_IN_USE)
+            if op.public_key in state.principal_by_key:
+                return done(op.agent_id, Reason.KEY_IN_USE)  # a principal is never an agent
+            if op.principal and not config.split_authority:
+                return done(op.agent_id, Reason.INVALID_SPEC)  # no principals on this chain
+            if op.principal and op.principal not in state.principals:
+                return done(op.agent_id, Reason.UNKNOWN_PRINCIPAL)
             current = state.agents.get(op.agent_id)
             if current is not None:
                 # no key rotation: a retired key's nonce memory would have to be kept
                 # forever to refuse replays; a new key is a new agent id.
                 if current.public_key != op.public_key:
                     return done(op.agent_id, Reason.KEY_IN_USE)
+                self._set_agent_principal(op.agent_id, op.principal)
                 return done(op.agent_id)
             if len(state.agents) >= config.agents_max:
                 return done(op.agent_id, Reason.CAPACITY_EXCEEDED)
             state.agents[op.agent_id] = AgentRecord(agent_id=op.agent_id, public_key=op.public_key)
             state.agent_changed(op.agent_id)
             state.agent_by_key[op.public_key] = op.agent_id
+            self._set_agent_principal(op.agent_id, op.principal)
             return done(op.agent_id)
         if isinstance(op, RegisterSink):
             if op.sink_id not in state.sinks and len(state.sinks) >= config.sinks_max:
@@ -1116,6 +1231,42 @@ class Engine:
         assert isinstance(op, Resume), type(op)
         record.suspended = False
         return done(op.agent_id, version=record.mandate_version)
+
+    def _register_principal(self, op: RegisterPrincipal) -> Reason | None:
+        """Issue 16: a principal's key is of its own class (never the owner's, an agent's
+        or another principal's), and is not rotated (a new key is a new principal id)."""
+        state = self.state
+        if not self.config.split_authority:
+            return Reason.INVALID_SPEC  # a chain of authority version 1 has no principals
+        key = op.public_key
+        if key == self.config.owner_public_key or key in state.agent_by_key:
+            return Reason.KEY_IN_USE
+        if state.principal_by_key.get(key, op.principal_id) != op.principal_id:
+            return Reason.KEY_IN_USE
+        current = state.principals.get(op.principal_id)
+        if current is not None:
+            return None if current.public_key == key else Reason.KEY_IN_USE
+        if len(state.principals) >= limits.PRINCIPALS_MAX:
+            return Reason.CAPACITY_EXCEEDED
+        state.principals[op.principal_id] = PrincipalRecord(op.principal_id, key)
+        state.principal_by_key[key] = op.principal_id
+        return None
+
+    def _set_agent_principal(self, agent_id: str, principal: str) -> None:
+        if principal:
+            self.state.agent_principal[agent_id] = principal
+        else:
+            self.state.agent_principal.pop(agent_id, None)
+
+    def _confirmer_of(self, run_owner: str, mode: ToolMode) -> str:
+        """Authority version 2: who alone answers a card. `owner_confirm`: the owner;
+        `user_confirm`: the principal of the run's owner (the agent at the root of the
+        delegation chain: the person the whole run acts for), or the owner for an agent
+        registered without one."""
+        if mode is ToolMode.OWNER_CONFIRM:
+            return OWNER_PRINCIPAL
+        principal = self.state.agent_principal.get(run_owner)
+        return OWNER_PRINCIPAL if principal is None else PRINCIPAL_PREFIX + principal
 
     def _set_entries(self, op: SetEntries) -> Reason | None:
         """Replace (or, with no entries, delete) a principal's named set (§4.2)."""
@@ -1217,9 +1368,11 @@ class Engine:
         this is what bounds both tables over time (the per-principal caps bound them at
         any one moment)."""
         horizon = self._now_ms - self.config.expired_retention_ms
+        # issue 16: an expired card leaves at once; a late answer gets `unknown_proposal`
+        card_horizon = self._now_ms if self.config.split_authority else horizon
         for proposal_id in sorted(self.state.pending):
-            if self.state.pending[proposal_id].expires_at_ms <= horizon:
-                del self.state.pending[proposal_id]
+            if self.state.pending[proposal_id].expires_at_ms <= card_horizon:
+                self._drop_pending(proposal_id)
         for grant_id in sorted(self.state.grants):
             if self.state.grants[grant_id].expires_at_ms <= horizon:
                 del self.state.grants[grant_id]

@@ -51,6 +51,16 @@ class AgentRecord:
 
 
 @dataclass
+class PrincipalRecord:
+    """A principal (DESIGN §4.5, issue 16): the human agents act for. It signs only the
+    answers to cards (Confirm, with or without `reject`), with nonces of its own."""
+
+    principal_id: str
+    public_key: bytes
+    nonces: NonceWindow = field(default_factory=NonceWindow)
+
+
+@dataclass
 class Grant:
     """A Delegate that was applied (DESIGN §4.4). `scope` is pinned at delegation time."""
 
@@ -163,8 +173,14 @@ class EngineState:
     latch_activity_seq: int = 0
     # Named sets of target rules, by (agent, set name) (DESIGN §4.2, `SetEntries`).
     sets: dict[tuple[str, str], tuple[TargetRule, ...]] = field(default_factory=dict)
+    # Split authority (issue 16): the principals, the principal each agent acts for (an
+    # agent absent here acts for the owner), and each pending call's wrong card digests.
+    principals: dict[str, PrincipalRecord] = field(default_factory=dict)
+    agent_principal: dict[str, str] = field(default_factory=dict)
+    wrong_digests: dict[bytes, int] = field(default_factory=dict)
     # derived indexes, rebuilt on load; not serialized
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
+    principal_by_key: dict[bytes, str] = field(default_factory=dict)
     handles_by_owner: dict[str, int] = field(default_factory=dict)
     # Each agent's encoded record, kept between serializations: a block changes a few
     # agents, and re-encoding every one of them per block was the sidecar's largest cost.
@@ -359,7 +375,8 @@ def _encode_state(
         for bucket_key in sorted(run.buckets):
             bucket = run.buckets[bucket_key]
             enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
-    if state.sets:
+    authority = bool(state.principals or state.agent_principal or state.wrong_digests)
+    if state.sets or authority:
         # Present only once a set exists (so older states keep their bytes): the reader
         # finds it by there being bytes left.
         enc.u32(len(state.sets))
@@ -367,6 +384,19 @@ def _encode_state(
             enc.text(owner).text(name).u32(len(state.sets[(owner, name)]))
             for rule in state.sets[(owner, name)]:
                 _enc_target_rule(enc, rule)
+    if authority:
+        # Likewise present only once a principal exists (split authority, issue 16).
+        enc.u32(len(state.principals))
+        for principal_id in sorted(state.principals):
+            principal = state.principals[principal_id]
+            enc.text(principal.principal_id).raw(principal.public_key)
+            _enc_nonces(enc, principal.nonces)
+        enc.u32(len(state.agent_principal))
+        for agent_id in sorted(state.agent_principal):
+            enc.text(agent_id).text(state.agent_principal[agent_id])
+        enc.u32(len(state.wrong_digests))
+        for proposal_id in sorted(state.wrong_digests):
+            enc.raw(proposal_id).u32(state.wrong_digests[proposal_id])
     return StateParts(prefix, tuple(agents), bytes(enc), ())
 
 
@@ -495,10 +525,11 @@ def _dec_card(r: _Reader) -> ConfirmationCard:
     argument_names = c.texts()
     handles = tuple((c.text(), c.text()) for _ in range(c.u32()))
     body_digest, created_height, expires_at_ms = c.take(32), c.u64(), c.u64()
+    confirmer = c.text() if c.remaining() else ""  # authority version 2 cards name one
     c.finish()
     return ConfirmationCard(
         chain_id, proposal_id, principal, tier, delegate_of, tool, mode, min_tier, target,
-        argument_names, handles, body_digest, created_height, expires_at_ms,
+        argument_names, handles, body_digest, created_height, expires_at_ms, confirmer,
     )  # fmt: skip
 
 
@@ -574,4 +605,15 @@ def _decode_state(r: _Reader) -> EngineState:
         for _ in range(r.u32()):
             owner, name = r.text(), r.text()
             state.sets[(owner, name)] = tuple(_dec_target_rule(r) for _ in range(r.u32()))
+    if r.remaining():
+        for _ in range(r.u32()):
+            principal_id, key = r.text(), r.take(32)
+            state.principals[principal_id] = PrincipalRecord(principal_id, key, _dec_nonces(r))
+            state.principal_by_key[key] = principal_id
+        for _ in range(r.u32()):
+            agent_id = r.text()
+            state.agent_principal[agent_id] = r.text()
+        for _ in range(r.u32()):
+            proposal_id = r.take(32)
+            state.wrong_digests[proposal_id] = r.u32()
     return state

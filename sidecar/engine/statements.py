@@ -9,10 +9,22 @@ carry names, handle references and a digest of the signed body (DESIGN §4.2, §
 from __future__ import annotations
 
 import hashlib
+import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from quorumgate.proto import names
 from quorumgate.proto.canonical import Encoder
-from quorumgate.proto.model import DENIAL_TEXT, Outcome, Reason, Tier, ToolMode, TxKind
+from quorumgate.proto.model import (
+    DENIAL_TEXT,
+    Outcome,
+    Proposal,
+    Reason,
+    Tier,
+    ToolMode,
+    TxKind,
+)
+from quorumgate.proto.tx import TxRejected, parse
 
 TAG_CARD = b"qg/card/v1"
 TAG_VERDICT = b"qg/verdict/v1"
@@ -56,6 +68,12 @@ class ConfirmationCard:
     body_digest: bytes  # SHA-256 of the signed TxBody bytes: binds the values unseen
     created_height: int
     expires_at_ms: int
+    # Split authority (issue 16): who alone may answer the card, `principal:<id>` or
+    # OWNER_PRINCIPAL. Empty on cards of chains from before (authority version 1), whose
+    # bytes stay as they were. The argument values are not in the card (nor in the state,
+    # the store or any verdict): `body_digest` binds them, and `card_values` reads them
+    # from the signed proposal for the person who answers.
+    confirmer: str = ""
 
     def to_bytes(self) -> bytes:
         enc = Encoder(TAG_CARD)
@@ -67,14 +85,22 @@ class ConfirmationCard:
         for name, handle in self.handles:
             enc.text(name).text(handle)
         enc.raw(self.body_digest).u64(self.created_height).u64(self.expires_at_ms)
+        if self.confirmer:
+            enc.text(self.confirmer)
         return bytes(enc)
 
     @property
     def digest(self) -> bytes:
         return hashlib.sha256(self.to_bytes()).digest()
 
-    def render(self) -> str:
-        """The card as a person reads it; every line is generated here, none by an agent."""
+    def render(self, values: Sequence[tuple[str, str]] | None = None) -> str:
+        """The card as a person reads it; every line is generated here, none by an agent.
+        `values` (from `card_values`, authority version 2) are shown one argument per
+        line. Text that came from the agent (target, values) is quoted with every control,
+        format, separator and non-ASCII space character escaped, so it cannot forge a line
+        or hide a character."""
+        if self.confirmer:
+            return self._render_v2(values)
         who = "the owner" if self.mode is ToolMode.OWNER_CONFIRM else self.principal
         lines = [
             CARD_HEADER,
@@ -88,6 +114,86 @@ class ConfirmationCard:
             f"Card digest: {self.digest.hex()}",
         ]
         return "\n".join(lines)
+
+    def _render_v2(self, values: Sequence[tuple[str, str]] | None) -> str:
+        if self.confirmer == OWNER_PRINCIPAL:
+            who = "the owner"
+        else:
+            who = "principal " + self.confirmer.removeprefix(PRINCIPAL_PREFIX)
+        lines = [
+            CARD_HEADER,
+            f"Tool: {self.tool}",
+            f"Target: {quote_for_card(self.canonical_target)}",
+            f"Requested by: agent {self.principal} ({self.tier.value})"
+            + (f" on behalf of agent {self.delegate_of}" if self.delegate_of else ""),
+        ]
+        if values is None:
+            names_only = ", ".join(self.argument_names) or "(none)"
+            lines.append(f"Arguments: {names_only} (values not shown: read the card with them)")
+        elif not values:
+            lines.append("Arguments: (none)")
+        else:
+            lines.append(f"Arguments ({len(values)}):")
+            for name, value in values:
+                shown = value if value.startswith(HANDLE_VALUE_PREFIX) else quote_for_card(value)
+                lines.append(f"  {name} = {shown}")
+        lines += [
+            f"To be confirmed or rejected by: {who} only",
+            f"Proposal: {self.proposal_id.hex()}",
+            f"Card digest: {self.digest.hex()}",
+        ]
+        return "\n".join(lines)
+
+
+# A card's confirmer names a principal as `principal:<id>`, the owner as OWNER_PRINCIPAL.
+PRINCIPAL_PREFIX = "principal:"
+# How a card shows an envelope argument: the handle, never the sealed value.
+HANDLE_VALUE_PREFIX = "handle:"
+
+
+class CardMismatch(ValueError):
+    """A transaction that is not the signed proposal a card binds."""
+
+
+def card_values(card: ConfirmationCard, transaction: bytes) -> tuple[tuple[str, str], ...]:
+    """Every argument of the proposal `card` binds, as the person answering it judges it:
+    (canonical name, value) in name order; a plain value as signed, a handle as
+    `handle:<h>` (never its sealed value). `transaction` is the signed proposal; it must
+    verify, have the card's proposal id, and hash to the card's `body_digest`, else
+    `CardMismatch` (so a sidecar cannot show one call and have another confirmed)."""
+    try:
+        parsed = parse(transaction, verify=True)
+    except TxRejected as err:
+        raise CardMismatch("the transaction does not verify") from err
+    if parsed.tx_id != card.proposal_id or parsed.body.chain_id != card.chain_id:
+        raise CardMismatch("the transaction is not the card's proposal")
+    if hashlib.sha256(parsed.signed.body).digest() != card.body_digest:
+        raise CardMismatch("the transaction's body is not the one the card binds")
+    payload = parsed.body.payload
+    if not isinstance(payload, Proposal):
+        raise CardMismatch("the transaction is not a proposal")
+    out = []
+    for arg in payload.arguments:
+        name = names.canonical_argument_name(arg.name) or "!"
+        value = HANDLE_VALUE_PREFIX + arg.handle if arg.handle is not None else (arg.text or "")
+        out.append((name, value))
+    return tuple(sorted(out))
+
+
+def quote_for_card(text: str) -> str:
+    """`text` in double quotes, with `\\`, `"` and every character of Unicode categories
+    C* (controls, format characters such as bidi overrides, unassigned) and Z* other than
+    the ASCII space escaped as `\\u{...}`: what a person reads is what was signed."""
+    out = ['"']
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif ch != " " and unicodedata.category(ch)[0] in "CZ":
+            out.append(f"\\u{{{ord(ch):x}}}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from quorumgate.proto.model import (
     Outcome,
     Proposal,
     RegisterAgent,
+    RegisterPrincipal,
     RegisterSink,
     RegisterTool,
     Revoke,
@@ -158,10 +159,13 @@ class World:
         depth: int | None = None,
         suspended: bool = False,
         rules: Sequence[ToolRules] = (),
+        principal: str = "",
     ) -> SigningKey:
         key = signing_key(name)
         self.keys[name] = key
-        self.admin(RegisterAgent(agent_id=name, public_key=bytes(key.verify_key)))
+        self.admin(
+            RegisterAgent(agent_id=name, public_key=bytes(key.verify_key), principal=principal)
+        )
         self.set_mandate(
             name,
             tools,
@@ -171,6 +175,13 @@ class World:
             suspended=suspended,
             rules=rules,
         )
+        return key
+
+    def add_principal(self, name: str) -> SigningKey:
+        """A principal (issue 16): its key is `keys["principal:<name>"]`."""
+        key = signing_key("principal/" + name)
+        self.keys["principal:" + name] = key
+        self.admin(RegisterPrincipal(principal_id=name, public_key=bytes(key.verify_key)))
         return key
 
     def set_mandate(
@@ -234,8 +245,11 @@ class World:
     def revoke(self, signer: SigningKey, grant: bytes) -> Verdict:
         return self.one(signer, Revoke(grant=grant))
 
-    def confirm(self, signer: SigningKey, proposal_id: bytes, card_digest: bytes) -> Verdict:
-        return self.one(signer, Confirm(proposal_id=proposal_id, card_digest=card_digest))
+    def confirm(
+        self, signer: SigningKey, proposal_id: bytes, card_digest: bytes, *, reject: bool = False
+    ) -> Verdict:
+        payload = Confirm(proposal_id=proposal_id, card_digest=card_digest, reject=reject)
+        return self.one(signer, payload)
 
     def seal(
         self,

@@ -1,4 +1,7 @@
-"""Split authority and confirmation (DESIGN §4.5; BRAH §6.3-§6.4, §6.8)."""
+"""Confirmation on chains of authority version 1 (DESIGN §4.5; BRAH §6.3-§6.4, §6.8): the
+proposer, its master or the owner answers a card. New chains use version 2 (principals,
+tests/engine/test_split_authority.py); these rules stay so that a replay of an old chain's
+log decides every old confirmation as it was decided."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from tests.engine.harness import World
 
 
 def _world(**overrides: int) -> World:
-    world = World(overrides=dict(overrides))
+    world = World(overrides={"authority_version": 1, **overrides})
     world.add_tool("kb.search", mode=ToolMode.READ)
     world.add_tool("tickets.open", mode=ToolMode.DIRECT)
     world.add_tool("order.cancel", mode=ToolMode.USER_CONFIRM, schemes=("principal",))

@@ -47,7 +47,7 @@ def test_the_shipped_example_passes() -> None:
     code, text = _run(EXAMPLE)
     assert code == EXIT_OK, text
     assert "FAIL" not in text
-    assert "22 calls, 22 passed, 0 failed" in text
+    assert "24 calls, 24 passed, 0 failed" in text
 
 
 def test_json_report_is_machine_readable_and_deterministic() -> None:

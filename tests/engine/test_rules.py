@@ -327,7 +327,8 @@ def test_a_confirmation_is_judged_against_the_rules_as_they_are_then() -> None:
     assert pending.outcome is Outcome.PENDING and pending.card is not None
     narrower = [ToolRules("payments.send", (TargetRule(RuleKind.HOST, "bank.example.com"),))]
     w.set_mandate("a", ["payments.send"], rules=narrower)
-    confirmed = w.confirm(w.keys["a"], pending.tx_id, pending.card_digest)
+    # "a" was registered without a principal: it acts for the owner, who answers its cards
+    confirmed = w.confirm(w.owner, pending.tx_id, pending.card_digest)
     assert (confirmed.outcome, confirmed.reason) == (Outcome.DENY, Reason.OUT_OF_SCOPE)
 
 
