@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "Client": "quorumgate.sdk.client",
     "SyncClient": "quorumgate.sdk.client",
     "Decision": "quorumgate.sdk.client",
+    "OpenCard": "quorumgate.sdk.client",
     "Submitted": "quorumgate.sdk.client",
     "Handle": "quorumgate.sdk.client",
     "mandate": "quorumgate.sdk.client",
@@ -63,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     # the tool-executor side
     "Executor": "quorumgate.sdk.executor",
     "ExecutorRefused": "quorumgate.sdk.executor",
+    "CertificateReused": "quorumgate.sdk.executor",
     # the owner's operations
     "OwnerSession": "quorumgate.sdk.owner",
     # the one sentence an agent is ever told on a refusal
@@ -73,6 +75,7 @@ __all__ = [
     "DENIAL_TEXT",
     "ActionDenied",
     "ArgumentMappingError",
+    "CertificateReused",
     "CertificateTimeout",
     "CertificateUnavailable",
     "ChannelPool",
@@ -85,6 +88,7 @@ __all__ = [
     "Gate",
     "Handle",
     "InvalidCertificate",
+    "OpenCard",
     "Overloaded",
     "OwnerSession",
     "Posture",

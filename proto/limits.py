@@ -68,3 +68,7 @@ EXPIRED_RETENTION_MS_DEFAULT = 3_600_000
 # proposal: it leaves the state, denied (`card_locked`).
 CARD_WRONG_DIGESTS_MAX = 3
 PRINCIPALS_MAX = 4096
+# Runs in which one (agent, tool) pair is refused before it is refused in every run
+# (authority version 2: a fresh run id does not reset the latch).
+LATCH_CROSS_RUN_THRESHOLD_DEFAULT = 3
+CROSS_RUN_PAIRS_MAX = 16_384

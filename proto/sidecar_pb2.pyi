@@ -241,3 +241,23 @@ class RegistryReply(_message.Message):
     registry_since: int
     content: RegistryContent
     def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., registry_since: _Optional[int] = ..., content: _Optional[_Union[RegistryContent, _Mapping]] = ...) -> None: ...
+
+class PendingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PendingCard(_message.Message):
+    __slots__ = ("card", "transaction")
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    card: bytes
+    transaction: bytes
+    def __init__(self, card: _Optional[bytes] = ..., transaction: _Optional[bytes] = ...) -> None: ...
+
+class PendingReply(_message.Message):
+    __slots__ = ("executed_height", "cards")
+    EXECUTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CARDS_FIELD_NUMBER: _ClassVar[int]
+    executed_height: int
+    cards: _containers.RepeatedCompositeFieldContainer[PendingCard]
+    def __init__(self, executed_height: _Optional[int] = ..., cards: _Optional[_Iterable[_Union[PendingCard, _Mapping]]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class SidecarStub:
                 request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryRequest.SerializeToString,
                 response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryReply.FromString,
                 _registered_method=True)
+        self.Pending = channel.unary_unary(
+                '/qgpb.Sidecar/Pending',
+                request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingRequest.SerializeToString,
+                response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingReply.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -121,6 +126,13 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pending(self, request, context):
+        """The caller's open confirmation cards (read-auth: a principal's or the owner's key).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +170,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Registry,
                     request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryRequest.FromString,
                     response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.RegistryReply.SerializeToString,
+            ),
+            'Pending': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pending,
+                    request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingRequest.FromString,
+                    response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +366,33 @@ class Sidecar:
             '/qgpb.Sidecar/Registry',
             quorumgate_dot_proto_dot_sidecar__pb2.RegistryRequest.SerializeToString,
             quorumgate_dot_proto_dot_sidecar__pb2.RegistryReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pending(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Sidecar/Pending',
+            quorumgate_dot_proto_dot_sidecar__pb2.PendingRequest.SerializeToString,
+            quorumgate_dot_proto_dot_sidecar__pb2.PendingReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,7 +47,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
-from quorumgate.proto.tx import tx_id
+from quorumgate.proto.tx import TxRejected, parse, tx_id
 from quorumgate.replica.channels import Reader, add_server_port, aio_channel
 from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.process import FailStop, process_main
@@ -62,6 +62,7 @@ from quorumgate.sidecar.audit import (
     audit_height,
 )
 from quorumgate.sidecar.engine.core import Engine, EngineConfig, StateCacheError
+from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
@@ -75,6 +76,11 @@ METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 OWN_TXS_MAX = 64  # transactions a Receipts request may name as its own
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
+METHOD_PENDING = "/qgpb.Sidecar/Pending"
+# Signed proposals of open cards kept in memory (filled as blocks execute; after a restart
+# read again from the replica's committed blocks): what `Pending` shows values from.
+PENDING_TXS_KEPT_MAX = 8192
+PENDING_FETCH_TIMEOUT_S = 5.0
 RECEIPT_BATCH_LEAVES_MAX = 4_096  # receipts per stream message (~2 MB)
 # Executed heights whose Receipts stream messages stay in memory, built once and sent to
 # every subscriber; older heights are read from the store.
@@ -166,6 +172,7 @@ class Sidecar:
         self._executed = asyncio.Condition()
         self._roots: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self._recent_receipts: OrderedDict[int, list[spb.ReceiptBatch]] = OrderedDict()
+        self._pending_txs: OrderedDict[bytes, bytes] = OrderedDict()
         self._server: grpc.aio.Server | None = None
         self.failstop = FailStop()
 
@@ -273,6 +280,9 @@ class Sidecar:
             self._alarm(str(err))
             return
         result = executed.result
+        for index, verdict in enumerate(result.verdicts):
+            if verdict.card is not None:  # a new card: keep the proposal it binds
+                self._remember_pending_tx(verdict.proposal_id, block.payload[index])
         try:
             await store.record(executed)
         except DivergenceError as err:
@@ -308,6 +318,46 @@ class Sidecar:
             older = self._audit_cursor.take(height - 1)
             if older is not None:
                 await self._audit(older)
+
+    def _remember_pending_tx(self, proposal_id: bytes, data: bytes) -> None:
+        kept = self._pending_txs
+        kept[proposal_id] = data
+        kept.move_to_end(proposal_id)
+        while len(kept) > PENDING_TXS_KEPT_MAX:
+            kept.popitem(last=False)
+
+    async def proposal_transactions(self, cards: Sequence[ConfirmationCard]) -> dict[bytes, bytes]:
+        """The signed proposal each card binds, by proposal id: from memory, else from the
+        replica's committed block at the card's height (one stream per height). A card
+        whose block cannot be read now is left out (the caller asks again)."""
+        found = {c.proposal_id: self._pending_txs[c.proposal_id] for c in cards
+                 if c.proposal_id in self._pending_txs}  # fmt: skip
+        heights = sorted({c.created_height for c in cards if c.proposal_id not in found})
+        if not heights:
+            return found
+        wanted = {c.proposal_id for c in cards} - set(found)
+        try:
+            reader = Reader.of(self.key)
+            async with (
+                asyncio.timeout(PENDING_FETCH_TIMEOUT_S),
+                aio_channel(self.spec, self.index, "replica", reader=reader) as channel,
+            ):
+                stub = cpb_grpc.ReplicaStub(channel)
+                for height in heights:
+                    stream = stub.CommittedBlocks(cpb.BlocksRequest(from_height=height))
+                    async for committed in stream:
+                        raw = committed.block.SerializeToString()
+                        block = decode_block(self.spec.chain_id, raw)
+                        for data in block.payload:
+                            tx_key = _tx_id_of(data)
+                            if tx_key in wanted:
+                                found[tx_key] = data
+                                self._remember_pending_tx(tx_key, data)
+                        break
+                    stream.cancel()
+        except (TimeoutError, grpc.aio.AioRpcError, RemoteError) as err:
+            log.info("event=pending_fetch_failed cause=%s", type(err).__name__)
+        return found
 
     async def _audit(self, height: int) -> None:
         """Check one executed height against our own signed statement (sidecar/audit.py);
@@ -398,6 +448,13 @@ class Sidecar:
         message = root_report_statement(self.spec.chain_id, height, root)
         signature = bytes(self.key.sign(message).signature)
         return spb.StateRootReport(height=height, state_root=root, signature=signature)
+
+
+def _tx_id_of(data: bytes) -> bytes | None:
+    try:
+        return parse(data, verify=False).tx_id
+    except TxRejected as err:
+        return err.tx_id or None
 
 
 def _now_ms() -> int:
@@ -583,6 +640,26 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             registry_since=sidecar.registry_since,
             content=registry_content(engine.state),
         )
+
+    async def Pending(
+        self, request: spb.PendingRequest, context: grpc.aio.ServicerContext
+    ) -> spb.PendingReply:
+        """The open cards the caller alone may answer (issue 16), with the signed proposal
+        each binds; any other key gets an empty list, which tells it nothing."""
+        sidecar = self.sidecar
+        engine, store = sidecar.engine, sidecar.store
+        assert engine is not None and store is not None
+        await self._refuse_if_damaged(context)
+        key, _, _ = await self._caller(context, METHOD_PENDING)
+        # no await between these two lines: the cards are the state at this height
+        cards = engine.cards_for(key)
+        reply = spb.PendingReply(executed_height=store.executed_height)
+        txs = await sidecar.proposal_transactions(cards)
+        for card in cards:
+            data = txs.get(card.proposal_id)
+            if data is not None:
+                reply.cards.add(card=card.to_bytes(), transaction=data)
+        return reply
 
     async def Status(
         self, request: spb.SidecarStatusRequest, context: grpc.aio.ServicerContext

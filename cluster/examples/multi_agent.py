@@ -10,10 +10,14 @@ delegated for one run (DESIGN §4.4):
    told only `This action is not permitted.`;
 2. the *accountant* pays the invoice: `payments.transfer` is confirmation-gated
    (`user_confirm`), so the call comes back pending with a card the sidecars built from the
-   canonical call; the principal (the planner) confirms exactly that card, and only then
-   does the payment run. The card number travels as a capability envelope, sealed to the
-   payment executor's X25519 key: the agents hold a handle, the cluster stores ciphertext,
-   and only the executor — after verifying the certificate offline — opens it. The
+   canonical call. The planner tries to confirm it itself (a subverted planner would) and
+   is refused: only the *principal* — the person the agents act for, a key of its own that
+   no agent holds — answers cards. The principal lists its open cards (what `quorumgate
+   pending` prints: the target and every argument's value), confirms exactly that card,
+   and only then does the payment run. The card number travels as a capability
+   envelope, sealed to the payment executor's X25519 key: the agents hold a handle, the
+   cluster stores ciphertext, and only the executor — after verifying the certificate
+   offline — opens it, once (it records every certificate it ran). The
    payment ledger (SQLite) records the last four digits, never the number;
 3. the accountant files a receipt in the file store.
 
@@ -36,7 +40,14 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
 from quorumgate.proto.model import EnvelopeArg
-from quorumgate.sdk.client import Decision, Handle, SyncClient, mandate, tool_spec
+from quorumgate.sdk.client import (
+    Decision,
+    Handle,
+    SyncClient,
+    TransactionRejected,
+    mandate,
+    tool_spec,
+)
 from quorumgate.sdk.executor import CertifiedLogSource, Executor
 from quorumgate.sdk.governed import (
     ActionDenied,
@@ -156,6 +167,10 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
     run_id = f"{RUN_PREFIX}-{stamp}"
     names = {role: f"{role}-{stamp}" for role in ("planner", "researcher", "accountant")}
     keys = {role: _key(work, role) for role in names}
+    # The principal: the person the agents act for (here the finance lead). Its key stays
+    # with the person (a file beside the cluster here); no agent ever holds it.
+    principal_id = f"finance-lead-{stamp}"
+    principal_key = _key(work, "principal")
     sink_key = PrivateKey.generate()
     # The payment executor reads the committed log to find the sealed card: the owner
     # lists its reader key as an auditor (running nodes see the change at once).
@@ -166,7 +181,7 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
     files.write("/docs/invoices/1042.txt", INJECTED_INVOICE)
     report = ExampleReport()
 
-    say("[owner] registering the payment sink, four tools and three agents")
+    say("[owner] registering the payment sink, four tools, the principal and three agents")
     with SyncClient.as_owner(spec.directory) as owner:
         owner.register_sink(PAYMENTS_SINK, bytes(sink_key.public_key))
         for spec_ in (
@@ -183,13 +198,16 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
         ):
             owner.register_tool(spec_)
         tools = ["files.read", "files.write", "mail.send", "payments.transfer"]
-        owner.register_agent(names["planner"], bytes(keys["planner"].verify_key))
+        owner.register_principal(principal_id, bytes(principal_key.verify_key))
+        owner.register_agent(
+            names["planner"], bytes(keys["planner"].verify_key), principal=principal_id
+        )
         owner.set_mandate(
             names["planner"], mandate(tools, delegation_policy="attenuated", max_delegation_depth=1)
         )
         for role, allowed in (("researcher", ["files.read", "mail.send"]),
                               ("accountant", ["payments.transfer", "files.write"])):  # fmt: skip
-            owner.register_agent(names[role], bytes(keys[role].verify_key))
+            owner.register_agent(names[role], bytes(keys[role].verify_key), principal=principal_id)
             owner.set_mandate(names[role], mandate(allowed))
         say("[owner] sealing the company card for the accountant, to the payment executor's key")
         # The agents only ever hold the handle; the cluster stores only ciphertext.
@@ -203,6 +221,7 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
     planner = SyncClient(spec, keys["planner"])
     researcher = SyncClient(spec, keys["researcher"])
     accountant = SyncClient(spec, keys["accountant"])
+    person = SyncClient(spec, principal_key)
     try:
         say(f"[planner] delegating run {run_id}: researcher may read files; "
             "accountant may pay and file receipts")  # fmt: skip
@@ -240,18 +259,24 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
             call = current_call()
             decision = call.decision
             assert decision is not None and call.proposal_id is not None
-            executor = Executor(
-                spec, PAYMENTS_SINK, sink_key, CertifiedLogSource(spec, auditor_key)
-            )
-            authorized = executor.verify(
-                decision.certificate_bytes(),
-                proposal_id=call.proposal_id,
-                tool="payments.transfer",
-                target=payee,
-                transaction=call.tx,
-                card=pending_payment[0].card if pending_payment else None,
-            )
-            number = executor.open_envelope(authorized, "card").decode()
+            # Each certificate pays once: the executor records the proposals it ran in a
+            # SQLite file beside the ledger, and refuses a certificate it has seen.
+            with Executor(
+                spec,
+                PAYMENTS_SINK,
+                sink_key,
+                CertifiedLogSource(spec, auditor_key),
+                used=work / "payments-used.db",
+            ) as executor:
+                authorized = executor.verify(
+                    decision.certificate_bytes(),
+                    proposal_id=call.proposal_id,
+                    tool="payments.transfer",
+                    target=payee,
+                    transaction=call.tx,
+                    card=pending_payment[0].card if pending_payment else None,
+                )
+                number = executor.open_envelope(authorized, "card").decode()
             certified("accountant", "payments.transfer", payee)
             signers = ",".join(map(str, decision.signers))
             return ledger.record(payee, amount, number, call.proposal_id, signers)
@@ -292,9 +317,21 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
                 for line in pending.card.render().splitlines():
                     say(f"    {line}")
             exc = pending_payment[0]
-            confirmed = planner.confirm(exc.proposal_id, exc.card.digest)
-            report.add("planner", "confirm", payee.group(1), confirmed)
-            say("[planner] confirmed exactly that card")
+            # A subverted planner would confirm the payment itself: its key cannot.
+            try:
+                planner.confirm(exc.proposal_id, exc.card.digest)
+                raise AssertionError("an agent key confirmed a card")
+            except TransactionRejected as refused:
+                report.add("planner", "confirm", payee.group(1), refused.decision)
+                say(f"[planner] tried to confirm the payment itself: refused ({refused.reason})")
+            # The principal reads its open cards, with every value, and confirms that one.
+            card_for_person = next(c for c in person.pending() if c.proposal_id == exc.proposal_id)
+            say("[principal] the open card, as `quorumgate pending` shows it:")
+            for line in card_for_person.render().splitlines():
+                say(f"    {line}")
+            confirmed = person.confirm(exc.proposal_id, card_for_person.card.digest)
+            report.add("principal", "confirm", payee.group(1), confirmed)
+            say("[principal] confirmed exactly that card")
             with resume_confirmed(exc):
                 payment_id = transfer(payee.group(1), amount.group(1), card)
             say(f"[accountant] paid: payment #{payment_id} in the payment ledger (the executor "
@@ -304,6 +341,6 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
         for row in ledger.db.execute("SELECT id, payee, amount, card_last4 FROM payments"):
             report.payments.append((int(row[0]), str(row[1]), str(row[2]), str(row[3])))
     finally:
-        for client in (planner, researcher, accountant):
+        for client in (planner, researcher, accountant, person):
             client.close()
     return report

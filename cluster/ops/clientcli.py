@@ -4,9 +4,11 @@
 
     keygen     --out FILE [--sink]              an Ed25519 agent key (or X25519 sink key), 0600
     submit     --dir D --key F --run R --tool T [--target X] [--arg N=V]... [--handle N=H]...
+    pending    --dir D [--key F]                the open cards this key alone may answer
     confirm    --dir D [--key F] PROPOSAL_ID [--yes]
-    admin      --dir D [--key F] register-tool | register-agent | register-sink |
-               set-mandate | suspend | resume ...
+    reject     --dir D [--key F] PROPOSAL_ID [--yes]
+    admin      --dir D [--key F] register-tool | register-agent | register-principal |
+               register-sink | set-mandate | suspend | resume ...
     agents     --dir D                          registered agents and their mandates
     tools      --dir D                          registered tools
     verdicts   --dir D [--from-height H] [--follow]
@@ -14,7 +16,7 @@
 Every command takes `--json` (one JSON document; `verdicts` prints JSON lines) and prints
 tidy tables otherwise; anything that waits shows a progress line on a terminal (stderr,
 never with `--json`). Keys are hex seed files with mode 0600, like `DIR/owner.key`;
-`admin` and `confirm` default to the owner's.
+`admin`, `pending`, `confirm` and `reject` default to the owner's.
 
 Exit codes: 0 done (allow, flag, applied); 1 denied or rejected; 2 bad input, refused, or
 cluster unreachable; 3 pending confirmation (`submit`).
@@ -66,6 +68,7 @@ from quorumgate.sdk.client import (
     ClusterUnavailable,
     Decision,
     Handle,
+    OpenCard,
     QuorumGateError,
     TransactionRejected,
     mandate,
@@ -73,6 +76,7 @@ from quorumgate.sdk.client import (
 )
 from quorumgate.sdk.keys import generate_key, generate_sink_key
 from quorumgate.sdk.registry import Registry
+from quorumgate.sidecar.engine.statements import ConfirmationCard
 
 T = TypeVar("T")
 
@@ -316,13 +320,63 @@ def _print_decision(args: argparse.Namespace, decision: Decision) -> int:
 # ---------------------------------------------------------------------------- confirm
 
 
+def _card_json(open_card: OpenCard) -> dict[str, object]:
+    card = open_card.card
+    return {
+        "proposal_id": card.proposal_id.hex(),
+        "card_digest": card.digest.hex(),
+        "tool": card.tool,
+        "target": card.canonical_target,
+        "requested_by": card.principal,
+        "tier": card.tier.value,
+        "delegate_of": card.delegate_of,
+        "confirmer": card.confirmer,
+        "values": dict(open_card.values),
+        "expires_at_ms": card.expires_at_ms,
+        "created_height": card.created_height,
+        "certified_by": list(open_card.sidecars),
+        "text": open_card.render(),
+    }
+
+
+def _cmd_pending(args: argparse.Namespace) -> int:
+    """The open cards this key alone may answer, rendered as the person should read them."""
+
+    async def work(client: Client) -> int:
+        cards = await _waiting("reading open cards", args, client.pending(args.deadline))
+        if args.json:
+            _emit(args, {"cards": [_card_json(c) for c in cards]}, "")
+            return EXIT_OK
+        if not cards:
+            print("no open cards for this key")
+            return EXIT_OK
+        for open_card in cards:
+            print(open_card.render())
+            print()
+        print(f"{len(cards)} open card(s); answer with `quorumgate confirm` or `reject`")
+        return EXIT_OK
+
+    return _run_with_client(args, owner_default=True, work=work)
+
+
 def _cmd_confirm(args: argparse.Namespace) -> int:
+    return _answer(args, reject=False)
+
+
+def _cmd_reject(args: argparse.Namespace) -> int:
+    return _answer(args, reject=True)
+
+
+def _answer(args: argparse.Namespace, *, reject: bool) -> int:
+    """Show the card with every value, ask (unless --yes), sign the answer."""
+    verb = "reject" if reject else "confirm"
     try:
         proposal_id = _hex_bytes(args.proposal_id, "PROPOSAL_ID")
     except argparse.ArgumentTypeError as err:
         return _fail(str(err))
 
-    async def work(client: Client) -> int:
+    async def card_of_v1(client: Client) -> ConfirmationCard | int:
+        """Authority version 1 chains: the card from the proposal's certificate."""
         try:
             pending = await _waiting(
                 "fetching the certified card",
@@ -337,28 +391,55 @@ def _cmd_confirm(args: argparse.Namespace) -> int:
             )
         if pending.card is None or pending.outcome is not Outcome.PENDING:
             return _fail(f"proposal is not pending (outcome {pending.outcome.value})", 1)
-        card = pending.card
+        return pending.card
+
+    async def work(client: Client) -> int:
+        if client.spec.authority_version >= 2:
+            cards = await _waiting("reading open cards", args, client.pending(args.deadline))
+            mine = [c for c in cards if c.proposal_id == proposal_id]
+            if not mine:
+                return _fail(
+                    f"no open card {proposal_id.hex()[:16]}... for this key: it was answered, "
+                    f"expired, or is another's to answer (list yours with `quorumgate "
+                    f"pending --dir {args.dir} --key KEY`)",
+                    1,
+                )
+            card, text = mine[0].card, mine[0].render()
+        else:
+            found = await card_of_v1(client)
+            if isinstance(found, int):
+                return found
+            card, text = found, found.render()
         if not args.json:
-            print(card.render())
+            print(text)
         if not args.yes:
             if not sys.stdin.isatty():
-                return _fail("not a terminal: pass --yes to confirm the card shown")
-            answer = input("Confirm exactly this call? [y/N] ").strip().lower()
+                return _fail(f"not a terminal: pass --yes to {verb} the card shown")
+            question = "Reject this call?" if reject else "Confirm exactly this call?"
+            answer = input(f"{question} [y/N] ").strip().lower()
             if answer not in ("y", "yes"):
-                return _fail("not confirmed", 1)
+                return _fail(f"not {verb}ed", 1)
         try:
             decision = await _waiting(
-                "confirming",
+                f"{verb}ing",
                 args,
-                client.confirm(proposal_id, card.digest, args.deadline),
+                client.confirm(proposal_id, card.digest, args.deadline, reject=reject),
             )
         except TransactionRejected as err:
             _emit(
                 args,
                 decision_json(err.decision, with_reason=True),
-                f"confirmation rejected: {err.reason}",
+                f"{verb} refused: {err.reason}",
             )
             return EXIT_DENIED
+        if reject:
+            _emit(
+                args,
+                decision_json(decision, with_reason=True),
+                f"rejected: proposal {proposal_id.hex()[:16]}... is denied "
+                f"({decision.reason}), certified by sidecars {_signers(decision)}",
+            )
+            return EXIT_OK
         return _print_decision(args, decision)
 
     return _run_with_client(args, owner_default=True, work=work)
@@ -399,10 +480,21 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
             binds_caller=args.binds_caller,
         )
         return op, args.name, lambda c: c.register_tool(spec, args.deadline)
-    if op in ("register-agent", "register-sink"):
+    if op in ("register-agent", "register-sink", "register-principal"):
         key = _public_key_arg(args, sink=op == "register-sink")
         if op == "register-agent":
-            return op, args.agent_id, lambda c: c.register_agent(args.agent_id, key, args.deadline)
+            principal = args.principal or ""
+            return (
+                op,
+                args.agent_id,
+                lambda c: c.register_agent(args.agent_id, key, args.deadline, principal=principal),
+            )
+        if op == "register-principal":
+            return (
+                op,
+                args.principal_id,
+                lambda c: c.register_principal(args.principal_id, key, args.deadline),
+            )
         return op, args.sink_id, lambda c: c.register_sink(args.sink_id, key, args.deadline)
     if op == "set-mandate":
         chosen = [args.tools is not None, args.unrestricted, args.no_tools]
@@ -757,12 +849,22 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     _deadline(submit)
     submit.set_defaults(func=_cmd_submit)
 
-    confirm = sub.add_parser("confirm", help="show a pending call's card and confirm it")
-    _common(confirm, key_help="the confirming principal's key (default: the owner's)")
-    confirm.add_argument("proposal_id", metavar="PROPOSAL_ID", help="hex")
-    confirm.add_argument("--yes", action="store_true", help="confirm without asking")
-    _deadline(confirm)
-    confirm.set_defaults(func=_cmd_confirm)
+    pending = sub.add_parser("pending", help="the open cards this key alone may answer")
+    _common(pending, key_help="a principal's key (default: the owner's)")
+    _deadline(pending)
+    pending.set_defaults(func=_cmd_pending)
+    for name, func, what in (
+        ("confirm", _cmd_confirm, "confirm"),
+        ("reject", _cmd_reject, "decline"),
+    ):
+        answer = sub.add_parser(
+            name, help=f"show a pending call's card with its values and {what} it"
+        )
+        _common(answer, key_help="the principal's key the card names (default: the owner's)")
+        answer.add_argument("proposal_id", metavar="PROPOSAL_ID", help="hex")
+        answer.add_argument("--yes", action="store_true", help=f"{what} without asking")
+        _deadline(answer)
+        answer.set_defaults(func=func)
 
     admin = sub.add_parser("admin", help="owner operations (signed with DIR/owner.key)")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
@@ -778,9 +880,16 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     tool.add_argument("--binds-caller", action="store_true", help="a status tool")
     agent = admin_sub.add_parser("register-agent", help="register an agent's public key")
     agent.add_argument("agent_id")
+    agent.add_argument(
+        "--principal", metavar="ID", help="the principal it acts for (default: the owner)"
+    )
+    person = admin_sub.add_parser(
+        "register-principal", help="register a principal: the person who answers its cards"
+    )
+    person.add_argument("principal_id")
     sink = admin_sub.add_parser("register-sink", help="register a sink's X25519 public key")
     sink.add_argument("sink_id")
-    for parser in (agent, sink):
+    for parser in (agent, person, sink):
         parser.add_argument("--public-key", metavar="HEX")
         parser.add_argument("--key-file", metavar="FILE", help="derive it from a key file")
     mand = admin_sub.add_parser("set-mandate", help="set an agent's mandate (new version)")
@@ -796,7 +905,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     suspend.add_argument("agent_id")
     resume = admin_sub.add_parser("resume", help="lift a suspension")
     resume.add_argument("agent_id")
-    for parser in (tool, agent, sink, mand, suspend, resume):
+    for parser in (tool, agent, person, sink, mand, suspend, resume):
         _common(parser, key_help="the owner key (default DIR/owner.key)")
         _deadline(parser)
         parser.set_defaults(func=_cmd_admin)

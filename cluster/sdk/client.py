@@ -81,6 +81,7 @@ from quorumgate.proto.model import (
     Outcome,
     Proposal,
     RegisterAgent,
+    RegisterPrincipal,
     RegisterSink,
     RegisterTool,
     Resume,
@@ -100,7 +101,12 @@ from quorumgate.replica.channels import Reader, aio_channel, sync_channel
 from quorumgate.replica.readauth import read_auth_metadata
 from quorumgate.sdk.nonces import NonceLedger
 from quorumgate.sdk.registry import Registry, registry_from_pb
-from quorumgate.sidecar.engine.statements import ConfirmationCard, handle_for
+from quorumgate.sidecar.engine.statements import (
+    CardMismatch,
+    ConfirmationCard,
+    card_values,
+    handle_for,
+)
 from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
@@ -121,6 +127,7 @@ __all__ = [
     "Handle",
     "InvalidCertificate",
     "Mandate",
+    "OpenCard",
     "Overloaded",
     "QuorumGateError",
     "Refused",
@@ -156,6 +163,7 @@ OWN_NONCES_REMEMBERED_MAX = 65_536  # proposal ids this client signed, with thei
 METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
+METHOD_PENDING = "/qgpb.Sidecar/Pending"
 DELEGATION_TTL_S_DEFAULT = 3600.0
 # A SyncClient call never blocks longer than this, whatever the coroutine's own deadlines
 # (they are all shorter); a safety net against a stuck channel, not a tuning knob.
@@ -287,6 +295,27 @@ class Submitted:
 
 
 @dataclass(frozen=True, repr=False)
+class OpenCard:
+    """An open confirmation card the caller alone may answer (`Client.pending`): the card
+    f+1 sidecars returned byte for byte, and every argument's value read from the signed
+    proposal the card binds (`card_values`). `render()` is what a person should see."""
+
+    card: ConfirmationCard
+    values: tuple[tuple[str, str], ...]
+    sidecars: tuple[int, ...]
+
+    @property
+    def proposal_id(self) -> bytes:
+        return self.card.proposal_id
+
+    def render(self) -> str:
+        return self.card.render(self.values)
+
+    def __repr__(self) -> str:
+        return f"OpenCard(tool={self.card.tool!r}, proposal={self.proposal_id.hex()[:16]})"
+
+
+@dataclass(frozen=True)
 class Decision:
     """A certified verdict: f+1 sidecars signed it, and `verify_certificate` checked it
     against the cluster file. `card` is the confirmation card of a pending call (checked
@@ -369,6 +398,34 @@ def decode_card(data: bytes) -> ConfirmationCard:
     if card.to_bytes() != data:
         raise InvalidCertificate("bad_card")
     return card
+
+
+def _agreed_cards(answers: Mapping[int, spb.PendingReply], needed: int) -> list[OpenCard]:
+    """The cards `needed` sidecars returned byte for byte, with values from a transaction
+    one of them returned that the card binds (a sidecar cannot show one call and have
+    another confirmed: the card digest binds the body's digest)."""
+    seen: dict[bytes, list[int]] = {}
+    bodies: dict[bytes, list[bytes]] = {}
+    for member, reply in sorted(answers.items()):
+        for entry in reply.cards:
+            seen.setdefault(entry.card, []).append(member)
+            bodies.setdefault(entry.card, []).append(entry.transaction)
+    out = []
+    for data, members in seen.items():
+        if len(set(members)) < needed:
+            continue
+        try:
+            card = decode_card(data)
+        except InvalidCertificate:
+            continue
+        for transaction in bodies[data]:
+            try:
+                values = card_values(card, transaction)
+            except CardMismatch:
+                continue
+            out.append(OpenCard(card, values, tuple(sorted(set(members)))))
+            break
+    return sorted(out, key=lambda c: c.proposal_id)
 
 
 def load_certificate(data: bytes) -> Certificate:
@@ -1149,23 +1206,67 @@ class Client:
             raise TransactionRejected(decision)
         return decision.card
 
-    async def confirm(
+    async def pending(self, deadline_s: float | None = None) -> list[OpenCard]:
+        """The open confirmation cards this key alone may answer (a principal's, or the
+        owner's; issue 16), in proposal-id order: each card that f+1 sidecars return byte
+        for byte, with its values read from the signed proposal it binds. Asks again while
+        fewer than f+1 sidecars answer, until `deadline_s` (then `ClusterUnavailable`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.certificate_deadline_s if deadline_s is None else deadline_s)
+        needed = self.spec.f + 1
+        delay = RECEIPT_POLL_S_MIN
+        while True:
+            answers = await self._sidecar_calls(
+                lambda stub: stub.Pending(
+                    spb.PendingRequest(),
+                    timeout=self.rpc_timeout_s,
+                    metadata=self._read_auth(METHOD_PENDING),
+                ),
+                enough=self.spec.n,
+            )
+            if len(answers) >= needed:
+                return _agreed_cards(answers, needed)
+            if loop.time() >= deadline:
+                raise ClusterUnavailable("sidecars_unreachable")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECEIPT_POLL_S_MAX)
+
+    async def reject(
         self,
         proposal_id: bytes,
         card_digest: bytes | None = None,
         deadline_s: float | None = None,
     ) -> Decision:
+        """Decline a pending proposal (issue 16): the card leaves the state and the call is
+        denied (`confirmation_rejected`); `TransactionRejected` if this key may not answer
+        it, or the digest is wrong. Without `card_digest`, the open card is read first."""
+        return await self.confirm(proposal_id, card_digest, deadline_s, reject=True)
+
+    async def confirm(
+        self,
+        proposal_id: bytes,
+        card_digest: bytes | None = None,
+        deadline_s: float | None = None,
+        *,
+        reject: bool = False,
+    ) -> Decision:
         """Sign a Confirm for a pending proposal (DESIGN §4.5) and return the verdict it
         produced: allow / flag / deny for the call, or `TransactionRejected` (wrong card,
-        expired, not this confirmer's to confirm). Without `card_digest`, the certified
-        card is fetched first: confirm only what you have shown the principal."""
+        expired, not this confirmer's to confirm). Without `card_digest`, the card is
+        fetched first (from this key's open cards, else the proposal's certificate):
+        confirm only what you have shown the principal."""
         if card_digest is None:
-            card_digest = (await self.pending_card(proposal_id, deadline_s)).digest
+            mine = [c for c in await self.pending(deadline_s) if c.proposal_id == proposal_id]
+            if mine:
+                card_digest = mine[0].card.digest
+            else:
+                card_digest = (await self.pending_card(proposal_id, deadline_s)).digest
         statuses = await self.sidecar_status()
         if len(statuses) < self.spec.f + 1:
             raise ClusterUnavailable("sidecars_unreachable", proposal_id=proposal_id)
         from_height = min(s.executed_height for s in statuses.values()) + 1
-        submitted = await self.submit(Confirm(proposal_id=proposal_id, card_digest=card_digest))
+        answer = Confirm(proposal_id=proposal_id, card_digest=card_digest, reject=reject)
+        submitted = await self.submit(answer)
         self._confirmations[proposal_id] = (submitted.proposal_id, submitted.nonce)
         while len(self._confirmations) > OWN_NONCES_REMEMBERED_MAX:
             self._confirmations.popitem(last=False)
@@ -1231,9 +1332,25 @@ class Client:
         return await self.admin(RegisterTool(spec=spec), deadline_s)
 
     async def register_agent(
-        self, agent_id: str, public_key: bytes, deadline_s: float | None = None
+        self,
+        agent_id: str,
+        public_key: bytes,
+        deadline_s: float | None = None,
+        *,
+        principal: str = "",
     ) -> Decision:
-        return await self.admin(RegisterAgent(agent_id=agent_id, public_key=public_key), deadline_s)
+        """Register an agent; `principal` names the person it acts for (who alone answers
+        its cards); without one, the owner does."""
+        op = RegisterAgent(agent_id=agent_id, public_key=public_key, principal=principal)
+        return await self.admin(op, deadline_s)
+
+    async def register_principal(
+        self, principal_id: str, public_key: bytes, deadline_s: float | None = None
+    ) -> Decision:
+        """Register a principal: a person who answers the cards of the agents acting for
+        them; its key is never an agent's, a sink's or the owner's."""
+        op = RegisterPrincipal(principal_id=principal_id, public_key=public_key)
+        return await self.admin(op, deadline_s)
 
     async def register_sink(
         self, sink_id: str, public_key: bytes, deadline_s: float | None = None
@@ -1470,6 +1587,14 @@ class SyncClient:
     ) -> Decision:
         return self.run(self.aio.confirm(proposal_id, card_digest, deadline_s))
 
+    def reject(
+        self, proposal_id: bytes, card_digest: bytes | None = None, deadline_s: float | None = None
+    ) -> Decision:
+        return self.run(self.aio.reject(proposal_id, card_digest, deadline_s))
+
+    def pending(self, deadline_s: float | None = None) -> list[OpenCard]:
+        return self.run(self.aio.pending(deadline_s))
+
     def delegate(
         self,
         child_public_key: bytes,
@@ -1516,9 +1641,21 @@ class SyncClient:
         return self.run(self.aio.register_tool(spec, deadline_s))
 
     def register_agent(
-        self, agent_id: str, public_key: bytes, deadline_s: float | None = None
+        self,
+        agent_id: str,
+        public_key: bytes,
+        deadline_s: float | None = None,
+        *,
+        principal: str = "",
     ) -> Decision:
-        return self.run(self.aio.register_agent(agent_id, public_key, deadline_s))
+        return self.run(
+            self.aio.register_agent(agent_id, public_key, deadline_s, principal=principal)
+        )
+
+    def register_principal(
+        self, principal_id: str, public_key: bytes, deadline_s: float | None = None
+    ) -> Decision:
+        return self.run(self.aio.register_principal(principal_id, public_key, deadline_s))
 
     def register_sink(
         self, sink_id: str, public_key: bytes, deadline_s: float | None = None

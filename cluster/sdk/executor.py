@@ -1,9 +1,11 @@
-"""The tool-executor side (issue 6, item 3): run a call only with a certificate for it, and
-open only the envelopes that call carries and that are sealed to this sink.
+"""The tool-executor side (issue 6, item 3; issue 16, item 4): run a call only with a
+certificate for it, at most once, and open only the envelopes that call carries and that
+are sealed to this sink.
 
-    executor = Executor(spec, "payments", sink_private_key, CertifiedLogSource(spec, auditor_key))
+    executor = Executor(spec, "payments", sink_private_key,
+                        CertifiedLogSource(spec, auditor_key), used="payments-used.db")
     call = executor.verify(certificate, proposal_id=pid, tool="pay",
-                           target="https://bank.example/transfer", transaction=tx)
+                           target="https://bank.example/transfer", transaction=tx, card=card)
     card_number = executor.open_envelope(call, "card")
 
 `verify` checks, offline and in this order: the certificate itself
@@ -11,16 +13,27 @@ open only the envelopes that call carries and that are sealed to this sink.
 keys, the proposal id); that it certifies a tool call (a proposal, or the Confirm that
 settled one); that the outcome is allow or flag; that the certified target digest is the
 digest of `"<tool> <target>"` the executor is about to act on; that a confirmation card,
-when the verdict names one, is that card (digest) and binds the transaction's body; and
-that the transaction, when given, is signed, has the certified proposal id and names the
-same tool. Anything else is refused with a typed `ExecutorRefused`.
+when the verdict names one, is given and is that card (digest); that the transaction, when
+given, is signed, has the certified proposal id, names the same tool and is the body the
+certificate binds; and last, that this executor has not run the proposal before. Anything
+else is refused with a typed `ExecutorRefused`.
 
-Which envelopes a call may open comes from the card (bound by the certificate) or from the
-signed transaction, whose body must hash to the digest the certificate binds: the card's
-`body_digest` for a confirmed call, the receipt leaf's `body_digest` for a direct one. So an
-agent cannot sign a second body under the same nonce naming other handles: the certificate
-names the one body that was committed and judged. `require_bound_arguments=True` refuses
-to open envelopes for a call whose arguments no certificate binds.
+Which envelopes a call may open is never taken from an unbound body. The handles come from
+the card (bound by the certificate's card digest), or from the signed transaction when its
+body hashes to a digest the certificate binds: the card's `body_digest` for a confirmed
+call, the receipt leaf's `body_digest` for a direct one (a leaf for the proposal itself).
+A certificate that names a card is refused without it (`card_required`): its leaf is the
+Confirm's, whose body digest is not the proposal's. A transaction that neither binds is
+refused (`arguments_not_bound`). So no agent can sign a second body under the same nonce
+naming other handles, its own or another principal's: the certificate names the one body
+that was committed and judged.
+
+Each certificate runs once per executor: the proposal id is claimed in a `UsedProposals`
+record as the last step of `verify`, after every other check passed, and a second
+`verify` of the same proposal (with this certificate or another for it) is refused
+(`CertificateReused`). `SqliteUsedProposals` keeps the record in a SQLite file that
+survives restarts (pass its path as `used`); `MemoryUsedProposals` keeps it in memory,
+for tests and in-process executors. Executors that share a record share the single use.
 
 The sealed values come from the SealEnvelope transactions in the committed log. No sidecar
 RPC serves them yet, so a `SealedValueSource` is pluggable:
@@ -35,8 +48,13 @@ RPC serves them yet, so a `SealedValueSource` is pluggable:
 from __future__ import annotations
 
 import hashlib
+import os
+import sqlite3
+import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, Self
 
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, SealedBox
@@ -47,9 +65,10 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import Outcome, Proposal
 from quorumgate.proto.tx import TxRejected, parse
 from quorumgate.sdk.client import ClusterUnavailable, CommittedLog, decode_card, load_certificate
+from quorumgate.sdk.targets import certified_target
 from quorumgate.sidecar.engine.core import Engine
-from quorumgate.sidecar.engine.statements import ConfirmationCard, target_digest
-from quorumgate.sidecar.engine.targets import canonical_call
+from quorumgate.sidecar.engine.statements import ConfirmationCard
+from quorumgate.sidecar.engine.targets import NO_TARGET
 from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
@@ -60,14 +79,18 @@ from quorumgate.sidecar.receipts import (
 __all__ = [
     "AuthorizedCall",
     "CertificateRejected",
+    "CertificateReused",
     "CertifiedLogSource",
     "EngineSource",
     "EnvelopeUnopenable",
     "Executor",
     "ExecutorRefused",
     "HandleRefused",
+    "MemoryUsedProposals",
     "NotAllowed",
     "SealedValueSource",
+    "SqliteUsedProposals",
+    "UsedProposals",
     "WrongCall",
 ]
 
@@ -103,6 +126,101 @@ class EnvelopeUnopenable(ExecutorRefused):
     """The sealed value does not open with this sink's key."""
 
 
+class CertificateReused(ExecutorRefused):
+    """A valid certificate for a call this executor has already run."""
+
+    def __init__(self, reason: str = "already_used") -> None:
+        super().__init__(reason)
+
+
+# ------------------------------------------------------------------ used certificates
+
+
+class UsedProposals(Protocol):
+    """The record of proposals an executor has run."""
+
+    def claim(self, proposal_id: bytes) -> bool:
+        """Mark `proposal_id` used: True the first time, atomically; False if it already
+        was. Raises if the record cannot be read or written (the executor then refuses)."""
+        ...
+
+
+class MemoryUsedProposals:
+    """Used proposals in memory: for tests and in-process executors (lost on exit)."""
+
+    def __init__(self) -> None:
+        self._used: set[bytes] = set()
+        self._lock = threading.Lock()
+
+    def claim(self, proposal_id: bytes) -> bool:
+        key = bytes(proposal_id)
+        with self._lock:
+            if key in self._used:
+                return False
+            self._used.add(key)
+            return True
+
+    def __repr__(self) -> str:
+        return f"MemoryUsedProposals(used={len(self._used)})"
+
+
+class SqliteUsedProposals:
+    """Used proposals in a SQLite file (WAL, one table keyed by the proposal id) that
+    survives restarts and may be shared by executors in several processes: a claim is one
+    `INSERT OR IGNORE`, committed (and synced) before `claim` returns. The file and its
+    parent directory are created owner-only if missing."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        db = sqlite3.connect(
+            self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+        )
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS used_proposals "
+                "(proposal_id BLOB PRIMARY KEY NOT NULL) WITHOUT ROWID"
+            )
+        except BaseException:
+            db.close()
+            raise
+        self._db: sqlite3.Connection | None = db
+        self._lock = threading.Lock()
+
+    def claim(self, proposal_id: bytes) -> bool:
+        with self._lock:
+            if self._db is None:
+                raise sqlite3.ProgrammingError("the used-proposals store is closed")
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO used_proposals (proposal_id) VALUES (?)",
+                (bytes(proposal_id),),
+            )
+            return cur.rowcount == 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteUsedProposals({str(self.path)!r})"
+
+
 class SealedValueSource(Protocol):
     def sealed_value(self, handle: str, sink: str, certificate: Certificate) -> bytes | None:
         """The ciphertext of `handle` sealed to `sink`, as of the certified state."""
@@ -119,7 +237,7 @@ class AuthorizedCall:
     outcome: Outcome
     certificate: Certificate
     handles: tuple[tuple[str, str], ...] = field(default=())
-    bound_by: str = "none"  # "card", "leaf", "transaction" or "none": what binds `handles`
+    bound_by: str = "none"  # "card", "leaf" or "none": what binds `handles`
 
     @property
     def flagged(self) -> bool:
@@ -133,8 +251,10 @@ class AuthorizedCall:
 
 
 class Executor:
-    """One sink's executor: its id, its X25519 private key, and where sealed values come
-    from. Holds no secret but the key; returns plaintexts to the caller only."""
+    """One sink's executor: its id, its X25519 private key, where sealed values come from,
+    and its record of the proposals it has run (`used`: a `UsedProposals`, or the path of a
+    SQLite file, which the executor then opens and `close` closes). Holds no secret but
+    the key; returns plaintexts to the caller only."""
 
     def __init__(
         self,
@@ -143,7 +263,7 @@ class Executor:
         private_key: PrivateKey,
         source: SealedValueSource,
         *,
-        require_bound_arguments: bool = False,
+        used: UsedProposals | str | os.PathLike[str],
     ) -> None:
         if not names.is_agent_id(sink_id):
             raise ValueError("sink id must match " + names.AGENT_ID_RE.pattern)
@@ -152,10 +272,30 @@ class Executor:
         self._box = SealedBox(private_key)
         self.public_key = bytes(private_key.public_key)
         self.source = source
-        self.require_bound_arguments = require_bound_arguments
+        self._owned: SqliteUsedProposals | None = None
+        if isinstance(used, (str, os.PathLike)):
+            self._owned = SqliteUsedProposals(used)
+            used = self._owned
+        self.used: UsedProposals = used
 
     def __repr__(self) -> str:
         return f"Executor(sink={self.sink_id!r})"
+
+    def close(self) -> None:
+        """Close the used-proposals store if the executor opened it (from a path)."""
+        if self._owned is not None:
+            self._owned.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def verify(
         self,
@@ -167,31 +307,40 @@ class Executor:
         transaction: bytes | None = None,
         card: ConfirmationCard | bytes | None = None,
     ) -> AuthorizedCall:
-        """The module docstring's checks; `target` is the canonical target the executor
-        acts on (`"-"` for a tool that takes none)."""
+        """The module docstring's checks. `target` is the target the executor acts on, in
+        any spelling (`""` or `"-"` for a tool that takes none): it is canonicalized the
+        chain's way by the helper governed tools use (`quorumgate.sdk.targets`), and the
+        certificate must name that canonical form; `AuthorizedCall.target` is it."""
         if isinstance(certificate, bytes):
             try:
                 certificate = load_certificate(certificate)
             except Exception as err:
                 raise CertificateRejected("malformed") from err
+        tool = names.canonical_tool_name(tool) or tool
         leaf = self._leaf(certificate, proposal_id)
         if leaf.kind not in CALL_KINDS:
             raise WrongCall("not_a_tool_call")
         if not leaf.allows:
             raise NotAllowed(leaf.outcome)
-        if leaf.target_digest != target_digest(canonical_call(tool, target)):
+        # the one helper governed tools use too: the canonical form of `target` that the
+        # certificate names, or a refusal (a raw spelling is canonicalized the chain's way)
+        raw = "" if target == NO_TARGET else target
+        canonical = certified_target(
+            tool, raw, leaf.target_digest, version=self.spec.canonical_version
+        )
+        if canonical is None:
             raise WrongCall("target_mismatch")
+        target = canonical or NO_TARGET
         bound_card = self._card(leaf, card, tool)
         handles: tuple[tuple[str, str], ...] = ()
         bound_by = "none"
         if transaction is not None:
-            handles, leaf_bound = self._transaction_handles(
-                transaction, proposal_id, tool, bound_card, leaf
-            )
-            bound_by = "leaf" if leaf_bound else "transaction"
+            handles = self._transaction_handles(transaction, proposal_id, tool, bound_card, leaf)
+            bound_by = "leaf"
         if bound_card is not None:
             handles = bound_card.handles
             bound_by = "card"
+        self._claim(proposal_id)  # last: a refused call does not use the certificate up
         return AuthorizedCall(
             proposal_id=proposal_id,
             tool=tool,
@@ -210,6 +359,14 @@ class Executor:
         except CertificateError as err:
             raise CertificateRejected(err.reason) from err
 
+    def _claim(self, proposal_id: bytes) -> None:
+        try:
+            fresh = self.used.claim(proposal_id)
+        except (sqlite3.Error, OSError) as err:
+            raise ExecutorRefused("used_store_unavailable") from err
+        if not fresh:
+            raise CertificateReused("already_used")
+
     def _card(
         self, leaf: ReceiptLeaf, card: ConfirmationCard | bytes | None, tool: str
     ) -> ConfirmationCard | None:
@@ -218,7 +375,8 @@ class Executor:
                 raise WrongCall("card_not_certified")
             return None
         if card is None:
-            return None
+            # the leaf is the Confirm's: only the card binds the call's arguments
+            raise WrongCall("card_required")
         if isinstance(card, bytes):
             try:
                 card = decode_card(card)
@@ -237,7 +395,8 @@ class Executor:
         tool: str,
         card: ConfirmationCard | None,
         leaf: ReceiptLeaf,
-    ) -> tuple[tuple[tuple[str, str], ...], bool]:
+    ) -> tuple[tuple[str, str], ...]:
+        """The handles of a signed transaction whose body the card or the leaf binds."""
         try:
             parsed = parse(transaction, verify=True)
         except TxRejected as err:
@@ -248,17 +407,20 @@ class Executor:
         if not isinstance(payload, Proposal) or names.canonical_tool_name(payload.tool) != tool:
             raise WrongCall("transaction_mismatch")
         digest = hashlib.sha256(parsed.signed.body).digest()
+        card_bound = card is not None
         if card is not None and digest != card.body_digest:
             raise WrongCall("transaction_mismatch")
         leaf_bound = leaf.tx_id == proposal_id and bool(leaf.body_digest)
         if leaf_bound and digest != leaf.body_digest:
             raise WrongCall("transaction_mismatch")
+        if not (card_bound or leaf_bound):
+            raise WrongCall("arguments_not_bound")
         out = []
         for arg in payload.arguments:
             name = names.canonical_argument_name(arg.name)
             if arg.handle is not None and name is not None:
                 out.append((name, arg.handle))
-        return tuple(sorted(out)), leaf_bound
+        return tuple(sorted(out))
 
     def open_envelope(self, call: AuthorizedCall, argument: str) -> bytes:
         """The plaintext of the handle the certified call passes as `argument`."""
@@ -273,7 +435,7 @@ class Executor:
         this sink."""
         if handle not in {h for _, h in call.handles}:
             raise HandleRefused("not_in_call")
-        if self.require_bound_arguments and call.bound_by not in ("card", "leaf"):
+        if call.bound_by not in ("card", "leaf"):
             raise HandleRefused("arguments_not_bound")
         ciphertext = self.source.sealed_value(handle, self.sink_id, call.certificate)
         if ciphertext is None:

@@ -112,6 +112,7 @@ from quorumgate.sdk.client import (
     SyncClient,
     proposal_body_digest,
 )
+from quorumgate.sdk.targets import binds_caller, certified_target
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 
 __all__ = [
@@ -612,41 +613,21 @@ async def _certified_target(aio: Client, proposal: Proposal, decision: Decision)
     """The canonical target of a certified call, as the body must see it (DESIGN §4.1:
     "the tool body runs on the canonical targets, never the raw ones"): canonicalized here
     the way the chain does (its `canonical_version`), and accepted only if its digest is
-    the one the certificate carries. The agent id is asked of the registry only when the
-    target binds to the caller."""
-    from quorumgate.sidecar.engine.statements import target_digest
-    from quorumgate.sidecar.engine.targets import (
-        NO_TARGET,
-        TargetRefused,
-        canonical_call,
-        canonicalize_target,
-    )
-
-    tool = names.canonical_tool_name(proposal.tool) or proposal.tool
+    the one the certificate carries (`quorumgate.sdk.targets.certified_target`, the same
+    check the executor makes). The agent id is asked of the registry only when the target
+    binds to the caller."""
     raw = proposal.target
-    certified = decision.certificate.leaf.target_digest
-    version = aio.spec.canonical_version
-    head = raw.strip(" ").split(":", 1)[0].lower()
-    binds = raw.strip(" ") == "" or names.CURRENT_USER.casefold() in raw.casefold()
-    principal = (await _agent_id(aio) if binds else None) or names.CURRENT_USER
-    scheme = "file" if raw.strip(" ").startswith("/") else head
-    candidates: list[tuple[tuple[str, ...], bool]] = [((scheme, "principal"), False)]
-    if raw.strip(" ") == "":
-        candidates = [((), False), ((), True)]  # no target, or a status tool's caller
-    for schemes, binds_caller in candidates:
-        try:
-            canonical = canonicalize_target(
-                raw,
-                principal=principal,
-                schemes=schemes,
-                binds_caller=binds_caller,
-                version=version,
-            )
-        except TargetRefused:
-            continue
-        if target_digest(canonical_call(tool, canonical)) == certified:
-            return "" if canonical == NO_TARGET else canonical
-    raise TargetNotCertified("target_not_certified", proposal_id=decision.proposal_id)
+    principal = (await _agent_id(aio) if binds_caller(raw) else None) or names.CURRENT_USER
+    canonical = certified_target(
+        proposal.tool,
+        raw,
+        decision.certificate.leaf.target_digest,
+        version=aio.spec.canonical_version,
+        principal=principal,
+    )
+    if canonical is None:
+        raise TargetNotCertified("target_not_certified", proposal_id=decision.proposal_id)
+    return canonical
 
 
 NO_CERTIFICATE = (ClusterUnavailable, CertificateTimeout, Overloaded, TimeoutError)

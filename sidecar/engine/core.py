@@ -180,12 +180,17 @@ class EngineConfig:
     # did; 2, only the principal the run acts for (`user_confirm`) or the owner
     # (`owner_confirm`), never an agent key.
     authority_version: int = AUTHORITY_VERSION_LATEST
+    # Authority version 2: an (agent, tool) pair refused in this many runs is refused in
+    # every run (a new run id does not reset the latch); in the fingerprint from version 2.
+    latch_cross_run_threshold: int = limits.LATCH_CROSS_RUN_THRESHOLD_DEFAULT
 
     def __post_init__(self) -> None:
         if self.canonical_version not in CANONICAL_VERSIONS:
             raise ValueError(f"canonical_version must be one of {CANONICAL_VERSIONS}")
         if self.authority_version not in AUTHORITY_VERSIONS:
             raise ValueError(f"authority_version must be one of {AUTHORITY_VERSIONS}")
+        if not 1 <= self.latch_cross_run_threshold < 2**32:
+            raise ValueError("latch_cross_run_threshold must be in 1..2**32-1")
         if not 0 < len(self.chain_id) <= limits.ID_CHARS_MAX:
             raise ValueError("chain_id must be 1..64 characters")
         if len(self.owner_public_key) != 32:
@@ -210,6 +215,7 @@ class EngineConfig:
             enc.text("unicode").text(UNICODE_VERSION)
         if self.authority_version != 1:  # likewise for chains from before principals
             enc.text("authority_version").u64(self.authority_version)
+            enc.text("latch_cross_run_threshold").u64(self.latch_cross_run_threshold)
         return enc.digest()
 
     @property
@@ -624,6 +630,11 @@ class Engine:
         bucket = None if run is None else run.buckets.get((record.agent_id, tool))
         if bucket is not None:
             if self._latch_repeat(ctx.run_key, bucket, chain):
+                raise _Refusal(Reason.RUN_HALTED)
+            raise _Refusal(Reason.REPEAT_DENIED)
+        if self._latched_across_runs(record.agent_id, tool):
+            # refused in enough runs: refused in this one too, which it counts toward
+            if self._latch_first_denial(ctx.run_key, record.agent_id, tool, chain):
                 raise _Refusal(Reason.RUN_HALTED)
             raise _Refusal(Reason.REPEAT_DENIED)
         flagged = False
@@ -1334,10 +1345,31 @@ class Engine:
             return True
         bucket = LatchBucket(count=1, chain=members)
         run.buckets[(agent, tool)] = bucket
+        if self.config.split_authority and tool in self.state.tools:
+            self._cross_run_count(agent, tool, members)
         if bucket.count >= self.config.latch_halt_threshold:
             run.halt_chain = members
             return True
         return False
+
+    def _latched_across_runs(self, agent: str, tool: str) -> bool:
+        pair = self.state.cross_run.get((agent, tool))
+        return pair is not None and pair.count >= self.config.latch_cross_run_threshold
+
+    def _cross_run_count(self, agent: str, tool: str, members: tuple[str, ...]) -> None:
+        """Issue 16: one more run in which (agent, tool) was refused. The table is bounded
+        (CROSS_RUN_PAIRS_MAX): when full, the pair refused in the fewest runs goes first
+        (then the smallest key), so a flood of one-off refusals cannot evict the pairs
+        that are about to latch. Invented tools never reach it (only registered ones)."""
+        table = self.state.cross_run
+        pair = table.get((agent, tool))
+        if pair is not None:
+            pair.count += 1
+            pair.chain = tuple(sorted(set(pair.chain) | set(members)))
+            return
+        if len(table) >= limits.CROSS_RUN_PAIRS_MAX:
+            del table[min(table, key=lambda key: (table[key].count, key))]
+        table[(agent, tool)] = LatchBucket(count=1, chain=members)
 
     def _latch_repeat(self, run_key: RunKey, bucket: LatchBucket, chain: tuple[str, ...]) -> bool:
         """A later attempt at a latched tool. Returns True when it halts the run."""
@@ -1360,6 +1392,10 @@ class Engine:
                 run.halt_chain = None
             if not run.buckets and run.halt_chain is None:
                 del runs[run_key]
+        cross_run = self.state.cross_run
+        for pair in sorted(cross_run):
+            if agent in cross_run[pair].chain:
+                del cross_run[pair]
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -178,6 +178,9 @@ class EngineState:
     principals: dict[str, PrincipalRecord] = field(default_factory=dict)
     agent_principal: dict[str, str] = field(default_factory=dict)
     wrong_digests: dict[bytes, int] = field(default_factory=dict)
+    # The cross-run latch (issue 16): per (agent, canonical tool), the runs in which the
+    # pair was refused (`count`) and the agents whose mandates shaped those refusals.
+    cross_run: dict[BucketKey, LatchBucket] = field(default_factory=dict)
     # derived indexes, rebuilt on load; not serialized
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     principal_by_key: dict[bytes, str] = field(default_factory=dict)
@@ -375,7 +378,9 @@ def _encode_state(
         for bucket_key in sorted(run.buckets):
             bucket = run.buckets[bucket_key]
             enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
-    authority = bool(state.principals or state.agent_principal or state.wrong_digests)
+    authority = bool(
+        state.principals or state.agent_principal or state.wrong_digests or state.cross_run
+    )
     if state.sets or authority:
         # Present only once a set exists (so older states keep their bytes): the reader
         # finds it by there being bytes left.
@@ -397,6 +402,10 @@ def _encode_state(
         enc.u32(len(state.wrong_digests))
         for proposal_id in sorted(state.wrong_digests):
             enc.raw(proposal_id).u32(state.wrong_digests[proposal_id])
+        enc.u32(len(state.cross_run))
+        for pair in sorted(state.cross_run):
+            bucket = state.cross_run[pair]
+            enc.text(pair[0]).text(pair[1]).u32(bucket.count).texts(bucket.chain)
     return StateParts(prefix, tuple(agents), bytes(enc), ())
 
 
@@ -616,4 +625,8 @@ def _decode_state(r: _Reader) -> EngineState:
         for _ in range(r.u32()):
             proposal_id = r.take(32)
             state.wrong_digests[proposal_id] = r.u32()
+        for _ in range(r.u32()):
+            pair = (r.text(), r.text())
+            count = r.u32()
+            state.cross_run[pair] = LatchBucket(count=count, chain=r.texts())
     return state

@@ -133,17 +133,27 @@ def owner(cluster: ClusterSpec, sink_key: PrivateKey) -> Iterator[SyncClient]:
         yield client
 
 
+def new_principal(owner: SyncClient, *, prefix: str = "person") -> tuple[str, SigningKey]:
+    """Register a fresh principal (a person agents act for); returns (principal id, key)."""
+    key = SigningKey.generate()
+    principal_id = f"{prefix}-{next(_agent_numbers)}-{key.verify_key.encode().hex()[:6]}"
+    owner.register_principal(principal_id, bytes(key.verify_key))
+    return principal_id, key
+
+
 def new_agent(
     owner: SyncClient,
     tools: Sequence[str] | None,
     *,
     prefix: str = "agent",
+    principal: str = "",
     **mandate_fields: object,
 ) -> tuple[str, SigningKey]:
-    """Register a fresh agent with a mandate; returns (agent id, key)."""
+    """Register a fresh agent with a mandate, acting for `principal` (default: the owner);
+    returns (agent id, key)."""
     key = SigningKey.generate()
     agent_id = f"{prefix}-{next(_agent_numbers)}-{key.verify_key.encode().hex()[:6]}"
-    owner.register_agent(agent_id, bytes(key.verify_key))
+    owner.register_agent(agent_id, bytes(key.verify_key), principal=principal)
     owner.set_mandate(agent_id, mandate(tools, **mandate_fields))  # type: ignore[arg-type]
     return agent_id, key
 

@@ -49,10 +49,12 @@ from quorumgate.sdk.client import (
 )
 from quorumgate.sdk.executor import (
     CertificateRejected,
+    CertificateReused,
     CertifiedLogSource,
     EnvelopeUnopenable,
     Executor,
     HandleRefused,
+    MemoryUsedProposals,
     NotAllowed,
     WrongCall,
 )
@@ -68,7 +70,7 @@ from quorumgate.sidecar.receipts import (
     verify_certificate,
 )
 from quorumgate.sidecar.wire import receipt_from_pb, receipt_to_pb
-from tests.client.conftest import SINK, LiveCluster, new_agent, wait_until
+from tests.client.conftest import SINK, LiveCluster, new_agent, new_principal, wait_until
 
 RUN = "run-1"
 LIAR_POLLS_MAX = 150  # x 10 ms: well inside the client's per-call RPC timeout
@@ -129,15 +131,16 @@ async def test_allow_deny_pending_are_certified_and_verify_offline(
 async def test_confirmation_settles_a_pending_call_and_a_wrong_card_is_rejected(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    _, key = new_agent(owner, ["pay"])
-    async with agent_client(cluster, key) as qg:
+    person, person_key = new_principal(owner)
+    _, key = new_agent(owner, ["pay"], principal=person)
+    async with agent_client(cluster, key) as qg, agent_client(cluster, person_key) as principal:
         pending = await qg.propose("pay", "https://bank.example/c", {"amount": "7"}, run_id=RUN)
         assert pending.card is not None
         with pytest.raises(TransactionRejected) as wrong:
-            await qg.confirm(pending.proposal_id, b"\x00" * 32)
+            await principal.confirm(pending.proposal_id, b"\x00" * 32)
         assert wrong.value.reason == "card_digest_mismatch"
         assert str(wrong.value) == "The transaction was not applied."
-        confirmed = await qg.confirm(pending.proposal_id)  # fetches the certified card
+        confirmed = await principal.confirm(pending.proposal_id)  # reads its open card
         after = await qg.await_certificate(pending.proposal_id)
     assert (confirmed.outcome.value, confirmed.kind) == ("allow", "confirm")
     assert confirmed.certificate.leaf.card_digest == pending.card.digest
@@ -690,7 +693,9 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
     assert (denied.outcome.value, denied.reason) == ("deny", "handle_violation")
 
     log = CommittedLog(cluster, SigningKey(read_seed(cluster.directory / OWNER_KEY_FILE)))
-    executor = Executor(cluster, SINK, sink_key, CertifiedLogSource(cluster, log=log))
+    executor = Executor(
+        cluster, SINK, sink_key, CertifiedLogSource(cluster, log=log), used=MemoryUsedProposals()
+    )
     call = executor.verify(
         decision.certificate_bytes(),
         proposal_id=decision.proposal_id,
@@ -699,12 +704,27 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
         transaction=submitted.tx,
     )
     assert call.handles == (("secret", handle),) and call.bound_by == "leaf"
+    # the certificate runs its call once at this executor
+    with pytest.raises(CertificateReused):
+        executor.verify(
+            decision.certificate_bytes(),
+            proposal_id=decision.proposal_id,
+            tool="vault.store",
+            target="https://example.com/a",
+            transaction=submitted.tx,
+        )
     assert executor.open_envelope(call, "secret") == secret.encode()
     # the replayed state is the certified one at that height
     assert log.state_root_at(decision.height) == decision.certificate.state_root
     # refused: another sink's key, a handle the call does not carry, a target it does not
     # name, a denied call, a forged certificate
-    stranger = Executor(cluster, SINK, PrivateKey.generate(), CertifiedLogSource(cluster, log=log))
+    stranger = Executor(
+        cluster,
+        SINK,
+        PrivateKey.generate(),
+        CertifiedLogSource(cluster, log=log),
+        used=MemoryUsedProposals(),
+    )
     with pytest.raises(EnvelopeUnopenable):
         stranger.open_envelope(call, "secret")
     with pytest.raises(HandleRefused):

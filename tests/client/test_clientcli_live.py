@@ -35,13 +35,29 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
 
 
 @pytest.fixture(scope="module")
-def agent_key(
+def principal_key(
     cluster: ClusterSpec, owner: SyncClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """`cli-agent`, registered by the owner with the mandate [web.get, pay]."""
+    """`cli-person`, a principal registered with `quorumgate admin register-principal`."""
+    path = tmp_path_factory.mktemp("keys") / "person.key"
+    assert clientcli.main(["keygen", "--out", str(path)]) == 0
+    argv = ["admin", "register-principal", "cli-person", "--dir", str(cluster.directory)]
+    assert clientcli.main([*argv, "--key-file", str(path)]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def agent_key(
+    cluster: ClusterSpec,
+    owner: SyncClient,
+    principal_key: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """`cli-agent`, acting for `cli-person`, with the mandate [web.get, pay]."""
     path = tmp_path_factory.mktemp("keys") / "agent.key"
     assert clientcli.main(["keygen", "--out", str(path)]) == 0
-    owner.register_agent("cli-agent", bytes(SigningKey(read_seed(path)).verify_key))
+    argv = ["admin", "register-agent", "cli-agent", "--dir", str(cluster.directory)]
+    assert clientcli.main([*argv, "--key-file", str(path), "--principal", "cli-person"]) == 0
     owner.set_mandate("cli-agent", Mandate(allowed_tools=("pay", "web.get")))
     return path
 
@@ -128,7 +144,11 @@ def test_admin_commands_and_the_registry_listings(
 
 
 def test_submit_confirm_and_verdicts(
-    cluster: ClusterSpec, owner: SyncClient, agent_key: Path, capsys: pytest.CaptureFixture[str]
+    cluster: ClusterSpec,
+    owner: SyncClient,
+    agent_key: Path,
+    principal_key: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     d = str(cluster.directory)
     base = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-run"]
@@ -161,13 +181,23 @@ def test_submit_confirm_and_verdicts(
     assert code == 3 and "Official confirmation form" in out and "quorumgate confirm" in out
     proposal = out.split("--key PRINCIPAL_KEY ")[1].split()[0]
 
-    confirm = ["confirm", "--dir", d, "--key", str(agent_key), proposal]
+    # the agent that proposed it holds no card to answer (issue 16)
+    code, _, err = run(capsys, "confirm", "--dir", d, "--key", str(agent_key), proposal, "--yes")
+    assert code == 1 and "no open card" in err
+    code, doc = run_json(capsys, "pending", "--dir", d, "--key", str(agent_key))
+    assert (code, doc) == (0, {"cards": []})
+    # its principal sees the card with every value, and confirms it
+    code, doc = run_json(capsys, "pending", "--dir", d, "--key", str(principal_key))
+    [card] = [c for c in doc["cards"] if c["proposal_id"] == proposal]
+    assert card["values"] == {"amount": SECRET} and card["confirmer"] == "principal:cli-person"
+    assert f'amount = "{SECRET}"' in card["text"] and "principal cli-person only" in card["text"]
+    confirm = ["confirm", "--dir", d, "--key", str(principal_key), proposal]
     code, _, err = run(capsys, *confirm)  # stdin is not a terminal under pytest
     assert code == 2 and "--yes" in err
     code, doc = run_json(capsys, *confirm, "--yes")
     assert (code, doc["outcome"], doc["kind"]) == (0, "allow", "confirm")
     code, _, err = run(capsys, *confirm, "--yes")
-    assert code == 1 and "not pending" in err
+    assert code == 1 and "no open card" in err
 
     code, out, _ = run(capsys, "verdicts", "--dir", d, "--json", "--from-height", "1")
     lines = [json.loads(line) for line in out.splitlines()]
@@ -247,10 +277,10 @@ def test_confirming_an_unknown_proposal_is_one_line_not_a_traceback(
     code, out, err = run(
         capsys, "confirm", "--dir", str(cluster.directory), "--deadline", "0.3", "--yes", unknown
     )
-    assert code == 2 and out == ""
+    assert code == 1 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert "has no certified verdict" in lines[0] and "quorumgate verdicts" in lines[0]
+    assert "no open card" in lines[0] and "quorumgate pending" in lines[0]
 
 
 def test_an_unexpected_error_is_one_line_naming_the_debug_switch(

@@ -21,7 +21,8 @@ def test_the_example_refuses_the_injection_gates_the_payment_and_seals_the_card(
         ("researcher", "files.read", "allow", "ok"),
         ("researcher", "mail.send", "deny", "out_of_scope"),  # the injected call
         ("accountant", "payments.transfer", "pending", "confirmation_required"),
-        ("planner", "confirm", "allow", "ok"),  # the principal confirmed the card
+        ("planner", "confirm", "rejected", "confirmer_not_authorized"),  # an agent key
+        ("principal", "confirm", "allow", "ok"),  # the principal confirmed the card
         ("accountant", "payments.transfer", "allow", "ok"),
         ("accountant", "files.write", "allow", "ok"),
     ]

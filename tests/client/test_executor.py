@@ -5,6 +5,9 @@ engine (`Engine.sealed_value`). Every refusal is typed."""
 from __future__ import annotations
 
 import dataclasses
+import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,18 +25,25 @@ from quorumgate.proto.model import (
     ToolMode,
 )
 from quorumgate.sdk.executor import (
+    AuthorizedCall,
     CertificateRejected,
+    CertificateReused,
     EngineSource,
     EnvelopeUnopenable,
     Executor,
+    ExecutorRefused,
     HandleRefused,
+    MemoryUsedProposals,
     NotAllowed,
+    SqliteUsedProposals,
+    UsedProposals,
     WrongCall,
 )
 from quorumgate.sidecar.engine.statements import BlockResult, ConfirmationCard
 from quorumgate.sidecar.receipts import (
     Certificate,
     Receipt,
+    ReceiptLeaf,
     assemble_certificate,
     leaf_from_verdict,
     merkle_path,
@@ -64,9 +74,14 @@ def _spec() -> ClusterSpec:
     return ClusterSpec(Path("."), CHAIN, bytes(32), members)
 
 
-def certify(result: BlockResult, index: int = 0, signers: tuple[int, ...] = (0, 1)) -> Certificate:
-    """What f+1 honest sidecars would sign for this block."""
-    leaves = [leaf_from_verdict(result.height, i, v) for i, v in enumerate(result.verdicts)]
+def certify(
+    result: BlockResult,
+    index: int = 0,
+    signers: tuple[int, ...] = (0, 1),
+    edit: Callable[[ReceiptLeaf], ReceiptLeaf] = lambda leaf: leaf,
+) -> Certificate:
+    """What f+1 sidecars would sign for this block (`edit`: what they put in the leaves)."""
+    leaves = [edit(leaf_from_verdict(result.height, i, v)) for i, v in enumerate(result.verdicts)]
     hashes = [leaf.hash(CHAIN) for leaf in leaves]
     root, path = merkle_root(hashes), tuple(merkle_path(hashes, index))
     receipts = [
@@ -121,8 +136,15 @@ def _call(
     return data, s.world.block([data])
 
 
-def _executor(s: Setup, sink: str = "vault", key: PrivateKey | None = None, **kw: bool) -> Executor:
-    return Executor(_spec(), sink, key or s.vault, EngineSource(s.world.engine), **kw)
+def _executor(
+    s: Setup,
+    sink: str = "vault",
+    key: PrivateKey | None = None,
+    used: UsedProposals | Path | None = None,
+) -> Executor:
+    """An executor with its own record of used certificates (a fresh one unless given)."""
+    store = used if used is not None else MemoryUsedProposals()
+    return Executor(_spec(), sink, key or s.vault, EngineSource(s.world.engine), used=store)
 
 
 def test_an_allowed_call_opens_its_own_envelope(setup: Setup) -> None:
@@ -152,10 +174,13 @@ def test_an_allowed_call_opens_its_own_envelope(setup: Setup) -> None:
     with pytest.raises(HandleRefused) as err:
         _executor(setup, "third", setup.third).open_envelope(call, "secret")
     assert err.value.reason == "not_sealed_to_sink"
-    # without the transaction the executor knows of no envelope at all
-    bare = executor.verify(cert, proposal_id=verdict.tx_id, tool="vault.store", target=URL)
+    # without the transaction an executor knows of no envelope at all (another executor:
+    # this one has used the certificate)
+    fresh = _executor(setup)
+    bare = fresh.verify(cert, proposal_id=verdict.tx_id, tool="vault.store", target=URL)
+    assert bare.handles == () and bare.bound_by == "none"
     with pytest.raises(HandleRefused):
-        executor.open_envelope(bare, "secret")
+        fresh.open_envelope(bare, "secret")
 
 
 def test_anything_but_an_allow_for_this_call_is_refused(setup: Setup) -> None:
@@ -214,12 +239,15 @@ def test_anything_but_an_allow_for_this_call_is_refused(setup: Setup) -> None:
     with pytest.raises(WrongCall) as err:
         executor.verify(cert, proposal_id=pid, tool="vault.store", target=URL, transaction=other)
     assert err.value.reason == "transaction_mismatch"
+    # none of these refusals used the certificate up: it still runs its own call, once
+    call = executor.verify(cert, proposal_id=pid, tool="vault.store", target=URL)
+    assert call.proposal_id == pid
 
 
 def test_a_forked_body_is_refused_because_the_leaf_binds_the_body(setup: Setup) -> None:
     """Alice signs a second body with the nonce of an allowed call, naming another handle.
     The receipt leaf carries the digest of the body that was committed and judged, so the
-    forked body does not match the certificate, whatever the executor's settings."""
+    forked body does not match the certificate."""
     _, result = _call(setup, "alice", "vault.store", setup.handle)
     nonce = setup.world.nonces[bytes(setup.world.keys["alice"].verify_key)]
     forked = setup.world.tx(
@@ -233,12 +261,12 @@ def test_a_forked_body_is_refused_because_the_leaf_binds_the_body(setup: Setup) 
         nonce,
     )
     pid = result.verdicts[0].tx_id
-    for executor in (_executor(setup), _executor(setup, require_bound_arguments=True)):
-        with pytest.raises(WrongCall) as err:
-            executor.verify(
-                certify(result), proposal_id=pid, tool="vault.store", target=URL, transaction=forked
-            )
-        assert err.value.reason == "transaction_mismatch"
+    executor = _executor(setup)
+    with pytest.raises(WrongCall) as err:
+        executor.verify(
+            certify(result), proposal_id=pid, tool="vault.store", target=URL, transaction=forked
+        )
+    assert err.value.reason == "transaction_mismatch"
 
 
 def test_a_confirmed_call_is_bound_by_its_card(setup: Setup) -> None:
@@ -247,7 +275,8 @@ def test_a_confirmed_call_is_bound_by_its_card(setup: Setup) -> None:
     verdict = pending.verdicts[0]
     card = verdict.card
     assert card is not None
-    confirm = world.block([world.tx(world.keys["alice"], Confirm(verdict.tx_id, card.digest))])
+    # the owner confirms: it may answer any card, whichever authority version the engine runs
+    confirm = world.block([world.tx(world.owner, Confirm(verdict.tx_id, card.digest))])
     assert (confirm.verdicts[0].outcome.value, confirm.verdicts[0].kind.value) == (
         "allow",
         "confirm",
@@ -263,11 +292,24 @@ def test_a_confirmed_call_is_bound_by_its_card(setup: Setup) -> None:
         card=card.to_bytes(),
     )
     assert call.bound_by == "card" and executor.open_envelope(call, "secret") == b"alice-card"
-    strict = _executor(setup, require_bound_arguments=True)
-    strict_call = strict.verify(
+    # the card alone names the envelopes (another executor: this one has used the certificate)
+    other_executor = _executor(setup)
+    card_only = other_executor.verify(
         cert, proposal_id=verdict.tx_id, tool="vault.pay", target=URL, card=card
     )
-    assert strict.open_envelope(strict_call, "secret") == b"alice-card"
+    assert card_only.bound_by == "card" and card_only.handles == (("secret", setup.handle),)
+    assert other_executor.open_envelope(card_only, "secret") == b"alice-card"
+    # the certificate names a card: without it, nothing binds the arguments
+    for transaction in (data, None):
+        with pytest.raises(WrongCall) as err:
+            _executor(setup).verify(
+                cert,
+                proposal_id=verdict.tx_id,
+                tool="vault.pay",
+                target=URL,
+                transaction=transaction,
+            )
+        assert err.value.reason == "card_required"
     # a forked body with the same nonce does not match the card's body digest
     nonce = world.nonces[bytes(world.keys["alice"].verify_key)] - 1
     forked = world.tx(
@@ -324,3 +366,229 @@ def test_a_tampered_ciphertext_does_not_open(setup: Setup) -> None:
     with pytest.raises(EnvelopeUnopenable) as err:
         executor.open_envelope(call, "secret")
     assert "not for the vault" not in str(err.value)
+
+
+# ------------------------------------------------------------------ issue 16, item 4
+
+
+def _confirmed(s: Setup, agent: str, handle: str) -> tuple[bytes, BlockResult, ConfirmationCard]:
+    """`agent` proposes `vault.pay` with its own `handle` and the owner confirms the card:
+    the signed proposal, the Confirm's block and the card."""
+    world = s.world
+    data, pending = _call(s, agent, "vault.pay", handle)
+    verdict = pending.verdicts[0]
+    assert verdict.outcome.value == "pending" and verdict.card is not None
+    confirm = world.block([world.tx(world.owner, Confirm(verdict.tx_id, verdict.card.digest))])
+    leaf = certify(confirm).leaf
+    assert (leaf.kind, leaf.outcome, leaf.proposal_id) == ("confirm", "allow", verdict.tx_id)
+    assert leaf.tx_id != verdict.tx_id and leaf.card_digest == verdict.card.digest
+    return data, confirm, verdict.card
+
+
+def _fork(s: Setup, agent: str, tool: str, handle: str, nonce: int) -> bytes:
+    """A second body `agent` signs under `nonce`, naming `handle`."""
+    payload = Proposal(
+        run_id="run-1", tool=tool, target=URL, arguments=(Argument("secret", handle=handle),)
+    )
+    return s.world.tx(s.world.keys[agent], payload, nonce)
+
+
+def test_a_confirmed_certificate_does_not_open_another_principals_envelope(setup: Setup) -> None:
+    """Mallory proposes a payment with her own card and it is confirmed; then she signs a second
+    body under the same nonce naming Alice's card (sealed to the same sink) and presents the
+    confirmed certificate with that body and no card. The confirm leaf binds the card, not a
+    body, so without the card nothing binds the arguments: refused, Alice's card never opened."""
+    world = setup.world
+    own = world.seal(world.keys["mallory"], "card", b"mallory-card", ["vault"]).subject
+    nonce = world.nonces[bytes(world.keys["mallory"].verify_key)] + 1
+    data, confirm, card = _confirmed(setup, "mallory", own)
+    pid, cert = card.proposal_id, certify(confirm)
+    forked = _fork(setup, "mallory", "vault.pay", setup.handle, nonce)
+    assert forked != data
+    opened: list[bytes] = []
+
+    def attempt(transaction: bytes, card: ConfirmationCard | None = None) -> None:
+        executor = _executor(setup)
+        call = executor.verify(
+            cert, proposal_id=pid, tool="vault.pay", target=URL, transaction=transaction, card=card
+        )
+        opened.extend(executor.open_all(call).values())
+
+    with pytest.raises(WrongCall) as err:
+        attempt(transaction=forked)
+    assert err.value.reason == "card_required"
+    assert "alice" not in str(err.value) and setup.handle not in str(err.value)
+    # with her card, the forked body is not the one the card binds
+    with pytest.raises(WrongCall) as err:
+        attempt(transaction=forked, card=card)
+    assert err.value.reason == "transaction_mismatch"
+    # Alice's own confirmed certificate does not take Mallory's body either
+    _, alice_confirm, alice_card = _confirmed(setup, "alice", setup.victim_handle)
+    for offered, reason in ((None, "card_required"), (alice_card, "transaction_mismatch")):
+        with pytest.raises(WrongCall) as err:
+            _executor(setup).verify(
+                certify(alice_confirm),
+                proposal_id=alice_card.proposal_id,
+                tool="vault.pay",
+                target=URL,
+                transaction=forked,
+                card=offered,
+            )
+        assert err.value.reason == reason
+    assert opened == []
+    # the honest call still runs, and opens Mallory's own card only
+    attempt(transaction=data, card=card)
+    assert opened == [b"mallory-card"]
+
+
+def test_a_body_neither_the_card_nor_the_leaf_binds_is_refused(setup: Setup) -> None:
+    """Sidecars that put no body digest (or no card digest) in the leaf: a transaction is
+    then bound by nothing, and the executor takes no handles from it."""
+    world = setup.world
+    data, result = _call(setup, "alice", "vault.store", setup.handle)
+    pid = result.verdicts[0].tx_id
+    unbound = certify(result, edit=lambda leaf: dataclasses.replace(leaf, body_digest=b""))
+    with pytest.raises(WrongCall) as err:
+        _executor(setup).verify(
+            unbound, proposal_id=pid, tool="vault.store", target=URL, transaction=data
+        )
+    assert err.value.reason == "arguments_not_bound"
+    # a confirm leaf that names no card: the Confirm's id is not the proposal's, so its body
+    # digest does not bind the proposal's body either
+    own = world.seal(world.keys["mallory"], "card", b"mallory-card", ["vault"]).subject
+    nonce = world.nonces[bytes(world.keys["mallory"].verify_key)] + 1
+    _, confirm, card = _confirmed(setup, "mallory", own)
+    cardless = certify(confirm, edit=lambda leaf: dataclasses.replace(leaf, card_digest=b""))
+    forked = _fork(setup, "mallory", "vault.pay", setup.handle, nonce)
+    with pytest.raises(WrongCall) as err:
+        _executor(setup).verify(
+            cardless, proposal_id=card.proposal_id, tool="vault.pay", target=URL, transaction=forked
+        )
+    assert err.value.reason == "arguments_not_bound"
+    # without a transaction such a call verifies, but carries no envelope
+    call = _executor(setup).verify(unbound, proposal_id=pid, tool="vault.store", target=URL)
+    assert call.handles == () and call.bound_by == "none"
+
+
+def test_a_certificate_is_used_once_per_executor(setup: Setup) -> None:
+    data, result = _call(setup, "alice", "vault.store", setup.handle)
+    pid = result.verdicts[0].tx_id
+    executor = _executor(setup)
+    call = executor.verify(
+        certify(result), proposal_id=pid, tool="vault.store", target=URL, transaction=data
+    )
+    assert executor.open_envelope(call, "secret") == b"alice-card"
+    # the same certificate, or another certificate for the same proposal (other signers,
+    # with or without the transaction): the call has run
+    for cert, transaction in ((certify(result), data), (certify(result, signers=(2, 3)), None)):
+        with pytest.raises(CertificateReused) as err:
+            executor.verify(
+                cert, proposal_id=pid, tool="vault.store", target=URL, transaction=transaction
+            )
+        assert err.value.reason == "already_used" and isinstance(err.value, ExecutorRefused)
+        assert str(err.value) == "executor refused: already_used"
+    # a confirmed call too: once
+    _, confirm, card = _confirmed(setup, "alice", setup.victim_handle)
+    confirmed = executor.verify(
+        certify(confirm), proposal_id=card.proposal_id, tool="vault.pay", target=URL, card=card
+    )
+    assert confirmed.bound_by == "card"
+    with pytest.raises(CertificateReused):
+        executor.verify(
+            certify(confirm), proposal_id=card.proposal_id, tool="vault.pay", target=URL, card=card
+        )
+
+
+def test_used_certificates_survive_a_restart(setup: Setup, tmp_path: Path) -> None:
+    data, result = _call(setup, "alice", "vault.store", setup.handle)
+    pid, cert = result.verdicts[0].tx_id, certify(result)
+    path = tmp_path / "state" / "used.db"  # the parent is created too
+    executor = _executor(setup, used=path)
+    executor.verify(cert, proposal_id=pid, tool="vault.store", target=URL, transaction=data)
+    executor.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for extra in (path.with_name("used.db-wal"), path.with_name("used.db-shm")):
+        if extra.exists():
+            assert stat.S_IMODE(extra.stat().st_mode) & 0o077 == 0
+    # a new process, the same file: the certificate stays used
+    with SqliteUsedProposals(path) as store:
+        restarted = _executor(setup, used=store)
+        with pytest.raises(CertificateReused):
+            restarted.verify(cert, proposal_id=pid, tool="vault.store", target=URL)
+        # another proposal is still fresh
+        _, other = _call(setup, "alice", "vault.store", setup.handle)
+        restarted.verify(
+            certify(other), proposal_id=other.verdicts[0].tx_id, tool="vault.store", target=URL
+        )
+    # a closed store refuses to vouch for anything
+    _, late = _call(setup, "alice", "vault.store", setup.handle)
+    with pytest.raises(ExecutorRefused) as err:
+        restarted.verify(
+            certify(late), proposal_id=late.verdicts[0].tx_id, tool="vault.store", target=URL
+        )
+    assert err.value.reason == "used_store_unavailable"
+
+
+def test_each_executor_may_run_a_certificate_once(setup: Setup, tmp_path: Path) -> None:
+    """Single use is per executor (per record of used certificates): two sinks, each with
+    its own store, each accept the certificate once; an executor sharing a store does not."""
+    data, result = _call(setup, "alice", "vault.store", setup.handle)
+    pid, cert = result.verdicts[0].tx_id, certify(result)
+    vault_db, third_db = tmp_path / "vault.db", tmp_path / "third.db"
+    calls: list[AuthorizedCall] = []
+    for sink, key, db in (("vault", setup.vault, vault_db), ("third", setup.third, third_db)):
+        with _executor(setup, sink, key, used=db) as executor:
+            calls.append(
+                executor.verify(
+                    cert, proposal_id=pid, tool="vault.store", target=URL, transaction=data
+                )
+            )
+            with pytest.raises(CertificateReused):
+                executor.verify(cert, proposal_id=pid, tool="vault.store", target=URL)
+    assert [c.handles for c in calls] == [(("secret", setup.handle),)] * 2
+    with _executor(setup, used=vault_db) as again, pytest.raises(CertificateReused):
+        again.verify(cert, proposal_id=pid, tool="vault.store", target=URL)
+
+
+def test_a_claim_is_atomic_across_connections(tmp_path: Path) -> None:
+    path = tmp_path / "used.db"
+    stores = [SqliteUsedProposals(path) for _ in range(8)]
+    memory = MemoryUsedProposals()
+    pid = b"\x07" * 32
+    wins: list[bool] = []
+    memory_wins: list[bool] = []
+    barrier = threading.Barrier(len(stores))
+
+    def claim(store: SqliteUsedProposals) -> None:
+        barrier.wait()
+        wins.append(store.claim(pid))
+        memory_wins.append(memory.claim(pid))
+
+    threads = [threading.Thread(target=claim, args=(store,)) for store in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for store in stores:
+        store.close()
+    assert sorted(wins) == [False] * 7 + [True]
+    assert sorted(memory_wins) == [False] * 7 + [True]
+
+
+def test_the_executor_checks_a_target_in_any_spelling_with_the_sdks_helper(setup: Setup) -> None:
+    """Issue 16, item 4: the executor canonicalizes the target it acts on with the helper
+    governed tools use (`quorumgate.sdk.targets.certified_target`) and hands back the
+    canonical form; another resource, however spelled, is refused."""
+    _, result = _call(setup, "alice", "vault.store", setup.handle)
+    verdict = result.verdicts[0]
+    cert = certify(result)
+    call = _executor(setup).verify(
+        cert, proposal_id=verdict.tx_id, tool="VAULT.Store", target="HTTPS://Example.COM:443/./x"
+    )
+    assert call.target == URL
+    for other in ("https://example.com/y", "https://example.com/x/", "https://evil.example/x"):
+        with pytest.raises(WrongCall) as wrong:
+            _executor(setup).verify(
+                cert, proposal_id=verdict.tx_id, tool="vault.store", target=other
+            )
+        assert wrong.value.reason == "target_mismatch"

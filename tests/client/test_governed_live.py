@@ -47,7 +47,7 @@ from quorumgate.sdk.governed import (
     resume_confirmed,
 )
 from quorumgate.sdk.owner import owner_reader
-from tests.client.conftest import LiveCluster, new_agent, wait_until
+from tests.client.conftest import LiveCluster, new_agent, new_principal, wait_until
 from tests.client.test_client_live import Exhausted, _overloaded_cluster
 
 URL = "https://example.com/page"
@@ -187,8 +187,13 @@ def test_denial_is_one_fixed_sentence_and_the_latch_halts_the_run(
 def test_pending_call_resumes_only_after_confirmation_with_the_same_arguments(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    _, key = new_agent(owner, ["pay"])
-    with SyncClient(cluster, key) as qg, agent_context(qg, run_id="run-pay", deadline_s=1.5):
+    person, person_key = new_principal(owner)
+    _, key = new_agent(owner, ["pay"], principal=person)
+    with (
+        SyncClient(cluster, person_key) as principal,
+        SyncClient(cluster, key) as qg,
+        agent_context(qg, run_id="run-pay", deadline_s=1.5),
+    ):
         with pytest.raises(ConfirmationRequired) as pending:
             pay("https://bank.example/acct", 250, memo="rent")
         exc = pending.value
@@ -196,7 +201,7 @@ def test_pending_call_resumes_only_after_confirmation_with_the_same_arguments(
         assert exc.card.digest == exc.decision.certificate.leaf.card_digest
         with resume_confirmed(exc), pytest.raises(ConfirmationRequired):
             pay("https://bank.example/acct", 250, memo="rent")  # not confirmed yet
-        confirmed = qg.confirm(exc.proposal_id, exc.card.digest)  # the principal signs
+        confirmed = principal.confirm(exc.proposal_id, exc.card.digest)  # the principal signs
         assert confirmed.outcome.value == "allow"
         with resume_confirmed(exc), pytest.raises(ActionDenied) as changed:
             pay("https://bank.example/acct", 9999, memo="rent")

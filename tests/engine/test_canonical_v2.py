@@ -229,7 +229,7 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     for name in _LIMIT_FIELDS:
         expected.text(name).u64(getattr(split, name))
     expected.text("canonical_version").u64(2).text("unicode").text(UNICODE_VERSION)
-    expected.text("authority_version").u64(2)
+    expected.text("authority_version").u64(2).text("latch_cross_run_threshold").u64(3)
     assert split.fingerprint == expected.digest() != new.fingerprint
 
 

@@ -43,6 +43,7 @@ from quorumgate.sidecar.engine.statements import BlockResult
 from tests.engine.harness import World, replay, signing_key
 
 AGENTS = ("ann", "ben", "cyd")
+PRINCIPALS = ("pia", "quo")  # split authority: the people who answer cards
 TOOLS = ("kb.search", "tickets.open", "pay.refund", "post.publish", "crm.status", "card.use")
 RUNS = ("r1", "r2", "run-3")
 TARGETS = (
@@ -91,8 +92,10 @@ def _world() -> World:
     world.add_tool("post.publish", mode=ToolMode.OWNER_CONFIRM, schemes=())
     world.add_tool("crm.status", schemes=(), sink="vault", binds_caller=True)
     world.add_tool("card.use", sink="vault", envelope_args=(EnvelopeArg(name="card", kind="card"),))
-    for agent in AGENTS:
-        world.add_agent(agent, None, policy=DelegationPolicy.ATTENUATED, depth=2)
+    for person in PRINCIPALS:
+        world.add_principal(person)
+    for agent, person in zip(AGENTS, ("pia", "pia", ""), strict=True):  # cyd: the owner's
+        world.add_agent(agent, None, policy=DelegationPolicy.ATTENUATED, depth=2, principal=person)
     return world
 
 
@@ -133,8 +136,9 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
     if choice == "confirm" and pendings:
         pending = data.draw(st.sampled_from(pendings))
         digest = pending.card_digest if data.draw(st.booleans()) else hashlib.sha256(b"x").digest()
-        who = data.draw(st.sampled_from((*AGENTS, "owner")))
-        return who, Confirm(proposal_id=pending.proposal_id, card_digest=digest)
+        who = data.draw(st.sampled_from((*AGENTS, "owner", "principal:pia", "principal:quo")))
+        reject = data.draw(st.booleans()) and data.draw(st.booleans())
+        return who, Confirm(proposal_id=pending.proposal_id, card_digest=digest, reject=reject)
     if choice == "delegate":
         child = data.draw(st.sampled_from([a for a in AGENTS if a != signer]))
         tools = data.draw(st.none() | st.lists(st.sampled_from(TOOLS), max_size=3))

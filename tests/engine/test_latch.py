@@ -109,7 +109,7 @@ def test_same_run_id_of_different_agents_are_different_runs() -> None:
 
 
 def test_latch_holds_a_bounded_number_of_runs_and_evicts_the_least_recently_active() -> None:
-    world = _world(latch_runs_max=3)
+    world = _world(latch_runs_max=3, latch_cross_run_threshold=1_000)  # runs, one by one
     for run in ("r1", "r2", "r3"):
         world.propose("alice", "wire.transfer", run=run)
     world.propose("alice", "kb.search", run="r1")  # r1 is active again; r2 is now oldest
@@ -154,3 +154,47 @@ def test_latch_survives_a_restart_from_state_bytes() -> None:
 
 def _proposal(run: str) -> Proposal:
     return Proposal(run_id=run, tool="wire.transfer", target="https://example.com/")
+
+
+# ------------------------------------------------------------------ across runs (issue 16)
+
+
+def test_a_fresh_run_id_does_not_reset_the_latch_for_a_refused_pair() -> None:
+    """The attack: five fresh run ids gave five `out_of_scope` denials and no halt. Under
+    authority version 2 a pair refused in `latch_cross_run_threshold` (3) runs is refused
+    in every run, and counts toward that run's halt."""
+    world = _world()
+    reasons = [world.propose("alice", "wire.transfer", run=f"fresh-{k}").reason for k in range(5)]
+    assert reasons == [Reason.OUT_OF_SCOPE] * 3 + [Reason.REPEAT_DENIED] * 2
+    # the pair only: other tools, in scope, still run in a new run
+    assert world.propose("alice", "kb.search", run="fresh-9").outcome is Outcome.ALLOW
+    # inside one of those runs the refusal counted as its first: two more halt the run
+    again = [world.propose("alice", "wire.transfer", run="fresh-4").reason for _ in range(2)]
+    assert again == [Reason.REPEAT_DENIED, Reason.RUN_HALTED]
+
+
+def test_the_cross_run_latch_is_cleared_by_a_new_mandate_and_keeps_its_own_threshold() -> None:
+    world = _world(latch_cross_run_threshold=2)
+    for k in range(2):
+        assert world.propose("alice", "db.drop", run=f"a-{k}").reason is Reason.OUT_OF_SCOPE
+    assert world.propose("alice", "db.drop", run="a-9").reason is Reason.REPEAT_DENIED
+    world.set_mandate("alice", ["kb.search", "tickets.open", "db.drop"])
+    assert world.propose("alice", "db.drop", run="a-10").outcome is Outcome.ALLOW
+    assert world.engine.state.cross_run == {}
+
+
+def test_chains_of_authority_version_1_keep_the_latch_per_run() -> None:
+    world = _world(authority_version=1)
+    reasons = [world.propose("alice", "wire.transfer", run=f"fresh-{k}").reason for k in range(5)]
+    assert reasons == [Reason.OUT_OF_SCOPE] * 5
+    assert world.engine.state.cross_run == {}
+
+
+def test_the_cross_run_table_survives_the_state_bytes() -> None:
+    world = _world()
+    for k in range(2):
+        world.propose("alice", "wire.transfer", run=f"r-{k}")
+    assert world.engine.state.cross_run[("alice", "wire.transfer")].count == 2
+    copy = Engine.from_state_bytes(world.config, world.engine.state_bytes())
+    assert copy.state.cross_run == world.engine.state.cross_run
+    assert copy.state_bytes() == world.engine.state_bytes()

@@ -118,7 +118,8 @@ def busy_world() -> Story:
     world.add_tool("kb.search")
     world.add_tool("wire.transfer")
     world.add_tool("notes.write", schemes=("file",))
-    world.add_agent("alice", None, policy=DelegationPolicy.ATTENUATED)
+    world.add_principal("ada")  # the person alice acts for: answers her cards
+    world.add_agent("alice", None, policy=DelegationPolicy.ATTENUATED, principal="ada")
     world.add_agent("bob", ["kb.search"])
     world.add_agent("mallory", [])
     handle = world.seal(world.keys["alice"], "card", SEALED_SECRET, ["payments"]).subject
@@ -133,7 +134,7 @@ def busy_world() -> Story:
     bogus = world.confirm(world.keys["mallory"], pending.proposal_id, pending.card_digest)
     assert bogus.outcome is Outcome.REJECTED and bogus.proposal_id == pending.proposal_id
     bogus_height = world.height
-    done = world.confirm(world.keys["alice"], pending.proposal_id, pending.card_digest)
+    done = world.confirm(world.keys["principal:ada"], pending.proposal_id, pending.card_digest)
     assert done.outcome is Outcome.ALLOW, done
     confirmed_height = world.height
     # after the confirmation, a Confirm that settles nothing names it again

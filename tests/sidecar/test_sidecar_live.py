@@ -82,6 +82,7 @@ from quorumgate.proto.model import (
     Outcome,
     Proposal,
     RegisterAgent,
+    RegisterPrincipal,
     RegisterSink,
     RegisterTool,
     SealEnvelope,
@@ -178,6 +179,7 @@ class Live:
         self._owner: SyncClient | None = None
         self.diverged: set[int] = set()  # sidecars a test made faulty on purpose
         self.restarted: set[int] = set()  # sidecars whose metrics count from a restart
+        self.principal_of: dict[str, Agent] = {}  # agent id -> the person it acts for
 
     # ------------------------------------------------------------------ processes
 
@@ -236,15 +238,25 @@ class Live:
 
     def agents(self, stack: contextlib.ExitStack, **mandates: Mandate) -> dict[str, Agent]:
         """Fresh agents, one per keyword, registered with their mandates in one batch of
-        owner transactions."""
+        owner transactions, all acting for one fresh principal (`principal_of[agent id]`:
+        the person who alone answers their `user_confirm` cards)."""
         agents: dict[str, Agent] = {}
-        ops: list[AdminOp] = []
+        person_key = SigningKey.generate()
+        person = f"person-{next(_agent_numbers)}-{bytes(person_key.verify_key).hex()[:6]}"
+        person_client = stack.enter_context(self.client(person_key))
+        principal = Agent(person, person_key, person_client)
+        ops: list[AdminOp] = [
+            RegisterPrincipal(principal_id=person, public_key=bytes(person_key.verify_key))
+        ]
         for name, m in mandates.items():
             key = SigningKey.generate()
             agent_id = f"{name}-{next(_agent_numbers)}-{bytes(key.verify_key).hex()[:6]}"
             agents[name] = Agent(agent_id, key, stack.enter_context(self.client(key)))
+            self.principal_of[agent_id] = principal
             ops += [
-                RegisterAgent(agent_id=agent_id, public_key=bytes(key.verify_key)),
+                RegisterAgent(
+                    agent_id=agent_id, public_key=bytes(key.verify_key), principal=person
+                ),
                 SetMandate(agent_id=agent_id, mandate=m),
             ]
         self.apply(ops)
@@ -577,7 +589,9 @@ def test_i3_pre_confirmation_poisoning_cannot_change_what_is_confirmed(live: Liv
     """I-3: the same (signer, nonce) with another target is refused as a replay by every
     replica; a confirmation naming another card is rejected; only the shown call runs."""
     with contextlib.ExitStack() as stack:
-        alice = attack_agents(live, stack)["alice"]
+        agents = attack_agents(live, stack)
+        alice = agents["alice"]
+        person = live.principal_of[alice.id]
         original = Proposal(run_id="r", tool="order.finalize", target="https://shop.example/o/1")
         submitted = alice.qg.submit(original)
         pending = expect(
@@ -599,11 +613,15 @@ def test_i3_pre_confirmation_poisoning_cannot_change_what_is_confirmed(live: Liv
             "confirmation_required",
         )
         assert other.card is not None
+        rejected(  # the proposer's own key answers no card (issue 16)
+            lambda: alice.qg.confirm(pending.proposal_id, pending.card.digest, WAIT_S),  # type: ignore[union-attr]
+            "confirmer_not_authorized",
+        )
         rejected(
-            lambda: alice.qg.confirm(pending.proposal_id, other.card.digest, WAIT_S),  # type: ignore[union-attr]
+            lambda: person.qg.confirm(pending.proposal_id, other.card.digest, WAIT_S),  # type: ignore[union-attr]
             "card_digest_mismatch",
         )
-        confirmed = expect(alice.qg.confirm(pending.proposal_id, None, WAIT_S), "allow", "ok")
+        confirmed = expect(person.qg.confirm(pending.proposal_id, None, WAIT_S), "allow", "ok")
     assert confirmed.target_digest == target_digest("order.finalize https://shop.example/o/1")
     live.wait_executed(confirmed.height)
     for i in range(N):
@@ -783,9 +801,13 @@ def test_d1_a_delegate_cannot_exceed_its_grant(live: Live) -> None:
             assistant.propose("order.finalize", grant=grant), "pending", "confirmation_required"
         )
         assert pending.card is not None
-        rejected(
+        rejected(  # no agent key answers a card: not the delegate's, not its master's
             lambda: assistant.qg.confirm(pending.proposal_id, pending.card.digest, WAIT_S),  # type: ignore[union-attr]
-            "tier_insufficient",
+            "confirmer_not_authorized",
+        )
+        rejected(
+            lambda: alice.qg.confirm(pending.proposal_id, pending.card.digest, WAIT_S),  # type: ignore[union-attr]
+            "confirmer_not_authorized",
         )
         rejected(
             lambda: assistant.qg.delegate(
@@ -797,12 +819,14 @@ def test_d1_a_delegate_cannot_exceed_its_grant(live: Live) -> None:
         alice.qg.revoke(grant, WAIT_S)
         after = expect(assistant.propose("kb.search", grant=grant), "deny", "delegation_revoked")
         late = expect(
-            alice.qg.confirm(pending.proposal_id, pending.card.digest, WAIT_S),
+            live.principal_of[alice.id].qg.confirm(
+                pending.proposal_id, pending.card.digest, WAIT_S
+            ),
             "deny",
             "delegation_revoked",
         )
-        settled = alice.qg.await_certificate(pending.proposal_id, WAIT_S)
-    assert late.tx_id != pending.proposal_id  # the verdict of alice's Confirm
+        settled = assistant.qg.await_certificate(pending.proposal_id, WAIT_S)  # the proposer
+    assert late.tx_id != pending.proposal_id  # the verdict of the principal's Confirm
     assert (settled.outcome.value, settled.reason) == ("deny", "delegation_revoked")
     assert_never_allowed(live, [wider, stolen, after, settled])
 
