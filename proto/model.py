@@ -57,6 +57,7 @@ class Reason(StrEnum):
     REPLAYED = "replayed"
     # proposals
     QUOTA_EXCEEDED = "quota_exceeded"
+    RUN_NOT_OPENED = "run_not_opened"  # a run id no transaction of the run's owner opened
     RUN_HALTED = "run_halted"
     UNKNOWN_TOOL = "unknown_tool"
     NO_MANDATE = "no_mandate"

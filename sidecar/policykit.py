@@ -131,6 +131,7 @@ from quorumgate.proto.model import (
     ToolSpec,
     TxPayload,
 )
+from quorumgate.proto.runs import RunLabels
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
 from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, PRINCIPAL_PREFIX, Verdict
 
@@ -725,11 +726,31 @@ class _Runner:
         self.handles: dict[str, str] = {}
         self.grants: dict[str, bytes] = {}
         self.fired: set[tuple[str, str]] = set()  # (agent, rule)
+        self.run_labels: dict[bytes, RunLabels] = {}  # signer -> its labels' runs
 
     def _signed(self, key: SigningKey, payload: TxPayload) -> bytes:
         signer = bytes(key.verify_key)
         self.nonces[signer] = self.nonces.get(signer, 0) + 1
-        return tx.build(self.policy.chain_id, self.nonces[signer], payload, key)
+        nonce = self.nonces[signer]
+        return tx.build(self.policy.chain_id, nonce, self._bind_run(signer, payload, nonce), key)
+
+    def _bind_run(self, signer: bytes, payload: TxPayload, nonce: int) -> TxPayload:
+        """Runs are named by label in the file; on chains of authority version 2 each label
+        is the run its signer's first transaction in it opened (proto/runs.py), as an SDK
+        client does; under a grant, the run owner's run of that label."""
+        if not self.engine.config.split_authority:
+            return payload
+        if not isinstance(payload, Proposal | Delegate):
+            return payload
+        grant_id = payload.grant if isinstance(payload, Proposal) else payload.parent_grant
+        if grant_id is None:
+            run = self.run_labels.setdefault(signer, RunLabels()).bind(payload.run_id, nonce)
+        else:
+            grant = self.engine.state.grants.get(grant_id)
+            owner = bytes(self.keys[grant.run_owner].verify_key) if grant is not None else b""
+            labels = self.run_labels.get(owner)
+            run = (labels.get(payload.run_id) if labels is not None else None) or payload.run_id
+        return dataclasses.replace(payload, run_id=run)
 
     def block(self, txs: list[bytes], advance_ms: int = STEP_MS) -> list[Verdict]:
         self.height += 1

@@ -286,7 +286,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
                 raise
             detail = f" ({err.reason})" if args.show_reason else ""
             return _fail(f"{err}{detail}")
-        return _print_decision(args, decision)
+        run = args.run if grant is not None else client.run_of(args.run)
+        return _print_decision(args, decision, run=run)
 
     try:
         return _run_with_client(args, owner_default=False, work=work)
@@ -294,7 +295,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         return _fail(f"invalid proposal: {err}")
 
 
-def _print_decision(args: argparse.Namespace, decision: Decision) -> int:
+def _print_decision(args: argparse.Namespace, decision: Decision, run: str | None = None) -> int:
+    """`run`: the run a `submit` acted in (on authority version 2 a new label opens run
+    `n<nonce>`: pass that id as `--run` to act in the same run again)."""
     show = bool(getattr(args, "show_reason", True))
     outcome = decision.outcome
     row = [decision.proposal_id.hex()[:16], outcome.value, decision.height, _signers(decision)]
@@ -305,13 +308,18 @@ def _print_decision(args: argparse.Namespace, decision: Decision) -> int:
     lines = [table(headers, [row])]
     if outcome in (Outcome.DENY, Outcome.REJECTED):
         lines.append(DENIAL_TEXT)
+    if run is not None and run != getattr(args, "run", run):
+        lines.append(f"run {run} (opened for {args.run!r}: pass --run {run} to act in it again)")
     if decision.card is not None and outcome is Outcome.PENDING:
         lines += ["", decision.card.render(), ""]
         lines.append(
             f"confirm with: quorumgate confirm --dir {args.dir} --key PRINCIPAL_KEY "
             f"{decision.proposal_id.hex()}"
         )
-    _emit(args, decision_json(decision, with_reason=show), "\n".join(lines))
+    doc = decision_json(decision, with_reason=show)
+    if run is not None:
+        doc["run_id"] = run
+    _emit(args, doc, "\n".join(lines))
     if decision.allowed or outcome is Outcome.APPLIED:
         return EXIT_OK
     return EXIT_PENDING if outcome is Outcome.PENDING else EXIT_DENIED

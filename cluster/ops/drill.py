@@ -199,7 +199,6 @@ CERTIFICATE_DEADLINE_S = 15.0
 CERTIFICATE_CONCURRENCY = 32
 DETAIL_ITEMS_MAX = 5
 
-RUN_ID = "drill-run"
 ALLOWED_TARGET = "https://bench.example/items/{label}"
 DENIED_TARGET = "http://bench.example/items/{label}"  # the tool allows https only
 EXPECTED_ALLOWED = ("allow", "ok")
@@ -869,14 +868,14 @@ class _Load:
         denied = seq % DENY_EVERY == 0
         target = (DENIED_TARGET if denied else ALLOWED_TARGET).format(label=seq)
         pad = max(0, TX_BYTES_TARGET - 151 - len(target))  # as cluster/ops/loadgen.py pads
+        nonce = agent.next_nonce
+        agent.next_nonce += 1
         call = CallProposal(
-            run_id=RUN_ID,
+            run_id=agent.run_for(nonce),  # the run its first proposal opened
             tool=BENCH_TOOL,
             target=target,
             arguments=(Argument("note", text="x" * pad),),
         )
-        nonce = agent.next_nonce
-        agent.next_nonce += 1
         return (
             build(self.spec.chain_id, nonce, call, agent.key),
             tx_id(agent.public_key, nonce),

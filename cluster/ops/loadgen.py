@@ -14,6 +14,7 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto.model import Argument
 from quorumgate.proto.model import Proposal as CallProposal
+from quorumgate.proto.runs import run_for_nonce
 from quorumgate.proto.tx import build, tx_id
 
 TX_BYTES_TARGET = 256
@@ -26,8 +27,16 @@ class LoadAgent:
 
     key: SigningKey
     chain_id: str
-    run_id: str = "bench-run"
+    # The agent's run: named after the nonce of its first proposal (`n<k>`), which is what
+    # chains of authority version 2 require (proto/runs.py) and a valid label on others.
+    run_id: str | None = None
     next_nonce: int = 1
+
+    def run_for(self, nonce: int) -> str:
+        """The run this agent's proposal with `nonce` acts in (opened by the first)."""
+        if self.run_id is None:
+            self.run_id = run_for_nonce(nonce)
+        return self.run_id
 
     @staticmethod
     def from_seed(chain_id: str, name: str) -> LoadAgent:
@@ -46,7 +55,7 @@ class LoadAgent:
         target = f"https://bench.example/items/{label}"
         pad = max(0, TX_BYTES_TARGET - 151 - len(target))
         call = CallProposal(
-            run_id=self.run_id,
+            run_id=self.run_for(nonce),
             tool=BENCH_TOOL,
             target=target,
             arguments=(Argument("note", text="x" * pad),),

@@ -54,7 +54,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -97,6 +97,7 @@ from quorumgate.proto.model import (
     TxPayload,
     canonical_tool_list,
 )
+from quorumgate.proto.runs import RunLabels, opened_run
 from quorumgate.replica.channels import Reader, aio_channel, sync_channel
 from quorumgate.replica.readauth import read_auth_metadata
 from quorumgate.sdk.nonces import NonceLedger
@@ -124,6 +125,7 @@ __all__ = [
     "ClusterUnavailable",
     "Decision",
     "EnvelopeArg",
+    "Grant",
     "Handle",
     "InvalidCertificate",
     "Mandate",
@@ -292,6 +294,22 @@ class Submitted:
         )
 
     __str__ = __repr__
+
+
+class Grant(bytes):
+    """A grant id (the Delegate's transaction id, 32 bytes) that also carries the run id
+    the grant is for: pass it as `grant=` and the client acts in that run, whatever run
+    label it is given. A plain 32-byte id works too, with the grant's run id as `run_id`."""
+
+    run_id: str
+
+    def __new__(cls, grant_id: bytes, run_id: str) -> Grant:
+        made = super().__new__(cls, grant_id)
+        made.run_id = run_id
+        return made
+
+    def __repr__(self) -> str:
+        return f"Grant({bytes(self).hex()[:16]}.., run={self.run_id!r})"
 
 
 @dataclass(frozen=True, repr=False)
@@ -588,6 +606,7 @@ class Client:
         self._owns_pool = pool is None
         # proposal id -> nonce of what this client signed: proves "mine" to GetReceipt
         self._own_nonces: OrderedDict[bytes, int] = OrderedDict()
+        self._run_labels = RunLabels()  # run label -> the run its first transaction opened
         # proposal id -> (tx id, nonce) of this client's Confirm of it: its verdict answers
         # for the proposal, and this proves it is ours to read
         self._confirmations: OrderedDict[bytes, tuple[bytes, int]] = OrderedDict()
@@ -858,13 +877,36 @@ class Client:
             raise _FreshReplay("replayed")
         raise ClusterUnavailable("replicas_unreachable" if not uncertain else "no_admission")
 
+    def bind_run(self, payload: TxPayload, nonce: int) -> TxPayload:
+        """Runs by label (issue 16, item 3): on chains of authority version 2 a run is named
+        after the nonce of its owner's transaction that opened it (`quorumgate.proto.runs`),
+        so a label this client has not used yet becomes the run this transaction opens,
+        and one it has used stays in its run (`run_of`). Under a grant (a `Grant` from
+        `delegate`), the grant's run; a run id `n<k>` passes as it is."""
+        if self.spec.authority_version < 2 or not isinstance(payload, Proposal | Delegate):
+            return payload
+        grant = payload.grant if isinstance(payload, Proposal) else payload.parent_grant
+        if grant is None:
+            run = self._run_labels.bind(payload.run_id, nonce)
+        else:
+            run = getattr(grant, "run_id", None) or payload.run_id
+        return payload if run == payload.run_id else replace(payload, run_id=run)
+
+    def run_of(self, label: str) -> str | None:
+        """The run id a label names for this client (the label itself on a chain of
+        authority version 1; None before the label's first transaction)."""
+        if self.spec.authority_version < 2:
+            return label
+        return label if opened_run(label) is not None else self._run_labels.get(label)
+
     async def submit(self, payload: TxPayload) -> Submitted:
         """Sign `payload` with the next nonce and deliver it; return once a replica admitted
         it. Use `await_certificate` (or `decide`) for the verdict."""
         kind = TxBody(chain_id=self.spec.chain_id, nonce=1, payload=payload).kind
         for _attempt in range(RESIGN_ON_REPLAY_MAX + 1):
             nonce = await self._take_nonce()
-            data = txlib.build(self.spec.chain_id, nonce, payload, self.key)
+            bound = self.bind_run(payload, nonce)
+            data = txlib.build(self.spec.chain_id, nonce, bound, self.key)
             proposal_id = txlib.tx_id(self.public_key, nonce)
             settled = False
             try:
@@ -939,7 +981,8 @@ class Client:
         signed: list[tuple[Submitted, cpb.SubmitRequest]] = []
         for k, payload in enumerate(batch):
             nonce = await self._take_nonce()
-            data = txlib.build(self.spec.chain_id, nonce, payload, self.key)
+            bound = self.bind_run(payload, nonce)
+            data = txlib.build(self.spec.chain_id, nonce, bound, self.key)
             kind = TxBody(chain_id=self.spec.chain_id, nonce=nonce, payload=payload).kind
             sub = Submitted(txlib.tx_id(self.public_key, nonce), nonce, kind, self.public_key, data)
             signed.append((sub, cpb.SubmitRequest(tx=data, request_id=k)))
@@ -1284,9 +1327,11 @@ class Client:
         ttl_s: float = DELEGATION_TTL_S_DEFAULT,
         parent_grant: bytes | None = None,
         deadline_s: float | None = None,
-    ) -> bytes:
+    ) -> Grant:
         """Grant a child agent an attenuated scope for one run (DESIGN §4.4); returns the
-        grant id the child's proposals carry. Expiry is in block time, which tracks the
+        grant id the child's proposals carry, a `Grant` (bytes) that also knows the run id
+        the grant is for. `run_id` is a label of this client's runs (or, under
+        `parent_grant`, the parent's run). Expiry is in block time, which tracks the
         replicas' clocks."""
         payload = Delegate(
             child=child_public_key,
@@ -1295,7 +1340,12 @@ class Client:
             expires_at_ms=int(time.time() * 1000 + ttl_s * 1000),
             parent_grant=parent_grant,
         )
-        return (await self._applied(payload, deadline_s)).proposal_id
+        decision = await self._applied(payload, deadline_s)
+        if parent_grant is not None:
+            run = getattr(parent_grant, "run_id", None) or run_id
+        else:
+            run = self.run_of(run_id) or run_id
+        return Grant(decision.proposal_id, run)
 
     async def revoke(self, grant: bytes, deadline_s: float | None = None) -> Decision:
         return await self._applied(Revoke(grant=grant), deadline_s)
@@ -1604,7 +1654,7 @@ class SyncClient:
         ttl_s: float = DELEGATION_TTL_S_DEFAULT,
         parent_grant: bytes | None = None,
         deadline_s: float | None = None,
-    ) -> bytes:
+    ) -> Grant:
         return self.run(
             self.aio.delegate(
                 child_public_key,
@@ -1618,6 +1668,9 @@ class SyncClient:
 
     def revoke(self, grant: bytes, deadline_s: float | None = None) -> Decision:
         return self.run(self.aio.revoke(grant, deadline_s))
+
+    def run_of(self, label: str) -> str | None:
+        return self.aio.run_of(label)
 
     def seal_envelope(
         self,

@@ -697,6 +697,10 @@ async def _resume(
 ) -> _Verdict:
     """The confirmed run of a pending call: same signer, same body (card digest), then the
     settled certificate."""
+    # the body was signed in the run its label names (issue 16): the same run here
+    bound = aio.bind_run(proposal, pending.nonce)
+    assert isinstance(bound, Proposal)
+    proposal = bound
     digest = proposal_body_digest(aio.spec.chain_id, pending.nonce, proposal)
     if pending.signer != aio.public_key or digest != pending.card.body_digest:
         raise ActionDenied("confirmation_mismatch", proposal_id=pending.proposal_id)

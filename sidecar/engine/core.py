@@ -17,6 +17,7 @@ from the grant chain recorded in the log.
 A proposal is judged in this order (each step cites its rule):
 
 1. quota (§4.7): over the sliding window -> `quota_exceeded`; the latch is not touched;
+   then (authority version 2) a run no transaction of the agent opened -> `run_not_opened`;
 2. a halted run (§4.3) -> `run_halted`, whatever the tool;
 3. unknown tool (§4.1) -> `unknown_tool`; no mandate -> `no_mandate`;
 4. suspension (§4.2), the agent's or any delegator's -> `suspended`; never latched;
@@ -72,6 +73,7 @@ from quorumgate.proto.model import (
     rules_for,
 )
 from quorumgate.proto.nonces import NonceWindow
+from quorumgate.proto.runs import names_opened_run
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse
 from quorumgate.sidecar.engine.rules import (
     judge_layer,
@@ -579,8 +581,17 @@ class Engine:
                 card_digest=b"" if card is None else card.digest,
             )
 
+        # issue 16: on its own mandate an agent acts in a run one of its transactions opened
+        # (`n<k>`, proto/runs.py), never in one it names
+        run_opened = (
+            not self.config.split_authority
+            or proposal.grant is not None
+            or names_opened_run(proposal.run_id, parsed.nonce)
+        )
         try:
-            flagged, mode = self._judge(ctx, record, proposal, tool, spec, target, target_refusal)
+            flagged, mode = self._judge(
+                ctx, record, proposal, tool, spec, target, target_refusal, run_opened
+            )
         except _Refusal as refusal:
             return verdict(Outcome.DENY, refusal.reason)
         assert spec is not None and tool is not None
@@ -605,11 +616,14 @@ class Engine:
         spec: ToolSpec | None,
         target: str,
         target_refusal: Reason | None,
+        run_opened: bool = True,
     ) -> tuple[bool, ToolMode]:
         """Steps 1-9 of the module docstring. Returns whether the call is flagged, and the
         mode it runs in (the tool's, or the one its rules name)."""
         if not self._quota_admits(record):
             raise _Refusal(Reason.QUOTA_EXCEEDED)
+        if not run_opened:
+            raise _Refusal(Reason.RUN_NOT_OPENED)  # not latched: there is no run to latch
         run = self._latch_touch(ctx.run_key)
         if run is not None and run.halt_chain is not None:
             raise _Refusal(Reason.RUN_HALTED)
@@ -1062,6 +1076,12 @@ class Engine:
         depth = 1
         run_owner = record.agent_id
         parent_expires = None
+        if (
+            self.config.split_authority
+            and delegate.parent_grant is None
+            and not names_opened_run(delegate.run_id, parsed.nonce)
+        ):
+            return rejected(Reason.RUN_NOT_OPENED)  # a chain starts in a run of its root's
         if delegate.parent_grant is not None:
             try:
                 view = self._resolve_chain(delegate.parent_grant, record.agent_id, delegate.run_id)

@@ -158,6 +158,11 @@ def test_submit_confirm_and_verdicts(
     assert (code, doc["outcome"]) == (0, "allow") and "reason" not in doc
     cert = load_certificate(bytes.fromhex(str(doc["certificate"])))
     assert verify(cluster, cert).proposal_id.hex() == doc["proposal_id"]
+    # the label opened a run named after this transaction's nonce (issue 16): later
+    # commands act in it by its id
+    run_id = doc["run_id"]
+    assert run_id.startswith("n") and run_id != "cli-run"
+    base = ["submit", "--dir", d, "--key", str(agent_key), "--run", run_id]
 
     code, out, _ = run(
         capsys, *base, "--tool", "web.post", "--target", "https://e.x/a", "--arg", f"body={SECRET}"

@@ -145,7 +145,9 @@ def test_sync_tool_runs_only_with_an_allow_certificate(
     assert tx.signer == bytes(key.verify_key) and tx.tx_id == call.proposal_id
     proposal = tx.body.payload
     assert isinstance(proposal, Proposal)
-    assert (proposal.tool, proposal.target, proposal.run_id) == ("web.get", URL, "run-s")
+    # the label opened a run named after the nonce of its first call (issue 16)
+    run = qg.run_of("run-s")
+    assert (proposal.tool, proposal.target, proposal.run_id) == ("web.get", URL, run)
     assert [(a.name, a.text) for a in proposal.arguments] == [("query", "weather"), ("limit", "3")]
 
 
@@ -246,7 +248,7 @@ async def test_two_agents_under_gather_never_share_a_context(
         assert seen["binding"].run_id == run_id
         tx = parse(seen["call"].tx)
         assert tx.signer == bytes(key.verify_key)
-        assert tx.body.payload.run_id == run_id  # type: ignore[union-attr]
+        assert tx.body.payload.run_id == result["client"].run_of(run_id)  # type: ignore[union-attr]
     # each judged under its own mandate: alpha may post, beta may not
     assert (a["posted"], b["posted"]) == ("posted", "out_of_scope")
 
@@ -385,7 +387,7 @@ def test_postures_with_the_cluster_stopped(live: LiveCluster, owner: SyncClient)
         marker = dict((a.name, a.text) for a in proposal.arguments)[FAIL_OPEN_MARKER]
         assert marker is not None and marker.startswith("cause=")
         assert f"original={call.proposal_id.hex() if call.proposal_id else '-'}" in marker
-        assert proposal.run_id == "run-posture" and proposal.tool == "web.get"
+        assert proposal.run_id == qg.run_of("run-posture") and proposal.tool == "web.get"
 
 
 async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(

@@ -6,6 +6,7 @@ block is logged so a test can replay the same log into a second engine.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from quorumgate.proto.model import (
     TxPayload,
     canonical_tool_list,
 )
+from quorumgate.proto.runs import RunLabels
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
 from quorumgate.sidecar.engine.state import assemble
 from quorumgate.sidecar.engine.statements import BlockResult, Verdict
@@ -64,6 +66,7 @@ class World:
 
     overrides: dict[str, int] = field(default_factory=dict)
     verify: bool = True
+    raw_runs: bool = False  # send run labels as they are (no RunLabels binding)
 
     def __post_init__(self) -> None:
         self.owner = signing_key("owner")
@@ -79,6 +82,7 @@ class World:
         self.log: list[tuple[int, int, list[bytes]]] = []
         self.results: list[BlockResult] = []
         self.saved_agents: dict[str, bytes] = {}  # what an incremental store would hold
+        self.run_labels: dict[bytes, RunLabels] = {}  # signer -> its labels' runs
 
     # ---------------------------------------------------------------- raw blocks
 
@@ -88,7 +92,39 @@ class World:
         return self.nonces[signer]
 
     def tx(self, key: SigningKey, payload: TxPayload, nonce: int | None = None) -> bytes:
-        return tx.build(CHAIN, nonce if nonce is not None else self.next_nonce(key), payload, key)
+        nonce = nonce if nonce is not None else self.next_nonce(key)
+        return tx.build(CHAIN, nonce, self.bind_run(key, payload, nonce), key)
+
+    def bind_run(self, key: SigningKey, payload: TxPayload, nonce: int) -> TxPayload:
+        """Tests name runs by label ("run-1"); on chains of authority version 2 a run is
+        named after the nonce of the transaction that opened it (proto/runs.py), so the
+        label becomes that run, per signer, as an SDK client does. Under a grant, the label
+        is looked up among the run owner's (a label it never used stays as it is, so a
+        test can name a wrong run). `raw_runs = True` sends labels as they are (to attack)."""
+        if not self.config.split_authority or self.raw_runs:
+            return payload
+        if isinstance(payload, Proposal | Delegate):
+            grant_id = payload.grant if isinstance(payload, Proposal) else payload.parent_grant
+            if grant_id is None:
+                run = self._labels(key).bind(payload.run_id, nonce)
+            else:
+                grant = self.engine.state.grants.get(grant_id)
+                owner = self.keys.get(grant.run_owner) if grant is not None else None
+                found = self._labels(owner).get(payload.run_id) if owner is not None else None
+                run = found or payload.run_id
+            return dataclasses.replace(payload, run_id=run)
+        return payload
+
+    def _labels(self, key: SigningKey) -> RunLabels:
+        return self.run_labels.setdefault(bytes(key.verify_key), RunLabels())
+
+    def run_of(self, agent: str, label: str) -> str:
+        """The run id a label names for an agent (the label itself on version 1)."""
+        if not self.config.split_authority:
+            return label
+        found = self._labels(self.keys[agent]).get(label)
+        assert found is not None, f"{agent} has not used run {label!r}"
+        return found
 
     def block(self, txs: Sequence[bytes], advance_ms: int = STEP_MS) -> BlockResult:
         self.height += 1

@@ -180,6 +180,6 @@ def test_quota_refusals_do_not_count_and_do_not_touch_the_latch() -> None:
     assert world.propose("alice", "kb.search").reason is Reason.OUT_OF_SCOPE
     for _ in range(5):
         assert world.propose("alice", "kb.search", advance_ms=100).reason is Reason.QUOTA_EXCEEDED
-    run = world.engine.state.latch_runs[("alice", "run-1")]
+    run = world.engine.state.latch_runs[("alice", world.run_of("alice", "run-1"))]
     assert run.buckets[("alice", "kb.search")].count == 1  # the quota refusals left it alone
     assert len(world.engine.state.agents["alice"].recent_proposals_ms) == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quorumgate.proto.model import Outcome, Proposal, Reason, Suspend
+from quorumgate.proto.model import DelegationPolicy, Outcome, Proposal, Reason, Suspend
 from quorumgate.sidecar.engine.core import Engine
 from tests.engine.harness import World
 
@@ -140,7 +140,7 @@ def test_a_run_collecting_too_many_refused_tools_is_halted() -> None:
     assert world.propose("alice", "db.drop").reason is Reason.OUT_OF_SCOPE
     world.add_tool("third.tool")
     assert world.propose("alice", "third.tool").reason is Reason.RUN_HALTED
-    run = world.engine.state.latch_runs[("alice", "run-1")]
+    run = world.engine.state.latch_runs[("alice", world.run_of("alice", "run-1"))]
     assert len(run.buckets) == 2
 
 
@@ -198,3 +198,38 @@ def test_the_cross_run_table_survives_the_state_bytes() -> None:
     copy = Engine.from_state_bytes(world.config, world.engine.state_bytes())
     assert copy.state.cross_run == world.engine.state.cross_run
     assert copy.state_bytes() == world.engine.state_bytes()
+
+
+# ------------------------------------------------------------------ runs from committed data
+
+
+def test_an_agent_cannot_name_its_run_only_open_one_with_a_transaction() -> None:
+    """Issue 16, item 3: on authority version 2 a run on the agent's own mandate is `n<k>`,
+    k the nonce of the agent's transaction that opened it (proto/runs.py)."""
+    world = World(raw_runs=True)
+    world.add_tool("kb.search")
+    world.add_agent("alice", ["kb.search"], policy=DelegationPolicy.ATTENUATED)
+    world.add_agent("helper", ["kb.search"])
+    key = world.keys["alice"]
+    for invented in ("run-1", "ticket-42", "n0", "n999", "N3", "n03"):
+        call = world.one(key, Proposal(run_id=invented, tool="kb.search", target="https://a.b/"))
+        assert (call.outcome, call.reason) == (Outcome.DENY, Reason.RUN_NOT_OPENED), invented
+    nonce = world.nonces[bytes(key.verify_key)] + 1
+    opened = world.one(key, Proposal(run_id=f"n{nonce}", tool="kb.search", target="https://a.b/"))
+    assert opened.outcome is Outcome.ALLOW  # this transaction opens run n<its nonce>
+    later = world.one(key, Proposal(run_id=f"n{nonce}", tool="kb.search", target="https://a.b/"))
+    assert later.outcome is Outcome.ALLOW  # and later ones act in it
+    # a delegation chain starts in a run of its root's too
+    bad = world.delegate("alice", "helper", run="made-up")
+    assert (bad.outcome, bad.reason) == (Outcome.REJECTED, Reason.RUN_NOT_OPENED)
+    grant = world.delegate("alice", "helper", run=f"n{nonce}")
+    assert grant.outcome is Outcome.APPLIED
+    under = world.propose("helper", "kb.search", run=f"n{nonce}", grant=grant.tx_id)
+    assert under.outcome is Outcome.ALLOW  # a delegate acts in its grant's run
+
+
+def test_chains_of_authority_version_1_keep_agent_named_runs() -> None:
+    world = World(overrides={"authority_version": 1})
+    world.add_tool("kb.search")
+    world.add_agent("alice", ["kb.search"])
+    assert world.propose("alice", "kb.search", run="ticket-42").outcome is Outcome.ALLOW
