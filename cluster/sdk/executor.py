@@ -164,7 +164,25 @@ class MemoryUsedProposals:
         return f"MemoryUsedProposals(used={len(self._used)})"
 
 
-class SqliteUsedProposals:
+class _ClosedOnExit:
+    """`with x:` closes x at the end."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SqliteUsedProposals(_ClosedOnExit):
     """Used proposals in a SQLite file (WAL, one table keyed by the proposal id) that
     survives restarts and may be shared by executors in several processes: a claim is one
     `INSERT OR IGNORE`, committed (and synced) before `claim` returns. The file and its
@@ -206,17 +224,6 @@ class SqliteUsedProposals:
                 self._db.close()
                 self._db = None
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"SqliteUsedProposals({str(self.path)!r})"
 
@@ -250,7 +257,7 @@ class AuthorizedCall:
         )
 
 
-class Executor:
+class Executor(_ClosedOnExit):
     """One sink's executor: its id, its X25519 private key, where sealed values come from,
     and its record of the proposals it has run (`used`: a `UsedProposals`, or the path of a
     SQLite file, which the executor then opens and `close` closes). Holds no secret but
@@ -285,17 +292,6 @@ class Executor:
         """Close the used-proposals store if the executor opened it (from a path)."""
         if self._owned is not None:
             self._owned.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def verify(
         self,
