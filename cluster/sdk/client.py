@@ -88,8 +88,10 @@ from quorumgate.proto.model import (
     Revoke,
     SealedValue,
     SealEnvelope,
+    SetEntries,
     SetMandate,
     Suspend,
+    TargetRule,
     ToolMode,
     ToolSpec,
     TxBody,
@@ -1394,6 +1396,23 @@ class Client:
         op = RegisterAgent(agent_id=agent_id, public_key=public_key, principal=principal)
         return await self.admin(op, deadline_s)
 
+    async def set_entries(
+        self,
+        agent_id: str,
+        name: str,
+        entries: Sequence[TargetRule],
+        deadline_s: float | None = None,
+    ) -> Decision:
+        """Replace an agent's named set (`payees`, `allowed_domains`...; no entries deletes
+        it), read by `set` rules. Signed by the owner, or by the principal the agent acts
+        for (a principal keeps its agents' sets: after confirming a payment to a new payee
+        it can add the payee, so the next payment runs directly)."""
+        unique = {(e.kind.value, e.value): e for e in entries}
+        op = SetEntries(
+            principal=agent_id, name=name, entries=tuple(unique[k] for k in sorted(unique))
+        )
+        return await self._applied(Admin(op=op), deadline_s)
+
     async def register_principal(
         self, principal_id: str, public_key: bytes, deadline_s: float | None = None
     ) -> Decision:
@@ -1709,6 +1728,15 @@ class SyncClient:
         self, principal_id: str, public_key: bytes, deadline_s: float | None = None
     ) -> Decision:
         return self.run(self.aio.register_principal(principal_id, public_key, deadline_s))
+
+    def set_entries(
+        self,
+        agent_id: str,
+        name: str,
+        entries: Sequence[TargetRule],
+        deadline_s: float | None = None,
+    ) -> Decision:
+        return self.run(self.aio.set_entries(agent_id, name, entries, deadline_s))
 
     def register_sink(
         self, sink_id: str, public_key: bytes, deadline_s: float | None = None

@@ -385,11 +385,14 @@ class Engine:
             return refuse(Reason.REPLAYED)
         payload = parsed.body.payload
         is_owner = parsed.signer == self.config.owner_public_key
-        if isinstance(payload, Admin) and not is_owner:
+        is_principal = parsed.signer in self.state.principal_by_key
+        if is_principal:
+            # a principal answers cards and keeps its agents' named sets, nothing else
+            if not isinstance(payload, Confirm) and not _sets_op(payload):
+                return refuse(Reason.NOT_AN_AGENT)
+        elif isinstance(payload, Admin) and not is_owner:
             return refuse(Reason.NOT_OWNER)
         if isinstance(payload, Proposal | Delegate) and is_owner:
-            return refuse(Reason.NOT_AN_AGENT)
-        if parsed.signer in self.state.principal_by_key and not isinstance(payload, Confirm):
             return refuse(Reason.NOT_AN_AGENT)
         if isinstance(payload, Proposal):
             tool = names.canonical_tool_name(payload.tool)
@@ -493,10 +496,19 @@ class Engine:
         payload = parsed.body.payload
         principal_id = self.state.principal_by_key.get(parsed.signer)
         if principal_id is not None:
-            # a principal answers cards and does nothing else
+            # a principal answers cards and keeps its agents' named sets, nothing else
             if isinstance(payload, Confirm):
                 return self._confirm(parsed, payload, None, principal_id)
-            return _rejected(parsed, Reason.NOT_AN_AGENT, principal=PRINCIPAL_PREFIX + principal_id)
+            who = PRINCIPAL_PREFIX + principal_id
+            if isinstance(payload, Admin) and isinstance(payload.op, SetEntries):
+                op = payload.op
+                if self.state.agent_principal.get(op.principal) != principal_id:
+                    return _rejected(parsed, Reason.NOT_OWNER, principal=who, subject=op.principal)
+                reason = self._set_entries(op)
+                if reason is not None:
+                    return _rejected(parsed, reason, principal=who, subject=op.principal)
+                return _applied(parsed, principal=who, subject=op.principal)
+            return _rejected(parsed, Reason.NOT_AN_AGENT, principal=who)
         record = None if is_owner else self.state.agents[self.state.agent_by_key[parsed.signer]]
         if record is not None:
             # its nonces changed; its quota window may too: a signer's record is the only
@@ -1432,6 +1444,10 @@ class Engine:
         for grant_id in sorted(self.state.grants):
             if self.state.grants[grant_id].expires_at_ms <= horizon:
                 del self.state.grants[grant_id]
+
+
+def _sets_op(payload: object) -> bool:
+    return isinstance(payload, Admin) and isinstance(payload.op, SetEntries)
 
 
 def _principal(record: AgentRecord | None) -> str:

@@ -53,7 +53,8 @@ class AgentRecord:
 @dataclass
 class PrincipalRecord:
     """A principal (DESIGN §4.5, issue 16): the human agents act for. It signs only the
-    answers to cards (Confirm, with or without `reject`), with nonces of its own."""
+    answers to cards (Confirm, with or without `reject`) and the named sets of the agents
+    acting for it (SetEntries), with nonces of its own."""
 
     principal_id: str
     public_key: bytes

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.sdk.client import SyncClient, TransactionRejected
+from quorumgate.proto.model import Mandate, RuleKind, TargetRule, ToolMode, ToolRules
+from quorumgate.sdk.client import Refused, SyncClient, TransactionRejected
 from tests.client.conftest import new_agent, new_principal, wait_until
 
 
@@ -83,3 +84,33 @@ def test_the_principal_rejects_and_the_agent_is_denied(
             person.confirm(pending.proposal_id, pending.card.digest)
         assert late.value.reason == "unknown_proposal"
         assert other_id != person_id
+
+
+def test_the_principal_adds_a_confirmed_payee_and_the_next_payment_runs_directly(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    person_id, person_key = new_principal(owner)
+    agent_id, agent_key = new_agent(owner, ["pay"], principal=person_id)
+    rules = (
+        ToolRules(
+            "pay", (TargetRule(RuleKind.SET, "payees", ToolMode.DIRECT), TargetRule(RuleKind.ANY))
+        ),
+    )
+    owner.set_mandate(agent_id, Mandate(allowed_tools=("pay",), rules=rules))
+    payee = "https://bank.example/acct/77"
+    with (
+        SyncClient(cluster, agent_key) as agent,
+        SyncClient(cluster, person_key) as person,
+    ):
+        first = agent.propose("pay", payee, {"amount": "10"}, run_id="payees")
+        assert first.pending
+        assert person.confirm(first.proposal_id).outcome.value == "allow"
+        with pytest.raises(Refused) as refused:  # the agent keeps no set: refused on arrival
+            agent.set_entries(agent_id, "payees", [TargetRule(RuleKind.EXACT, payee)])
+        assert refused.value.reason == "not_owner"
+        added = person.set_entries(agent_id, "payees", [TargetRule(RuleKind.EXACT, payee)])
+        assert added.outcome.value == "applied"
+        again = agent.propose("pay", payee, {"amount": "10"}, run_id="payees")
+        assert (again.outcome.value, again.reason) == ("allow", "ok")
+        newcomer = agent.propose("pay", "https://bank.example/acct/99", run_id="payees")
+        assert newcomer.pending  # what is new still goes to the person

@@ -20,10 +20,14 @@ from quorumgate.proto.model import (
     Reason,
     RegisterAgent,
     RegisterPrincipal,
+    RuleKind,
     SealedValue,
     SealEnvelope,
+    SetEntries,
+    TargetRule,
     Tier,
     ToolMode,
+    ToolRules,
 )
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.statements import CardMismatch, card_values
@@ -312,3 +316,39 @@ def test_principals_and_wrong_digests_survive_the_state_bytes_and_a_replay() -> 
     engine, results = replay(world)
     assert engine.state_root() == world.engine.state_root()
     assert [r.verdicts for r in results] == [r.verdicts for r in world.results]
+
+
+# ------------------------------------------------------------------ the principal's sets
+
+
+def test_the_principal_confirms_a_new_payee_then_keeps_it_in_its_agents_payees() -> None:
+    """Confirmations fall on what is new: the principal confirms a payment to a new payee,
+    then adds the payee to the agent's `payees` set itself (a principal keeps the named
+    sets of the agents acting for it); the next payment runs directly. No agent, and no
+    other principal, can edit that set."""
+    world = _world()
+    rules = (
+        ToolRules(
+            "payments.send",
+            (TargetRule(RuleKind.SET, "payees", ToolMode.DIRECT), TargetRule(RuleKind.ANY)),
+        ),
+    )
+    world.set_mandate("planner", ["payments.send"], rules=rules)
+    payee = "https://pay.example.com/acct/77"
+    first = world.propose("planner", "payments.send", payee)
+    assert first.outcome is Outcome.PENDING
+    assert _answer(world, "principal:pat", first) == (Outcome.ALLOW, Reason.OK)
+    entries = SetEntries("planner", "payees", (TargetRule(RuleKind.EXACT, payee),))
+    for who, reason in (("planner", Reason.NOT_OWNER), ("principal:quinn", Reason.NOT_OWNER)):
+        refused = world.one(world.keys[who], AdminTx(op=entries))
+        assert (refused.outcome, refused.reason) == (Outcome.REJECTED, reason), who
+    data = world.tx(world.keys["principal:pat"], AdminTx(op=entries))
+    assert world.engine.admission_check(data).accepted
+    applied = world.block([data]).verdicts[0]
+    assert (applied.outcome, applied.principal) == (Outcome.APPLIED, "principal:pat")
+    assert world.propose("planner", "payments.send", payee).outcome is Outcome.ALLOW
+    other = world.propose("planner", "payments.send", "https://pay.example.com/acct/99")
+    assert other.outcome is Outcome.PENDING  # a new payee: the person is asked again
+    # a principal keeps sets only: every other owner operation stays the owner's
+    widen = AdminTx(op=RegisterAgent(agent_id="x", public_key=bytes(signing_key("x").verify_key)))
+    assert world.one(world.keys["principal:pat"], widen).reason is Reason.NOT_AN_AGENT
