@@ -24,6 +24,8 @@ from quorumgate.proto.model import (
     Admin,
     AdminOp,
     ArgCheck,
+    ArgRole,
+    ArgSpec,
     Argument,
     ArgumentRule,
     Confirm,
@@ -352,6 +354,16 @@ def decode_tool_spec(pb: Any) -> ToolSpec:
     schemes = [s.lower() for s in pb.target_schemes]
     if len(set(schemes)) != len(schemes):
         raise ValueError("target schemes must be unique")
+    declared: dict[str, ArgSpec] = {}
+    for item in pb.arguments:
+        arg_name = names.canonical_argument_name(item.name)
+        if arg_name is None or arg_name in declared:
+            raise ValueError("declared argument names must be valid and unique")
+        try:
+            role = ArgRole(item.role)
+        except ValueError:
+            raise ValueError("argument role: identity|recipient|amount|credential|text") from None
+        declared[arg_name] = ArgSpec(arg_name, role)
     return ToolSpec(
         name=name,
         mode=mode,
@@ -360,6 +372,9 @@ def decode_tool_spec(pb: Any) -> ToolSpec:
         envelope_args=tuple(envelope_args[key] for key in sorted(envelope_args)),
         min_tier=Tier(raw_tier),
         binds_caller=bool(pb.binds_caller),
+        arguments=tuple(declared[key] for key in sorted(declared)),
+        direct_override=bool(pb.direct_override),
+        min_tier_declared=bool(pb.min_tier),
     )
 
 
@@ -373,8 +388,10 @@ def encode_tool_spec(spec: ToolSpec) -> Any:
             tx_pb2.EnvelopeArg(name=a.name, kind=a.kind, require_verified=a.require_verified)
             for a in spec.envelope_args
         ],
-        min_tier=spec.min_tier.value,
+        min_tier=spec.min_tier.value if spec.min_tier_declared else "",
         binds_caller=spec.binds_caller,
+        arguments=[tx_pb2.ArgSpec(name=a.name, role=a.role.value) for a in spec.arguments],
+        direct_override=spec.direct_override,
     )
 
 

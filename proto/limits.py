@@ -72,3 +72,4 @@ PRINCIPALS_MAX = 4096
 # (authority version 2: a fresh run id does not reset the latch).
 LATCH_CROSS_RUN_THRESHOLD_DEFAULT = 3
 CROSS_RUN_PAIRS_MAX = 16_384
+DECLARED_ARGS_PER_TOOL_MAX = 32  # plain arguments one tool declares (issue 15)

@@ -104,6 +104,10 @@ class Reason(StrEnum):
     NOT_GRANTOR = "not_grantor"
     KEY_IN_USE = "key_in_use"
     INVALID_SPEC = "invalid_spec"
+    TIER_UNDECLARED = "tier_undeclared"  # a confirm-gated tool that does not state min_tier
+    DIRECT_NEEDS_OVERRIDE = "direct_needs_override"  # direct, with a sensitive argument
+    DIRECT_OVERRIDE = "direct_override"  # applied: direct with a sensitive argument, on purpose
+    UNDECLARED_ARGUMENT = "undeclared_argument"  # an argument the tool does not declare
     HANDLE_EXISTS = "handle_exists"
     CAPACITY_EXCEEDED = "capacity_exceeded"
 
@@ -322,6 +326,31 @@ class EnvelopeArg:
         _require(names.is_kind(self.kind), "envelope arg kind")
 
 
+class ArgRole(StrEnum):
+    """What a declared plain argument is (issue 15): the engine decides by declaration,
+    not by the argument's name."""
+
+    IDENTITY = "identity"  # who the call is for: never sent, the tool takes the caller
+    RECIPIENT = "recipient"
+    AMOUNT = "amount"
+    CREDENTIAL = "credential"  # only ever as an envelope handle
+    TEXT = "text"
+
+    @property
+    def sensitive(self) -> bool:
+        """Roles a `direct` tool may take only with an explicit override (BRAH §6.3)."""
+        return self in (ArgRole.RECIPIENT, ArgRole.AMOUNT, ArgRole.CREDENTIAL)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    name: str
+    role: ArgRole
+
+    def __post_init__(self) -> None:
+        _require(names.canonical_argument_name(self.name) == self.name, "argument name")
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """A registered tool (DESIGN §4.5, §4.6): what it needs before it may run."""
@@ -333,6 +362,12 @@ class ToolSpec:
     envelope_args: tuple[EnvelopeArg, ...] = ()
     min_tier: Tier = Tier.DELEGATE
     binds_caller: bool = False  # a status tool: no arguments, target bound to the caller
+    # Issue 15: the plain arguments it takes, by role (empty: undeclared, the older rules:
+    # identity by name); `direct` although it takes a sensitive role, on purpose; and
+    # whether `min_tier` was written down (a confirm-gated tool must say it).
+    arguments: tuple[ArgSpec, ...] = ()
+    direct_override: bool = False
+    min_tier_declared: bool = True
 
     def __post_init__(self) -> None:
         _require(names.canonical_tool_name(self.name) == self.name, "tool name not canonical")
@@ -349,6 +384,19 @@ class ToolSpec:
         arg_names = [arg.name for arg in self.envelope_args]
         _require(arg_names == sorted(set(arg_names)), "envelope args sorted and unique")
         _require(self.min_tier in (Tier.DELEGATE, Tier.MASTER), "min_tier: delegate|master")
+        _require(len(self.arguments) <= limits.DECLARED_ARGS_PER_TOOL_MAX, "too many arguments")
+        declared = [arg.name for arg in self.arguments]
+        _require(declared == sorted(set(declared)), "arguments sorted and unique")
+
+    def declared_arg(self, name: str) -> ArgSpec | None:
+        for arg in self.arguments:
+            if arg.name == name:
+                return arg
+        return None
+
+    @property
+    def takes_sensitive(self) -> bool:
+        return any(arg.role.sensitive for arg in self.arguments)
 
     def envelope_arg(self, name: str) -> EnvelopeArg | None:
         for arg in self.envelope_args:

@@ -160,8 +160,16 @@ class EnvelopeArg(_message.Message):
     require_verified: bool
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., require_verified: _Optional[bool] = ...) -> None: ...
 
+class ArgSpec(_message.Message):
+    __slots__ = ("name", "role")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
 class RegisterTool(_message.Message):
-    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller")
+    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller", "arguments", "direct_override")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SINK_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +177,8 @@ class RegisterTool(_message.Message):
     ENVELOPE_ARGS_FIELD_NUMBER: _ClassVar[int]
     MIN_TIER_FIELD_NUMBER: _ClassVar[int]
     BINDS_CALLER_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     name: str
     mode: str
     sink: str
@@ -176,7 +186,9 @@ class RegisterTool(_message.Message):
     envelope_args: _containers.RepeatedCompositeFieldContainer[EnvelopeArg]
     min_tier: str
     binds_caller: bool
-    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ...) -> None: ...
+    arguments: _containers.RepeatedCompositeFieldContainer[ArgSpec]
+    direct_override: bool
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ..., arguments: _Optional[_Iterable[_Union[ArgSpec, _Mapping]]] = ..., direct_override: _Optional[bool] = ...) -> None: ...
 
 class RegisterAgent(_message.Message):
     __slots__ = ("agent_id", "public_key", "principal")

@@ -25,7 +25,10 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     mode = "user_confirm"           # read | direct | user_confirm | owner_confirm
     sink = "payments"
     schemes = ["https"]             # target schemes; [] for a tool without a target
-    min_tier = "master"             # delegate (default) | master
+    min_tier = "master"             # delegate | master; a confirm-gated tool must say
+    args = { amount = "amount", memo = "text" }   # optional: the plain arguments by role
+                                    # (identity | recipient | amount | credential | text)
+    direct_override = false         # a direct tool taking recipient/amount/credential
     status = false                  # a status tool binds to the caller, takes nothing
     envelopes = { card = { kind = "card", verified = true } }
 
@@ -104,6 +107,8 @@ from quorumgate.proto import names, tx
 from quorumgate.proto.model import (
     Admin,
     ArgCheck,
+    ArgRole,
+    ArgSpec,
     Argument,
     ArgumentRule,
     Confirm,
@@ -166,7 +171,9 @@ TOP_FIELDS = (
     "settings", "sinks", "tools", "principals", "agents", "sets", "envelopes", "delegations",
     "calls",
 )  # fmt: skip
-TOOL_FIELDS = ("mode", "sink", "schemes", "min_tier", "status", "envelopes")
+TOOL_FIELDS = (
+    "mode", "sink", "schemes", "min_tier", "status", "envelopes", "args", "direct_override",
+)  # fmt: skip
 AGENT_FIELDS = (
     "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth",
     "rules", "principal",
@@ -487,6 +494,16 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
             if arg_name is None:
                 raise PolicyFileError(f"{where}.envelopes: {arg!r} is not an argument name")
             envelope_args.append(EnvelopeArg(arg_name, e.text("kind"), e.boolean("verified")))
+        declared = []
+        for arg, role in sorted(t.table("args").items()):
+            arg_name = names.canonical_argument_name(arg)
+            roles = tuple(r.value for r in ArgRole)
+            if arg_name is None or not isinstance(role, str) or role not in roles:
+                raise PolicyFileError(f"{where}.args.{arg}: a role, one of {', '.join(roles)}")
+            declared.append(ArgSpec(arg_name, ArgRole(role)))
+        tier = t.optional_text("min_tier")
+        if tier is not None and tier not in ("delegate", "master"):
+            raise PolicyFileError(f"{where}.min_tier: delegate or master")
         try:
             spec = ToolSpec(
                 name=_tool_name(raw, where),
@@ -494,8 +511,11 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
                 sink=t.optional_text("sink"),
                 target_schemes=tuple(sorted(set(t.texts("schemes", ["https"]) or []))),
                 envelope_args=tuple(sorted(envelope_args, key=lambda a: a.name)),
-                min_tier=Tier(t.choice("min_tier", ("delegate", "master"), "delegate")),
+                min_tier=Tier(tier or "delegate"),
                 binds_caller=t.boolean("status"),
+                arguments=tuple(declared),
+                direct_override=t.boolean("direct_override"),
+                min_tier_declared=tier is not None,
             )
         except ValueError as exc:
             if isinstance(exc, PolicyFileError):

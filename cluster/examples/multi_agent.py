@@ -194,6 +194,8 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
                 sink=PAYMENTS_SINK,
                 schemes=["https"],
                 envelopes=[EnvelopeArg("card", "card")],
+                min_tier="delegate",  # a confirm-gated tool states who may run it
+                arguments={"amount": "amount"},  # and takes nothing it did not declare
             ),
         ):
             owner.register_tool(spec_)

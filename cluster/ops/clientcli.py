@@ -486,6 +486,8 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
             envelopes=[_envelope(e) for e in args.envelope],
             min_tier=args.min_tier,
             binds_caller=args.binds_caller,
+            arguments=dict(_pairs(args.arg, "--arg")),
+            direct_override=args.direct_override,
         )
         return op, args.name, lambda c: c.register_tool(spec, args.deadline)
     if op in ("register-agent", "register-sink", "register-principal"):
@@ -884,8 +886,24 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     tool.add_argument("--sink", help="the sink that opens this tool's envelopes")
     tool.add_argument("--scheme", action="append", default=[], help="accepted target scheme")
     tool.add_argument("--envelope", action="append", default=[], metavar="NAME:KIND[:verified]")
-    tool.add_argument("--min-tier", default="delegate", choices=["delegate", "master"])
+    tool.add_argument(
+        "--min-tier",
+        choices=["delegate", "master"],
+        help="who may run it; a confirm-gated tool must state it",
+    )
     tool.add_argument("--binds-caller", action="store_true", help="a status tool")
+    tool.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="NAME=ROLE",
+        help="a plain argument it takes: identity|recipient|amount|credential|text",
+    )
+    tool.add_argument(
+        "--direct-override",
+        action="store_true",
+        help="direct although it takes a recipient, amount or credential (recorded)",
+    )
     agent = admin_sub.add_parser("register-agent", help="register an agent's public key")
     agent.add_argument("agent_id")
     agent.add_argument(

@@ -1861,20 +1861,34 @@ def tool_spec(
     sink: str | None = None,
     schemes: Sequence[str] = (),
     envelopes: Sequence[EnvelopeArg] = (),
-    min_tier: str = "delegate",
+    min_tier: str | None = None,
     binds_caller: bool = False,
+    arguments: Mapping[str, str] | None = None,
+    direct_override: bool = False,
 ) -> ToolSpec:
-    """A `ToolSpec` from loose inputs: schemes and envelope arguments sorted for you."""
-    from quorumgate.proto.model import Tier
+    """A `ToolSpec` from loose inputs: schemes and envelope arguments sorted for you.
 
+    `min_tier` ("delegate" or "master") is what a confirm-gated tool must state (chains of
+    authority version 2 refuse one without it, `tier_undeclared`); left out, it is
+    `delegate`, undeclared. `arguments` declares the plain arguments by role (`{"to":
+    "recipient", "amount": "amount", "note": "text"}`; roles identity, recipient, amount,
+    credential, text): the engine then refuses any other argument and any identity sent;
+    a `direct` tool with a recipient, amount or credential needs `direct_override=True`,
+    which the ledger records."""
+    from quorumgate.proto.model import ArgRole, ArgSpec, Tier
+
+    declared = tuple(ArgSpec(arg, ArgRole(role)) for arg, role in sorted((arguments or {}).items()))
     return ToolSpec(
         name=name,
         mode=ToolMode(mode),
         sink=sink,
         target_schemes=tuple(sorted(set(schemes))),
         envelope_args=tuple(sorted(envelopes, key=lambda e: e.name)),
-        min_tier=Tier(min_tier),
+        min_tier=Tier(min_tier or Tier.DELEGATE.value),
         binds_caller=binds_caller,
+        arguments=declared,
+        direct_override=direct_override,
+        min_tier_declared=min_tier is not None,
     )
 
 

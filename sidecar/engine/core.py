@@ -45,6 +45,7 @@ from quorumgate.proto.clusterfile import AUTHORITY_VERSION_NEW, AUTHORITY_VERSIO
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
+    ArgRole,
     Argument,
     Confirm,
     Delegate,
@@ -813,12 +814,16 @@ class Engine:
         if spec.binds_caller and arguments:
             raise _Refusal(Reason.STATUS_TOOL_ARGUMENT)  # BRAH §7.3: no existence oracle
         seen: set[str] = set()
+        by_declaration = self.config.split_authority and bool(spec.arguments)
         for arg in arguments:
             name = names.canonical_argument_name(arg.name)
             if name is None or name in seen:
                 raise _Refusal(Reason.MALFORMED_ARGUMENT)
             seen.add(name)
             envelope = spec.envelope_arg(name)
+            if by_declaration:
+                self._check_declared(principal, spec, name, envelope, arg)
+                continue
             # BRAH AST-01: declared envelope carriers are exempt from the identity ban;
             # a handle can only be the caller's own (the dereference rule below).
             if envelope is None and names.is_ambient_identity_name(name):
@@ -832,6 +837,31 @@ class Engine:
                 if v2 and secret_shape(arg.text or ""):
                     raise _Refusal(Reason.SECRET_IN_PLAINTEXT)
                 continue
+            self._check_handle(principal, spec, envelope, arg.handle)
+
+    def _check_declared(
+        self,
+        principal: str,
+        spec: ToolSpec,
+        name: str,
+        envelope: EnvelopeArg | None,
+        arg: Argument,
+    ) -> None:
+        """Issue 15, item 4: a tool that declares its arguments is judged by declaration,
+        not by argument names: an undeclared argument is refused; an identity is never sent
+        (the tool takes the caller from the signed transaction); a credential only as a
+        handle; values shaped like secrets are refused as everywhere."""
+        declared = spec.declared_arg(name)
+        if declared is None and envelope is None:
+            raise _Refusal(Reason.UNDECLARED_ARGUMENT)
+        if declared is not None and declared.role is ArgRole.IDENTITY:
+            raise _Refusal(Reason.AMBIENT_IDENTITY_ARGUMENT)
+        if arg.handle is None:
+            if envelope is not None or (declared and declared.role is ArgRole.CREDENTIAL):
+                raise _Refusal(Reason.ENVELOPE_REQUIRED)
+            if secret_shape(arg.text or ""):
+                raise _Refusal(Reason.SECRET_IN_PLAINTEXT)
+        else:
             self._check_handle(principal, spec, envelope, arg.handle)
 
     def _check_handle(
@@ -1219,7 +1249,13 @@ class Engine:
                 return done(spec.name, Reason.INVALID_SPEC)  # status tools take nothing
             if spec.name not in state.tools and len(state.tools) >= config.tools_max:
                 return done(spec.name, Reason.CAPACITY_EXCEEDED)
+            refusal = self._registration_check(spec)
+            if refusal is not None:
+                return done(spec.name, refusal)
             state.tools[spec.name] = spec
+            if config.split_authority and spec.mode is ToolMode.DIRECT and spec.takes_sensitive:
+                # the override is applied, and the ledger says so (issue 15, item 6)
+                return replace(done(spec.name), reason=Reason.DIRECT_OVERRIDE)
             return done(spec.name)
         if isinstance(op, RegisterPrincipal):
             return done(op.principal_id, self._register_principal(op))
@@ -1274,6 +1310,22 @@ class Engine:
         assert isinstance(op, Resume), type(op)
         record.suspended = False
         return done(op.agent_id, version=record.mandate_version)
+
+    def _registration_check(self, spec: ToolSpec) -> Reason | None:
+        """Issue 15, item 6 (BRAH's static gates), on authority version 2: a confirm-gated
+        tool states the tier that may confirm-run it; a `direct` tool that takes a
+        recipient, an amount or a credential needs an explicit override. Declarations are
+        refused on chains of version 1 (whose engines would ignore them)."""
+        if not self.config.split_authority:
+            declared = spec.arguments or spec.direct_override
+            return Reason.INVALID_SPEC if declared else None
+        if spec.mode.needs_confirmation and not spec.min_tier_declared:
+            return Reason.TIER_UNDECLARED
+        if spec.mode is ToolMode.DIRECT and spec.takes_sensitive and not spec.direct_override:
+            return Reason.DIRECT_NEEDS_OVERRIDE
+        if spec.binds_caller and spec.arguments:
+            return Reason.INVALID_SPEC  # a status tool takes nothing
+        return None
 
     def _register_principal(self, op: RegisterPrincipal) -> Reason | None:
         """Issue 16: a principal's key is of its own class (never the owner's, an agent's

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from quorumgate.proto.canonical import Encoder, sha256
 from quorumgate.proto.model import (
     ArgCheck,
+    ArgRole,
+    ArgSpec,
     ArgumentRule,
     DelegationPolicy,
     Enforcement,
@@ -245,6 +247,8 @@ def _enc_nonces(enc: Encoder, window: NonceWindow) -> None:
 # without rules is flagged 0 or 1 as before: a state without any rule encodes exactly as
 # it did before rules existed, so its root does not change.
 RULES_FOLLOW = 2
+# Likewise a tool's status-tool flag is 2 or 3 when issue 15's declarations follow it.
+TOOL_DECLARATIONS_FOLLOW = 2
 
 
 def _enc_tools_and_rules(
@@ -289,7 +293,15 @@ def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
     enc.texts(spec.target_schemes).u32(len(spec.envelope_args))
     for arg in spec.envelope_args:
         enc.text(arg.name).text(arg.kind).boolean(arg.require_verified)
-    enc.text(spec.min_tier.value).boolean(spec.binds_caller)
+    enc.text(spec.min_tier.value)
+    declared = bool(spec.arguments) or spec.direct_override or not spec.min_tier_declared
+    # issue 15's declarations follow the flag only when present (older states keep bytes)
+    enc.u8(int(spec.binds_caller) + (TOOL_DECLARATIONS_FOLLOW if declared else 0))
+    if declared:
+        enc.u32(len(spec.arguments))
+        for declared_arg in spec.arguments:
+            enc.text(declared_arg.name).text(declared_arg.role.value)
+        enc.boolean(spec.direct_override).boolean(spec.min_tier_declared)
 
 
 def _enc_card(enc: Encoder, card: ConfirmationCard) -> None:
@@ -522,7 +534,16 @@ def _dec_tool(r: _Reader) -> ToolSpec:
     sink = r.optional_text()
     schemes = r.texts()
     args = tuple(EnvelopeArg(r.text(), r.text(), r.boolean()) for _ in range(r.u32()))
-    return ToolSpec(name, mode, sink, schemes, args, Tier(r.text()), r.boolean())
+    tier, flag = Tier(r.text()), r.u8()
+    if flag > 1 + TOOL_DECLARATIONS_FOLLOW:
+        raise StateDecodeError("bad tool flag")
+    if not flag & TOOL_DECLARATIONS_FOLLOW:
+        return ToolSpec(name, mode, sink, schemes, args, tier, bool(flag & 1))
+    declared = tuple(ArgSpec(r.text(), ArgRole(r.text())) for _ in range(r.u32()))
+    override, tier_declared = r.boolean(), r.boolean()
+    return ToolSpec(
+        name, mode, sink, schemes, args, tier, bool(flag & 1), declared, override, tier_declared
+    )
 
 
 def _dec_card(r: _Reader) -> ConfirmationCard:

@@ -36,14 +36,14 @@ SINK = "vault"
 TOOLS = (
     ("web.get", "read", {"schemes": ["https"]}),
     ("web.post", "direct", {"schemes": ["https"]}),
-    ("pay", "user_confirm", {"schemes": ["https"]}),
-    ("owner.pay", "owner_confirm", {"schemes": ["https"]}),
+    ("pay", "user_confirm", {"schemes": ["https"], "min_tier": "delegate"}),
+    ("owner.pay", "owner_confirm", {"schemes": ["https"], "min_tier": "delegate"}),
     (
         "vault.store",
         "direct",
         {"schemes": ["https"], "sink": SINK, "envelopes": [EnvelopeArg("secret", "card")]},
     ),
-    ("vault.pay", "user_confirm", {"schemes": ["https"], "sink": SINK}),
+    ("vault.pay", "user_confirm", {"schemes": ["https"], "sink": SINK, "min_tier": "delegate"}),
     ("status", "read", {"binds_caller": True}),
 )
 

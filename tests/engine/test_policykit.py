@@ -178,6 +178,8 @@ mode = "read"
 [tools."payments.send"]
 mode = "user_confirm"
 schemes = ["https"]
+min_tier = "delegate"
+args = { amount = "amount", currency = "text" }
 
 [agents.billing]
 allowed_tools = ["http.get", "payments.send"]

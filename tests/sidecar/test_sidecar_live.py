@@ -453,9 +453,11 @@ def register_attack_world(live: Live) -> None:
     ]
     tools = [
         tool_spec("kb.search", "read", schemes=["https"]),
-        tool_spec("registration.cancel", "user_confirm", schemes=["principal"]),
+        tool_spec(
+            "registration.cancel", "user_confirm", schemes=["principal"], min_tier="delegate"
+        ),
         tool_spec("order.finalize", "user_confirm", schemes=["https"], min_tier="master"),
-        tool_spec("owner.notify", "owner_confirm"),
+        tool_spec("owner.notify", "owner_confirm", min_tier="delegate"),
         tool_spec("records.read", "direct", schemes=["principal", "https"]),
         tool_spec("crm.my_status", "direct", sink="crm", binds_caller=True),
         tool_spec(
