@@ -138,7 +138,9 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.runs import RunLabels
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.engine.rules import rule_matches
 from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, PRINCIPAL_PREFIX, Verdict
+from quorumgate.sidecar.engine.targets import UNCHECKED_TARGET
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -924,6 +926,26 @@ class _Runner:
         self.fired.add(("", f"called:{tool}"))
         if call.via is not None:
             self.fired.add(("", f"via:{call.via}"))
+        self._record_target_rule(call.agent, tool, verdict)
+
+    def _record_target_rule(self, agent: str, tool: str, verdict: Verdict) -> None:
+        """Which of the agent's own target rules for `tool` decided the call: the first
+        that matches its canonical target (as the engine reads them), when the call got
+        as far as the rules (in scope by tool, the target canonical)."""
+        mandate = self.policy.agents.get(agent)
+        entry = None if mandate is None else mandate.rules_for(tool)
+        reached = verdict.reason in _AFTER_SCOPE or verdict.reason in _OUT_OF_SCOPE
+        prefix = tool + " "
+        if entry is None or not reached or not verdict.canonical_target.startswith(prefix):
+            return
+        target = verdict.canonical_target[len(prefix) :]
+        if target == UNCHECKED_TARGET:
+            return
+        sets = self.engine.state.sets_of(agent)
+        for index, rule in enumerate(entry.targets):
+            if rule_matches(rule, target, agent, sets):
+                self.fired.add((agent, f"target:{tool}:{index}"))
+                return
 
     def warnings(self) -> list[str]:
         p = self.policy
@@ -945,6 +967,13 @@ class _Runner:
                     )
             if mandate.suspended and (agent, "suspended") not in self.fired:
                 out.append(f"agents.{agent}.suspended: no call shows the suspension denies")
+            for entry in mandate.rules:
+                for index, _ in enumerate(entry.targets):
+                    if (agent, f"target:{entry.tool}:{index}") not in self.fired:
+                        out.append(
+                            f'agents.{agent}.rules."{entry.tool}".targets[{index}]: no call '
+                            "makes this rule fire"
+                        )
         for tool in p.tools:
             if ("", f"called:{tool}") not in self.fired:
                 out.append(f"tools.{tool}: no call uses this tool")

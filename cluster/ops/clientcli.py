@@ -720,8 +720,10 @@ def _cmd_tools(args: argparse.Namespace) -> int:
                     {"name": e.name, "kind": e.kind, "require_verified": e.require_verified}
                     for e in t.envelope_args
                 ],
-                "min_tier": t.min_tier.value,
+                "min_tier": t.min_tier.value if t.min_tier_declared else None,
                 "binds_caller": t.binds_caller,
+                "arguments": {a.name: a.role.value for a in t.arguments},
+                "direct_override": t.direct_override,
             }
             for t in registry.tools
         ],
@@ -738,14 +740,20 @@ def _cmd_tools(args: argparse.Namespace) -> int:
                 for e in t.envelope_args
             )
             or None,
-            t.min_tier.value,
+            t.min_tier.value if t.min_tier_declared else f"({t.min_tier.value})",
             "yes" if t.binds_caller else "no",
+            ",".join(f"{a.name}:{a.role.value}" for a in t.arguments) or None,
+            "yes" if t.direct_override else None,
         ]
         for t in registry.tools
     ]
     human = table(
-        ["tool", "mode", "sink", "schemes", "envelopes", "min tier", "binds caller"], rows
-    )
+        [
+            "tool", "mode", "sink", "schemes", "envelopes", "min tier", "binds caller",
+            "arguments", "override",
+        ],
+        rows,
+    )  # fmt: skip
     _emit(args, doc, f"{human}\n{len(rows)} tools at height {registry.height}")
     return EXIT_OK
 

@@ -112,10 +112,22 @@ def test_admin_commands_and_the_registry_listings(
         "read",
         "--scheme",
         "file",
+        "--arg",
+        "limit=text",
         "--dir",
         d,
     )
     assert code == 0
+    # registration checks (issue 15): a confirm-gated tool states its tier; a direct tool
+    # taking an amount needs an override, which the verdict records
+    base = ["admin", "register-tool", "cli.pay", "--scheme", "https", "--dir", d]
+    code, doc = run_json(capsys, *base, "--mode", "user_confirm")
+    assert (code, doc["reason"]) == (1, "tier_undeclared")
+    code, doc = run_json(capsys, *base, "--mode", "direct", "--arg", "amount=amount")
+    assert (code, doc["reason"]) == (1, "direct_needs_override")
+    override = ["--mode", "direct", "--arg", "amount=amount", "--direct-override"]
+    code, doc = run_json(capsys, *base, *override)
+    assert (code, doc["outcome"], doc["reason"]) == (0, "applied", "direct_override")
 
     code, doc = run_json(capsys, "agents", "--dir", d)
     agents = {a["agent_id"]: a for a in doc["agents"]}
@@ -137,6 +149,13 @@ def test_admin_commands_and_the_registry_listings(
     code, doc = run_json(capsys, "tools", "--dir", d)
     tools = {t["name"]: t for t in doc["tools"]}
     assert tools["files.read"]["target_schemes"] == ["file"]
+    assert tools["files.read"]["arguments"] == {"limit": "text"}
+    assert tools["files.read"]["min_tier"] is None  # not stated (a read tool need not)
+    assert (tools["cli.pay"]["arguments"], tools["cli.pay"]["direct_override"]) == (
+        {"amount": "amount"},
+        True,
+    )
+    assert tools["pay"]["min_tier"] == "delegate"
     assert tools["vault.store"]["envelope_args"] == [
         {"name": "secret", "kind": "card", "require_verified": False}
     ]

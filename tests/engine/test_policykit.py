@@ -277,6 +277,19 @@ def test_a_policy_with_target_rules_sets_and_ceilings(tmp_path: Path) -> None:
     code, text = _run(path)
     assert code == EXIT_OK, text
     assert "7 calls, 7 passed, 0 failed" in text
+    assert ".targets[" not in text  # every target rule is made to fire by some call
+
+
+def test_a_target_rule_no_call_makes_fire_is_reported(tmp_path: Path) -> None:
+    """Issue 15: the kit names each target rule that no call decides, as it does tools."""
+    new_payee = RULES.index('[[calls]]\nname = "a new payee"')
+    over = RULES.index('[[calls]]\nname = "over the ceiling"')
+    path = tmp_path / "rules.toml"
+    path.write_text(RULES[:new_payee] + RULES[over:])
+    code, text = _run(path)
+    assert code == EXIT_OK, text
+    assert 'agents.billing.rules."payments.send".targets[1]: no call makes this rule fire' in text
+    assert 'rules."payments.send".targets[0]' not in text  # the payee set still fires
 
 
 @pytest.mark.parametrize(
