@@ -123,7 +123,7 @@ class ConfirmationCard:
         lines = [
             CARD_HEADER,
             f"Tool: {self.tool}",
-            f"Target: {quote_for_card(self.canonical_target)}",
+            f"Target: {quote_for_card(self.canonical_target.removeprefix(self.tool + ' '))}",
             f"Requested by: agent {self.principal} ({self.tier.value})"
             + (f" on behalf of agent {self.delegate_of}" if self.delegate_of else ""),
         ]

@@ -77,7 +77,8 @@ def test_i1_spoofed_text_phishing_cannot_reach_the_confirmation_card() -> None:
     confirm_lines = [line for line in lines if line.startswith("To be confirmed")]
     assert confirm_lines == ["To be confirmed or rejected by: principal pat only"]
     assert lines[0].startswith("Official confirmation form")
-    assert "registration.cancel principal:alice" in card.render()
+    assert card.canonical_target == "registration.cancel principal:alice"
+    assert 'Target: "principal:alice"' in card.render()  # the person reads the target
 
 
 def test_i2_an_agent_cannot_forge_owner_facts_or_authority() -> None:
