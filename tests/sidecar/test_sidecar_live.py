@@ -562,7 +562,8 @@ def test_i1_spoofed_text_never_reaches_the_certified_confirmation_card(live: Liv
     card = pending.card
     assert card is not None and card.digest == pending.certificate.leaf.card_digest
     assert lure not in card.render() and lure.encode() not in card.to_bytes()
-    assert f"registration.cancel principal:{alice.id}" in card.render()
+    assert card.canonical_target == f"registration.cancel principal:{alice.id}"
+    assert f'Target: "principal:{alice.id}"' in card.render()
     assert card.argument_names == ("caption",)
     assert_never_allowed(live, [pending])
 
