@@ -47,6 +47,7 @@ RPC serves them yet, so a `SealedValueSource` is pluggable:
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import os
 import sqlite3
@@ -164,11 +165,11 @@ class MemoryUsedProposals:
         return f"MemoryUsedProposals(used={len(self._used)})"
 
 
-class _ClosedOnExit:
+class _ClosedOnExit(abc.ABC):
     """`with x:` closes x at the end."""
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def close(self) -> None: ...
 
     def __enter__(self) -> Self:
         return self
