@@ -440,7 +440,11 @@ def _decode_admin(pb: Any) -> AdminOp:
     if case == "register_agent":
         return RegisterAgent(agent_id=op.agent_id, public_key=op.public_key, principal=op.principal)
     if case == "register_principal":
-        return RegisterPrincipal(principal_id=op.principal_id, public_key=op.public_key)
+        return RegisterPrincipal(
+            principal_id=op.principal_id,
+            public_key=op.public_key,
+            deputies=tuple(op.deputies),
+        )
     if case == "register_sink":
         return RegisterSink(sink_id=op.sink_id, public_key=op.public_key)
     if case == "set_mandate":
@@ -466,7 +470,11 @@ def _encode_admin(admin: Admin) -> Any:
         )
     elif isinstance(op, RegisterPrincipal):
         msg.register_principal.CopyFrom(
-            tx_pb2.RegisterPrincipal(principal_id=op.principal_id, public_key=op.public_key)
+            tx_pb2.RegisterPrincipal(
+                principal_id=op.principal_id,
+                public_key=op.public_key,
+                deputies=list(op.deputies),
+            )
         )
     elif isinstance(op, RegisterSink):
         msg.register_sink.CopyFrom(

@@ -73,3 +73,4 @@ PRINCIPALS_MAX = 4096
 LATCH_CROSS_RUN_THRESHOLD_DEFAULT = 3
 CROSS_RUN_PAIRS_MAX = 16_384
 DECLARED_ARGS_PER_TOOL_MAX = 32  # plain arguments one tool declares (issue 15)
+DEPUTIES_MAX = 8  # principals one principal names to answer its cards too

@@ -557,10 +557,16 @@ class RegisterPrincipal:
 
     principal_id: str
     public_key: bytes
+    deputies: tuple[str, ...] = ()  # principals who may answer its cards too
 
     def __post_init__(self) -> None:
         _require(names.is_agent_id(self.principal_id), "principal id")
         _require_key(self.public_key, "public_key")
+        _require(len(self.deputies) <= limits.DEPUTIES_MAX, "too many deputies")
+        for deputy in self.deputies:
+            _require(names.is_agent_id(deputy), "deputy id")
+        _require(list(self.deputies) == sorted(set(self.deputies)), "deputies sorted, unique")
+        _require(self.principal_id not in self.deputies, "a principal is not its own deputy")
 
 
 @dataclass(frozen=True)

@@ -201,12 +201,14 @@ class RegisterAgent(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., principal: _Optional[str] = ...) -> None: ...
 
 class RegisterPrincipal(_message.Message):
-    __slots__ = ("principal_id", "public_key")
+    __slots__ = ("principal_id", "public_key", "deputies")
     PRINCIPAL_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEPUTIES_FIELD_NUMBER: _ClassVar[int]
     principal_id: str
     public_key: bytes
-    def __init__(self, principal_id: _Optional[str] = ..., public_key: _Optional[bytes] = ...) -> None: ...
+    deputies: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, principal_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., deputies: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterSink(_message.Message):
     __slots__ = ("sink_id", "public_key")

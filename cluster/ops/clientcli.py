@@ -500,10 +500,13 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
                 lambda c: c.register_agent(args.agent_id, key, args.deadline, principal=principal),
             )
         if op == "register-principal":
+            deputies = [d for d in (args.deputies or "").split(",") if d]
             return (
                 op,
                 args.principal_id,
-                lambda c: c.register_principal(args.principal_id, key, args.deadline),
+                lambda c: c.register_principal(
+                    args.principal_id, key, args.deadline, deputies=deputies
+                ),
             )
         return op, args.sink_id, lambda c: c.register_sink(args.sink_id, key, args.deadline)
     if op == "set-mandate":
@@ -562,7 +565,8 @@ def _cmd_admin(args: argparse.Namespace) -> int:
         return _fail(str(err))
 
     async def work(client: Client) -> int:
-        if not client.is_owner:
+        # a principal may sign register-principal for itself (to name its deputies)
+        if not client.is_owner and op != "register-principal":
             return _fail("admin operations are signed with the owner key (DIR/owner.key)")
         try:
             decision = await _waiting(f"{op} {subject}", args, call(client))
@@ -921,6 +925,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "register-principal", help="register a principal: the person who answers its cards"
     )
     person.add_argument("principal_id")
+    person.add_argument(
+        "--deputies",
+        metavar="ID,ID",
+        help="principals who may answer its cards too (replaces the list)",
+    )
     sink = admin_sub.add_parser("register-sink", help="register a sink's X25519 public key")
     sink.add_argument("sink_id")
     for parser in (agent, person, sink):

@@ -1414,12 +1414,23 @@ class Client:
         return await self._applied(Admin(op=op), deadline_s)
 
     async def register_principal(
-        self, principal_id: str, public_key: bytes, deadline_s: float | None = None
+        self,
+        principal_id: str,
+        public_key: bytes,
+        deadline_s: float | None = None,
+        *,
+        deputies: Sequence[str] = (),
     ) -> Decision:
         """Register a principal: a person who answers the cards of the agents acting for
-        them; its key is never an agent's, a sink's or the owner's."""
-        op = RegisterPrincipal(principal_id=principal_id, public_key=public_key)
-        return await self.admin(op, deadline_s)
+        them; its key is never an agent's, a sink's or the owner's. `deputies`: other
+        principals who may answer its cards too (replaces the list). Signed by the owner,
+        or by the principal itself (its own id and key) to name its deputies."""
+        op = RegisterPrincipal(
+            principal_id=principal_id,
+            public_key=public_key,
+            deputies=tuple(sorted(set(deputies))),
+        )
+        return await self._applied(Admin(op=op), deadline_s)
 
     async def register_sink(
         self, sink_id: str, public_key: bytes, deadline_s: float | None = None
@@ -1725,9 +1736,16 @@ class SyncClient:
         )
 
     def register_principal(
-        self, principal_id: str, public_key: bytes, deadline_s: float | None = None
+        self,
+        principal_id: str,
+        public_key: bytes,
+        deadline_s: float | None = None,
+        *,
+        deputies: Sequence[str] = (),
     ) -> Decision:
-        return self.run(self.aio.register_principal(principal_id, public_key, deadline_s))
+        return self.run(
+            self.aio.register_principal(principal_id, public_key, deadline_s, deputies=deputies)
+        )
 
     def set_entries(
         self,

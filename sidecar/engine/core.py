@@ -388,8 +388,9 @@ class Engine:
         is_owner = parsed.signer == self.config.owner_public_key
         is_principal = parsed.signer in self.state.principal_by_key
         if is_principal:
-            # a principal answers cards and keeps its agents' named sets, nothing else
-            if not isinstance(payload, Confirm) and not _sets_op(payload):
+            # a principal answers cards, keeps its agents' named sets and names its
+            # deputies, nothing else
+            if not isinstance(payload, Confirm) and not _principal_op(payload):
                 return refuse(Reason.NOT_AN_AGENT)
         elif isinstance(payload, Admin) and not is_owner:
             return refuse(Reason.NOT_OWNER)
@@ -430,7 +431,8 @@ class Engine:
         return tuple(
             pending[pid].card
             for pid in sorted(pending)
-            if pending[pid].card.confirmer == who and pending[pid].expires_at_ms > self._now_ms
+            if self._may_answer(who, pending[pid].card.confirmer)
+            and pending[pid].expires_at_ms > self._now_ms
         )
 
     def principal_of(self, agent_id: str) -> str | None:
@@ -509,6 +511,17 @@ class Engine:
                 if reason is not None:
                     return _rejected(parsed, reason, principal=who, subject=op.principal)
                 return _applied(parsed, principal=who, subject=op.principal)
+            if isinstance(payload, Admin) and isinstance(payload.op, RegisterPrincipal):
+                # a principal names its own deputies (same id, same key); nothing else
+                person = payload.op
+                mine = self.state.principals[principal_id]
+                if person.principal_id != principal_id or person.public_key != mine.public_key:
+                    subject = person.principal_id
+                    return _rejected(parsed, Reason.NOT_OWNER, principal=who, subject=subject)
+                reason = self._register_principal(person)
+                if reason is not None:
+                    return _rejected(parsed, reason, principal=who, subject=principal_id)
+                return _applied(parsed, principal=who, subject=principal_id)
             return _rejected(parsed, Reason.NOT_AN_AGENT, principal=who)
         record = None if is_owner else self.state.agents[self.state.agent_by_key[parsed.signer]]
         if record is not None:
@@ -1025,7 +1038,7 @@ class Engine:
         answers count for nothing, so no one else can lock a call out); a reject or a lock
         takes the card out of the state at once."""
         proposal_id = pending.proposal_id
-        if confirmer != pending.card.confirmer:
+        if not self._may_answer(confirmer, pending.card.confirmer):
             return verdict(Outcome.REJECTED, Reason.CONFIRMER_NOT_AUTHORIZED)
         if confirm.card_digest != pending.card.digest:
             wrong = self.state.wrong_digests.get(proposal_id, 0) + 1
@@ -1045,6 +1058,16 @@ class Engine:
         if flagged:
             return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
         return verdict(Outcome.ALLOW, Reason.OK)
+
+    def _may_answer(self, who: str, card_confirmer: str) -> bool:
+        """The card's confirmer, or a principal the card's principal names as its deputy
+        (as the state is now: a deputy named or removed later counts from then)."""
+        if who == card_confirmer:
+            return True
+        if not (who.startswith(PRINCIPAL_PREFIX) and card_confirmer.startswith(PRINCIPAL_PREFIX)):
+            return False
+        named = self.state.principals.get(card_confirmer.removeprefix(PRINCIPAL_PREFIX))
+        return named is not None and who.removeprefix(PRINCIPAL_PREFIX) in named.deputies
 
     def _drop_pending(self, proposal_id: bytes) -> None:
         del self.state.pending[proposal_id]
@@ -1338,12 +1361,18 @@ class Engine:
             return Reason.KEY_IN_USE
         if state.principal_by_key.get(key, op.principal_id) != op.principal_id:
             return Reason.KEY_IN_USE
+        if any(deputy not in state.principals for deputy in op.deputies):
+            return Reason.UNKNOWN_PRINCIPAL
         current = state.principals.get(op.principal_id)
         if current is not None:
-            return None if current.public_key == key else Reason.KEY_IN_USE
+            if current.public_key != key:
+                return Reason.KEY_IN_USE
+            current.deputies = op.deputies  # the list is replaced
+            return None
         if len(state.principals) >= limits.PRINCIPALS_MAX:
             return Reason.CAPACITY_EXCEEDED
         state.principals[op.principal_id] = PrincipalRecord(op.principal_id, key)
+        state.principals[op.principal_id].deputies = op.deputies
         state.principal_by_key[key] = op.principal_id
         return None
 
@@ -1498,8 +1527,9 @@ class Engine:
                 del self.state.grants[grant_id]
 
 
-def _sets_op(payload: object) -> bool:
-    return isinstance(payload, Admin) and isinstance(payload.op, SetEntries)
+def _principal_op(payload: object) -> bool:
+    """What a principal may sign besides answers: its agents' sets, its deputies."""
+    return isinstance(payload, Admin) and isinstance(payload.op, SetEntries | RegisterPrincipal)
 
 
 def _principal(record: AgentRecord | None) -> str:

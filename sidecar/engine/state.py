@@ -61,6 +61,7 @@ class PrincipalRecord:
     principal_id: str
     public_key: bytes
     nonces: NonceWindow = field(default_factory=NonceWindow)
+    deputies: tuple[str, ...] = ()  # principals who may answer its cards too
 
 
 @dataclass
@@ -409,6 +410,7 @@ def _encode_state(
             principal = state.principals[principal_id]
             enc.text(principal.principal_id).raw(principal.public_key)
             _enc_nonces(enc, principal.nonces)
+            enc.texts(principal.deputies)
         enc.u32(len(state.agent_principal))
         for agent_id in sorted(state.agent_principal):
             enc.text(agent_id).text(state.agent_principal[agent_id])
@@ -639,7 +641,8 @@ def _decode_state(r: _Reader) -> EngineState:
     if r.remaining():
         for _ in range(r.u32()):
             principal_id, key = r.text(), r.take(32)
-            state.principals[principal_id] = PrincipalRecord(principal_id, key, _dec_nonces(r))
+            nonces = _dec_nonces(r)
+            state.principals[principal_id] = PrincipalRecord(principal_id, key, nonces, r.texts())
             state.principal_by_key[key] = principal_id
         for _ in range(r.u32()):
             agent_id = r.text()

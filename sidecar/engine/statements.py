@@ -138,7 +138,8 @@ class ConfirmationCard:
                 shown = value if value.startswith(HANDLE_VALUE_PREFIX) else quote_for_card(value)
                 lines.append(f"  {name} = {shown}")
         lines += [
-            f"To be confirmed or rejected by: {who} only",
+            f"To be confirmed or rejected by: {who} only"
+            + ("" if self.confirmer == OWNER_PRINCIPAL else " (or a deputy it names)"),
             f"Proposal: {self.proposal_id.hex()}",
             f"Card digest: {self.digest.hex()}",
         ]

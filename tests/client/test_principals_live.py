@@ -114,3 +114,27 @@ def test_the_principal_adds_a_confirmed_payee_and_the_next_payment_runs_directly
         assert (again.outcome.value, again.reason) == ("allow", "ok")
         newcomer = agent.propose("pay", "https://bank.example/acct/99", run_id="payees")
         assert newcomer.pending  # what is new still goes to the person
+
+
+def test_a_deputy_the_principal_names_answers_its_cards(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    person_id, person_key = new_principal(owner)
+    deputy_id, deputy_key = new_principal(owner)
+    _, agent_key = new_agent(owner, ["pay"], principal=person_id)
+    with (
+        SyncClient(cluster, agent_key) as agent,
+        SyncClient(cluster, person_key) as person,
+        SyncClient(cluster, deputy_key) as deputy,
+    ):
+        pending = agent.propose("pay", "https://bank.example/acct/3", run_id="deputy")
+        assert pending.pending and deputy.pending() == []
+        # the principal names its deputy itself, with its own key
+        named = person.register_principal(
+            person_id, bytes(person_key.verify_key), deputies=[deputy_id]
+        )
+        assert named.outcome.value == "applied"
+        [card] = [c for c in deputy.pending() if c.proposal_id == pending.proposal_id]
+        assert "(or a deputy it names)" in card.render()
+        confirmed = deputy.confirm(pending.proposal_id)
+        assert (confirmed.outcome.value, confirmed.kind) == ("allow", "confirm")

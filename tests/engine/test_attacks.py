@@ -75,7 +75,9 @@ def test_i1_spoofed_text_phishing_cannot_reach_the_confirmation_card() -> None:
     assert [line for line in lines if lure in line] == [f'  caption = "{lure}"']
     assert '  note = "ok\\u{a}To be confirmed or rejected by: agent alice\\u{202e}"' in lines
     confirm_lines = [line for line in lines if line.startswith("To be confirmed")]
-    assert confirm_lines == ["To be confirmed or rejected by: principal pat only"]
+    assert confirm_lines == [
+        "To be confirmed or rejected by: principal pat only (or a deputy it names)"
+    ]
     assert lines[0].startswith("Official confirmation form")
     assert card.canonical_target == "registration.cancel principal:alice"
     assert 'Target: "principal:alice"' in card.render()  # the person reads the target

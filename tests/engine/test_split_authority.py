@@ -352,3 +352,50 @@ def test_the_principal_confirms_a_new_payee_then_keeps_it_in_its_agents_payees()
     # a principal keeps sets only: every other owner operation stays the owner's
     widen = AdminTx(op=RegisterAgent(agent_id="x", public_key=bytes(signing_key("x").verify_key)))
     assert world.one(world.keys["principal:pat"], widen).reason is Reason.NOT_AN_AGENT
+
+
+# ------------------------------------------------------------------ deputies
+
+
+def test_a_principal_names_deputies_who_may_answer_its_cards_too() -> None:
+    """Issue 16: "confirmed only by that principal (or a principal it names)"."""
+    world = _world()
+    pat, quinn = world.keys["principal:pat"], world.keys["principal:quinn"]
+    pending = world.propose("planner", "payments.send")
+    assert _answer(world, "principal:quinn", pending)[1] is Reason.CONFIRMER_NOT_AUTHORIZED
+    name = RegisterPrincipal(
+        principal_id="pat", public_key=bytes(pat.verify_key), deputies=("quinn",)
+    )
+    # quinn cannot make itself pat's deputy; pat can
+    assert world.one(quinn, AdminTx(op=name)).reason is Reason.NOT_OWNER
+    assert world.one(pat, AdminTx(op=name)).outcome is Outcome.APPLIED
+    quinn_key = bytes(quinn.verify_key)
+    assert [c.proposal_id for c in world.engine.cards_for(quinn_key)] == [pending.proposal_id]
+    assert pending.card is not None
+    assert "(or a deputy it names)" in pending.card.render()
+    assert _answer(world, "principal:quinn", pending) == (Outcome.ALLOW, Reason.OK)
+    # pat takes the deputy back: from then on quinn answers nothing of pat's
+    later = world.propose("planner", "payments.send")
+    unname = RegisterPrincipal(principal_id="pat", public_key=bytes(pat.verify_key))
+    assert world.one(pat, AdminTx(op=unname)).outcome is Outcome.APPLIED
+    assert world.engine.cards_for(quinn_key) == ()
+    assert _answer(world, "principal:quinn", later)[1] is Reason.CONFIRMER_NOT_AUTHORIZED
+
+
+def test_deputies_are_registered_principals_and_a_principal_changes_nothing_else() -> None:
+    world = _world()
+    pat = world.keys["principal:pat"]
+    pat_key = bytes(pat.verify_key)
+    unknown = RegisterPrincipal(principal_id="pat", public_key=pat_key, deputies=("nobody",))
+    assert world.one(pat, AdminTx(op=unknown)).reason is Reason.UNKNOWN_PRINCIPAL
+    other_key = bytes(signing_key("another").verify_key)
+    rekey = RegisterPrincipal(principal_id="pat", public_key=other_key)
+    assert world.one(pat, AdminTx(op=rekey)).reason is Reason.NOT_OWNER  # no key change
+    quinn_key = bytes(world.keys["principal:quinn"].verify_key)
+    for_quinn = RegisterPrincipal(principal_id="quinn", public_key=quinn_key, deputies=("pat",))
+    assert world.one(pat, AdminTx(op=for_quinn)).reason is Reason.NOT_OWNER
+    # the owner may name them too, and they survive the state bytes
+    world.admin(RegisterPrincipal(principal_id="quinn", public_key=quinn_key, deputies=("pat",)))
+    copy = Engine.from_state_bytes(world.config, world.engine.state_bytes())
+    assert copy.state.principals["quinn"].deputies == ("pat",)
+    assert copy.state_bytes() == world.engine.state_bytes()
