@@ -49,8 +49,9 @@ TRANSPORT_INSECURE = "insecure"  # plaintext gRPC: only on a trusted network, an
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
-CANONICAL_VERSIONS = (1, 2)  # 2: issue 15's forms (one order of operations, ...)
-CANONICAL_VERSION_NEW = 2  # what `init` writes
+# 2: issue 15's forms (one order of operations, ...); 3: iban:, tel:, targets by role
+CANONICAL_VERSIONS = (1, 2, 3)
+CANONICAL_VERSION_NEW = 3  # what `init` writes
 AUTHORITY_VERSIONS = (1, 2)  # 2: issue 16, only principals and the owner answer cards
 AUTHORITY_VERSION_NEW = 2  # what `init` writes
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host

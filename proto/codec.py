@@ -41,6 +41,7 @@ from quorumgate.proto.model import (
     RegisterTool,
     Resume,
     Revoke,
+    RoleTarget,
     RuleKind,
     SealedValue,
     SealEnvelope,
@@ -49,6 +50,7 @@ from quorumgate.proto.model import (
     SignedTx,
     Suspend,
     TargetRule,
+    TargetSlot,
     Tier,
     ToolMode,
     ToolRules,
@@ -193,11 +195,14 @@ def _decode_proposal(pb: Any) -> Proposal:
         target=pb.target,
         arguments=tuple(arguments),
         grant=_optional_bytes(pb.grant),
+        targets=tuple(RoleTarget(role=t.role, target=t.target) for t in pb.targets),
     )
 
 
 def _encode_proposal(p: Proposal) -> Any:
     msg = tx_pb2.CallProposal(run_id=p.run_id, tool=p.tool, target=p.target, grant=p.grant or b"")
+    for extra in p.targets:
+        msg.targets.add(role=extra.role, target=extra.target)
     for arg in p.arguments:
         if arg.handle is not None:
             msg.arguments.add(name=arg.name, handle=arg.handle)
@@ -221,12 +226,15 @@ def _decode_target_rule(pb: Any) -> TargetRule:
         mode = ToolMode(pb.mode) if pb.mode else None
     except ValueError:
         raise ValueError("rule mode must be read, direct, user_confirm or owner_confirm") from None
-    return TargetRule(kind=kind, value=pb.value, mode=mode)
+    return TargetRule(kind=kind, value=pb.value, mode=mode, role=pb.role)
 
 
 def _encode_target_rule(rule: TargetRule) -> Any:
     return tx_pb2.TargetRule(
-        kind=rule.kind.value, value=rule.value, mode="" if rule.mode is None else rule.mode.value
+        kind=rule.kind.value,
+        value=rule.value,
+        mode="" if rule.mode is None else rule.mode.value,
+        role=rule.role,
     )
 
 
@@ -364,6 +372,14 @@ def decode_tool_spec(pb: Any) -> ToolSpec:
         except ValueError:
             raise ValueError("argument role: identity|recipient|amount|credential|text") from None
         declared[arg_name] = ArgSpec(arg_name, role)
+    slots: dict[str, TargetSlot] = {}
+    for item in pb.target_roles:
+        if item.role in slots:
+            raise ValueError("target roles must be unique")
+        slot_schemes = [s.lower() for s in item.schemes]
+        if len(set(slot_schemes)) != len(slot_schemes):
+            raise ValueError("a target role's schemes must be unique")
+        slots[item.role] = TargetSlot(item.role, tuple(sorted(slot_schemes)), int(item.max))
     return ToolSpec(
         name=name,
         mode=mode,
@@ -375,6 +391,8 @@ def decode_tool_spec(pb: Any) -> ToolSpec:
         arguments=tuple(declared[key] for key in sorted(declared)),
         direct_override=bool(pb.direct_override),
         min_tier_declared=bool(pb.min_tier),
+        target_roles=tuple(slots[key] for key in sorted(slots)),
+        target_optional=bool(pb.target_optional),
     )
 
 
@@ -392,6 +410,11 @@ def encode_tool_spec(spec: ToolSpec) -> Any:
         binds_caller=spec.binds_caller,
         arguments=[tx_pb2.ArgSpec(name=a.name, role=a.role.value) for a in spec.arguments],
         direct_override=spec.direct_override,
+        target_roles=[
+            tx_pb2.TargetSlot(role=t.role, schemes=list(t.schemes), max=t.max)
+            for t in spec.target_roles
+        ],
+        target_optional=spec.target_optional,
     )
 
 

@@ -74,3 +74,8 @@ LATCH_CROSS_RUN_THRESHOLD_DEFAULT = 3
 CROSS_RUN_PAIRS_MAX = 16_384
 DECLARED_ARGS_PER_TOOL_MAX = 32  # plain arguments one tool declares (issue 15)
 DEPUTIES_MAX = 8  # principals one principal names to answer its cards too
+# Further targets of one call, in the roles its tool declares (issue 15, item 1).
+TARGET_ROLES_PER_TOOL_MAX = 8
+TARGETS_PER_ROLE_MAX = 16
+TARGETS_PER_CALL_MAX = 16  # further targets in one proposal, all roles together
+ROLE_CHARS_MAX = 32

@@ -210,21 +210,36 @@ class Argument:
     __str__ = __repr__
 
 
+@dataclass(frozen=True)
+class RoleTarget:
+    """A further target of a call, in a role its tool declares (`ToolSpec.target_roles`)."""
+
+    role: str
+    target: str
+
+    def __post_init__(self) -> None:
+        _require(names.is_role(self.role), "target role must match " + names.ROLE_RE.pattern)
+        _require(len(self.target) <= 4 * limits.TARGET_CHARS_MAX, "target too long")
+
+
 @dataclass(frozen=True, repr=False)
 class Proposal:
-    """An agent's tool call. Who is calling is not in here: it comes from the signer key."""
+    """An agent's tool call. Who is calling is not in here: it comes from the signer key.
+    `target` is the main target ("" for none); `targets` the further ones, by role."""
 
     run_id: str
     tool: str
     target: str
     arguments: tuple[Argument, ...] = ()
     grant: bytes | None = None  # the Delegate tx id this call acts under
+    targets: tuple[RoleTarget, ...] = ()
 
     def __post_init__(self) -> None:
         _require(names.is_run_id(self.run_id), "run_id must match " + names.RUN_ID_RE.pattern)
         _require(len(self.tool) <= 4 * limits.TOOL_NAME_CHARS_MAX, "tool name too long")
         _require(len(self.target) <= 4 * limits.TARGET_CHARS_MAX, "target too long")
         _require(len(self.arguments) <= limits.ARGUMENTS_MAX, "too many arguments")
+        _require(len(self.targets) <= limits.TARGETS_PER_CALL_MAX, "too many targets")
         if self.grant is not None:
             _require_digest(self.grant, "grant")
 
@@ -235,7 +250,8 @@ class Proposal:
     def __repr__(self) -> str:
         return (
             f"Proposal(run_id={self.run_id!r}, tool={self.tool!r}, target={self.target!r}, "
-            f"argument_names={self.argument_names!r}, grant={'yes' if self.grant else 'no'})"
+            f"targets={len(self.targets)}, argument_names={self.argument_names!r}, "
+            f"grant={'yes' if self.grant else 'no'})"
         )
 
     __str__ = __repr__
@@ -352,6 +368,24 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
+class TargetSlot:
+    """A role in which a tool takes further targets (issue 15): under which schemes, and
+    at most how many in one call (none is always allowed)."""
+
+    role: str
+    schemes: tuple[str, ...]
+    max: int = 1
+
+    def __post_init__(self) -> None:
+        _require(names.is_role(self.role), "target role must match " + names.ROLE_RE.pattern)
+        _require(0 < len(self.schemes) <= limits.SCHEMES_PER_TOOL_MAX, "role schemes: 1..max")
+        for scheme in self.schemes:
+            _require(names.is_scheme(scheme), "scheme must match " + names.SCHEME_RE.pattern)
+        _require(list(self.schemes) == sorted(set(self.schemes)), "role schemes sorted, unique")
+        _require(0 < self.max <= limits.TARGETS_PER_ROLE_MAX, "role max: 1..max")
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     """A registered tool (DESIGN §4.5, §4.6): what it needs before it may run."""
 
@@ -368,6 +402,9 @@ class ToolSpec:
     arguments: tuple[ArgSpec, ...] = ()
     direct_override: bool = False
     min_tier_declared: bool = True
+    # Further targets by role (sorted by role), and whether the main one may be left out.
+    target_roles: tuple[TargetSlot, ...] = ()
+    target_optional: bool = False
 
     def __post_init__(self) -> None:
         _require(names.canonical_tool_name(self.name) == self.name, "tool name not canonical")
@@ -387,6 +424,19 @@ class ToolSpec:
         _require(len(self.arguments) <= limits.DECLARED_ARGS_PER_TOOL_MAX, "too many arguments")
         declared = [arg.name for arg in self.arguments]
         _require(declared == sorted(set(declared)), "arguments sorted and unique")
+        _require(len(self.target_roles) <= limits.TARGET_ROLES_PER_TOOL_MAX, "too many roles")
+        roles = [slot.role for slot in self.target_roles]
+        _require(roles == sorted(set(roles)), "target roles sorted and unique")
+        _require(
+            not self.target_optional or bool(self.target_schemes),
+            "an optional target needs schemes",
+        )
+
+    def slot(self, role: str) -> TargetSlot | None:
+        for slot in self.target_roles:
+            if slot.role == role:
+                return slot
+        return None
 
     def declared_arg(self, name: str) -> ArgSpec | None:
         for arg in self.arguments:
@@ -428,9 +478,11 @@ class TargetRule:
     kind: RuleKind
     value: str = ""
     mode: ToolMode | None = None
+    role: str = ""  # "": the call's main target; else its further targets in that role
 
     def __post_init__(self) -> None:
         _require(isinstance(self.kind, RuleKind), "rule kind")
+        _require(self.role == "" or names.is_role(self.role), "rule role")
         if self.kind is RuleKind.ANY:
             _require(self.value == "", "an `any` rule has no value")
         elif self.kind is RuleKind.SET:
@@ -619,6 +671,7 @@ class SetEntries:
         _require(len(self.entries) <= limits.SET_ENTRIES_MAX, "too many set entries")
         for entry in self.entries:
             _require(entry.kind in SET_ENTRY_KINDS and entry.mode is None, "set entry kind")
+            _require(entry.role == "", "set entries take no role (the rule naming the set does)")
         keys = [(e.kind.value, e.value) for e in self.entries]
         _require(keys == sorted(set(keys)), "set entries: sorted by (kind, value), unique")
 

@@ -25,6 +25,9 @@ KIND_RE = re.compile(rf"[a-z][a-z0-9_]{{0,{_KIND_TAIL}}}")
 ARGUMENT_NAME_RE = re.compile(rf"[a-z0-9_][a-z0-9_.-]{{0,{_ARG_TAIL}}}")
 HANDLE_RE = re.compile(rf"h_([a-z][a-z0-9_]{{0,{_KIND_TAIL}}})_([0-9a-f]{{16}})")
 SET_NAME_RE = re.compile(rf"[a-z][a-z0-9_]{{0,{limits.SET_NAME_CHARS_MAX - 1}}}")
+# The role of a further target (recipient, grantee, member...); "target" is the main one.
+ROLE_RE = re.compile(rf"[a-z][a-z0-9_]{{0,{limits.ROLE_CHARS_MAX - 1}}}")
+MAIN_TARGET_ROLE = "target"
 # A plain decimal number in ASCII digits: what an argument ceiling compares (no sign, no
 # exponent, no grouping; "0500" is 500).
 DECIMAL_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
@@ -125,6 +128,11 @@ def is_kind(text: str) -> bool:
 
 def is_set_name(text: str) -> bool:
     return SET_NAME_RE.fullmatch(text) is not None
+
+
+def is_role(text: str) -> bool:
+    """A further target's role: lower-case, and never the main target's own name."""
+    return ROLE_RE.fullmatch(text) is not None and text != MAIN_TARGET_ROLE
 
 
 def is_decimal(text: str) -> bool:

@@ -47,18 +47,28 @@ class Argument(_message.Message):
     def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ..., handle: _Optional[str] = ...) -> None: ...
 
 class CallProposal(_message.Message):
-    __slots__ = ("run_id", "tool", "target", "arguments", "grant")
+    __slots__ = ("run_id", "tool", "target", "arguments", "grant", "targets")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     GRANT_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tool: str
     target: str
     arguments: _containers.RepeatedCompositeFieldContainer[Argument]
     grant: bytes
-    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ...) -> None: ...
+    targets: _containers.RepeatedCompositeFieldContainer[RoleTarget]
+    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ..., targets: _Optional[_Iterable[_Union[RoleTarget, _Mapping]]] = ...) -> None: ...
+
+class RoleTarget(_message.Message):
+    __slots__ = ("role", "target")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    target: str
+    def __init__(self, role: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
 
 class Confirm(_message.Message):
     __slots__ = ("proposal_id", "card_digest", "reject")
@@ -77,14 +87,16 @@ class ToolList(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TargetRule(_message.Message):
-    __slots__ = ("kind", "value", "mode")
+    __slots__ = ("kind", "value", "mode", "role")
     KIND_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     value: str
     mode: str
-    def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+    role: str
+    def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ..., mode: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class ArgumentRule(_message.Message):
     __slots__ = ("name", "check", "number", "values", "count")
@@ -169,7 +181,7 @@ class ArgSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class RegisterTool(_message.Message):
-    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller", "arguments", "direct_override")
+    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller", "arguments", "direct_override", "target_roles", "target_optional")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SINK_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +191,8 @@ class RegisterTool(_message.Message):
     BINDS_CALLER_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     DIRECT_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ROLES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_OPTIONAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     mode: str
     sink: str
@@ -188,7 +202,19 @@ class RegisterTool(_message.Message):
     binds_caller: bool
     arguments: _containers.RepeatedCompositeFieldContainer[ArgSpec]
     direct_override: bool
-    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ..., arguments: _Optional[_Iterable[_Union[ArgSpec, _Mapping]]] = ..., direct_override: _Optional[bool] = ...) -> None: ...
+    target_roles: _containers.RepeatedCompositeFieldContainer[TargetSlot]
+    target_optional: bool
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ..., arguments: _Optional[_Iterable[_Union[ArgSpec, _Mapping]]] = ..., direct_override: _Optional[bool] = ..., target_roles: _Optional[_Iterable[_Union[TargetSlot, _Mapping]]] = ..., target_optional: _Optional[bool] = ...) -> None: ...
+
+class TargetSlot(_message.Message):
+    __slots__ = ("role", "schemes", "max")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SCHEMES_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    schemes: _containers.RepeatedScalarFieldContainer[str]
+    max: int
+    def __init__(self, role: _Optional[str] = ..., schemes: _Optional[_Iterable[str]] = ..., max: _Optional[int] = ...) -> None: ...
 
 class RegisterAgent(_message.Message):
     __slots__ = ("agent_id", "public_key", "principal")

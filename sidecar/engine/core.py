@@ -114,10 +114,12 @@ from quorumgate.sidecar.engine.statements import (
 from quorumgate.sidecar.engine.targets import (
     CANONICAL_VERSION_LATEST,
     CANONICAL_VERSIONS,
+    NO_TARGET,
     UNCHECKED_TARGET,
     TargetRefused,
     canonical_call,
     canonicalize_target,
+    split_call,
 )
 from quorumgate.sidecar.engine.unicode_assigned import UNICODE_VERSION
 
@@ -565,6 +567,7 @@ class Engine:
         tool = names.canonical_tool_name(proposal.tool)
         spec = self.state.tools.get(tool) if tool is not None else None
         target = UNCHECKED_TARGET
+        extras: tuple[tuple[str, str], ...] = ()
         target_refusal: Reason | None = None
         if spec is not None:
             try:
@@ -574,14 +577,22 @@ class Engine:
                     schemes=spec.target_schemes,
                     binds_caller=spec.binds_caller,
                     version=self.config.canonical_version,
+                    optional=spec.target_optional,
                 )
+                extras = self._further_targets(proposal, spec, record.agent_id)
             except TargetRefused as exc:
                 target_refusal = exc.reason
-            if target_refusal is None and v2 and secret_in_target(target):
+            if (
+                target_refusal is None
+                and v2
+                and any(secret_in_target(each) for each in (target, *(t for _, t in extras)))
+            ):
                 # refused, and recorded without the secret: no verdict, artifact or card
                 # keeps a target that carries one
-                target, target_refusal = UNCHECKED_TARGET, Reason.SECRET_IN_PLAINTEXT
-        canonical = canonical_call(tool if tool is not None else UNCHECKED_TARGET, target)
+                target_refusal = Reason.SECRET_IN_PLAINTEXT
+            if target_refusal is not None:
+                target, extras = UNCHECKED_TARGET, ()
+        canonical = canonical_call(tool if tool is not None else UNCHECKED_TARGET, target, extras)
         argument_names = tuple(
             names.canonical_argument_name(arg.name) or INVALID_ARGUMENT_NAME
             for arg in proposal.arguments
@@ -616,7 +627,7 @@ class Engine:
         )
         try:
             flagged, mode = self._judge(
-                ctx, record, proposal, tool, spec, target, target_refusal, run_opened
+                ctx, record, proposal, tool, spec, target, target_refusal, run_opened, extras
             )
         except _Refusal as refusal:
             return verdict(Outcome.DENY, refusal.reason)
@@ -633,6 +644,36 @@ class Engine:
             return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
         return verdict(Outcome.ALLOW, Reason.OK)
 
+    def _further_targets(
+        self, proposal: Proposal, spec: ToolSpec, principal: str
+    ) -> tuple[tuple[str, str], ...]:
+        """The canonical (role, target) pairs of a call's further targets, sorted: each in
+        a role the tool declares, under that role's schemes, at most its `max`, none twice.
+        Raises TargetRefused."""
+        if not proposal.targets:
+            return ()
+        if self.config.canonical_version < 3:
+            raise TargetRefused(Reason.MALFORMED_TARGET, "this chain takes one target per call")
+        out: set[tuple[str, str]] = set()
+        counts: dict[str, int] = {}
+        for extra in proposal.targets:
+            slot = spec.slot(extra.role)
+            if slot is None:
+                raise TargetRefused(Reason.TARGET_SCHEME_NOT_ALLOWED, "a role the tool lacks")
+            counts[extra.role] = counts.get(extra.role, 0) + 1
+            if counts[extra.role] > slot.max:
+                raise TargetRefused(Reason.MALFORMED_TARGET, "more targets than the role takes")
+            canonical = canonicalize_target(
+                extra.target,
+                principal=principal,
+                schemes=slot.schemes,
+                version=self.config.canonical_version,
+            )
+            if canonical == NO_TARGET or (extra.role, canonical) in out:
+                raise TargetRefused(Reason.MALFORMED_TARGET, "an empty or repeated target")
+            out.add((extra.role, canonical))
+        return tuple(sorted(out))
+
     def _judge(
         self,
         ctx: _Context,
@@ -643,6 +684,7 @@ class Engine:
         target: str,
         target_refusal: Reason | None,
         run_opened: bool = True,
+        extras: tuple[tuple[str, str], ...] = (),
     ) -> tuple[bool, ToolMode]:
         """Steps 1-9 of the module docstring. Returns whether the call is flagged, and the
         mode it runs in (the tool's, or the one its rules name)."""
@@ -688,7 +730,7 @@ class Engine:
             raise _Refusal(target_refusal)
         # §4.2: the target and argument rules of every layer, on the canonical target
         permitted, mode = self._judge_rules(
-            layers, spec, target, proposal.arguments, record.agent_id
+            layers, spec, target, proposal.arguments, record.agent_id, extras
         )
         if not permitted:
             if enforce:
@@ -762,6 +804,7 @@ class Engine:
         target: str,
         arguments: tuple[Argument, ...] | None,
         principal: str,
+        extras: tuple[tuple[str, str], ...] = (),
     ) -> tuple[bool, ToolMode]:
         """Every layer's target and argument rules (§4.2): whether all permit the call, and
         the mode it runs in. Each mandate on the chain says the mode its matching rule
@@ -772,7 +815,13 @@ class Engine:
         for owner, rules, is_grant in layers:
             entry = rules_for(rules, spec.name)
             permitted, chosen = judge_layer(
-                entry, target, arguments, principal, self.state.sets_of(owner)
+                entry,
+                target,
+                arguments,
+                principal,
+                self.state.sets_of(owner),
+                extras,
+                default=None if is_grant else spec.mode,
             )
             if not permitted:
                 return False, spec.mode
@@ -1100,8 +1149,8 @@ class Engine:
             record, mandate, pending.grant, pending.run_id
         )
         flagged = pending.flagged
-        target = pending.canonical_target[len(pending.tool) + 1 :]
-        permitted, _ = self._judge_rules(layers, spec, target, None, record.agent_id)
+        target, extras = split_call(pending.tool, pending.canonical_target)
+        permitted, _ = self._judge_rules(layers, spec, target, None, record.agent_id, extras)
         if not (permits(scope, pending.tool) and permitted):
             if enforce:
                 raise _Refusal(Reason.OUT_OF_SCOPE)
@@ -1268,8 +1317,12 @@ class Engine:
                 return done(spec.name, Reason.UNKNOWN_SINK)
             if spec.envelope_args and spec.sink is None:
                 return done(spec.name, Reason.INVALID_SPEC)  # envelopes need a sink to open
-            if spec.binds_caller and (spec.envelope_args or spec.target_schemes):
+            if spec.binds_caller and (
+                spec.envelope_args or spec.target_schemes or spec.target_roles
+            ):
                 return done(spec.name, Reason.INVALID_SPEC)  # status tools take nothing
+            if (spec.target_roles or spec.target_optional) and config.canonical_version < 3:
+                return done(spec.name, Reason.INVALID_SPEC)  # this chain has no roles
             if spec.name not in state.tools and len(state.tools) >= config.tools_max:
                 return done(spec.name, Reason.CAPACITY_EXCEEDED)
             refusal = self._registration_check(spec)

@@ -19,6 +19,10 @@ dodged by another spelling:
 - `set`: any entry of the named set of the layer's agent (`SetEntries`, kept in the log);
 - `any`: every target.
 
+A rule applies to the call's main target, or (`role`) to its further targets in that role
+(the recipients of a message, the grantee of a share): each target is judged alone, and a
+target in a role no rule names is out of scope.
+
 In `exact` and `prefix` values a path segment `CURRENT_USER` (and `principal:CURRENT_USER`)
 stands for the caller, bound at match time. Rule values must already be canonical: the
 engine refuses a mandate, grant or set whose values are not (`invalid_spec`), so that a
@@ -131,9 +135,12 @@ def rule_matches(rule: TargetRule, target: str, principal: str, sets: Sets) -> b
     return _host_suffix_matches(rule.value, host)
 
 
-def first_match(rules: ToolRules, target: str, principal: str, sets: Sets) -> TargetRule | None:
+def first_match(
+    rules: ToolRules, target: str, principal: str, sets: Sets, role: str = ""
+) -> TargetRule | None:
+    """The first rule for targets in `role` ("" the main target) that matches `target`."""
     for rule in rules.targets:
-        if rule_matches(rule, target, principal, sets):
+        if rule.role == role and rule_matches(rule, target, principal, sets):
             return rule
     return None
 
@@ -168,18 +175,28 @@ def judge_layer(
     arguments: tuple[Argument, ...] | None,
     principal: str,
     sets: Sets,
+    extras: tuple[tuple[str, str], ...] = (),
+    default: ToolMode | None = None,
 ) -> tuple[bool, ToolMode | None]:
-    """One layer's say on a call: (permitted, the mode its matching rule names).
-    `arguments` None skips the argument rules (a confirmation re-check: values are never
-    kept in the state)."""
+    """One layer's say on a call: (permitted, the mode it runs in for this layer).
+
+    Every target is judged alone — the main one (`-` when there is none: only an `any`
+    rule matches it) and each further (role, target) of `extras` — by the first rule of
+    its role that matches; a target no rule matches is out of scope. The mode is the
+    strictest its targets' rules name, a rule without a mode counting as `default` (the
+    tool's mode for a mandate, None for a grant, which never relaxes). `arguments` None
+    skips the argument rules (a confirmation re-check: values are never kept in state)."""
     if rules is None:
         return True, None
-    rule = first_match(rules, target, principal, sets)
-    if rule is None:
-        return False, None
+    mode: ToolMode | None = None
+    for role, each in (("", target), *extras):
+        rule = first_match(rules, each, principal, sets, role)
+        if rule is None:
+            return False, None
+        mode = stricter(mode, default if rule.mode is None else rule.mode)
     if arguments is not None and not all(argument_holds(r, arguments) for r in rules.arguments):
         return False, None
-    return True, rule.mode
+    return True, mode
 
 
 # ----------------------------------------------------------------------- rule values
@@ -214,4 +231,8 @@ def value_is_canonical(rule: TargetRule, version: int = CANONICAL_VERSION_LATEST
 def rules_are_canonical(
     rules: tuple[ToolRules, ...], version: int = CANONICAL_VERSION_LATEST
 ) -> bool:
-    return all(value_is_canonical(rule, version) for entry in rules for rule in entry.targets)
+    return all(
+        value_is_canonical(rule, version) and (version >= 3 or rule.role == "")
+        for entry in rules
+        for rule in entry.targets
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from quorumgate.proto.canonical import Encoder, sha256
 from quorumgate.proto.model import (
@@ -27,6 +27,7 @@ from quorumgate.proto.model import (
     RuleKind,
     SealedValue,
     TargetRule,
+    TargetSlot,
     Tier,
     ToolMode,
     ToolRules,
@@ -248,8 +249,12 @@ def _enc_nonces(enc: Encoder, window: NonceWindow) -> None:
 # without rules is flagged 0 or 1 as before: a state without any rule encodes exactly as
 # it did before rules existed, so its root does not change.
 RULES_FOLLOW = 2
-# Likewise a tool's status-tool flag is 2 or 3 when issue 15's declarations follow it.
+# Likewise a tool's status-tool flag is 2 or 3 when issue 15's declarations follow it,
+# and has 4 added when its further target roles follow those.
 TOOL_DECLARATIONS_FOLLOW = 2
+TOOL_TARGET_ROLES_FOLLOW = 4
+# A tool's rule count has this bit set when every rule is followed by its target role.
+RULE_ROLES_FOLLOW = 1 << 31
 
 
 def _enc_tools_and_rules(
@@ -268,9 +273,12 @@ def _enc_target_rule(enc: Encoder, rule: TargetRule) -> None:
 def _enc_rules(enc: Encoder, rules: tuple[ToolRules, ...]) -> None:
     enc.u32(len(rules))
     for entry in rules:
-        enc.text(entry.tool).u32(len(entry.targets))
+        roles = any(rule.role for rule in entry.targets)
+        enc.text(entry.tool).u32(len(entry.targets) | (RULE_ROLES_FOLLOW if roles else 0))
         for rule in entry.targets:
             _enc_target_rule(enc, rule)
+            if roles:
+                enc.text(rule.role)
         enc.u32(len(entry.arguments))
         for arg in entry.arguments:
             enc.text(arg.name).text(arg.check.value).text(arg.number).texts(arg.values)
@@ -295,14 +303,24 @@ def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
     for arg in spec.envelope_args:
         enc.text(arg.name).text(arg.kind).boolean(arg.require_verified)
     enc.text(spec.min_tier.value)
-    declared = bool(spec.arguments) or spec.direct_override or not spec.min_tier_declared
+    roles = bool(spec.target_roles) or spec.target_optional
+    declared = bool(spec.arguments) or spec.direct_override or not spec.min_tier_declared or roles
     # issue 15's declarations follow the flag only when present (older states keep bytes)
-    enc.u8(int(spec.binds_caller) + (TOOL_DECLARATIONS_FOLLOW if declared else 0))
+    enc.u8(
+        int(spec.binds_caller)
+        + (TOOL_DECLARATIONS_FOLLOW if declared else 0)
+        + (TOOL_TARGET_ROLES_FOLLOW if roles else 0)
+    )
     if declared:
         enc.u32(len(spec.arguments))
         for declared_arg in spec.arguments:
             enc.text(declared_arg.name).text(declared_arg.role.value)
         enc.boolean(spec.direct_override).boolean(spec.min_tier_declared)
+    if roles:
+        enc.u32(len(spec.target_roles))
+        for slot in spec.target_roles:
+            enc.text(slot.role).texts(slot.schemes).u32(slot.max)
+        enc.boolean(spec.target_optional)
 
 
 def _enc_card(enc: Encoder, card: ConfirmationCard) -> None:
@@ -510,7 +528,14 @@ def _dec_rules(r: _Reader) -> tuple[ToolRules, ...]:
     out = []
     for _ in range(r.u32()):
         tool = r.text()
-        targets = tuple(_dec_target_rule(r) for _ in range(r.u32()))
+        count = r.u32()
+        if count & RULE_ROLES_FOLLOW:
+            targets = tuple(
+                replace(_dec_target_rule(r), role=r.text())
+                for _ in range(count & ~RULE_ROLES_FOLLOW)
+            )
+        else:
+            targets = tuple(_dec_target_rule(r) for _ in range(count))
         arguments = tuple(
             ArgumentRule(r.text(), ArgCheck(r.text()), r.text(), r.texts(), r.u32())
             for _ in range(r.u32())
@@ -537,14 +562,32 @@ def _dec_tool(r: _Reader) -> ToolSpec:
     schemes = r.texts()
     args = tuple(EnvelopeArg(r.text(), r.text(), r.boolean()) for _ in range(r.u32()))
     tier, flag = Tier(r.text()), r.u8()
-    if flag > 1 + TOOL_DECLARATIONS_FOLLOW:
+    if flag > 1 + TOOL_DECLARATIONS_FOLLOW + TOOL_TARGET_ROLES_FOLLOW or (
+        flag & TOOL_TARGET_ROLES_FOLLOW and not flag & TOOL_DECLARATIONS_FOLLOW
+    ):
         raise StateDecodeError("bad tool flag")
     if not flag & TOOL_DECLARATIONS_FOLLOW:
         return ToolSpec(name, mode, sink, schemes, args, tier, bool(flag & 1))
     declared = tuple(ArgSpec(r.text(), ArgRole(r.text())) for _ in range(r.u32()))
     override, tier_declared = r.boolean(), r.boolean()
+    slots: tuple[TargetSlot, ...] = ()
+    optional = False
+    if flag & TOOL_TARGET_ROLES_FOLLOW:
+        slots = tuple(TargetSlot(r.text(), r.texts(), r.u32()) for _ in range(r.u32()))
+        optional = r.boolean()
     return ToolSpec(
-        name, mode, sink, schemes, args, tier, bool(flag & 1), declared, override, tier_declared
+        name,
+        mode,
+        sink,
+        schemes,
+        args,
+        tier,
+        bool(flag & 1),
+        declared,
+        override,
+        tier_declared,
+        slots,
+        optional,
     )
 
 

@@ -105,7 +105,11 @@ class ConfirmationCard:
         lines = [
             CARD_HEADER,
             f"Tool: {self.tool}",
-            f"Target: {self.canonical_target}",
+            *(
+                self._target_lines()
+                if "\n" in self.canonical_target
+                else [f"Target: {self.canonical_target}"]
+            ),
             f"Requested by: {self.principal} ({self.tier.value})"
             + (f" on behalf of {self.delegate_of}" if self.delegate_of else ""),
             f"Arguments: {', '.join(self.argument_names) or '(none)'}",
@@ -115,6 +119,15 @@ class ConfirmationCard:
         ]
         return "\n".join(lines)
 
+    def _target_lines(self) -> list[str]:
+        """`Target:` and one `Target (<role>):` line per further target, each quoted."""
+        head, *further = self.canonical_target.split("\n")
+        lines = [f"Target: {quote_for_card(head.removeprefix(self.tool + ' '))}"]
+        for line in further:
+            role, _, target = line.partition(" ")
+            lines.append(f"Target ({quote_for_card(role)}): {quote_for_card(target)}")
+        return lines
+
     def _render_v2(self, values: Sequence[tuple[str, str]] | None) -> str:
         if self.confirmer == OWNER_PRINCIPAL:
             who = "the owner"
@@ -123,7 +136,7 @@ class ConfirmationCard:
         lines = [
             CARD_HEADER,
             f"Tool: {self.tool}",
-            f"Target: {quote_for_card(self.canonical_target.removeprefix(self.tool + ' '))}",
+            *self._target_lines(),
             f"Requested by: agent {self.principal} ({self.tier.value})"
             + (f" on behalf of agent {self.delegate_of}" if self.delegate_of else ""),
         ]

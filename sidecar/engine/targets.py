@@ -1,7 +1,8 @@
 """Canonical targets (DESIGN §4.1): one spelling per target, so aliases cannot dodge a rule.
 
 Every proposal's target is canonicalized before any rule runs; the canonical target of a
-call is the string `"<tool> <target>"`. Forms, after NFKC and Unicode-digit folding:
+call is the string `"<tool> <target>"` (plus one line `"<role> <target>"` per further
+target the tool takes by role, `canonical_call`). Forms, after NFKC and Unicode-digit folding:
 
 - ``""`` for a tool that takes no target: ``-``;
 - ``CURRENT_USER`` or ``principal:<id>``: ``principal:<caller>``; any other principal is
@@ -11,6 +12,8 @@ call is the string `"<tool> <target>"`. Forms, after NFKC and Unicode-digit fold
 - ``file:`` URIs become the path they name (host empty or ``localhost``);
 - ``mailto:`` one address, ``mailto:local@domain``, the domain as a canonical host (IDNA,
   lower case), the local part as written; header fields and address lists are refused;
+- ``iban:`` an IBAN without spaces, upper case, its check digits verified (version 3);
+- ``tel:`` a global number in E.164, ``tel:+<digits>``, separators removed (version 3);
 - any other URI (RFC 3986 §6.2): scheme and host lower-cased, IDNA host (UTS 46, A-labels),
   IPv4/IPv6 literals in their one standard spelling, default port dropped, percent-encoding
   normalized (unreserved decoded, the rest upper-case hex, non-ASCII encoded as UTF-8),
@@ -46,9 +49,11 @@ from quorumgate.sidecar.engine.unicode_assigned import ASSIGNED_RANGES, UNICODE_
 # 2 — one order of operations (percent-decode, then normalize to NFC), compatibility
 #     characters and non-ASCII digits refused rather than merged, paths and file: URIs
 #     decoded alike, backslashes refused, `mailto:` one address with its domain
-#     canonical, and only characters assigned in Unicode UNICODE_VERSION accepted.
-CANONICAL_VERSIONS = (1, 2)
-CANONICAL_VERSION_LATEST = 2
+#     canonical, and only characters assigned in Unicode UNICODE_VERSION accepted;
+# 3 — version 2, plus the `iban:` and `tel:` forms, and calls with further targets by
+#     role (a version 2 chain reads `iban:`/`tel:` as generic URIs, and has no roles).
+CANONICAL_VERSIONS = (1, 2, 3)
+CANONICAL_VERSION_LATEST = 3
 _ASSIGNED_FIRSTS = [first for first, _ in ASSIGNED_RANGES]
 
 NO_TARGET = "-"
@@ -58,6 +63,16 @@ UNCHECKED_TARGET = "!"
 PRINCIPAL_SCHEME = "principal"
 FILE_SCHEME = "file"
 MAILTO_SCHEME = "mailto"
+IBAN_SCHEME = "iban"
+TEL_SCHEME = "tel"
+# ISO 13616: country code, two check digits, a BBAN of 11 to 30 letters and digits (the
+# shortest IBAN in use has 15 characters, the longest allowed 34). The per-country
+# lengths are not checked: that table changes, and verdicts must not depend on its edition.
+IBAN_RE = re.compile(r"[A-Z]{2}[0-9]{2}[A-Z0-9]{11,30}")
+# E.164: `+`, a country code that does not start with 0, at most 15 digits in all; fewer
+# than 7 is no subscriber number anywhere. Which numbers are assigned is not checked.
+E164_RE = re.compile(r"\+[1-9][0-9]{6,14}")
+TEL_VISUAL_SEPARATORS = "-.() "  # RFC 3966 §5.1.1, and the spaces people write
 # RFC 5322 dot-atom characters of a local part (quoted local parts are refused).
 LOCAL_PART_RE = re.compile(r"[A-Za-z0-9!#$&'*+/=^_`{|}~-]+(?:\.[A-Za-z0-9!#$&'*+/=^_`{|}~-]+)*")
 LOCAL_PART_CHARS_MAX = 64
@@ -95,9 +110,21 @@ def _malformed(detail: str) -> TargetRefused:
     return TargetRefused(Reason.MALFORMED_TARGET, detail)
 
 
-def canonical_call(tool: str, target: str) -> str:
-    """DESIGN §4.1: the canonical target of a call is `"<tool> <target>"`."""
-    return f"{tool} {target}"
+def canonical_call(tool: str, target: str, extras: tuple[tuple[str, str], ...] = ()) -> str:
+    """DESIGN §4.1: the canonical target of a call is `"<tool> <target>"`, then one line
+    `"<role> <target>"` per further target, sorted (no canonical target holds a line
+    break, so the lines cannot be confused)."""
+    head = f"{tool} {target}"
+    if not extras:
+        return head
+    return head + "".join(f"\n{role} {extra}" for role, extra in sorted(extras))
+
+
+def split_call(tool: str, canonical: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The main target and the further (role, target) pairs of a canonical call of `tool`."""
+    head, *lines = canonical.split("\n")
+    extras = tuple((role, extra) for role, _, extra in (line.partition(" ") for line in lines))
+    return head[len(tool) + 1 :], extras
 
 
 def canonicalize_target(
@@ -107,9 +134,10 @@ def canonicalize_target(
     schemes: tuple[str, ...],
     binds_caller: bool = False,
     version: int = CANONICAL_VERSION_LATEST,
+    optional: bool = False,
 ) -> str:
     """The canonical target for `principal` calling a tool that accepts `schemes`, in the
-    chain's canonical `version`.
+    chain's canonical `version`; `optional`: an empty target is no target (`-`).
 
     Raises TargetRefused with the reason code; never any other exception on any input.
     """
@@ -123,7 +151,7 @@ def canonicalize_target(
             return _principal_ref(text, principal)
         raise _malformed("a status tool takes no target")
     if text == "":
-        if schemes:
+        if schemes and not optional:
             raise _malformed("this tool needs a target")
         return NO_TARGET
     if not schemes:
@@ -151,6 +179,10 @@ def canonicalize_target(
         return _file_uri(text, principal, v2)
     if scheme == MAILTO_SCHEME and v2:
         return _mailto(text[len(match.group(0)) :])
+    if scheme == IBAN_SCHEME and version >= 3:
+        return _iban(text[len(match.group(0)) :])
+    if scheme == TEL_SCHEME and version >= 3:
+        return _tel(text[len(match.group(0)) :])
     return _uri(text, scheme, principal, v2)
 
 
@@ -371,6 +403,34 @@ def _mailto(rest: str) -> str:
     if not at or LOCAL_PART_RE.fullmatch(local) is None or len(local) > LOCAL_PART_CHARS_MAX:
         raise _malformed("mailto: not an address")
     return f"{MAILTO_SCHEME}:{local}@{_host(domain, v2=True)}"
+
+
+# ----------------------------------------------------------------------- iban, tel
+
+
+def _iban(rest: str) -> str:
+    """`iban:` and an IBAN (ISO 13616), spaces removed and letters upper-cased; the check
+    digits must hold (ISO 7064 MOD 97-10), so a typo names no account at all."""
+    if not rest.isascii():
+        raise _malformed("iban: letters A-Z and digits only")
+    compact = rest.replace(" ", "").upper()
+    if IBAN_RE.fullmatch(compact) is None:
+        raise _malformed("iban: not an IBAN (country, check digits, 11-30 letters/digits)")
+    rearranged = compact[4:] + compact[:4]
+    if int("".join(str(int(ch, 36)) for ch in rearranged)) % 97 != 1:
+        raise _malformed("iban: the check digits do not match")
+    return f"{IBAN_SCHEME}:{compact}"
+
+
+def _tel(rest: str) -> str:
+    """`tel:` and a global number in E.164 (`tel:+4930123456`): visual separators removed;
+    local numbers, parameters (`;ext=`, `;phone-context=`) and anything else are refused."""
+    number = rest
+    for separator in TEL_VISUAL_SEPARATORS:
+        number = number.replace(separator, "")
+    if not number.isascii() or E164_RE.fullmatch(number) is None:
+        raise _malformed("tel: a global number, + and 7 to 15 digits, no parameters")
+    return f"{TEL_SCHEME}:{number}"
 
 
 # ----------------------------------------------------------------------- URIs

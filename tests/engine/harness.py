@@ -32,9 +32,11 @@ from quorumgate.proto.model import (
     RegisterSink,
     RegisterTool,
     Revoke,
+    RoleTarget,
     SealedValue,
     SealEnvelope,
     SetMandate,
+    TargetSlot,
     Tier,
     ToolMode,
     ToolRules,
@@ -170,8 +172,10 @@ class World:
         envelope_args: tuple[EnvelopeArg, ...] = (),
         min_tier: Tier = Tier.DELEGATE,
         binds_caller: bool = False,
-    ) -> None:
-        self.admin(
+        target_roles: tuple[TargetSlot, ...] = (),
+        target_optional: bool = False,
+    ) -> Verdict:
+        return self.admin(
             RegisterTool(
                 spec=ToolSpec(
                     name=name,
@@ -181,6 +185,8 @@ class World:
                     envelope_args=envelope_args,
                     min_tier=min_tier,
                     binds_caller=binds_caller,
+                    target_roles=target_roles,
+                    target_optional=target_optional,
                 )
             )
         )
@@ -253,8 +259,16 @@ class World:
         args: Sequence[Argument] = (),
         grant: bytes | None = None,
         advance_ms: int = STEP_MS,
+        targets: Sequence[tuple[str, str]] = (),
     ) -> Verdict:
-        payload = Proposal(run_id=run, tool=tool, target=target, arguments=tuple(args), grant=grant)
+        payload = Proposal(
+            run_id=run,
+            tool=tool,
+            target=target,
+            arguments=tuple(args),
+            grant=grant,
+            targets=tuple(RoleTarget(role, value) for role, value in targets),
+        )
         return self.one(self.keys[agent], payload, advance_ms)
 
     def delegate(
