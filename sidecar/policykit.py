@@ -30,6 +30,8 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
                                     # (identity | recipient | amount | credential | text)
     direct_override = false         # a direct tool taking recipient/amount/credential
     status = false                  # a status tool binds to the caller, takes nothing
+    target_optional = false         # true: a call may leave the main target out
+    roles = { grantee = { schemes = ["mailto"], max = 4 } }   # further targets by role
     envelopes = { card = { kind = "card", verified = true } }
 
     [principals]                    # the people agents act for (authority version 2):
@@ -47,6 +49,7 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     targets = [                          # an entry (["any"]: any target, explicitly)
         { host_suffix = "kb.example" },  # exact | prefix | host | host_suffix | set
         { set = "extra_sites", mode = "user_confirm" },  # mode: what a match runs as
+        { any = true, role = "grantee" },  # role: judges further targets in that role
     ]                                    # ({ any = true, mode = "..." } for any target)
     args = { limit = { max = 50 }, lang = { one_of = ["de", "en"] }, q = { max_chars = 200 } }
 
@@ -75,6 +78,7 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     agent = "support"
     tool = "kb.search"
     target = "https://kb.example/refunds"
+    also = { grantee = ["mailto:ann@kb.example"] }   # further targets, by role
     run = "run-1"                   # default run-1
     args = { query = "refund policy" }
     handles = { card = "support-card" }
@@ -124,12 +128,14 @@ from quorumgate.proto.model import (
     RegisterPrincipal,
     RegisterSink,
     RegisterTool,
+    RoleTarget,
     RuleKind,
     SealedValue,
     SealEnvelope,
     SetEntries,
     SetMandate,
     TargetRule,
+    TargetSlot,
     Tier,
     ToolMode,
     ToolRules,
@@ -140,7 +146,7 @@ from quorumgate.proto.runs import RunLabels
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
 from quorumgate.sidecar.engine.rules import rule_matches
 from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, PRINCIPAL_PREFIX, Verdict
-from quorumgate.sidecar.engine.targets import UNCHECKED_TARGET
+from quorumgate.sidecar.engine.targets import UNCHECKED_TARGET, split_call
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -175,6 +181,7 @@ TOP_FIELDS = (
 )  # fmt: skip
 TOOL_FIELDS = (
     "mode", "sink", "schemes", "min_tier", "status", "envelopes", "args", "direct_override",
+    "roles", "target_optional",
 )  # fmt: skip
 AGENT_FIELDS = (
     "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth",
@@ -190,7 +197,7 @@ DELEGATION_FIELDS = (
 )  # fmt: skip
 CALL_FIELDS = (
     "name", "agent", "tool", "target", "run", "args", "handles", "via", "advance_ms", "expect",
-    "reason", "confirm",
+    "reason", "confirm", "also",
 )  # fmt: skip
 CONFIRM_FIELDS = ("by", "expect", "reason", "digest", "after_ms", "reject")
 
@@ -305,6 +312,7 @@ class _CallSpec:
     agent: str
     tool: str
     target: str
+    also: list[tuple[str, str]]
     run: str
     args: dict[str, str]
     handles: dict[str, str]
@@ -354,7 +362,7 @@ def parse_target_rule(raw: object, where: str) -> TargetRule:
     optional `mode`."""
     if raw == RuleKind.ANY.value:
         return TargetRule(RuleKind.ANY)
-    t = _Table(raw, where, (*TARGET_RULE_KINDS, RuleKind.ANY.value, "mode"))
+    t = _Table(raw, where, (*TARGET_RULE_KINDS, RuleKind.ANY.value, "mode", "role"))
     kinds = [k for k in (*TARGET_RULE_KINDS, RuleKind.ANY.value) if k in t.data]
     if len(kinds) != 1:
         raise PolicyFileError(
@@ -365,13 +373,16 @@ def parse_target_rule(raw: object, where: str) -> TargetRule:
     if mode_text is not None and mode_text not in modes:
         raise PolicyFileError(f"{where}.mode: must be one of {', '.join(modes)}")
     mode = None if mode_text is None else ToolMode(mode_text)
-    if kinds[0] == RuleKind.ANY.value:
-        if t.get("any") is not True:
-            raise PolicyFileError(f"{where}.any: must be true")
-        return TargetRule(RuleKind.ANY, mode=mode)
+    role = t.text("role", "")
     try:
-        return TargetRule(RuleKind(kinds[0]), t.text(kinds[0]), mode)
+        if kinds[0] == RuleKind.ANY.value:
+            if t.get("any") is not True:
+                raise PolicyFileError(f"{where}.any: must be true")
+            return TargetRule(RuleKind.ANY, mode=mode, role=role)
+        return TargetRule(RuleKind(kinds[0]), t.text(kinds[0]), mode, role)
     except ValueError as exc:
+        if isinstance(exc, PolicyFileError):
+            raise
         raise PolicyFileError(f"{where}: {exc}") from None
 
 
@@ -506,6 +517,17 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
         tier = t.optional_text("min_tier")
         if tier is not None and tier not in ("delegate", "master"):
             raise PolicyFileError(f"{where}.min_tier: delegate or master")
+        slots = []
+        for role, slot in sorted(t.table("roles").items()):
+            r = _Table(slot, f"{where}.roles.{role}", ("schemes", "max"))
+            try:
+                slots.append(
+                    TargetSlot(
+                        role, tuple(sorted(set(r.texts("schemes") or []))), r.integer("max", 1) or 0
+                    )
+                )
+            except ValueError as exc:
+                raise PolicyFileError(f"{where}.roles.{role}: {exc}") from None
         try:
             spec = ToolSpec(
                 name=_tool_name(raw, where),
@@ -518,6 +540,8 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
                 arguments=tuple(declared),
                 direct_override=t.boolean("direct_override"),
                 min_tier_declared=tier is not None,
+                target_roles=tuple(slots),
+                target_optional=t.boolean("target_optional"),
             )
         except ValueError as exc:
             if isinstance(exc, PolicyFileError):
@@ -636,6 +660,12 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
             raise PolicyFileError(f"{where}.agent: unknown agent {agent!r}")
         args = c.table("args")
         handles = c.table("handles")
+        also: list[tuple[str, str]] = []
+        for role, values in sorted(c.table("also").items()):
+            items = [values] if isinstance(values, str) else values
+            if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+                raise PolicyFileError(f"{where}.also.{role}: a target, or a list of targets")
+            also.extend((role, value) for value in items)
         for arg, value in args.items():
             if not isinstance(value, str):
                 raise PolicyFileError(f"{where}.args.{arg}: values are strings")
@@ -675,6 +705,7 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
                 agent=agent,
                 tool=c.text("tool"),
                 target=c.text("target", ""),
+                also=also,
                 run=c.text("run", DEFAULT_RUN),
                 args={k: str(v) for k, v in args.items()},
                 handles=dict(handles),
@@ -863,7 +894,8 @@ class _Runner:
             # an expected-refused delegation has no grant id: a random-looking stand-in
             grant = self.grants.get(call.via, hashlib.sha256(call.via.encode()).digest())
         try:
-            payload = Proposal(call.run, call.tool, call.target, tuple(arguments), grant)
+            further = tuple(RoleTarget(role, value) for role, value in call.also)
+            payload = Proposal(call.run, call.tool, call.target, tuple(arguments), grant, further)
         except ValueError as exc:
             raise PolicyFileError(f"calls[{call.index}]: {exc}") from None
         verdict = self.block([self._signed(self.keys[call.agent], payload)], call.advance_ms)[0]
@@ -938,14 +970,15 @@ class _Runner:
         prefix = tool + " "
         if entry is None or not reached or not verdict.canonical_target.startswith(prefix):
             return
-        target = verdict.canonical_target[len(prefix) :]
+        target, extras = split_call(tool, verdict.canonical_target)
         if target == UNCHECKED_TARGET:
             return
         sets = self.engine.state.sets_of(agent)
-        for index, rule in enumerate(entry.targets):
-            if rule_matches(rule, target, agent, sets):
-                self.fired.add((agent, f"target:{tool}:{index}"))
-                return
+        for role, each in (("", target), *extras):  # each target: the first rule of its role
+            for index, rule in enumerate(entry.targets):
+                if rule.role == role and rule_matches(rule, each, agent, sets):
+                    self.fired.add((agent, f"target:{tool}:{index}"))
+                    break
 
     def warnings(self) -> list[str]:
         p = self.policy

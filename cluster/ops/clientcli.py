@@ -3,7 +3,8 @@
 `add_client_commands(sub)` registers, on the CLI's subparsers:
 
     keygen     --out FILE [--sink]              an Ed25519 agent key (or X25519 sink key), 0600
-    submit     --dir D --key F --run R --tool T [--target X] [--arg N=V]... [--handle N=H]...
+    submit     --dir D --key F --run R --tool T [--target X] [--also ROLE=X]... [--arg N=V]...
+               [--handle N=H]...
     pending    --dir D [--key F]                the open cards this key alone may answer
     confirm    --dir D [--key F] PROPOSAL_ID [--yes]
     reject     --dir D [--key F] PROPOSAL_ID [--yes]
@@ -261,6 +262,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     try:
         texts = _pairs(args.arg, "--arg")
         handles = _pairs(args.handle, "--handle")
+        further = _pairs(args.also, "--also")
         grant = _hex_bytes(args.grant, "--grant") if args.grant else None
     except argparse.ArgumentTypeError as err:
         return _fail(str(err))
@@ -279,6 +281,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
                     run_id=args.run,
                     grant=grant,
                     deadline_s=args.deadline,
+                    targets=further,
                 ),
             )
         except QuorumGateError as err:
@@ -474,6 +477,15 @@ def _envelope(text: str) -> EnvelopeArg:
     return EnvelopeArg(parts[0], parts[1], require_verified=len(parts) == 3)
 
 
+def _role(text: str) -> tuple[str, tuple[list[str], int]]:
+    """`--role ROLE=SCHEME[,SCHEME...][:MAX]`: further targets a tool takes in a role."""
+    role, sep, rest = text.partition("=")
+    schemes, colon, most = rest.partition(":")
+    if not sep or not role or not schemes or (colon and not most.isdigit()):
+        raise argparse.ArgumentTypeError("--role takes ROLE=SCHEME[,SCHEME...][:MAX]")
+    return role, ([s for s in schemes.split(",") if s], int(most) if colon else 1)
+
+
 def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], Any]]:
     """(operation, subject, call) for the admin subcommand in `args`."""
     op = args.admin_command
@@ -488,6 +500,8 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
             binds_caller=args.binds_caller,
             arguments=dict(_pairs(args.arg, "--arg")),
             direct_override=args.direct_override,
+            roles=dict(_role(r) for r in args.role),
+            target_optional=args.target_optional,
         )
         return op, args.name, lambda c: c.register_tool(spec, args.deadline)
     if op in ("register-agent", "register-sink", "register-principal"):
@@ -728,6 +742,10 @@ def _cmd_tools(args: argparse.Namespace) -> int:
                 "binds_caller": t.binds_caller,
                 "arguments": {a.name: a.role.value for a in t.arguments},
                 "direct_override": t.direct_override,
+                "target_optional": t.target_optional,
+                "target_roles": {
+                    r.role: {"schemes": list(r.schemes), "max": r.max} for r in t.target_roles
+                },
             }
             for t in registry.tools
         ],
@@ -738,7 +756,8 @@ def _cmd_tools(args: argparse.Namespace) -> int:
             t.name,
             t.mode.value,
             t.sink,
-            ",".join(t.target_schemes) or None,
+            (",".join(t.target_schemes) + (" (optional)" if t.target_optional else "")) or None,
+            " ".join(f"{r.role}={','.join(r.schemes)}:{r.max}" for r in t.target_roles) or None,
             ",".join(
                 f"{e.name}:{e.kind}{':verified' if e.require_verified else ''}"
                 for e in t.envelope_args
@@ -753,7 +772,7 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     ]
     human = table(
         [
-            "tool", "mode", "sink", "schemes", "envelopes", "min tier", "binds caller",
+            "tool", "mode", "sink", "schemes", "roles", "envelopes", "min tier", "binds caller",
             "arguments", "override",
         ],
         rows,
@@ -864,6 +883,13 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     submit.add_argument("--run", required=True, help="run id")
     submit.add_argument("--tool", required=True)
     submit.add_argument("--target", default="", help="the call's target (none by default)")
+    submit.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="ROLE=TARGET",
+        help="a further target in a role the tool declares (repeat for each)",
+    )
     submit.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE")
     submit.add_argument("--handle", action="append", default=[], metavar="NAME=HANDLE")
     submit.add_argument("--grant", metavar="HEX", help="the delegation grant id to act under")
@@ -915,6 +941,16 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--direct-override",
         action="store_true",
         help="direct although it takes a recipient, amount or credential (recorded)",
+    )
+    tool.add_argument(
+        "--role",
+        action="append",
+        default=[],
+        metavar="ROLE=SCHEME[,SCHEME][:MAX]",
+        help="further targets it takes in ROLE (recipient, grantee...), at most MAX (1)",
+    )
+    tool.add_argument(
+        "--target-optional", action="store_true", help="a call may leave the main target out"
     )
     agent = admin_sub.add_parser("register-agent", help="register an agent's public key")
     agent.add_argument("agent_id")

@@ -86,6 +86,7 @@ from quorumgate.proto.model import (
     RegisterTool,
     Resume,
     Revoke,
+    RoleTarget,
     SealedValue,
     SealEnvelope,
     SetEntries,
@@ -93,6 +94,7 @@ from quorumgate.proto.model import (
     Suspend,
     TargetRule,
     ToolMode,
+    ToolRules,
     ToolSpec,
     TxBody,
     TxKind,
@@ -1233,12 +1235,18 @@ class Client:
         run_id: str,
         grant: bytes | None = None,
         deadline_s: float | None = None,
+        targets: Sequence[tuple[str, str]] = (),
     ) -> Decision:
         """Propose one tool call and return its certified verdict (allow / flag / deny /
         pending). A denial is a normal return here; `governed_tool` turns it into
-        `ActionDenied`."""
+        `ActionDenied`. `targets`: further (role, target) pairs, in roles the tool declares."""
         payload = Proposal(
-            run_id=run_id, tool=tool, target=target, arguments=_arguments(arguments), grant=grant
+            run_id=run_id,
+            tool=tool,
+            target=target,
+            arguments=_arguments(arguments),
+            grant=grant,
+            targets=tuple(RoleTarget(role, value) for role, value in targets),
         )
         return await self.decide(payload, deadline_s)
 
@@ -1649,10 +1657,17 @@ class SyncClient:
         run_id: str,
         grant: bytes | None = None,
         deadline_s: float | None = None,
+        targets: Sequence[tuple[str, str]] = (),
     ) -> Decision:
         return self.run(
             self.aio.propose(
-                tool, target, arguments, run_id=run_id, grant=grant, deadline_s=deadline_s
+                tool,
+                target,
+                arguments,
+                run_id=run_id,
+                grant=grant,
+                deadline_s=deadline_s,
+                targets=targets,
             )
         )
 
@@ -1883,6 +1898,8 @@ def tool_spec(
     binds_caller: bool = False,
     arguments: Mapping[str, str] | None = None,
     direct_override: bool = False,
+    roles: Mapping[str, tuple[Sequence[str], int]] | None = None,
+    target_optional: bool = False,
 ) -> ToolSpec:
     """A `ToolSpec` from loose inputs: schemes and envelope arguments sorted for you.
 
@@ -1892,8 +1909,10 @@ def tool_spec(
     "recipient", "amount": "amount", "note": "text"}`; roles identity, recipient, amount,
     credential, text): the engine then refuses any other argument and any identity sent;
     a `direct` tool with a recipient, amount or credential needs `direct_override=True`,
-    which the ledger records."""
-    from quorumgate.proto.model import ArgRole, ArgSpec, Tier
+    which the ledger records. `roles` declares further targets by role, each with its
+    schemes and how many one call may carry (`{"recipient": (["mailto"], 10)}`);
+    `target_optional` lets a call leave the main target out."""
+    from quorumgate.proto.model import ArgRole, ArgSpec, TargetSlot, Tier
 
     declared = tuple(ArgSpec(arg, ArgRole(role)) for arg, role in sorted((arguments or {}).items()))
     return ToolSpec(
@@ -1907,6 +1926,11 @@ def tool_spec(
         arguments=declared,
         direct_override=direct_override,
         min_tier_declared=min_tier is not None,
+        target_roles=tuple(
+            TargetSlot(role, tuple(sorted(set(slot_schemes))), most)
+            for role, (slot_schemes, most) in sorted((roles or {}).items())
+        ),
+        target_optional=target_optional,
     )
 
 
@@ -1917,9 +1941,11 @@ def mandate(
     suspended: bool = False,
     delegation_policy: str = "none",
     max_delegation_depth: int | None = None,
+    rules: Sequence[ToolRules] = (),
 ) -> Mandate:
     """A `Mandate` from loose inputs. `tools=None` is unrestricted and `[]` is nothing
-    (DESIGN §4.2: branch on absence, never on truthiness)."""
+    (DESIGN §4.2: branch on absence, never on truthiness); `rules`, the target and argument
+    rules per allowed tool, in any order."""
     from quorumgate.proto.model import DelegationPolicy, Enforcement
 
     return Mandate(
@@ -1928,4 +1954,5 @@ def mandate(
         suspended=suspended,
         delegation_policy=DelegationPolicy(delegation_policy),
         max_delegation_depth=max_delegation_depth,
+        rules=tuple(sorted(rules, key=lambda entry: entry.tool)),
     )

@@ -52,6 +52,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -66,7 +67,7 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import Outcome, Proposal
 from quorumgate.proto.tx import TxRejected, parse
 from quorumgate.sdk.client import ClusterUnavailable, CommittedLog, decode_card, load_certificate
-from quorumgate.sdk.targets import certified_target
+from quorumgate.sdk.targets import certified_call
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.engine.targets import NO_TARGET
@@ -246,6 +247,8 @@ class AuthorizedCall:
     certificate: Certificate
     handles: tuple[tuple[str, str], ...] = field(default=())
     bound_by: str = "none"  # "card", "leaf" or "none": what binds `handles`
+    # the further targets, (role, canonical target), in the order `verify` was given them
+    targets: tuple[tuple[str, str], ...] = field(default=())
 
     @property
     def flagged(self) -> bool:
@@ -303,11 +306,14 @@ class Executor(_ClosedOnExit):
         target: str,
         transaction: bytes | None = None,
         card: ConfirmationCard | bytes | None = None,
+        targets: Sequence[tuple[str, str]] = (),
     ) -> AuthorizedCall:
         """The module docstring's checks. `target` is the target the executor acts on, in
-        any spelling (`""` or `"-"` for a tool that takes none): it is canonicalized the
-        chain's way by the helper governed tools use (`quorumgate.sdk.targets`), and the
-        certificate must name that canonical form; `AuthorizedCall.target` is it."""
+        any spelling (`""` or `"-"` for a tool that takes none), and `targets` the further
+        (role, target) pairs it acts on (every recipient, every grantee): they are
+        canonicalized the chain's way by the helper governed tools use
+        (`quorumgate.sdk.targets`), and the certificate must name exactly those canonical
+        forms; `AuthorizedCall.target` and `.targets` are them."""
         if isinstance(certificate, bytes):
             try:
                 certificate = load_certificate(certificate)
@@ -322,12 +328,15 @@ class Executor(_ClosedOnExit):
         # the one helper governed tools use too: the canonical form of `target` that the
         # certificate names, or a refusal (a raw spelling is canonicalized the chain's way)
         raw = "" if target == NO_TARGET else target
-        canonical = certified_target(
-            tool, raw, leaf.target_digest, version=self.spec.canonical_version
+        found = certified_call(
+            tool, raw, leaf.target_digest, version=self.spec.canonical_version, targets=targets
         )
-        if canonical is None:
+        if found is None:
             raise WrongCall("target_mismatch")
-        target = canonical or NO_TARGET
+        target = found[0] or NO_TARGET
+        further = tuple(
+            (role, canonical) for (role, _), canonical in zip(targets, found[1], strict=True)
+        )
         bound_card = self._card(leaf, card, tool)
         handles: tuple[tuple[str, str], ...] = ()
         bound_by = "none"
@@ -346,6 +355,7 @@ class Executor(_ClosedOnExit):
             certificate=certificate,
             handles=handles,
             bound_by=bound_by,
+            targets=further,
         )
 
     def _leaf(self, certificate: Certificate, proposal_id: bytes) -> ReceiptLeaf:

@@ -44,6 +44,10 @@ and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
   as `name.0`, `name.1`...; `**kwargs` by key. Anything else raises
   `ArgumentMappingError` naming the parameter (never the value). `exclude=` names
   parameters that are not sent at all; a leading `self`/`cls` is never sent;
+- further targets (issue 15: the recipients of a message, the grantee of a share) are
+  `targets={"recipient": "to", "cc": "cc"}`: each role the tool declares, mapped to the
+  parameter holding its target text or list of texts (None: none). They are not sent as
+  arguments, and the body receives them canonical, in the shape it passed them;
 - the tool name is `name=`, or the function's name with `_` as `-` (`read_file` is
   `read-file`: tool names take no underscore).
 
@@ -97,7 +101,7 @@ import rfc8785
 
 from quorumgate.proto import limits, names
 from quorumgate.proto import tx as txlib
-from quorumgate.proto.model import DENIAL_TEXT, Argument, Outcome, Proposal, TxKind
+from quorumgate.proto.model import DENIAL_TEXT, Argument, Outcome, Proposal, RoleTarget, TxKind
 from quorumgate.sdk.client import (
     CERTIFICATE_DEADLINE_S,
     CertificateTimeout,
@@ -112,7 +116,7 @@ from quorumgate.sdk.client import (
     SyncClient,
     proposal_body_digest,
 )
-from quorumgate.sdk.targets import binds_caller, certified_target
+from quorumgate.sdk.targets import binds_caller, certified_call
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 
 __all__ = [
@@ -275,8 +279,9 @@ class GovernedCall:
     tx: bytes | None = field(default=None, repr=False)
     fail_open: bool = False
     # The certified canonical target (None in a fail-open run): what the body is handed in
-    # place of the raw target it was called with.
+    # place of the raw target it was called with; and its further targets', in call order.
     canonical_target: str | None = None
+    canonical_targets: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         pid = self.proposal_id.hex()[:16] if self.proposal_id else "-"
@@ -360,6 +365,7 @@ class FailOpenRecord:
     cause: str
     original: bytes | None
     ran_at_ms: int
+    targets: tuple[RoleTarget, ...] = ()
 
     def marker_proposal(self) -> Proposal:
         original = self.original.hex() if self.original else "-"
@@ -371,6 +377,7 @@ class FailOpenRecord:
             target=self.target,
             arguments=(*kept, Argument(FAIL_OPEN_MARKER, text=text)),
             grant=self.grant,
+            targets=self.targets,
         )
 
     def __repr__(self) -> str:
@@ -475,6 +482,57 @@ class _Options:
     exclude: frozenset[str]
     posture: Posture | None
     deadline_s: float | None
+    # further targets: (role, the parameter or argument whose text, or list of texts, they are)
+    roles: tuple[tuple[str, str], ...] = ()
+
+
+def _roles(targets: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    roles = tuple(sorted((targets or {}).items()))
+    for role, param in roles:
+        if not names.is_role(role) or not isinstance(param, str):
+            raise ArgumentMappingError(f"targets: {role!r} is not a role (or not mapped to a name)")
+    return roles
+
+
+def _role_targets(options: _Options, values: dict[str, Any]) -> tuple[RoleTarget, ...]:
+    """The further targets of a call: each role's parameter, one text or a list of them
+    (None or absent: none). The parameters are not sent again as arguments."""
+    out: list[RoleTarget] = []
+    for role, param in options.roles:
+        value = values.get(param)
+        items = [] if value is None else [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+            raise ArgumentMappingError(
+                f"the {role!r} targets of tool {options.name!r} must be text or a list of text"
+            )
+        try:
+            out.extend(RoleTarget(role, item) for item in items)
+        except ValueError:
+            raise ArgumentMappingError(
+                f"tool {options.name!r}: a {role!r} target is too long"
+            ) from None
+    if len(out) > limits.TARGETS_PER_CALL_MAX:
+        raise ArgumentMappingError(
+            f"tool {options.name!r}: more than {limits.TARGETS_PER_CALL_MAX} further targets"
+        )
+    return tuple(out)
+
+
+def _canonical_role_values(
+    options: _Options, values: Mapping[str, Any], call: GovernedCall
+) -> dict[str, Any]:
+    """Each role parameter's value with its certified canonical form(s), in its shape."""
+    out: dict[str, Any] = {}
+    canonical = iter(call.canonical_targets)
+    for _, param in options.roles:
+        value = values.get(param)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            out[param] = next(canonical)
+        else:
+            out[param] = type(value)(next(canonical) for _ in value)
+    return out
 
 
 def default_tool_name(fn: Callable[..., Any]) -> str:
@@ -550,6 +608,8 @@ def build_proposal(
         target = "" if target_param is None else values.get(target_param, "")
     if not isinstance(target, str):
         raise ArgumentMappingError(f"the target of tool {options.name!r} must be text")
+    further = _role_targets(options, values)
+    skip.update(param for _, param in options.roles)
     arguments: list[Argument] = []
     for param in params:
         if param.name in skip or param.name == target_param or param.name not in values:
@@ -575,6 +635,7 @@ def build_proposal(
             target=target,
             arguments=tuple(arguments),
             grant=binding.grant,
+            targets=further,
         )
     except ValueError:
         raise ArgumentMappingError(f"tool {options.name!r}: name or target too long") from None
@@ -590,6 +651,7 @@ class _Verdict:
     fail_open: bool = False
     original: bytes | None = None  # fail-open: the proposal that got no certificate
     canonical_target: str | None = None  # the certified call's, checked (`_certified_target`)
+    canonical_targets: tuple[str, ...] = ()  # its further targets', in call order
 
 
 class TargetNotCertified(ActionDenied):
@@ -609,7 +671,9 @@ async def _agent_id(aio: Client) -> str | None:
     return found
 
 
-async def _certified_target(aio: Client, proposal: Proposal, decision: Decision) -> str:
+async def _certified_target(
+    aio: Client, proposal: Proposal, decision: Decision
+) -> tuple[str, tuple[str, ...]]:
     """The canonical target of a certified call, as the body must see it (DESIGN §4.1:
     "the tool body runs on the canonical targets, never the raw ones"): canonicalized here
     the way the chain does (its `canonical_version`), and accepted only if its digest is
@@ -617,13 +681,16 @@ async def _certified_target(aio: Client, proposal: Proposal, decision: Decision)
     check the executor makes). The agent id is asked of the registry only when the target
     binds to the caller."""
     raw = proposal.target
-    principal = (await _agent_id(aio) if binds_caller(raw) else None) or names.CURRENT_USER
-    canonical = certified_target(
+    further = tuple((t.role, t.target) for t in proposal.targets)
+    bound = binds_caller(raw, further)
+    principal = (await _agent_id(aio) if bound else None) or names.CURRENT_USER
+    canonical = certified_call(
         proposal.tool,
         raw,
         decision.certificate.leaf.target_digest,
         version=aio.spec.canonical_version,
         principal=principal,
+        targets=further,
     )
     if canonical is None:
         raise TargetNotCertified("target_not_certified", proposal_id=decision.proposal_id)
@@ -666,6 +733,7 @@ async def _govern(
                 cause=cause,
                 original=original,
                 ran_at_ms=int(time.time() * 1000),
+                targets=proposal.targets,
             )
             if queue.add(record):
                 log.warning(
@@ -684,8 +752,10 @@ async def _govern(
     except Refused as err:
         raise ActionDenied(err.reason, proposal_id=err.proposal_id) from None
     queue.schedule_flush(aio)  # the cluster answered: record what ran while it did not
-    canonical = await _certified_target(aio, proposal, decision) if decision.allowed else None
-    return _Verdict(decision, submitted, canonical_target=canonical)
+    if not decision.allowed:
+        return _Verdict(decision, submitted)
+    canonical, further = await _certified_target(aio, proposal, decision)
+    return _Verdict(decision, submitted, canonical_target=canonical, canonical_targets=further)
 
 
 async def _resume(
@@ -714,12 +784,11 @@ async def _resume(
     except (ClusterUnavailable, TimeoutError) as err:
         raise CertificateUnavailable(err, pending.proposal_id) from None
     tx = txlib.build(aio.spec.chain_id, pending.nonce, proposal, aio.key)
-    canonical = await _certified_target(aio, proposal, decision) if decision.allowed else None
-    return _Verdict(
-        decision,
-        Submitted(pending.proposal_id, pending.nonce, TxKind.PROPOSAL, aio.public_key, tx),
-        canonical_target=canonical,
-    )
+    submitted = Submitted(pending.proposal_id, pending.nonce, TxKind.PROPOSAL, aio.public_key, tx)
+    if not decision.allowed:
+        return _Verdict(decision, submitted)
+    canonical, further = await _certified_target(aio, proposal, decision)
+    return _Verdict(decision, submitted, canonical_target=canonical, canonical_targets=further)
 
 
 def _rebound(
@@ -733,10 +802,12 @@ def _rebound(
     target (a target computed by a function from several arguments is left as it is:
     the body reads `current_call().canonical_target`)."""
     param = _target_param(options, signature)
-    if param is None or call.canonical_target is None:
+    if call.canonical_target is None or (param is None and not options.roles):
         return args, kwargs
     bound = signature.bind(*args, **kwargs)
-    bound.arguments[param] = call.canonical_target
+    if param is not None:
+        bound.arguments[param] = call.canonical_target
+    bound.arguments.update(_canonical_role_values(options, bound.arguments, call))
     return tuple(bound.args), dict(bound.kwargs)
 
 
@@ -755,8 +826,11 @@ def _with_canonical_target(
 ) -> dict[str, Any]:
     """A gate's keyword arguments, the target replaced by the certified canonical one."""
     out = dict(arguments)
+    if call.canonical_target is None:
+        return out
     if isinstance(options.target, str) and options.target in out and call.canonical_target:
         out[options.target] = call.canonical_target
+    out.update(_canonical_role_values(options, out, call))
     return out
 
 
@@ -780,6 +854,7 @@ def _admit(tool: str, verdict: _Verdict) -> GovernedCall:
             decision,
             submitted.tx,
             canonical_target=verdict.canonical_target,
+            canonical_targets=verdict.canonical_targets,
         )
     if decision.outcome is Outcome.PENDING and decision.card is not None:
         log.info("event=pending tool=%s proposal=%s", tool, decision.proposal_id.hex()[:16])
@@ -836,6 +911,7 @@ def governed_tool(
     *,
     name: str | None = None,
     target: str | Callable[[dict[str, Any]], str] | None = None,
+    targets: Mapping[str, str] | None = None,
     envelopes: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
     posture: Posture | str | None = None,
@@ -849,6 +925,7 @@ def governed_tool(
     *,
     name: str | None = None,
     target: str | Callable[[dict[str, Any]], str] | None = None,
+    targets: Mapping[str, str] | None = None,
     envelopes: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
     posture: Posture | str | None = None,
@@ -866,10 +943,14 @@ def governed_tool(
             exclude=frozenset(exclude),
             posture=None if posture is None else Posture(posture),
             deadline_s=deadline_s,
+            roles=_roles(targets),
         )
         signature = inspect.signature(func)
         if isinstance(options.target, str) and options.target not in signature.parameters:
             raise ArgumentMappingError(f"target={options.target!r} is not a parameter")
+        for role, param in options.roles:
+            if param not in signature.parameters:
+                raise ArgumentMappingError(f"targets[{role!r}]={param!r} is not a parameter")
 
         if inspect.iscoroutinefunction(func):
             async_func = cast(Callable[..., Coroutine[Any, Any, Any]], func)
@@ -929,6 +1010,9 @@ def proposal_from_dict(
         target = values.pop(options.target, "")
     if not isinstance(target, str):
         raise ArgumentMappingError(f"the target of tool {options.name!r} must be text")
+    further = _role_targets(options, values)
+    for _, param in options.roles:
+        values.pop(param, None)
     args = [
         _argument(name, values[name], name in options.envelopes)
         for name in sorted(values)
@@ -943,6 +1027,7 @@ def proposal_from_dict(
             target=target,
             arguments=tuple(args),
             grant=binding.grant,
+            targets=further,
         )
     except ValueError:
         raise ArgumentMappingError(f"tool {options.name!r}: name or target too long") from None
@@ -961,14 +1046,17 @@ class Gate:
         fn: Callable[..., Any] | None = None,
         *,
         target: str | Callable[[dict[str, Any]], str] | None = None,
+        targets: Mapping[str, str] | None = None,
         envelopes: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
         posture: Posture | str | None = None,
         deadline_s: float | None = None,
     ) -> None:
         """Register tool `name`: `target` names the argument that is its target (None: the
-        tool takes none); `fn`, called with the arguments as keywords, is the body that
-        runs once the call is certified (None: `authorize` only)."""
+        tool takes none), `targets` maps each role of further targets to the argument
+        that holds them (a text or a list of texts); `fn`, called with the arguments as
+        keywords, is the body that runs once the call is certified (None: `authorize`
+        only)."""
         self._tools[name] = _Registered(
             _Options(
                 name=name,
@@ -977,6 +1065,7 @@ class Gate:
                 exclude=frozenset(exclude),
                 posture=None if posture is None else Posture(posture),
                 deadline_s=deadline_s,
+                roles=_roles(targets),
             ),
             fn,
         )

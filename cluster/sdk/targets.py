@@ -5,6 +5,8 @@ canonical spelling the sidecars judged, never on the raw one."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from quorumgate.proto import names
 from quorumgate.sidecar.engine.statements import target_digest
 from quorumgate.sidecar.engine.targets import (
@@ -14,14 +16,66 @@ from quorumgate.sidecar.engine.targets import (
     canonicalize_target,
 )
 
-__all__ = ["binds_caller", "certified_target"]
+__all__ = ["binds_caller", "certified_call", "certified_target"]
 
 
-def binds_caller(raw: str) -> bool:
-    """Whether `raw` can only be canonicalized knowing the caller (`CURRENT_USER`, or no
-    target for a status tool): the caller's agent id is needed then."""
+def binds_caller(raw: str, targets: Sequence[tuple[str, str]] = ()) -> bool:
+    """Whether `raw` (or a further target) can only be canonicalized knowing the caller
+    (`CURRENT_USER`, or no target for a status tool): the caller's agent id is needed."""
     text = raw.strip(" ")
-    return text == "" or names.CURRENT_USER.casefold() in raw.casefold()
+    current = names.CURRENT_USER.casefold()
+    return (
+        text == ""
+        or current in raw.casefold()
+        or any(current in each.casefold() for _, each in targets)
+    )
+
+
+def _schemes_of(text: str) -> tuple[str, ...]:
+    head = text.split(":", 1)[0].lower()
+    return ("file" if text.startswith("/") else head, "principal")
+
+
+def certified_call(
+    tool: str,
+    raw: str,
+    certified_digest: bytes,
+    *,
+    version: int,
+    principal: str = names.CURRENT_USER,
+    targets: Sequence[tuple[str, str]] = (),
+) -> tuple[str, tuple[str, ...]] | None:
+    """The canonical forms of a call's main target `raw` and of its further (role, raw)
+    `targets` (canonicalized the chain's way: its `canonical_version`) whose digest, with
+    the canonical tool name, is `certified_digest`: the main target ("" for none) and each
+    further target's canonical form, in the order given; None when they are not the
+    certified ones. `principal` is the caller's agent id where a target binds to it."""
+    tool = names.canonical_tool_name(tool) or tool
+    further: list[str] = []
+    for _, each in targets:
+        try:
+            further.append(
+                canonicalize_target(
+                    each, principal=principal, schemes=_schemes_of(each.strip(" ")), version=version
+                )
+            )
+        except TargetRefused:
+            return None
+    extras = tuple((role, canonical) for (role, _), canonical in zip(targets, further, strict=True))
+    text = raw.strip(" ")
+    candidates: list[tuple[tuple[str, ...], bool]] = [(_schemes_of(text), False)]
+    if text == "":
+        candidates = [((), False), ((), True)]  # no target, or a status tool's caller
+    for schemes, binds in candidates:
+        try:
+            canonical = canonicalize_target(
+                raw, principal=principal, schemes=schemes, binds_caller=binds, version=version
+            )
+        except TargetRefused:
+            continue
+        if target_digest(canonical_call(tool, canonical, extras)) == certified_digest:
+            return ("" if canonical == NO_TARGET else canonical), tuple(further)
+    return None
 
 
 def certified_target(
@@ -32,24 +86,6 @@ def certified_target(
     version: int,
     principal: str = names.CURRENT_USER,
 ) -> str | None:
-    """The canonical form of `raw` (canonicalized the chain's way: its `canonical_version`)
-    whose digest, with the canonical tool name, is `certified_digest`; "" for a call
-    without a target; None when no canonical form of `raw` is the certified one.
-    `principal` is the caller's agent id where the target binds to the caller."""
-    tool = names.canonical_tool_name(tool) or tool
-    text = raw.strip(" ")
-    head = text.split(":", 1)[0].lower()
-    scheme = "file" if text.startswith("/") else head
-    candidates: list[tuple[tuple[str, ...], bool]] = [((scheme, "principal"), False)]
-    if text == "":
-        candidates = [((), False), ((), True)]  # no target, or a status tool's caller
-    for schemes, binds in candidates:
-        try:
-            canonical = canonicalize_target(
-                raw, principal=principal, schemes=schemes, binds_caller=binds, version=version
-            )
-        except TargetRefused:
-            continue
-        if target_digest(canonical_call(tool, canonical)) == certified_digest:
-            return "" if canonical == NO_TARGET else canonical
-    return None
+    """`certified_call` for a call with one target: its canonical form, "" for none."""
+    found = certified_call(tool, raw, certified_digest, version=version, principal=principal)
+    return None if found is None else found[0]

@@ -14,7 +14,7 @@ from nacl.signing import SigningKey
 
 from quorumgate.ops import clientcli
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster, read_seed
-from quorumgate.proto.model import DENIAL_TEXT, Mandate
+from quorumgate.proto.model import DENIAL_TEXT, Mandate, RuleKind, TargetRule, ToolRules
 from quorumgate.replica.channels import sync_channel
 from quorumgate.sdk.client import SyncClient, load_certificate, verify
 from quorumgate.sdk.owner import owner_reader
@@ -326,3 +326,53 @@ def test_an_unexpected_error_is_one_line_naming_the_debug_switch(
     monkeypatch.setenv(cli.DEBUG_ENV, "1")
     with pytest.raises(ZeroDivisionError):
         cli.main(["status", "--dir", str(tmp_path)])
+
+
+def test_a_tool_with_further_targets_from_the_command_line(
+    cluster: ClusterSpec,
+    owner: SyncClient,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 15, item 1: `register-tool --role ROLE=SCHEMES[:MAX] --target-optional`, and
+    `submit --also ROLE=TARGET`; each further target is judged by the rules of its role."""
+    d = str(cluster.directory)
+    code, doc = run_json(
+        capsys, "admin", "register-tool", "cli.mail", "--mode", "direct", "--scheme", "mailto",
+        "--role", "recipient=mailto:3", "--target-optional", "--dir", d,
+    )  # fmt: skip
+    assert (code, doc["outcome"]) == (0, "applied")
+    code, doc = run_json(capsys, "tools", "--dir", d)
+    mail = {t["name"]: t for t in doc["tools"]}["cli.mail"]
+    assert mail["target_roles"] == {"recipient": {"schemes": ["mailto"], "max": 3}}
+    assert mail["target_optional"] is True
+    code, out, _ = run(capsys, "tools", "--dir", d)
+    assert "recipient=mailto:3" in out and "mailto (optional)" in out
+    code, _, err = run(
+        capsys, "admin", "register-tool", "x.y", "--mode", "read", "--role", "r", "--dir", d
+    )
+    assert code == 2 and "ROLE=SCHEME" in err
+
+    key = tmp_path / "mailer.key"
+    assert clientcli.main(["keygen", "--out", str(key)]) == 0
+    register = ["admin", "register-agent", "cli-mailer", "--dir", d, "--key-file", str(key)]
+    assert clientcli.main(register) == 0
+    capsys.readouterr()
+    rules = (
+        ToolRules(
+            "cli.mail",
+            (
+                TargetRule(RuleKind.ANY),
+                TargetRule(RuleKind.HOST_SUFFIX, "example.com", role="recipient"),
+            ),
+        ),
+    )
+    owner.set_mandate("cli-mailer", Mandate(allowed_tools=("cli.mail",), rules=rules))
+    base = ["submit", "--dir", d, "--key", str(key), "--tool", "cli.mail", "--show-reason"]
+    also = ["--also", "recipient=mailto:ann@EXAMPLE.com", "--also"]
+    code, doc = run_json(capsys, *base, "--run", "m1", *also, "recipient=mailto:bo@a.example.com")
+    assert (code, doc["outcome"]) == (0, "allow")
+    code, doc = run_json(capsys, *base, "--run", "m2", *also, "recipient=mailto:x@evil.example")
+    assert (code, doc["outcome"], doc["reason"]) == (1, "deny", "out_of_scope")
+    code, doc = run_json(capsys, *base, "--run", "m3", "--also", "grantee=mailto:a@example.com")
+    assert (code, doc["reason"]) == (1, "target_scheme_not_allowed")

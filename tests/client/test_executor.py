@@ -19,9 +19,12 @@ from quorumgate.proto.model import (
     Argument,
     Confirm,
     EnvelopeArg,
+    Outcome,
     Proposal,
+    RoleTarget,
     SealedValue,
     SealEnvelope,
+    TargetSlot,
     ToolMode,
 )
 from quorumgate.sdk.executor import (
@@ -592,3 +595,66 @@ def test_the_executor_checks_a_target_in_any_spelling_with_the_sdks_helper(setup
                 cert, proposal_id=verdict.tx_id, tool="vault.store", target=other
             )
         assert wrong.value.reason == "target_mismatch"
+
+
+def test_the_executor_checks_every_further_target(setup: Setup) -> None:
+    """Issue 15, item 1: a call with several targets (a message to three recipients) is
+    certified for exactly those; the executor acting on another recipient list, a missing
+    or an added recipient, is refused; the canonical forms come back in the order given."""
+    w = setup.world
+    w.add_tool(
+        "vault.mail",
+        sink="vault",
+        schemes=("mailto",),
+        envelope_args=(EnvelopeArg("secret", "card"),),
+        target_roles=(TargetSlot("recipient", ("mailto",), max=4),),
+    )
+    w.set_mandate("alice", ["vault.mail"])
+    payload = Proposal(
+        run_id="run-1",
+        tool="vault.mail",
+        target="mailto:ann@example.com",
+        arguments=(Argument("secret", handle=setup.handle),),
+        targets=(
+            RoleTarget("recipient", "mailto:bo@Example.COM"),
+            RoleTarget("recipient", "mailto:cy@example.com"),
+        ),
+    )
+    result = w.block([w.tx(w.keys["alice"], payload)])
+    verdict = result.verdicts[0]
+    assert verdict.outcome is Outcome.ALLOW, verdict.reason
+    cert = certify(result)
+    spec = dataclasses.replace(_spec(), canonical_version=3)
+
+    def executor() -> Executor:
+        source = EngineSource(w.engine)
+        return Executor(spec, "vault", setup.vault, source, used=MemoryUsedProposals())
+
+    mail = "mailto:ann@example.com"
+    call = executor().verify(
+        cert,
+        proposal_id=verdict.tx_id,
+        tool="vault.mail",
+        target=mail,
+        targets=[("recipient", "mailto:cy@example.com"), ("recipient", "mailto:bo@EXAMPLE.com")],
+    )
+    assert call.targets == (
+        ("recipient", "mailto:cy@example.com"),
+        ("recipient", "mailto:bo@example.com"),
+    )
+    for wrong in (
+        [],  # the recipients left out
+        [("recipient", "mailto:bo@example.com")],  # one missing
+        [
+            ("recipient", "mailto:bo@example.com"),
+            ("recipient", "mailto:cy@example.com"),
+            ("recipient", "mailto:eve@evil.example"),  # one added
+        ],
+        [("recipient", "mailto:bo@example.com"), ("recipient", "mailto:eve@evil.example")],
+        [("grantee", "mailto:bo@example.com"), ("recipient", "mailto:cy@example.com")],
+    ):
+        with pytest.raises(WrongCall) as refused:
+            executor().verify(
+                cert, proposal_id=verdict.tx_id, tool="vault.mail", target=mail, targets=wrong
+            )
+        assert refused.value.reason == "target_mismatch"

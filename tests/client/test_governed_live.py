@@ -20,13 +20,14 @@ import quorumgate.sdk.client as client_module
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
-from quorumgate.proto.model import DENIAL_TEXT, Proposal
+from quorumgate.proto.model import DENIAL_TEXT, Proposal, RuleKind, TargetRule, ToolRules
 from quorumgate.proto.tx import parse
 from quorumgate.replica.channels import sync_channel
 from quorumgate.sdk.client import (
     Client,
     SyncClient,
     load_certificate,
+    tool_spec,
     verify,
 )
 from quorumgate.sdk.governed import (
@@ -524,3 +525,46 @@ def test_the_body_runs_on_the_certified_canonical_target_not_the_raw_one(
 async def _async_canonical(qg: SyncClient, raw: str) -> str:
     async with agent_context_async(qg, run_id="run-canon-async"):
         return await afetch_exactly(raw)
+
+
+@governed_tool(name="mail.multi", target="to", targets={"recipient": "cc"})
+def send_to_many(to: str, cc: list[str], body: str) -> tuple[str, list[str]]:
+    RAN.append("send_to_many")
+    return to, cc
+
+
+def test_further_targets_are_judged_and_the_body_gets_them_canonical(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """Issue 15, item 1: `targets={"recipient": "cc"}` sends each cc address as a target
+    in the role the tool declares (not as an argument the rules cannot see): an attacker's
+    address among them is refused, and the body receives every target canonical."""
+    owner.register_tool(
+        tool_spec("mail.multi", "direct", schemes=["mailto"], roles={"recipient": (["mailto"], 4)})
+    )
+    rules = (
+        ToolRules(
+            "mail.multi",
+            (
+                TargetRule(RuleKind.HOST_SUFFIX, "example.com"),
+                TargetRule(RuleKind.HOST_SUFFIX, "example.com", role="recipient"),
+            ),
+        ),
+    )
+    _, key = new_agent(owner, ["mail.multi"], rules=rules)
+    gate = Gate()
+    gate.tool(
+        "mail.multi", lambda **kw: (kw["to"], kw["cc"]), target="to", targets={"recipient": "cc"}
+    )
+    with SyncClient(cluster, key) as qg:
+        with agent_context(qg, run_id="run-many"):
+            to, cc = send_to_many("mailto:ann@EXAMPLE.com", ["mailto:bo@A.example.com"], "hi")
+            assert (to, cc) == ("mailto:ann@example.com", ["mailto:bo@a.example.com"])
+            by_name = gate.call(
+                "mail.multi", {"to": "mailto:ann@example.com", "cc": "mailto:Cy@Example.com"}
+            )
+            assert by_name == ("mailto:ann@example.com", "mailto:Cy@example.com")
+        with agent_context(qg, run_id="run-many-evil"), pytest.raises(ActionDenied) as denied:
+            send_to_many("mailto:ann@example.com", ["mailto:x@evil.example"], "hi")
+        assert str(denied.value) == DENIAL_TEXT and denied.value.reason == "out_of_scope"
+    assert RAN == ["send_to_many"]

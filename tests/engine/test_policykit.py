@@ -328,3 +328,170 @@ def test_a_non_canonical_rule_value_is_refused_by_the_engine(tmp_path: Path) -> 
     code, text = _run(path)
     assert code == EXIT_MALFORMED, text
     assert "agents.billing: the engine refuses it (invalid_spec)" in text
+
+
+SHARES = """
+[tools."files.share"]
+mode = "user_confirm"
+schemes = ["file"]
+min_tier = "delegate"
+roles = { grantee = { schemes = ["mailto"], max = 4 } }
+
+[tools."mail.search"]
+mode = "read"
+schemes = ["mailto"]
+target_optional = true
+
+[agents.clerk]
+allowed_tools = ["files.share", "mail.search"]
+
+[agents.clerk.rules."files.share"]
+targets = [
+    { prefix = "/shared", mode = "direct" },
+    { set = "contacts", mode = "direct", role = "grantee" },
+    { host_suffix = "example.com", role = "grantee" },
+]
+
+[agents.clerk.rules."mail.search"]
+targets = ["any"]
+
+[sets.clerk]
+contacts = [{ exact = "mailto:ann@example.com" }]
+
+[[calls]]
+name = "a known contact: shared directly"
+agent = "clerk"
+tool = "files.share"
+target = "/shared/q1.pdf"
+also = { grantee = "mailto:ann@EXAMPLE.com" }
+expect = "allow"
+
+[[calls]]
+name = "a new colleague among the grantees: confirmation"
+agent = "clerk"
+tool = "files.share"
+target = "/shared/q1.pdf"
+also = { grantee = ["mailto:ann@example.com", "mailto:new@sales.example.com"] }
+expect = "pending"
+
+[[calls]]
+name = "an outsider: refused"
+agent = "clerk"
+tool = "files.share"
+target = "/shared/q1.pdf"
+also = { grantee = ["mailto:x@evil.example"] }
+run = "run-2"
+expect = "deny"
+reason = "out_of_scope"
+
+[[calls]]
+name = "a search without a sender"
+agent = "clerk"
+tool = "mail.search"
+expect = "allow"
+"""
+
+
+def test_a_policy_with_further_targets_by_role(tmp_path: Path) -> None:
+    """Issue 15, item 1: tools declare roles and optional targets, rules name the role
+    they judge, calls carry further targets (`also`); each rule is seen to fire."""
+    path = tmp_path / "shares.toml"
+    path.write_text(SHARES)
+    code, text = _run(path)
+    assert code == EXIT_OK, text
+    assert "4 calls, 4 passed, 0 failed" in text
+    assert ".targets[" not in text
+    # without the outsider, the grantee rule that lets new colleagues through still fires;
+    # without the colleague it does not, and the kit says so
+    colleague = SHARES.index('[[calls]]\nname = "a new colleague')
+    outsider = SHARES.index('[[calls]]\nname = "an outsider')
+    path.write_text(SHARES[:colleague] + SHARES[outsider:])
+    code, text = _run(path)
+    assert code == EXIT_OK, text
+    assert 'agents.clerk.rules."files.share".targets[2]: no call makes this rule fire' in text
+    path.write_text(
+        SHARES.replace('role = "grantee" },\n    { host', 'role = "owner" },\n    { host')
+    )
+    code, text = _run(path)
+    # a rule for a role the tool does not have never fires; the known contact now waits
+    assert code == EXIT_FAILED and "targets[1]: no call makes this rule fire" in text
+    path.write_text(SHARES.replace("max = 4", "max = 0"))
+    code, text = _run(path)
+    assert code == EXIT_MALFORMED and "tools.files.share.roles.grantee" in text
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_CALLS = """
+[principals]
+dana = {}
+
+[tools."http.get"]
+mode = "read"
+
+[tools."payments.send"]
+mode = "user_confirm"
+schemes = ["iban"]
+min_tier = "delegate"
+args = { amount = "amount", currency = "text" }
+
+[[calls]]
+name = "a known payee, however spaced"
+agent = "billing"
+tool = "payments.send"
+target = "iban:de89 3704 0044 0532 0130 00"
+args = { amount = "120", currency = "EUR" }
+expect = "allow"
+
+[[calls]]
+name = "a new payee waits for the principal"
+agent = "billing"
+tool = "payments.send"
+target = "iban:GB82WEST12345698765432"
+args = { amount = "120", currency = "EUR" }
+expect = "pending"
+confirm = { by = "principal", expect = "allow" }
+
+[[calls]]
+name = "a mistyped IBAN"
+agent = "billing"
+tool = "payments.send"
+target = "iban:GB82WEST12345698765433"
+args = { amount = "120", currency = "EUR" }
+run = "run-2"
+expect = "deny"
+reason = "malformed_target"
+
+[[calls]]
+name = "over the ceiling"
+agent = "billing"
+tool = "payments.send"
+target = "iban:DE89370400440532013000"
+args = { amount = "500.01", currency = "EUR" }
+run = "run-3"
+expect = "deny"
+reason = "out_of_scope"
+
+[[calls]]
+name = "the vendor's documentation"
+agent = "billing"
+tool = "http.get"
+target = "https://docs.vendor.example/api"
+expect = "allow"
+"""
+
+
+def test_the_readme_policy_example_does_what_the_readme_says(tmp_path: Path) -> None:
+    """README, "Writing a policy": the example mandate, run with the calls its text
+    describes (the tools it names, billing acting for a principal)."""
+    text = README.read_text()
+    section = text[text.index("### Writing a policy") :]
+    block = section[section.index("```toml\n") + len("```toml\n") : section.index("\n```\n")]
+    block = block.replace(
+        'allowed_tools = ["http.get", "payments.send"]',
+        'allowed_tools = ["http.get", "payments.send"]\nprincipal = "dana"',
+    )
+    path = tmp_path / "readme.toml"
+    path.write_text(block + README_CALLS)
+    code, report = _run(path)
+    assert code == EXIT_OK, report
+    assert "5 calls, 5 passed, 0 failed" in report
