@@ -119,7 +119,9 @@ def proposal_carries_secret(proposal: Proposal, envelope_args: tuple[str, ...]) 
     an argument the tool declares as an envelope, or named like a credential, is
     `envelope_required`; a value or target shaped like a secret `secret_in_plaintext`.
     Execution checks the canonical target and every argument again."""
-    if secret_in_target(proposal.target):
+    if secret_in_target(proposal.target) or any(
+        secret_in_target(extra.target) for extra in proposal.targets
+    ):
         return Reason.SECRET_IN_PLAINTEXT
     for arg in proposal.arguments:
         if arg.text is None:

