@@ -47,6 +47,7 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetEntries,
     SetMandate,
+    SetSettings,
     SignedTx,
     Suspend,
     TargetRule,
@@ -476,6 +477,11 @@ def _decode_admin(pb: Any) -> AdminOp:
         return Suspend(agent_id=op.agent_id)
     if case == "set_entries":
         return _decode_set_entries(op)
+    if case == "set_settings":
+        return SetSettings(
+            values=tuple(sorted((s.name, int(s.value)) for s in op.values)),
+            clear=tuple(sorted(op.clear)),
+        )
     assert case == "resume", case
     return Resume(agent_id=op.agent_id)
 
@@ -513,6 +519,13 @@ def _encode_admin(admin: Admin) -> Any:
                 principal=op.principal,
                 name=op.name,
                 entries=[_encode_target_rule(e) for e in op.entries],
+            )
+        )
+    elif isinstance(op, SetSettings):
+        msg.set_settings.CopyFrom(
+            tx_pb2.SetSettings(
+                values=[tx_pb2.Setting(name=name, value=value) for name, value in op.values],
+                clear=list(op.clear),
             )
         )
     else:

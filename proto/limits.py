@@ -79,3 +79,6 @@ TARGET_ROLES_PER_TOOL_MAX = 8
 TARGETS_PER_ROLE_MAX = 16
 TARGETS_PER_CALL_MAX = 16  # further targets in one proposal, all roles together
 ROLE_CHARS_MAX = 32
+# Quota counters in the state (settings in the log, issue 15 item 5): per agent, per
+# (agent, tool) and per run, per minute and per hour of block time.
+QUOTA_COUNTERS_MAX = 16_384

@@ -676,6 +676,42 @@ class SetEntries:
         _require(keys == sorted(set(keys)), "set entries: sorted by (kind, value), unique")
 
 
+# Settings the owner changes in the log (issue 15, item 5), over cluster.json's values.
+# Quotas are per fixed minute / hour of block time; 0 is no limit.
+SETTING_NAMES = (
+    "confirmation_ttl_ms",
+    "delegation_depth_max",
+    "grant_ttl_ms_max",
+    "grants_per_agent_max",
+    "latch_cross_run_threshold",
+    "latch_halt_threshold",
+    "quota_agent_per_hour",
+    "quota_agent_per_minute",
+    "quota_run_per_hour",
+    "quota_run_per_minute",
+    "quota_tool_per_hour",
+    "quota_tool_per_minute",
+)
+
+
+@dataclass(frozen=True)
+class SetSettings:
+    """Set (`values`) or reset to cluster.json's value (`clear`) named settings."""
+
+    values: tuple[tuple[str, int], ...] = ()
+    clear: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        named = [name for name, _ in self.values]
+        _require(named == sorted(set(named)), "settings: sorted by name, each once")
+        _require(list(self.clear) == sorted(set(self.clear)), "clear: sorted, each once")
+        _require(not set(named) & set(self.clear), "a setting both set and cleared")
+        for name in (*named, *self.clear):
+            _require(name in SETTING_NAMES, f"unknown setting (one of {', '.join(SETTING_NAMES)})")
+        for _, value in self.values:
+            _require(0 <= value < 2**63, "setting value: 0..2**63-1")
+
+
 AdminOp = (
     RegisterTool
     | RegisterAgent
@@ -685,6 +721,7 @@ AdminOp = (
     | Resume
     | SetEntries
     | RegisterPrincipal
+    | SetSettings
 )
 
 

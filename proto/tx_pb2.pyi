@@ -279,7 +279,7 @@ class AgentRef(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Admin(_message.Message):
-    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries", "register_principal")
+    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries", "register_principal", "set_settings")
     REGISTER_TOOL_FIELD_NUMBER: _ClassVar[int]
     REGISTER_AGENT_FIELD_NUMBER: _ClassVar[int]
     REGISTER_SINK_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +288,7 @@ class Admin(_message.Message):
     RESUME_FIELD_NUMBER: _ClassVar[int]
     SET_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     REGISTER_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    SET_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     register_tool: RegisterTool
     register_agent: RegisterAgent
     register_sink: RegisterSink
@@ -296,4 +297,21 @@ class Admin(_message.Message):
     resume: AgentRef
     set_entries: SetEntries
     register_principal: RegisterPrincipal
-    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ..., register_principal: _Optional[_Union[RegisterPrincipal, _Mapping]] = ...) -> None: ...
+    set_settings: SetSettings
+    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ..., register_principal: _Optional[_Union[RegisterPrincipal, _Mapping]] = ..., set_settings: _Optional[_Union[SetSettings, _Mapping]] = ...) -> None: ...
+
+class Setting(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: int
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+
+class SetSettings(_message.Message):
+    __slots__ = ("values", "clear")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[Setting]
+    clear: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, values: _Optional[_Iterable[_Union[Setting, _Mapping]]] = ..., clear: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -36,7 +36,7 @@ A proposal is judged in this order (each step cites its rule):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from quorumgate.proto import limits, names
@@ -65,6 +65,7 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetEntries,
     SetMandate,
+    SetSettings,
     Suspend,
     Tier,
     ToolMode,
@@ -97,6 +98,8 @@ from quorumgate.sidecar.engine.state import (
     LatchRun,
     PendingCall,
     PrincipalRecord,
+    QuotaCounter,
+    QuotaKey,
     RunKey,
     StateParts,
 )
@@ -228,6 +231,23 @@ class EngineConfig:
         return self.authority_version >= 2
 
 
+TAG_SETTINGS = b"qg/engine-settings/v1"
+# The quota periods of block time (issue 15, item 5): fixed windows, so a counter is O(1).
+QUOTA_PERIODS = (("minute", 60_000), ("hour", 3_600_000))
+
+
+def effective_fingerprint(config: EngineConfig, settings: Mapping[str, int]) -> bytes:
+    """The fingerprint of the configuration in effect: cluster.json's (`config.fingerprint`)
+    while the log sets nothing, else that and every setting the log made (issue 15, item 5).
+    The state carries it, so its root commits to both."""
+    if not settings:
+        return config.fingerprint
+    enc = Encoder(TAG_SETTINGS).raw(config.fingerprint)
+    for name in sorted(settings):
+        enc.text(name).u64(settings[name])
+    return enc.digest()
+
+
 _LIMIT_FIELDS = (
     "nonce_window", "latch_halt_threshold", "latch_runs_max", "latch_buckets_per_run_max",
     "quota_window_ms", "quota_proposals_max", "confirmation_ttl_ms", "pending_max",
@@ -285,7 +305,7 @@ class Engine:
         self.config = config
         if state is None:
             state = EngineState(config_fingerprint=config.fingerprint)
-        if state.config_fingerprint != config.fingerprint:
+        if state.config_fingerprint != effective_fingerprint(config, state.settings):
             raise ValueError("engine state was produced under a different EngineConfig")
         self.state = state
         self._height = 0
@@ -688,7 +708,7 @@ class Engine:
     ) -> tuple[bool, ToolMode]:
         """Steps 1-9 of the module docstring. Returns whether the call is flagged, and the
         mode it runs in (the tool's, or the one its rules name)."""
-        if not self._quota_admits(record):
+        if not self._quota_admits(record, tool, ctx.run_key):
             raise _Refusal(Reason.QUOTA_EXCEEDED)
         if not run_opened:
             raise _Refusal(Reason.RUN_NOT_OPENED)  # not latched: there is no run to latch
@@ -837,7 +857,7 @@ class Engine:
         enforce = False
         grantors: list[str] = []
         layers: list[RuleLayer] = []
-        depth_limit = self.config.delegation_depth_max
+        depth_limit = self._setting("delegation_depth_max")
         expected_child = child
         current: bytes | None = grant_id
         while current is not None:
@@ -968,7 +988,7 @@ class Engine:
                 if arg.handle is not None
             )
         )
-        expires = self._now_ms + self.config.confirmation_ttl_ms
+        expires = self._now_ms + self._setting("confirmation_ttl_ms")
         # issue 16: the card names who alone answers it
         confirmer = self._confirmer_of(ctx.run_owner, mode) if self.config.split_authority else ""
         card = ConfirmationCard(
@@ -1184,7 +1204,7 @@ class Engine:
         if record.suspended:
             return rejected(Reason.SUSPENDED)
         scope = mandate.allowed_tools
-        depth_limit = self.config.delegation_depth_max
+        depth_limit = self._setting("delegation_depth_max")
         if mandate.max_delegation_depth is not None:
             depth_limit = min(depth_limit, mandate.max_delegation_depth)
         depth = 1
@@ -1210,7 +1230,8 @@ class Engine:
             return rejected(Reason.DELEGATION_DEPTH_EXCEEDED)
         if not rules_are_canonical(delegate.rules, self.config.canonical_version):
             return rejected(Reason.INVALID_SPEC)
-        if not self._now_ms < delegate.expires_at_ms <= self._now_ms + self.config.grant_ttl_ms_max:
+        ttl_max = self._setting("grant_ttl_ms_max")
+        if not self._now_ms < delegate.expires_at_ms <= self._now_ms + ttl_max:
             return rejected(Reason.DELEGATION_EXPIRY_INVALID)
         if (
             delegate.tools is not None
@@ -1220,7 +1241,7 @@ class Engine:
             return rejected(Reason.DELEGATION_WIDENING)  # scope never widens (§4.4)
         grants = self.state.grants
         mine = sum(1 for g in grants.values() if g.grantor == record.agent_id)
-        if len(grants) >= self.config.grants_max or mine >= self.config.grants_per_agent_max:
+        if len(grants) >= self.config.grants_max or mine >= self._setting("grants_per_agent_max"):
             return rejected(Reason.CAPACITY_EXCEEDED)
         assert parsed.tx_id not in grants, "grant id reused"
         grants[parsed.tx_id] = Grant(
@@ -1367,6 +1388,8 @@ class Engine:
             return done(op.sink_id)
         if isinstance(op, SetEntries):
             return done(op.principal, self._set_entries(op))
+        if isinstance(op, SetSettings):
+            return done("settings", self._set_settings(op))
         record = state.agents.get(op.agent_id)
         if record is None:
             return done(op.agent_id, Reason.UNKNOWN_AGENT)
@@ -1463,11 +1486,112 @@ class Engine:
         sets[key] = op.entries
         return None
 
+    # ------------------------------------------------------------------ settings
+
+    def _setting(self, name: str) -> int:
+        """A setting's value: the log's (issue 15, item 5), else cluster.json's."""
+        value = self.state.settings.get(name)
+        return int(getattr(self.config, name)) if value is None else value
+
+    def _set_settings(self, op: SetSettings) -> Reason | None:
+        """Owner-signed settings (chains of canonical version 3): every value within its
+        range, capacities never above cluster.json's (which sizes memory); then the state
+        names the configuration in effect (`effective_fingerprint`)."""
+        if self.config.canonical_version < 3:
+            return Reason.INVALID_SPEC  # this chain's engines know no settings in the log
+        for name, value in op.values:
+            low, high = self._setting_range(name)
+            if not low <= value <= high:
+                return Reason.INVALID_SPEC
+        settings = self.state.settings
+        for name, value in op.values:
+            settings[name] = value
+        for name in op.clear:
+            settings.pop(name, None)
+        if not any(name.startswith("quota_") for name in settings):
+            self.state.quota_counters.clear()
+        self.state.config_fingerprint = effective_fingerprint(self.config, settings)
+        return None
+
+    def _setting_range(self, name: str) -> tuple[int, int]:
+        config = self.config
+        if name.startswith("quota_"):
+            return 0, 2**32 - 1  # 0: no limit
+        if name.endswith("_ms") or name.endswith("_ms_max"):
+            return 1, 2**62 - 1
+        if name == "delegation_depth_max":
+            return 0, config.delegation_depth_max
+        if name == "grants_per_agent_max":
+            return 1, config.grants_per_agent_max
+        return 1, 2**32 - 1  # the latch thresholds
+
     # ------------------------------------------------------------------ quotas
 
-    def _quota_admits(self, record: AgentRecord) -> bool:
-        """§4.7 / BRAH §5.4: at most `quota_proposals_max` proposals per principal in any
-        `quota_window_ms` of block time. A refused proposal does not count."""
+    def _quota_admits(self, record: AgentRecord, tool: str | None, run_key: RunKey) -> bool:
+        """§4.7 / BRAH §5.4, and the quotas in the log (issue 15, item 5): each quota
+        setting that is not 0 counts the proposals of its agent, (agent, tool) pair or run
+        in the current fixed minute or hour of block time; any at its limit refuses. Until
+        `quota_agent_per_minute` is set in the log, cluster.json's `quota_proposals_max`
+        per sliding `quota_window_ms` applies per agent. A refused proposal counts nowhere."""
+        counted = self._quota_counters(record.agent_id, tool, run_key)
+        if any(counter.count >= limit for counter, limit in counted):
+            return False
+        if "quota_agent_per_minute" not in self.state.settings and not self._sliding_quota(record):
+            return False
+        for counter, _ in counted:
+            counter.count += 1
+        return True
+
+    def _quota_counters(
+        self, agent: str, tool: str | None, run_key: RunKey
+    ) -> list[tuple[QuotaCounter, int]]:
+        """The counters of every quota set in the log (not 0) that this call falls under,
+        each with its limit; a counter of a past window starts again at 0."""
+        settings = self.state.settings
+        if not settings:
+            return []
+        subjects: dict[str, tuple[str, ...]] = {
+            "agent": (agent,),
+            "tool": (agent, tool or UNCHECKED_TARGET),
+            "run": run_key,
+        }
+        out = []
+        for scope, subject in subjects.items():
+            for period, length in QUOTA_PERIODS:
+                limit = settings.get(f"quota_{scope}_per_{period}", 0)
+                if limit == 0:
+                    continue
+                window = self._now_ms // length
+                key = (scope, period, *subject)
+                counter = self.state.quota_counters.get(key)
+                if counter is None or counter.window != window:
+                    counter = self._new_quota_counter(key, window)
+                out.append((counter, limit))
+        return out
+
+    def _new_quota_counter(self, key: QuotaKey, window: int) -> QuotaCounter:
+        """A counter for `key` from 0. The table is bounded (QUOTA_COUNTERS_MAX): when full,
+        counters of past windows go first, then the (agent, tool) and run counters with
+        the fewest calls (an agent's own counters, at most two per registered agent, are
+        kept: they bound everything an agent does)."""
+        counters = self.state.quota_counters
+        if key not in counters and len(counters) >= limits.QUOTA_COUNTERS_MAX:
+            for stale in [k for k, c in counters.items() if c.window != self._window_of(k)]:
+                del counters[stale]
+            if len(counters) >= limits.QUOTA_COUNTERS_MAX:
+                victims = [k for k in counters if k[0] != "agent"]
+                if victims:
+                    del counters[min(victims, key=lambda k: (counters[k].count, k))]
+        counter = QuotaCounter(window=window, count=0)
+        counters[key] = counter
+        return counter
+
+    def _window_of(self, key: QuotaKey) -> int:
+        return self._now_ms // dict(QUOTA_PERIODS)[key[1]]
+
+    def _sliding_quota(self, record: AgentRecord) -> bool:
+        """cluster.json's per-agent quota: `quota_proposals_max` in any sliding
+        `quota_window_ms` of block time (until the log sets `quota_agent_per_minute`)."""
         since = self._now_ms - self.config.quota_window_ms
         recent = [t for t in record.recent_proposals_ms if t > since]
         if len(recent) >= self.config.quota_proposals_max:
@@ -1513,14 +1637,14 @@ class Engine:
         run.buckets[(agent, tool)] = bucket
         if self.config.split_authority and tool in self.state.tools:
             self._cross_run_count(agent, tool, members)
-        if bucket.count >= self.config.latch_halt_threshold:
+        if bucket.count >= self._setting("latch_halt_threshold"):
             run.halt_chain = members
             return True
         return False
 
     def _latched_across_runs(self, agent: str, tool: str) -> bool:
         pair = self.state.cross_run.get((agent, tool))
-        return pair is not None and pair.count >= self.config.latch_cross_run_threshold
+        return pair is not None and pair.count >= self._setting("latch_cross_run_threshold")
 
     def _cross_run_count(self, agent: str, tool: str, members: tuple[str, ...]) -> None:
         """Issue 16: one more run in which (agent, tool) was refused. The table is bounded
@@ -1541,7 +1665,7 @@ class Engine:
         """A later attempt at a latched tool. Returns True when it halts the run."""
         bucket.count += 1
         bucket.chain = tuple(sorted(set(bucket.chain) | set(chain)))
-        if bucket.count >= self.config.latch_halt_threshold:
+        if bucket.count >= self._setting("latch_halt_threshold"):
             self.state.latch_runs[run_key].halt_chain = bucket.chain
             return True
         return False

@@ -157,6 +157,17 @@ class StateParts:
         return assemble(self.prefix, self.agents, self.suffix)
 
 
+# A quota counter's key: (scope, period, subject...) — ("agent", "minute", agent),
+# ("tool", "hour", agent, tool), ("run", "minute", run owner, run id).
+QuotaKey = tuple[str, ...]
+
+
+@dataclass
+class QuotaCounter:
+    window: int  # block time // the period's length: the window counted
+    count: int
+
+
 def assemble(prefix: bytes, agents: Sequence[bytes], suffix: bytes) -> bytes:
     """The state bytes from their parts (see `StateParts`)."""
     return b"".join((prefix, struct.pack(">I", len(agents)), *agents, suffix))
@@ -186,6 +197,10 @@ class EngineState:
     # The cross-run latch (issue 16): per (agent, canonical tool), the runs in which the
     # pair was refused (`count`) and the agents whose mandates shaped those refusals.
     cross_run: dict[BucketKey, LatchBucket] = field(default_factory=dict)
+    # Settings in the log (issue 15, item 5): name -> value, over cluster.json's; and the
+    # quota counters of the fixed minute and hour windows, by QuotaKey.
+    settings: dict[str, int] = field(default_factory=dict)
+    quota_counters: dict[QuotaKey, QuotaCounter] = field(default_factory=dict)
     # derived indexes, rebuilt on load; not serialized
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     principal_by_key: dict[bytes, str] = field(default_factory=dict)
@@ -410,7 +425,8 @@ def _encode_state(
         for bucket_key in sorted(run.buckets):
             bucket = run.buckets[bucket_key]
             enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
-    authority = bool(
+    settings = bool(state.settings or state.quota_counters)
+    authority = settings or bool(
         state.principals or state.agent_principal or state.wrong_digests or state.cross_run
     )
     if state.sets or authority:
@@ -439,6 +455,15 @@ def _encode_state(
         for pair in sorted(state.cross_run):
             bucket = state.cross_run[pair]
             enc.text(pair[0]).text(pair[1]).u32(bucket.count).texts(bucket.chain)
+    if settings:
+        # Likewise present only once a setting is made in the log (issue 15, item 5).
+        enc.u32(len(state.settings))
+        for name in sorted(state.settings):
+            enc.text(name).u64(state.settings[name])
+        enc.u32(len(state.quota_counters))
+        for key in sorted(state.quota_counters):
+            counter = state.quota_counters[key]
+            enc.texts(key).u64(counter.window).u32(counter.count)
     return StateParts(prefix, tuple(agents), bytes(enc), ())
 
 
@@ -697,4 +722,11 @@ def _decode_state(r: _Reader) -> EngineState:
             pair = (r.text(), r.text())
             count = r.u32()
             state.cross_run[pair] = LatchBucket(count=count, chain=r.texts())
+    if r.remaining():
+        for _ in range(r.u32()):
+            name = r.text()
+            state.settings[name] = r.u64()
+        for _ in range(r.u32()):
+            quota_key = r.texts()
+            state.quota_counters[quota_key] = QuotaCounter(window=r.u64(), count=r.u32())
     return state

@@ -29,10 +29,13 @@ from quorumgate.proto.model import (
     Proposal,
     Resume,
     Revoke,
+    RoleTarget,
     SealedValue,
     SealEnvelope,
     SetMandate,
+    SetSettings,
     Suspend,
+    TargetSlot,
     Tier,
     ToolMode,
     TxPayload,
@@ -52,6 +55,11 @@ TARGETS = (
     "file:///srv/x", "https://bücher.example/",
 )  # fmt: skip
 ARG_NAMES = ("q", "memo", "card", "chat_id", "password", "Q")
+WATCHERS = (
+    ("watcher", "mailto:a@example.com"), ("watcher", "mailto:a@EXAMPLE.com"),
+    ("watcher", "principal:ben"), ("watcher", "CURRENT_USER"), ("cc", "mailto:b@example.com"),
+    ("watcher", "tel:+4930123456"),
+)  # fmt: skip
 CHOICES = [
     *["propose"] * 8,
     *["confirm"] * 3,
@@ -60,7 +68,17 @@ CHOICES = [
     "seal",
     "mandate",
     "suspend",
+    "settings",
 ]
+# settings in the log (issue 15, item 5): small values, so the draws reach them
+SETTING_DRAWS = {
+    "latch_halt_threshold": (1, 4),
+    "quota_agent_per_minute": (0, 6),
+    "quota_tool_per_minute": (0, 4),
+    "quota_run_per_hour": (0, 8),
+    "confirmation_ttl_ms": (1_000, 20_000),
+    "grants_per_agent_max": (1, 3),
+}
 GOOD_TARGETS = {
     "kb.search": ("https://example.com/a", "/srv/x"),
     "tickets.open": ("CURRENT_USER", "https://example.com/t"),
@@ -87,7 +105,11 @@ def _world() -> World:
     )
     world.add_sink("vault")
     world.add_tool("kb.search", mode=ToolMode.READ, schemes=("https", "file"))
-    world.add_tool("tickets.open", schemes=("https", "principal"))
+    world.add_tool(
+        "tickets.open",
+        schemes=("https", "principal"),
+        target_roles=(TargetSlot("watcher", ("mailto", "principal"), max=2),),
+    )
     world.add_tool("pay.refund", mode=ToolMode.USER_CONFIRM, min_tier=Tier.MASTER)
     world.add_tool("post.publish", mode=ToolMode.OWNER_CONFIRM, schemes=())
     world.add_tool("crm.status", schemes=(), sink="vault", binds_caller=True)
@@ -125,12 +147,18 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
         tool = data.draw(st.sampled_from((*TOOLS, "no.such", "KB.Search")))
         good = GOOD_TARGETS.get(tool.lower(), ("",))
         target = data.draw(st.sampled_from(good if data.draw(st.integers(0, 3)) else TARGETS))
+        further = data.draw(
+            st.lists(st.sampled_from(WATCHERS), max_size=3)
+            if tool == "tickets.open"
+            else st.just([])
+        )
         payload: TxPayload = Proposal(
             run_id=data.draw(st.sampled_from(RUNS)),
             tool=tool,
             target=target,
             arguments=args,
             grant=grant,
+            targets=tuple(RoleTarget(role, value) for role, value in further),
         )
         return signer, payload
     if choice == "confirm" and pendings:
@@ -173,6 +201,13 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
     if choice == "suspend":
         op = Suspend(agent_id=signer) if data.draw(st.booleans()) else Resume(agent_id=signer)
         return "owner", Admin(op=op)
+    if choice == "settings":
+        names = data.draw(st.lists(st.sampled_from(sorted(SETTING_DRAWS)), max_size=3, unique=True))
+        values = tuple(sorted((n, data.draw(st.integers(*SETTING_DRAWS[n]))) for n in names))
+        clear = tuple(
+            sorted(n for n in SETTING_DRAWS if n not in names and data.draw(st.booleans()))
+        )
+        return data.draw(st.sampled_from(("owner", signer))), Admin(SetSettings(values, clear[:2]))
     return signer, Proposal(run_id="r1", tool="kb.search", target="https://example.com/")
 
 
