@@ -567,6 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
     ptest.add_argument("file")
     ptest.add_argument("--json", action="store_true")
     ptest.set_defaults(func=_cmd_policy_test)
+    from quorumgate.ops.policyplan import add_policy_plan_commands
+
+    add_policy_plan_commands(policy_sub)
     return parser
 
 

@@ -292,6 +292,16 @@ def _encode_rules(rules: tuple[ToolRules, ...]) -> list[Any]:
     ]
 
 
+def encode_set_entries(op: SetEntries) -> Any:
+    return tx_pb2.SetEntries(
+        principal=op.principal, name=op.name, entries=[_encode_target_rule(e) for e in op.entries]
+    )
+
+
+def decode_set_entries(pb: Any) -> SetEntries:
+    return _decode_set_entries(pb)
+
+
 def _decode_set_entries(pb: Any) -> SetEntries:
     entries = {(rule.kind.value, rule.value): rule for rule in map(_decode_target_rule, pb.entries)}
     return SetEntries(
@@ -514,13 +524,7 @@ def _encode_admin(admin: Admin) -> Any:
     elif isinstance(op, Suspend):
         msg.suspend.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))
     elif isinstance(op, SetEntries):
-        msg.set_entries.CopyFrom(
-            tx_pb2.SetEntries(
-                principal=op.principal,
-                name=op.name,
-                entries=[_encode_target_rule(e) for e in op.entries],
-            )
-        )
+        msg.set_entries.CopyFrom(encode_set_entries(op))
     elif isinstance(op, SetSettings):
         msg.set_settings.CopyFrom(
             tx_pb2.SetSettings(

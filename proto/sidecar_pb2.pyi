@@ -207,28 +207,36 @@ class RegistryRequest(_message.Message):
     def __init__(self, height: _Optional[int] = ...) -> None: ...
 
 class RegistryAgent(_message.Message):
-    __slots__ = ("agent_id", "public_key", "mandate_version", "suspended", "mandate")
+    __slots__ = ("agent_id", "public_key", "mandate_version", "suspended", "mandate", "principal")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     MANDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     SUSPENDED_FIELD_NUMBER: _ClassVar[int]
     MANDATE_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     public_key: bytes
     mandate_version: int
     suspended: bool
     mandate: _tx_pb2.SetMandate
-    def __init__(self, agent_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., mandate_version: _Optional[int] = ..., suspended: _Optional[bool] = ..., mandate: _Optional[_Union[_tx_pb2.SetMandate, _Mapping]] = ...) -> None: ...
+    principal: str
+    def __init__(self, agent_id: _Optional[str] = ..., public_key: _Optional[bytes] = ..., mandate_version: _Optional[int] = ..., suspended: _Optional[bool] = ..., mandate: _Optional[_Union[_tx_pb2.SetMandate, _Mapping]] = ..., principal: _Optional[str] = ...) -> None: ...
 
 class RegistryContent(_message.Message):
-    __slots__ = ("agents", "tools", "sinks")
+    __slots__ = ("agents", "tools", "sinks", "principals", "sets", "settings")
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     SINKS_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
+    SETS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     agents: _containers.RepeatedCompositeFieldContainer[RegistryAgent]
     tools: _containers.RepeatedCompositeFieldContainer[_tx_pb2.RegisterTool]
     sinks: _containers.RepeatedCompositeFieldContainer[_tx_pb2.RegisterSink]
-    def __init__(self, agents: _Optional[_Iterable[_Union[RegistryAgent, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_tx_pb2.RegisterTool, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[_tx_pb2.RegisterSink, _Mapping]]] = ...) -> None: ...
+    principals: _containers.RepeatedCompositeFieldContainer[_tx_pb2.RegisterPrincipal]
+    sets: _containers.RepeatedCompositeFieldContainer[_tx_pb2.SetEntries]
+    settings: _containers.RepeatedCompositeFieldContainer[_tx_pb2.Setting]
+    def __init__(self, agents: _Optional[_Iterable[_Union[RegistryAgent, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_tx_pb2.RegisterTool, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[_tx_pb2.RegisterSink, _Mapping]]] = ..., principals: _Optional[_Iterable[_Union[_tx_pb2.RegisterPrincipal, _Mapping]]] = ..., sets: _Optional[_Iterable[_Union[_tx_pb2.SetEntries, _Mapping]]] = ..., settings: _Optional[_Iterable[_Union[_tx_pb2.Setting, _Mapping]]] = ...) -> None: ...
 
 class RegistryReply(_message.Message):
     __slots__ = ("height", "state_root", "registry_since", "content")

@@ -61,7 +61,7 @@ from quorumgate.sidecar.audit import (
     AuditCursor,
     audit_height,
 )
-from quorumgate.sidecar.engine.core import Engine, EngineConfig, StateCacheError
+from quorumgate.sidecar.engine.core import Engine, StateCacheError, config_for_cluster
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
@@ -152,12 +152,7 @@ class Sidecar:
                 f"node {index}'s receipt key does not match its receipt public key"
             )
         self.key = receipt_key
-        self.config = EngineConfig(
-            chain_id=spec.chain_id,
-            owner_public_key=spec.owner_public_key,
-            canonical_version=spec.canonical_version,
-            authority_version=spec.authority_version,
-        )
+        self.config = config_for_cluster(spec)
         self.metrics = SidecarMetrics()
         self.store: SidecarStore | None = None
         self.engine: Engine | None = None

@@ -35,7 +35,10 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     envelopes = { card = { kind = "card", verified = true } }
 
     [principals]                    # the people agents act for (authority version 2):
-    dana = {}                       # only they answer their agents' cards
+    dana = {}                       # only they answer their agents' cards; on a live
+                                    # cluster (policy plan/apply) each new sink, principal
+                                    # and agent gives `public_key = "<hex>"`; principals
+                                    # may name `deputies = ["..."]`
 
     [agents.support]
     principal = "dana"              # optional: without one, the owner answers its cards
@@ -109,6 +112,7 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto import names, tx
 from quorumgate.proto.model import (
+    SETTING_NAMES,
     Admin,
     ArgCheck,
     ArgRole,
@@ -134,6 +138,7 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetEntries,
     SetMandate,
+    SetSettings,
     TargetRule,
     TargetSlot,
     Tier,
@@ -185,7 +190,7 @@ TOOL_FIELDS = (
 )  # fmt: skip
 AGENT_FIELDS = (
     "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth",
-    "rules", "principal",
+    "rules", "principal", "public_key",
 )  # fmt: skip
 RULES_FIELDS = ("targets", "args")
 TARGET_RULE_KINDS = tuple(k.value for k in RuleKind if k is not RuleKind.ANY)
@@ -324,7 +329,7 @@ class _CallSpec:
 
 
 @dataclass
-class _Policy:
+class Policy:
     settings: dict[str, int]
     chain_id: str
     sinks: list[str]
@@ -336,6 +341,10 @@ class _Policy:
     sets: dict[tuple[str, str], tuple[TargetRule, ...]] = field(default_factory=dict)
     principals: list[str] = field(default_factory=list)
     agent_principal: dict[str, str] = field(default_factory=dict)
+    # For `policy plan` on a live cluster (the test derives keys from names): the public
+    # keys the file gives, by (sink | principal | agent, name); each principal's deputies.
+    public_keys: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    deputies: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _tool_name(raw: str, where: str) -> str:
@@ -349,6 +358,20 @@ def _ident(raw: str, where: str) -> str:
     if not names.is_agent_id(raw):
         raise PolicyFileError(f"{where}: {raw!r} must match {names.AGENT_ID_RE.pattern}")
     return raw
+
+
+def _public_key(table: _Table, size: int) -> bytes | None:
+    """The optional `public_key` of a sink, principal or agent: hex of `size` bytes."""
+    raw = table.optional_text("public_key")
+    if raw is None:
+        return None
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) != size:
+        raise PolicyFileError(f"{table.where}.public_key: {size} bytes in hex")
+    return key
 
 
 def _reason(raw: str | None, where: str) -> str | None:
@@ -480,7 +503,7 @@ def parse_sets(table: dict[str, Any]) -> dict[tuple[str, str], tuple[TargetRule,
     return out
 
 
-def _parse_policy(data: dict[str, Any]) -> _Policy:
+def _parse_policy(data: dict[str, Any]) -> Policy:
     top = _Table(data, "file", TOP_FIELDS)
     settings_table = _Table(top.table("settings"), "settings", None)
     chain_id = settings_table.text("chain_id", "policy-test")
@@ -488,13 +511,19 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
     for key in sorted(settings_table.data):
         if key == "chain_id":
             continue
-        if key not in _CONFIG_FIELDS:
-            raise PolicyFileError(f"settings.{key}: not an engine limit")
+        if key not in _CONFIG_FIELDS and key not in SETTING_NAMES:
+            raise PolicyFileError(f"settings.{key}: not an engine limit or setting")
         value = settings_table.integer(key)
         assert value is not None
         settings[key] = value
 
-    sinks = [_ident(name, f"sinks.{name}") for name in top.table("sinks")]
+    public_keys: dict[tuple[str, str], bytes] = {}
+    sinks = []
+    for name, body in top.table("sinks").items():
+        sinks.append(_ident(name, f"sinks.{name}"))
+        key = _public_key(_Table(body, f"sinks.{name}", ("public_key",)), 32)
+        if key is not None:
+            public_keys[("sink", name)] = key
 
     tools: dict[str, ToolSpec] = {}
     for raw, body in top.table("tools").items():
@@ -549,7 +578,22 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
             raise PolicyFileError(f"{where}: {exc}") from None
         tools[spec.name] = spec
 
-    principals = [_ident(name, f"principals.{name}") for name in top.table("principals")]
+    principals = []
+    deputies: dict[str, tuple[str, ...]] = {}
+    for name, body in top.table("principals").items():
+        where = f"principals.{name}"
+        principals.append(_ident(name, where))
+        pt = _Table(body, where, ("public_key", "deputies"))
+        key = _public_key(pt, 32)
+        if key is not None:
+            public_keys[("principal", name)] = key
+        deputies[name] = tuple(sorted(set(pt.texts("deputies") or [])))
+    for name, named in deputies.items():
+        for deputy in named:
+            if deputy not in principals or deputy == name:
+                raise PolicyFileError(
+                    f"principals.{name}.deputies: {deputy!r} is not another principal"
+                )
     if principals and settings.get("authority_version", 2) < 2:
         raise PolicyFileError("principals: a chain of authority_version 1 has none")
     agent_principal: dict[str, str] = {}
@@ -557,6 +601,9 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
     for raw, body in top.table("agents").items():
         where = f"agents.{raw}"
         a = _Table(body, where, AGENT_FIELDS)
+        key = _public_key(a, 32)
+        if key is not None:
+            public_keys[("agent", raw)] = key
         principal = a.optional_text("principal")
         if principal is not None:
             if principal not in principals:
@@ -716,9 +763,9 @@ def _parse_policy(data: dict[str, Any]) -> _Policy:
                 confirm=confirm,
             )
         )
-    return _Policy(
+    return Policy(
         settings, chain_id, sinks, tools, agents, envelopes, delegations, calls, sets,
-        principals, agent_principal,
+        principals, agent_principal, public_keys, deputies,
     )  # fmt: skip
 
 
@@ -760,14 +807,14 @@ class Report:
 
 
 class _Runner:
-    def __init__(self, policy: _Policy) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.owner = owner_key()
         try:
             config = EngineConfig(
                 chain_id=policy.chain_id,
                 owner_public_key=bytes(self.owner.verify_key),
-                **policy.settings,
+                **{k: v for k, v in policy.settings.items() if k in _CONFIG_FIELDS},
             )
         except ValueError as exc:
             raise PolicyFileError(f"settings: {exc}") from None
@@ -813,6 +860,10 @@ class _Runner:
     def setup(self) -> list[str]:
         p = self.policy
         admin: list[tuple[str, TxPayload]] = []
+        # settings only the log holds (the quotas): set there, as `policy apply` would
+        logged = tuple((k, v) for k, v in sorted(p.settings.items()) if k not in _CONFIG_FIELDS)
+        if logged:
+            admin.append(("settings", Admin(SetSettings(values=logged))))
         for sink in p.sinks:
             public = bytes(sink_key(sink).public_key)
             admin.append((f"sinks.{sink}", Admin(RegisterSink(sink, public))))
@@ -1016,8 +1067,8 @@ class _Runner:
         return out
 
 
-def check_policy(path: str) -> Report:
-    """Run a policy file; PolicyFileError when it is malformed."""
+def load_policy(path: str) -> Policy:
+    """Read and parse a policy file; PolicyFileError when it is malformed."""
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
@@ -1025,7 +1076,12 @@ def check_policy(path: str) -> Report:
         raise PolicyFileError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise PolicyFileError(f"{path}: TOML syntax error: {exc}") from None
-    policy = _parse_policy(data)
+    return _parse_policy(data)
+
+
+def check_policy(path: str) -> Report:
+    """Run a policy file; PolicyFileError when it is malformed."""
+    policy = load_policy(path)
     runner = _Runner(policy)
     setup_failures = runner.setup()
     results = [runner.run_call(call) for call in policy.calls]

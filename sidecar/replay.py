@@ -36,7 +36,7 @@ from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import Block, RemoteError, genesis_block
 from quorumgate.replica.wire import decode_block
-from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.engine.core import Engine, config_for_cluster
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.store import DivergenceError, ExecutedHeight, SidecarStore
@@ -245,12 +245,7 @@ async def replay(
 ) -> ReplayReport:
     node_dir = spec.node_dir(index)
     key = SigningKey(read_seed(node_dir / RECEIPT_KEY_FILE))
-    config = EngineConfig(
-        chain_id=spec.chain_id,
-        owner_public_key=spec.owner_public_key,
-        canonical_version=spec.canonical_version,
-        authority_version=spec.authority_version,
-    )
+    config = config_for_cluster(spec)
     report = ReplayReport(node=index, from_height=max(1, from_height))
     started = time.perf_counter()
     try:

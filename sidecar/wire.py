@@ -7,6 +7,7 @@ from google.protobuf.message import DecodeError
 
 from quorumgate.proto import codec, tx_pb2
 from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto.model import SetEntries
 from quorumgate.sidecar.engine.state import EngineState
 from quorumgate.sidecar.receipts import (
     Certificate,
@@ -121,8 +122,24 @@ def registry_content(state: EngineState) -> spb.RegistryContent:
         )
         if record.mandate is not None:
             agent.mandate.CopyFrom(codec.encode_mandate(agent_id, record.mandate))
+        agent.principal = state.agent_principal.get(agent_id, "")
     for name in sorted(state.tools):
         content.tools.append(codec.encode_tool_spec(state.tools[name]))
     for sink_id in sorted(state.sinks):
         content.sinks.append(tx_pb2.RegisterSink(sink_id=sink_id, public_key=state.sinks[sink_id]))
+    for principal_id in sorted(state.principals):
+        person = state.principals[principal_id]
+        content.principals.append(
+            tx_pb2.RegisterPrincipal(
+                principal_id=principal_id,
+                public_key=person.public_key,
+                deputies=list(person.deputies),
+            )
+        )
+    for owner, set_name in sorted(state.sets):
+        content.sets.append(
+            codec.encode_set_entries(SetEntries(owner, set_name, state.sets[(owner, set_name)]))
+        )
+    for setting in sorted(state.settings):
+        content.settings.append(tx_pb2.Setting(name=setting, value=state.settings[setting]))
     return content

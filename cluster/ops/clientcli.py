@@ -9,8 +9,9 @@
     confirm    --dir D [--key F] PROPOSAL_ID [--yes]
     reject     --dir D [--key F] PROPOSAL_ID [--yes]
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
-               register-sink | set-mandate | suspend | resume ...
+               register-sink | set-mandate | suspend | resume | set-settings ...
     agents     --dir D                          registered agents and their mandates
+    settings   --dir D                          settings in effect (the log's or cluster.json's)
     tools      --dir D                          registered tools
     verdicts   --dir D [--from-height H] [--follow]
 
@@ -56,11 +57,13 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.model import (
     DENIAL_TEXT,
+    SETTING_NAMES,
     ArgCheck,
     EnvelopeArg,
     Mandate,
     Outcome,
     RuleKind,
+    SetSettings,
     ToolRules,
 )
 from quorumgate.sdk.client import (
@@ -77,6 +80,7 @@ from quorumgate.sdk.client import (
 )
 from quorumgate.sdk.keys import generate_key, generate_sink_key
 from quorumgate.sdk.registry import Registry
+from quorumgate.sidecar.engine.core import config_for_cluster
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 
 T = TypeVar("T")
@@ -546,6 +550,24 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
         return op, args.agent_id, lambda c: c.set_mandate(args.agent_id, value, args.deadline)
     if op == "suspend":
         return op, args.agent_id, lambda c: c.suspend(args.agent_id, args.deadline)
+    if op == "set-settings":
+        values = {}
+        for name, text in _pairs(args.setting, "NAME=VALUE"):
+            if not text.isdigit():
+                raise argparse.ArgumentTypeError(f"{name}: a whole number, not {text!r}")
+            values[name] = int(text)
+        if not values and not args.clear:
+            raise argparse.ArgumentTypeError("give NAME=VALUE settings or --clear NAME")
+        clear = sorted(set(args.clear))
+        try:
+            SetSettings(values=tuple(sorted(values.items())), clear=tuple(clear))
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return (
+            op,
+            "settings",
+            lambda c: c.set_settings(values, clear=clear, deadline_s=args.deadline),
+        )
     assert op == "resume", op
     return op, args.agent_id, lambda c: c.resume(args.agent_id, args.deadline)
 
@@ -717,6 +739,29 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         ["agent", "key", "version", "suspended", "enforcement", "delegation", "tools"], rows
     )
     _emit(args, doc, f"{human}\n{len(rows)} agents at height {registry.height}")
+    return EXIT_OK
+
+
+def _cmd_settings(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    if isinstance(registry, int):
+        return registry
+    config = config_for_cluster(_spec(args))
+    logged = dict(registry.settings)
+    rows = []
+    values: dict[str, dict[str, object]] = {}
+    for name in SETTING_NAMES:
+        static = getattr(config, name, None)
+        value = logged.get(name, static)
+        source = "log" if name in logged else "cluster.json"
+        shown = "none" if value is None else "no limit" if value == 0 else value
+        if name == "quota_agent_per_minute" and name not in logged:
+            shown = f"{config.quota_proposals_max} per {config.quota_window_ms // 1000} s (sliding)"
+        values[name] = {"value": value, "source": source}
+        rows.append([name, shown, source])
+    doc = {"height": registry.height, "settings": values}
+    human = table(["setting", "value", "from"], rows)
+    _emit(args, doc, f"{human}\nat height {registry.height}")
     return EXIT_OK
 
 
@@ -984,7 +1029,14 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     suspend.add_argument("agent_id")
     resume = admin_sub.add_parser("resume", help="lift a suspension")
     resume.add_argument("agent_id")
-    for parser in (tool, agent, person, sink, mand, suspend, resume):
+    sets = admin_sub.add_parser(
+        "set-settings", help="latch thresholds, quotas, confirmation TTL, grant limits"
+    )
+    sets.add_argument("setting", nargs="*", metavar="NAME=VALUE", help=", ".join(SETTING_NAMES))
+    sets.add_argument(
+        "--clear", action="append", default=[], metavar="NAME", help="back to cluster.json's"
+    )
+    for parser in (tool, agent, person, sink, mand, suspend, resume, sets):
         _common(parser, key_help="the owner key (default DIR/owner.key)")
         _deadline(parser)
         parser.set_defaults(func=_cmd_admin)
@@ -1003,6 +1055,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     _common(agents, key_help="a key allowed to read the registry (default: the owner's)")
     _deadline(agents)
     agents.set_defaults(func=_cmd_agents)
+
+    settings = sub.add_parser("settings", help="settings in effect: the log's or cluster.json's")
+    _common(settings, key_help="a key allowed to read the registry (default: the owner's)")
+    _deadline(settings)
+    settings.set_defaults(func=_cmd_settings)
 
     tools = sub.add_parser("tools", help="registered tools and sinks")
     _common(tools, key_help="a key allowed to read the registry (default: the owner's)")

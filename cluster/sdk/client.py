@@ -91,6 +91,7 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetEntries,
     SetMandate,
+    SetSettings,
     Suspend,
     TargetRule,
     ToolMode,
@@ -1421,6 +1422,19 @@ class Client:
         )
         return await self._applied(Admin(op=op), deadline_s)
 
+    async def set_settings(
+        self,
+        values: Mapping[str, int] | None = None,
+        *,
+        clear: Sequence[str] = (),
+        deadline_s: float | None = None,
+    ) -> Decision:
+        """Set settings in the log (owner; `SETTING_NAMES`: latch thresholds, quotas, the
+        confirmation TTL, grant limits), or put the `clear`ed ones back to cluster.json's
+        values. Applied or rejected as one operation."""
+        op = SetSettings(values=tuple(sorted((values or {}).items())), clear=tuple(sorted(clear)))
+        return await self._applied(Admin(op=op), deadline_s)
+
     async def register_principal(
         self,
         principal_id: str,
@@ -1770,6 +1784,15 @@ class SyncClient:
         deadline_s: float | None = None,
     ) -> Decision:
         return self.run(self.aio.set_entries(agent_id, name, entries, deadline_s))
+
+    def set_settings(
+        self,
+        values: Mapping[str, int] | None = None,
+        *,
+        clear: Sequence[str] = (),
+        deadline_s: float | None = None,
+    ) -> Decision:
+        return self.run(self.aio.set_settings(values, clear=clear, deadline_s=deadline_s))
 
     def register_sink(
         self, sink_id: str, public_key: bytes, deadline_s: float | None = None

@@ -1,6 +1,7 @@
-"""The registry as a client reads it: agents with their mandates, tools and sinks, as of
-one executed height, accepted only when f+1 sidecars return the same content with the same
-height and state root (`Client.registry`; the sidecar side is its `Registry` RPC)."""
+"""The registry as a client reads it: agents with their mandates and principals, tools,
+sinks, principals, named sets and the settings made in the log, as of one executed height,
+accepted only when f+1 sidecars return the same content with the same height and state
+root (`Client.registry`; the sidecar side is its `Registry` RPC)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 from quorumgate.proto import codec
 from quorumgate.proto import sidecar_pb2 as spb
-from quorumgate.proto.model import Mandate, ToolSpec
+from quorumgate.proto.model import Mandate, RegisterPrincipal, SetEntries, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class AgentEntry:
     mandate: Mandate | None
     mandate_version: int
     suspended: bool
+    principal: str = ""  # the principal it acts for; "": the owner
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class Registry:
     tools: tuple[ToolSpec, ...]
     sinks: tuple[tuple[str, bytes], ...]
     agreed_by: tuple[int, ...] = ()  # the sidecars whose answers matched
+    principals: tuple[RegisterPrincipal, ...] = ()
+    sets: tuple[SetEntries, ...] = ()  # by (agent, set name)
+    settings: tuple[tuple[str, int], ...] = ()  # made in the log, by name
 
     def agent(self, agent_id: str) -> AgentEntry | None:
         return next((a for a in self.agents if a.agent_id == agent_id), None)
@@ -46,6 +51,7 @@ def registry_from_pb(reply: spb.RegistryReply, agreed_by: tuple[int, ...] = ()) 
             mandate=codec.decode_mandate(a.mandate) if a.HasField("mandate") else None,
             mandate_version=a.mandate_version,
             suspended=a.suspended,
+            principal=a.principal,
         )
         for a in content.agents
     )
@@ -56,4 +62,10 @@ def registry_from_pb(reply: spb.RegistryReply, agreed_by: tuple[int, ...] = ()) 
         tools=tuple(codec.decode_tool_spec(t) for t in content.tools),
         sinks=tuple((s.sink_id, bytes(s.public_key)) for s in content.sinks),
         agreed_by=agreed_by,
+        principals=tuple(
+            RegisterPrincipal(p.principal_id, bytes(p.public_key), tuple(p.deputies))
+            for p in content.principals
+        ),
+        sets=tuple(codec.decode_set_entries(s) for s in content.sets),
+        settings=tuple((s.name, int(s.value)) for s in content.settings),
     )

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from quorumgate.proto import limits, names
 from quorumgate.proto.canonical import Encoder, sha256
-from quorumgate.proto.clusterfile import AUTHORITY_VERSION_NEW, AUTHORITY_VERSIONS
+from quorumgate.proto.clusterfile import AUTHORITY_VERSION_NEW, AUTHORITY_VERSIONS, ClusterSpec
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -229,6 +229,17 @@ class EngineConfig:
     @property
     def split_authority(self) -> bool:
         return self.authority_version >= 2
+
+
+def config_for_cluster(spec: ClusterSpec) -> EngineConfig:
+    """The engine configuration of a cluster's sidecars: cluster.json's chain, owner and
+    versions; every limit at its default (settings in the log change some while it runs)."""
+    return EngineConfig(
+        chain_id=spec.chain_id,
+        owner_public_key=spec.owner_public_key,
+        canonical_version=spec.canonical_version,
+        authority_version=spec.authority_version,
+    )
 
 
 TAG_SETTINGS = b"qg/engine-settings/v1"

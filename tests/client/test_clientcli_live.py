@@ -376,3 +376,30 @@ def test_a_tool_with_further_targets_from_the_command_line(
     assert (code, doc["outcome"], doc["reason"]) == (1, "deny", "out_of_scope")
     code, doc = run_json(capsys, *base, "--run", "m3", "--also", "grantee=mailto:a@example.com")
     assert (code, doc["reason"]) == (1, "target_scheme_not_allowed")
+
+
+def test_settings_are_set_in_the_log_from_the_command_line(
+    cluster: ClusterSpec, agent_key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 15, item 5: `admin set-settings NAME=VALUE... [--clear NAME]` and `settings`;
+    a quota set in the log takes effect on the next call."""
+    d = str(cluster.directory)
+    code, doc = run_json(capsys, "settings", "--dir", d)
+    quota = doc["settings"]["quota_agent_per_minute"]
+    assert code == 0 and quota["source"] == "cluster.json"
+    code, doc = run_json(capsys, "admin", "set-settings", "quota_agent_per_minute=1", "--dir", d)
+    assert (code, doc["outcome"]) == (0, "applied")
+    code, doc = run_json(capsys, "settings", "--dir", d)
+    assert doc["settings"]["quota_agent_per_minute"] == {"value": 1, "source": "log"}
+    base = ["submit", "--dir", d, "--key", str(agent_key), "--tool", "web.get", "--show-reason"]
+    code, first = run_json(capsys, *base, "--run", "quota-1", "--target", "https://e.x/1")
+    code, second = run_json(capsys, *base, "--run", first["run_id"], "--target", "https://e.x/2")
+    assert (first["outcome"], second["reason"]) == ("allow", "quota_exceeded")
+    code, doc = run_json(
+        capsys, "admin", "set-settings", "--clear", "quota_agent_per_minute", "--dir", d
+    )
+    assert (code, doc["outcome"]) == (0, "applied")
+    code, _, err = run(capsys, "admin", "set-settings", "quota_per_day=5", "--dir", d)
+    assert code == 2 and "unknown setting" in err
+    code, doc = run_json(capsys, "admin", "set-settings", "latch_halt_threshold=0", "--dir", d)
+    assert (code, doc["outcome"], doc["reason"]) == (1, "rejected", "invalid_spec")
