@@ -570,6 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
     from quorumgate.ops.policyplan import add_policy_plan_commands
 
     add_policy_plan_commands(policy_sub)
+
+    from quorumgate.proxy.command import add_proxy_command
+
+    add_proxy_command(sub)
     return parser
 
 
