@@ -20,8 +20,7 @@ from quorumgate.proto.model import DENIAL_TEXT, RuleKind, TargetRule, ToolRules
 from quorumgate.proxy.app import Proxy
 from quorumgate.proxy.config import load_config
 from quorumgate.proxy.enforce import DenialBlock
-from quorumgate.sdk.client import SyncClient, mandate, tool_spec
-from tests.proxy.servers import (
+from quorumgate.proxy.fake import (
     FakeUpstream,
     Reply,
     ServerThread,
@@ -32,6 +31,7 @@ from tests.proxy.servers import (
     text,
     tool_use,
 )
+from quorumgate.sdk.client import SyncClient, mandate, tool_spec
 
 API_KEY = "sk-ant-api03-test-key-never-logged-0123456789"
 SELECTOR = "x-quorumgate-agent"

@@ -1,5 +1,6 @@
-"""A fake model API (issue 17, item 5) that replays scripted responses in each provider's
-wire format, and a helper that serves an ASGI app on a free loopback port in a thread.
+"""A scripted model API (issue 17): replays responses in each provider's wire format, for
+the proxy's tests, its benchmark and the vendored-agent example (no model, no network);
+and a helper that serves an ASGI app on a free loopback port in a thread.
 
 Formats, from the providers' API references: Anthropic Messages (`message` objects;
 streams of `message_start`, `content_block_start` / `content_block_delta` (`text_delta`,
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,8 +24,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from tests import polling
 
 START_S = 20.0
 STOP_S = 20.0
@@ -53,7 +53,11 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        polling.wait_until("server started", lambda: self.server.started or None, START_S, 0.01)
+        deadline = time.monotonic() + START_S
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the server on port {self.port} did not start")
+            time.sleep(0.01)
         return self
 
     def __exit__(self, *_: object) -> None:
