@@ -274,7 +274,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         else:
             spec = init_cluster(directory, args.nodes)
             print(f"Created a {spec.n}-replica cluster in {directory} (chain {spec.chain_id}).")
-        return run_demo(spec, once=args.once, refresh_s=args.refresh)
+        return run_demo(spec, once=args.once, refresh_s=args.refresh, vendored=args.vendored)
     except (ClusterFileError, OpsError) as err:
         return _fail(str(err), 2)
 
@@ -440,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--nodes", type=int, default=4, help="4 or 7 (any 3f+1)")
     demo.add_argument("--once", action="store_true", help="stop the cluster at the end")
     demo.add_argument("--refresh", type=float, default=1.0)
+    demo.add_argument(
+        "--vendored",
+        action="store_true",
+        help="the variant: an unmodified anthropic-SDK agent governed by the proxy",
+    )
     demo.set_defaults(func=_cmd_demo)
 
     init = sub.add_parser("init", help="write a cluster file and keys for N replicas")

@@ -1,4 +1,5 @@
-"""The main job: a real local cluster, the multi-agent example through it, a live status.
+"""The main job: a real local cluster, the multi-agent example through it, a live status
+(`--vendored`: the variant with an unmodified agent governed by the proxy).
 
 Starts every replica and sidecar of the cluster as its own process, runs the orchestrator
 example (cluster/examples/multi_agent.py), prints each certified verdict with the sidecars
@@ -59,7 +60,7 @@ def _same_chain(spec: ClusterSpec) -> tuple[int, int]:
     return height, len(hashes)
 
 
-def run_demo(spec: ClusterSpec, *, once: bool, refresh_s: float) -> int:
+def run_demo(spec: ClusterSpec, *, once: bool, refresh_s: float, vendored: bool = False) -> int:
     indexes = list(range(spec.n))
     # The client library logs denials with their reasons for operators: into a file here,
     # so the console shows what the agents saw.
@@ -73,8 +74,13 @@ def run_demo(spec: ClusterSpec, *, once: bool, refresh_s: float) -> int:
     try:
         print(f"Serving; logs and databases in {spec.directory}/node-*/")
         started = time.perf_counter()
-        report = run_example(spec, say=lambda line: print(line, flush=True))
-        _print_report(report)
+        if vendored:
+            # the variant with an agent whose code we do not own, governed at its model API
+            from quorumgate.examples.vendored_agent import run_vendored
+
+            run_vendored(spec, say=lambda line: print(line, flush=True))
+        else:
+            _print_report(run_example(spec, say=lambda line: print(line, flush=True)))
         height, distinct = _same_chain(spec)
         verdict = "the same block" if distinct == 1 else f"{distinct} DIFFERENT blocks"
         print(f"\nAt height {height} every replica holds {verdict}. "
