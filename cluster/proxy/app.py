@@ -63,6 +63,21 @@ HOP_BY_HOP = frozenset(
 APIS = {"/v1/messages": "anthropic", "/v1/chat/completions": "openai"}
 
 
+UNREADABLE = "The model's response could not be checked, so it was not delivered."
+
+
+def _unreadable(api: str) -> Response:
+    """A 502 in the API's own error shape, so the SDK raises its usual error."""
+    if api == "anthropic":
+        body: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": "api_error", "message": UNREADABLE},
+        }
+    else:
+        body = {"error": {"message": UNREADABLE, "type": "api_error", "code": None}}
+    return Response(json.dumps(body), status_code=502, media_type="application/json")
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -225,7 +240,11 @@ class Proxy:
         agent = self.config.resolve(request.headers.get(self.config.agent_header))
         label = session_label(agent, body, request.headers) if agent is not None else ""
         decide = _Decider(self, agent, label)
-        streamed = "text/event-stream" in response.headers.get("content-type", "")
+        # a stream whatever the upstream calls its content type: the SDK asked for one
+        streamed = (
+            "text/event-stream" in response.headers.get("content-type", "")
+            or body.get("stream") is True
+        )
         self.metrics.requests.labels(api, "yes" if streamed else "no").inc()
         if streamed:
             return StreamingResponse(
@@ -238,9 +257,11 @@ class Proxy:
         try:
             document = json.loads(data)
         except ValueError:
-            return Response(data, status_code=200, headers=headers)
+            document = None
         if not isinstance(document, dict):
-            return Response(data, status_code=200, headers=headers)
+            # a 200 the enforcer cannot read could carry any tool call: never passed on
+            log.warning("event=unreadable_response api=%s", api)
+            return _unreadable(api)
         if api == "anthropic":
             withheld = await enforce_anthropic(document, decide, self.denial)
         else:

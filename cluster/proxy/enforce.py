@@ -399,8 +399,11 @@ class AnthropicStream:
         else:
             self.withheld += 1
             out = self._denial_frames(held)
-        out += self.queued
-        self.queued = []
+        # what arrived meanwhile goes through the same rules (a second call that started
+        # before this one stopped is held and decided in its turn, never passed along)
+        queued, self.queued = self.queued, []
+        for frame in queued:
+            out += await self.feed(frame)
         return out
 
     def _denial_frames(self, held: _HeldBlock) -> list[bytes]:

@@ -71,6 +71,8 @@ class Reply:
 
     body: dict[str, Any] | None = None
     frames: list[bytes] | None = None
+    content_type: str | None = None  # instead of the usual one (a misbehaving upstream)
+    raw: bytes | None = None  # a body sent as it is
 
 
 @dataclass
@@ -110,8 +112,10 @@ class FakeUpstream:
                 for frame in frames:
                     yield frame
 
-            return StreamingResponse(stream(), media_type="text/event-stream")
-        return JSONResponse(reply.body)
+            return StreamingResponse(stream(), media_type=reply.content_type or "text/event-stream")
+        if reply.raw is not None:
+            return Response(reply.raw, media_type=reply.content_type or "application/json")
+        return JSONResponse(reply.body, media_type=reply.content_type or "application/json")
 
 
 # ---------------------------------------------------------------------------- Anthropic

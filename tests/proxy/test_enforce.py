@@ -439,3 +439,32 @@ def test_the_splitter_keeps_frames_exact_and_holds_at_most_one_partial_frame() -
             assert len(splitter.partial) < max(len(f) for f in frames)
         assert got == frames and splitter.partial == b""
     assert parse_frame(frames[0]) == ("a", "1")
+
+
+def test_interleaved_tool_blocks_are_each_decided() -> None:
+    """A second tool_use block that starts before the first stops (no provider does this;
+    the enforcer must not rely on it) is decided too, never released with the first."""
+
+    def start(index: int, name: str) -> bytes:
+        block = {"type": "tool_use", "id": f"toolu_{index}", "name": name, "input": {}}
+        payload = {"type": "content_block_start", "index": index, "content_block": block}
+        return sse("content_block_start", payload)
+
+    def part(index: int, raw: str) -> bytes:
+        delta = {"type": "input_json_delta", "partial_json": raw}
+        payload = {"type": "content_block_delta", "index": index, "delta": delta}
+        return sse("content_block_delta", payload)
+
+    def stop(index: int) -> bytes:
+        return sse("content_block_stop", {"type": "content_block_stop", "index": index})
+
+    frames = [
+        start(0, "web_fetch"), start(1, "send_mail"),
+        part(0, '{"url": "https://docs.example.com/"}'), part(1, '{"to": "x@evil.example"}'),
+        stop(0), stop(1),
+    ]  # fmt: skip
+    decider = Decider("web_fetch")
+    out = b"".join(o for _, o in run(through(AnthropicStream(decider, DenialBlock.TEXT), frames)))
+    assert [c.name for c in decider.seen] == ["web_fetch", "send_mail"]
+    assert b"send_mail" not in out and b"evil.example" not in out
+    assert out.count(b'"type": "tool_use"') + out.count(b'"type":"tool_use"') == 1

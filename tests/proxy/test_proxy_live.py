@@ -425,3 +425,20 @@ def test_the_same_run_is_counted_once_whichever_seam_refused_it(
         assert result.content[0].type == "tool_result"
         third = qg.propose("mail.send", f"mailto:{EVIL}", run_id=run)
         assert third.reason == "run_halted"  # the proxy's refusal was the second attempt
+
+
+def test_a_misbehaving_upstream_cannot_slip_a_call_past(stack: Stack) -> None:
+    """A stream the upstream labels as something else is still enforced as a stream (the
+    SDK asked for one); a 200 the enforcer cannot read is not passed on (502)."""
+    frames = anthropic_stream(text("Mailing."), tool_use("send_mail", "toolu_m1", to=EVIL))
+    stack.upstream.script.append(Reply(frames=frames, content_type="application/octet-stream"))
+    import httpx
+
+    headers = {SELECTOR: "px-main", "x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
+    question = {"role": "user", "content": f"conversation {next(_conversations)}"}
+    body = {"model": "claude-test", "max_tokens": 64, "stream": True, "messages": [question]}
+    response = httpx.post(stack.url + "/v1/messages", json=body, headers=headers, timeout=30)
+    assert b"send_mail" not in response.content and b"evil.example" not in response.content
+    stack.upstream.script.append(Reply(raw=b'{"content": [{"type": "tool_use"'))
+    with pytest.raises(anthropic.InternalServerError):
+        ask(claude(stack.url))
