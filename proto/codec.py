@@ -197,11 +197,18 @@ def _decode_proposal(pb: Any) -> Proposal:
         arguments=tuple(arguments),
         grant=_optional_bytes(pb.grant),
         targets=tuple(RoleTarget(role=t.role, target=t.target) for t in pb.targets),
+        definition=_optional_bytes(pb.definition),
     )
 
 
 def _encode_proposal(p: Proposal) -> Any:
-    msg = tx_pb2.CallProposal(run_id=p.run_id, tool=p.tool, target=p.target, grant=p.grant or b"")
+    msg = tx_pb2.CallProposal(
+        run_id=p.run_id,
+        tool=p.tool,
+        target=p.target,
+        grant=p.grant or b"",
+        definition=p.definition or b"",
+    )
     for extra in p.targets:
         msg.targets.add(role=extra.role, target=extra.target)
     for arg in p.arguments:
@@ -404,6 +411,7 @@ def decode_tool_spec(pb: Any) -> ToolSpec:
         min_tier_declared=bool(pb.min_tier),
         target_roles=tuple(slots[key] for key in sorted(slots)),
         target_optional=bool(pb.target_optional),
+        definition_digest=_optional_bytes(pb.definition_digest),
     )
 
 
@@ -426,6 +434,7 @@ def encode_tool_spec(spec: ToolSpec) -> Any:
             for t in spec.target_roles
         ],
         target_optional=spec.target_optional,
+        definition_digest=spec.definition_digest or b"",
     )
 
 

@@ -108,6 +108,8 @@ class Reason(StrEnum):
     DIRECT_NEEDS_OVERRIDE = "direct_needs_override"  # direct, with a sensitive argument
     DIRECT_OVERRIDE = "direct_override"  # applied: direct with a sensitive argument, on purpose
     UNDECLARED_ARGUMENT = "undeclared_argument"  # an argument the tool does not declare
+    # issue 18: a call made on a tool definition other than the one the owner pinned
+    TOOL_DEFINITION_CHANGED = "tool_definition_changed"
     HANDLE_EXISTS = "handle_exists"
     CAPACITY_EXCEEDED = "capacity_exceeded"
 
@@ -233,6 +235,7 @@ class Proposal:
     arguments: tuple[Argument, ...] = ()
     grant: bytes | None = None  # the Delegate tx id this call acts under
     targets: tuple[RoleTarget, ...] = ()
+    definition: bytes | None = None  # the tool definition's digest where it was called
 
     def __post_init__(self) -> None:
         _require(names.is_run_id(self.run_id), "run_id must match " + names.RUN_ID_RE.pattern)
@@ -242,6 +245,8 @@ class Proposal:
         _require(len(self.targets) <= limits.TARGETS_PER_CALL_MAX, "too many targets")
         if self.grant is not None:
             _require_digest(self.grant, "grant")
+        if self.definition is not None:
+            _require_digest(self.definition, "definition")
 
     @property
     def argument_names(self) -> tuple[str, ...]:
@@ -405,6 +410,9 @@ class ToolSpec:
     # Further targets by role (sorted by role), and whether the main one may be left out.
     target_roles: tuple[TargetSlot, ...] = ()
     target_optional: bool = False
+    # Issue 18: the pinned digest of its definition (an MCP tool's name, description and
+    # input schema); calls that do not carry it are refused until the owner pins a new one.
+    definition_digest: bytes | None = None
 
     def __post_init__(self) -> None:
         _require(names.canonical_tool_name(self.name) == self.name, "tool name not canonical")
@@ -431,6 +439,8 @@ class ToolSpec:
             not self.target_optional or bool(self.target_schemes),
             "an optional target needs schemes",
         )
+        if self.definition_digest is not None:
+            _require_digest(self.definition_digest, "definition_digest")
 
     def slot(self, role: str) -> TargetSlot | None:
         for slot in self.target_roles:

@@ -47,20 +47,22 @@ class Argument(_message.Message):
     def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ..., handle: _Optional[str] = ...) -> None: ...
 
 class CallProposal(_message.Message):
-    __slots__ = ("run_id", "tool", "target", "arguments", "grant", "targets")
+    __slots__ = ("run_id", "tool", "target", "arguments", "grant", "targets", "definition")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     GRANT_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tool: str
     target: str
     arguments: _containers.RepeatedCompositeFieldContainer[Argument]
     grant: bytes
     targets: _containers.RepeatedCompositeFieldContainer[RoleTarget]
-    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ..., targets: _Optional[_Iterable[_Union[RoleTarget, _Mapping]]] = ...) -> None: ...
+    definition: bytes
+    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ..., targets: _Optional[_Iterable[_Union[RoleTarget, _Mapping]]] = ..., definition: _Optional[bytes] = ...) -> None: ...
 
 class RoleTarget(_message.Message):
     __slots__ = ("role", "target")
@@ -181,7 +183,7 @@ class ArgSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class RegisterTool(_message.Message):
-    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller", "arguments", "direct_override", "target_roles", "target_optional")
+    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller", "arguments", "direct_override", "target_roles", "target_optional", "definition_digest")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SINK_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +195,7 @@ class RegisterTool(_message.Message):
     DIRECT_OVERRIDE_FIELD_NUMBER: _ClassVar[int]
     TARGET_ROLES_FIELD_NUMBER: _ClassVar[int]
     TARGET_OPTIONAL_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_DIGEST_FIELD_NUMBER: _ClassVar[int]
     name: str
     mode: str
     sink: str
@@ -204,7 +207,8 @@ class RegisterTool(_message.Message):
     direct_override: bool
     target_roles: _containers.RepeatedCompositeFieldContainer[TargetSlot]
     target_optional: bool
-    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ..., arguments: _Optional[_Iterable[_Union[ArgSpec, _Mapping]]] = ..., direct_override: _Optional[bool] = ..., target_roles: _Optional[_Iterable[_Union[TargetSlot, _Mapping]]] = ..., target_optional: _Optional[bool] = ...) -> None: ...
+    definition_digest: bytes
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ..., arguments: _Optional[_Iterable[_Union[ArgSpec, _Mapping]]] = ..., direct_override: _Optional[bool] = ..., target_roles: _Optional[_Iterable[_Union[TargetSlot, _Mapping]]] = ..., target_optional: _Optional[bool] = ..., definition_digest: _Optional[bytes] = ...) -> None: ...
 
 class TargetSlot(_message.Message):
     __slots__ = ("role", "schemes", "max")

@@ -732,6 +732,11 @@ class Engine:
                 # an invented tool is a probe: recorded, and counted toward the latch
                 self._probe_denial(ctx, record, tool or UNCHECKED_TARGET, Reason.UNKNOWN_TOOL)
             raise _Refusal(Reason.UNKNOWN_TOOL)
+        if spec.definition_digest is not None and proposal.definition != spec.definition_digest:
+            # issue 18: the tool changed under its name (a poisoned description arrives this
+            # way) or the call does not say on what it was made; not a scope decision, so
+            # not latched: the owner pins the new definition, or the upstream puts it back
+            raise _Refusal(Reason.TOOL_DEFINITION_CHANGED)
         mandate = record.mandate
         if mandate is None:
             raise _Refusal(Reason.NO_MANDATE)
@@ -1353,8 +1358,9 @@ class Engine:
                 spec.envelope_args or spec.target_schemes or spec.target_roles
             ):
                 return done(spec.name, Reason.INVALID_SPEC)  # status tools take nothing
-            if (spec.target_roles or spec.target_optional) and config.canonical_version < 3:
-                return done(spec.name, Reason.INVALID_SPEC)  # this chain has no roles
+            newer = spec.target_roles or spec.target_optional or spec.definition_digest
+            if newer and config.canonical_version < 3:
+                return done(spec.name, Reason.INVALID_SPEC)  # this chain has no roles, no pins
             if spec.name not in state.tools and len(state.tools) >= config.tools_max:
                 return done(spec.name, Reason.CAPACITY_EXCEEDED)
             refusal = self._registration_check(spec)

@@ -268,6 +268,7 @@ RULES_FOLLOW = 2
 # and has 4 added when its further target roles follow those.
 TOOL_DECLARATIONS_FOLLOW = 2
 TOOL_TARGET_ROLES_FOLLOW = 4
+TOOL_DEFINITION_FOLLOWS = 8  # a pinned definition digest (issue 18) follows the roles
 # A tool's rule count has this bit set when every rule is followed by its target role.
 RULE_ROLES_FOLLOW = 1 << 31
 
@@ -318,13 +319,15 @@ def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
     for arg in spec.envelope_args:
         enc.text(arg.name).text(arg.kind).boolean(arg.require_verified)
     enc.text(spec.min_tier.value)
-    roles = bool(spec.target_roles) or spec.target_optional
+    pinned = spec.definition_digest is not None
+    roles = bool(spec.target_roles) or spec.target_optional or pinned
     declared = bool(spec.arguments) or spec.direct_override or not spec.min_tier_declared or roles
     # issue 15's declarations follow the flag only when present (older states keep bytes)
     enc.u8(
         int(spec.binds_caller)
         + (TOOL_DECLARATIONS_FOLLOW if declared else 0)
         + (TOOL_TARGET_ROLES_FOLLOW if roles else 0)
+        + (TOOL_DEFINITION_FOLLOWS if pinned else 0)
     )
     if declared:
         enc.u32(len(spec.arguments))
@@ -336,6 +339,8 @@ def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
         for slot in spec.target_roles:
             enc.text(slot.role).texts(slot.schemes).u32(slot.max)
         enc.boolean(spec.target_optional)
+    if pinned:
+        enc.blob(spec.definition_digest or b"")
 
 
 def _enc_card(enc: Encoder, card: ConfirmationCard) -> None:
@@ -587,8 +592,11 @@ def _dec_tool(r: _Reader) -> ToolSpec:
     schemes = r.texts()
     args = tuple(EnvelopeArg(r.text(), r.text(), r.boolean()) for _ in range(r.u32()))
     tier, flag = Tier(r.text()), r.u8()
-    if flag > 1 + TOOL_DECLARATIONS_FOLLOW + TOOL_TARGET_ROLES_FOLLOW or (
-        flag & TOOL_TARGET_ROLES_FOLLOW and not flag & TOOL_DECLARATIONS_FOLLOW
+    most = 1 + TOOL_DECLARATIONS_FOLLOW + TOOL_TARGET_ROLES_FOLLOW + TOOL_DEFINITION_FOLLOWS
+    if (
+        flag > most
+        or (flag & TOOL_TARGET_ROLES_FOLLOW and not flag & TOOL_DECLARATIONS_FOLLOW)
+        or (flag & TOOL_DEFINITION_FOLLOWS and not flag & TOOL_TARGET_ROLES_FOLLOW)
     ):
         raise StateDecodeError("bad tool flag")
     if not flag & TOOL_DECLARATIONS_FOLLOW:
@@ -600,6 +608,7 @@ def _dec_tool(r: _Reader) -> ToolSpec:
     if flag & TOOL_TARGET_ROLES_FOLLOW:
         slots = tuple(TargetSlot(r.text(), r.texts(), r.u32()) for _ in range(r.u32()))
         optional = r.boolean()
+    pinned = r.blob() if flag & TOOL_DEFINITION_FOLLOWS else None
     return ToolSpec(
         name,
         mode,
@@ -613,6 +622,7 @@ def _dec_tool(r: _Reader) -> ToolSpec:
         tier_declared,
         slots,
         optional,
+        pinned,
     )
 
 

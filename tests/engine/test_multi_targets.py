@@ -8,6 +8,7 @@ canonical spelling. Each attack first runs the way a real tool had to be describ
 from __future__ import annotations
 
 import string
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -494,3 +495,32 @@ def test_a_pending_call_with_several_targets_is_judged_again_on_every_target() -
     w.set_mandate("a", ["files.share"], rules=narrower)
     refused = w.confirm(w.owner, second.proposal_id, second.card.digest)
     assert (refused.outcome, refused.reason) == (Outcome.DENY, Reason.OUT_OF_SCOPE)
+
+
+def test_a_pinned_tool_definition_refuses_calls_made_on_another() -> None:
+    """Issue 18: a tool registered with the digest of its definition (an MCP tool's name,
+    description and input schema) refuses calls that carry another digest, or none, until
+    the owner pins the new one; not latched (not a scope decision)."""
+    w = world()
+    pinned, changed = bytes([1]) * 32, bytes([2]) * 32
+    spec = ToolSpec("files.read", ToolMode.READ, target_schemes=("file",), definition_digest=pinned)
+    w.admin(RegisterTool(spec))
+    w.add_agent("a", ["files.read"])
+
+    def call(definition: bytes | None, run: str = "run-1") -> Reason:
+        payload = Proposal(run_id=run, tool="files.read", target="/data/x", definition=definition)
+        return w.one(w.keys["a"], payload).reason
+
+    assert call(pinned) is Reason.OK
+    assert call(changed) is Reason.TOOL_DEFINITION_CHANGED
+    assert call(None) is Reason.TOOL_DEFINITION_CHANGED
+    assert call(changed) is Reason.TOOL_DEFINITION_CHANGED  # again: never latched
+    assert call(pinned) is Reason.OK
+    w.admin(RegisterTool(replace(spec, definition_digest=changed)))  # the owner approves it
+    assert call(changed) is Reason.OK and call(pinned) is Reason.TOOL_DEFINITION_CHANGED
+    data = w.engine.state_bytes()
+    assert EngineState.from_bytes(data).tools["files.read"].definition_digest == changed
+    engine, _ = replay(w)
+    assert engine.state_bytes() == data
+    old = World(overrides={"canonical_version": 2})
+    assert old.one(old.owner, Admin(RegisterTool(spec))).reason is Reason.INVALID_SPEC
