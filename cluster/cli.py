@@ -579,6 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
     from quorumgate.proxy.command import add_proxy_command
 
     add_proxy_command(sub)
+
+    from quorumgate.mcpgw.command import add_mcp_commands
+
+    add_mcp_commands(sub)
     return parser
 
 

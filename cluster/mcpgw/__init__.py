@@ -1,0 +1,1 @@
+"""The MCP gateway (issue 18): MCP tools governed by the cluster (`gateway.py`)."""
