@@ -583,6 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
     from quorumgate.mcpgw.command import add_mcp_commands
 
     add_mcp_commands(sub)
+
+    from quorumgate.console.command import add_console_command
+
+    add_console_command(sub)
     return parser
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -83,6 +84,23 @@ def mypy(python: Path) -> int:
     )
 
 
+CHROMIUM = ("chromium", "chromium-browser")
+
+
+def ensure_chromium() -> None:
+    """The console's test drives a real headless Chromium (Debian's package): install it
+    with apt when it is missing and this user may (root, or sudo without a password)."""
+    if any(shutil.which(name) for name in CHROMIUM) or not shutil.which("apt-get"):
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    if sudo and not shutil.which("sudo"):
+        return
+    print("[dev] installing Chromium (Debian's package) for the console's browser test", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["update", "-q"], ["install", "-y", "-q", "chromium"]):
+        subprocess.call([*sudo, "apt-get", *step], stdout=subprocess.DEVNULL, env=env)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"run", "test", "lint"}:
         print(__doc__)
@@ -93,6 +111,7 @@ def main(argv: list[str]) -> int:
     if job == "run":
         cmd = [str(python), "-m", "quorumgate.cli", "demo", *rest]
     elif job == "test":
+        ensure_chromium()
         cmd = [str(python), "-m", "pytest", *rest]
     else:
         rc = subprocess.call([str(python), "-m", "ruff", "check", "."])

@@ -39,8 +39,8 @@ def free_port() -> int:
 class ServerThread:
     """An ASGI app served by uvicorn in a thread, on 127.0.0.1 and a free port."""
 
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
         )

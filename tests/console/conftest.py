@@ -1,0 +1,17 @@
+"""Live fixtures for the console tests: the client suite's module-scoped 4-node cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.client.conftest import cluster, live, owner, sink_key  # noqa: F401 (fixtures)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "live: starts real replica processes (minutes)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.live)
