@@ -168,7 +168,7 @@ class Gateway:
         self.run_label = f"mcp-{time.time_ns()}"  # one session, one run: the latch bucket
         self.qg: Client | None = None
         self.upstreams: dict[str, Any] = {}  # name -> mcp.Client
-        self._mandate: tuple[float, frozenset[str] | None] | None = None
+        self._mandate: tuple[float, frozenset[str] | None, dict[str, bytes]] | None = None
 
     @contextlib.asynccontextmanager
     async def connected(self) -> AsyncIterator[Gateway]:
@@ -213,29 +213,40 @@ class Gateway:
             found.pop(name, None)
         return found
 
-    async def _allowed(self) -> frozenset[str] | None:
-        """The agent's allowed tools (None: unrestricted), as f+1 sidecars report them."""
+    async def _allowed(self) -> tuple[frozenset[str] | None, dict[str, bytes]]:
+        """The agent's allowed tools (None: unrestricted) and each pinned definition, as
+        f+1 sidecars report them."""
         now = time.monotonic()
         if self._mandate is not None and now - self._mandate[0] < REGISTRY_TTL_S:
-            return self._mandate[1]
+            return self._mandate[1], self._mandate[2]
         assert self.qg is not None
-        entry = (await self.qg.registry()).agent(self.agent_id)
+        registry = await self.qg.registry()
+        entry = registry.agent(self.agent_id)
         allowed: frozenset[str] | None = frozenset()
         if entry is not None and entry.mandate is not None and not entry.suspended:
             tools = entry.mandate.allowed_tools
             allowed = None if tools is None else frozenset(tools)
-        self._mandate = (now, allowed)
-        return allowed
+        pins = {t.name: t.definition_digest for t in registry.tools if t.definition_digest}
+        self._mandate = (now, allowed, pins)
+        return allowed, pins
 
     async def list_tools(self) -> list[types.Tool]:
-        allowed = await self._allowed()
+        """The upstream tools this agent may call, as the upstream defines them; a tool
+        whose definition is not the one the owner pinned is hidden too: its description
+        never reaches the model (a poisoned description is an injection of its own)."""
+        allowed, pins = await self._allowed()
         listed = []
         for name, (_, tool) in sorted((await self.upstream_tools()).items()):
             mapping = self.config.tools.get(name)
             if mapping is None:
                 continue  # unmapped: the gateway could not govern it, so nobody sees it
-            if allowed is None or mapping.tool in allowed:
-                listed.append(tool)
+            if allowed is not None and mapping.tool not in allowed:
+                continue
+            pinned = pins.get(mapping.tool)
+            if pinned is not None and pinned != definition_digest(tool):
+                log.warning("event=definition_changed tool=%s: hidden until pinned", name)
+                continue
+            listed.append(tool)
         return listed
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:

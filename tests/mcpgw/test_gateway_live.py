@@ -138,7 +138,12 @@ def test_a_changed_definition_is_refused_until_the_owner_pins_it(
         async def call(client: Any) -> Any:
             return await client.call_tool("read_file", {"path": "/notes/a.txt"})
 
-        refused = asyncio.run(session(gateway(cluster, setup), call))
+        async def listed_and_called(client: Any) -> tuple[list[str], Any]:
+            listed = sorted(t.name for t in (await client.list_tools()).tools)
+            return listed, await call(client)
+
+        listed, refused = asyncio.run(session(gateway(cluster, setup), listed_and_called))
+        assert listed == ["delete_file"]  # the poisoned description never reaches the model
         assert refused.is_error and text(refused) == DENIAL_TEXT
         assert clientcli.main(["verdicts", "--dir", str(cluster.directory), "--json"]) == 0
         reasons = [json.loads(line).get("reason") for line in capsys.readouterr().out.splitlines()]
@@ -147,7 +152,8 @@ def test_a_changed_definition_is_refused_until_the_owner_pins_it(
         check = asyncio.run(pin(config, cluster, check=True))
         assert any(line.startswith("read_file: files.read changed") for line in check)
         asyncio.run(pin(config, cluster, check=False))  # the owner read it and approves it
-        again = asyncio.run(session(gateway(cluster, setup), call))
+        listed, again = asyncio.run(session(gateway(cluster, setup), listed_and_called))
+        assert listed == ["delete_file", "read_file"]
         assert not again.is_error and text(again) == "quarterly notes"
     finally:
         setup.description.write_text(original)
