@@ -210,7 +210,24 @@ def _cmd_node(args: argparse.Namespace) -> int:
     return node_main(["--dir", args.dir, "--node", str(args.node), "--log-stderr"])
 
 
+def _cmd_bench_breakdown(args: argparse.Namespace) -> int:
+    from quorumgate.bench.breakdown import format_breakdown, median_of_runs, run_breakdown
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=sys.stderr, flush=True)
+
+    reports = [run_breakdown(args.nodes, args.calls, say) for _ in range(args.runs)]
+    report = median_of_runs(reports)
+    print(json.dumps(report, indent=2) if args.json else format_breakdown(report))
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.breakdown:
+        if not args.start:
+            return _fail("--breakdown starts its own traced cluster: use it with --start", 2)
+        return _cmd_bench_breakdown(args)
     from quorumgate.bench.command import BenchRequest, bench_command, format_report, plot_report
     from quorumgate.bench.harness import BenchError, BenchInterrupted, RunOptions
     from quorumgate.ops.nodes import OpsError
@@ -526,6 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--baselines", action="store_true", help="PySyncObj (and etcd if on PATH), same runs"
     )
     bench.add_argument("--plot", metavar="FILE.png", help="throughput against latency (matplotlib)")
+    bench.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="with --start: where one call's time goes at W = 1, stage by stage (traced)",
+    )
+    bench.add_argument("--calls", type=int, default=100, help="--breakdown: calls per run")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
 

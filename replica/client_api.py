@@ -21,6 +21,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.tracing import Tracer, tx_prefix
 from quorumgate.proto.tx import ParsedTx
 from quorumgate.replica.mempool import Admission, Mempool
 from quorumgate.replica.metrics import ReplicaMetrics
@@ -74,8 +75,10 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         on_transactions: Callable[[], None],
         wait_committed: Callable[[int], Awaitable[None]],
         status: Callable[[], cpb.StatusReply],
+        tracer: Tracer | None = None,
     ) -> None:
         self.spec = spec
+        self.tracer = tracer or Tracer("client-api")
         self.mempool = mempool
         self.store = store
         self.sidecar = sidecar
@@ -121,6 +124,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
             admission = self.mempool.admit_checked(request.tx, parsed)
             if admission.accepted and admission.detail != "already pending":
                 fresh.append(request.tx)
+                self.tracer.event("admitted", tx_prefix(parsed.tx_id))
             replies[i] = self._reply(request, admission)
         if fresh:
             self.peers.gossip(fresh)

@@ -40,6 +40,8 @@ from quorumgate.proto.clusterfile import (
     ClusterSpec,
     read_seed,
 )
+from quorumgate.proto.tracing import Tracer, tx_prefix
+from quorumgate.proto.tx import TxRejected, parse, raw_tx_id
 from quorumgate.replica.actions import (
     Action,
     Commit,
@@ -109,6 +111,7 @@ class ReplicaNode:
             )
         self.limits = Limits()
         self.metrics = ReplicaMetrics(index)
+        self.tracer = Tracer(f"replica-{index}")  # off unless QG_TRACE_DIR is set
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
         self.store: ReplicaStore | None = None
         self.core: Core | None = None
@@ -157,6 +160,7 @@ class ReplicaNode:
             on_transactions=self._transactions_arrived,
             wait_committed=self.wait_committed,
             status=self.status,
+            tracer=self.tracer,
         )
         server = grpc.aio.server(options=CHANNEL_OPTIONS)
         add_service(server, pb_grpc.add_PeerServicer_to_server, self.peers.servicer())
@@ -276,7 +280,9 @@ class ReplicaNode:
         if any(not isinstance(a, Send | ScheduleTimeout) for a in actions):
             started = time.perf_counter()
             await store.apply(actions)
-            self.metrics.store_apply_latency.observe(time.perf_counter() - started)
+            applied = time.perf_counter() - started
+            self.metrics.store_apply_latency.observe(applied)
+            self.tracer.event("apply", int(applied * 1e6))
         now = time.perf_counter()
         committed = False
         for action in actions:
@@ -286,6 +292,7 @@ class ReplicaNode:
             elif isinstance(action, StoreBlock):
                 if len(self._stored_at) < self.limits.pending_blocks_max:
                     self._stored_at[action.block.hash] = now
+                self.tracer.event("stored", action.block.height)
             elif isinstance(action, Commit):
                 committed = True  # (the core has told the mempool already)
                 self.metrics.blocks_committed.inc(len(action.blocks))
@@ -295,15 +302,20 @@ class ReplicaNode:
                     started = self._stored_at.pop(block.hash, -1.0)
                     if started >= 0:
                         self.metrics.commit_latency.observe(now - started)
+                    if self.tracer.enabled:
+                        ids = [tx_prefix(_traced_id(tx)) for tx in block.payload]
+                        self.tracer.event("committed", block.height, *ids)
                 if action.blocks[-1].height % 1000 == 0:
                     log.info("event=committed height=%d", action.blocks[-1].height)
             elif isinstance(action, ScheduleTimeout):
+                self.tracer.event("view", action.view)
                 self.metrics.view.set(action.view)
                 self.metrics.leader.set(action.leader)
         core = self.core
         assert core is not None
         if core.high_qc.block_hash != self._qc_seen:
             self._qc_seen = core.high_qc.block_hash
+            self.tracer.event("qc", core.high_qc.height)
             qc_started = self._stored_at.get(self._qc_seen)
             if qc_started is not None:
                 self.metrics.qc_latency.observe(now - qc_started)
@@ -446,6 +458,14 @@ def main(argv: list[str] | None = None) -> int:
     return process_main(
         argv, kind="replica", description="Run one QuorumGate replica.", make=make_replica
     )
+
+
+def _traced_id(tx: bytes) -> bytes:
+    """A committed transaction's id for a trace line (tracing only: decoded again here)."""
+    try:
+        return parse(tx, verify=False).tx_id
+    except TxRejected:
+        return raw_tx_id(tx)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
+from quorumgate.proto.tracing import Tracer
 from quorumgate.proto.tx import TxRejected, parse, tx_id
 from quorumgate.replica.channels import Reader, add_server_port, aio_channel
 from quorumgate.replica.grpcutil import add_service
@@ -154,6 +155,7 @@ class Sidecar:
         self.key = receipt_key
         self.config = config_for_cluster(spec)
         self.metrics = SidecarMetrics()
+        self.tracer = Tracer(f"sidecar-{index}")  # off unless QG_TRACE_DIR is set
         self.store: SidecarStore | None = None
         self.engine: Engine | None = None
         self.diverged = ""
@@ -284,6 +286,7 @@ class Sidecar:
             self._alarm(str(err))
             return
         self.metrics.execute_latency.observe(time.perf_counter() - started)
+        self.tracer.event("executed", height)
         self._recent_receipts[height] = receipt_batches(
             height,
             [

@@ -95,6 +95,14 @@ def test_approving_a_payment_in_the_browser_releases_its_certificate(
                 page.wait_for_selector(f"#verdicts td.target >> text={CANONICAL}", timeout=30_000)
                 rows = page.inner_text("#verdicts")
                 assert "billing-bot" in rows and "pay.send" in rows
+                # the filters: another agent shows nothing; this agent's pending rows only
+                page.fill("#agent", "nobody")
+                page.wait_for_selector("#verdicts tr:nth-child(2)", state="detached")
+                page.fill("#agent", "billing-bot")
+                page.select_option("#outcome", "pending")
+                page.wait_for_selector(f"#verdicts td.target >> text={CANONICAL}")
+                shown = page.inner_text("#verdicts")
+                assert "applied" not in shown and "owner" not in shown
             finally:
                 browser.close()
 
