@@ -4,8 +4,11 @@
     quorumgate.replica   consensus core, simulator, replica      + proto
     quorumgate.sidecar   governance engine, execution sidecar    + replica
     quorumgate.sdk       (and `quorumgate` itself) the SDK       + sidecar
+                         and the seams built on it: the model-API proxy (`proxy`) and
+                         the MCP gateway (`mcpgw`)
     quorumgate.examples  the orchestrator example                + sdk
-    quorumgate.ops       processes, drills, the main job         + examples
+    quorumgate.ops       processes, drills, the main job, and    + examples
+                         the approvals console (`console`: an operator's process)
     quorumgate.bench     the benchmark (it starts clusters)      + ops
     quorumgate.cli       the `quorumgate` command line           everything
 
@@ -37,6 +40,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     layer: frozenset(LAYER_ORDER[: i + 1]) for i, layer in enumerate(LAYER_ORDER)
 }
 OLD_TOP_LEVEL = ("replica", "sidecar", "cluster", "qgpb")
+# subpackages that belong to a layer of another name
+SUBPACKAGE_LAYERS = {"proxy": "sdk", "mcpgw": "sdk", "console": "ops"}
 
 
 def layer_of(module: str) -> str:
@@ -47,6 +52,8 @@ def layer_of(module: str) -> str:
         return "sdk"
     if parts[1] == "__main__":
         return "cli"  # `python -m quorumgate` is the command line
+    if parts[1] in SUBPACKAGE_LAYERS:
+        return SUBPACKAGE_LAYERS[parts[1]]
     return parts[1] if parts[1] in ALLOWED else "sdk"
 
 
