@@ -217,6 +217,20 @@ def _cmd_bench_breakdown(args: argparse.Namespace) -> int:
         if not args.json:
             print(line, file=sys.stderr, flush=True)
 
+    if args.ab_poll:
+        # interleaved: one run polling for receipts (the client before the long poll),
+        # then one long-polling, `--runs` times; medians of each
+        runs: dict[str, list[dict[str, object]]] = {"poll": [], "long poll": []}
+        for _ in range(args.runs):
+            runs["poll"].append(run_breakdown(args.nodes, args.calls, say, poll=True))
+            runs["long poll"].append(run_breakdown(args.nodes, args.calls, say))
+        both = {name: median_of_runs(r) for name, r in runs.items()}
+        if args.json:
+            print(json.dumps(both, indent=2))
+        else:
+            for name, report in both.items():
+                print(f"[{name}]\n{format_breakdown(report)}\n")
+        return 0
     reports = [run_breakdown(args.nodes, args.calls, say) for _ in range(args.runs)]
     report = median_of_runs(reports)
     print(json.dumps(report, indent=2) if args.json else format_breakdown(report))
@@ -549,6 +563,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --start: where one call's time goes at W = 1, stage by stage (traced)",
     )
     bench.add_argument("--calls", type=int, default=100, help="--breakdown: calls per run")
+    bench.add_argument(
+        "--ab-poll",
+        action="store_true",
+        help="--breakdown: interleave runs where the client polls receipts (as before the "
+        "long poll) with runs where it long-polls",
+    )
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
 

@@ -26,7 +26,7 @@ from quorumgate.proto import consensus_pb2 as quorumgate_dot_proto_dot_consensus
 from quorumgate.proto import tx_pb2 as quorumgate_dot_proto_dot_tx__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1equorumgate/proto/sidecar.proto\x12\x04qgpb\x1a quorumgate/proto/consensus.proto\x1a\x19quorumgate/proto/tx.proto\"\xd9\x01\n\x0bReceiptLeaf\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\x12\x13\n\x0bproposal_id\x18\x04 \x01(\x0c\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rtarget_digest\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63\x61rd_digest\x18\t \x01(\x0c\x12\x17\n\x0fmandate_version\x18\n \x01(\x04\x12\x13\n\x0b\x62ody_digest\x18\x0b \x01(\x0c\"\x99\x01\n\x07Receipt\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12\x0e\n\x06signer\x18\x06 \x01(\r\x12\x11\n\tsignature\x18\x07 \x01(\x0c\"\xb1\x01\n\x0b\x43\x65rtificate\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12#\n\nsignatures\x18\x06 \x03(\x0b\x32\x0f.qgpb.Signature\x12\x10\n\x08\x63hain_id\x18\x07 \x01(\t\"N\n\x0eReceiptRequest\x12\x13\n\x0bproposal_id\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x18\n\x03own\x18\x03 \x03(\x0b\x32\x0b.qgpb.OwnTx\"d\n\x0cReceiptReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x1e\n\x07receipt\x18\x02 \x01(\x0b\x32\r.qgpb.Receipt\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x0c\n\x04\x63\x61rd\x18\x04 \x01(\x0c\"@\n\x0fReceiptsRequest\x12\x13\n\x0b\x66rom_height\x18\x01 \x01(\x04\x12\x18\n\x03own\x18\x02 \x03(\x0b\x32\x0b.qgpb.OwnTx\"%\n\x05OwnTx\x12\r\n\x05tx_id\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x04\"?\n\x0cReceiptBatch\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x1f\n\x08receipts\x18\x02 \x03(\x0b\x32\r.qgpb.Receipt\"\x1a\n\x0c\x41\x64mitRequest\x12\n\n\x02tx\x18\x01 \x01(\x0c\"=\n\x11\x41\x64mitBatchRequest\x12\x0b\n\x03txs\x18\x01 \x03(\x0c\x12\x1b\n\x13signatures_verified\x18\x02 \x01(\x08\"4\n\x0f\x41\x64mitBatchReply\x12!\n\x07replies\x18\x01 \x03(\x0b\x32\x10.qgpb.AdmitReply\"=\n\nAdmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\" \n\x0e\x41\x63\x63ountRequest\x12\x0e\n\x06signer\x18\x01 \x01(\x0c\"J\n\x0c\x41\x63\x63ountReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x12\n\nnext_nonce\x18\x02 \x01(\x04\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\"\x16\n\x14SidecarStatusRequest\"\xe9\x01\n\x12SidecarStatusReply\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x12\n\nstate_root\x18\x04 \x01(\x0c\x12\x13\n\x0bledger_head\x18\x05 \x01(\x0c\x12\x16\n\x0eledger_entries\x18\x06 \x01(\x04\x12\x11\n\tartifacts\x18\x07 \x01(\x04\x12\x10\n\x08\x64iverged\x18\x08 \x01(\x08\x12\x12\n\ndivergence\x18\t \x01(\t\x12 \n\x18replica_committed_height\x18\n \x01(\x04\"H\n\x0fStateRootReport\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x12\n\nstate_root\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"!\n\x0fRegistryRequest\x12\x0e\n\x06height\x18\x01 \x01(\x04\"\x97\x01\n\rRegistryAgent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\x12\x17\n\x0fmandate_version\x18\x03 \x01(\x04\x12\x11\n\tsuspended\x18\x04 \x01(\x08\x12!\n\x07mandate\x18\x05 \x01(\x0b\x32\x10.qgpb.SetMandate\x12\x11\n\tprincipal\x18\x06 \x01(\t\"\xea\x01\n\x0fRegistryContent\x12#\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x13.qgpb.RegistryAgent\x12!\n\x05tools\x18\x02 \x03(\x0b\x32\x12.qgpb.RegisterTool\x12!\n\x05sinks\x18\x03 \x03(\x0b\x32\x12.qgpb.RegisterSink\x12+\n\nprincipals\x18\x04 \x03(\x0b\x32\x17.qgpb.RegisterPrincipal\x12\x1e\n\x04sets\x18\x05 \x03(\x0b\x32\x10.qgpb.SetEntries\x12\x1f\n\x08settings\x18\x06 \x03(\x0b\x32\r.qgpb.Setting\"s\n\rRegistryReply\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x12\n\nstate_root\x18\x02 \x01(\x0c\x12\x16\n\x0eregistry_since\x18\x03 \x01(\x04\x12&\n\x07\x63ontent\x18\x04 \x01(\x0b\x32\x15.qgpb.RegistryContent\"\x10\n\x0ePendingRequest\"0\n\x0bPendingCard\x12\x0c\n\x04\x63\x61rd\x18\x01 \x01(\x0c\x12\x13\n\x0btransaction\x18\x02 \x01(\x0c\"I\n\x0cPendingReply\x12\x17\n\x0f\x65xecuted_height\x18\x01 \x01(\x04\x12 \n\x05\x63\x61rds\x18\x02 \x03(\x0b\x32\x11.qgpb.PendingCard2\xc9\x03\n\x07Sidecar\x12\x36\n\nGetReceipt\x12\x14.qgpb.ReceiptRequest\x1a\x12.qgpb.ReceiptReply\x12\x37\n\x08Receipts\x12\x15.qgpb.ReceiptsRequest\x1a\x12.qgpb.ReceiptBatch0\x01\x12-\n\x05\x41\x64mit\x12\x12.qgpb.AdmitRequest\x1a\x10.qgpb.AdmitReply\x12<\n\nAdmitBatch\x12\x17.qgpb.AdmitBatchRequest\x1a\x15.qgpb.AdmitBatchReply\x12\x33\n\x07\x41\x63\x63ount\x12\x14.qgpb.AccountRequest\x1a\x12.qgpb.AccountReply\x12>\n\x06Status\x12\x1a.qgpb.SidecarStatusRequest\x1a\x18.qgpb.SidecarStatusReply\x12\x36\n\x08Registry\x12\x15.qgpb.RegistryRequest\x1a\x13.qgpb.RegistryReply\x12\x33\n\x07Pending\x12\x14.qgpb.PendingRequest\x1a\x12.qgpb.PendingReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1equorumgate/proto/sidecar.proto\x12\x04qgpb\x1a quorumgate/proto/consensus.proto\x1a\x19quorumgate/proto/tx.proto\"\xd9\x01\n\x0bReceiptLeaf\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\x12\x13\n\x0bproposal_id\x18\x04 \x01(\x0c\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rtarget_digest\x18\x08 \x01(\x0c\x12\x13\n\x0b\x63\x61rd_digest\x18\t \x01(\x0c\x12\x17\n\x0fmandate_version\x18\n \x01(\x04\x12\x13\n\x0b\x62ody_digest\x18\x0b \x01(\x0c\"\x99\x01\n\x07Receipt\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12\x0e\n\x06signer\x18\x06 \x01(\r\x12\x11\n\tsignature\x18\x07 \x01(\x0c\"\xb1\x01\n\x0b\x43\x65rtificate\x12\x1f\n\x04leaf\x18\x01 \x01(\x0b\x32\x11.qgpb.ReceiptLeaf\x12\x0c\n\x04path\x18\x02 \x03(\x0c\x12\x12\n\nleaf_count\x18\x03 \x01(\r\x12\x14\n\x0cverdict_root\x18\x04 \x01(\x0c\x12\x12\n\nstate_root\x18\x05 \x01(\x0c\x12#\n\nsignatures\x18\x06 \x03(\x0b\x32\x0f.qgpb.Signature\x12\x10\n\x08\x63hain_id\x18\x07 \x01(\t\"s\n\x0eReceiptRequest\x12\x13\n\x0bproposal_id\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x04\x12\x18\n\x03own\x18\x03 \x03(\x0b\x32\x0b.qgpb.OwnTx\x12\x0f\n\x07wait_ms\x18\x04 \x01(\r\x12\x12\n\nnewer_than\x18\x05 \x01(\x04\"d\n\x0cReceiptReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x1e\n\x07receipt\x18\x02 \x01(\x0b\x32\r.qgpb.Receipt\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x0c\n\x04\x63\x61rd\x18\x04 \x01(\x0c\"@\n\x0fReceiptsRequest\x12\x13\n\x0b\x66rom_height\x18\x01 \x01(\x04\x12\x18\n\x03own\x18\x02 \x03(\x0b\x32\x0b.qgpb.OwnTx\"%\n\x05OwnTx\x12\r\n\x05tx_id\x18\x01 \x01(\x0c\x12\r\n\x05nonce\x18\x02 \x01(\x04\"?\n\x0cReceiptBatch\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x1f\n\x08receipts\x18\x02 \x03(\x0b\x32\r.qgpb.Receipt\"\x1a\n\x0c\x41\x64mitRequest\x12\n\n\x02tx\x18\x01 \x01(\x0c\"=\n\x11\x41\x64mitBatchRequest\x12\x0b\n\x03txs\x18\x01 \x03(\x0c\x12\x1b\n\x13signatures_verified\x18\x02 \x01(\x08\"4\n\x0f\x41\x64mitBatchReply\x12!\n\x07replies\x18\x01 \x03(\x0b\x32\x10.qgpb.AdmitReply\"=\n\nAdmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05tx_id\x18\x03 \x01(\x0c\" \n\x0e\x41\x63\x63ountRequest\x12\x0e\n\x06signer\x18\x01 \x01(\x0c\"J\n\x0c\x41\x63\x63ountReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x12\n\nnext_nonce\x18\x02 \x01(\x04\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\"\x16\n\x14SidecarStatusRequest\"\xe9\x01\n\x12SidecarStatusReply\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x17\n\x0f\x65xecuted_height\x18\x03 \x01(\x04\x12\x12\n\nstate_root\x18\x04 \x01(\x0c\x12\x13\n\x0bledger_head\x18\x05 \x01(\x0c\x12\x16\n\x0eledger_entries\x18\x06 \x01(\x04\x12\x11\n\tartifacts\x18\x07 \x01(\x04\x12\x10\n\x08\x64iverged\x18\x08 \x01(\x08\x12\x12\n\ndivergence\x18\t \x01(\t\x12 \n\x18replica_committed_height\x18\n \x01(\x04\"H\n\x0fStateRootReport\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x12\n\nstate_root\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"!\n\x0fRegistryRequest\x12\x0e\n\x06height\x18\x01 \x01(\x04\"\x97\x01\n\rRegistryAgent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\npublic_key\x18\x02 \x01(\x0c\x12\x17\n\x0fmandate_version\x18\x03 \x01(\x04\x12\x11\n\tsuspended\x18\x04 \x01(\x08\x12!\n\x07mandate\x18\x05 \x01(\x0b\x32\x10.qgpb.SetMandate\x12\x11\n\tprincipal\x18\x06 \x01(\t\"\xea\x01\n\x0fRegistryContent\x12#\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x13.qgpb.RegistryAgent\x12!\n\x05tools\x18\x02 \x03(\x0b\x32\x12.qgpb.RegisterTool\x12!\n\x05sinks\x18\x03 \x03(\x0b\x32\x12.qgpb.RegisterSink\x12+\n\nprincipals\x18\x04 \x03(\x0b\x32\x17.qgpb.RegisterPrincipal\x12\x1e\n\x04sets\x18\x05 \x03(\x0b\x32\x10.qgpb.SetEntries\x12\x1f\n\x08settings\x18\x06 \x03(\x0b\x32\r.qgpb.Setting\"s\n\rRegistryReply\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x12\n\nstate_root\x18\x02 \x01(\x0c\x12\x16\n\x0eregistry_since\x18\x03 \x01(\x04\x12&\n\x07\x63ontent\x18\x04 \x01(\x0b\x32\x15.qgpb.RegistryContent\"\x10\n\x0ePendingRequest\"0\n\x0bPendingCard\x12\x0c\n\x04\x63\x61rd\x18\x01 \x01(\x0c\x12\x13\n\x0btransaction\x18\x02 \x01(\x0c\"I\n\x0cPendingReply\x12\x17\n\x0f\x65xecuted_height\x18\x01 \x01(\x04\x12 \n\x05\x63\x61rds\x18\x02 \x03(\x0b\x32\x11.qgpb.PendingCard2\xc9\x03\n\x07Sidecar\x12\x36\n\nGetReceipt\x12\x14.qgpb.ReceiptRequest\x1a\x12.qgpb.ReceiptReply\x12\x37\n\x08Receipts\x12\x15.qgpb.ReceiptsRequest\x1a\x12.qgpb.ReceiptBatch0\x01\x12-\n\x05\x41\x64mit\x12\x12.qgpb.AdmitRequest\x1a\x10.qgpb.AdmitReply\x12<\n\nAdmitBatch\x12\x17.qgpb.AdmitBatchRequest\x1a\x15.qgpb.AdmitBatchReply\x12\x33\n\x07\x41\x63\x63ount\x12\x14.qgpb.AccountRequest\x1a\x12.qgpb.AccountReply\x12>\n\x06Status\x12\x1a.qgpb.SidecarStatusRequest\x1a\x18.qgpb.SidecarStatusReply\x12\x36\n\x08Registry\x12\x15.qgpb.RegistryRequest\x1a\x13.qgpb.RegistryReply\x12\x33\n\x07Pending\x12\x14.qgpb.PendingRequest\x1a\x12.qgpb.PendingReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,47 +40,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CERTIFICATE']._serialized_start=478
   _globals['_CERTIFICATE']._serialized_end=655
   _globals['_RECEIPTREQUEST']._serialized_start=657
-  _globals['_RECEIPTREQUEST']._serialized_end=735
-  _globals['_RECEIPTREPLY']._serialized_start=737
-  _globals['_RECEIPTREPLY']._serialized_end=837
-  _globals['_RECEIPTSREQUEST']._serialized_start=839
-  _globals['_RECEIPTSREQUEST']._serialized_end=903
-  _globals['_OWNTX']._serialized_start=905
-  _globals['_OWNTX']._serialized_end=942
-  _globals['_RECEIPTBATCH']._serialized_start=944
-  _globals['_RECEIPTBATCH']._serialized_end=1007
-  _globals['_ADMITREQUEST']._serialized_start=1009
-  _globals['_ADMITREQUEST']._serialized_end=1035
-  _globals['_ADMITBATCHREQUEST']._serialized_start=1037
-  _globals['_ADMITBATCHREQUEST']._serialized_end=1098
-  _globals['_ADMITBATCHREPLY']._serialized_start=1100
-  _globals['_ADMITBATCHREPLY']._serialized_end=1152
-  _globals['_ADMITREPLY']._serialized_start=1154
-  _globals['_ADMITREPLY']._serialized_end=1215
-  _globals['_ACCOUNTREQUEST']._serialized_start=1217
-  _globals['_ACCOUNTREQUEST']._serialized_end=1249
-  _globals['_ACCOUNTREPLY']._serialized_start=1251
-  _globals['_ACCOUNTREPLY']._serialized_end=1325
-  _globals['_SIDECARSTATUSREQUEST']._serialized_start=1327
-  _globals['_SIDECARSTATUSREQUEST']._serialized_end=1349
-  _globals['_SIDECARSTATUSREPLY']._serialized_start=1352
-  _globals['_SIDECARSTATUSREPLY']._serialized_end=1585
-  _globals['_STATEROOTREPORT']._serialized_start=1587
-  _globals['_STATEROOTREPORT']._serialized_end=1659
-  _globals['_REGISTRYREQUEST']._serialized_start=1661
-  _globals['_REGISTRYREQUEST']._serialized_end=1694
-  _globals['_REGISTRYAGENT']._serialized_start=1697
-  _globals['_REGISTRYAGENT']._serialized_end=1848
-  _globals['_REGISTRYCONTENT']._serialized_start=1851
-  _globals['_REGISTRYCONTENT']._serialized_end=2085
-  _globals['_REGISTRYREPLY']._serialized_start=2087
-  _globals['_REGISTRYREPLY']._serialized_end=2202
-  _globals['_PENDINGREQUEST']._serialized_start=2204
-  _globals['_PENDINGREQUEST']._serialized_end=2220
-  _globals['_PENDINGCARD']._serialized_start=2222
-  _globals['_PENDINGCARD']._serialized_end=2270
-  _globals['_PENDINGREPLY']._serialized_start=2272
-  _globals['_PENDINGREPLY']._serialized_end=2345
-  _globals['_SIDECAR']._serialized_start=2348
-  _globals['_SIDECAR']._serialized_end=2805
+  _globals['_RECEIPTREQUEST']._serialized_end=772
+  _globals['_RECEIPTREPLY']._serialized_start=774
+  _globals['_RECEIPTREPLY']._serialized_end=874
+  _globals['_RECEIPTSREQUEST']._serialized_start=876
+  _globals['_RECEIPTSREQUEST']._serialized_end=940
+  _globals['_OWNTX']._serialized_start=942
+  _globals['_OWNTX']._serialized_end=979
+  _globals['_RECEIPTBATCH']._serialized_start=981
+  _globals['_RECEIPTBATCH']._serialized_end=1044
+  _globals['_ADMITREQUEST']._serialized_start=1046
+  _globals['_ADMITREQUEST']._serialized_end=1072
+  _globals['_ADMITBATCHREQUEST']._serialized_start=1074
+  _globals['_ADMITBATCHREQUEST']._serialized_end=1135
+  _globals['_ADMITBATCHREPLY']._serialized_start=1137
+  _globals['_ADMITBATCHREPLY']._serialized_end=1189
+  _globals['_ADMITREPLY']._serialized_start=1191
+  _globals['_ADMITREPLY']._serialized_end=1252
+  _globals['_ACCOUNTREQUEST']._serialized_start=1254
+  _globals['_ACCOUNTREQUEST']._serialized_end=1286
+  _globals['_ACCOUNTREPLY']._serialized_start=1288
+  _globals['_ACCOUNTREPLY']._serialized_end=1362
+  _globals['_SIDECARSTATUSREQUEST']._serialized_start=1364
+  _globals['_SIDECARSTATUSREQUEST']._serialized_end=1386
+  _globals['_SIDECARSTATUSREPLY']._serialized_start=1389
+  _globals['_SIDECARSTATUSREPLY']._serialized_end=1622
+  _globals['_STATEROOTREPORT']._serialized_start=1624
+  _globals['_STATEROOTREPORT']._serialized_end=1696
+  _globals['_REGISTRYREQUEST']._serialized_start=1698
+  _globals['_REGISTRYREQUEST']._serialized_end=1731
+  _globals['_REGISTRYAGENT']._serialized_start=1734
+  _globals['_REGISTRYAGENT']._serialized_end=1885
+  _globals['_REGISTRYCONTENT']._serialized_start=1888
+  _globals['_REGISTRYCONTENT']._serialized_end=2122
+  _globals['_REGISTRYREPLY']._serialized_start=2124
+  _globals['_REGISTRYREPLY']._serialized_end=2239
+  _globals['_PENDINGREQUEST']._serialized_start=2241
+  _globals['_PENDINGREQUEST']._serialized_end=2257
+  _globals['_PENDINGCARD']._serialized_start=2259
+  _globals['_PENDINGCARD']._serialized_end=2307
+  _globals['_PENDINGREPLY']._serialized_start=2309
+  _globals['_PENDINGREPLY']._serialized_end=2382
+  _globals['_SIDECAR']._serialized_start=2385
+  _globals['_SIDECAR']._serialized_end=2842
 # @@protoc_insertion_point(module_scope)

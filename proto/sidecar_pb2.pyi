@@ -71,14 +71,18 @@ class Certificate(_message.Message):
     def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[_consensus_pb2.Signature, _Mapping]]] = ..., chain_id: _Optional[str] = ...) -> None: ...
 
 class ReceiptRequest(_message.Message):
-    __slots__ = ("proposal_id", "nonce", "own")
+    __slots__ = ("proposal_id", "nonce", "own", "wait_ms", "newer_than")
     PROPOSAL_ID_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     OWN_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    NEWER_THAN_FIELD_NUMBER: _ClassVar[int]
     proposal_id: bytes
     nonce: int
     own: _containers.RepeatedCompositeFieldContainer[OwnTx]
-    def __init__(self, proposal_id: _Optional[bytes] = ..., nonce: _Optional[int] = ..., own: _Optional[_Iterable[_Union[OwnTx, _Mapping]]] = ...) -> None: ...
+    wait_ms: int
+    newer_than: int
+    def __init__(self, proposal_id: _Optional[bytes] = ..., nonce: _Optional[int] = ..., own: _Optional[_Iterable[_Union[OwnTx, _Mapping]]] = ..., wait_ms: _Optional[int] = ..., newer_than: _Optional[int] = ...) -> None: ...
 
 class ReceiptReply(_message.Message):
     __slots__ = ("found", "receipt", "executed_height", "card")

@@ -75,6 +75,7 @@ ADMIT_BATCH_TXS_MAX = 4_096
 ROOTS_RESENT_ON_CONNECT = 256
 METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 OWN_TXS_MAX = 64  # transactions a Receipts request may name as its own
+RECEIPT_WAIT_MS_MAX = 1000  # how long one GetReceipt long poll may wait (a client asks again)
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
 METHOD_PENDING = "/qgpb.Sidecar/Pending"
@@ -500,6 +501,22 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         # principal it is (a confirmation it made).
         signed_it = request.nonce > 0 and tx_id(key, request.nonce) == request.proposal_id
         receipt = await store.receipt(request.proposal_id)
+        if request.wait_ms:
+            # a long poll: answer as soon as this sidecar has executed the (newer) verdict,
+            # instead of the client asking again and again
+            loop = asyncio.get_running_loop()
+            until = loop.time() + min(request.wait_ms, RECEIPT_WAIT_MS_MAX) / 1000
+            while receipt is None or receipt.leaf.height <= request.newer_than:
+                remaining = until - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(
+                        self.sidecar.wait_executed(store.executed_height + 1), remaining
+                    )
+                except TimeoutError:
+                    break
+                receipt = await store.receipt(request.proposal_id)
         own = {
             o.tx_id for o in request.own[:OWN_TXS_MAX] if o.nonce and tx_id(key, o.nonce) == o.tx_id
         }

@@ -28,6 +28,7 @@ from typing import Any
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import Proposal
 from quorumgate.proto.tracing import TRACE_DIR_ENV, tx_prefix
+from quorumgate.sdk.client import RECEIPT_WAIT_S
 
 STAGES = (
     ("submit -> admitted", "t0", "admitted"),
@@ -138,12 +139,17 @@ def stage_table(calls: list[Call], traces: dict[str, Any]) -> list[dict[str, Any
     return out
 
 
-async def _calls(spec: ClusterSpec, count: int) -> list[Call]:
+async def _calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Call]:
     import time
 
     from nacl.signing import SigningKey
 
+    from quorumgate.sdk import client as sdk_client
     from quorumgate.sdk.client import Client, mandate, tool_spec
+
+    # `poll`: the client asks GetReceipt again and again, as it did before the long poll
+    # (a sidecar asked with no wait answers at once): the A/B of issue 19's first change
+    sdk_client.RECEIPT_WAIT_S = 0.0 if poll else RECEIPT_WAIT_S
 
     key = SigningKey.generate()
     async with Client.as_owner(spec.directory) as owner:
@@ -166,7 +172,9 @@ async def _calls(spec: ClusterSpec, count: int) -> list[Call]:
     return calls
 
 
-def run_breakdown(nodes: int, calls: int, progress: Any = print) -> dict[str, Any]:
+def run_breakdown(
+    nodes: int, calls: int, progress: Any = print, *, poll: bool = False
+) -> dict[str, Any]:
     from quorumgate.ops.nodes import start_cluster, stop_nodes
 
     with tempfile.TemporaryDirectory(prefix="qg-breakdown-") as tmp:
@@ -185,7 +193,7 @@ def run_breakdown(nodes: int, calls: int, progress: Any = print) -> dict[str, An
                 os.environ[TRACE_DIR_ENV] = previous
         try:
             progress(f"{calls} calls at W = 1 (after {WARMUP_CALLS} warm-up calls)")
-            measured = asyncio.run(_calls(spec, calls))
+            measured = asyncio.run(_calls(spec, calls, poll))
         finally:
             stop_nodes(spec, list(range(nodes)))
             for proc in procs:

@@ -28,10 +28,12 @@ What it promises:
   "replayed" answer to a copy of bytes that may have landed means they did.
   RESOURCE_EXHAUSTED (a full mempool) is retried with exponential back-off from
   `BACKOFF_S_MIN` to `BACKOFF_S_MAX`, at most `OVERLOAD_RETRIES_MAX` times.
-- **Certificates.** `await_certificate` polls `GetReceipt` on every sidecar with bounded
-  back-off (`RECEIPT_POLL_S_MIN`..`RECEIPT_POLL_S_MAX`) until f+1 distinct sidecars
-  return the same signed leaf, then assembles and checks the certificate with
-  `quorumgate.sidecar.receipts.verify_certificate` against the cluster file's receipt keys.
+- **Certificates.** `await_certificate` long-polls `GetReceipt` on every sidecar (each
+  answers as soon as it has executed the verdict, or after `RECEIPT_WAIT_S`; one that does
+  not wait is asked again with bounded back-off, `RECEIPT_POLL_S_MIN`..`RECEIPT_POLL_S_MAX`)
+  until f+1 distinct sidecars return the same signed leaf, then assembles and checks the
+  certificate with `quorumgate.sidecar.receipts.verify_certificate` against the cluster
+  file's receipt keys.
   A receipt signed for another member's index or with a bad signature is dropped on arrival, so up
   to f lying sidecars can delay an answer but never change it.
 - **What an agent may see.** Reason codes are for operators (DESIGN §4.2). They sit on
@@ -158,6 +160,7 @@ BACKOFF_S_MAX = 1.0
 RESIGN_ON_REPLAY_MAX = 4  # fresh nonces tried when a first delivery is refused as replayed
 RECEIPT_POLL_S_MIN = 0.005
 RECEIPT_POLL_S_MAX = 0.1  # the commit itself takes ~60 ms on loopback: poll well within that
+RECEIPT_WAIT_S = 1.0  # one GetReceipt long poll (the sidecars cap it at 1 s too)
 NEWER_VERDICT_WAIT_S = 2.0  # how long a newer verdict, not yet certified, is waited for
 CERTIFICATE_DEADLINE_S = 10.0  # default wait for f+1 agreeing receipts
 # Transactions `submit_many` keeps on one stream before reading replies; well below the
@@ -1070,80 +1073,126 @@ class Client:
         latest: dict[int, Receipt] = {}
         cards: dict[bytes, bytes] = {}
         answered: set[int] = set()
-        delay = RECEIPT_POLL_S_MIN
+        refusing: set[int] = set()  # sidecars whose last answer was "not yours to read"
+        changed = asyncio.Event()
         newer_deadline: float | None = None
 
         own_nonce = nonce if nonce is not None else self._own_nonces.get(proposal_id, 0)
         confirmed = self._confirmations.get(proposal_id)
-        request = spb.ReceiptRequest(
-            proposal_id=proposal_id,
-            nonce=own_nonce,
-            own=[spb.OwnTx(tx_id=confirmed[0], nonce=confirmed[1])] if confirmed else [],
-        )
+        own = [spb.OwnTx(tx_id=confirmed[0], nonce=confirmed[1])] if confirmed else []
 
-        async def ask(i: int) -> spb.ReceiptReply:
-            timeout = max(0.05, min(self.rpc_timeout_s, deadline - loop.time()))
-            reply: spb.ReceiptReply = await stubs[i].GetReceipt(
-                request, timeout=timeout, metadata=self._read_auth(METHOD_GET_RECEIPT)
-            )
-            return reply
-
-        while True:
-            replies = await asyncio.gather(
-                *(ask(i) for i in range(self.spec.n)), return_exceptions=True
-            )
-            denied = sum(
-                1
-                for r in replies
-                if isinstance(r, grpc.aio.AioRpcError)
-                and r.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
-            )
-            if denied >= needed and not (own_nonce or confirmed):
-                # f+1 sidecars say this key may not read this verdict, and it holds no
-                # proof that would let it once they have executed further: no point waiting
-                raise Refused("read_not_authorized", "PERMISSION_DENIED", proposal_id=proposal_id)
-            # With a proof (this client signed the proposal, or a Confirm of it), a refusal
-            # may only mean that sidecar has not executed that transaction yet: the others'
-            # receipts are read, and the refusing ones asked again until the deadline.
-            for i, reply in enumerate(replies):
-                if not isinstance(reply, spb.ReceiptReply):
+        async def follow(i: int) -> None:
+            """Long-poll sidecar i (`GetReceipt` with `wait_ms`): each answer comes as soon
+            as it has executed the verdict (or a newer one than the last it sent), so the
+            certificate is noticed when it exists, not at the next poll. A sidecar that
+            answers at once without waiting (an error, an older version) is asked again
+            after a growing pause, as the poll did."""
+            known = 0  # the height of the newest receipt this sidecar sent
+            delay = RECEIPT_POLL_S_MIN
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                wait_ms = int(min(remaining, RECEIPT_WAIT_S) * 1000)
+                request = spb.ReceiptRequest(
+                    proposal_id=proposal_id,
+                    nonce=own_nonce,
+                    own=own,
+                    wait_ms=wait_ms,
+                    newer_than=known,
+                )
+                asked = loop.time()
+                try:
+                    reply: spb.ReceiptReply = await stubs[i].GetReceipt(
+                        request,
+                        timeout=max(0.05, min(self.rpc_timeout_s + wait_ms / 1000, remaining)),
+                        metadata=self._read_auth(METHOD_GET_RECEIPT),
+                    )
+                except grpc.aio.AioRpcError as err:
+                    if err.code() in (
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        grpc.StatusCode.UNAUTHENTICATED,
+                    ):
+                        refusing.add(i)
+                        changed.set()
+                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                    delay = min(delay * 2, RECEIPT_POLL_S_MAX)
                     continue
+                refusing.discard(i)
                 answered.add(i)
-                if not reply.found:
-                    continue
-                receipt = receipt_from_pb(reply.receipt)
-                leaf = receipt.leaf
-                if leaf.proposal_id != proposal_id or not _receipt_signature_ok(
-                    self.spec, receipt, i
-                ):
-                    log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
-                    continue
-                if settled and leaf.outcome == Outcome.PENDING.value:
-                    continue
-                if from_tx is not None and leaf.tx_id != from_tx:
-                    continue
-                latest[i] = receipt
-                if reply.card and len(cards) < RECEIPTS_PER_PROPOSAL_MAX:
-                    cards[hashlib.sha256(reply.card).digest()] = bytes(reply.card)
-            decision = self._certify(proposal_id, list(latest.values()), cards)
-            if decision is not None:
-                # Sidecars run at different heights: a newer verdict for this proposal (a
-                # confirmation after a pending one) may be certified by fewer of them yet.
-                # Wait a little for it rather than answer with the older one.
-                newest = max(r.leaf.height for r in latest.values())
-                if decision.height >= newest:
-                    return decision
-                if newer_deadline is None:
-                    newer_deadline = min(deadline, loop.time() + NEWER_VERDICT_WAIT_S)
-                if loop.time() >= newer_deadline:
-                    return decision
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                if len(answered) < needed:
-                    raise ClusterUnavailable("sidecars_unreachable", proposal_id=proposal_id)
-                raise CertificateTimeout(proposal_id, len(latest), needed)
-            await asyncio.sleep(min(delay, remaining))
-            delay = min(delay * 2, RECEIPT_POLL_S_MAX)
+                found = self._absorb_receipt(i, reply, proposal_id, settled, from_tx, latest, cards)
+                news = found is not None and found > known
+                if found is not None:
+                    known = max(known, found)
+                changed.set()
+                # an answer that brought nothing new without waiting (polling, or a sidecar
+                # that does not long-poll): ask again only after a growing pause
+                quick = wait_ms == 0 or loop.time() - asked < wait_ms / 2000
+                if quick and not news:
+                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                    delay = min(delay * 2, RECEIPT_POLL_S_MAX)
+
+        tasks = [asyncio.create_task(follow(i)) for i in range(self.spec.n)]
+        try:
+            while True:
+                if len(refusing) >= needed and not (own_nonce or confirmed):
+                    # f+1 sidecars say this key may not read this verdict, and it holds no
+                    # proof that would let it once they have executed further
+                    raise Refused(
+                        "read_not_authorized", "PERMISSION_DENIED", proposal_id=proposal_id
+                    )
+                decision = self._certify(proposal_id, list(latest.values()), cards)
+                if decision is not None:
+                    # Sidecars run at different heights: a newer verdict for this proposal
+                    # (a confirmation after a pending one) may be certified by fewer of
+                    # them yet. Wait a little for it rather than answer with the older one.
+                    newest = max(r.leaf.height for r in latest.values())
+                    if decision.height >= newest:
+                        return decision
+                    if newer_deadline is None:
+                        newer_deadline = min(deadline, loop.time() + NEWER_VERDICT_WAIT_S)
+                    if loop.time() >= newer_deadline:
+                        return decision
+                remaining = (newer_deadline or deadline) - loop.time()
+                if remaining <= 0:
+                    if len(answered) < needed:
+                        raise ClusterUnavailable("sidecars_unreachable", proposal_id=proposal_id)
+                    raise CertificateTimeout(proposal_id, len(latest), needed)
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), remaining)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _absorb_receipt(
+        self,
+        i: int,
+        reply: spb.ReceiptReply,
+        proposal_id: bytes,
+        settled: bool,
+        from_tx: bytes | None,
+        latest: dict[int, Receipt],
+        cards: dict[bytes, bytes],
+    ) -> int | None:
+        """Take sidecar i's answer into `latest` (when it is a verdict the caller waits
+        for) and `cards`; returns the height of the receipt it carried, if any."""
+        if not reply.found:
+            return None
+        receipt = receipt_from_pb(reply.receipt)
+        leaf = receipt.leaf
+        if leaf.proposal_id != proposal_id or not _receipt_signature_ok(self.spec, receipt, i):
+            log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
+            return None
+        if settled and leaf.outcome == Outcome.PENDING.value:
+            return leaf.height  # wait for a newer one
+        if from_tx is not None and leaf.tx_id != from_tx:
+            return leaf.height
+        latest[i] = receipt
+        if reply.card and len(cards) < RECEIPTS_PER_PROPOSAL_MAX:
+            cards[hashlib.sha256(reply.card).digest()] = bytes(reply.card)
+        return leaf.height
 
     def _certify(
         self, proposal_id: bytes, receipts: Sequence[Receipt], cards: Mapping[bytes, bytes]
