@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,9 @@ from quorumgate.replica.wire import (
 SCHEMA_VERSION = 1
 # The most committed blocks one `committed_range` call returns; callers page for more.
 RANGE_BLOCKS_MAX = 1024
+# The newest committed blocks, kept in memory as they commit: the sidecar's stream and
+# other followers read what was just committed without a SQLite round trip (issue 19).
+RECENT_COMMITTED_MAX = 256
 SYNC_READ_PAGE_BLOCKS = 16  # catch-up answers read the committed log this many at a time
 # The most pending blocks `load` hands back (lowest heights first). A core's block tree
 # holds `Limits.pending_blocks_max` (1024 by default); more could not be used.
@@ -209,6 +213,7 @@ class ReplicaStore:
         self._lock = asyncio.Lock()
         self._durable_epoch = 0
         self._head = genesis_block(chain_id)
+        self._recent: OrderedDict[int, Block] = OrderedDict()
         self._closed = False
 
     # ================================================================== open / close
@@ -477,6 +482,11 @@ class ReplicaStore:
                 raise
             self._durable_epoch = epoch
             self._head = head
+            for commit in commits:  # durable now: served from memory from here on
+                for block in commit.blocks:
+                    self._recent[block.height] = block
+            while len(self._recent) > RECENT_COMMITTED_MAX:
+                self._recent.popitem(last=False)
             return epoch
 
     async def _record_votes(self, votes: dict[int, bytes]) -> None:
@@ -505,7 +515,10 @@ class ReplicaStore:
         """Committed blocks with heights start..end inclusive, in height order, at most
         `RANGE_BLOCKS_MAX` of them (from `start`); page for more."""
         start = max(start, 0)
-        end = min(end, start + RANGE_BLOCKS_MAX - 1)
+        end = min(end, start + RANGE_BLOCKS_MAX - 1, self._head.height)
+        recent = self._recent
+        if start <= end and start in recent and end in recent:
+            return [recent[h] for h in range(start, end + 1)]  # committed, hence contiguous
         async with self._lock:
             return await self._read_range(start, end)
 
@@ -620,6 +633,7 @@ class ReplicaStore:
             except BaseException:
                 await self._rollback()
                 raise
+            self._recent.clear()
             self._head = genesis_block(self._chain_id)
 
     # ================================================================== internals

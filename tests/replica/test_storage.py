@@ -38,7 +38,12 @@ from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.safety import SafetyError, SafetyState
 from quorumgate.replica.sim import SIM_LIMITS, Disk, SimNode, SimOptions, Simulation
-from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore, StorageError
+from quorumgate.replica.storage import (
+    RANGE_BLOCKS_MAX,
+    RECENT_COMMITTED_MAX,
+    ReplicaStore,
+    StorageError,
+)
 from quorumgate.replica.sync import build_sync_response
 from quorumgate.replica.types import (
     Block,
@@ -751,3 +756,31 @@ async def test_every_transaction_is_fsynced_commits_too(crashy: Recording, tmp_p
         assert commit_only > 0, "the recording has no commit-only transaction to check"
     finally:
         await store.close()
+
+
+async def test_recently_committed_blocks_are_served_from_memory_as_disk_has_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 19: the newest committed blocks come from memory (no SQLite read for a
+    follower's stream); every range equals what a reopened store reads from disk."""
+    chain = "qg-test"
+    path = tmp_path / "replica.db"
+    count = RECENT_COMMITTED_MAX + 30
+    blocks = synthetic_chain(chain, count + 2)
+    store = await ReplicaStore.open(path, chain)
+    try:
+        for k in range(0, count, 10):  # commits arrive a few blocks at a time
+            upto = min(k + 10, count)
+            await store.apply([commit_of(blocks[k:upto], blocks[upto], blocks[upto + 1])])
+        top = store.committed_height
+        ranges = [(top - 5, top), (top - RECENT_COMMITTED_MAX + 1, top), (1, 40), (top, top + 9)]
+        from_memory = [await store.committed_range(a, b) for a, b in ranges]
+    finally:
+        await store.close()
+    reopened = await ReplicaStore.open(path, chain)
+    try:
+        from_disk = [await reopened.committed_range(a, b) for a, b in ranges]
+    finally:
+        await reopened.close()
+    assert [[b.hash for b in r] for r in from_memory] == [[b.hash for b in r] for r in from_disk]
+    assert [len(r) for r in from_memory] == [6, RECENT_COMMITTED_MAX, 40, 1]

@@ -1,0 +1,105 @@
+"""Before/after figures of one change, from interleaved runs (issue 19, item 4).
+
+    python scripts/bench_ab.py BEFORE AFTER [--runs 3] -- BENCH ARGS...
+    python scripts/bench_ab.py HEAD~1 HEAD --runs 3 -- --start --breakdown --calls 100
+
+Each revision is checked out in its own git worktree, and each run imports that
+worktree's code: a directory per revision holds a `quorumgate` package made of links to the
+worktree's `cluster/` contents and its `replica/`, `sidecar/` and `proto/` folders (the
+layout setuptools maps), put first on PYTHONPATH, ahead of the editable install. Runs
+alternate BEFORE, AFTER, BEFORE, ... so the machine's noise falls on both. Every run's
+JSON report is kept in the output directory; the medians are printed side by side (for
+`--breakdown`, per stage; otherwise the headline figures)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MAPPED = ("replica", "sidecar", "proto")  # pyproject.toml [tool.setuptools.package-dir]
+
+
+def worktree(rev: str, into: Path) -> Path:
+    path = into / f"wt-{rev.replace('/', '_').replace('~', '_')}"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(path), rev],
+                   check=True, capture_output=True)  # fmt: skip
+    return path
+
+
+def shim(tree: Path, into: Path) -> Path:
+    """A directory whose `quorumgate` package is the worktree's code, laid out as installed."""
+    top = into / f"shim-{tree.name}"
+    package = top / "quorumgate"
+    package.mkdir(parents=True)
+    for entry in (tree / "cluster").iterdir():
+        (package / entry.name).symlink_to(entry)
+    for name in MAPPED:
+        (package / name).symlink_to(tree / name)
+    return top
+
+
+def run(top: Path, tree: Path, bench_args: list[str]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(top)}
+    out = subprocess.run(
+        [sys.executable, "-m", "quorumgate.cli", "bench", *bench_args, "--json"],
+        cwd=tree, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    report: dict[str, Any] = json.loads(out.stdout)
+    return report
+
+
+def headline(report: dict[str, Any]) -> dict[str, float]:
+    if "stages" in report:
+        return {row["stage"]: row["p50_ms"] for row in report["stages"]}
+    keys = ("certified_per_s", "cert_p50_ms", "cert_p99_ms", "throughput_per_s", "p50_ms")
+    return {k: report[k] for k in keys if isinstance(report.get(k), int | float)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", help="where the per-run reports go (default: a temp dir)")
+    parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then quorumgate bench args")
+    args = parser.parse_args()
+    bench_args = [a for a in args.bench if a != "--"]
+    work = Path(tempfile.mkdtemp(prefix="qg-ab-"))
+    out = Path(args.out) if args.out else work
+    out.mkdir(parents=True, exist_ok=True)
+    trees = {label: worktree(rev, work) for label, rev in (("before", args.before),
+                                                           ("after", args.after))}  # fmt: skip
+    shims = {label: shim(tree, work) for label, tree in trees.items()}
+    figures: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    try:
+        for k in range(args.runs):
+            for label in ("before", "after"):
+                report = run(shims[label], trees[label], bench_args)
+                (out / f"{label}-{k + 1}.json").write_text(json.dumps(report, indent=2))
+                figures[label].append(headline(report))
+                print(f"run {k + 1} {label}: {figures[label][-1]}", file=sys.stderr, flush=True)
+    finally:
+        for tree in trees.values():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           check=False, capture_output=True)  # fmt: skip
+    names = list(figures["before"][0])
+    print(f"{'figure':45s} {'before':>10s} {'after':>10s} {'after/before':>13s}")
+    for name in names:
+        b = statistics.median(f[name] for f in figures["before"] if name in f)
+        a = statistics.median(f[name] for f in figures["after"] if name in f)
+        ratio = f"{a / b:.2f}x" if b else "-"
+        print(f"{name:45s} {b:10.2f} {a:10.2f} {ratio:>13s}")
+    print(f"(medians of {args.runs} interleaved runs each; reports in {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
