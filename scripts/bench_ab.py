@@ -7,7 +7,8 @@ Each revision is checked out in its own git worktree, and each run imports that
 worktree's code: a directory per revision holds a `quorumgate` package made of links to the
 worktree's `cluster/` contents and its `replica/`, `sidecar/` and `proto/` folders (the
 layout setuptools maps), put first on PYTHONPATH, ahead of the editable install. Runs
-alternate BEFORE, AFTER, BEFORE, ... so the machine's noise falls on both. Every run's
+alternate in ABBA order (BEFORE AFTER, AFTER BEFORE, ...) so the machine's noise and any
+drift fall on both. Every run's
 JSON report is kept in the output directory; the medians are printed side by side (for
 `--breakdown`, per stage; otherwise the headline figures)."""
 
@@ -69,9 +70,10 @@ def main() -> int:
     parser.add_argument("after")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", help="where the per-run reports go (default: a temp dir)")
-    parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then quorumgate bench args")
-    args = parser.parse_args()
-    bench_args = [a for a in args.bench if a != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    bench_args = argv[cut + 1 :]  # after "--": quorumgate bench's own arguments
     work = Path(tempfile.mkdtemp(prefix="qg-ab-"))
     out = Path(args.out) if args.out else work
     out.mkdir(parents=True, exist_ok=True)
@@ -81,7 +83,10 @@ def main() -> int:
     figures: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     try:
         for k in range(args.runs):
-            for label in ("before", "after"):
+            # ABBA: the order flips every run, so a drift over time (or a first-run effect)
+            # falls on both sides alike
+            order = ("before", "after") if k % 2 == 0 else ("after", "before")
+            for label in order:
                 report = run(shims[label], trees[label], bench_args)
                 (out / f"{label}-{k + 1}.json").write_text(json.dumps(report, indent=2))
                 figures[label].append(headline(report))
