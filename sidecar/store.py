@@ -66,7 +66,6 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,9 +203,6 @@ _RECEIPT_SELECT = (
 )
 
 
-RECENT_ROOTS_MAX = 256  # state roots of the newest heights kept in memory (root_at)
-
-
 class SidecarStoreError(Exception):
     """The file cannot serve as this sidecar's store: missing, unreadable, corrupt, held by
     another process, from another chain or another schema version. Raised, never guessed
@@ -264,9 +260,6 @@ class SidecarStore:
         self._read_only = writer_lock is None
         self._executed_height = 0
         self._ledger_head = GENESIS_PREV_HASH
-        # the state roots of the newest recorded heights (issue 19): every executed block
-        # asks for one; none needs a SQLite read while it is this recent
-        self._recent_roots: OrderedDict[int, bytes] = OrderedDict()
         self._ledger_entries = 0
         self._artifact_count = 0
         self._agent_rows = 0  # rows in state_agents
@@ -546,9 +539,6 @@ class SidecarStore:
                 raise
             self._executed_height = h.height
             self._ledger_head = head
-            self._recent_roots[h.height] = h.signed.state_root
-            while len(self._recent_roots) > RECENT_ROOTS_MAX:
-                self._recent_roots.popitem(last=False)
             self._agent_rows = agent_rows
             self._ledger_entries += len(entries)
             self._artifact_count += len(fresh)
@@ -656,9 +646,6 @@ class SidecarStore:
 
     async def root_at(self, height: int) -> bytes | None:
         """The state root after `height`, from this sidecar's signed block statement."""
-        recent = self._recent_roots.get(height)
-        if recent is not None:
-            return recent
         async with self._lock:
             self._check_open()
             value = await self._scalar("SELECT state_root FROM blocks WHERE height = ?", (height,))
@@ -907,7 +894,6 @@ class SidecarStore:
                 raise
             self._executed_height = 0
             self._ledger_head = GENESIS_PREV_HASH
-            self._recent_roots.clear()
             self._ledger_entries = 0
             self._agent_rows = 0
             if not keep_artifacts:
