@@ -87,13 +87,16 @@ def mypy(python: Path) -> int:
 CHROMIUM = ("chromium", "chromium-browser")
 
 
-def ensure_chromium() -> None:
+def ensure_chromium(python: Path) -> None:
     """The console's test drives a real headless Chromium (Debian's package): install it
-    with apt when it is missing and this user may (root, or sudo without a password)."""
-    if any(shutil.which(name) for name in CHROMIUM) or not shutil.which("apt-get"):
+    with apt when it is missing and this user may (root, or sudo without a password);
+    elsewhere, Playwright's own Chromium build (`playwright install chromium`)."""
+    if any(shutil.which(name) for name in CHROMIUM):
         return
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    if sudo and not shutil.which("sudo"):
+    if not shutil.which("apt-get") or (sudo and not shutil.which("sudo")):
+        print("[dev] no Chromium and no apt: installing Playwright's Chromium", flush=True)
+        subprocess.call([str(python), "-m", "playwright", "install", "chromium"])
         return
     print("[dev] installing Chromium (Debian's package) for the console's browser test", flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -111,7 +114,7 @@ def main(argv: list[str]) -> int:
     if job == "run":
         cmd = [str(python), "-m", "quorumgate.cli", "demo", *rest]
     elif job == "test":
-        ensure_chromium()
+        ensure_chromium(python)
         cmd = [str(python), "-m", "pytest", *rest]
     else:
         rc = subprocess.call([str(python), "-m", "ruff", "check", "."])
