@@ -1153,7 +1153,10 @@ class Client:
                         newer_deadline = min(deadline, loop.time() + NEWER_VERDICT_WAIT_S)
                     if loop.time() >= newer_deadline:
                         return decision
-                remaining = (newer_deadline or deadline) - loop.time()
+                # the short wait for a newer verdict applies only while an older one is in
+                # hand; without any, the caller's deadline
+                until = newer_deadline if decision is not None and newer_deadline else deadline
+                remaining = until - loop.time()
                 if remaining <= 0:
                     if len(answered) < needed:
                         raise ClusterUnavailable("sidecars_unreachable", proposal_id=proposal_id)
