@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
 import tomllib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto.clusterfile import ClusterSpec, read_seed
 from quorumgate.proto.model import DENIAL_TEXT, Outcome
-from quorumgate.proxy.config import ProxyConfigError, ToolMapping, _mapping
+from quorumgate.proxy.config import ProxyConfigError, ToolMapping, parse_mapping
 from quorumgate.proxy.enforce import MappingError, ToolCall, build_proposal
 from quorumgate.sdk.client import (
     CertificateTimeout,
@@ -72,15 +72,15 @@ class GatewayConfigError(ValueError):
     """The gateway's config is wrong: the message names the field."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Upstream:
     name: str
     command: tuple[str, ...] = ()
     url: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class GatewayConfig:
     key_file: Path
     upstreams: tuple[Upstream, ...]
@@ -131,7 +131,9 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
     if not isinstance(raw_tools, dict):
         raise GatewayConfigError("tools: a table of tool mappings")
     try:
-        tools = {name: _mapping(name, body, f"tools.{name}") for name, body in raw_tools.items()}
+        tools = {
+            name: parse_mapping(name, body, f"tools.{name}") for name, body in raw_tools.items()
+        }
     except ProxyConfigError as err:
         raise GatewayConfigError(str(err)) from None
     return GatewayConfig((path.parent / key_file).resolve(), tuple(upstreams), tools)
@@ -172,25 +174,26 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def connected(self) -> AsyncIterator[Gateway]:
-        import mcp
-
         async with contextlib.AsyncExitStack() as stack:
             key = SigningKey(read_seed(self.config.key_file))
             self.qg = await stack.enter_async_context(Client(self.spec, key))
-            for upstream in self.config.upstreams:
-                server: Any
-                if upstream.url is not None:
-                    server = upstream.url
-                else:
-                    server = mcp.StdioServerParameters(
-                        command=upstream.command[0],
-                        args=list(upstream.command[1:]),
-                        env=upstream.env or None,
-                    )
-                self.upstreams[upstream.name] = await stack.enter_async_context(
-                    mcp.Client(server, cache=None)
-                )
+            await self.connect_upstreams(stack)
             yield self
+
+    async def connect_upstreams(self, stack: contextlib.AsyncExitStack) -> None:
+        """An MCP client session per upstream (stdio command or Streamable HTTP URL), with
+        no response cache: every listing is the server's definition at that moment."""
+        import mcp
+
+        for upstream in self.config.upstreams:
+            server: Any = upstream.url or mcp.StdioServerParameters(
+                command=upstream.command[0],
+                args=list(upstream.command[1:]),
+                env=upstream.env or None,
+            )
+            self.upstreams[upstream.name] = await stack.enter_async_context(
+                mcp.Client(server, cache=None)
+            )
 
     async def upstream_tools(self) -> dict[str, tuple[str, types.Tool]]:
         """Every upstream tool by name, fresh from its server (never a cached listing):
@@ -261,8 +264,6 @@ class Gateway:
         except MappingError as err:
             log.warning("event=unmappable agent=%s tool=%s: %s", self.agent_id, name, err)
             return denial()
-        import dataclasses
-
         proposal = dataclasses.replace(proposal, definition=definition_digest(tool))
         assert self.qg is not None
         try:
@@ -329,25 +330,11 @@ async def serve_http(gateway: Gateway, host: str, port: int) -> None:
 async def pin(config: GatewayConfig, spec: ClusterSpec, *, check: bool) -> list[str]:
     """The owner pins each mapped upstream tool's current definition on its registered
     QuorumGate tool (`check`: only report). Returns one line per tool."""
-    import dataclasses
-
     lines: list[str] = []
     gateway = Gateway(config, spec, agent_id="-")
-    from quorumgate.sdk.client import Client as QG
-
     async with contextlib.AsyncExitStack() as stack:
-        import mcp
-
-        for upstream in config.upstreams:
-            server: Any = upstream.url or mcp.StdioServerParameters(
-                command=upstream.command[0],
-                args=list(upstream.command[1:]),
-                env=upstream.env or None,
-            )
-            gateway.upstreams[upstream.name] = await stack.enter_async_context(
-                mcp.Client(server, cache=None)
-            )
-        owner = await stack.enter_async_context(QG.as_owner(spec.directory))
+        await gateway.connect_upstreams(stack)
+        owner = await stack.enter_async_context(Client.as_owner(spec.directory))
         registry = await owner.registry()
         found = await gateway.upstream_tools()
         for name, mapping in sorted(config.tools.items()):

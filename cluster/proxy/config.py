@@ -121,7 +121,7 @@ def _session(raw: str | None, where: str) -> str:
     raise ProxyConfigError(f'{where}.session: "first_message", "metadata" or "header:NAME"')
 
 
-def _mapping(model_name: str, body: object, where: str) -> ToolMapping:
+def parse_mapping(model_name: str, body: object, where: str) -> ToolMapping:
     t = _table(body, where, ("tool", "target", "scheme", "targets", "exclude"))
     tool_raw = _text(t, "tool", where, model_name) or model_name
     tool = names.canonical_tool_name(tool_raw)
@@ -173,7 +173,7 @@ def parse_config(data: dict[str, Any], base: Path) -> ProxyConfig:
         if len(tools_raw) > TOOLS_PER_AGENT_MAX:
             raise ProxyConfigError(f"{where}.tools: at most {TOOLS_PER_AGENT_MAX}")
         tools = {
-            name: _mapping(name, mapping, f"{where}.tools.{name}")
+            name: parse_mapping(name, mapping, f"{where}.tools.{name}")
             for name, mapping in sorted(tools_raw.items())
         }
         agents[agent_id] = AgentConfig(
