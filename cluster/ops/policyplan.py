@@ -45,7 +45,6 @@ from quorumgate.proto.model import (
     SETTING_NAMES,
     Admin,
     AdminOp,
-    Mandate,
     Outcome,
     RegisterAgent,
     RegisterPrincipal,
@@ -239,7 +238,7 @@ def _plan_agents(policy: Policy, registry: Registry, out: Plan) -> None:
             why = (
                 "new"
                 if current is None or current.mandate is None
-                else _mandate_why(current.mandate, mandate)
+                else "differs: " + _differences(current.mandate, mandate)
             )
             mandates.append(Step(SetMandate(name, mandate), f"set-mandate {name}", why))
     out.steps += mandates
@@ -264,10 +263,6 @@ def _differences(current: object, wanted: object) -> str:
     fields = getattr(current, "__dataclass_fields__", {})
     changed = [f for f in fields if getattr(current, f) != getattr(wanted, f)]
     return ", ".join(changed) or "equal"
-
-
-def _mandate_why(current: Mandate, wanted: Mandate) -> str:
-    return "differs: " + _differences(current, wanted)
 
 
 # ---------------------------------------------------------------------------- I/O shell
