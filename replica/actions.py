@@ -41,7 +41,7 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """`blocks` (height order) are committed; `proof` is the 3-chain for the last one."""
+    """`blocks` (height order) are committed; `proof` is the 2-chain for the last one."""
 
     blocks: tuple[Block, ...]
     proof: CommitProof

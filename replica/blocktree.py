@@ -4,9 +4,10 @@ The root is the last committed block. Everything below it is pruned when it comm
 so are forks that do not descend from it, so memory is bounded by the uncommitted suffix
 (itself bounded by `Limits.pending_blocks_max`) however long the cluster runs.
 
-Commit rule (HotStuff, PODC'19, §5 and Alg. 3 "three-chain"; LibraBFT v3 §5.2): when a QC
-certifies block B2, and B2's parent B1 and grandparent B0 are in consecutive views
-(B2.view = B1.view + 1 = B0.view + 2), then B0 and all its uncommitted ancestors commit.
+Commit rule (the 2-chain of Jolteon, FC'22, §3, and DiemBFT v4 §4, with the voting rules
+of replica/safety.py): when a QC certifies block B1 whose parent B0 is of the view just
+before (B1.view = B0.view + 1), B0 and all its uncommitted ancestors commit. It needs one
+round fewer than HotStuff's 3-chain (PODC'19, §5), which also needed B1's child certified.
 """
 
 from __future__ import annotations
@@ -92,22 +93,19 @@ class BlockTree:
         chain.reverse()
         return chain
 
-    def three_chain(self, qc: QuorumCert) -> tuple[list[Block], CommitProof] | None:
+    def two_chain(self, qc: QuorumCert) -> tuple[list[Block], CommitProof] | None:
         """Apply the commit rule to a new QC: the blocks it commits, oldest first, and why."""
-        b2 = self._blocks.get(qc.block_hash)
-        if b2 is None or b2.hash == self.root.hash:
-            return None
-        b1 = self._blocks.get(b2.parent_hash)
+        b1 = self._blocks.get(qc.block_hash)
         if b1 is None or b1.hash == self.root.hash:
             return None
         b0 = self._blocks.get(b1.parent_hash)
         if b0 is None or b0.height <= self.root.height:
             return None
-        if not (b2.view == b1.view + 1 and b1.view == b0.view + 1):
+        if b1.view != b0.view + 1:
             return None
         chain = self.uncommitted_chain(b0.hash)
         assert chain and chain[0].parent_hash == self.root.hash, "commit must extend the root"
-        return chain, CommitProof(b1, b2, qc)
+        return chain, CommitProof.two_chain(b1, qc)
 
     def commit(self, block: Block) -> None:
         """Make `block` the new root and drop everything that does not descend from it."""

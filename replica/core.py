@@ -1,26 +1,26 @@
-"""The sans-I/O consensus core: chained HotStuff with the 3-chain commit rule.
+"""The sans-I/O consensus core: chained HotStuff with the 2-chain commit rule.
 
 A deterministic object. Events go in — `on_message`, `on_tick`, `on_transactions` — and a
 list of actions comes out (replica/actions.py): persist, store, send, commit, schedule. It
 imports no asyncio, gRPC, SQLite, clock or randomness (a test checks); time arrives as the
 `now_ms` of each tick and only feeds block timestamps, and every timer counts ticks.
 
-Protocol (HotStuff, PODC'19, §5 "chained HotStuff", with the pacemaker and timeout
-certificates of LibraBFT v3 / DiemBFT §6):
+Protocol (HotStuff, PODC'19, §5 "chained HotStuff", with the 2-chain rules, pacemaker and
+timeout certificates of Jolteon / DiemBFT v4):
 
 - Views have round-robin leaders. The leader of view v proposes a block extending the
   highest QC it knows, carrying that QC as `justify` (and the TC of view v-1 when it
   entered v through one).
 - Replicas vote (replica/safety.py, Rules 1-3) and *broadcast* their votes. Every replica
-  forms QCs itself, so a commit never depends on one leader passing a QC on: with f
-  faulty members among 3f+1 in round-robin order there are always three consecutive
-  honest leaders, and that is all a commit needs.
+  forms QCs itself, the next leader included, the moment the last vote arrives: no one
+  waits for a leader to pass a QC on in its next proposal, so a commit never depends on
+  one leader doing so, and two consecutive honest leaders are all a commit needs.
 - A QC for view v moves a replica to view v+1; a local timeout signs and broadcasts a
   `Timeout` carrying the signer's highest QC; 2f+1 timeouts form a TC that moves
   everyone to v+1, and the new leader extends the highest QC among them. f+1 timeouts for
   the current view make a replica time out too (Bracha-style), so one slow timer is enough.
 - View timeouts double after every view left by a TC, up to a cap, and reset after a QC.
-- Commit rule: replica/blocktree.py (3-chain, consecutive views).
+- Commit rule: replica/blocktree.py (2-chain, consecutive views).
 - Leaders batch adaptively: they propose as soon as they may if transactions are waiting
   or an uncommitted block still carries some (it needs successors to commit); with
   nothing to do they wait `idle_propose_ticks` and then propose an empty heartbeat block.
@@ -425,7 +425,7 @@ class Core:
 
     def _try_commit(self, qc: QuorumCert) -> None:
         """Apply the commit rule to a verified QC (replica/blocktree.py)."""
-        committed = self.tree.three_chain(qc)
+        committed = self.tree.two_chain(qc)
         if committed is not None:
             blocks, proof = committed
             assert proof.b1.parent_hash == blocks[-1].hash, "proof does not prove the commit"
@@ -507,7 +507,7 @@ class Core:
         self._process_certs(tc.high_qc, tc)
 
     def _inserted(self, block: Block) -> None:
-        """A block entered the tree: a QC we already hold may now complete a 3-chain."""
+        """A block entered the tree: a QC we already hold may now complete a 2-chain."""
         if block.proposer == self.me and block.view > self.safety.state.last_proposed_view:
             # Our own proposal, which we do not remember making (safety Rule 6).
             self.safety.fence(proposed_view=block.view)
@@ -601,7 +601,7 @@ class Core:
         # Certificates first: they are how a replica learns that views moved on.
         self._process_certs(block.justify, proposal.high_tc)
         if block.view < self.view:
-            # Late (votes overtook it): keep the block, since a 3-chain may need it.
+            # Late (votes overtook it): keep the block, since a 2-chain may need it.
             # Only the block our highest QC certifies, though: a leader proposes once per view,
             # so any other late block for a past view is an equivocation, not one to keep.
             parent = self.tree.get(block.parent_hash)

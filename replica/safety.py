@@ -12,25 +12,29 @@ the state's `epoch`, which the shell must have made durable before sending (see
 replica/actions.py). A replica that crashes at any point and restarts from its last
 durable state can therefore never sign two conflicting statements.
 
-The voting rules (numbered; errors name the rule and the views involved):
+The voting rules (numbered; errors name the rule and the views involved). The rules are
+the 2-chain ones of Jolteon (Gelashvili et al., FC'22, §3) and DiemBFT v4 (§4, the
+`safe_to_vote` / `safe_to_timeout` of its Safety module), as Aptos' `safety_rules_2chain`
+states them; a block commits after one round fewer than under HotStuff's 3-chain:
 
-Rule 1 — increasing view (HotStuff, PODC'19, §4.3 and Alg. 4 `vheight`; LibraBFT v3 §5.3
-  "increasing-round"): vote for a block only if its view is above every view this replica
-  has voted or timed out in. One vote per view, ever.
+Rule 1 — increasing view (HotStuff, PODC'19, §4.3 `vheight`; DiemBFT v4
+  `increase_last_vote_round`): vote for a block only if its view is above every view this
+  replica has voted or timed out in. One vote per view, ever.
 
-Rule 2 — locking (HotStuff §4.3 `safeNode`; LibraBFT v3 §5.3 "locked-round", which states
-  safeNode's two branches as one comparison): vote only if the block's justify QC is at
-  least as new as the locked QC. If the block extends the locked block its justify
-  certifies the locked block or a descendant, so its view is >= the lock's; if it does not,
-  a newer justify is the liveness branch.
+Rule 2 — safe to vote (DiemBFT v4 `safe_to_vote`): vote for block B of view v only if its
+  justify QC is of view v-1, or this replica holds a TC for view v-1 and B's justify is at
+  least as high as the highest QC any of that TC's signers reported. (A TC signature
+  covers the signer's high-QC view, so that "highest" cannot be lowered.)
 
-Rule 3 — lock update (HotStuff Alg. 4 `update`; LibraBFT v3 "preferred round"): when
-  voting for block B whose justify certifies parent P, lock on P's justify (the 2-chain
-  head B <- P <- G locks G). The lock only grows and is persisted with the vote.
+Rule 3 — the one-chain lock (DiemBFT v4 `observe_qc`, "one-chain round"): voting for B, or
+  timing out with QC q, raises the lock to B's justify (or q). The lock only grows and is
+  persisted with the statement.
 
-Rule 4 — timeouts (LibraBFT v3 §6 pacemaker): sign a timeout for view v only if v is at
-  least the last voted view; afterwards the last voted view is v, so Rule 1 forbids voting
-  in a view this replica has given up on.
+Rule 4 — safe to timeout (DiemBFT v4 `safe_to_timeout`): sign a timeout for view v only if
+  v is at least the last voted view, v follows the QC it carries or the highest TC held
+  (v = qc.view + 1 or tc.view + 1), and that QC is at least the lock (Rule 3): a timeout
+  never hides a QC its signer vouched for. Afterwards the last voted view is v, so Rule 1
+  forbids voting in a view this replica has given up on.
 
 Rule 5 — proposals: lead each view at most once (`last_proposed_view` grows), so an honest
   leader never equivocates, even across a crash.
@@ -41,12 +45,17 @@ Rule 6 — fencing (recovery drills, `stale-restore`): a replica restarted from 
   views to the certificate's, persisted before it signs anything else, so it never signs
   again in a view it already signed in.
 
-Safety argument (HotStuff Theorem 2; LibraBFT v3 Theorem 1): if B0 is committed through a
-direct 3-chain B0 <- B1 <- B2 with QC(B2) in consecutive views, then 2f+1 members voted for
-B2, at least f+1 of them honest, and each locked on B0's certificate or newer (Rule 3).
-Any conflicting block proposed later has a justify older than B0's... unless it extends
-B0; by Rule 2 those f+1 honest members refuse it, so no conflicting block gathers a QC of
-2f+1 and no conflicting block at B0's height can be committed.
+Safety argument (Jolteon Theorem 1; DiemBFT v4 §5). The commit rule (replica/blocktree.py):
+B0 of view r commits when a QC certifies its child B1 of view r+1. By Rule 1 at most one
+block per view is certified. 2f+1 members voted for B1, f+1 of them honest, each locked at
+r or above (Rule 3: B1's justify certifies B0). Claim: every block certified in a view
+v > r extends B0. For v = r+1 it is B1. For v > r+1, f+1 honest members voted for it
+under Rule 2: either its justify is of view v-1 (> r: by induction that block extends
+B0), or a TC for view v-1 admitted it with a justify no lower than the TC's highest QC.
+That TC's 2f+1 signers include an honest voter for B1, who timed out in v-1 >= r+1 after
+voting in r+1 (Rule 1: not before, or it could not have voted) and so carried a QC of
+view >= r (Rule 4); the justify is then of a view in [r, v-1]: B0 itself, or by induction
+a block extending it. So no conflicting block is ever certified, let alone committed.
 """
 
 from __future__ import annotations
@@ -246,14 +255,9 @@ class SafetyRules:
                 1, f"block view {block.view} <= last voted view {state.last_voted_view}"
             )
         # Rule 2
-        if block.justify.view < state.locked_qc.view:
-            raise SafetyError(
-                2,
-                f"block view {block.view}: justify view {block.justify.view} "
-                f"< locked view {state.locked_qc.view}",
-            )
+        self._check_safe_to_vote(block, high_tc)
         # update (Rule 3), persist, sign
-        locked = parent.justify if parent.justify.view > state.locked_qc.view else state.locked_qc
+        locked = block.justify if block.justify.view > state.locked_qc.view else state.locked_qc
         statement = Vote(block.view, block.height, block.hash, self._me, b"")
         updated = state.with_certs(block.justify, high_tc)
         if high_qc is not None:
@@ -263,6 +267,26 @@ class SafetyRules:
         )
         new = self._commit(updated)
         return Signed(self._sign_vote(statement), new.epoch)
+
+    def _check_safe_to_vote(self, block: Block, tc: TimeoutCert | None) -> None:
+        """Rule 2. `tc` is the highest TC the voter holds (verified); only one for the view
+        just before the block's counts."""
+        if block.justify.view + 1 == block.view:
+            return
+        if tc is not None and tc.view + 1 == block.view:
+            self._checker.check_tc(tc)  # verified by the caller: this is a cache hit
+            if block.justify.view >= tc.high_qc.view:
+                return
+            raise SafetyError(
+                2,
+                f"block view {block.view}: justify view {block.justify.view} "
+                f"< the highest qc view {tc.high_qc.view} of the tc for view {tc.view}",
+            )
+        raise SafetyError(
+            2,
+            f"block view {block.view}: justify view {block.justify.view} is not the view "
+            "before it and no tc for that view is held",
+        )
 
     def _sign_vote(self, statement: Vote) -> Vote:
         # Safety state records what was voted for, unsigned; Ed25519 is deterministic, so
@@ -312,10 +336,29 @@ class SafetyRules:
         # Rule 4
         if view < state.last_voted_view:
             raise SafetyError(4, f"timeout view {view} < last voted view {state.last_voted_view}")
+        self._check_safe_to_timeout(view, high_qc, high_tc, state)
         updated = state.with_certs(high_qc, high_tc)
         statement = Timeout(view, updated.high_qc, self._me, b"", updated.high_tc)
-        new = self._commit(replace(updated, last_voted_view=view, last_timeout=statement))
+        locked = high_qc if high_qc.view > state.locked_qc.view else state.locked_qc  # Rule 3
+        new = self._commit(
+            replace(updated, last_voted_view=view, locked_qc=locked, last_timeout=statement)
+        )
         return Signed(self._sign_timeout(statement), new.epoch)
+
+    def _check_safe_to_timeout(
+        self, view: int, high_qc: QuorumCert, tc: TimeoutCert | None, state: SafetyState
+    ) -> None:
+        """Rule 4, beyond the view bound checked before it."""
+        if view != high_qc.view + 1 and (tc is None or view != tc.view + 1):
+            raise SafetyError(
+                4,
+                f"timeout view {view} follows neither its qc (view {high_qc.view}) nor the "
+                f"highest tc (view {tc.view if tc is not None else 0})",
+            )
+        if high_qc.view < state.locked_qc.view:
+            raise SafetyError(
+                4, f"timeout qc view {high_qc.view} < locked view {state.locked_qc.view}"
+            )
 
     def _sign_timeout(self, statement: Timeout) -> Timeout:
         chain = self._checker.membership.chain_id

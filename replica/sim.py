@@ -43,11 +43,10 @@ from quorumgate.replica.actions import (
     StoreBlock,
     check_send_allowed,
 )
-from quorumgate.replica.blocktree import BlockTree
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.crypto import Ed25519Signer, Signer, Verifier, ed25519_verify
-from quorumgate.replica.safety import SafetyRules, SafetyState, Signed
+from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState, Signed
 from quorumgate.replica.sync import build_sync_response
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
@@ -66,7 +65,6 @@ from quorumgate.replica.types import (
     TimeoutCert,
     Vote,
     genesis_block,
-    genesis_qc,
     proposal_bytes,
     timeout_bytes,
     vote_bytes,
@@ -87,7 +85,13 @@ BEHAVIOURS = (
 )
 MALFORM_COPIES = 2  # mutated copies of each message a `malform` member sends
 FAR_AHEAD_VIEWS = 1_000_000
-UNSAFE_VARIANTS = ("no_lock", "two_chain_commit", "double_vote", "no_fence")
+UNSAFE_VARIANTS = (
+    "no_safe_to_vote",
+    "tc_ignores_high_qc",
+    "three_chain_lock",
+    "double_vote",
+    "no_fence",
+)
 SIM_TICK_MS = 10
 TX_BYTES = 48
 
@@ -201,8 +205,31 @@ class _FastSigner:
 # ============================================================================ unsafe variants
 
 
-class NoLockSafetyRules(SafetyRules):
-    """Broken on purpose: Rule 2 (the lock) never refuses."""
+class NoSafeToVoteRules(SafetyRules):
+    """Broken on purpose: Rule 2 (safe to vote) never refuses."""
+
+    def _check_safe_to_vote(self, block: Block, tc: TimeoutCert | None) -> None:
+        pass
+
+
+class TcIgnoresHighQcRules(SafetyRules):
+    """Broken on purpose: Rule 2's TC branch forgets the TC's highest QC — any block of the
+    view after a TC is voted for, whatever QC it extends (the classic 2-chain mistake)."""
+
+    def _check_safe_to_vote(self, block: Block, tc: TimeoutCert | None) -> None:
+        if tc is not None and tc.view + 1 == block.view:
+            return
+        super()._check_safe_to_vote(block, tc)
+
+
+class ThreeChainLockRules(SafetyRules):
+    """Broken on purpose: HotStuff's 3-chain voting rules (safeNode: a justify at least as
+    new as the lock; lock on the parent's justify) kept under the 2-chain commit count,
+    the shortcut issue 19 warns against. Its lock lags one view behind the 2-chain's."""
+
+    def _check_safe_to_vote(self, block: Block, tc: TimeoutCert | None) -> None:
+        if block.justify.view < self._state.locked_qc.view:
+            raise SafetyError(2, f"justify view {block.justify.view} below the lock")
 
     def vote(
         self,
@@ -211,26 +238,19 @@ class NoLockSafetyRules(SafetyRules):
         high_qc: QuorumCert | None = None,
         high_tc: TimeoutCert | None = None,
     ) -> Signed[Vote]:
-        saved_lock = self._state.locked_qc
-        self._state = replace(self._state, locked_qc=genesis_qc(block.chain_id))
-        try:
-            return super().vote(block, parent, high_qc, high_tc)
-        finally:
-            if self._state.locked_qc.view < saved_lock.view:
-                self._state = replace(self._state, locked_qc=saved_lock)
+        before = self._state.locked_qc
+        signed = super().vote(block, parent, high_qc, high_tc)
+        lock = parent.justify if parent.justify.view > before.view else before
+        self._state = replace(self._state, locked_qc=lock)
+        return signed
 
-
-class TwoChainTree(BlockTree):
-    """Broken on purpose: commits the parent of a certified block (2-chain, no lock change)."""
-
-    def three_chain(self, qc: QuorumCert) -> tuple[list[Block], CommitProof] | None:
-        b2 = self.get(qc.block_hash)
-        if b2 is None or b2.hash == self.root.hash:
-            return None
-        b1 = self.get(b2.parent_hash)
-        if b1 is None or b1.height <= self.root.height or b2.view != b1.view + 1:
-            return None
-        return self.uncommitted_chain(b1.hash), CommitProof(b2, b2, qc)
+    def timeout(
+        self, view: int, high_qc: QuorumCert, high_tc: TimeoutCert | None
+    ) -> Signed[Timeout]:
+        before = self._state.locked_qc
+        signed = super().timeout(view, high_qc, high_tc)
+        self._state = replace(self._state, locked_qc=before)  # a 3-chain timeout locks nothing
+        return signed
 
 
 class DoubleVoteSafetyRules(SafetyRules):
@@ -251,12 +271,16 @@ class DoubleVoteSafetyRules(SafetyRules):
         return super().vote(block, parent, high_qc, high_tc)
 
 
-class NoLockCore(Core):
-    safety_rules_cls = NoLockSafetyRules
+class NoSafeToVoteCore(Core):
+    safety_rules_cls = NoSafeToVoteRules
 
 
-class TwoChainCore(Core):
-    block_tree_cls = TwoChainTree
+class TcIgnoresHighQcCore(Core):
+    safety_rules_cls = TcIgnoresHighQcRules
+
+
+class ThreeChainLockCore(Core):
+    safety_rules_cls = ThreeChainLockRules
 
 
 class DoubleVoteCore(Core):
@@ -288,8 +312,9 @@ class NoFenceCore(Core):
 
 CORE_CLASSES: dict[str | None, type[Core]] = {
     None: Core,
-    "no_lock": NoLockCore,
-    "two_chain_commit": TwoChainCore,
+    "no_safe_to_vote": NoSafeToVoteCore,
+    "tc_ignores_high_qc": TcIgnoresHighQcCore,
+    "three_chain_lock": ThreeChainLockCore,
     "double_vote": DoubleVoteCore,
     "no_fence": NoFenceCore,
 }

@@ -5,7 +5,7 @@ committed log, which lives in the shell's storage (or the simulator's disk), so 
 function takes a read-only view of it.
 
 A response ends its committed part at a height for which the server kept a commit proof
-(the 3-chain that committed it), so the asker can check the whole range against one QC.
+(the 2-chain that committed it), so the asker can check the whole range against one QC.
 Every `Commit` action yields a proof for its last block; in a healthy cluster that is every
 block.
 """
@@ -110,10 +110,7 @@ def assemble_sync_response(
 
 
 def _proof_blocks(proof: CommitProof | None) -> tuple[Block, ...]:
-    if proof is None:
-        return ()
-    # b1 is b2 only for the simulator's deliberately broken 2-chain variant.
-    return (proof.b1, proof.b2) if proof.b1.hash != proof.b2.hash else (proof.b2,)
+    return () if proof is None else proof.blocks
 
 
 def build_sync_response(

@@ -275,8 +275,9 @@ class SyncRequest:
 class SyncResponse:
     """Committed blocks, a commit proof for the last of them, then pending blocks.
 
-    `proof` holds the two blocks that extend the last committed block in consecutive views
-    and `proof_qc` certifies the second: the 3-chain that commits it (HotStuff §5, Alg. 3).
+    `proof` holds the block that extends the last committed block in the view after its,
+    and `proof_qc` certifies it: the 2-chain that commits it (replica/blocktree.py). A
+    proof kept from the 3-chain rule has that block's child too, certified by `proof_qc`.
     """
 
     committed: tuple[Block, ...]
@@ -325,8 +326,20 @@ class Envelope:
 
 @dataclass(frozen=True, slots=True)
 class CommitProof:
-    """Why `blocks[-1]` of a commit is committed: B1, B2 in consecutive views and QC(B2)."""
+    """Why a commit's last block B0 is committed: `qc` certifies `b2`, and `b1` is B0's
+    child in the view just after B0's. Under the 2-chain rule (replica/blocktree.py) `b2`
+    is `b1` itself; a proof stored by a release with the 3-chain rule has `b2` as `b1`'s
+    child, whose justify certifies `b1` — it proves the same commit under either rule."""
 
     b1: Block
     b2: Block
     qc: QuorumCert
+
+    @staticmethod
+    def two_chain(b1: Block, qc: QuorumCert) -> CommitProof:
+        return CommitProof(b1, b1, qc)
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """The proof's distinct blocks, oldest first (what a sync response carries)."""
+        return (self.b1,) if self.b1.hash == self.b2.hash else (self.b1, self.b2)

@@ -31,8 +31,8 @@ from quorumgate.replica.types import (
     Vote,
 )
 
-# A proof of commit is the two blocks that extend the committed one (3-chain, HotStuff
-# §5), or one block under the simulator's deliberately broken 2-chain variant.
+# A proof of commit is the block that extends the committed one (2-chain), or two blocks
+# in a proof kept from the 3-chain rule (replica/types.py CommitProof).
 PROOF_BLOCKS_MAX = 2
 HASH_BYTES = 32
 SIGNATURE_BYTES = 64

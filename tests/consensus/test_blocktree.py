@@ -1,7 +1,7 @@
-"""The block tree: the 3-chain commit rule, pruning, and bounded memory.
+"""The block tree: the 2-chain commit rule, pruning, and bounded memory.
 
-Commit rule (HotStuff, PODC'19, §5 and Alg. 3; LibraBFT v3 §5.2): a QC for B2 whose parent
-B1 and grandparent B0 are in consecutive views commits B0 and its uncommitted ancestors.
+Commit rule (Jolteon, FC'22, §3; DiemBFT v4 §4): a QC for B1 whose parent B0 is of the view
+just before commits B0 and its uncommitted ancestors.
 """
 
 from __future__ import annotations
@@ -33,56 +33,51 @@ def tree_with(*blocks: Block) -> BlockTree:
     return tree
 
 
-def test_three_chain_in_consecutive_views_commits_b0_and_its_uncommitted_ancestors() -> None:
-    """HotStuff §5 Alg. 3: B0 <- B1 <- B2 with views v, v+1, v+2 and QC(B2) commit B0."""
+def test_two_chain_in_consecutive_views_commits_b0_and_its_uncommitted_ancestors() -> None:
+    """B0 <- B1 with views v, v+1 and QC(B1) commit B0 (and what B0 extends)."""
     g = genesis_block(CHAIN)
     a = child(g, 1)
     b0 = child(a, 3)  # a gap between a and b0: a commits only as b0's ancestor
     b1 = child(b0, 4)
-    b2 = child(b1, 5)
-    tree = tree_with(a, b0, b1, b2)
-    result = tree.three_chain(cert(b2))
+    tree = tree_with(a, b0, b1)
+    result = tree.two_chain(cert(b1))
     assert result is not None
     blocks, proof = result
     assert blocks == [a, b0]
-    assert proof == CommitProof(b1, b2, cert(b2))
+    assert proof == CommitProof(b1, b1, cert(b1)) and proof.blocks == (b1,)
 
 
 def test_views_that_are_not_consecutive_commit_nothing() -> None:
     g = genesis_block(CHAIN)
-    for views in ((1, 2, 4), (1, 3, 4), (2, 4, 6)):
+    for views in ((1, 3), (2, 4), (1, 7)):
         b0 = child(g, views[0])
         b1 = child(b0, views[1])
-        b2 = child(b1, views[2])
-        tree = tree_with(b0, b1, b2)
-        assert tree.three_chain(cert(b2)) is None, views
+        tree = tree_with(b0, b1)
+        assert tree.two_chain(cert(b1)) is None, views
         assert tree.committed_height == 0
 
 
-def test_a_two_chain_or_an_unknown_block_commits_nothing() -> None:
+def test_a_one_chain_or_an_unknown_block_commits_nothing() -> None:
     g = genesis_block(CHAIN)
     b1 = child(g, 1)
-    b2 = child(b1, 2)
-    tree = tree_with(b1, b2)
-    assert tree.three_chain(cert(b2)) is None  # B0 would be genesis, already the root
-    assert tree.three_chain(cert(b1)) is None
-    stranger = child(b2, 3)
-    assert tree.three_chain(cert(stranger)) is None  # not in the tree
+    tree = tree_with(b1)
+    assert tree.two_chain(cert(b1)) is None  # B0 would be genesis, already the root
+    stranger = child(b1, 2)
+    assert tree.two_chain(cert(stranger)) is None  # not in the tree
 
 
 def test_a_committed_block_is_not_committed_twice() -> None:
     g = genesis_block(CHAIN)
-    b1, b2, b3 = child(g, 1), None, None
+    b1 = child(g, 1)
     b2 = child(b1, 2)
-    b3 = child(b2, 3)
-    tree = tree_with(b1, b2, b3)
-    result = tree.three_chain(cert(b3))
+    tree = tree_with(b1, b2)
+    result = tree.two_chain(cert(b2))
     assert result is not None and result[0] == [b1]
     tree.commit(b1)
-    assert tree.three_chain(cert(b3)) is None
-    b4 = child(b3, 4)
-    tree.insert(b4)
-    again = tree.three_chain(cert(b4))
+    assert tree.two_chain(cert(b2)) is None
+    b3 = child(b2, 3)
+    tree.insert(b3)
+    again = tree.two_chain(cert(b3))
     assert again is not None and again[0] == [b2]  # only the next one
 
 

@@ -1,7 +1,8 @@
 """SafetyRules, the only holder of the consensus key (DESIGN §3; replica/safety.py).
 
 Real Ed25519 keys, a 4-member membership, and blocks built by hand. Each test names the
-numbered rule it checks; the rules cite HotStuff (PODC'19) §4.3 / Alg. 4 and LibraBFT v3.
+numbered rule it checks; the rules cite HotStuff (PODC'19) §4.3 / Alg. 4 and the 2-chain
+rules of Jolteon / DiemBFT v4 (`safe_to_vote`, `safe_to_timeout`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import pytest
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.crypto import Ed25519Signer, Verifier
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
-from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_block, genesis_qc
+from quorumgate.replica.types import (
+    Block,
+    QuorumCert,
+    RemoteError,
+    TimeoutCert,
+    genesis_block,
+    genesis_qc,
+)
 from tests.consensus.helpers import (
     CHAIN,
     SIGNERS,
@@ -137,20 +145,23 @@ def test_a_vote_signs_the_domain_separated_statement(chain: list[Block]) -> None
 # --------------------------------------------------------------------------- Rule 2 and 3
 
 
-def test_rule3_voting_locks_on_the_parents_justify(chain: list[Block]) -> None:
-    """Rule 3 (HotStuff Alg. 4 update): voting for B with parent P locks P.justify."""
+def tc_for_view(view: int, high_qcs: dict[int, QuorumCert]) -> TimeoutCert:
+    """A genuine TC for `view`: each signer reported the QC given for it."""
+    return tc_from(signed_timeout(voter, view, qc) for voter, qc in high_qcs.items())
+
+
+def test_rule3_voting_locks_on_the_blocks_justify(chain: list[Block]) -> None:
+    """Rule 3 (DiemBFT v4 observe_qc): voting for B locks B.justify, the one-chain."""
     h = Harness()
     g, b1, b2, b3, b4 = chain
     h.rules.vote(b1, g)
-    assert h.rules.state.locked_qc == genesis_qc(CHAIN)
-    h.rules.vote(b2, b1)
     assert h.rules.state.locked_qc == genesis_qc(CHAIN)  # b1's justify is genesis
-    h.rules.vote(b3, b2)
+    h.rules.vote(b2, b1)
     assert h.rules.state.locked_qc == b2.justify
     assert h.rules.state.locked_qc.block_hash == b1.hash
     h.rules.vote(b4, b3)
-    assert h.rules.state.locked_qc == b3.justify
-    assert h.persisted[-1].locked_qc == b3.justify  # the lock is persisted with the vote
+    assert h.rules.state.locked_qc == b4.justify
+    assert h.persisted[-1].locked_qc == b4.justify  # the lock is persisted with the vote
 
 
 def test_rule3_the_lock_never_moves_backwards(chain: list[Block]) -> None:
@@ -158,47 +169,56 @@ def test_rule3_the_lock_never_moves_backwards(chain: list[Block]) -> None:
     _g, b1, b2, b3, b4 = chain
     for block, parent in ((b2, b1), (b3, b2), (b4, b3)):
         h.rules.vote(block, parent)
-    assert h.rules.state.locked_qc.view == 2
-    # y's justify (QC(x), view 5) is newer than the lock, but its parent x is justified by
-    # QC(b1), view 1, older than the lock: voting for y must keep the lock at view 2.
+    assert h.rules.state.locked_qc.view == 3
+    # A TC for view 4 whose signers reported QC(b1) at best admits a block on QC(b1):
+    # Rule 2 lets it through (the TC vouches that no later QC can have committed
+    # anything), and voting for it must keep the lock at view 3.
+    tc = tc_for_view(4, {0: qc_for(b1), 1: qc_for(b1), 2: qc_for(b1)})
     x = make_block(b1, 5, justify=qc_for(b1), timestamp_ms=b4.timestamp_ms + 1)
-    y = make_block(x, 6, timestamp_ms=x.timestamp_ms + 1)
-    h.rules.vote(y, x)
-    assert y.justify.view == 5 and x.justify.view == 1
-    assert h.rules.state.locked_qc.view == 2
+    h.rules.vote(x, b1, None, tc)
+    assert h.rules.state.locked_qc.view == 3
 
 
-def test_rule2_a_justify_older_than_the_lock_is_refused_naming_the_views(
+def test_rule2_a_justify_of_the_view_before_is_voted_for(chain: list[Block]) -> None:
+    """Rule 2's first branch (DiemBFT v4 safe_to_vote): the happy path, no TC needed."""
+    h = Harness()
+    _g, b1, b2 = chain[:3]
+    assert h.rules.vote(b2, b1).value.block_hash == b2.hash
+
+
+def test_rule2_a_gap_without_a_tc_for_the_view_before_is_refused_naming_the_views(
     chain: list[Block],
 ) -> None:
-    """Rule 2 (HotStuff §4.3 safeNode; LibraBFT v3 §5.3 locked-round)."""
     h = Harness()
-    _g, b1, b2, b3, b4 = chain
-    for block, parent in ((b2, b1), (b3, b2), (b4, b3)):
-        h.rules.vote(block, parent)
-    assert h.rules.state.locked_qc.view == 2
-    # A conflicting block in a fresh view, extending b1 with b1's QC (view 1 < lock 2).
-    fork = make_block(b1, 5, timestamp_ms=b4.timestamp_ms + 1)
+    _g, b1, b2, _b3, b4 = chain
+    h.rules.vote(b2, b1)
+    fork = make_block(b2, 5, timestamp_ms=b4.timestamp_ms + 1)  # justify view 2, view 5
     before = len(h.persisted)
-    message = refused(h.rules.vote, fork, b1, rule=2)
-    assert "rule 2" in message
-    assert "justify view 1" in message and "locked view 2" in message and "view 5" in message
+    message = refused(h.rules.vote, fork, b2, rule=2)
+    assert "block view 5" in message and "justify view 2" in message and "no tc" in message
+    # a TC for another view than 4 does not admit it either
+    tc3 = tc_for_view(3, {0: qc_for(b2), 1: qc_for(b2), 2: qc_for(b2)})
+    assert "no tc" in refused(h.rules.vote, fork, b2, None, tc3, rule=2)
     assert len(h.persisted) == before
-    assert h.rules.state.last_voted_view == 4  # a refusal changes nothing
+    assert h.rules.state.last_voted_view == 2  # a refusal changes nothing
 
 
-def test_rule2_liveness_branch_a_justify_newer_than_the_lock_is_accepted(
+def test_rule2_after_a_tc_a_justify_below_its_highest_qc_is_refused_naming_the_views(
     chain: list[Block],
 ) -> None:
-    """safeNode's liveness branch: a block off the locked branch, with a newer QC."""
+    """The TC branch: the justify must be at least the highest QC the TC's signers
+    reported. Without this check a leader could revive a fork below a QC that 2f+1
+    members vouched for, and undo a commit (the simulator's `tc_ignores_high_qc`)."""
     h = Harness()
     _g, b1, b2, b3, b4 = chain
-    for block, parent in ((b2, b1), (b3, b2), (b4, b3)):
-        h.rules.vote(block, parent)
-    x = make_block(b1, 5, timestamp_ms=b4.timestamp_ms + 1)  # does not extend b2 (locked)
-    y = make_block(x, 6, timestamp_ms=x.timestamp_ms + 1)  # justify QC(x), view 5 > 2
-    signed = h.rules.vote(y, x)
-    assert signed.value.block_hash == y.hash
+    tc = tc_for_view(4, {0: qc_for(b1), 1: qc_for(b3), 2: qc_for(b2)})
+    assert tc.high_qc == qc_for(b3)
+    low = make_block(b2, 5, timestamp_ms=b4.timestamp_ms + 1)  # justify QC(b2), view 2
+    message = refused(h.rules.vote, low, b2, None, tc, rule=2)
+    assert "justify view 2" in message and "highest qc view 3" in message
+    assert "tc for view 4" in message
+    high = make_block(b3, 5, timestamp_ms=b4.timestamp_ms + 1)  # justify QC(b3)
+    assert h.rules.vote(high, b3, None, tc).value.block_hash == high.hash
 
 
 # --------------------------------------------------------------------------- Rule 4
@@ -223,6 +243,39 @@ def test_rule4_after_a_timeout_in_view_v_no_vote_in_v(chain: list[Block]) -> Non
     message = refused(h.rules.vote, b2, b1, rule=1)
     assert "view 2" in message
     assert h.rules.state.last_voted_view == 2
+
+
+def test_rule4_a_timeout_must_follow_its_qc_or_the_highest_tc(chain: list[Block]) -> None:
+    """Rule 4 (DiemBFT v4 safe_to_timeout): v = qc.view + 1 or v = tc.view + 1."""
+    h = Harness()
+    _g, b1, b2 = chain[:3]
+    message = refused(h.rules.timeout, 4, qc_for(b1), None, rule=4)
+    assert "timeout view 4 follows neither its qc (view 1) nor the highest tc" in message
+    tc = tc_for_view(3, {0: qc_for(b2), 1: qc_for(b2), 2: qc_for(b1)})
+    assert h.rules.timeout(4, qc_for(b2), tc).value.view == 4
+
+
+def test_rule4_a_timeout_never_carries_a_qc_below_the_lock(chain: list[Block]) -> None:
+    """Rule 4's lock check: a member that voted on QC(b3) cannot time out reporting QC(b1)
+    (a TC built on such timeouts would hide the QC and admit a fork, Rule 2)."""
+    h = Harness()
+    _g, b1, _b2, b3, b4 = chain
+    h.rules.vote(b4, b3)
+    tc = tc_for_view(4, {0: qc_for(b1), 1: qc_for(b1), 2: qc_for(b1)})
+    before = len(h.persisted)
+    message = refused(h.rules.timeout, 5, qc_for(b1), tc, rule=4)
+    assert "timeout qc view 1 < locked view 3" in message
+    assert len(h.persisted) == before
+    assert h.rules.timeout(5, qc_for(b3), tc).value.high_qc == qc_for(b3)
+
+
+def test_rule3_a_timeout_raises_the_lock_to_its_qc(chain: list[Block]) -> None:
+    h = Harness()
+    _g, b1, b2 = chain[:3]
+    h.rules.vote(b2, b1)
+    assert h.rules.state.locked_qc.view == 1
+    h.rules.timeout(3, qc_for(b2), None)
+    assert h.rules.state.locked_qc == qc_for(b2) == h.persisted[-1].locked_qc
 
 
 def test_timeout_twice_in_a_view_returns_the_identical_timeout(chain: list[Block]) -> None:

@@ -1,6 +1,7 @@
 """Catch-up (DESIGN §3): a replica that is behind or wiped fetches committed blocks with
 their certificates and verifies every QC before applying; sync never commits anything on
-its own say, only through the commit rule (HotStuff §5) on verified certificates.
+its own say, only through the commit rule (the 2-chain, replica/blocktree.py) on verified
+certificates.
 
 Responses are built by `quorumgate.replica.sync.build_sync_response` over the simulator's `Disk`.
 """
@@ -46,11 +47,15 @@ G = BLOCKS[0]
 SERVER = 3  # leads view 7, whose proposal makes the asker ask it
 
 
-def server_disk(committed_top: int) -> Disk:
-    """A server that committed B1..B<top> and kept the 3-chain proof of its top block."""
+def server_disk(committed_top: int, *, three_chain: bool = False) -> Disk:
+    """A server that committed B1..B<top> and kept the 2-chain proof of its top block (or
+    the 3-chain proof an earlier release stored)."""
     disk = Disk(SafetyState.initial(CHAIN), list(BLOCKS[: committed_top + 1]))
     b1, b2 = BLOCKS[committed_top + 1], BLOCKS[committed_top + 2]
-    disk.proofs[committed_top] = CommitProof(b1, b2, qc_for(b2))
+    if three_chain:
+        disk.proofs[committed_top] = CommitProof(b1, b2, qc_for(b2))
+    else:
+        disk.proofs[committed_top] = CommitProof.two_chain(b1, qc_for(b1))
     return disk
 
 
@@ -81,14 +86,27 @@ def commits(actions: list[Action]) -> list[Block]:
 
 def test_an_honest_response_commits_through_the_proof_and_unblocks_the_waiting_vote() -> None:
     core, request = asking_core()
-    response = build_sync_response(request, server_disk(4), None, TEST_LIMITS)
-    assert [b.height for b in response.committed] == [1, 2, 3, 4]
+    response = build_sync_response(request, server_disk(5), None, TEST_LIMITS)
+    assert [b.height for b in response.committed] == [1, 2, 3, 4, 5]
+    assert response.proof == (BLOCKS[6],) and response.proof_qc == qc_for(BLOCKS[6])
+    actions = answer(core, response)
+    assert not core.dropped
+    assert commits(actions) == BLOCKS[1:6]
+    assert core.committed_height == 5
+    # the proposal that was waiting for B6 gets its vote now
+    assert [v.block_hash for v in sent_of(actions, Vote)] == [BLOCKS[7].hash]
+
+
+def test_a_three_chain_proof_kept_by_an_earlier_release_still_proves_its_commit() -> None:
+    """A data directory from the 3-chain release keeps 3-chain proofs: two blocks, the QC
+    certifying the second. They prove the same commit under the 2-chain rule (and one
+    height more: the second block's justify certifies the first, of the next view)."""
+    core, request = asking_core()
+    response = build_sync_response(request, server_disk(4, three_chain=True), None, TEST_LIMITS)
     assert response.proof == (BLOCKS[5], BLOCKS[6]) and response.proof_qc == qc_for(BLOCKS[6])
     actions = answer(core, response)
     assert not core.dropped
-    assert commits(actions) == BLOCKS[1:5]
-    assert core.committed_height == 4
-    # the proposal that was waiting for B6 gets its vote now
+    assert commits(actions) == BLOCKS[1:6]
     assert [v.block_hash for v in sent_of(actions, Vote)] == [BLOCKS[7].hash]
 
 
@@ -161,7 +179,7 @@ def test_a_forged_proof_qc_drops_the_whole_response_and_the_next_peer_is_asked()
     liar's blocks out of the bounded tree."""
     core, request = asking_core()
     honest = build_sync_response(request, server_disk(5), None, TEST_LIMITS)
-    assert honest.proof == (BLOCKS[6], BLOCKS[7])
+    assert honest.proof == (BLOCKS[6],)
     real = honest.proof_qc
     assert real is not None
     forged = replace(real, signatures=tuple((s, bytes(64)) for s, _ in real.signatures))
@@ -250,14 +268,14 @@ def test_a_sync_response_cannot_plant_uncertified_blocks_that_stall_the_replica(
         pending_blocks_max=16,
     )
     core, request = asking_core(me=1, limits=limits)
-    honest = build_sync_response(request, server_disk(4), None, limits)
+    honest = build_sync_response(request, server_disk(5), None, limits)
     b6 = BLOCKS[6]
     planted = tuple(
         make_block(b6, 7, timestamp_ms=BLOCKS[7].timestamp_ms + 1 + k, proposer=SERVER)
         for k in range(limits.pending_blocks_max)
     )
     answer(core, replace(honest, pending=planted))
-    assert core.committed_height == 4  # the genuine part is applied
+    assert core.committed_height == 5  # the genuine part is applied
     # View 7 (led by the server) times out; member 0 proposes B8 on QC(B6) with the TC.
     tc = tc_from([signed_timeout(v, 7, qc_for(b6)) for v in (0, 2, 3)])
     b8 = make_block(b6, 8, justify=qc_for(b6))

@@ -47,10 +47,11 @@ def failure_of(opts: SimOptions) -> str | None:
 
 @pytest.mark.parametrize("variant", UNSAFE_VARIANTS)
 def test_the_simulation_catches_an_unsafe_variant_within_20_seeds(variant: str) -> None:
-    """no_lock drops Rule 2 (HotStuff §4.3 safeNode); two_chain_commit commits on a
-    2-chain without the matching lock (HotStuff §5 needs three); double_vote drops Rule 1
-    (one vote per view); no_fence drops Rule 6 (a replica restored from old data fences
-    the views it may have signed in). Each must be caught."""
+    """no_safe_to_vote drops Rule 2 (DiemBFT v4 safe_to_vote); tc_ignores_high_qc keeps
+    its first branch but votes for anything after a TC; double_vote drops Rule 1 (one
+    vote per view);
+    no_fence drops Rule 6 (a replica restored from old data fences the views it may have
+    signed in). Each must be caught."""
     caught: list[tuple[int, str]] = []
     for seed in SEEDS:
         text = failure_of(options(seed, variant))
@@ -93,7 +94,7 @@ def twins_failures(unsafe: str | None) -> tuple[int, int, dict[str, int]]:
 def test_the_twins_adversary_catches_each_known_bad_rule(variant: str) -> None:
     """The enumerated adversary (partition schedules x the Byzantine member's place in the
     leader order x behaviour) catches each broken rule in at least a fifth of its
-    scenarios; random seeds caught no_lock in 1.5 %. Run with -s to see the rates."""
+    scenarios; random seeds caught the 3-chain's no_lock in 1.5 %. Run with -s to see the rates."""
     caught, total, by_behaviour = twins_failures(variant)
     rate = caught / total
     print(f"\n{variant}: caught in {caught}/{total} twins scenarios ({rate:.0%}) {by_behaviour}")

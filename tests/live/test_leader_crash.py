@@ -39,11 +39,12 @@ def test_leader_killed_under_load_commits_resume_within_n_plus_4_views_and_acked
       kill, its failure shows at its next turn, n views on (one more if it was a view ahead
       of the survivors).
     - `v_resume - v_dead <= n + 4 = 8`: one view to time out `v_dead`, then a fresh block
-      commits once blocks of three consecutive views extend it and the third is certified
-      (the 3-chain rule, HotStuff §5); with live leaders in `v_dead+1..v_dead+3` a survivor
-      holds that commit by `v_dead + 4`. The extra n views absorb one further disruption
-      (a timeout firing late on a loaded CI machine breaks that 3-chain; the next one runs
-      after the dead member's next turn, observed by `v_dead + n + 4`), and still catch a
+      commits once it and its child of the next view are certified (the 2-chain rule,
+      replica/blocktree.py); with live leaders in `v_dead+1..v_dead+2` a survivor holds
+      that commit by `v_dead + 3`, one view inside the bound the 3-chain rule needed. The
+      extra n views absorb one further disruption (a timeout firing late on a loaded CI
+      machine breaks that 2-chain; the next one runs after the dead member's next turn),
+      and still catch a
       pacemaker that fails to leave a dead view or keeps stalling (unbounded back-off, a TC
       that never forms, a new leader that does not extend the highest QC).
 
