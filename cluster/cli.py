@@ -237,7 +237,24 @@ def _cmd_bench_breakdown(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_idle(args: argparse.Namespace) -> int:
+    from quorumgate.bench.idle import format_idle, median_idle, run_idle
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=sys.stderr, flush=True)
+
+    reports = [run_idle(args.nodes, args.idle, args.calls, say) for _ in range(args.runs)]
+    report = median_idle(reports)
+    print(json.dumps(report, indent=2) if args.json else format_idle(report))
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.idle is not None:
+        if not args.start or args.idle <= 0:
+            return _fail("--idle SECONDS (> 0) starts its own cluster: use it with --start", 2)
+        return _cmd_bench_idle(args)
     if args.breakdown:
         if not args.start:
             return _fail("--breakdown starts its own traced cluster: use it with --start", 2)
@@ -562,7 +579,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --start: where one call's time goes at W = 1, stage by stage (traced)",
     )
-    bench.add_argument("--calls", type=int, default=100, help="--breakdown: calls per run")
+    bench.add_argument(
+        "--calls", type=int, default=100, help="--breakdown, --idle: calls per run (W = 1)"
+    )
+    bench.add_argument(
+        "--idle",
+        type=float,
+        metavar="SECONDS",
+        help="with --start: CPU of the cluster's processes left idle for SECONDS after "
+        "--calls calls (quiescence, issue 19)",
+    )
     bench.add_argument(
         "--ab-poll",
         action="store_true",

@@ -38,10 +38,14 @@ class Limits:
     fence_wait_ticks: int = 200
     # Verified-certificate cache entries (a QC is checked once, not at every sighting).
     verified_cache_max: int = 4_096
+    # Quiescence (replica/core.py): with nothing left to order, propose no heartbeats and
+    # stop the view timer. Off only for unit tests that drive views with empty blocks.
+    quiesce: bool = True
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
-            if getattr(self, name) <= 0:
+            value = getattr(self, name)
+            if not isinstance(value, bool) and value <= 0:
                 raise ValueError(f"limit {name} must be positive")
         if self.idle_propose_ticks >= self.view_timeout_ticks_base:
             raise ValueError("idle_propose_ticks must be below view_timeout_ticks_base")

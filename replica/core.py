@@ -24,6 +24,11 @@ timeout certificates of Jolteon / DiemBFT v4):
 - Leaders batch adaptively: they propose as soon as they may if transactions are waiting
   or an uncommitted block still carries some (it needs successors to commit); with
   nothing to do they wait `idle_propose_ticks` and then propose an empty heartbeat block.
+- Quiescence (issue 19): once nothing is left to order — no transaction waits, no
+  uncommitted block carries any, and a committed block carries the state root of the last
+  height that did — leaders propose nothing and the view timer stands still, so an idle
+  cluster sends nothing. The next transaction wakes the leader (`on_transactions`) and
+  restarts every replica's timer, so a dead leader is still timed out.
 
 Remote garbage raises `RemoteError` inside and is counted in `dropped` by reason; it never
 leaves `on_message`. Our own broken invariants are assertions.
@@ -230,6 +235,9 @@ class Core:
         self._timeouts: dict[int, dict[int, Timeout]] = {}
         self._proposal_seen: dict[int, bytes] = {}
         self._waiting: Proposal | None = None
+        # The highest committed height with transactions (restarts assume the committed top
+        # had some: quiescence then waits for its root to be carried once more).
+        self._payload_height = self.tree.committed_height
         self._sync_peer: int | None = None
         self._sync_target = b""
         self._sync_ticks = 0
@@ -276,7 +284,10 @@ class Core:
         """One pacemaker tick; `now_ms` is the shell's clock, used only for timestamps."""
         assert self._started, "start() first"
         self.now_ms = now_ms
-        self._ticks_in_view += 1
+        if self.quiescent():
+            self._ticks_in_view = 0  # nothing to wait for: no view can fail
+        else:
+            self._ticks_in_view += 1
         if self._timeout_sent_tick is None:
             if self._ticks_in_view >= self._timeout_ticks:
                 self._local_timeout()
@@ -361,6 +372,15 @@ class Core:
     def committed_height(self) -> int:
         return self.tree.committed_height
 
+    def quiescent(self) -> bool:
+        """Nothing to order: no transaction waits, no uncommitted block carries any, and
+        the committed chain carries the state root of the last height that did."""
+        if not self.limits.quiesce:
+            return False
+        if self.tree.root.state_root_height < self._payload_height or self.payload.pending():
+            return False
+        return not any(block.payload for block in self.tree.blocks())
+
     def pending_chain(self, target_hash: bytes, blocks_max: int) -> list[Block]:
         """Uncommitted blocks from above the committed root up to `target_hash` (for sync)."""
         if target_hash and target_hash in self.tree:
@@ -431,6 +451,9 @@ class Core:
             assert proof.b1.parent_hash == blocks[-1].hash, "proof does not prove the commit"
             self.tree.commit(blocks[-1])
             self.payload.on_commit(blocks)
+            for block in blocks:
+                if block.payload:
+                    self._payload_height = max(self._payload_height, block.height)
             self.stats.blocks_committed += len(blocks)
             self._out.append(Commit(tuple(blocks), proof))
 
@@ -548,7 +571,7 @@ class Core:
         ready = (
             self.payload.pending()
             or any(block.payload for block in chain)
-            or self._ticks_in_view >= self.limits.idle_propose_ticks
+            or (self._ticks_in_view >= self.limits.idle_propose_ticks and not self.quiescent())
         )
         if not ready:
             return

@@ -139,7 +139,7 @@ def stage_table(calls: list[Call], traces: dict[str, Any]) -> list[dict[str, Any
     return out
 
 
-async def _calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Call]:
+async def w1_calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Call]:
     import time
 
     from nacl.signing import SigningKey
@@ -193,7 +193,7 @@ def run_breakdown(
                 os.environ[TRACE_DIR_ENV] = previous
         try:
             progress(f"{calls} calls at W = 1 (after {WARMUP_CALLS} warm-up calls)")
-            measured = asyncio.run(_calls(spec, calls, poll))
+            measured = asyncio.run(w1_calls(spec, calls, poll))
         finally:
             stop_nodes(spec, list(range(nodes)))
             for proc in procs:

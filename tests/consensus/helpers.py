@@ -57,6 +57,7 @@ TEST_LIMITS = Limits(
     idle_propose_ticks=2,
     sync_blocks_max=16,
     sync_retry_ticks=8,
+    quiesce=False,  # these tests drive views with empty heartbeat blocks (no sidecar)
 )
 
 

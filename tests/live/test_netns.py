@@ -33,10 +33,14 @@ from quorumgate.ops.nodes import (
     wait_sidecars_serving,
 )
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
-from tests.live.conftest import WAIT_S, LiveCluster, wait_until
+from tests.live.conftest import WAIT_S, LiveCluster, Load, wait_until
 
 NODES = 4
 HEIGHTS = 4  # heights committed to show progress
+# Proposals keep flowing through every phase: an idle cluster goes quiet (issue 19), so
+# progress, and the timeouts of a stuck pair, are shown under load. 2 agents x 10/s last
+# 100 s, longer than the test.
+LOAD_AGENTS, LOAD_PER_AGENT, LOAD_RATE_PER_S = 2, 1000, 10.0
 STUCK_TIMEOUTS = 3  # timeouts each remaining replica signs while it commits nothing
 TIMEOUT_METRIC = "qg_replica_timeouts_total"
 IP = shutil.which("ip")
@@ -177,9 +181,20 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
     assert spec.transport == "tls" and [m.host for m in spec.members] == hosts.addresses
     assert MODULES["replica"] in node_command(spec, 0)
     cluster = NamespacedCluster(spec, hosts)
+    load: Load | None = None
     try:
         cluster.start()
         cluster.start_sidecars()
+        load = Load(
+            cluster,
+            "netns",
+            agents=LOAD_AGENTS,
+            per_agent=LOAD_PER_AGENT,
+            batch=10,
+            rate_per_s=LOAD_RATE_PER_S,
+        )
+        cluster.register(load.agents)
+        load.start()
         everyone = list(range(NODES))
         cluster.wait_height(HEIGHTS, everyone)
         wait_until(
@@ -231,6 +246,10 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
         assert all(s is not None and not s.diverged for s in executed.values()), executed
     except BaseException:
         print(cluster.log_tails(), file=sys.stderr)
+        if load is not None:
+            print(f"load: {load.failures[:5]} refused {load.refused[:5]}", file=sys.stderr)
         raise
     finally:
+        if load is not None:
+            load.stop()
         cluster.close()

@@ -1,0 +1,146 @@
+"""Quiescence (issue 19; replica/core.py): an idle cluster stops proposing once nothing is
+left to order — no transaction waits, no uncommitted block carries any, and a committed
+block carries the state root of the last height that did — and wakes on the next
+transaction without waiting for a timeout. A leader that died meanwhile is still timed out.
+
+Cores run on helpers.Net with the simulator's mempool and instant execution, so blocks
+carry real state roots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from quorumgate.replica.actions import Send
+from quorumgate.replica.core import Core
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.sim import Disk, SimExecution, SimMempool, SimPool
+from quorumgate.replica.types import Proposal, Timeout, TimeoutCert, genesis_block
+from tests.consensus.helpers import CHAIN, SIGNERS, TEST_LIMITS, Net, membership
+
+QUIET = replace(TEST_LIMITS, quiesce=True, state_root_lag_blocks=2)
+BASE = QUIET.view_timeout_ticks_base
+SETTLE_TICKS = 20 * BASE  # far more than the heartbeats that carry the last root need
+
+
+@dataclass
+class QuietNet(Net):
+    limits: object = QUIET
+    pool: SimPool = field(default_factory=SimPool)
+
+    def __post_init__(self) -> None:
+        for i in range(self.n):
+            disk = Disk(SafetyState.initial(CHAIN), [genesis_block(CHAIN)])
+            self.disks.append(disk)
+            self.durable.append(0)
+            self.cores.append(
+                Core(
+                    membership(self.n),
+                    i,
+                    SIGNERS[i],
+                    limits=QUIET,
+                    now_ms=self.now_ms,
+                    payload=SimMempool(self.pool, set()),
+                    execution=SimExecution(disk),
+                    fence_on_start=False,
+                )
+            )
+
+    def submit(self, tx: bytes) -> list[Send]:
+        """Every up member's mempool gets `tx` (gossip); returns what that made them send
+        before any tick."""
+        self.pool.add(tx)
+        mark = len(self.log)
+        for i, core in enumerate(self.cores):
+            if i not in self.down:
+                self.apply(i, core.on_transactions())
+        sent = [a for _, actions in self.log[mark:] for a in actions if isinstance(a, Send)]
+        self.deliver_all()
+        return sent
+
+    def sends_during(self, ticks: int) -> list[Send]:
+        mark = len(self.log)
+        self.tick(ticks)
+        return [a for _, actions in self.log[mark:] for a in actions if isinstance(a, Send)]
+
+    def committed(self, tx: bytes, members: range | list[int]) -> bool:
+        return all(any(tx in b.payload for b in self.disks[i].committed) for i in members)
+
+    def tick_until_committed(self, tx: bytes, members: range | list[int]) -> int:
+        for ticks in range(1, SETTLE_TICKS + 1):
+            self.tick()
+            if self.committed(tx, members):
+                return ticks
+        raise AssertionError(f"{tx!r} not committed within {SETTLE_TICKS} ticks")
+
+
+def settled(net: QuietNet) -> None:
+    """Tick until every member is quiescent (bounded), then check that it stays silent."""
+    for _ in range(SETTLE_TICKS):
+        if all(core.quiescent() for core in net.cores):
+            break
+        net.tick()
+    assert all(core.quiescent() for core in net.cores)
+
+
+def test_a_fresh_cluster_with_nothing_to_order_sends_nothing() -> None:
+    net = QuietNet()
+    net.start()
+    assert net.sends_during(10 * BASE) == []
+    assert all(core.view == 1 for core in net.cores)
+
+
+def test_after_its_last_transaction_the_cluster_carries_the_root_and_goes_quiet() -> None:
+    net = QuietNet()
+    net.start()
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    tx_height = next(b.height for b in net.disks[0].committed if b"tx-1" in b.payload)
+    settled(net)
+    # Heartbeats ran exactly until a committed block carried the root after the transaction.
+    for core, disk in zip(net.cores, net.disks, strict=True):
+        assert core.tree.root.state_root_height >= tx_height
+        assert disk.committed[-1].state_root_height >= tx_height
+    height = net.disks[0].committed[-1].height
+    assert net.sends_during(10 * BASE) == []  # ten view timeouts: no block, no timeout
+    assert net.disks[0].committed[-1].height == height
+    assert all(core.stats.timeouts_sent == 0 for core in net.cores)
+
+
+def test_the_next_transaction_is_proposed_at_once_and_commits_without_a_timeout() -> None:
+    net = QuietNet()
+    net.start()
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    settled(net)
+    net.tick(10 * BASE)
+    sent = net.submit(b"tx-2")
+    # The leader proposed on arrival, before any tick: no heartbeat wait, no timeout.
+    proposals = [s.message for s in sent if isinstance(s.message, Proposal)]
+    assert len(proposals) == 1 and proposals[0].block.payload == (b"tx-2",)
+    ticks = net.tick_until_committed(b"tx-2", range(net.n))
+    assert ticks < QUIET.idle_propose_ticks + BASE
+    assert all(core.stats.timeouts_sent == 0 for core in net.cores)
+
+
+def test_a_leader_that_died_while_quiet_is_timed_out_once_a_transaction_arrives() -> None:
+    net = QuietNet()
+    net.start()
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    settled(net)
+    dead = net.cores[0].leader
+    net.down = {dead}
+    net.tick(10 * BASE)  # quiet: nobody notices yet, and nobody needs to
+    assert all(core.stats.timeouts_sent == 0 for core in net.cores)
+    alive = [i for i in range(net.n) if i != dead]
+    sent = net.submit(b"tx-2")
+    assert not [s for s in sent if isinstance(s.message, Proposal)]
+    net.tick_until_committed(b"tx-2", alive)
+    assert all(net.cores[i].stats.timeouts_sent >= 1 for i in alive)
+    assert any(
+        isinstance(a, Send) and isinstance(a.message, TimeoutCert | Timeout)
+        for i, actions in net.log
+        if i in alive
+        for a in actions
+    )
