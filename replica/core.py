@@ -319,8 +319,12 @@ class Core:
         self._maybe_propose()
         return self._flush()
 
-    def on_transactions(self) -> list[Action]:
-        """The payload source has new transactions: a waiting leader may propose now."""
+    def on_transactions(self, now_ms: int | None = None) -> list[Action]:
+        """The payload source has new transactions: a waiting leader may propose now.
+        `now_ms`, if given, is the shell's clock (an idle shell ticks rarely: replica/node.py),
+        so the block's timestamp is not the last tick's."""
+        if now_ms is not None:
+            self.now_ms = max(self.now_ms, now_ms)
         self._maybe_propose()
         return self._flush()
 
@@ -380,6 +384,13 @@ class Core:
         if self.tree.root.state_root_height < self._payload_height or self.payload.pending():
             return False
         return not any(block.payload for block in self.tree.blocks())
+
+    def needs_ticks(self) -> bool:
+        """False while ticks would change nothing: quiescent, not fencing, no catch-up
+        under way and no proposal waiting. A shell may then stop ticking until the next
+        event (a message, a transaction, a state root)."""
+        idle = self._sync_peer is None and self._waiting is None and not self._fencing
+        return not (idle and self.quiescent())
 
     def pending_chain(self, target_hash: bytes, blocks_max: int) -> list[Block]:
         """Uncommitted blocks from above the committed root up to `target_hash` (for sync)."""

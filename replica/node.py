@@ -21,6 +21,7 @@ Log lines are `key=value` text and never carry transaction contents.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -69,6 +70,9 @@ from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
 INBOUND_EVENTS_MAX = 20_000
 EVENTS_PER_BATCH_MAX = 512
 REGOSSIP_TICKS = 100
+# While the core needs no ticks (quiescent: replica/core.py), the ticker waits for the next
+# event instead, or this long at most (gauges stay fresh to within it).
+IDLE_TICK_S = 1.0
 REGOSSIP_TXS_MAX = 256
 SHUTDOWN_GRACE_S = 1.0
 SYNC_SERVING_MAX = 4  # catch-up requests answered at once; more are dropped and counted
@@ -120,6 +124,7 @@ class ReplicaNode:
         self._roots_queued = False
         self._events: asyncio.Queue[Event] = asyncio.Queue(maxsize=INBOUND_EVENTS_MAX)
         self._tick_queued = False
+        self._ticks_wanted = asyncio.Event()  # the core needs ticks again: wakes the ticker
         self._txs_queued = False
         self._commit_cond = asyncio.Condition()
         self._stored_at: dict[bytes, float] = {}
@@ -238,7 +243,16 @@ class ReplicaNode:
     async def _ticker(self) -> None:
         tick_s = self.spec.tick_ms / 1000
         while True:
-            await asyncio.sleep(tick_s)
+            core = self.core
+            if core is not None and not core.needs_ticks():
+                # Quiescent: no timer runs, so ticks would only cost CPU (0.023 core per
+                # replica at 100 a second). Wait until the core loop finds it needs them
+                # again (one loop, no await between this check and the clear: no race).
+                self._ticks_wanted.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ticks_wanted.wait(), IDLE_TICK_S)
+            else:
+                await asyncio.sleep(tick_s)
             if not self._tick_queued and self.enqueue(_Tick()):
                 self._tick_queued = True
 
@@ -261,13 +275,15 @@ class ReplicaNode:
                         self._regossip()
                 elif isinstance(event, _NewTransactions):
                     self._txs_queued = False
-                    actions += core.on_transactions()
+                    actions += core.on_transactions(self._now_ms())
                 elif isinstance(event, _NewStateRoot):
                     self._roots_queued = False
                     actions += core.on_state_root()
                 else:
                     actions += core.on_message(event)
             await self._execute(actions)
+            if core.needs_ticks():
+                self._ticks_wanted.set()
             self.peers.flush_gossip()
             if ticked:  # gauges lag by at most one tick; a busy loop turns far more often
                 self._update_gauges()

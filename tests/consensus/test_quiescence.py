@@ -144,3 +144,29 @@ def test_a_leader_that_died_while_quiet_is_timed_out_once_a_transaction_arrives(
         if i in alive
         for a in actions
     )
+
+
+def test_a_quiet_core_needs_no_ticks_until_a_transaction_arrives() -> None:
+    """What lets the shell stop its 100-a-second ticker (replica/node.py): ticks would
+    change nothing while quiet, and the first transaction makes them count again."""
+    net = QuietNet()
+    net.start()
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    settled(net)
+    assert not any(core.needs_ticks() for core in net.cores)
+    net.pool.add(b"tx-2")  # in every mempool, before any core heard of it
+    assert all(core.needs_ticks() for core in net.cores)
+
+
+def test_a_transaction_after_a_long_quiet_spell_is_stamped_with_the_shells_clock() -> None:
+    net = QuietNet()
+    net.start()
+    settled(net)
+    leader = net.cores[net.cores[0].leader]
+    later = net.now_ms + 60_000  # a minute without ticks
+    net.pool.add(b"tx-1")
+    actions = leader.on_transactions(later)
+    proposals = [a.message for a in actions if isinstance(a, Send)]
+    blocks = [p.block for p in proposals if isinstance(p, Proposal)]
+    assert len(blocks) == 1 and blocks[0].timestamp_ms == later
