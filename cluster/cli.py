@@ -87,6 +87,12 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
     try:
         hosts = args.hosts.split(",") if args.hosts is not None else None
+        capacities: dict[str, int] = {}
+        for item in args.capacity:
+            name, _, value = item.partition("=")
+            if not value.strip().isdigit():
+                raise ClusterFileError(f"--capacity {item!r}: expected NAME=NUMBER")
+            capacities[name.strip()] = int(value)
         spec = init_cluster(
             Path(args.dir),
             args.nodes,
@@ -94,6 +100,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
             hosts=hosts,
             port_base=args.port_base,
             insecure=args.insecure,
+            capacities=capacities,
         )
     except (ClusterFileError, OSError) as err:
         return _fail(str(err), 2)
@@ -231,6 +238,25 @@ def _cmd_bench_breakdown(args: argparse.Namespace) -> int:
             for name, report in both.items():
                 print(f"[{name}]\n{format_breakdown(report)}\n")
         return 0
+    if args.state == "large":
+        # interleaved: a fresh cluster, then one filled with the large state, `--runs`
+        # times; medians of each, and the ratio of the whole call's p50
+        by_state: dict[str, list[dict[str, object]]] = {"fresh": [], "large state": []}
+        for _ in range(args.runs):
+            by_state["fresh"].append(run_breakdown(args.nodes, args.calls, say))
+            by_state["large state"].append(run_breakdown(args.nodes, args.calls, say, state=True))
+        medians = {name: median_of_runs(r) for name, r in by_state.items()}
+        total = "submit -> certificate (total)"
+        p50 = {n: next(r["p50_ms"] for r in m["stages"] if r["stage"] == total)
+               for n, m in medians.items()}  # fmt: skip
+        ratio = round(p50["large state"] / p50["fresh"], 2)
+        if args.json:
+            print(json.dumps({**medians, "large_over_fresh_p50": ratio}, indent=2))
+        else:
+            for name, report in medians.items():
+                print(f"[{name}]\n{format_breakdown(report)}\n")
+            print(f"large state / fresh, whole call p50: {ratio}x")
+        return 0
     reports = [run_breakdown(args.nodes, args.calls, say) for _ in range(args.runs)]
     report = median_of_runs(reports)
     print(json.dumps(report, indent=2) if args.json else format_breakdown(report))
@@ -244,21 +270,31 @@ def _cmd_bench_idle(args: argparse.Namespace) -> int:
         if not args.json:
             print(line, file=sys.stderr, flush=True)
 
-    reports = [run_idle(args.nodes, args.idle, args.calls, say) for _ in range(args.runs)]
+    large = args.state == "large"
+    reports = [
+        run_idle(args.nodes, args.idle, args.calls, say, state=large) for _ in range(args.runs)
+    ]
     report = median_idle(reports)
     print(json.dumps(report, indent=2) if args.json else format_idle(report))
     return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.idle is not None:
-        if not args.start or args.idle <= 0:
-            return _fail("--idle SECONDS (> 0) starts its own cluster: use it with --start", 2)
-        return _cmd_bench_idle(args)
-    if args.breakdown:
-        if not args.start:
-            return _fail("--breakdown starts its own traced cluster: use it with --start", 2)
-        return _cmd_bench_breakdown(args)
+    from quorumgate.bench.state import PresetError
+
+    if args.state != "fresh" and args.idle is None and not args.breakdown:
+        return _fail("--state large goes with --breakdown or --idle", 2)
+    try:
+        if args.idle is not None:
+            if not args.start or args.idle <= 0:
+                return _fail("--idle SECONDS (> 0) starts its own cluster: use it with --start", 2)
+            return _cmd_bench_idle(args)
+        if args.breakdown:
+            if not args.start:
+                return _fail("--breakdown starts its own traced cluster: use it with --start", 2)
+            return _cmd_bench_breakdown(args)
+    except PresetError as err:
+        return _fail(f"the large-state preset failed: {err}", 1)
     from quorumgate.bench.command import BenchRequest, bench_command, format_report, plot_report
     from quorumgate.bench.harness import BenchError, BenchInterrupted, RunOptions
     from quorumgate.ops.nodes import OpsError
@@ -505,6 +541,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(comma-separated), its ports fixed from --port-base",
     )
     init.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="raise or lower one of the engine's capacities (agents_max, grants_max, "
+        "pending_max, ...: proto/clusterfile.py CAPACITY_NAMES); repeatable",
+    )
+    init.add_argument(
         "--port-base",
         type=int,
         help="fixed ports: each member's four from here (default with --hosts: 7400)",
@@ -581,6 +625,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--calls", type=int, default=100, help="--breakdown, --idle: calls per run (W = 1)"
+    )
+    bench.add_argument(
+        "--state",
+        choices=("fresh", "large"),
+        default="fresh",
+        help="--breakdown, --idle: 'large' first fills the cluster with 10,100 agents, "
+        "10,000 grants and 5,000 pending cards (--breakdown then runs fresh and large "
+        "clusters interleaved and prints the ratio)",
     )
     bench.add_argument(
         "--idle",

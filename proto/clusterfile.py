@@ -26,7 +26,7 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -109,6 +109,10 @@ class ClusterSpec:
     # Who answers confirmation cards (sidecar/engine/core.py AUTHORITY_VERSIONS): 2, only
     # principals and the owner (issue 16); files from before have none: 1.
     authority_version: int = 1
+    # The engine's capacities where they differ from the defaults (proto/limits.py), as
+    # (name, value) pairs sorted by name: `CAPACITY_NAMES`, fixed at `init --capacity`.
+    # They size the sidecars' memory and are part of the chain's configuration.
+    capacities: tuple[tuple[str, int], ...] = ()
 
     @property
     def transport(self) -> str:
@@ -204,6 +208,7 @@ def init_cluster(
     hosts: Sequence[str] | None = None,
     port_base: int | None = None,
     insecure: bool = False,
+    capacities: Mapping[str, int] | None = None,
 ) -> ClusterSpec:
     """Write a new cluster file and fresh keys for `nodes` members under `directory`; with
     TLS (the default) a TLS key per member and its pinned certificate in the file.
@@ -219,6 +224,7 @@ def init_cluster(
             raise ClusterFileError("--hosts takes addresses or host names, comma-separated")
     if port_base is not None and not PORT_MIN <= port_base <= PORT_MAX:
         raise ClusterFileError(f"--port-base must be in {PORT_MIN}..{PORT_MAX}")
+    checked_capacities = check_capacities(dict(capacities or {}), "--capacity")
     if nodes < MEMBERS_MIN:
         raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
     if (nodes - 1) % 3:
@@ -288,6 +294,7 @@ def init_cluster(
             insecure=insecure,
             canonical_version=CANONICAL_VERSION_NEW,
             authority_version=AUTHORITY_VERSION_NEW,
+            capacities=checked_capacities,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -346,11 +353,44 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         ],
         **({"canonical_version": spec.canonical_version} if spec.canonical_version != 1 else {}),
         **({"authority_version": spec.authority_version} if spec.authority_version != 1 else {}),
+        **({"capacities": dict(spec.capacities)} if spec.capacities else {}),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(path)
+
+
+# The engine capacities a cluster file may raise or lower (EngineConfig fields of the same
+# names; defaults in proto/limits.py), and the bound on each: memory grows with them.
+CAPACITY_NAMES = (
+    "agents_max",
+    "grants_max",
+    "grants_per_agent_max",
+    "handles_max",
+    "handles_per_principal_max",
+    "pending_max",
+    "pending_per_principal_max",
+    "sinks_max",
+    "tools_max",
+)
+CAPACITY_VALUE_MAX = 1_000_000
+
+
+def check_capacities(raw: Mapping[str, object], where: str) -> tuple[tuple[str, int], ...]:
+    """Validated (name, value) pairs, sorted by name; a clear error for anything else."""
+    out = []
+    for name, value in raw.items():
+        if name not in CAPACITY_NAMES:
+            raise ClusterFileError(
+                f"{where}: unknown capacity {name!r} (one of {', '.join(CAPACITY_NAMES)})"
+            )
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ClusterFileError(f"{where}: {name} must be an integer")
+        if not 1 <= value <= CAPACITY_VALUE_MAX:
+            raise ClusterFileError(f"{where}: {name} must be in 1..{CAPACITY_VALUE_MAX}")
+        out.append((name, value))
+    return tuple(sorted(out))
 
 
 def _field(doc: dict[str, object], name: str, kind: type, where: str) -> object:
@@ -480,6 +520,9 @@ def load_cluster(directory: Path) -> ClusterSpec:
         raise ClusterFileError(
             f"{where}: authority_version must be one of {AUTHORITY_VERSIONS} (this build)"
         )
+    raw_capacities = doc.get("capacities", {})
+    if not isinstance(raw_capacities, dict):
+        raise ClusterFileError(f"{where}: capacities must be an object of name: number")
     spec = ClusterSpec(
         directory,
         str(chain_id),
@@ -490,6 +533,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
         tuple(auditors),
         int(canonical_version),
         int(authority_version),
+        check_capacities(raw_capacities, f"{where}: capacities"),
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

@@ -173,14 +173,17 @@ async def w1_calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Ca
 
 
 def run_breakdown(
-    nodes: int, calls: int, progress: Any = print, *, poll: bool = False
+    nodes: int, calls: int, progress: Any = print, *, poll: bool = False, state: bool = False
 ) -> dict[str, Any]:
+    """`state`: the cluster is first filled with the large state (bench/state.py); either
+    way it has the capacities that state needs, so the two differ only in what they hold."""
+    from quorumgate.bench.state import STATE_CAPACITIES, fill_large_state
     from quorumgate.ops.nodes import start_cluster, stop_nodes
 
     with tempfile.TemporaryDirectory(prefix="qg-breakdown-") as tmp:
         traces = Path(tmp) / "traces"
         traces.mkdir()
-        spec = init_cluster(Path(tmp) / "cluster", nodes)
+        spec = init_cluster(Path(tmp) / "cluster", nodes, capacities=STATE_CAPACITIES)
         previous = os.environ.get(TRACE_DIR_ENV)
         os.environ[TRACE_DIR_ENV] = str(traces)
         try:
@@ -192,6 +195,7 @@ def run_breakdown(
             else:
                 os.environ[TRACE_DIR_ENV] = previous
         try:
+            filled = asyncio.run(fill_large_state(spec, progress)) if state else {}
             progress(f"{calls} calls at W = 1 (after {WARMUP_CALLS} warm-up calls)")
             measured = asyncio.run(w1_calls(spec, calls, poll))
         finally:
@@ -199,7 +203,7 @@ def run_breakdown(
             for proc in procs:
                 proc.wait()
         table = stage_table(measured, parse_traces(traces, spec.f))
-    return {"nodes": nodes, "calls": len(measured), "stages": table}
+    return {"nodes": nodes, "calls": len(measured), "stages": table, "state": filled}
 
 
 def format_breakdown(report: dict[str, Any]) -> str:

@@ -23,15 +23,25 @@ IDLE_SETTLE_S = 5.0  # after the last call: the heartbeats that carry its root, 
 
 
 def run_idle(
-    nodes: int, seconds: float, calls: int, progress: Any = print, settle_s: float = IDLE_SETTLE_S
+    nodes: int,
+    seconds: float,
+    calls: int,
+    progress: Any = print,
+    settle_s: float = IDLE_SETTLE_S,
+    *,
+    state: bool = False,
 ) -> dict[str, Any]:
+    """`state`: filled with the large state first (bench/state.py)."""
+    from quorumgate.bench.state import STATE_CAPACITIES, fill_large_state
     from quorumgate.ops.nodes import start_cluster, stop_nodes
 
     with tempfile.TemporaryDirectory(prefix="qg-idle-") as tmp:
-        spec = init_cluster(Path(tmp) / "cluster", nodes)
+        spec = init_cluster(Path(tmp) / "cluster", nodes, capacities=STATE_CAPACITIES)
         progress(f"starting {nodes} replicas and sidecars")
         procs = start_cluster(spec, list(range(nodes)))
         try:
+            if state:
+                asyncio.run(fill_large_state(spec, progress))
             if calls:
                 progress(f"{calls} calls at W = 1, then {settle_s:.0f} s to settle")
                 asyncio.run(w1_calls(spec, calls))
@@ -51,6 +61,7 @@ def run_idle(
     return {
         "nodes": nodes,
         "calls_before": calls,
+        "state": "large" if state else "fresh",
         "seconds": round(wall, 1),
         "cores": round(sum(per_process.values()), 4),
         "per_process": per_process,
@@ -60,7 +71,7 @@ def run_idle(
 def median_idle(reports: list[dict[str, Any]]) -> dict[str, Any]:
     names = list(reports[0]["per_process"])
     return {
-        **{k: reports[0][k] for k in ("nodes", "calls_before", "seconds")},
+        **{k: reports[0][k] for k in ("nodes", "calls_before", "state", "seconds")},
         "runs": len(reports),
         "cores": round(statistics.median(r["cores"] for r in reports), 4),
         "per_process": {
@@ -72,7 +83,8 @@ def median_idle(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 def format_idle(report: dict[str, Any]) -> str:
     lines = [
-        f"idle cluster, {report['nodes']} nodes, after {report['calls_before']} calls: "
+        f"idle cluster ({report['state']} state), {report['nodes']} nodes, "
+        f"after {report['calls_before']} calls: "
         f"{report['cores']:.4f} cores over {report['seconds']:.0f} s "
         f"(median of {report.get('runs', 1)})"
     ]

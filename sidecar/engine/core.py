@@ -232,13 +232,15 @@ class EngineConfig:
 
 
 def config_for_cluster(spec: ClusterSpec) -> EngineConfig:
-    """The engine configuration of a cluster's sidecars: cluster.json's chain, owner and
-    versions; every limit at its default (settings in the log change some while it runs)."""
+    """The engine configuration of a cluster's sidecars: cluster.json's chain, owner,
+    versions and capacities; every other limit at its default (settings in the log change
+    some while it runs)."""
     return EngineConfig(
         chain_id=spec.chain_id,
         owner_public_key=spec.owner_public_key,
         canonical_version=spec.canonical_version,
         authority_version=spec.authority_version,
+        **dict(spec.capacities),
     )
 
 
@@ -1287,7 +1289,7 @@ class Engine:
             return _rejected(parsed, Reason.UNKNOWN_GRANT, principal=principal)
         if record is not None and record.agent_id not in self._grantors_above(grant):
             return _rejected(parsed, Reason.NOT_GRANTOR, principal=principal)
-        grant.revoked = True
+        self.state.grants[grant.grant_id] = replace(grant, revoked=True)
         return _applied(parsed, principal=principal, subject=grant.child)
 
     def _grantors_above(self, grant: Grant) -> set[str]:

@@ -11,8 +11,9 @@ eviction picks by explicit sequence numbers (STYLE.md rule 7).
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from quorumgate.proto.canonical import Encoder, sha256
 from quorumgate.proto.model import (
@@ -65,9 +66,11 @@ class PrincipalRecord:
     deputies: tuple[str, ...] = ()  # principals who may answer its cards too
 
 
-@dataclass
+@dataclass(frozen=True)
 class Grant:
-    """A Delegate that was applied (DESIGN §4.4). `scope` is pinned at delegation time."""
+    """A Delegate that was applied (DESIGN §4.4). `scope` is pinned at delegation time.
+    Frozen: a change is a new object (`replace`), which is how the state's encoding cache
+    knows an entry changed (`_encode_state`)."""
 
     grant_id: bytes
     grantor: str
@@ -100,9 +103,9 @@ class Handle:
         return tuple(value.sink for value in self.sealed)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PendingCall:
-    """A confirmation-gated call waiting for its Confirm (DESIGN §4.5)."""
+    """A confirmation-gated call waiting for its Confirm (DESIGN §4.5). Frozen, as `Grant`."""
 
     proposal_id: bytes
     principal: str
@@ -213,6 +216,16 @@ class EngineState:
     agent_bytes: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
     # The agents encoded afresh since the last `take_parts`: what a store has not yet got.
     agents_unsaved: set[str] = field(default_factory=set, repr=False, compare=False)
+    # Each grant's and pending call's encoded bytes, with the (frozen) object they encode:
+    # an entry is re-encoded only when the map holds another object for its id (issue 19,
+    # item 3: re-encoding 10,000 grants and 5,000 cards was most of a block's cost). Not
+    # serialized, not compared.
+    grant_bytes: dict[bytes, tuple[Grant, bytes]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    pending_bytes: dict[bytes, tuple[PendingCall, bytes]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def agent_changed(self, agent_id: str) -> None:
         self.agent_bytes.pop(agent_id, None)
@@ -223,7 +236,7 @@ class EngineState:
     def fresh_bytes(self) -> bytes:
         """The canonical bytes encoded from scratch, with no cache: what `to_bytes` must
         equal (a test oracle, and the check `Engine.verify_state_cache` runs)."""
-        return _encode_state(self, None, None).to_bytes()
+        return _encode_state(self, None, None, cached=False).to_bytes()
 
     def take_parts(self) -> StateParts:
         """The canonical bytes in parts, with `changed` the agents encoded afresh since the
@@ -358,11 +371,66 @@ def _encode_agent(rec: AgentRecord) -> bytes:
     return bytes(enc)
 
 
+def _encode_grant(g: Grant) -> bytes:
+    enc = Encoder()
+    enc.raw(g.grant_id).text(g.grantor).text(g.child).text(g.run_owner).text(g.run_id)
+    _enc_tools_and_rules(enc, g.scope, g.rules)
+    enc.u64(g.grantor_mandate_version).u32(g.depth).optional_blob(g.parent_grant)
+    enc.u64(g.expires_at_ms).u64(g.created_height).boolean(g.revoked)
+    if g.rules:
+        _enc_rules(enc, g.rules)
+    return bytes(enc)
+
+
+def _encode_pending(p: PendingCall) -> bytes:
+    enc = Encoder()
+    enc.raw(p.proposal_id).text(p.principal).text(p.run_owner).text(p.run_id)
+    enc.text(p.tier.value).optional_blob(p.grant).text(p.tool).text(p.canonical_target)
+    enc.u32(len(p.handles))
+    for name, handle in p.handles:
+        enc.text(name).text(handle)
+    enc.boolean(p.flagged).u64(p.expires_at_ms)
+    _enc_card(enc, p.card)
+    return bytes(enc)
+
+
+E = TypeVar("E")
+
+
+def _encoded_entries(
+    entries: dict[bytes, E],
+    cache: dict[bytes, tuple[E, bytes]],
+    encode: Callable[[E], bytes],
+    cached: bool,
+) -> list[bytes]:
+    """Each entry's bytes in key order, from `cache` where it holds the very same object;
+    the cache keeps exactly the present entries."""
+    if not cached:
+        return [encode(entries[key]) for key in sorted(entries)]
+    out = []
+    for key in sorted(entries):
+        entry = entries[key]
+        hit = cache.get(key)
+        if hit is None or hit[0] is not entry:
+            hit = (entry, encode(entry))
+            cache[key] = hit
+        out.append(hit[1])
+    if len(cache) > len(entries):
+        for gone in [key for key in cache if key not in entries]:
+            del cache[gone]
+    return out
+
+
 def _encode_state(
-    state: EngineState, agent_cache: dict[str, bytes] | None, encoded: set[str] | None
+    state: EngineState,
+    agent_cache: dict[str, bytes] | None,
+    encoded: set[str] | None,
+    *,
+    cached: bool = True,
 ) -> StateParts:
     """The state in parts; agents come from `agent_cache` where it holds them, and the ids
-    of those encoded afresh are added to `encoded`. `changed` is left empty here."""
+    of those encoded afresh are added to `encoded`; grants and pending calls from the
+    state's own caches unless `cached` is False. `changed` is left empty here."""
     enc = Encoder(TAG_STATE).raw(state.config_fingerprint)
     enc.optional_blob(None if state.last_height is None else struct.pack(">Q", state.last_height))
     enc.u64(state.last_block_time_ms)
@@ -390,25 +458,12 @@ def _encode_state(
 
     enc = Encoder()
     enc.u32(len(state.grants))
-    for grant_id in sorted(state.grants):
-        g = state.grants[grant_id]
-        enc.raw(g.grant_id).text(g.grantor).text(g.child).text(g.run_owner).text(g.run_id)
-        _enc_tools_and_rules(enc, g.scope, g.rules)
-        enc.u64(g.grantor_mandate_version).u32(g.depth).optional_blob(g.parent_grant)
-        enc.u64(g.expires_at_ms).u64(g.created_height).boolean(g.revoked)
-        if g.rules:
-            _enc_rules(enc, g.rules)
+    for data in _encoded_entries(state.grants, state.grant_bytes, _encode_grant, cached):
+        enc.raw(data)
 
     enc.u32(len(state.pending))
-    for proposal_id in sorted(state.pending):
-        p = state.pending[proposal_id]
-        enc.raw(p.proposal_id).text(p.principal).text(p.run_owner).text(p.run_id)
-        enc.text(p.tier.value).optional_blob(p.grant).text(p.tool).text(p.canonical_target)
-        enc.u32(len(p.handles))
-        for name, handle in p.handles:
-            enc.text(name).text(handle)
-        enc.boolean(p.flagged).u64(p.expires_at_ms)
-        _enc_card(enc, p.card)
+    for data in _encoded_entries(state.pending, state.pending_bytes, _encode_pending, cached):
+        enc.raw(data)
 
     enc.u32(len(state.handles))
     for handle_name in sorted(state.handles):

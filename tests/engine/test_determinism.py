@@ -9,6 +9,7 @@ third one restored from state bytes half-way, and compares every byte.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -42,6 +43,7 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.sidecar.engine.core import Engine, StateCacheError
+from quorumgate.sidecar.engine.state import EngineState, Grant
 from quorumgate.sidecar.engine.statements import BlockResult
 from tests.engine.harness import World, replay, signing_key
 
@@ -379,3 +381,28 @@ def test_changed_agents_survive_a_serialization_before_the_parts_are_taken() -> 
     assert [agent for agent, _ in parts.changed] == ["ben"]
     assert parts.to_bytes() == state.fresh_bytes()
     assert state.take_parts().changed == ()  # taken once
+
+
+def test_grant_encodings_are_cached_per_entry_and_follow_every_change() -> None:
+    """Issue 19, item 3: a block re-encodes only the grants (and pending calls) it changed.
+    Entries are frozen, so a change is a new object and the cache, which keeps the object
+    it encoded, sees it; a removed entry leaves the cache too."""
+
+    def grant(i: int) -> Grant:
+        return Grant(bytes([i]) * 32, "ann", f"kid{i}", "ann", "run", None, 1, 1, None, 10, 1)
+
+    state = EngineState(b"f" * 32)
+    state.grants = {g.grant_id: g for g in map(grant, range(3))}
+    first = state.to_bytes()
+    cached = dict(state.grant_bytes)
+    assert len(cached) == 3 and first == state.fresh_bytes()
+    with pytest.raises(FrozenInstanceError):
+        state.grants[bytes([1]) * 32].revoked = True  # type: ignore[misc]
+    key = bytes([1]) * 32
+    state.grants[key] = replace(state.grants[key], revoked=True)
+    second = state.to_bytes()
+    assert second != first and second == state.fresh_bytes()
+    assert state.grant_bytes[key][1] != cached[key][1]  # re-encoded
+    assert all(state.grant_bytes[k] is cached[k] for k in cached if k != key)  # reused
+    del state.grants[key]
+    assert state.to_bytes() == state.fresh_bytes() and key not in state.grant_bytes
