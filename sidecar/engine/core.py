@@ -1715,12 +1715,16 @@ class Engine:
         horizon = self._now_ms - self.config.expired_retention_ms
         # issue 16: an expired card leaves at once; a late answer gets `unknown_proposal`
         card_horizon = self._now_ms if self.config.split_authority else horizon
-        for proposal_id in sorted(self.state.pending):
-            if self.state.pending[proposal_id].expires_at_ms <= card_horizon:
-                self._drop_pending(proposal_id)
-        for grant_id in sorted(self.state.grants):
-            if self.state.grants[grant_id].expires_at_ms <= horizon:
-                del self.state.grants[grant_id]
+        # Only what expired is sorted (for a deterministic order of drops): sorting every
+        # id in every block was a tenth of a sidecar's time with 15,000 of them (issue 19).
+        pending = self.state.pending
+        for proposal_id in sorted(
+            pid for pid, call in pending.items() if call.expires_at_ms <= card_horizon
+        ):
+            self._drop_pending(proposal_id)
+        grants = self.state.grants
+        for grant_id in [gid for gid, grant in grants.items() if grant.expires_at_ms <= horizon]:
+            del grants[grant_id]
 
 
 def _principal_op(payload: object) -> bool:
