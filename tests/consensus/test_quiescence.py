@@ -83,6 +83,15 @@ def settled(net: QuietNet) -> None:
     assert all(core.quiescent() for core in net.cores)
 
 
+def quiet_after_one_transaction() -> QuietNet:
+    net = QuietNet()
+    net.start()
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    settled(net)
+    return net
+
+
 def test_a_fresh_cluster_with_nothing_to_order_sends_nothing() -> None:
     net = QuietNet()
     net.start()
@@ -108,11 +117,7 @@ def test_after_its_last_transaction_the_cluster_carries_the_root_and_goes_quiet(
 
 
 def test_the_next_transaction_is_proposed_at_once_and_commits_without_a_timeout() -> None:
-    net = QuietNet()
-    net.start()
-    net.submit(b"tx-1")
-    net.tick_until_committed(b"tx-1", range(net.n))
-    settled(net)
+    net = quiet_after_one_transaction()
     net.tick(10 * BASE)
     sent = net.submit(b"tx-2")
     # The leader proposed on arrival, before any tick: no heartbeat wait, no timeout.
@@ -124,11 +129,7 @@ def test_the_next_transaction_is_proposed_at_once_and_commits_without_a_timeout(
 
 
 def test_a_leader_that_died_while_quiet_is_timed_out_once_a_transaction_arrives() -> None:
-    net = QuietNet()
-    net.start()
-    net.submit(b"tx-1")
-    net.tick_until_committed(b"tx-1", range(net.n))
-    settled(net)
+    net = quiet_after_one_transaction()
     dead = net.cores[0].leader
     net.down = {dead}
     net.tick(10 * BASE)  # quiet: nobody notices yet, and nobody needs to
@@ -149,11 +150,7 @@ def test_a_leader_that_died_while_quiet_is_timed_out_once_a_transaction_arrives(
 def test_a_quiet_core_needs_no_ticks_until_a_transaction_arrives() -> None:
     """What lets the shell stop its 100-a-second ticker (replica/node.py): ticks would
     change nothing while quiet, and the first transaction makes them count again."""
-    net = QuietNet()
-    net.start()
-    net.submit(b"tx-1")
-    net.tick_until_committed(b"tx-1", range(net.n))
-    settled(net)
+    net = quiet_after_one_transaction()
     assert not any(core.needs_ticks() for core in net.cores)
     net.pool.add(b"tx-2")  # in every mempool, before any core heard of it
     assert all(core.needs_ticks() for core in net.cores)
