@@ -51,6 +51,9 @@ SIDECAR_REFUSALS = {
     "envelope_required": grpc.StatusCode.INVALID_ARGUMENT,
 }
 SIDECAR_REFUSALS_WHILE_BEHIND = frozenset({"unknown_signer", "unknown_tool"})
+# How long such a refusal waits for the sidecar to execute the committed log (it takes a
+# few milliseconds) before the transactions are let through to be judged at execution.
+ADMISSION_CATCH_UP_WAIT_S = 0.5
 SIDECAR_REFUSAL_DETAIL = "refused before ordering by the execution sidecar's admission check"
 
 STATUS_CODES = {
@@ -102,10 +105,20 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
                 replies[i] = self._reply(request, checked)
             else:
                 pending.append((i, checked))
-        answers = await self.sidecar.admission([requests[i].tx for i, _ in pending])
+        txs = [requests[i].tx for i, _ in pending]
+        answers = await self.sidecar.admission(txs)
         # A refusal that only a sidecar behind the committed log would give (an agent or
-        # tool registered in a block it has not executed yet) is not taken as final.
-        behind = self.sidecar.executed_height < self.store.committed_height
+        # tool registered in a block it has not executed yet) is not taken as final: the
+        # sidecar gets a moment to execute what is committed, then is asked again; if it
+        # is still behind, the transactions go on to be ordered and judged at execution.
+        committed = self.store.committed_height
+        behind = self.sidecar.executed_height < committed
+        if behind and any(
+            not ok and reason in SIDECAR_REFUSALS_WHILE_BEHIND for ok, reason in answers
+        ):
+            if await self.sidecar.wait_executed(committed, ADMISSION_CATCH_UP_WAIT_S):
+                answers = await self.sidecar.admission(txs)
+            behind = self.sidecar.executed_height < committed
         fresh: list[bytes] = []
         for (i, parsed), (accepted, reason) in zip(pending, answers, strict=True):
             request = requests[i]

@@ -9,6 +9,7 @@ refuse it early (`admission`); the verdict at execution stays the authority.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -24,6 +25,7 @@ from quorumgate.replica.metrics import ReplicaMetrics
 
 STATE_ROOTS_KEPT = 4_096
 ADMIT_RPC_TIMEOUT_S = 2.0
+EXECUTED_WAITERS_MAX = 256  # admission batches held waiting for the sidecar at once
 
 log = logging.getLogger("quorumgate.replica")
 
@@ -83,6 +85,8 @@ class SidecarLink:
         self._on_new_root = on_new_root
         self._channel: grpc.aio.Channel | None = None
         self._stub: spb_grpc.SidecarStub | None = None
+        # Admission batches waiting for the sidecar to execute a height (bounded).
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def open(self) -> None:
         self._channel = aio_channel(self.spec, self.index, "sidecar")
@@ -107,6 +111,26 @@ class SidecarLink:
             self.roots.forget()  # our sidecar started over (replay): heights went back
         if self.roots.add(height, root):
             self._on_new_root()
+            for wanted, waiter in self._waiters:
+                if wanted <= height and not waiter.done():
+                    waiter.set_result(None)
+        return True
+
+    async def wait_executed(self, height: int, timeout_s: float) -> bool:
+        """Wait until the sidecar reported executing `height`, `timeout_s` at most; False
+        if it did not (or `EXECUTED_WAITERS_MAX` batches already wait: no more are held)."""
+        if self.executed_height >= height:
+            return True
+        if len(self._waiters) >= EXECUTED_WAITERS_MAX:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((height, waiter))
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters = [(h, w) for h, w in self._waiters if w is not waiter]
         return True
 
     async def admission(self, txs: list[bytes]) -> list[tuple[bool, str]]:

@@ -1,0 +1,59 @@
+"""The replica's link to its sidecar: a refusal only a lagging sidecar would give waits,
+boundedly, for the sidecar to report executing the committed log (replica/client_api.py),
+so an unknown signer is refused before ordering even just after a block commits."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, init_cluster, read_seed
+from quorumgate.proto.reports import root_report_statement
+from quorumgate.replica.metrics import ReplicaMetrics
+from quorumgate.replica.sidecar_link import EXECUTED_WAITERS_MAX, SidecarLink
+
+
+def link_and_reporter(tmp_path: Path) -> tuple[SidecarLink, SigningKey]:
+    spec = init_cluster(tmp_path / "c", 4)
+    key = SigningKey(read_seed(spec.node_dir(0) / RECEIPT_KEY_FILE))
+    return SidecarLink(spec, 0, ReplicaMetrics(0), lambda: None), key
+
+
+def report(link: SidecarLink, key: SigningKey, height: int) -> bool:
+    root = bytes([height % 256]) * 32
+    signature = key.sign(root_report_statement(link.chain_id, height, root)).signature
+    return link.on_state_root(height, root, signature)
+
+
+async def test_a_wait_ends_when_the_sidecar_reports_the_height(tmp_path: Path) -> None:
+    link, key = link_and_reporter(tmp_path)
+    assert report(link, key, 1)
+    assert await link.wait_executed(1, 0.0)  # already there: no wait at all
+    waiting = asyncio.ensure_future(link.wait_executed(3, 30.0))
+    await asyncio.sleep(0)
+    assert report(link, key, 2)
+    await asyncio.sleep(0)
+    assert not waiting.done()  # height 2 is not enough
+    assert report(link, key, 3)
+    assert await asyncio.wait_for(waiting, 5.0)
+    assert link._waiters == []
+
+
+async def test_a_wait_gives_up_after_its_bound_and_waiters_are_bounded(tmp_path: Path) -> None:
+    link, key = link_and_reporter(tmp_path)
+    assert not await link.wait_executed(1, 0.01)
+    assert link._waiters == []
+    held = [asyncio.ensure_future(link.wait_executed(5, 30.0)) for _ in range(EXECUTED_WAITERS_MAX)]
+    await asyncio.sleep(0)
+    assert not await link.wait_executed(5, 30.0)  # one more is not held: it answers at once
+    assert report(link, key, 5)
+    assert all(await asyncio.gather(*held))
+    # a forged report releases nobody
+    waiting = asyncio.ensure_future(link.wait_executed(6, 30.0))
+    await asyncio.sleep(0)
+    assert not link.on_state_root(6, b"\x00" * 32, b"\x00" * 64)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    waiting.cancel()
