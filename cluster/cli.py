@@ -243,7 +243,8 @@ def _cmd_bench_breakdown(args: argparse.Namespace) -> int:
         # times; medians of each, and the ratio of the whole call's p50
         by_state: dict[str, list[dict[str, object]]] = {"fresh": [], "large state": []}
         for _ in range(args.runs):
-            by_state["fresh"].append(run_breakdown(args.nodes, args.calls, say))
+            fresh = run_breakdown(args.nodes, args.calls, say, sized_for_state=True)
+            by_state["fresh"].append(fresh)
             by_state["large state"].append(run_breakdown(args.nodes, args.calls, say, state=True))
         medians = {name: median_of_runs(r) for name, r in by_state.items()}
         total = "submit -> certificate (total)"

@@ -173,17 +173,27 @@ async def w1_calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Ca
 
 
 def run_breakdown(
-    nodes: int, calls: int, progress: Any = print, *, poll: bool = False, state: bool = False
+    nodes: int,
+    calls: int,
+    progress: Any = print,
+    *,
+    poll: bool = False,
+    state: bool = False,
+    sized_for_state: bool = False,
 ) -> dict[str, Any]:
-    """`state`: the cluster is first filled with the large state (bench/state.py); either
-    way it has the capacities that state needs, so the two differ only in what they hold."""
+    """`state`: the cluster is first filled with the large state (bench/state.py);
+    `sized_for_state`: it has that state's capacities without the state, so that a fresh
+    and a filled cluster differ only in what they hold. Otherwise the default capacities."""
     from quorumgate.bench.state import STATE_CAPACITIES, fill_large_state
     from quorumgate.ops.nodes import start_cluster, stop_nodes
 
     with tempfile.TemporaryDirectory(prefix="qg-breakdown-") as tmp:
         traces = Path(tmp) / "traces"
         traces.mkdir()
-        spec = init_cluster(Path(tmp) / "cluster", nodes, capacities=STATE_CAPACITIES)
+        sized = state or sized_for_state
+        spec = init_cluster(
+            Path(tmp) / "cluster", nodes, capacities=STATE_CAPACITIES if sized else None
+        )
         previous = os.environ.get(TRACE_DIR_ENV)
         os.environ[TRACE_DIR_ENV] = str(traces)
         try:

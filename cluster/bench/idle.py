@@ -36,7 +36,8 @@ def run_idle(
     from quorumgate.ops.nodes import start_cluster, stop_nodes
 
     with tempfile.TemporaryDirectory(prefix="qg-idle-") as tmp:
-        spec = init_cluster(Path(tmp) / "cluster", nodes, capacities=STATE_CAPACITIES)
+        capacities = STATE_CAPACITIES if state else None
+        spec = init_cluster(Path(tmp) / "cluster", nodes, capacities=capacities)
         progress(f"starting {nodes} replicas and sidecars")
         procs = start_cluster(spec, list(range(nodes)))
         try:

@@ -408,6 +408,13 @@ class Decision:
     __str__ = __repr__
 
 
+async def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel every task and wait until each has finished (whatever it raised)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def decode_card(data: bytes) -> ConfirmationCard:
     """Confirmation card bytes (`ConfirmationCard.to_bytes()`) back to a card.
 
@@ -710,9 +717,7 @@ class Client:
                     if task.exception() is None:
                         answers[tasks[task]] = task.result()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
         return answers
 
     async def sync_nonce(self) -> int:
@@ -1165,9 +1170,7 @@ class Client:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), remaining)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
 
     def _absorb_receipt(
         self,
@@ -1257,9 +1260,7 @@ class Client:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), deadline_s)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
         for receipt in found.values():
             decision = self._certify(receipt.leaf.proposal_id, list(found.values()), {})
             if decision is not None:
@@ -1580,9 +1581,7 @@ class Client:
                     waiting.popitem(last=False)
                 yield decision
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
 
 
 # ---------------------------------------------------------------------------- sync wrapper
