@@ -54,6 +54,10 @@ CANONICAL_VERSIONS = (1, 2, 3)
 CANONICAL_VERSION_NEW = 3  # what `init` writes
 AUTHORITY_VERSIONS = (1, 2)  # 2: issue 16, only principals and the owner answer cards
 AUTHORITY_VERSION_NEW = 2  # what `init` writes
+# How the sidecars' state root is computed (sidecar/engine/state.py): 1, SHA-256 over the
+# whole state bytes; 2, a hash tree over per-entry hashes (issue 19, item 3).
+STATE_VERSIONS = (1, 2)
+STATE_VERSION_NEW = 2  # what `init` writes
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
@@ -113,6 +117,8 @@ class ClusterSpec:
     # (name, value) pairs sorted by name: `CAPACITY_NAMES`, fixed at `init --capacity`.
     # They size the sidecars' memory and are part of the chain's configuration.
     capacities: tuple[tuple[str, int], ...] = ()
+    # How the state root is computed (STATE_VERSIONS); files from before have none: 1.
+    state_version: int = 1
 
     @property
     def transport(self) -> str:
@@ -295,6 +301,7 @@ def init_cluster(
             canonical_version=CANONICAL_VERSION_NEW,
             authority_version=AUTHORITY_VERSION_NEW,
             capacities=checked_capacities,
+            state_version=STATE_VERSION_NEW,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -354,6 +361,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         **({"canonical_version": spec.canonical_version} if spec.canonical_version != 1 else {}),
         **({"authority_version": spec.authority_version} if spec.authority_version != 1 else {}),
         **({"capacities": dict(spec.capacities)} if spec.capacities else {}),
+        **({"state_version": spec.state_version} if spec.state_version != 1 else {}),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -440,6 +448,15 @@ def read_private(path: Path) -> bytes:
     return data
 
 
+def _version(doc: dict[str, object], name: str, allowed: tuple[int, ...], where: str) -> int:
+    """A chain version from the file: absent, 1 (files from before it existed); else one
+    of `allowed`, as a JSON integer (not `true`, `"2"` or `2.0`)."""
+    value = doc.get(name, 1)
+    if type(value) is not int or value not in allowed:
+        raise ClusterFileError(f"{where}: {name} must be one of {allowed} (this build)")
+    return value
+
+
 def load_cluster(directory: Path) -> ClusterSpec:
     path = directory / CLUSTER_FILE
     try:
@@ -510,16 +527,9 @@ def load_cluster(directory: Path) -> ClusterSpec:
         auditors.append(AuditorSpec(auditor_id, key))
     if len(auditors) > AUDITORS_MAX:
         raise ClusterFileError(f"{where}: at most {AUDITORS_MAX} auditors")
-    canonical_version = doc.get("canonical_version", 1)
-    if canonical_version not in CANONICAL_VERSIONS or isinstance(canonical_version, bool):
-        raise ClusterFileError(
-            f"{where}: canonical_version must be one of {CANONICAL_VERSIONS} (this build)"
-        )
-    authority_version = doc.get("authority_version", 1)
-    if authority_version not in AUTHORITY_VERSIONS or isinstance(authority_version, bool):
-        raise ClusterFileError(
-            f"{where}: authority_version must be one of {AUTHORITY_VERSIONS} (this build)"
-        )
+    canonical_version = _version(doc, "canonical_version", CANONICAL_VERSIONS, where)
+    authority_version = _version(doc, "authority_version", AUTHORITY_VERSIONS, where)
+    state_version = _version(doc, "state_version", STATE_VERSIONS, where)
     raw_capacities = doc.get("capacities", {})
     if not isinstance(raw_capacities, dict):
         raise ClusterFileError(f"{where}: capacities must be an object of name: number")
@@ -531,9 +541,10 @@ def load_cluster(directory: Path) -> ClusterSpec:
         tick_ms,
         insecure,
         tuple(auditors),
-        int(canonical_version),
-        int(authority_version),
+        canonical_version,
+        authority_version,
         check_capacities(raw_capacities, f"{where}: capacities"),
+        state_version,
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

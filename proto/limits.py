@@ -36,9 +36,10 @@ SETS_PER_PRINCIPAL_MAX = 16
 SET_NAME_CHARS_MAX = 32
 
 # --- the engine's own checks ---
-# Every this many heights the engine re-encodes its whole state from scratch and compares
-# it with the bytes it built from its per-agent cache; a difference stops execution.
-STATE_CACHE_CHECK_HEIGHTS = 64
+# After every block the engine re-encodes this many entries of a rotation over its whole
+# state and compares them with its per-entry cache; a difference stops execution. (Until
+# issue 19 it re-encoded the whole state every 64 heights: a cost that grew with it.)
+STATE_CHECK_ENTRIES_PER_BLOCK = 16
 
 # --- defaults for EngineConfig (DESIGN §4.3, §4.5, §4.7; mandate guide) ---
 LATCH_HALT_THRESHOLD_DEFAULT = 3  # attempts at one refused tool, counting the first

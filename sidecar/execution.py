@@ -34,6 +34,5 @@ def execute_block(
         leaves=leaves,
         paths=tuple(tuple(p) for p in paths),
         signed=signed,
-        engine_state=engine.state_bytes(),
-        state_parts=engine.state_parts(),
+        state_delta=engine.state_delta(),
     )

@@ -15,14 +15,17 @@ at write time):
   refused at `open`).
 - `head`: one row — the executed height, the ledger head and entry count, and the engine
   state after the executed height: either whole in `engine_state`, or (what the sidecar
-  writes) in parts, `state_prefix` and `state_suffix` here and one row per agent in
-  `state_agents` (`quorumgate.sidecar.engine.state.StateParts`). Both NULL before the first height.
-- `state_agents`: each agent's encoded record, by agent id. A height rewrites only the
-  agents it changed, so recording costs what the height changed, not the size of the
-  state (the whole state was 400 KB with 256 busy agents, written at every height).
-  Reading it back, `engine_state` reassembles the bytes and checks their SHA-256 against
-  the state root this sidecar signed for the executed height: a store whose parts do not
-  add up to what was signed is refused, never loaded.
+  writes) as its header in `state_header` and one row per entry in `state_entries`
+  (`quorumgate.sidecar.engine.state.StateDelta`). NULL before the first height.
+  (`state_prefix`, `state_suffix` and `state_agents` are schema 3's parts, read until the
+  first height this build records.)
+- `state_entries`: each entry of the engine state — (section, key form, bytes), the key
+  form ordering as the key does. A height writes only the entries it changed and deletes
+  those it removed, so recording costs what the height changed, not the size of the state
+  (issue 19: the grants and pending cards were rewritten whole at every height, 3.5 MB
+  with 10,000 grants and 5,000 cards). Reading it back, `engine_state` reassembles the
+  bytes and checks them against the state root this sidecar signed for the executed
+  height: a store whose entries do not add up to what was signed is refused, never loaded.
 - `ledger`: the verdict ledger (sidecar/ledger.py), one row per verdict in execution order,
   every field of `LedgerEntry` in its own column. `verify_ledger` walks it in insertion
   (rowid) order — an order no column edit can change — recomputing each hash from the
@@ -74,7 +77,12 @@ from typing import Any
 import aiosqlite
 
 from quorumgate.proto.canonical import HASH_BYTES, sha256
-from quorumgate.sidecar.engine.state import StateParts, assemble
+from quorumgate.sidecar.engine.state import (
+    SECTIONS,
+    EngineState,
+    StateDelta,
+    assemble_state,
+)
 from quorumgate.sidecar.engine.statements import BlockResult, RejectionArtifact
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, ChainVerifier, LedgerEntry, LedgerProblem
 from quorumgate.sidecar.receipts import (
@@ -85,8 +93,9 @@ from quorumgate.sidecar.receipts import (
     leaf_from_verdict,
 )
 
-SCHEMA_VERSION = 3  # 2: receipts bind the signed body's digest; 3: the state in parts
-SCHEMA_VERSIONS_MIGRATED = {2: 3}  # a writer upgrades these in place on open
+# 2: receipts bind the signed body's digest; 3: the state in parts; 4: the state by entry
+SCHEMA_VERSION = 4
+SCHEMA_VERSIONS_MIGRATED = {2: 3, 3: 4}  # a writer upgrades these in place on open
 # The most ledger entries one `ledger` call returns, and the page `verify_ledger` reads
 # at a time (memory stays bounded however long the ledger grows).
 LEDGER_PAGE_ROWS_MAX = 1024
@@ -112,8 +121,17 @@ _SCHEMA = (
         ledger_entries INTEGER NOT NULL CHECK (ledger_entries >= 0),
         engine_state BLOB,
         state_prefix BLOB,
-        state_suffix BLOB
+        state_suffix BLOB,
+        state_header BLOB
     ) STRICT
+    """,
+    """
+    CREATE TABLE state_entries (
+        section INTEGER NOT NULL,
+        key BLOB NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (section, key)
+    ) STRICT, WITHOUT ROWID
     """,
     """
     CREATE TABLE state_agents (
@@ -229,10 +247,10 @@ class ExecutedHeight:
     """Everything one executed height produced, recorded together by `SidecarStore.record`.
 
     `leaves[i]` is `leaf_from_verdict(height, i, result.verdicts[i])` and `paths[i]` its
-    inclusion path under `signed.verdict_root`; `engine_state` is `Engine.state_bytes()`
-    right after executing this height, and `state_parts` (when given) the same bytes in
-    parts (`Engine.state_parts()`), which the store records incrementally; without them
-    it records the whole state."""
+    inclusion path under `signed.verdict_root`. The state after the height is either
+    `state_delta`, what it changed (`Engine.state_delta()`, what a sidecar records), or
+    `engine_state`, the whole bytes (`Engine.state_bytes()`); with both, the delta is
+    recorded."""
 
     height: int
     block_hash: bytes
@@ -241,8 +259,8 @@ class ExecutedHeight:
     leaves: tuple[ReceiptLeaf, ...]
     paths: tuple[tuple[bytes, ...], ...]
     signed: SignedBlock
-    engine_state: bytes
-    state_parts: StateParts | None = None
+    engine_state: bytes | None = None
+    state_delta: StateDelta | None = None
 
 
 class SidecarStore:
@@ -262,7 +280,7 @@ class SidecarStore:
         self._ledger_head = GENESIS_PREV_HASH
         self._ledger_entries = 0
         self._artifact_count = 0
-        self._agent_rows = 0  # rows in state_agents
+        self._state_by_entry = False  # the state is in state_entries (else whole, or none)
 
     # ================================================================== open / close
 
@@ -381,11 +399,14 @@ class SidecarStore:
         self._ledger_head = bytes(head)
         self._ledger_entries = int(entries)
         self._artifact_count = int(await self._scalar("SELECT COUNT(*) FROM artifacts"))
-        self._agent_rows = int(await self._scalar("SELECT COUNT(*) FROM state_agents"))
+        self._state_by_entry = (
+            await self._scalar("SELECT state_header IS NOT NULL FROM head WHERE id = 1")
+        ) == 1
 
     async def _migrate(self, version: int) -> None:
-        """Upgrade an older schema in one transaction (2 -> 3: the state in parts; a
-        version-2 head keeps its whole `engine_state` until the next height is recorded)."""
+        """Upgrade an older schema in one transaction (2 -> 3: the state in parts; 3 -> 4:
+        the state by entry). The state stays as it was stored until the next height is
+        recorded: an engine loaded from it gives a full delta first, which replaces it."""
         conn = self._conn
         await conn.execute("BEGIN IMMEDIATE")
         try:
@@ -397,6 +418,13 @@ class SidecarStore:
                         "CREATE TABLE state_agents (agent_id TEXT PRIMARY KEY, "
                         "data BLOB NOT NULL) STRICT, WITHOUT ROWID"
                     )
+                elif version == 3:
+                    await conn.execute("ALTER TABLE head ADD COLUMN state_header BLOB")
+                    await conn.execute(
+                        "CREATE TABLE state_entries (section INTEGER NOT NULL, key BLOB NOT "
+                        "NULL, data BLOB NOT NULL, PRIMARY KEY (section, key)) STRICT, "
+                        "WITHOUT ROWID"
+                    )
                 version = SCHEMA_VERSIONS_MIGRATED[version]
             await conn.execute(
                 "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
@@ -405,7 +433,7 @@ class SidecarStore:
         except BaseException:
             await self._rollback()
             raise
-        self._agent_rows = 0
+        self._state_by_entry = False
 
     async def _create_schema(self) -> None:
         conn = self._conn
@@ -466,31 +494,51 @@ class SidecarStore:
 
     async def engine_state(self) -> bytes | None:
         """The engine state after `executed_height` (None before the first height),
-        checked against the state root this sidecar signed for that height."""
+        checked against the state root this sidecar signed for that height (of either
+        state version: SHA-256 of the bytes, or the hash tree over the entries)."""
         async with self._lock:
             self._check_open()
             rows = list(
                 await self._conn.execute_fetchall(
-                    "SELECT engine_state, state_prefix, state_suffix FROM head WHERE id = 1"
+                    "SELECT engine_state, state_prefix, state_suffix, state_header "
+                    "FROM head WHERE id = 1"
                 )
             )
-            whole, prefix, suffix = rows[0]
-            if whole is not None:
+            whole, prefix, suffix, header = rows[0]
+            if header is not None:
+                sections: list[list[bytes]] = [[] for _ in SECTIONS]
+                async with self._conn.execute(
+                    "SELECT section, data FROM state_entries ORDER BY section, key"
+                ) as cursor:
+                    async for section, data in cursor:
+                        if not 0 <= section < len(SECTIONS):
+                            raise SidecarStoreError(
+                                f"{self._path}: a state entry of unknown section {section}: "
+                                "the store is damaged; replay it"
+                            )
+                        sections[section].append(bytes(data))
+                state = assemble_state(bytes(header), sections)
+            elif whole is not None:
                 state = bytes(whole)
-            elif prefix is not None and suffix is not None:
-                agents = await self._conn.execute_fetchall(
-                    "SELECT data FROM state_agents ORDER BY agent_id"
+            elif prefix is not None and suffix is not None:  # schema 3's parts
+                agents = [
+                    bytes(row[0])
+                    for row in await self._conn.execute_fetchall(
+                        "SELECT data FROM state_agents ORDER BY agent_id"
+                    )
+                ]
+                state = b"".join(
+                    (bytes(prefix), len(agents).to_bytes(4, "big"), *agents, bytes(suffix))
                 )
-                state = assemble(bytes(prefix), [bytes(row[0]) for row in agents], bytes(suffix))
             else:
                 return None
             height = self._executed_height
             signed = await self._scalar("SELECT state_root FROM blocks WHERE height = ?", (height,))
-        if signed is not None and sha256(state) != bytes(signed):
+        if signed is not None and bytes(signed) not in _roots_of(state):
             raise SidecarStoreError(
                 f"{self._path}: the stored engine state does not hash to the state root "
-                f"signed for height {height} (sha256 {sha256(state).hex()[:16]}…, signed "
-                f"{bytes(signed).hex()[:16]}…): the store is damaged; replay it"
+                f"signed for height {height} (signed {bytes(signed).hex()[:16]}…): the store "
+                "is damaged; replay it"
             )
         return state
 
@@ -532,14 +580,14 @@ class SidecarStore:
             try:
                 fresh = await self._check_artifacts(h.height, h.result.artifacts)
                 await self._insert_rows(h, entries, fresh)
-                agent_rows = await self._update_head(h, head, self._ledger_entries + len(entries))
+                await self._update_head(h, head, self._ledger_entries + len(entries))
                 await conn.execute("COMMIT")
             except BaseException:
                 await self._rollback()
                 raise
             self._executed_height = h.height
             self._ledger_head = head
-            self._agent_rows = agent_rows
+            self._state_by_entry = h.state_delta is not None
             self._ledger_entries += len(entries)
             self._artifact_count += len(fresh)
 
@@ -608,39 +656,43 @@ class SidecarStore:
                 [(a.height, a.canonical_target, a.to_bytes(), _denials_json(a)) for a in fresh],
             )
 
-    async def _update_head(self, h: ExecutedHeight, ledger_head: bytes, entries: int) -> int:
-        """Write the head and the state; returns the agent rows stored after it."""
+    async def _update_head(self, h: ExecutedHeight, ledger_head: bytes, entries: int) -> None:
+        """Write the head and the state: the entries the height changed, or the whole."""
         conn = self._conn
-        parts = h.state_parts
-        if parts is None:
+        delta = h.state_delta
+        if delta is None or delta.full:
+            await conn.execute("DELETE FROM state_entries")
             await conn.execute("DELETE FROM state_agents")
+        elif not self._state_by_entry:
+            # The delta was cut by an engine that had already handed entries to someone
+            # else (it executed heights not recorded here): our own broken invariant.
+            raise AssertionError(
+                f"height {h.height}: a partial state delta for a store that does not hold "
+                "the state by entry; an engine loaded from this store gives a full one"
+            )
+        if delta is None:
             await conn.execute(
                 "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
-                "engine_state = ?, state_prefix = NULL, state_suffix = NULL WHERE id = 1",
+                "engine_state = ?, state_prefix = NULL, state_suffix = NULL, "
+                "state_header = NULL WHERE id = 1",
                 (h.height, ledger_head, entries, h.engine_state),
             )
-            return 0
+            return
         await conn.executemany(
-            "INSERT INTO state_agents (agent_id, data) VALUES (?, ?) "
-            "ON CONFLICT (agent_id) DO UPDATE SET data = excluded.data",
-            parts.changed,
+            "INSERT INTO state_entries (section, key, data) VALUES (?, ?, ?) "
+            "ON CONFLICT (section, key) DO UPDATE SET data = excluded.data",
+            [change for change in delta.changes if change[2] is not None],
         )
-        rows = self._agent_rows
-        if self._agent_rows < len(parts.agents):  # new agents (they are never removed)
-            rows = int(await self._scalar("SELECT COUNT(*) FROM state_agents"))
-        if rows != len(parts.agents):
-            # The parts were cut by an engine whose cache had agents this store never got
-            # (it executed heights that were not recorded here): our own broken invariant.
-            raise AssertionError(
-                f"height {h.height}: the store would hold {rows} agent records, the state "
-                f"{len(parts.agents)}; an engine reloaded from this store writes them all"
-            )
+        await conn.executemany(
+            "DELETE FROM state_entries WHERE section = ? AND key = ?",
+            [(section, key) for section, key, data in delta.changes if data is None],
+        )
         await conn.execute(
             "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
-            "engine_state = NULL, state_prefix = ?, state_suffix = ? WHERE id = 1",
-            (h.height, ledger_head, entries, parts.prefix, parts.suffix),
+            "engine_state = NULL, state_prefix = NULL, state_suffix = NULL, "
+            "state_header = ? WHERE id = 1",
+            (h.height, ledger_head, entries, delta.header),
         )
-        return rows
 
     # ================================================================== reading
 
@@ -879,13 +931,16 @@ class SidecarStore:
             conn = self._conn
             await conn.execute("BEGIN IMMEDIATE")
             try:
-                for table in ("ledger", "receipts", "blocks", "cards", "state_agents"):
+                for table in (
+                    "ledger", "receipts", "blocks", "cards", "state_agents", "state_entries",
+                ):  # fmt: skip
                     await conn.execute(f"DELETE FROM {table}")
                 if not keep_artifacts:
                     await conn.execute("DELETE FROM artifacts")
                 await conn.execute(
                     "UPDATE head SET executed_height = 0, ledger_head = ?, ledger_entries = 0, "
-                    "engine_state = NULL, state_prefix = NULL, state_suffix = NULL WHERE id = 1",
+                    "engine_state = NULL, state_prefix = NULL, state_suffix = NULL, "
+                    "state_header = NULL WHERE id = 1",
                     (GENESIS_PREV_HASH,),
                 )
                 await conn.execute("COMMIT")
@@ -895,7 +950,7 @@ class SidecarStore:
             self._executed_height = 0
             self._ledger_head = GENESIS_PREV_HASH
             self._ledger_entries = 0
-            self._agent_rows = 0
+            self._state_by_entry = False
             if not keep_artifacts:
                 self._artifact_count = 0
 
@@ -994,16 +1049,13 @@ def _check_shape(chain_id: str, h: ExecutedHeight) -> None:
         problems.append("the signed state root is not the result's")
     if len(h.block_hash) != HASH_BYTES:
         problems.append("the block hash is not a SHA-256 hash")
-    if not h.engine_state:
+    delta = h.state_delta
+    if delta is None and not h.engine_state:
         problems.append("no engine state")
-    parts = h.state_parts
-    if parts is not None and not (
-        h.engine_state.startswith(parts.prefix)
-        and h.engine_state.endswith(parts.suffix)
-        and len(h.engine_state)
-        == len(parts.prefix) + 4 + sum(map(len, parts.agents)) + len(parts.suffix)
+    if delta is not None and any(
+        not 0 <= section < len(SECTIONS) for section, _, _ in delta.changes
     ):
-        problems.append("the state parts are not the engine state's")
+        problems.append("a state change names no section")
     for index, (verdict, leaf) in enumerate(zip(result.verdicts, h.leaves, strict=False)):
         if leaf != leaf_from_verdict(h.height, index, verdict):
             problems.append(f"leaf {index} does not match verdict {index}")
@@ -1025,6 +1077,16 @@ def _check_shape(chain_id: str, h: ExecutedHeight) -> None:
         problems.append("two confirmation cards for one proposal in one height")
     if problems:
         raise AssertionError(f"executed height {h.height} is inconsistent: " + "; ".join(problems))
+
+
+def _roots_of(state: bytes) -> tuple[bytes, ...]:
+    """The state roots the bytes have under each state version (1: SHA-256 of them; 2:
+    the hash tree of the entries); none of version 2 for bytes that do not decode."""
+    try:
+        tree = EngineState.from_bytes(state).tree_root()
+    except ValueError:  # StateDecodeError, or a field out of its range
+        return (sha256(state),)
+    return sha256(state), tree
 
 
 def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:

@@ -1882,18 +1882,12 @@ class CommittedLog:
     def __init__(self, spec: ClusterSpec, reader: SigningKey) -> None:
         """`reader`: a key allowed to read committed blocks — the owner's or an auditor's
         (replica/readauth.py); the blocks hold every argument value."""
-        from quorumgate.sidecar.engine.core import Engine, EngineConfig
+        from quorumgate.sidecar.engine.core import Engine, config_for_cluster
 
         self.reader = Reader.of(reader)
         self.spec = spec
-        self.engine = Engine(
-            EngineConfig(
-                chain_id=spec.chain_id,
-                owner_public_key=spec.owner_public_key,
-                canonical_version=spec.canonical_version,
-                authority_version=spec.authority_version,
-            )
-        )
+        # the sidecars' configuration: versions and capacities are in the state's root
+        self.engine = Engine(config_for_cluster(spec))
         self.height = 0
         self._roots: OrderedDict[int, bytes] = OrderedDict()
 

@@ -41,7 +41,13 @@ from dataclasses import dataclass, replace
 
 from quorumgate.proto import limits, names
 from quorumgate.proto.canonical import Encoder, sha256
-from quorumgate.proto.clusterfile import AUTHORITY_VERSION_NEW, AUTHORITY_VERSIONS, ClusterSpec
+from quorumgate.proto.clusterfile import (
+    AUTHORITY_VERSION_NEW,
+    AUTHORITY_VERSIONS,
+    STATE_VERSION_NEW,
+    STATE_VERSIONS,
+    ClusterSpec,
+)
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -101,7 +107,7 @@ from quorumgate.sidecar.engine.state import (
     QuotaCounter,
     QuotaKey,
     RunKey,
-    StateParts,
+    StateDelta,
 )
 from quorumgate.sidecar.engine.statements import (
     OWNER_PRINCIPAL,
@@ -191,12 +197,17 @@ class EngineConfig:
     # Authority version 2: an (agent, tool) pair refused in this many runs is refused in
     # every run (a new run id does not reset the latch); in the fingerprint from version 2.
     latch_cross_run_threshold: int = limits.LATCH_CROSS_RUN_THRESHOLD_DEFAULT
+    # How the state root is computed (STATE_VERSIONS), fixed at `init` likewise: 1, SHA-256
+    # of the whole state bytes; 2, the hash tree over per-entry hashes (issue 19).
+    state_version: int = STATE_VERSION_NEW
 
     def __post_init__(self) -> None:
         if self.canonical_version not in CANONICAL_VERSIONS:
             raise ValueError(f"canonical_version must be one of {CANONICAL_VERSIONS}")
         if self.authority_version not in AUTHORITY_VERSIONS:
             raise ValueError(f"authority_version must be one of {AUTHORITY_VERSIONS}")
+        if self.state_version not in STATE_VERSIONS:
+            raise ValueError(f"state_version must be one of {STATE_VERSIONS}")
         if not 1 <= self.latch_cross_run_threshold < 2**32:
             raise ValueError("latch_cross_run_threshold must be in 1..2**32-1")
         if not 0 < len(self.chain_id) <= limits.ID_CHARS_MAX:
@@ -224,6 +235,8 @@ class EngineConfig:
         if self.authority_version != 1:  # likewise for chains from before principals
             enc.text("authority_version").u64(self.authority_version)
             enc.text("latch_cross_run_threshold").u64(self.latch_cross_run_threshold)
+        if self.state_version != 1:  # likewise for chains from before the hash tree
+            enc.text("state_version").u64(self.state_version)
         return enc.digest()
 
     @property
@@ -240,6 +253,7 @@ def config_for_cluster(spec: ClusterSpec) -> EngineConfig:
         owner_public_key=spec.owner_public_key,
         canonical_version=spec.canonical_version,
         authority_version=spec.authority_version,
+        state_version=spec.state_version,
         **dict(spec.capacities),
     )
 
@@ -324,7 +338,8 @@ class Engine:
         self._height = 0
         self._now_ms = 0
         self._state_bytes: bytes | None = None
-        self._state_parts: StateParts | None = None
+        self._state_delta: StateDelta | None = None
+        self._state_root: bytes | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -333,22 +348,29 @@ class Engine:
         return cls(config, EngineState.from_bytes(data))
 
     def state_bytes(self) -> bytes:
-        # The state changes only in execute_block, which serializes it once for the root
-        # and keeps the bytes: the sidecar records them without serializing again.
+        """The canonical state bytes after the last executed block (the snapshot form).
+        Built when asked: a sidecar records `state_delta` per height instead."""
         if self._state_bytes is None:
-            self._state_bytes = self.state_parts().to_bytes()
+            self._state_bytes = self.state.to_bytes()
         return self._state_bytes
 
-    def state_parts(self) -> StateParts:
-        """The state bytes in parts (`StateParts`), from the same serialization as
-        `state_bytes`: `changed` are the agents written since the previous height's (all
-        of them for the first height this engine executes)."""
-        if self._state_parts is None:
-            self._state_parts = self.state.take_parts()
-        return self._state_parts
+    def state_delta(self) -> StateDelta:
+        """What the last executed block changed in the state (`StateDelta`; everything
+        for the first block this engine executes): taken once per block, so whoever
+        records a block's delta must record every block's."""
+        if self._state_delta is None:
+            self._state_delta = self.state.take_delta()
+        return self._state_delta
 
     def state_root(self) -> bytes:
-        return sha256(self.state_bytes())
+        """The state root of the chain's `state_version`: 1, SHA-256 of the state bytes
+        (chains from before issue 19); 2, the hash tree over the entries."""
+        if self._state_root is None:
+            if self.config.state_version >= 2:
+                self._state_root = self.state.tree_root()
+            else:
+                self._state_root = sha256(self.state_bytes())
+        return self._state_root
 
     @property
     def last_height(self) -> int | None:
@@ -371,7 +393,8 @@ class Engine:
         if not self.state.last_block_time_ms <= block_time_ms < 2**63:
             raise ValueError("block time went backwards")
         self._state_bytes = None
-        self._state_parts = None
+        self._state_root = None
+        self._state_delta = None  # an untaken delta stays queued in the state
         self._height = height
         self._now_ms = block_time_ms
         self._prune_expired()
@@ -380,8 +403,12 @@ class Engine:
         self.state.last_block_time_ms = block_time_ms
         artifacts = build_artifacts(self.config.chain_id, height, verdicts)
         root = self.state_root()
-        if height % limits.STATE_CACHE_CHECK_HEIGHTS == 0:
-            self.verify_state_cache()
+        stale = self.state.check_entries(limits.STATE_CHECK_ENTRIES_PER_BLOCK)
+        if stale is not None:
+            raise StateCacheError(
+                f"engine state cache is stale at height {height}: an entry of {stale} changed "
+                "unmarked; execution stops (engine bug)"
+            )
         return BlockResult(
             height=height,
             block_time_ms=block_time_ms,
@@ -391,13 +418,17 @@ class Engine:
         )
 
     def verify_state_cache(self) -> None:
-        """Raise `StateCacheError` if the state bytes built from the per-agent cache differ
-        from a fresh encoding: an agent record changed without `agent_changed`, an engine
-        bug that would otherwise report a state root that is not the state's."""
-        if self.state_bytes() != self.state.fresh_bytes():
+        """Raise `StateCacheError` if the state bytes or the state root built from the
+        per-entry caches differ from a fresh encoding: an entry changed unmarked, an engine
+        bug that would otherwise report a state root that is not the state's. Costs a
+        whole encoding; `execute_block` checks `STATE_CHECK_ENTRIES_PER_BLOCK` entries of
+        a rotation over the state instead (`EngineState.check_entries`)."""
+        if self.state_bytes() != self.state.fresh_bytes() or (
+            self.config.state_version >= 2 and self.state_root() != self.state.fresh_tree_root()
+        ):
             raise StateCacheError(
                 f"engine state cache is stale at height {self.state.last_height}: "
-                "an agent record changed unmarked; execution stops (engine bug)"
+                "an entry changed unmarked; execution stops (engine bug)"
             )
 
     def admission_check(self, tx_bytes: bytes, verify_signature: bool = True) -> AdmissionResult:
@@ -1715,15 +1746,12 @@ class Engine:
         horizon = self._now_ms - self.config.expired_retention_ms
         # issue 16: an expired card leaves at once; a late answer gets `unknown_proposal`
         card_horizon = self._now_ms if self.config.split_authority else horizon
-        # Only what expired is sorted (for a deterministic order of drops): sorting every
-        # id in every block was a tenth of a sidecar's time with 15,000 of them (issue 19).
-        pending = self.state.pending
-        for proposal_id in sorted(
-            pid for pid, call in pending.items() if call.expires_at_ms <= card_horizon
-        ):
+        # Found by the state's expiry heaps, dropped in key order (issue 19: sorting, then
+        # scanning, both tables in every block grew with them).
+        for proposal_id in self.state.expired("pending", card_horizon):
             self._drop_pending(proposal_id)
         grants = self.state.grants
-        for grant_id in [gid for gid, grant in grants.items() if grant.expires_at_ms <= horizon]:
+        for grant_id in self.state.expired("grants", horizon):
             del grants[grant_id]
 
 

@@ -3,17 +3,24 @@
 Everything that decides a later verdict lives here and nowhere else, so that
 `state_bytes()` is the state: two engines with equal bytes decide every future block the
 same way (DESIGN §4, "a pure function of the committed log"), and a sidecar rebuilt from
-the bytes continues exactly where it stopped. Maps are plain dicts for speed, but no
-decision ever depends on their iteration order: serialization sorts every map by key, and
-eviction picks by explicit sequence numbers (STYLE.md rule 7).
+the bytes continues exactly where it stopped. Maps are dicts for speed, but no decision
+ever depends on their iteration order: serialization sorts every map by key, and eviction
+picks by explicit sequence numbers (STYLE.md rule 7).
+
+The state is a header and keyed sections (`SECTIONS`), each map a `TrackedDict` that
+remembers which entries a block touched (sidecar/engine/statetree.py), so a block
+re-encodes, rehashes and hands to the store only those (`take_delta`), and the version-2
+state root (`tree_root`, issue 19) is a hash tree over the entries. The version-1 root is
+SHA-256 over the whole canonical bytes, as chains from before issue 19 signed it.
 """
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any
 
 from quorumgate.proto.canonical import Encoder, sha256
 from quorumgate.proto.model import (
@@ -36,6 +43,14 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.nonces import NonceWindow
 from quorumgate.sidecar.engine.statements import TAG_CARD, ConfirmationCard
+from quorumgate.sidecar.engine.statetree import (
+    SectionTree,
+    TrackedDict,
+    iter_sorted,
+    key_bytes,
+    leaf_hash,
+    section_root,
+)
 
 TAG_STATE = b"qg/engine-state/v1"
 
@@ -69,8 +84,8 @@ class PrincipalRecord:
 @dataclass(frozen=True)
 class Grant:
     """A Delegate that was applied (DESIGN §4.4). `scope` is pinned at delegation time.
-    Frozen: a change is a new object (`replace`), which is how the state's encoding cache
-    knows an entry changed (`_encode_state`)."""
+    Frozen: a change is a new object (`replace`) written into the map, which is how the
+    state's incremental form learns of it (grants are not marked when read)."""
 
     grant_id: bytes
     grantor: str
@@ -139,25 +154,17 @@ class LatchRun:
 
 
 @dataclass(frozen=True)
-class StateParts:
-    """The canonical state bytes cut around the agents section, for a store that rewrites
-    only the agents a height changed (sidecar/store.py):
+class StateDelta:
+    """What one height changed in the state, for a store that writes only that
+    (sidecar/store.py): the state's `header` (`EngineState.header_bytes`) and, per entry
+    changed since the previous `EngineState.take_delta`, (section index, key form, the
+    entry's bytes or None when it was removed), in section and key order. `full` is True
+    for the first delta an `EngineState` gives, which then holds every entry: the store
+    replaces what it held (a state loaded from bytes, or one it never saw)."""
 
-        state bytes == assemble(prefix, agents, suffix)
-                    == prefix + u32(len(agents)) + b"".join(agents) + suffix
-
-    `agents` are the encoded agent records in agent-id order (code-point order, which is
-    the byte order of their UTF-8); `changed` are the (agent id, encoding) pairs of every
-    agent encoded afresh since the previous `EngineState.take_parts` (every agent the first
-    time), in agent-id order."""
-
-    prefix: bytes
-    agents: tuple[bytes, ...]
-    suffix: bytes
-    changed: tuple[tuple[str, bytes], ...]
-
-    def to_bytes(self) -> bytes:
-        return assemble(self.prefix, self.agents, self.suffix)
+    header: bytes
+    changes: tuple[tuple[int, bytes, bytes | None], ...]
+    full: bool
 
 
 # A quota counter's key: (scope, period, subject...) — ("agent", "minute", agent),
@@ -171,9 +178,19 @@ class QuotaCounter:
     count: int
 
 
-def assemble(prefix: bytes, agents: Sequence[bytes], suffix: bytes) -> bytes:
-    """The state bytes from their parts (see `StateParts`)."""
-    return b"".join((prefix, struct.pack(">I", len(agents)), *agents, suffix))
+# The sections of the state, in the order of the state bytes and of the root; changing
+# this order or an encoder changes every root.
+SECTIONS: tuple[str, ...] = (
+    "tools", "sinks", "agents", "grants", "pending", "handles", "latch_runs", "sets",
+    "principals", "agent_principal", "wrong_digests", "cross_run", "settings",
+    "quota_counters",
+)  # fmt: skip
+# Sections whose values are records changed in place: a read marks the entry (TrackedDict).
+MUTABLE_SECTIONS = frozenset(
+    {"agents", "handles", "latch_runs", "principals", "cross_run", "quota_counters"}
+)
+_SECTION_NAMES = frozenset(SECTIONS)
+EXPIRING_SECTIONS = ("grants", "pending")  # entries with `expires_at_ms`, dropped after it
 
 
 @dataclass
@@ -208,51 +225,175 @@ class EngineState:
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     principal_by_key: dict[bytes, str] = field(default_factory=dict)
     handles_by_owner: dict[str, int] = field(default_factory=dict)
-    # Each agent's encoded record, kept between serializations: a block changes a few
-    # agents, and re-encoding every one of them per block was the sidecar's largest cost.
-    # Whoever changes an `AgentRecord` calls `agent_changed` (the engine does it for a
-    # transaction's signer and an admin op's subject); tests check the cache against a
-    # fresh encoding after every block. Not serialized, not compared.
-    agent_bytes: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
-    # The agents encoded afresh since the last `take_parts`: what a store has not yet got.
-    agents_unsaved: set[str] = field(default_factory=set, repr=False, compare=False)
-    # Each grant's and pending call's encoded bytes, with the (frozen) object they encode:
-    # an entry is re-encoded only when the map holds another object for its id (issue 19,
-    # item 3: re-encoding 10,000 grants and 5,000 cards was most of a block's cost). Not
-    # serialized, not compared.
-    grant_bytes: dict[bytes, tuple[Grant, bytes]] = field(
+    # The incremental form (issue 19, item 3; sidecar/engine/statetree.py): per section,
+    # each entry's encoded bytes by key form, and the section's hash tree. `_flush` brings
+    # both up to date with the maps' dirty keys and queues what changed for the store
+    # (`_unsaved`, drained by `take_delta`). Not serialized, not compared.
+    _entries: list[dict[bytes, bytes]] = field(
+        default_factory=lambda: [{} for _ in SECTIONS], repr=False, compare=False
+    )
+    _trees: list[SectionTree] = field(
+        default_factory=lambda: [SectionTree() for _ in SECTIONS], repr=False, compare=False
+    )
+    _unsaved: dict[tuple[int, bytes], bytes | None] = field(
         default_factory=dict, repr=False, compare=False
     )
-    pending_bytes: dict[bytes, tuple[PendingCall, bytes]] = field(
-        default_factory=dict, repr=False, compare=False
+    _delta_taken: bool = field(default=False, repr=False, compare=False)
+    # Min-heaps of (expiry, key) of the grants and pending calls written, so the expired
+    # are found without scanning either table each block (`expired`); an item whose entry
+    # is gone or now expires at another time is skipped when it surfaces.
+    _expiry: dict[str, list[tuple[int, bytes]]] = field(
+        default_factory=lambda: {name: [] for name in EXPIRING_SECTIONS},
+        repr=False,
+        compare=False,
     )
+    _check_queue: list[tuple[int, Any]] = field(default_factory=list, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A section is always a TrackedDict; one assigned whole marks every key it had
+        # and has, so the caches follow.
+        if name in _SECTION_NAMES:
+            table: TrackedDict[Any, Any] = TrackedDict(value, reads_mark=name in MUTABLE_SECTIONS)
+            old = self.__dict__.get(name)
+            if old is not None:
+                table.dirty.update(dict.keys(old))
+            value = table
+        object.__setattr__(self, name, value)
 
     def agent_changed(self, agent_id: str) -> None:
-        self.agent_bytes.pop(agent_id, None)
+        """Mark an agent record changed in place (reading it through the map marks it
+        too; this is for code that holds the record from elsewhere)."""
+        _tracked(self.agents).dirty.add(agent_id)
 
     def sets_of(self, agent_id: str) -> dict[str, tuple[TargetRule, ...]]:
         return {name: rules for (owner, name), rules in self.sets.items() if owner == agent_id}
 
+    def header_bytes(self) -> bytes:
+        """The part of the state outside the sections: configuration fingerprint, last
+        height and block time, the owner's nonces and the latch's activity counter."""
+        enc = Encoder(TAG_STATE_HEADER).raw(self.config_fingerprint)
+        height = self.last_height
+        enc.optional_blob(None if height is None else struct.pack(">Q", height))
+        enc.u64(self.last_block_time_ms)
+        _enc_nonces(enc, self.owner_nonces)
+        enc.u64(self.latch_activity_seq)
+        return bytes(enc)
+
+    def _flush(self) -> None:
+        """Re-encode every entry marked since the last flush; an entry whose bytes did not
+        change (it was only read) is left as it was."""
+        for index, name in enumerate(SECTIONS):
+            table = _tracked(getattr(self, name))
+            if not table.dirty:
+                continue
+            encode = ENCODERS[name]
+            entries, tree, unsaved = self._entries[index], self._trees[index], self._unsaved
+            for key in table.take_dirty():
+                form = key_bytes(key)
+                if dict.__contains__(table, key):
+                    data = encode(key, dict.__getitem__(table, key))
+                    if entries.get(form) == data:
+                        continue
+                    entries[form] = data
+                    tree.put(form, leaf_hash(index, form, data))
+                    unsaved[(index, form)] = data
+                    if name in EXPIRING_SECTIONS:
+                        expires = dict.__getitem__(table, key).expires_at_ms
+                        heapq.heappush(self._expiry[name], (expires, key))
+                elif entries.pop(form, None) is not None:
+                    tree.remove(form)
+                    unsaved[(index, form)] = None
+
+    def expired(self, name: str, horizon_ms: int) -> list[bytes]:
+        """The keys of the grants or pending calls (`name`) expiring at or before
+        `horizon_ms`, in key order; the caller removes them all."""
+        self._flush()
+        heap, table = self._expiry[name], getattr(self, name)
+        found: set[bytes] = set()
+        while heap and heap[0][0] <= horizon_ms:
+            expires, key = heapq.heappop(heap)
+            entry = dict.get(table, key)
+            if entry is not None and entry.expires_at_ms == expires:
+                found.add(key)
+        return sorted(found)
+
+    def check_entries(self, count: int) -> str | None:
+        """Re-encode the next `count` entries of a rotation over the whole state and
+        compare each with its cached bytes: the section of the first that differs (an
+        entry changed in place without a mark), or None. Constant work per call; every
+        entry is checked once per (entries / count) calls."""
+        self._flush()
+        for _ in range(count):
+            if not self._check_queue:
+                self._check_queue = [
+                    (index, key)
+                    for index, name in enumerate(SECTIONS)
+                    for key in dict.keys(getattr(self, name))
+                ]
+                self._check_queue.reverse()
+                if not self._check_queue:
+                    return None
+            index, key = self._check_queue.pop()
+            name = SECTIONS[index]
+            table = getattr(self, name)
+            if not dict.__contains__(table, key):
+                continue  # removed since the rotation began
+            data = ENCODERS[name](key, dict.__getitem__(table, key))
+            if self._entries[index].get(key_bytes(key)) != data:
+                return name
+        return None
+
+    def take_delta(self) -> StateDelta:
+        """What changed since the previous call (everything, the first time), which it
+        then forgets: the caller records every delta it takes (the engine takes one per
+        height)."""
+        self._flush()
+        full = not self._delta_taken
+        changes: tuple[tuple[int, bytes, bytes | None], ...]
+        if full:
+            changes = tuple(
+                (index, form, entries[form])
+                for index, entries in enumerate(self._entries)
+                for form in sorted(entries)
+            )
+        else:
+            changes = tuple((i, f, self._unsaved[(i, f)]) for i, f in sorted(self._unsaved))
+        self._unsaved.clear()
+        self._delta_taken = True
+        return StateDelta(self.header_bytes(), changes, full)
+
+    def to_bytes(self) -> bytes:
+        """The canonical state bytes (the snapshot form, `from_bytes` reads them)."""
+        self._flush()
+        return assemble_state(
+            self.header_bytes(), [list(iter_sorted(entries)) for entries in self._entries]
+        )
+
     def fresh_bytes(self) -> bytes:
         """The canonical bytes encoded from scratch, with no cache: what `to_bytes` must
         equal (a test oracle, and the check `Engine.verify_state_cache` runs)."""
-        return _encode_state(self, None, None, cached=False).to_bytes()
-
-    def take_parts(self) -> StateParts:
-        """The canonical bytes in parts, with `changed` the agents encoded afresh since the
-        previous call (all of them the first time), which it then forgets: the caller
-        records every result it takes (the engine takes one per height)."""
-        parts = _encode_state(self, self.agent_bytes, self.agents_unsaved)
-        changed = tuple((a, self.agent_bytes[a]) for a in sorted(self.agents_unsaved))
-        self.agents_unsaved.clear()
-        return StateParts(parts.prefix, parts.agents, parts.suffix, changed)
-
-    def to_bytes(self) -> bytes:
-        return _encode_state(self, self.agent_bytes, self.agents_unsaved).to_bytes()
+        return assemble_state(self.header_bytes(), [
+            [data for _, data in sorted(_fresh_entries(self, name))] for name in SECTIONS
+        ])  # fmt: skip
 
     def root(self) -> bytes:
-        """The state root: SHA-256 of the canonical state bytes (which carry their own tag)."""
+        """The version-1 state root: SHA-256 of the canonical state bytes."""
         return sha256(self.to_bytes())
+
+    def tree_root(self) -> bytes:
+        """The version-2 state root (issue 19): over the header and each section's count
+        and hash-tree root, so a block rehashes only the entries it touched."""
+        self._flush()
+        sections = zip(self._entries, self._trees, strict=True)
+        return _tree_root(self.header_bytes(), [(len(e), t.root()) for e, t in sections])
+
+    def fresh_tree_root(self) -> bytes:
+        """`tree_root` computed from scratch (its oracle)."""
+        sections = []
+        for index, name in enumerate(SECTIONS):
+            entries = _fresh_entries(self, name)
+            sections.append((len(entries), section_root(index, entries)))
+        return _tree_root(self.header_bytes(), sections)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> EngineState:
@@ -360,6 +501,12 @@ def _enc_card(enc: Encoder, card: ConfirmationCard) -> None:
     enc.blob(card.to_bytes())
 
 
+def _encode_tool(spec: ToolSpec) -> bytes:
+    enc = Encoder()
+    _enc_tool(enc, spec)
+    return bytes(enc)
+
+
 def _encode_agent(rec: AgentRecord) -> bytes:
     enc = Encoder()
     enc.text(rec.agent_id).raw(rec.public_key).u64(rec.mandate_version)
@@ -394,137 +541,129 @@ def _encode_pending(p: PendingCall) -> bytes:
     return bytes(enc)
 
 
-E = TypeVar("E")
+def _encode_sink(sink: str, key: bytes) -> bytes:
+    return bytes(Encoder().text(sink).raw(key))
 
 
-def _encoded_entries(
-    entries: dict[bytes, E],
-    cache: dict[bytes, tuple[E, bytes]],
-    encode: Callable[[E], bytes],
-    cached: bool,
-) -> list[bytes]:
-    """Each entry's bytes in key order, from `cache` where it holds the very same object;
-    the cache keeps exactly the present entries."""
-    if not cached:
-        return [encode(entries[key]) for key in sorted(entries)]
-    out = []
-    for key in sorted(entries):
-        entry = entries[key]
-        hit = cache.get(key)
-        if hit is None or hit[0] is not entry:
-            hit = (entry, encode(entry))
-            cache[key] = hit
-        out.append(hit[1])
-    if len(cache) > len(entries):
-        for gone in [key for key in cache if key not in entries]:
-            del cache[gone]
-    return out
+def _encode_handle(_: str, h: Handle) -> bytes:
+    enc = Encoder().text(h.handle).text(h.kind).text(h.owner).boolean(h.verified)
+    enc.u32(len(h.sealed))
+    for value in h.sealed:
+        enc.text(value.sink).blob(value.ciphertext)
+    return bytes(enc.u64(h.created_height))
 
 
-def _encode_state(
-    state: EngineState,
-    agent_cache: dict[str, bytes] | None,
-    encoded: set[str] | None,
-    *,
-    cached: bool = True,
-) -> StateParts:
-    """The state in parts; agents come from `agent_cache` where it holds them, and the ids
-    of those encoded afresh are added to `encoded`; grants and pending calls from the
-    state's own caches unless `cached` is False. `changed` is left empty here."""
-    enc = Encoder(TAG_STATE).raw(state.config_fingerprint)
-    enc.optional_blob(None if state.last_height is None else struct.pack(">Q", state.last_height))
-    enc.u64(state.last_block_time_ms)
-    _enc_nonces(enc, state.owner_nonces)
+def _encode_latch_run(run_key: RunKey, run: LatchRun) -> bytes:
+    enc = Encoder().text(run_key[0]).text(run_key[1]).u64(run.last_active)
+    enc.optional_blob(None if run.halt_chain is None else bytes(Encoder().texts(run.halt_chain)))
+    enc.u32(len(run.buckets))
+    for bucket_key in sorted(run.buckets):
+        bucket = run.buckets[bucket_key]
+        enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
+    return bytes(enc)
 
-    enc.u32(len(state.tools))
-    for name in sorted(state.tools):
-        _enc_tool(enc, state.tools[name])
 
-    enc.u32(len(state.sinks))
-    for sink in sorted(state.sinks):
-        enc.text(sink).raw(state.sinks[sink])
+def _encode_set(key: tuple[str, str], rules: tuple[TargetRule, ...]) -> bytes:
+    enc = Encoder().text(key[0]).text(key[1]).u32(len(rules))
+    for rule in rules:
+        _enc_target_rule(enc, rule)
+    return bytes(enc)
 
-    prefix = bytes(enc)
-    agents: list[bytes] = []
-    for agent_id in sorted(state.agents):
-        data = None if agent_cache is None else agent_cache.get(agent_id)
-        if data is None:
-            data = _encode_agent(state.agents[agent_id])
-            if agent_cache is not None:
-                agent_cache[agent_id] = data
-            if encoded is not None:
-                encoded.add(agent_id)
-        agents.append(data)
 
-    enc = Encoder()
-    enc.u32(len(state.grants))
-    for data in _encoded_entries(state.grants, state.grant_bytes, _encode_grant, cached):
+def _encode_principal(_: str, principal: PrincipalRecord) -> bytes:
+    enc = Encoder().text(principal.principal_id).raw(principal.public_key)
+    _enc_nonces(enc, principal.nonces)
+    return bytes(enc.texts(principal.deputies))
+
+
+def _encode_cross_run(pair: BucketKey, bucket: LatchBucket) -> bytes:
+    return bytes(Encoder().text(pair[0]).text(pair[1]).u32(bucket.count).texts(bucket.chain))
+
+
+def _encode_quota(key: QuotaKey, counter: QuotaCounter) -> bytes:
+    return bytes(Encoder().texts(key).u64(counter.window).u32(counter.count))
+
+
+ENCODERS: dict[str, Callable[[Any, Any], bytes]] = {
+    "tools": lambda _, spec: _encode_tool(spec),
+    "sinks": _encode_sink,
+    "agents": lambda _, rec: _encode_agent(rec),
+    "grants": lambda _, g: _encode_grant(g),
+    "pending": lambda _, p: _encode_pending(p),
+    "handles": _encode_handle,
+    "latch_runs": _encode_latch_run,
+    "sets": _encode_set,
+    "principals": _encode_principal,
+    "agent_principal": lambda agent, principal: bytes(Encoder().text(agent).text(principal)),
+    "wrong_digests": lambda pid, count: bytes(Encoder().raw(pid).u32(count)),
+    "cross_run": _encode_cross_run,
+    "settings": lambda name, value: bytes(Encoder().text(name).u64(value)),
+    "quota_counters": _encode_quota,
+}
+TAG_STATE_HEADER = b"qg/engine-state-header/v2"
+TAG_STATE_ROOT = b"qg/engine-state-root/v2"
+
+
+def _tracked(table: dict[Any, Any]) -> TrackedDict[Any, Any]:
+    assert isinstance(table, TrackedDict), "a state section is always a TrackedDict"
+    return table
+
+
+def _fresh_entries(state: EngineState, name: str) -> list[tuple[bytes, bytes]]:
+    """(key form, bytes) of every entry of a section, encoded now (reads bypass marking)."""
+    encode = ENCODERS[name]
+    table = getattr(state, name)
+    return [(key_bytes(key), encode(key, value)) for key, value in dict.items(table)]
+
+
+def _tree_root(header: bytes, sections: Sequence[tuple[int, bytes]]) -> bytes:
+    enc = Encoder(TAG_STATE_ROOT).blob(header)
+    for count, root in sections:
+        enc.u64(count).raw(root)
+    return enc.digest()
+
+
+def _section(enc: Encoder, entries: Sequence[bytes]) -> None:
+    enc.u32(len(entries))
+    for data in entries:
         enc.raw(data)
 
-    enc.u32(len(state.pending))
-    for data in _encoded_entries(state.pending, state.pending_bytes, _encode_pending, cached):
-        enc.raw(data)
 
-    enc.u32(len(state.handles))
-    for handle_name in sorted(state.handles):
-        h = state.handles[handle_name]
-        enc.text(h.handle).text(h.kind).text(h.owner).boolean(h.verified)
-        enc.u32(len(h.sealed))
-        for value in h.sealed:
-            enc.text(value.sink).blob(value.ciphertext)
-        enc.u64(h.created_height)
-
-    enc.u64(state.latch_activity_seq).u32(len(state.latch_runs))
-    for run_key in sorted(state.latch_runs):
-        run = state.latch_runs[run_key]
-        enc.text(run_key[0]).text(run_key[1]).u64(run.last_active)
-        enc.optional_blob(
-            None if run.halt_chain is None else bytes(Encoder().texts(run.halt_chain))
-        )
-        enc.u32(len(run.buckets))
-        for bucket_key in sorted(run.buckets):
-            bucket = run.buckets[bucket_key]
-            enc.text(bucket_key[0]).text(bucket_key[1]).u32(bucket.count).texts(bucket.chain)
-    settings = bool(state.settings or state.quota_counters)
-    authority = settings or bool(
-        state.principals or state.agent_principal or state.wrong_digests or state.cross_run
+def assemble_state(header: bytes, sections: Sequence[Sequence[bytes]]) -> bytes:
+    """The canonical state bytes from the header and each section's entries in key order
+    (what a store holding the entries one by one hands back)."""
+    if len(sections) != len(SECTIONS):
+        raise StateDecodeError(f"{len(sections)} sections, the state has {len(SECTIONS)}")
+    r = _Reader(header)
+    if r.take(len(TAG_STATE_HEADER)) != TAG_STATE_HEADER:
+        raise StateDecodeError("not an engine state header")
+    fingerprint, height, time_ms = r.take(32), r.optional_blob(), r.u64()
+    owner_nonces = _dec_nonces(r)
+    latch_seq = r.u64()
+    r.finish()
+    by_name = dict(zip(SECTIONS, sections, strict=True))
+    enc = Encoder(TAG_STATE).raw(fingerprint).optional_blob(height).u64(time_ms)
+    _enc_nonces(enc, owner_nonces)
+    for name in ("tools", "sinks", "agents", "grants", "pending", "handles"):
+        _section(enc, by_name[name])
+    enc.u64(latch_seq)
+    _section(enc, by_name["latch_runs"])
+    # Sections added later are present only once they hold something, so a state that
+    # never used them keeps the bytes it had before they existed: the reader finds them by
+    # there being bytes left.
+    settings = bool(by_name["settings"] or by_name["quota_counters"])
+    authority = settings or any(
+        by_name[name] for name in ("principals", "agent_principal", "wrong_digests", "cross_run")
     )
-    if state.sets or authority:
-        # Present only once a set exists (so older states keep their bytes): the reader
-        # finds it by there being bytes left.
-        enc.u32(len(state.sets))
-        for owner, name in sorted(state.sets):
-            enc.text(owner).text(name).u32(len(state.sets[(owner, name)]))
-            for rule in state.sets[(owner, name)]:
-                _enc_target_rule(enc, rule)
+    if by_name["sets"] or authority:
+        _section(enc, by_name["sets"])
     if authority:
-        # Likewise present only once a principal exists (split authority, issue 16).
-        enc.u32(len(state.principals))
-        for principal_id in sorted(state.principals):
-            principal = state.principals[principal_id]
-            enc.text(principal.principal_id).raw(principal.public_key)
-            _enc_nonces(enc, principal.nonces)
-            enc.texts(principal.deputies)
-        enc.u32(len(state.agent_principal))
-        for agent_id in sorted(state.agent_principal):
-            enc.text(agent_id).text(state.agent_principal[agent_id])
-        enc.u32(len(state.wrong_digests))
-        for proposal_id in sorted(state.wrong_digests):
-            enc.raw(proposal_id).u32(state.wrong_digests[proposal_id])
-        enc.u32(len(state.cross_run))
-        for pair in sorted(state.cross_run):
-            bucket = state.cross_run[pair]
-            enc.text(pair[0]).text(pair[1]).u32(bucket.count).texts(bucket.chain)
+        for name in ("principals", "agent_principal", "wrong_digests", "cross_run"):
+            _section(enc, by_name[name])
     if settings:
-        # Likewise present only once a setting is made in the log (issue 15, item 5).
-        enc.u32(len(state.settings))
-        for name in sorted(state.settings):
-            enc.text(name).u64(state.settings[name])
-        enc.u32(len(state.quota_counters))
-        for key in sorted(state.quota_counters):
-            counter = state.quota_counters[key]
-            enc.texts(key).u64(counter.window).u32(counter.count)
-    return StateParts(prefix, tuple(agents), bytes(enc), ())
+        _section(enc, by_name["settings"])
+        _section(enc, by_name["quota_counters"])
+    return bytes(enc)
 
 
 # ------------------------------------------------------------------------ decoding

@@ -46,7 +46,7 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.runs import RunLabels
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
-from quorumgate.sidecar.engine.state import assemble
+from quorumgate.sidecar.engine.state import SECTIONS, assemble_state
 from quorumgate.sidecar.engine.statements import BlockResult, Verdict
 
 CHAIN = "qg-test"
@@ -83,7 +83,7 @@ class World:
         self.sinks: dict[str, PrivateKey] = {}
         self.log: list[tuple[int, int, list[bytes]]] = []
         self.results: list[BlockResult] = []
-        self.saved_agents: dict[str, bytes] = {}  # what an incremental store would hold
+        self.saved: dict[tuple[int, bytes], bytes] = {}  # what an entry-wise store would hold
         self.run_labels: dict[bytes, RunLabels] = {}  # signer -> its labels' runs
 
     # ---------------------------------------------------------------- raw blocks
@@ -132,13 +132,23 @@ class World:
         self.height += 1
         self.time_ms += advance_ms
         result = self.engine.execute_block(self.height, self.time_ms, list(txs), self.verify)
-        # every engine test checks the per-agent encoding cache against a fresh encoding,
-        # and that a store writing only each height's changed agents holds the state
-        parts = self.engine.state_parts()
-        assert self.engine.state_bytes() == self.engine.state.fresh_bytes(), self.height
-        self.saved_agents.update(parts.changed)
-        saved = [self.saved_agents[k] for k in sorted(self.saved_agents)]
-        assert assemble(parts.prefix, saved, parts.suffix) == self.engine.state_bytes()
+        # every engine test checks the per-entry caches and the incremental root against a
+        # fresh encoding, and that a store writing only each height's changes holds the state
+        delta = self.engine.state_delta()
+        state = self.engine.state
+        assert self.engine.state_bytes() == state.fresh_bytes(), self.height
+        assert state.tree_root() == state.fresh_tree_root(), self.height
+        if delta.full:
+            self.saved.clear()
+        for section, key, data in delta.changes:
+            if data is None:
+                del self.saved[(section, key)]
+            else:
+                self.saved[(section, key)] = data
+        sections: list[list[bytes]] = [[] for _ in SECTIONS]
+        for section, key in sorted(self.saved):
+            sections[section].append(self.saved[(section, key)])
+        assert assemble_state(delta.header, sections) == self.engine.state_bytes()
         self.log.append((self.height, self.time_ms, list(txs)))
         self.results.append(result)
         return result

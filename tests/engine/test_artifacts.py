@@ -10,8 +10,8 @@ from quorumgate.sidecar.engine.statements import ArtifactDenial, RejectionArtifa
 from tests.engine.harness import World
 
 
-def _world() -> World:
-    world = World()
+def _world(**overrides: int) -> World:
+    world = World(overrides=overrides)
     world.add_tool("kb.search")
     world.add_tool("wire.transfer")
     world.add_agent("alice", ["kb.search"])
@@ -80,13 +80,28 @@ def test_replaying_the_log_rebuilds_identical_artifacts() -> None:
 
 
 def test_state_bytes_round_trip_exactly_and_the_root_is_their_hash() -> None:
-    world = _world()
+    """State version 1 (chains from before issue 19): the root is the bytes' SHA-256."""
+    world = _world(state_version=1)
     world.propose("alice", "kb.search")
     world.propose("bob", "kb.search")
     data = world.engine.state_bytes()
     clone = Engine.from_state_bytes(world.config, data)
     assert clone.state_bytes() == data
     assert world.results[-1].state_root == hashlib.sha256(data).digest() == clone.state_root()
+
+
+def test_a_version_2_root_is_the_tree_over_the_entries_and_survives_a_reload() -> None:
+    world = _world()
+    world.propose("alice", "kb.search")
+    world.propose("bob", "kb.search")
+    data = world.engine.state_bytes()
+    clone = Engine.from_state_bytes(world.config, data)
+    assert clone.state_bytes() == data
+    root = world.results[-1].state_root
+    assert root == clone.state_root() == world.engine.state.fresh_tree_root()
+    assert root != hashlib.sha256(data).digest()
+    # the two versions are two chains: their configurations differ, so do their states
+    assert World(overrides={"state_version": 1}).config.fingerprint != world.config.fingerprint
 
 
 def test_truncated_or_padded_state_bytes_are_refused() -> None:

@@ -43,8 +43,9 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.sidecar.engine.core import Engine, StateCacheError
-from quorumgate.sidecar.engine.state import EngineState, Grant
+from quorumgate.sidecar.engine.state import SECTIONS, EngineState, Grant
 from quorumgate.sidecar.engine.statements import BlockResult
+from quorumgate.sidecar.engine.statetree import key_bytes
 from tests.engine.harness import World, replay, signing_key
 
 AGENTS = ("ann", "ben", "cyd")
@@ -246,10 +247,13 @@ def test_random_logs_give_byte_identical_results_on_every_engine(data: st.DataOb
                 txs.append(world.tx(_key(world, signer), payload))
         result = world.block(txs, advance_ms=data.draw(st.sampled_from([0, 1, 1_000, 9_000])))
         assert len(result.verdicts) == len(txs)
-        # the root is the hash of the state bytes, and the bytes round-trip exactly
+        # the root is the tree over the state's entries (state version 2, what a reload
+        # gives too), and the bytes round-trip exactly
         state = world.engine.state_bytes()
-        assert result.state_root == hashlib.sha256(state).digest()
-        assert Engine.from_state_bytes(world.config, state).state_bytes() == state
+        assert result.state_root == world.engine.state.fresh_tree_root()
+        reloaded = Engine.from_state_bytes(world.config, state)
+        assert reloaded.state_bytes() == state
+        assert reloaded.state_root() == result.state_root
         _assert_bounded(world)
 
     second, results = replay(world)
@@ -348,61 +352,75 @@ def test_mutated_transactions_never_raise_out_of_execute_block(data: st.DataObje
 
 
 def test_a_record_changed_without_marking_it_is_caught_and_stops_execution() -> None:
-    """The per-agent encoding cache is an optimization only: the engine re-encodes from
-    scratch every `STATE_CACHE_CHECK_HEIGHTS` heights and refuses to go on when the cache
-    no longer says what the state holds."""
+    """The per-entry caches are an optimization only: after every block the engine
+    re-encodes `STATE_CHECK_ENTRIES_PER_BLOCK` entries of a rotation over the state, and
+    refuses to go on when one no longer says what the state holds."""
     world = _world()
     engine = world.engine
-    while world.height < limits.STATE_CACHE_CHECK_HEIGHTS - 1:
-        world.block([])
     engine.verify_state_cache()  # consistent so far
-    # a record changed behind the engine's back (what an unmarked write in the engine is)
-    engine.state.agents["ann"].suspended = not engine.state.agents["ann"].suspended
-    engine._state_bytes = engine._state_parts = None  # as at the start of a block
+    # a record changed behind the engine's back, past the map (an unmarked write)
+    ann = dict.__getitem__(engine.state.agents, "ann")
+    ann.suspended = not ann.suspended
+    engine._state_bytes = engine._state_root = None  # as at the start of a block
     assert engine.state.to_bytes() != engine.state.fresh_bytes()
     with pytest.raises(StateCacheError, match="stale at height"):
         engine.verify_state_cache()
-    # execute_block runs the same check at every multiple of the interval
-    with pytest.raises(StateCacheError):
-        engine.execute_block(world.height + 1, world.time_ms + 1, [], world.verify)
+    # execute_block finds it within one rotation over the state
+    entries = sum(len(getattr(engine.state, name)) for name in SECTIONS)
+    blocks = entries // limits.STATE_CHECK_ENTRIES_PER_BLOCK + 1
+    with pytest.raises(StateCacheError, match="an entry of agents changed unmarked"):
+        for _ in range(blocks):
+            world.block([])
 
 
-def test_changed_agents_survive_a_serialization_before_the_parts_are_taken() -> None:
-    """`take_parts` reports every agent encoded afresh since the previous take, also when
-    another serialization (a root, the state bytes) encoded it first and filled the cache."""
+def test_reading_a_mutable_record_through_its_map_marks_it() -> None:
+    """A record read through its section's map may be changed in place: the read marks
+    it, so the change reaches the root and the store without any call to remember."""
     world = _world()
     state = world.engine.state
-    state.take_parts()  # what a store got so far
+    state.take_delta()  # what a store got so far
     record = state.agents["ben"]
     record.suspended = not record.suspended
-    state.agent_changed("ben")
-    state.root()  # encodes ben afresh into the cache
-    parts = state.take_parts()
-    assert [agent for agent, _ in parts.changed] == ["ben"]
-    assert parts.to_bytes() == state.fresh_bytes()
-    assert state.take_parts().changed == ()  # taken once
+    state.root()  # serializes the change first
+    delta = state.take_delta()
+    agents = SECTIONS.index("agents")
+    assert [(s, k) for s, k, _ in delta.changes] == [(agents, key_bytes("ben"))]
+    assert state.to_bytes() == state.fresh_bytes()
+    assert state.tree_root() == state.fresh_tree_root()
+    assert state.take_delta().changes == ()  # taken once
+    state.agents.get("ann")  # only read: marked, re-encoded, found equal, not a change
+    assert state.take_delta().changes == ()
 
 
-def test_grant_encodings_are_cached_per_entry_and_follow_every_change() -> None:
+def test_grant_changes_and_removals_reach_the_delta_and_the_root() -> None:
     """Issue 19, item 3: a block re-encodes only the grants (and pending calls) it changed.
-    Entries are frozen, so a change is a new object and the cache, which keeps the object
-    it encoded, sees it; a removed entry leaves the cache too."""
+    Entries are frozen, so a change is a new object written into the map, which marks
+    it; a removed entry leaves the caches and the delta says so."""
 
     def grant(i: int) -> Grant:
         return Grant(bytes([i]) * 32, "ann", f"kid{i}", "ann", "run", None, 1, 1, None, 10, 1)
 
     state = EngineState(b"f" * 32)
     state.grants = {g.grant_id: g for g in map(grant, range(3))}
-    first = state.to_bytes()
-    cached = dict(state.grant_bytes)
-    assert len(cached) == 3 and first == state.fresh_bytes()
+    first = state.take_delta()
+    grants = SECTIONS.index("grants")
+    assert first.full and len(first.changes) == 3
+    root = state.tree_root()
+    assert root == state.fresh_tree_root()
     with pytest.raises(FrozenInstanceError):
         state.grants[bytes([1]) * 32].revoked = True  # type: ignore[misc]
     key = bytes([1]) * 32
     state.grants[key] = replace(state.grants[key], revoked=True)
-    second = state.to_bytes()
-    assert second != first and second == state.fresh_bytes()
-    assert state.grant_bytes[key][1] != cached[key][1]  # re-encoded
-    assert all(state.grant_bytes[k] is cached[k] for k in cached if k != key)  # reused
+    second = state.take_delta()
+    assert not second.full
+    assert [(s, k) for s, k, d in second.changes] == [(grants, key_bytes(key))]
+    assert state.to_bytes() == state.fresh_bytes()
+    assert state.tree_root() == state.fresh_tree_root() != root
     del state.grants[key]
-    assert state.to_bytes() == state.fresh_bytes() and key not in state.grant_bytes
+    assert state.take_delta().changes == ((grants, key_bytes(key), None),)
+    assert state.to_bytes() == state.fresh_bytes()
+    assert state.tree_root() == state.fresh_tree_root()
+    # a section assigned whole marks what it had and what it has
+    state.grants = {}
+    assert [d for _, _, d in state.take_delta().changes] == [None, None]
+    assert state.tree_root() == state.fresh_tree_root() == EngineState(b"f" * 32).tree_root()

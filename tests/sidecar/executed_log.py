@@ -27,7 +27,7 @@ from quorumgate.proto.model import (
     ToolMode,
 )
 from quorumgate.sidecar.engine.core import Engine
-from quorumgate.sidecar.engine.state import StateParts
+from quorumgate.sidecar.engine.state import StateDelta
 from quorumgate.sidecar.engine.statements import BlockResult
 from quorumgate.sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
 from quorumgate.sidecar.store import ExecutedHeight
@@ -52,10 +52,11 @@ def block_hash(height: int) -> bytes:
 
 
 def executed_height(
-    result: BlockResult, engine_state: bytes, signer: int, parts: StateParts | None = None
+    result: BlockResult, engine_state: bytes, signer: int, delta: StateDelta | None = None
 ) -> ExecutedHeight:
     """What the sidecar process records for one height (as sidecar/node.py builds it, with
-    `parts`; without them the store records the whole state, as a version-2 store did)."""
+    `delta`; without it the store records the whole state, as a version-2 store did).
+    `engine_state` is kept either way, for the tests to compare with."""
     leaves = tuple(leaf_from_verdict(result.height, i, v) for i, v in enumerate(result.verdicts))
     hashes = [leaf.hash(CHAIN) for leaf in leaves]
     signed = sign_block(
@@ -76,7 +77,7 @@ def executed_height(
         paths=tuple(tuple(p) for p in all_paths(hashes)),
         signed=signed,
         engine_state=engine_state,
-        state_parts=parts,
+        state_delta=delta,
     )
 
 
@@ -86,7 +87,7 @@ def execute(world: World, signer: int = 0) -> list[ExecutedHeight]:
     out: list[ExecutedHeight] = []
     for height, time_ms, txs in world.log:
         result = engine.execute_block(height, time_ms, txs, world.verify)
-        out.append(executed_height(result, engine.state_bytes(), signer, engine.state_parts()))
+        out.append(executed_height(result, engine.state_bytes(), signer, engine.state_delta()))
     return out
 
 

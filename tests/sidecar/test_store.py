@@ -26,11 +26,13 @@ from typing import Any
 
 import pytest
 
-from quorumgate.proto.model import Outcome, Reason
+from quorumgate.proto.model import DelegationPolicy, Outcome, Reason, ToolMode
 from quorumgate.sidecar import node as sidecar_node
 from quorumgate.sidecar import store as store_module
 from quorumgate.sidecar.engine.core import Engine
+from quorumgate.sidecar.engine.state import SECTIONS
 from quorumgate.sidecar.engine.statements import ArtifactDenial, RejectionArtifact
+from quorumgate.sidecar.engine.statetree import key_bytes
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry, ProblemKind, verify_chain
 from quorumgate.sidecar.receipts import Receipt, assemble_certificate, verify_certificate
 from quorumgate.sidecar.store import (
@@ -39,7 +41,7 @@ from quorumgate.sidecar.store import (
     SidecarStore,
     SidecarStoreError,
 )
-from tests.engine.harness import CHAIN
+from tests.engine.harness import CHAIN, World
 from tests.sidecar.executed_log import (
     ARGUMENT_SECRET,
     SEALED_SECRET,
@@ -791,36 +793,62 @@ async def test_foreign_missing_and_damaged_files_are_refused(tmp_path: Path) -> 
 # ============================================================================ state in parts
 
 
-async def test_each_height_rewrites_only_the_agents_it_changed(
+async def test_each_height_writes_only_the_entries_it_changed(
     story: Story, heights: list[ExecutedHeight], tmp_path: Path
 ) -> None:
     path = tmp_path / "sidecar.db"
     store = await SidecarStore.open(path, CHAIN)
-    agents = len(story.world.engine.state.agents)
-    assert agents >= 3
+    state = story.world.engine.state
+    entries = sum(len(getattr(state, name)) for name in SECTIONS)
+    assert len(state.agents) >= 3
     changed_after_first = []
     for h in heights:
         await store.record(h)
-        assert h.state_parts is not None
-        if h.height > heights[0].height:
-            changed_after_first.append(len(h.state_parts.changed))
+        assert h.state_delta is not None
+        assert h.state_delta.full == (h.height == heights[0].height)
+        if not h.state_delta.full:
+            changed_after_first.append(len(h.state_delta.changes))
         # what the store serves is what the engine held, height by height
         assert await store.engine_state() == h.engine_state, h.height
     await store.close()
-    # a height rewrote its signers' records, not the whole table (the first wrote them all)
-    assert len(heights[0].state_parts.changed) == len(heights[0].state_parts.agents)  # type: ignore[union-attr]
-    assert max(changed_after_first) < agents
-    rows = read_around_the_store(path, "SELECT COUNT(*) FROM state_agents")
-    assert rows == [(agents,)]
+    # a height wrote what it changed, never the whole state
+    assert max(changed_after_first) < entries // 2
+    rows = read_around_the_store(path, "SELECT COUNT(*) FROM state_entries")
+    assert rows == [(entries,)]
     assert read_around_the_store(path, "SELECT engine_state IS NULL FROM head") == [(1,)]
 
 
-async def test_a_damaged_agent_record_is_refused_on_read(
+async def test_removed_entries_leave_the_store(tmp_path: Path) -> None:
+    """A grant that expires out of the state is deleted from the store, not left behind."""
+    world = World()
+    world.add_tool("t.read", ToolMode.READ)
+    world.add_agent("ann", ["t.read"], policy=DelegationPolicy.ATTENUATED)
+    world.add_agent("ben", ["t.read"])
+    verdict = world.delegate("ann", "ben", tools=["t.read"], expires_in_ms=2_000)
+    assert verdict.outcome is Outcome.APPLIED
+    grants = world.engine.state.grants
+    assert len(grants) == 1
+    world.advance(world.config.expired_retention_ms + 10_000)
+    assert not grants
+    store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
+    await record_all(store, execute(world))
+    await store.close()
+    rows = read_around_the_store(
+        tmp_path / "sidecar.db",
+        f"SELECT COUNT(*) FROM state_entries WHERE section = {SECTIONS.index('grants')}",
+    )
+    assert rows == [(0,)]
+
+
+async def test_a_damaged_state_entry_is_refused_on_read(
     heights: list[ExecutedHeight], tmp_path: Path
 ) -> None:
     path = await recorded_file(tmp_path / "sidecar.db", heights)
+    agents = SECTIONS.index("agents")
     write_around_the_store(
-        path, "UPDATE state_agents SET data = CAST(data || x'00' AS BLOB) WHERE agent_id = 'bob'"
+        path,
+        f"UPDATE state_entries SET data = CAST(data || x'00' AS BLOB) "
+        f"WHERE section = {agents} AND key = x'{key_bytes('bob').hex()}'",
     )
     store = await SidecarStore.open(path, CHAIN)
     top = heights[-1].height
@@ -828,12 +856,26 @@ async def test_a_damaged_agent_record_is_refused_on_read(
         await store.engine_state()
 
 
-async def test_whole_state_heights_and_a_switch_to_parts_round_trip(
+async def test_a_missing_state_entry_is_refused_on_read(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    path = await recorded_file(tmp_path / "sidecar.db", heights)
+    agents = SECTIONS.index("agents")
+    write_around_the_store(
+        path,
+        f"DELETE FROM state_entries WHERE section = {agents} AND key = x'{key_bytes('bob').hex()}'",
+    )
+    store = await SidecarStore.open(path, CHAIN)
+    with pytest.raises(SidecarStoreError, match="state root signed"):
+        await store.engine_state()
+
+
+async def test_whole_state_heights_and_a_switch_to_entries_round_trip(
     story: Story, heights: list[ExecutedHeight], tmp_path: Path
 ) -> None:
-    """A height recorded with the whole state (no parts) clears the agent rows; the next
-    height in parts from an engine reloaded from the store writes every agent again."""
-    whole = [dataclasses.replace(h, state_parts=None) for h in heights]
+    """A height recorded with the whole state clears the entry rows; the next height from
+    an engine reloaded from the store gives a full delta, which writes every entry again."""
+    whole = [dataclasses.replace(h, state_delta=None) for h in heights]
     store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
     half = len(heights) // 2
     await record_all(store, whole[:half])
@@ -842,54 +884,71 @@ async def test_whole_state_heights_and_a_switch_to_parts_round_trip(
     engine = Engine.from_state_bytes(story.world.config, state)  # type: ignore[arg-type]
     for height, time_ms, txs in story.world.log[half:]:
         result = engine.execute_block(height, time_ms, txs, story.world.verify)
-        await store.record(executed_height(result, engine.state_bytes(), 0, engine.state_parts()))
+        await store.record(executed_height(result, engine.state_bytes(), 0, engine.state_delta()))
         assert await store.engine_state() == engine.state_bytes()
     assert store.executed_height == heights[-1].height
 
 
-async def test_parts_missing_agents_the_store_never_got_are_refused(
+async def test_a_partial_delta_for_a_store_without_the_entries_is_refused(
     heights: list[ExecutedHeight], tmp_path: Path
 ) -> None:
-    """An engine whose cache holds agents this store never recorded (it executed heights
-    that were not recorded here) cannot record in parts: nothing of the height is written."""
+    """An engine that handed its entries to someone else (it executed heights that were
+    not recorded here) cannot record only its changes: nothing of the height is written."""
     store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
-    whole = [dataclasses.replace(h, state_parts=None) for h in heights]
+    whole = [dataclasses.replace(h, state_delta=None) for h in heights]
     half = len(heights) // 2
     await record_all(store, whole[:half])
-    late = heights[half]  # from the engine that ran all along: only its changed agents
-    assert late.state_parts is not None
-    assert len(late.state_parts.changed) < len(late.state_parts.agents)
-    with pytest.raises(AssertionError, match="agent records"):
+    late = heights[half]  # from the engine that ran all along: only its changes
+    assert late.state_delta is not None and not late.state_delta.full
+    with pytest.raises(AssertionError, match="partial state delta"):
         await store.record(late)
     assert store.executed_height == heights[half - 1].height
     assert await store.engine_state() == heights[half - 1].engine_state
 
 
-async def test_a_version_2_store_is_upgraded_in_place_by_its_writer(
-    heights: list[ExecutedHeight], tmp_path: Path
-) -> None:
-    path = tmp_path / "sidecar.db"
+async def _older_schema(
+    path: Path, heights: list[ExecutedHeight], version: int
+) -> list[ExecutedHeight]:
+    """A file as schema `version` left it, holding the first half of `heights` whole."""
     store = await SidecarStore.open(path, CHAIN)
-    whole = [dataclasses.replace(h, state_parts=None) for h in heights]
+    whole = [dataclasses.replace(h, state_delta=None) for h in heights]
     half = len(heights) // 2
     await record_all(store, whole[:half])
     await store.close()
-    # the file as schema version 2 left it
-    for sql in (
-        "ALTER TABLE head DROP COLUMN state_prefix",
-        "ALTER TABLE head DROP COLUMN state_suffix",
-        "DROP TABLE state_agents",
-        "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
-    ):
+    steps = ["ALTER TABLE head DROP COLUMN state_header", "DROP TABLE state_entries"]
+    if version == 2:
+        steps += [
+            "ALTER TABLE head DROP COLUMN state_prefix",
+            "ALTER TABLE head DROP COLUMN state_suffix",
+            "DROP TABLE state_agents",
+        ]
+    steps.append(f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
+    for sql in steps:
         write_around_the_store(path, sql)
+    return whole[:half]
+
+
+@pytest.mark.parametrize("version", [2, 3])
+async def test_an_older_store_is_upgraded_in_place_by_its_writer(
+    story: Story, heights: list[ExecutedHeight], tmp_path: Path, version: int
+) -> None:
+    path = tmp_path / "sidecar.db"
+    kept = await _older_schema(path, heights, version)
     with pytest.raises(SidecarStoreError, match="start the sidecar once"):
         await SidecarStore.open(path, CHAIN, read_only=True)
     store = await SidecarStore.open(path, CHAIN)
     assert read_around_the_store(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [
         (str(store_module.SCHEMA_VERSION),)
     ]
-    assert await store.engine_state() == heights[half - 1].engine_state
-    assert store.executed_height == heights[half - 1].height
+    state = await store.engine_state()
+    assert state == kept[-1].engine_state
+    assert store.executed_height == kept[-1].height
+    # the sidecar goes on from it: the first height writes every entry
+    engine = Engine.from_state_bytes(story.world.config, state)  # type: ignore[arg-type]
+    for height, time_ms, txs in story.world.log[len(kept) :]:
+        result = engine.execute_block(height, time_ms, txs, story.world.verify)
+        await store.record(executed_height(result, engine.state_bytes(), 0, engine.state_delta()))
+    assert await store.engine_state() == heights[-1].engine_state
 
 
 async def test_strict_tables_refuse_a_value_of_the_wrong_type(tmp_path: Path) -> None:
