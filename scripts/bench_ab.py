@@ -58,6 +58,15 @@ def run(top: Path, tree: Path, bench_args: list[str]) -> dict[str, Any]:
 
 
 def headline(report: dict[str, Any]) -> dict[str, float]:
+    if "large_over_fresh_p50" in report:  # --breakdown --state large: both sides' call p50
+        total = "submit -> certificate (total)"
+        out = {
+            f"{name}: call p50": next(
+                r["p50_ms"] for r in report[name]["stages"] if r["stage"] == total
+            )
+            for name in ("fresh", "large state")
+        }
+        return {**out, "large / fresh": report["large_over_fresh_p50"]}
     if "stages" in report:
         return {row["stage"]: row["p50_ms"] for row in report["stages"]}
     keys = ("certified_per_s", "cert_p50_ms", "cert_p99_ms", "throughput_per_s", "p50_ms")
