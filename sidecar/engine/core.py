@@ -1027,7 +1027,7 @@ class Engine:
         pending = self.state.pending
         if parsed.tx_id in pending:  # impossible: tx ids are unique per (signer, nonce)
             raise AssertionError("pending proposal id reused")
-        mine = sum(1 for p in pending.values() if p.principal == ctx.principal)
+        mine = self.state.count("pending", ctx.principal)
         if len(pending) >= self.config.pending_max or mine >= self.config.pending_per_principal_max:
             raise _Refusal(Reason.PENDING_LIMIT)
         handles = tuple(
@@ -1289,7 +1289,7 @@ class Engine:
         ):
             return rejected(Reason.DELEGATION_WIDENING)  # scope never widens (§4.4)
         grants = self.state.grants
-        mine = sum(1 for g in grants.values() if g.grantor == record.agent_id)
+        mine = self.state.count("grants", record.agent_id)
         if len(grants) >= self.config.grants_max or mine >= self._setting("grants_per_agent_max"):
             return rejected(Reason.CAPACITY_EXCEEDED)
         assert parsed.tx_id not in grants, "grant id reused"

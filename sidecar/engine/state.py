@@ -191,6 +191,7 @@ MUTABLE_SECTIONS = frozenset(
 )
 _SECTION_NAMES = frozenset(SECTIONS)
 EXPIRING_SECTIONS = ("grants", "pending")  # entries with `expires_at_ms`, dropped after it
+COUNTED_FIELDS = {"grants": "grantor", "pending": "principal"}  # see EngineState.count
 
 
 @dataclass
@@ -248,6 +249,19 @@ class EngineState:
         compare=False,
     )
     _check_queue: list[tuple[int, Any]] = field(default_factory=list, repr=False, compare=False)
+    # Per counted section (COUNTED_FIELDS), how many entries hold each value of its field,
+    # and the value each entry was counted under: what the per-grantor and per-principal
+    # caps read, without scanning the table per transaction (issue 19).
+    _counts: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {name: {} for name in COUNTED_FIELDS},
+        repr=False,
+        compare=False,
+    )
+    _counted: dict[str, dict[Any, str]] = field(
+        default_factory=lambda: {name: {} for name in COUNTED_FIELDS},
+        repr=False,
+        compare=False,
+    )
 
     def __setattr__(self, name: str, value: Any) -> None:
         # A section is always a TrackedDict; one assigned whole marks every key it had
@@ -288,8 +302,11 @@ class EngineState:
                 continue
             encode = ENCODERS[name]
             entries, tree, unsaved = self._entries[index], self._trees[index], self._unsaved
+            counted_field = COUNTED_FIELDS.get(name)
             for key in table.take_dirty():
                 form = key_bytes(key)
+                if counted_field is not None:
+                    self._recount(name, counted_field, table, key)
                 if dict.__contains__(table, key):
                     data = encode(key, dict.__getitem__(table, key))
                     if entries.get(form) == data:
@@ -303,6 +320,25 @@ class EngineState:
                 elif entries.pop(form, None) is not None:
                     tree.remove(form)
                     unsaved[(index, form)] = None
+
+    def _recount(self, name: str, counted_field: str, table: dict[Any, Any], key: Any) -> None:
+        counts, counted = self._counts[name], self._counted[name]
+        old = counted.pop(key, None)
+        if old is not None:
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
+        entry = dict.get(table, key)
+        if entry is not None:
+            value = getattr(entry, counted_field)
+            counted[key] = value
+            counts[value] = counts.get(value, 0) + 1
+
+    def count(self, name: str, value: str) -> int:
+        """How many entries of section `name` (a key of COUNTED_FIELDS) hold `value` in
+        its counted field: a grantor's grants, a principal's pending calls."""
+        self._flush()
+        return self._counts[name].get(value, 0)
 
     def expired(self, name: str, horizon_ms: int) -> list[bytes]:
         """The keys of the grants or pending calls (`name`) expiring at or before

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -46,7 +47,7 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.runs import RunLabels
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
-from quorumgate.sidecar.engine.state import SECTIONS, assemble_state
+from quorumgate.sidecar.engine.state import COUNTED_FIELDS, SECTIONS, assemble_state
 from quorumgate.sidecar.engine.statements import BlockResult, Verdict
 
 CHAIN = "qg-test"
@@ -138,6 +139,9 @@ class World:
         state = self.engine.state
         assert self.engine.state_bytes() == state.fresh_bytes(), self.height
         assert state.tree_root() == state.fresh_tree_root(), self.height
+        for name, counted in COUNTED_FIELDS.items():  # the caps' counters, against a scan
+            scan = Counter(getattr(entry, counted) for entry in dict.values(getattr(state, name)))
+            assert state._counts[name] == dict(scan), (self.height, name)
         if delta.full:
             self.saved.clear()
         for section, key, data in delta.changes:
