@@ -336,15 +336,24 @@ class EngineState:
 
     def count(self, name: str, value: str) -> int:
         """How many entries of section `name` (a key of COUNTED_FIELDS) hold `value` in
-        its counted field: a grantor's grants, a principal's pending calls."""
-        self._flush()
+        its counted field: a grantor's grants, a principal's pending calls. Recounts the
+        entries written since the last flush but does not flush: a flush in the middle of
+        a transaction would forget the marks of records read before it and changed after."""
+        table = getattr(self, name)
+        for key in _tracked(table).dirty:
+            self._recount(name, COUNTED_FIELDS[name], table, key)
         return self._counts[name].get(value, 0)
 
     def expired(self, name: str, horizon_ms: int) -> list[bytes]:
         """The keys of the grants or pending calls (`name`) expiring at or before
-        `horizon_ms`, in key order; the caller removes them all."""
-        self._flush()
+        `horizon_ms`, in key order; the caller removes them all. Does not flush (see
+        `count`): the entries written since are pushed here, and again at the flush (an
+        entry found twice is dropped once)."""
         heap, table = self._expiry[name], getattr(self, name)
+        for key in _tracked(table).dirty:
+            entry = dict.get(table, key)
+            if entry is not None:
+                heapq.heappush(heap, (entry.expires_at_ms, key))
         found: set[bytes] = set()
         while heap and heap[0][0] <= horizon_ms:
             expires, key = heapq.heappop(heap)

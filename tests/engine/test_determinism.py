@@ -424,3 +424,20 @@ def test_grant_changes_and_removals_reach_the_delta_and_the_root() -> None:
     state.grants = {}
     assert [d for _, _, d in state.take_delta().changes] == [None, None]
     assert state.tree_root() == state.fresh_tree_root() == EngineState(b"f" * 32).tree_root()
+
+
+def test_counting_in_the_middle_of_a_transaction_keeps_the_marks_of_records_read() -> None:
+    """The caps' counters (`EngineState.count`) and the expiry lookup run in the middle of
+    a transaction; a record read before them and changed after must still reach the root.
+    (Had they flushed the caches, its mark would be gone and the change lost.)"""
+    world = _world()
+    state = world.engine.state
+    state.take_delta()
+    record = state.agents["ann"]  # read (marked) ...
+    assert state.count("pending", "ann") == 0  # ... a count in between ...
+    assert state.expired("grants", 0) == []
+    record.suspended = not record.suspended  # ... changed after
+    assert state.to_bytes() == state.fresh_bytes()
+    assert state.tree_root() == state.fresh_tree_root()
+    agents = SECTIONS.index("agents")
+    assert [(s, k) for s, k, _ in state.take_delta().changes] == [(agents, key_bytes("ann"))]
