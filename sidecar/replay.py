@@ -17,10 +17,16 @@ it. The sidecar must be stopped while replay writes its store.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import multiprocessing
 import os
+import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,18 +36,22 @@ from nacl.signing import SigningKey
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.proto.membership import Membership
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.channels import Reader, aio_channel
 from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import Block, RemoteError, genesis_block
 from quorumgate.replica.wire import decode_block
-from quorumgate.sidecar.engine.core import Engine, config_for_cluster
+from quorumgate.sidecar.engine.core import Engine, EngineConfig, config_for_cluster
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.store import DivergenceError, ExecutedHeight, SidecarStore
 
-CHECKPOINT_HEIGHTS = 1_000
+CHECKPOINT_HEIGHTS = 1_000  # a checkpoint after every height that is a multiple of it
+REPLAY_WORKERS = 1  # processes executing beside the one reading the log and the store
+REPLAY_BATCH_BLOCKS = 32  # blocks per job sent to the executing process
+REPLAY_BATCHES_AHEAD = 2  # jobs in flight beyond the one being recorded
 CHECKPOINT_FILE = "replay.checkpoint"
 READ_BLOCKS_PER_PAGE = 256
 MISMATCHES_KEPT_MAX = 1_000
@@ -155,12 +165,12 @@ def _load_checkpoint(spec: ClusterSpec, index: int) -> tuple[_Checkpoint, bytes]
 
 
 def _write_checkpoint(
-    spec: ClusterSpec, index: int, block: Block, ledger_head: bytes, engine: Engine
+    spec: ClusterSpec, index: int, block: Block, ledger_head: bytes, state: bytes
 ) -> None:
     node_dir = spec.node_dir(index)
     state_name = f"{CHECKPOINT_FILE}.state"
     tmp_state = node_dir / f"{state_name}.tmp"
-    tmp_state.write_bytes(engine.state_bytes())
+    tmp_state.write_bytes(state)
     os.replace(tmp_state, node_dir / state_name)
     doc = _Checkpoint(block.height, block.hash.hex(), block.view, ledger_head.hex(), state_name)
     tmp = node_dir / f"{CHECKPOINT_FILE}.tmp"
@@ -229,6 +239,144 @@ async def _compare(
         mismatch("artifact_extra", f"recorded artifact ({height}, {target!r}) not replayed")
 
 
+# ------------------------------------------------------------------ the executing process
+
+
+@dataclass(frozen=True)
+class _WorkerSetup:
+    """What the executing process starts from (sent to it once, pickled; the receipt key's
+    seed is never logged)."""
+
+    config: EngineConfig
+    receipt_seed: bytes
+    index: int
+    membership: Membership
+    state: bytes | None  # a checkpoint's engine state, or None from height 1
+    checkpoint_heights: int  # CHECKPOINT_HEIGHTS when replay started (tests lower it)
+
+
+class _Worker:
+    """The engine and the certificate checker, in whichever process executes."""
+
+    def __init__(self, setup: _WorkerSetup) -> None:
+        config = setup.config
+        self.engine = (
+            Engine(config) if setup.state is None else Engine.from_state_bytes(config, setup.state)
+        )
+        self.key = SigningKey(setup.receipt_seed)
+        self.index = setup.index
+        self.chain_id = config.chain_id
+        self.checker = CertificateChecker(setup.membership, Verifier(VERIFIED_CACHE_MAX))
+        self.checkpoint_heights = setup.checkpoint_heights
+
+    def run(self, blocks: list[Block]) -> list[_Outcome]:
+        """Each block's certificate checked and the block executed, in order; a block
+        whose certificate fails ends the list with the reason (nothing after it runs)."""
+        out: list[_Outcome] = []
+        for block in blocks:
+            try:
+                self.checker.check_qc(block.justify)
+            except RemoteError as err:
+                out.append(str(err))
+                break
+            executed = execute_block(self.engine, self.key, self.index, self.chain_id, block)
+            due = block.height % self.checkpoint_heights == 0
+            state = self.engine.state_bytes() if due else None
+            out.append((executed, state))
+        return out
+
+
+# A block's outcome: (what it produced, the engine state when a checkpoint is due), or why
+# its certificate failed.
+_Outcome = tuple[ExecutedHeight, bytes | None] | str
+_worker: _Worker | None = None  # in the executing process
+
+
+def _worker_start(setup: _WorkerSetup) -> None:
+    global _worker
+    _worker = _Worker(setup)
+
+
+def _worker_run(blocks: list[Block]) -> list[_Outcome]:
+    assert _worker is not None, "the executing process was not started"
+    return _worker.run(blocks)
+
+
+def _spawnable() -> bool:
+    """Whether a spawned process can start here: it re-imports the main module from its
+    file, which a program read from stdin (`python -`) does not have."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    return main_file is None or os.path.exists(main_file)
+
+
+async def _linked(
+    blocks: AsyncIterator[Block], prev_hash: bytes, prev_view: int, prev_height: int
+) -> AsyncIterator[Block]:
+    """The log's blocks, each checked to extend the one before it and to carry a
+    certificate naming it (the certificate's signatures are checked where it executes)."""
+    async for block in blocks:
+        if block.height != prev_height + 1 or block.parent_hash != prev_hash:
+            raise ReplayError(f"the replica's log breaks at height {block.height}")
+        if block.justify.view != prev_view or block.justify.height != prev_height:
+            raise ReplayError(f"block {block.height}'s certificate names another parent")
+        yield block
+        prev_hash, prev_view, prev_height = block.hash, block.view, block.height
+
+
+async def _executed(
+    blocks: AsyncIterator[Block], setup: _WorkerSetup, workers: int
+) -> AsyncIterator[tuple[Block, _Outcome]]:
+    """Each block with its outcome, in order. With a worker, batches of
+    `REPLAY_BATCH_BLOCKS` go to the executing process and up to `REPLAY_BATCHES_AHEAD` of
+    them are in flight while the caller records the one before: the engine runs on one
+    core while the log is read and the store written on the other."""
+    if workers == 0 or not _spawnable():
+        local = _Worker(setup)
+        async for block in blocks:
+            outcome = local.run([block])[0]
+            yield block, outcome
+            if isinstance(outcome, str):
+                return
+        return
+    loop = asyncio.get_running_loop()
+    pool = ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),  # no fork of a process with gRPC
+        initializer=_worker_start,
+        initargs=(setup,),
+    )
+    in_flight: deque[tuple[list[Block], asyncio.Future[list[_Outcome]]]] = deque()
+
+    def send(batch: list[Block]) -> None:
+        in_flight.append((batch, loop.run_in_executor(pool, _worker_run, batch)))
+
+    try:
+        batch: list[Block] = []
+        async for block in blocks:
+            batch.append(block)
+            if len(batch) == REPLAY_BATCH_BLOCKS:
+                send(batch)
+                batch = []
+            while len(in_flight) > REPLAY_BATCHES_AHEAD:
+                sent, future = in_flight.popleft()
+                for item in zip(sent, await future, strict=False):
+                    yield item
+                    if isinstance(item[1], str):
+                        return
+        if batch:
+            send(batch)
+        while in_flight:
+            sent, future = in_flight.popleft()
+            for item in zip(sent, await future, strict=False):
+                yield item
+                if isinstance(item[1], str):
+                    return
+    finally:
+        for _, future in in_flight:
+            future.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 # ------------------------------------------------------------------ replay
 
 
@@ -242,9 +390,13 @@ async def replay(
     from_height: int = 1,
     resume: bool = True,
     progress: ProgressFn | None = None,
+    workers: int = REPLAY_WORKERS,
 ) -> ReplayReport:
+    """`workers`: 1 runs the engine and the certificate checks in a second process while
+    this one reads the log and writes the store (both cores work); 0 runs all of it here."""
+    if workers not in (0, 1):
+        raise ValueError("workers must be 0 or 1")
     node_dir = spec.node_dir(index)
-    key = SigningKey(read_seed(node_dir / RECEIPT_KEY_FILE))
     config = config_for_cluster(spec)
     report = ReplayReport(node=index, from_height=max(1, from_height))
     started = time.perf_counter()
@@ -265,71 +417,70 @@ async def replay(
             top = replica_store.committed_height
         report.top_height = top
 
-        engine = Engine(config)
         prev = genesis_block(spec.chain_id)
         prev_hash, prev_view, prev_height = prev.hash, prev.view, prev.height
         ledger_head = ZERO_HASH
+        state: bytes | None = None
         loaded = _load_checkpoint(spec, index) if resume else None
         if loaded is not None:
-            checkpoint, state = loaded
+            checkpoint, checkpoint_state = loaded
             if checkpoint.height <= top:
-                engine = Engine.from_state_bytes(config, state)
+                state = checkpoint_state
                 prev_hash = bytes.fromhex(checkpoint.block_hash)
                 prev_view, prev_height = checkpoint.block_view, checkpoint.height
                 ledger_head = bytes.fromhex(checkpoint.ledger_head)
                 report.resumed_from = checkpoint.height
         start = prev_height + 1
-        checker = CertificateChecker(spec.membership(), Verifier(VERIFIED_CACHE_MAX))
         blocks = (
             _blocks_from_store(replica_store, start, top)
             if replica_store is not None
             else _blocks_from_replica(spec, index, start, top)
         )
-        last_checkpoint = prev_height
-        async for block in blocks:
-            # The certificate: this block extends the one before it, and its justify QC
-            # is a valid quorum certificate for that block.
-            if block.height != prev_height + 1 or block.parent_hash != prev_hash:
-                raise ReplayError(f"the replica's log breaks at height {block.height}")
-            if block.justify.view != prev_view or block.justify.height != prev_height:
-                raise ReplayError(f"block {block.height}'s certificate names another parent")
-            try:
-                checker.check_qc(block.justify)
-            except RemoteError as err:
-                report.mismatches.append(
-                    {"height": block.height, "what": "certificate", "detail": str(err)}
-                )
-                break
-            report.certificates_checked += 1
-            executed = execute_block(engine, key, index, spec.chain_id, block)
-            report.heights_replayed += 1
-            report.verdicts += len(executed.result.verdicts)
-            if block.height <= store.executed_height:
-                # Recorded before: compare (the ledger entries are computed here only).
-                entries = LedgerEntry.chain(
-                    spec.chain_id, block.height, executed.result.verdicts, ledger_head
-                )
-                ledger_head = entries[-1].hash if entries else ledger_head
-                if block.height >= report.from_height:
-                    report.heights_compared += 1
-                    await _compare(store, spec.chain_id, executed, entries, report)
-            else:
-                try:
-                    await store.record(executed)
-                except DivergenceError as err:
+        setup = _WorkerSetup(
+            config,
+            read_seed(node_dir / RECEIPT_KEY_FILE),
+            index,
+            spec.membership(),
+            state,
+            CHECKPOINT_HEIGHTS,
+        )
+        linked = _linked(blocks, prev_hash, prev_view, prev_height)
+        async with contextlib.aclosing(_executed(linked, setup, workers)) as outcomes:
+            async for block, outcome in outcomes:
+                if isinstance(outcome, str):  # the block's certificate did not verify
                     report.mismatches.append(
-                        {"height": block.height, "what": "artifact", "detail": str(err)}
+                        {"height": block.height, "what": "certificate", "detail": outcome}
                     )
                     break
-                report.heights_recorded += 1
-                report.artifacts_written += len(executed.result.artifacts)
-                ledger_head = store.ledger_head
-            prev_hash, prev_view, prev_height = block.hash, block.view, block.height
-            if block.height - last_checkpoint >= CHECKPOINT_HEIGHTS:
-                _write_checkpoint(spec, index, block, ledger_head, engine)
-                last_checkpoint = block.height
-            if progress is not None:
-                progress(block.height, top, time.perf_counter() - started)
+                report.certificates_checked += 1
+                executed, checkpoint_state = outcome
+                report.heights_replayed += 1
+                report.verdicts += len(executed.result.verdicts)
+                if block.height <= store.executed_height:
+                    # Recorded before: compare (the ledger entries are computed here only).
+                    entries = LedgerEntry.chain(
+                        spec.chain_id, block.height, executed.result.verdicts, ledger_head
+                    )
+                    ledger_head = entries[-1].hash if entries else ledger_head
+                    if block.height >= report.from_height:
+                        report.heights_compared += 1
+                        await _compare(store, spec.chain_id, executed, entries, report)
+                else:
+                    try:
+                        await store.record(executed)
+                    except DivergenceError as err:
+                        report.mismatches.append(
+                            {"height": block.height, "what": "artifact", "detail": str(err)}
+                        )
+                        break
+                    report.heights_recorded += 1
+                    report.artifacts_written += len(executed.result.artifacts)
+                    ledger_head = store.ledger_head
+                prev_height = block.height
+                if checkpoint_state is not None:
+                    _write_checkpoint(spec, index, block, ledger_head, checkpoint_state)
+                if progress is not None:
+                    progress(block.height, top, time.perf_counter() - started)
         if prev_height == top and not report.mismatches:
             _clear_checkpoint(spec, index)
     finally:
