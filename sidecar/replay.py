@@ -248,10 +248,10 @@ class _WorkerSetup:
     seed is never logged)."""
 
     config: EngineConfig
-    receipt_seed: bytes
+    receipt_seed: bytes = field(repr=False)
     index: int
     membership: Membership
-    state: bytes | None  # a checkpoint's engine state, or None from height 1
+    state: bytes | None = field(repr=False)  # a checkpoint's engine state, or from height 1
     checkpoint_heights: int  # CHECKPOINT_HEIGHTS when replay started (tests lower it)
 
 
