@@ -465,6 +465,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 from_height=args.from_height,
                 resume=not args.no_resume,
                 progress=progress,
+                workers=0 if args.in_process else 1,
             )
         )
     except ReplayError as err:
@@ -677,6 +678,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--from-height", type=int, default=1, help="compare from this height on")
     rp.add_argument("--no-resume", action="store_true", help="ignore a checkpoint, start over")
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
+    rp.add_argument(
+        "--in-process",
+        action="store_true",
+        help="execute in this process (by default a second process executes, on another core)",
+    )
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)
 
