@@ -253,6 +253,9 @@ class _WorkerSetup:
     membership: Membership
     state: bytes | None = field(repr=False)  # a checkpoint's engine state, or from height 1
     checkpoint_heights: int  # CHECKPOINT_HEIGHTS when replay started (tests lower it)
+    # The store's executed height: the heights above it are recorded, the first of them
+    # with the whole state (its delta full), whatever form the store held the state in.
+    recorded_height: int = 0
 
 
 class _Worker:
@@ -268,6 +271,7 @@ class _Worker:
         self.chain_id = config.chain_id
         self.checker = CertificateChecker(setup.membership, Verifier(VERIFIED_CACHE_MAX))
         self.checkpoint_heights = setup.checkpoint_heights
+        self.recorded_height = setup.recorded_height
 
     def run(self, blocks: list[Block]) -> list[_Outcome]:
         """Each block's certificate checked and the block executed, in order; a block
@@ -279,6 +283,8 @@ class _Worker:
             except RemoteError as err:
                 out.append(str(err))
                 break
+            if block.height == self.recorded_height + 1:
+                self.engine.state.restart_delta()  # the first height the store records
             executed = execute_block(self.engine, self.key, self.index, self.chain_id, block)
             due = block.height % self.checkpoint_heights == 0
             state = self.engine.state_bytes() if due else None
@@ -443,6 +449,7 @@ async def replay(
             spec.membership(),
             state,
             CHECKPOINT_HEIGHTS,
+            store.executed_height,
         )
         linked = _linked(blocks, prev_hash, prev_view, prev_height)
         async with contextlib.aclosing(_executed(linked, setup, workers)) as outcomes:

@@ -388,6 +388,11 @@ class EngineState:
                 return name
         return None
 
+    def restart_delta(self) -> None:
+        """Make the next `take_delta` full: for a store that will start recording from
+        the next height but holds the state some other way (whole, or not at all)."""
+        self._delta_taken = False
+
     def take_delta(self) -> StateDelta:
         """What changed since the previous call (everything, the first time), which it
         then forgets: the caller records every delta it takes (the engine takes one per

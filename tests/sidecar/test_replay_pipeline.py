@@ -6,7 +6,9 @@ executed or returned — in the second process as in this one."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,7 @@ from quorumgate.sidecar import replay as replay_module
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.replay import _executed, _WorkerSetup
+from quorumgate.sidecar.store import SidecarStore
 from tests.consensus.helpers import CHAIN, chain_of, make_block, membership, qc_for
 
 RECEIPT_SEED = bytes(range(32))
@@ -82,3 +85,39 @@ def test_the_setup_never_prints_the_receipt_key() -> None:
     traceback's locals) never shows it."""
     text = repr(_setup())
     assert RECEIPT_SEED.hex() not in text and repr(RECEIPT_SEED) not in text
+
+
+def test_the_first_height_recorded_carries_the_whole_state(tmp_path: Path) -> None:
+    """Replay compares the heights its store holds and records the rest. A store written
+    by an older build holds the state whole (or in schema 3's parts); a delta of only the
+    last height's changes cannot be recorded over it, so the first recorded height's delta
+    is full whatever the store held — and the store accepts it."""
+    blocks = chain_of(range(1, 9))[1:]
+    setup = dataclasses.replace(_setup(), recorded_height=5)
+    got = asyncio.run(_outcomes(blocks, 1, setup))
+    deltas = [outcome[0].state_delta for _, outcome in got]  # type: ignore[index]
+    assert [d.full for d in deltas] == [True, False, False, False, False, True, False, False]
+
+    async def record() -> None:
+        store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
+        try:
+            for _, outcome in got[:5]:  # heights 1..5 recorded whole, as an old build did
+                executed = outcome[0]  # type: ignore[index]
+                engine_state = _state_after(blocks, executed.height)
+                await store.record(dataclasses.replace(executed, state_delta=None,
+                                                       engine_state=engine_state))  # fmt: skip
+            for _, outcome in got[5:]:
+                await store.record(outcome[0])  # type: ignore[index]
+            assert await store.engine_state() == _state_after(blocks, 8)
+        finally:
+            await store.close()
+
+    asyncio.run(record())
+
+
+def _state_after(blocks: list[Block], height: int) -> bytes:
+    engine = Engine(_config())
+    key = replay_module.SigningKey(RECEIPT_SEED)
+    for block in blocks[:height]:
+        execute_block(engine, key, 1, CHAIN, block)
+    return engine.state_bytes()
