@@ -127,7 +127,7 @@ class MempoolLimits:
     # only makes the mempool more lenient: the engine stays the authority on replays.
     signers_tracked_max: int = 100_000
     window_nonces_max: int = 1_048_576
-    # SHA-256 digests of transactions whose signatures `check` verified (LRU).
+    # SHA-256 digests of transactions whose signatures `check` or `precheck` verified (LRU).
     verified_cache_max: int = 65_536
     # Transaction ids of blocks seen by `check` or `take`, so that `take` need not parse
     # the uncommitted chain at every proposal (FIFO; a miss costs a parse, not safety).
@@ -283,6 +283,8 @@ class Mempool:
         # Metrics.
         self.accepted = 0
         self.resubmitted = 0
+        self.signatures_verified = 0  # Ed25519 checks of transactions made here
+        self.signatures_cached = 0  # checks skipped: these bytes were verified before
         self.refused: Counter[str] = Counter()
         self.blocks_refused: Counter[str] = Counter()
         self.windows_evicted = 0
@@ -307,10 +309,21 @@ class Mempool:
         if known is not None:
             self.resubmitted += 1
             return Admission(True, known.tx_id, OK, "already pending", STATUS_OK)
+        # Bytes whose signature this replica verified before (in a block it checked, or on
+        # an earlier admission: a transaction gossiped again after it committed here) are
+        # not verified again (issue 19: a wasted Ed25519 check per late copy).
+        digest = sha256(data)
+        verified = digest in self._verified
         try:
-            parsed = parse(data, verify=True)
+            parsed = parse(data, verify=not verified)
         except TxRejected as exc:
             return self._refuse(_rejection_reason(exc), None)
+        if verified:
+            self.signatures_cached += 1
+            self._verified[digest] = self._verified.pop(digest)  # most recent
+        else:
+            self.signatures_verified += 1
+            self._remember_verified(digest)
         if parsed.body.chain_id != self.chain_id:
             return self._refuse(WRONG_CHAIN, parsed.tx_id)
         return parsed
@@ -441,7 +454,10 @@ class Mempool:
                     parsed = parse(data, verify=not verified)
                 except TxRejected as exc:
                     return _rejection_reason(exc)
-                if not verified:
+                if verified:
+                    self.signatures_cached += 1
+                else:
+                    self.signatures_verified += 1
                     self._remember_verified(digest)
                 if parsed.body.chain_id != self.chain_id:
                     return WRONG_CHAIN

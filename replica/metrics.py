@@ -61,6 +61,12 @@ class ReplicaMetrics:
             ["rule"],
             registry=r,
         )
+        self.tx_signatures = Counter(
+            "qg_replica_tx_signatures",
+            "Transaction signatures checked (verified) or known verified already (cached)",
+            ["how"],
+            registry=r,
+        )
         self.peers_connected = Gauge(
             "qg_replica_peers_connected", "Peers with an open inbound stream", registry=r
         )

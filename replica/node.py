@@ -134,6 +134,7 @@ class ReplicaNode:
         self._ticks = 0
         self._dropped_seen: dict[str, int] = {}
         self._refused_seen: dict[str, int] = {}
+        self._signatures_seen: dict[str, int] = {}
         self._timeouts_seen = 0
         self._sync_serving = 0
 
@@ -434,6 +435,14 @@ class ReplicaNode:
             if count > seen:
                 m.refused_signatures.labels(rule).inc(count - seen)
                 self._refused_seen[rule] = count
+        for how, count in (
+            ("verified", self.mempool.signatures_verified),
+            ("cached", self.mempool.signatures_cached),
+        ):
+            seen = self._signatures_seen.get(how, 0)
+            if count > seen:
+                m.tx_signatures.labels(how).inc(count - seen)
+                self._signatures_seen[how] = count
         if core.stats.timeouts_sent > self._timeouts_seen:
             m.timeouts.inc(core.stats.timeouts_sent - self._timeouts_seen)
             self._timeouts_seen = core.stats.timeouts_sent

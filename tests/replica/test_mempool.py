@@ -209,6 +209,46 @@ def test_identical_resubmission_returns_the_same_id_without_verifying_again(
     assert (pool.size, pool.accepted, pool.resubmitted) == (1, 1, 3)
 
 
+def test_a_copy_gossiped_after_its_commit_is_refused_without_verifying_again(
+    verifies: _VerifyCounter,
+) -> None:
+    """Issue 19: a peer's regossip (or a slow one's first gossip) of a transaction that
+    already committed here cost a second Ed25519 check before being refused as replayed.
+    Bytes this replica verified are refused on the spot, with the same answer."""
+    pool = Mempool(CHAIN)
+    data = _tx("alice", 1)
+    assert pool.admit(data).accepted
+    pool.on_commit([_block(data)])
+    late = pool.admit(bytes(bytearray(data)))
+    _refused(late, "replayed", "ALREADY_EXISTS")
+    assert verifies.calls == 1
+    assert (pool.signatures_verified, pool.signatures_cached) == (1, 1)
+
+
+def test_a_transaction_first_seen_in_a_block_is_not_verified_again_on_admission(
+    verifies: _VerifyCounter,
+) -> None:
+    pool = Mempool(CHAIN)
+    data = _tx("alice", 1)
+    assert pool.check(_block(data)) is None  # the proposal came before the gossip
+    assert pool.admit(data).accepted
+    assert verifies.calls == 1
+    pool.on_commit([_block(data)])
+    _refused(pool.admit(data), "replayed", "ALREADY_EXISTS")
+    assert verifies.calls == 1
+
+
+def test_forged_bytes_are_verified_each_time_and_never_remembered(
+    verifies: _VerifyCounter,
+) -> None:
+    pool = Mempool(CHAIN)
+    forged = _forged(_tx("alice", 1))
+    for calls in (1, 2):
+        _refused(pool.admit(forged), "bad_signature", "INVALID_ARGUMENT")
+        assert verifies.calls == calls
+    assert pool.signatures_cached == 0
+
+
 def test_every_reason_maps_to_the_status_the_client_api_uses() -> None:
     assert STATUS_OF_REASON == {
         "ok": "OK",
