@@ -27,28 +27,21 @@ from pathlib import Path
 from nacl.signing import SigningKey
 
 from quorumgate.bench.state import (
-    STATE_AGENTS,
     STATE_CAPACITIES,
-    STATE_CARDS,
-    STATE_GRANTS,
-    STATE_PARENTS,
-    STATE_RUN,
     STATE_TOOL_CALL,
-    STATE_TOOL_PAY,
+    StateKeys,
+    agent_payloads,
+    mandate_payloads,
+    parent_payloads,
+    setup_payloads,
 )
 from quorumgate.proto import tx
 from quorumgate.proto.model import (
-    Admin,
     Delegate,
     Proposal,
-    RegisterAgent,
-    RegisterPrincipal,
-    RegisterTool,
-    SetMandate,
     TxPayload,
 )
 from quorumgate.proto.runs import RunLabels
-from quorumgate.sdk.client import mandate, tool_spec
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.store import SidecarStore
@@ -67,10 +60,6 @@ class FakeBlock:
     timestamp_ms: int
     payload: tuple[bytes, ...]
     hash: bytes
-
-
-def _key(tag: str, i: int) -> SigningKey:
-    return SigningKey(f"qg-bench-state/{tag}/{i}".encode().ljust(32, b".")[:32])
 
 
 class Filler:
@@ -120,74 +109,14 @@ class Filler:
 
 
 async def fill(filler: Filler, scale: float, store: SidecarStore) -> None:
-    agents, grants = int(STATE_AGENTS * scale), int(STATE_GRANTS * scale)
-    cards = int(STATE_CARDS * scale)
+    """The preset's stages (cluster/bench/state.py), signed here and executed in order."""
+    keys = StateKeys.make(scale)
     owner = filler.owner
-    parents = [_key("parent", i) for i in range(STATE_PARENTS)]
-    children = [_key("child", i) for i in range(max(agents, 1))]
-    principals = [_key("principal", i) for i in range(STATE_PARENTS)]
-    ops: list[TxPayload] = [
-        Admin(op=RegisterTool(spec=tool_spec(STATE_TOOL_CALL, "read", schemes=["https"]))),
-        Admin(
-            op=RegisterTool(
-                spec=tool_spec(
-                    STATE_TOOL_PAY, "user_confirm", schemes=["https"], min_tier="delegate"
-                )
-            )
-        ),
-    ]
-    ops += [
-        Admin(op=RegisterPrincipal(principal_id=f"p{i}", public_key=bytes(k.verify_key)))
-        for i, k in enumerate(principals)
-    ]
-    every = [("parent", i, k) for i, k in enumerate(parents)]
-    every += [("child", i, k) for i, k in enumerate(children)]
-    ops += [
-        Admin(
-            op=RegisterAgent(
-                agent_id=f"{tag}{i}",
-                public_key=bytes(k.verify_key),
-                principal=f"p{i % STATE_PARENTS}",
-            )
-        )
-        for tag, i, k in every
-    ]
-    tools = [STATE_TOOL_CALL, STATE_TOOL_PAY]
-    ops += [
-        Admin(
-            op=SetMandate(
-                agent_id=f"{tag}{i}",
-                mandate=mandate(tools, delegation_policy="attenuated")
-                if tag == "parent"
-                else mandate(tools),
-            )
-        )
-        for tag, i, _ in every
-    ]
+    ops = setup_payloads(keys) + agent_payloads(keys) + mandate_payloads(keys)
     txs = [filler.tx(owner, op) for op in ops]
     expires = filler.time_ms + 3_600_000
-    for i, parent in enumerate(parents):
-        per_grants, per_cards = grants // STATE_PARENTS, cards // STATE_PARENTS
-        mine = children[i * per_grants : (i + 1) * per_grants]
-        txs += [
-            filler.tx(
-                parent,
-                Delegate(
-                    child=bytes(c.verify_key),
-                    run_id=f"{STATE_RUN}-{j}",
-                    tools=(STATE_TOOL_CALL,),
-                    expires_at_ms=expires,
-                ),
-            )
-            for j, c in enumerate(mine)
-        ]
-        txs += [
-            filler.tx(
-                parent,
-                Proposal(run_id=STATE_RUN, tool=STATE_TOOL_PAY, target=f"https://pay.x/{i}/{j}"),
-            )
-            for j in range(per_cards)
-        ]
+    for i, parent in enumerate(keys.parents):
+        txs += [filler.tx(parent, p) for p in parent_payloads(keys, i, expires)]
     await filler.run(txs, store)
 
 
@@ -205,7 +134,7 @@ async def measure(state_version: int, scale: float, blocks: int) -> dict[str, fl
         store = await SidecarStore.open(Path(tmp) / "sidecar.db", CHAIN)
         try:
             await fill(filler, scale, store)
-            caller = _key("child", 0)
+            caller = StateKeys.make(scale).children[0]
             exec_ms, record_ms = [], []
             for b in range(blocks):
                 call = Proposal(run_id="bench", tool=STATE_TOOL_CALL, target=f"https://x/{b}")

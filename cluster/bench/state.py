@@ -16,6 +16,7 @@ import asyncio
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nacl.signing import SigningKey
@@ -97,95 +98,127 @@ def sidecar_metric(spec: ClusterSpec, prefix: str, node: int = 0) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+@dataclass(frozen=True)
+class StateKeys:
+    """The preset's signing keys, derived from names (no randomness)."""
+
+    parents: list[SigningKey]
+    principals: list[SigningKey]
+    children: list[SigningKey]
+
+    @classmethod
+    def make(cls, scale: float = 1.0) -> StateKeys:
+        """`scale` shrinks the children (and so the grants and cards), for tests and the
+        in-process benchmark; the parents and principals stay."""
+        children = max(1, int(STATE_AGENTS * scale))
+        return cls(
+            [_key("parent", i) for i in range(STATE_PARENTS)],
+            [_key("principal", i) for i in range(STATE_PRINCIPALS)],
+            [_key("child", i) for i in range(children)],
+        )
+
+    def every(self) -> list[tuple[str, int, SigningKey]]:
+        """(tag, index, key) of every agent: the parents, then the children."""
+        out = [("parent", i, k) for i, k in enumerate(self.parents)]
+        return out + [("child", i, k) for i, k in enumerate(self.children)]
+
+
+def setup_payloads(keys: StateKeys) -> list[TxPayload]:
+    """The owner's first stage: the two tools and the principals."""
+    from quorumgate.sdk.client import tool_spec
+
+    pay = tool_spec(STATE_TOOL_PAY, "user_confirm", schemes=["https"], min_tier="delegate")
+    ops: list[TxPayload] = [
+        Admin(op=RegisterTool(spec=tool_spec(STATE_TOOL_CALL, "read", schemes=["https"]))),
+        Admin(op=RegisterTool(spec=pay)),
+    ]
+    return ops + [
+        Admin(op=RegisterPrincipal(principal_id=f"p{i}", public_key=bytes(k.verify_key)))
+        for i, k in enumerate(keys.principals)
+    ]
+
+
+def agent_payloads(keys: StateKeys) -> list[TxPayload]:
+    """The owner's second stage: every agent, acting for a principal."""
+    return [
+        Admin(
+            op=RegisterAgent(
+                agent_id=f"{tag}{i}",
+                public_key=bytes(k.verify_key),
+                principal=f"p{i % STATE_PRINCIPALS}",
+            )
+        )
+        for tag, i, k in keys.every()
+    ]
+
+
+def mandate_payloads(keys: StateKeys) -> list[TxPayload]:
+    """The owner's third stage: parents may delegate, children may not."""
+    from quorumgate.sdk.client import mandate
+
+    tools = [STATE_TOOL_CALL, STATE_TOOL_PAY]
+    parent_mandate = mandate(tools, delegation_policy="attenuated")
+    child_mandate = mandate(tools)
+    return [
+        Admin(
+            op=SetMandate(
+                agent_id=f"{tag}{i}",
+                mandate=parent_mandate if tag == "parent" else child_mandate,
+            )
+        )
+        for tag, i, _ in keys.every()
+    ]
+
+
+def parent_payloads(keys: StateKeys, i: int, expires_at_ms: int) -> list[TxPayload]:
+    """Parent `i`'s stage: a grant to each of its children, then calls of the gated tool
+    that stay pending (one card each)."""
+    per_grants = len(keys.children) * STATE_GRANTS // STATE_AGENTS // STATE_PARENTS
+    per_cards = len(keys.children) * STATE_CARDS // STATE_AGENTS // STATE_PARENTS
+    mine = keys.children[i * per_grants : (i + 1) * per_grants]
+    payloads: list[TxPayload] = [
+        Delegate(
+            child=bytes(child.verify_key),
+            run_id=f"{STATE_RUN}-{j}",
+            tools=(STATE_TOOL_CALL,),
+            expires_at_ms=expires_at_ms,
+        )
+        for j, child in enumerate(mine)
+    ]
+    return payloads + [
+        Proposal(run_id=STATE_RUN, tool=STATE_TOOL_PAY, target=f"https://pay.x/{i}/{j}")
+        for j in range(per_cards)
+    ]
+
+
 async def fill_large_state(spec: ClusterSpec, progress: Callable[[str], None]) -> dict[str, int]:
-    from quorumgate.sdk.client import Client, mandate, tool_spec
+    from quorumgate.sdk.client import Client
 
     started = time.monotonic()
-    parents = [_key("parent", i) for i in range(STATE_PARENTS)]
-    principals = [_key("principal", i) for i in range(STATE_PRINCIPALS)]
-    children = [_key("child", i) for i in range(STATE_AGENTS)]
-    every = [("parent", i, k) for i, k in enumerate(parents)]
-    every += [("child", i, k) for i, k in enumerate(children)]
+    keys = StateKeys.make()
     async with Client.as_owner(spec.directory) as owner:
         entries = await _ledger_entries(owner)
         progress(f"state: tools and {STATE_PRINCIPALS} principals")
-        ops: list[TxPayload] = [
-            Admin(op=RegisterTool(spec=tool_spec(STATE_TOOL_CALL, "read", schemes=["https"]))),
-            Admin(
-                op=RegisterTool(
-                    spec=tool_spec(
-                        STATE_TOOL_PAY, "user_confirm", schemes=["https"], min_tier="delegate"
-                    )
-                )
-            ),
-        ]
-        ops += [
-            Admin(op=RegisterPrincipal(principal_id=f"p{i}", public_key=bytes(k.verify_key)))
-            for i, k in enumerate(principals)
-        ]
-        entries += await _submit_all(owner, ops, "tools and principals")
+        entries += await _submit_all(owner, setup_payloads(keys), "tools and principals")
         await _settled(owner, entries)
-        progress(f"state: {len(every)} agents")
-        entries += await _submit_all(
-            owner,
-            [
-                Admin(
-                    op=RegisterAgent(
-                        agent_id=f"{tag}{i}",
-                        public_key=bytes(k.verify_key),
-                        principal=f"p{i % STATE_PRINCIPALS}",
-                    )
-                )
-                for tag, i, k in every
-            ],
-            "agents",
-        )
+        progress(f"state: {len(keys.every())} agents")
+        entries += await _submit_all(owner, agent_payloads(keys), "agents")
         await _settled(owner, entries)
-        progress(f"state: {len(every)} mandates")
-        tools = [STATE_TOOL_CALL, STATE_TOOL_PAY]
-        parent_mandate = mandate(tools, delegation_policy="attenuated")
-        child_mandate = mandate(tools)
-        entries += await _submit_all(
-            owner,
-            [
-                Admin(
-                    op=SetMandate(
-                        agent_id=f"{tag}{i}",
-                        mandate=parent_mandate if tag == "parent" else child_mandate,
-                    )
-                )
-                for tag, i, _ in every
-            ],
-            "mandates",
-        )
+        progress(f"state: {len(keys.every())} mandates")
+        entries += await _submit_all(owner, mandate_payloads(keys), "mandates")
         await _settled(owner, entries)
 
-        per_parent_grants = STATE_GRANTS // STATE_PARENTS
-        per_parent_cards = STATE_CARDS // STATE_PARENTS
         progress(f"state: {STATE_GRANTS} grants and {STATE_CARDS} pending cards")
         expires = int(time.time() * 1000 + GRANT_TTL_S * 1000)
 
         async def parent_work(i: int, key: SigningKey) -> int:
             async with Client(spec, key) as parent:
-                mine = children[i * per_parent_grants : (i + 1) * per_parent_grants]
-                payloads: list[TxPayload] = [
-                    Delegate(
-                        child=bytes(child.verify_key),
-                        run_id=f"{STATE_RUN}-{j}",
-                        tools=(STATE_TOOL_CALL,),
-                        expires_at_ms=expires,
-                    )
-                    for j, child in enumerate(mine)
-                ]
-                payloads += [
-                    Proposal(run_id=STATE_RUN, tool=STATE_TOOL_PAY, target=f"https://pay.x/{i}/{j}")
-                    for j in range(per_parent_cards)
-                ]
+                payloads = parent_payloads(keys, i, expires)
                 return await _submit_all(parent, payloads, f"parent {i}")
 
         for start in range(0, STATE_PARENTS, 10):  # ten parents' clients at a time
             batch = range(start, min(start + 10, STATE_PARENTS))
-            entries += sum(await asyncio.gather(*(parent_work(i, parents[i]) for i in batch)))
+            entries += sum(await asyncio.gather(*(parent_work(i, keys.parents[i]) for i in batch)))
         await _settled(owner, entries)
         height = max(r.committed_height for r in (await owner.replica_status()).values())
     # What was built is what was asked for: every card pending, no operation refused.
@@ -198,7 +231,7 @@ async def fill_large_state(spec: ClusterSpec, progress: Callable[[str], None]) -
         raise PresetError(f"state preset: {cards} pending cards, {refused} denied or rejected")
     progress(f"state: filled to height {height} in {time.monotonic() - started:.0f} s")
     return {
-        "agents": len(every),
+        "agents": len(keys.every()),
         "grants": STATE_GRANTS,
         "pending_cards": cards,
         "height": height,

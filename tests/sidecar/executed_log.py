@@ -30,7 +30,7 @@ from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import StateDelta
 from quorumgate.sidecar.engine.statements import BlockResult
 from quorumgate.sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
-from quorumgate.sidecar.store import ExecutedHeight
+from quorumgate.sidecar.store import ExecutedHeight, SidecarStore
 from tests.engine.harness import CHAIN, World
 
 SEALED_SECRET = b"SEALED-PLAINTEXT-3c7a91-store-must-not-leak"
@@ -228,3 +228,16 @@ def read_around_the_store(
         return list(conn.execute(sql, params))
     finally:
         conn.close()
+
+
+async def record_all(store: SidecarStore, heights: list[ExecutedHeight]) -> None:
+    for h in heights:
+        await store.record(h)
+
+
+async def recorded_file(path: Path, heights: list[ExecutedHeight]) -> Path:
+    """A closed store file at `path` holding every height of `heights`."""
+    store = await SidecarStore.open(path, CHAIN)
+    await record_all(store, heights)
+    await store.close()
+    return path

@@ -13,23 +13,18 @@ from quorumgate.sidecar.audit import audit_height
 from quorumgate.sidecar.store import ExecutedHeight, SidecarStore
 from tests.engine.harness import CHAIN
 from tests.sidecar.executed_log import (
-    Story,
     busy_world,
     execute,
     read_around_the_store,
     receipt_public_keys,
+    recorded_file,
     write_around_the_store,
 )
 
 
 @pytest.fixture(scope="module")
-def story() -> Story:
-    return busy_world()
-
-
-@pytest.fixture(scope="module")
-def heights(story: Story) -> list[ExecutedHeight]:
-    return execute(story.world, signer=0)
+def heights() -> list[ExecutedHeight]:
+    return execute(busy_world().world)
 
 
 def _audit(path: Path, height: int) -> str | None:
@@ -46,19 +41,10 @@ def _audit(path: Path, height: int) -> str | None:
 @pytest.fixture
 def recorded(heights: list[ExecutedHeight], tmp_path: Path) -> tuple[Path, int]:
     """A store holding every height, and the height with the most verdicts."""
-
-    async def record() -> None:
-        store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
-        try:
-            for h in heights:
-                await store.record(h)
-        finally:
-            await store.close()
-
-    asyncio.run(record())
+    path = asyncio.run(recorded_file(tmp_path / "sidecar.db", heights))
     busiest = max(heights, key=lambda h: len(h.leaves))
     assert len(busiest.leaves) >= 3, "the story needs a height of several verdicts"
-    return tmp_path / "sidecar.db", busiest.height
+    return path, busiest.height
 
 
 def test_every_recorded_height_passes(

@@ -51,6 +51,8 @@ from tests.sidecar.executed_log import (
     executed_height,
     read_around_the_store,
     receipt_public_keys,
+    record_all,
+    recorded_file,
     write_around_the_store,
 )
 
@@ -95,19 +97,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SidecarStore]:
         yield opened
     finally:
         await opened.close()
-
-
-async def record_all(store: SidecarStore, heights: list[ExecutedHeight]) -> None:
-    for h in heights:
-        await store.record(h)
-
-
-async def recorded_file(path: Path, heights: list[ExecutedHeight]) -> Path:
-    """A closed store file at `path` holding every height of `heights`."""
-    store = await SidecarStore.open(path, CHAIN)
-    await record_all(store, heights)
-    await store.close()
-    return path
 
 
 async def everything(store: SidecarStore, story: Story) -> dict[str, Any]:
@@ -840,33 +829,23 @@ async def test_removed_entries_leave_the_store(tmp_path: Path) -> None:
     assert rows == [(0,)]
 
 
-async def test_a_damaged_state_entry_is_refused_on_read(
-    heights: list[ExecutedHeight], tmp_path: Path
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE state_entries SET data = CAST(data || x'00' AS BLOB) WHERE {row}",
+        "DELETE FROM state_entries WHERE {row}",
+    ],
+    ids=["edited", "deleted"],
+)
+async def test_a_damaged_or_missing_state_entry_is_refused_on_read(
+    heights: list[ExecutedHeight], tmp_path: Path, damage: str
 ) -> None:
     path = await recorded_file(tmp_path / "sidecar.db", heights)
-    agents = SECTIONS.index("agents")
-    write_around_the_store(
-        path,
-        f"UPDATE state_entries SET data = CAST(data || x'00' AS BLOB) "
-        f"WHERE section = {agents} AND key = x'{key_bytes('bob').hex()}'",
-    )
+    row = f"section = {SECTIONS.index('agents')} AND key = x'{key_bytes('bob').hex()}'"
+    write_around_the_store(path, damage.format(row=row))
     store = await SidecarStore.open(path, CHAIN)
     top = heights[-1].height
     with pytest.raises(SidecarStoreError, match=f"state root signed for height {top}"):
-        await store.engine_state()
-
-
-async def test_a_missing_state_entry_is_refused_on_read(
-    heights: list[ExecutedHeight], tmp_path: Path
-) -> None:
-    path = await recorded_file(tmp_path / "sidecar.db", heights)
-    agents = SECTIONS.index("agents")
-    write_around_the_store(
-        path,
-        f"DELETE FROM state_entries WHERE section = {agents} AND key = x'{key_bytes('bob').hex()}'",
-    )
-    store = await SidecarStore.open(path, CHAIN)
-    with pytest.raises(SidecarStoreError, match="state root signed"):
         await store.engine_state()
 
 
