@@ -357,26 +357,25 @@ async def _executed(
         in_flight.append((batch, loop.run_in_executor(pool, _worker_run, batch)))
 
     try:
-        batch: list[Block] = []
-        async for block in blocks:
-            batch.append(block)
-            if len(batch) == REPLAY_BATCH_BLOCKS:
-                send(batch)
-                batch = []
-            while len(in_flight) > REPLAY_BATCHES_AHEAD:
-                sent, future = in_flight.popleft()
-                for item in zip(sent, await future, strict=False):
-                    yield item
-                    if isinstance(item[1], str):
-                        return
-        if batch:
-            send(batch)
-        while in_flight:
+        source, exhausted, batch = aiter(blocks), False, []
+        while True:
+            if not exhausted:
+                try:
+                    batch.append(await anext(source))
+                except StopAsyncIteration:
+                    exhausted = True
+                if batch and (exhausted or len(batch) == REPLAY_BATCH_BLOCKS):
+                    send(batch)
+                    batch = []
+            if not exhausted and len(in_flight) <= REPLAY_BATCHES_AHEAD:
+                continue  # read on while the worker has enough in hand
+            if not in_flight:
+                return  # everything read and yielded
             sent, future = in_flight.popleft()
             for item in zip(sent, await future, strict=False):
                 yield item
                 if isinstance(item[1], str):
-                    return
+                    return  # a failed certificate: nothing after it
     finally:
         for _, future in in_flight:
             future.cancel()
