@@ -309,21 +309,10 @@ class Mempool:
         if known is not None:
             self.resubmitted += 1
             return Admission(True, known.tx_id, OK, "already pending", STATUS_OK)
-        # Bytes whose signature this replica verified before (in a block it checked, or on
-        # an earlier admission: a transaction gossiped again after it committed here) are
-        # not verified again (issue 19: a wasted Ed25519 check per late copy).
-        digest = sha256(data)
-        verified = digest in self._verified
         try:
-            parsed = parse(data, verify=not verified)
+            parsed = self._parse_once(data)
         except TxRejected as exc:
             return self._refuse(_rejection_reason(exc), None)
-        if verified:
-            self.signatures_cached += 1
-            self._verified[digest] = self._verified.pop(digest)  # most recent
-        else:
-            self.signatures_verified += 1
-            self._remember_verified(digest)
         if parsed.body.chain_id != self.chain_id:
             return self._refuse(WRONG_CHAIN, parsed.tx_id)
         return parsed
@@ -446,19 +435,10 @@ class Mempool:
             if entry is not None:
                 tx_id = entry.tx_id
             else:
-                digest = sha256(data)
-                verified = digest in self._verified
-                if verified:
-                    self._verified[digest] = self._verified.pop(digest)  # most recent
                 try:
-                    parsed = parse(data, verify=not verified)
+                    parsed = self._parse_once(data)
                 except TxRejected as exc:
                     return _rejection_reason(exc)
-                if verified:
-                    self.signatures_cached += 1
-                else:
-                    self.signatures_verified += 1
-                    self._remember_verified(digest)
                 if parsed.body.chain_id != self.chain_id:
                     return WRONG_CHAIN
                 tx_id = parsed.tx_id
@@ -533,6 +513,21 @@ class Mempool:
             self._complete_history = False
 
     # ------------------------------------------------------------------ caches
+
+    def _parse_once(self, data: bytes) -> ParsedTx:
+        """`parse`, with the signature verified only for bytes this replica has not
+        verified before (in a block it checked, or on admission: a copy gossiped again
+        after it committed here is not checked twice; issue 19). Raises TxRejected."""
+        digest = sha256(data)
+        verified = digest in self._verified
+        parsed = parse(data, verify=not verified)
+        if verified:
+            self.signatures_cached += 1
+            self._verified[digest] = self._verified.pop(digest)  # most recent
+        else:
+            self.signatures_verified += 1
+            self._remember_verified(digest)
+        return parsed
 
     def _remember_verified(self, digest: bytes) -> None:
         self._verified[digest] = None
