@@ -184,10 +184,8 @@ class Sidecar:
                 f"the committed log: "
                 f"`quorumgate replay --dir {self.spec.directory} --node {self.index}`"
             ) from err
-        state = await self.store.engine_state()
-        self.engine = (
-            Engine(self.config) if state is None else Engine.from_state_bytes(self.config, state)
-        )
+        loaded = await self.store.loaded_state()  # checked against our signed root
+        self.engine = Engine(self.config, None if loaded is None else loaded[1])
         self.registry_since = self.store.executed_height
         # Before serving or executing anything: does our store still say what we signed?
         # (A failed audit raises the alarm; the sidecar then serves Status, no receipts.)

@@ -493,9 +493,15 @@ class SidecarStore:
         return self._artifact_count
 
     async def engine_state(self) -> bytes | None:
-        """The engine state after `executed_height` (None before the first height),
-        checked against the state root this sidecar signed for that height (of either
-        state version: SHA-256 of the bytes, or the hash tree over the entries)."""
+        """The engine state's bytes after `executed_height` (None before the first
+        height), checked against the state root this sidecar signed for that height (of
+        either state version: SHA-256 of the bytes, or the hash tree over the entries)."""
+        loaded = await self.loaded_state()
+        return None if loaded is None else loaded[0]
+
+    async def loaded_state(self) -> tuple[bytes, EngineState] | None:
+        """`engine_state`, with the state decoded once (the check of a version-2 root
+        decodes it anyway): what a sidecar builds its engine from at start."""
         async with self._lock:
             self._check_open()
             rows = list(
@@ -534,13 +540,25 @@ class SidecarStore:
                 return None
             height = self._executed_height
             signed = await self._scalar("SELECT state_root FROM blocks WHERE height = ?", (height,))
-        if signed is not None and bytes(signed) not in _roots_of(state):
+        try:
+            decoded: EngineState | None = EngineState.from_bytes(state)
+        except ValueError:  # StateDecodeError, or a field out of its range
+            decoded = None
+        if signed is not None and bytes(signed) not in (
+            sha256(state),
+            None if decoded is None else decoded.tree_root(),
+        ):
             raise SidecarStoreError(
                 f"{self._path}: the stored engine state does not hash to the state root "
                 f"signed for height {height} (signed {bytes(signed).hex()[:16]}…): the store "
                 "is damaged; replay it"
             )
-        return state
+        if decoded is None:
+            raise SidecarStoreError(
+                f"{self._path}: the stored engine state does not decode: the store is "
+                "damaged; replay it"
+            )
+        return state, decoded
 
     # ================================================================== recording
 
@@ -1077,16 +1095,6 @@ def _check_shape(chain_id: str, h: ExecutedHeight) -> None:
         problems.append("two confirmation cards for one proposal in one height")
     if problems:
         raise AssertionError(f"executed height {h.height} is inconsistent: " + "; ".join(problems))
-
-
-def _roots_of(state: bytes) -> tuple[bytes, ...]:
-    """The state roots the bytes have under each state version (1: SHA-256 of them; 2:
-    the hash tree of the entries); none of version 2 for bytes that do not decode."""
-    try:
-        tree = EngineState.from_bytes(state).tree_root()
-    except ValueError:  # StateDecodeError, or a field out of its range
-        return (sha256(state),)
-    return sha256(state), tree
 
 
 def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:

@@ -965,3 +965,19 @@ async def test_receipt_stream_messages_from_memory_equal_those_from_the_store(
         assert indices == list(range(len(h.leaves)))
         split += len(from_memory) > 1
     assert split, "no height had receipts enough to be split"
+
+
+async def test_the_loaded_state_is_the_checked_bytes_decoded_once(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    """What a sidecar starts from: the stored state checked against its signed root and
+    decoded, ready for an engine whose first delta rewrites every entry."""
+    path = await recorded_file(tmp_path / "sidecar.db", heights)
+    store = await SidecarStore.open(path, CHAIN)
+    loaded = await store.loaded_state()
+    assert loaded is not None
+    data, state = loaded
+    assert data == heights[-1].engine_state == state.to_bytes()
+    assert state.tree_root() == heights[-1].result.state_root
+    assert state.take_delta().full
+    await store.close()
