@@ -58,9 +58,11 @@ a block is decoded and must match the stored key, so a damaged row is reported a
 `StorageError`, never served. Every read of a range is bounded (`RANGE_BLOCKS_MAX`,
 `PENDING_BLOCKS_LOAD_MAX`).
 
-One connection per store, and one asyncio lock around every use of it: a transaction spans
-several awaits, and a read interleaved on the same connection would otherwise see (and
-could serve to a peer) rows that are not yet durable.
+One connection per store, and one asyncio lock around every use of it: a transaction may
+span several awaits (opening, wiping), and a read interleaved on the same connection would
+otherwise see (and could serve to a peer) rows that are not yet durable. `apply`, which
+every block takes, runs its whole transaction in one trip to the connection's thread
+(proto/dbthread.py).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from typing import Any
 
 import aiosqlite
 
+from quorumgate.proto.dbthread import transaction
 from quorumgate.replica.actions import Action, Commit, PersistSafety, StoreBlock
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
@@ -435,51 +438,50 @@ class ReplicaStore:
                     )
                 proof_rows.append((head.height, encode_proof(commit.proof)))
 
-            conn = self._conn
-            # synchronous=FULL (set at open, never changed): this transaction is fsynced
-            # before apply returns, whether it carries a safety record or only commits.
-            await conn.execute("BEGIN IMMEDIATE")
-            try:
-                if safety is not None:
-                    await conn.execute(
+            fresh = [b for b in stored.values() if b.height > old_head.height]
+            fresh_rows = [(b.hash, b.height, b.view, encode_block(b)) for b in fresh]
+            safety_row = None if safety is None else (safety.epoch, encode_safety(safety))
+            committed_height = head.height
+
+            def write(c: sqlite3.Connection) -> None:
+                if safety_row is not None:
+                    c.execute(
                         "INSERT INTO safety (id, epoch, data) VALUES (1, ?, ?) "
                         "ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, "
                         "data = excluded.data",
-                        (safety.epoch, encode_safety(safety)),
+                        safety_row,
                     )
                 if votes:
-                    await self._record_votes(votes)
+                    ReplicaStore._record_votes(c, votes)
                 if timeouts:
                     # First sighting only: a timeout re-sent for the same view is the same
                     # statement (replica/safety.py returns the recorded one).
-                    await conn.executemany(
+                    c.executemany(
                         "INSERT INTO signed_timeouts (view, high_qc_view) VALUES (?, ?) "
                         "ON CONFLICT (view) DO NOTHING",
                         list(timeouts.items()),
                     )
                 # A block at or below the committed height can never be used again.
-                fresh = [b for b in stored.values() if b.height > old_head.height]
-                if fresh:
-                    await conn.executemany(
+                if fresh_rows:
+                    c.executemany(
                         "INSERT INTO blocks (hash, height, view, data) VALUES (?, ?, ?, ?) "
                         "ON CONFLICT (hash) DO NOTHING",
-                        [(b.hash, b.height, b.view, encode_block(b)) for b in fresh],
+                        fresh_rows,
                     )
                 if committed_rows:
-                    await conn.executemany(
+                    c.executemany(
                         "INSERT INTO committed (height, hash, data) VALUES (?, ?, ?)",
                         committed_rows,
                     )
-                    await conn.executemany(
-                        "INSERT INTO proofs (height, data) VALUES (?, ?)", proof_rows
-                    )
+                    c.executemany("INSERT INTO proofs (height, data) VALUES (?, ?)", proof_rows)
                     # The committed blocks moved to `committed`; the rest at those heights
                     # are forks that can never commit.
-                    await conn.execute("DELETE FROM blocks WHERE height <= ?", (head.height,))
-                await conn.execute("COMMIT")
-            except BaseException:
-                await self._rollback()
-                raise
+                    c.execute("DELETE FROM blocks WHERE height <= ?", (committed_height,))
+
+            # synchronous=FULL (set at open, never changed): this transaction is fsynced
+            # before apply returns, whether it carries a safety record or only commits.
+            # One trip to the connection's thread for all of it (proto/dbthread.py).
+            await transaction(self._conn, write, "BEGIN IMMEDIATE")
             self._durable_epoch = epoch
             self._head = head
             for commit in commits:  # durable now: served from memory from here on
@@ -489,12 +491,14 @@ class ReplicaStore:
                 self._recent.popitem(last=False)
             return epoch
 
-    async def _record_votes(self, votes: dict[int, bytes]) -> None:
+    @staticmethod
+    def _record_votes(c: sqlite3.Connection, votes: dict[int, bytes]) -> None:
+        """(On the connection's thread, inside `apply`'s transaction.)"""
         views = sorted(votes)
         marks = ",".join("?" * len(views))
-        rows = await self._conn.execute_fetchall(
+        rows = c.execute(
             f"SELECT view, block_hash FROM signed_votes WHERE view IN ({marks})", views
-        )
+        ).fetchall()
         known = {int(view): bytes(block_hash) for view, block_hash in rows}
         for view, block_hash in known.items():
             if block_hash != votes[view]:
@@ -505,9 +509,7 @@ class ReplicaStore:
                 )
         new = [(view, votes[view]) for view in views if view not in known]
         if new:
-            await self._conn.executemany(
-                "INSERT INTO signed_votes (view, block_hash) VALUES (?, ?)", new
-            )
+            c.executemany("INSERT INTO signed_votes (view, block_hash) VALUES (?, ?)", new)
 
     # ================================================================== the committed log
 

@@ -35,12 +35,11 @@ async def audit_height(
     store: SidecarStore, chain_id: str, receipt_public_key: bytes, height: int
 ) -> str | None:
     """What does not add up at `height`, or None. Reads one height's rows."""
-    signed = await store.signed_block(height)
+    signed, receipts, entries, previous = await store.height_rows(height)  # one read
     if signed is None:
         return f"height {height}: no signed block statement"
     if not signed.signed_by(chain_id, receipt_public_key):
         return f"height {height}: the block statement is not signed by our receipt key"
-    receipts = await store.receipts_at(height)
     if [r.leaf.index for r in receipts] != list(range(signed.leaf_count)):
         return f"height {height}: {len(receipts)} receipts for {signed.leaf_count} leaves"
     # The leaves' tree is built once (n - 1 node hashes) and every stored path must be the
@@ -51,13 +50,9 @@ async def audit_height(
         return f"height {height}: the receipts' leaves do not make the signed verdict root"
     for receipt, path in zip(receipts, paths, strict=True):
         if list(receipt.path) != path or receipt.block != signed:
-            return (
-                f"height {height}, leaf {receipt.leaf.index}: not under the signed verdict root"
-            )
-    entries = await store.ledger_at(height)
+            return f"height {height}, leaf {receipt.leaf.index}: not under the signed verdict root"
     if len(entries) != len(receipts):
         return f"height {height}: {len(entries)} ledger entries for {len(receipts)} receipts"
-    previous = await store.ledger_hash_before(height)
     for entry, receipt in zip(entries, receipts, strict=True):
         problem = _entry_disagrees(entry, receipt.leaf, chain_id)
         if problem:

@@ -56,9 +56,12 @@ lifetime, so a second writer (a sidecar started twice) is refused at `open` with
 error instead of both writing one ledger. Operator commands open the store `read_only`:
 WAL lets them read a running sidecar's committed heights while it goes on writing.
 
-One connection per store, and one asyncio lock around every use of it: a transaction spans
-several awaits, and a read interleaved on the same connection would otherwise see rows
-that are not yet durable. Every read is bounded by a named page size.
+One connection per store, and one asyncio lock around every use of it: a transaction may
+span several awaits (opening, upgrading, wiping), and a read interleaved on the same
+connection would otherwise see rows that are not yet durable. `record`, the path every
+height takes, runs its whole transaction in one trip to the connection's thread, and the
+self-audit reads a height in one (proto/dbthread.py: each trip costs about 40 µs of CPU).
+Every read is bounded by a named page size.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ from typing import Any
 import aiosqlite
 
 from quorumgate.proto.canonical import HASH_BYTES, sha256
+from quorumgate.proto.dbthread import on_thread, transaction
 from quorumgate.sidecar.engine.state import (
     SECTIONS,
     EngineState,
@@ -593,30 +597,33 @@ class SidecarStore:
                 self._chain_id, h.height, h.result.verdicts, self._ledger_head
             )
             head = entries[-1].hash if entries else self._ledger_head
-            conn = self._conn
-            await conn.execute("BEGIN IMMEDIATE")
-            try:
-                fresh = await self._check_artifacts(h.height, h.result.artifacts)
-                await self._insert_rows(h, entries, fresh)
-                await self._update_head(h, head, self._ledger_entries + len(entries))
-                await conn.execute("COMMIT")
-            except BaseException:
-                await self._rollback()
-                raise
+            state_by_entry, total = self._state_by_entry, self._ledger_entries + len(entries)
+
+            def write(c: sqlite3.Connection) -> list[RejectionArtifact]:
+                fresh = SidecarStore._check_artifacts(c, h.height, h.result.artifacts)
+                SidecarStore._insert_rows(c, h, entries, fresh)
+                SidecarStore._update_head(c, h, head, total, state_by_entry)
+                return fresh
+
+            # One trip to the connection's thread for the whole height (proto/dbthread.py).
+            fresh = await transaction(self._conn, write, "BEGIN IMMEDIATE")
             self._executed_height = h.height
             self._ledger_head = head
             self._state_by_entry = h.state_delta is not None
             self._ledger_entries += len(entries)
             self._artifact_count += len(fresh)
 
-    async def _check_artifacts(
-        self, height: int, artifacts: Sequence[RejectionArtifact]
+    @staticmethod
+    def _check_artifacts(
+        c: sqlite3.Connection, height: int, artifacts: Sequence[RejectionArtifact]
     ) -> list[RejectionArtifact]:
         """The artifacts not yet stored; `DivergenceError` for a key stored with other
-        bytes. Every artifact of a height shares that height, so one read covers them."""
-        rows = await self._conn.execute_fetchall(
+        bytes. Every artifact of a height shares that height, so one read covers them.
+        (This and the next two run on the connection's thread, inside `record`'s
+        transaction.)"""
+        rows = c.execute(
             "SELECT canonical_target, data FROM artifacts WHERE height = ?", (height,)
-        )
+        ).fetchall()
         stored = {str(target): bytes(data) for target, data in rows}
         fresh: list[RejectionArtifact] = []
         for artifact in artifacts:
@@ -629,16 +636,19 @@ class SidecarStore:
                 raise DivergenceError(artifact.key, prior, data)
         return fresh
 
-    async def _insert_rows(
-        self, h: ExecutedHeight, entries: Sequence[LedgerEntry], fresh: Sequence[RejectionArtifact]
+    @staticmethod
+    def _insert_rows(
+        conn: sqlite3.Connection,
+        h: ExecutedHeight,
+        entries: Sequence[LedgerEntry],
+        fresh: Sequence[RejectionArtifact],
     ) -> None:
-        conn = self._conn
-        await conn.executemany(
+        conn.executemany(
             f"INSERT INTO ledger ({_LEDGER_COLUMNS}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [_ledger_row(e) for e in entries],
         )
-        await conn.executemany(
+        conn.executemany(
             "INSERT INTO receipts (height, idx, tx_id, proposal_id, kind, outcome, reason, "
             "target_digest, card_digest, mandate_version, body_digest, path) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -657,31 +667,37 @@ class SidecarStore:
             if v.card is not None
         ]
         if cards:
-            await conn.executemany(
+            conn.executemany(
                 "INSERT INTO cards (proposal_id, height, data) VALUES (?, ?, ?)", cards
             )
         s = h.signed
-        await conn.execute(
+        conn.execute(
             "INSERT INTO blocks (height, block_hash, block_time_ms, verdict_root, state_root, "
             "leaf_count, signer, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (h.height, h.block_hash, h.block_time_ms, s.verdict_root, s.state_root,
              s.leaf_count, s.signer, s.signature),
         )  # fmt: skip
         if fresh:
-            await conn.executemany(
+            conn.executemany(
                 "INSERT INTO artifacts (height, canonical_target, data, denials) "
                 "VALUES (?, ?, ?, ?)",
                 [(a.height, a.canonical_target, a.to_bytes(), _denials_json(a)) for a in fresh],
             )
 
-    async def _update_head(self, h: ExecutedHeight, ledger_head: bytes, entries: int) -> None:
+    @staticmethod
+    def _update_head(
+        conn: sqlite3.Connection,
+        h: ExecutedHeight,
+        ledger_head: bytes,
+        entries: int,
+        state_by_entry: bool,
+    ) -> None:
         """Write the head and the state: the entries the height changed, or the whole."""
-        conn = self._conn
         delta = h.state_delta
         if delta is None or delta.full:
-            await conn.execute("DELETE FROM state_entries")
-            await conn.execute("DELETE FROM state_agents")
-        elif not self._state_by_entry:
+            conn.execute("DELETE FROM state_entries")
+            conn.execute("DELETE FROM state_agents")
+        elif not state_by_entry:
             # The delta was cut by an engine that had already handed entries to someone
             # else (it executed heights not recorded here): our own broken invariant.
             raise AssertionError(
@@ -689,23 +705,23 @@ class SidecarStore:
                 "the state by entry; an engine loaded from this store gives a full one"
             )
         if delta is None:
-            await conn.execute(
+            conn.execute(
                 "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
                 "engine_state = ?, state_prefix = NULL, state_suffix = NULL, "
                 "state_header = NULL WHERE id = 1",
                 (h.height, ledger_head, entries, h.engine_state),
             )
             return
-        await conn.executemany(
+        conn.executemany(
             "INSERT INTO state_entries (section, key, data) VALUES (?, ?, ?) "
             "ON CONFLICT (section, key) DO UPDATE SET data = excluded.data",
             [change for change in delta.changes if change[2] is not None],
         )
-        await conn.executemany(
+        conn.executemany(
             "DELETE FROM state_entries WHERE section = ? AND key = ?",
             [(section, key) for section, key, data in delta.changes if data is None],
         )
-        await conn.execute(
+        conn.execute(
             "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
             "engine_state = NULL, state_prefix = NULL, state_suffix = NULL, "
             "state_header = ? WHERE id = 1",
@@ -731,13 +747,47 @@ class SidecarStore:
                     (height,),
                 )
             )
-        if not rows:
-            return None
-        height_, verdict_root, state_root, leaf_count, signer, signature = rows[0]
-        return SignedBlock(
-            int(height_), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),
-            bytes(signature),
-        )  # fmt: skip
+        return _signed_from_row(rows[0]) if rows else None
+
+    async def height_rows(
+        self, height: int
+    ) -> tuple[SignedBlock | None, list[Receipt], list[LedgerEntry], bytes]:
+        """What the self-audit of one height reads, in one trip to the connection's thread:
+        the signed block statement, the receipts and the ledger entries of the height (as
+        `signed_block`, `receipts_at` and `ledger_at`), and `ledger_hash_before(height)`.
+        Raises `SidecarStoreError` for a ledger row that is not an entry."""
+
+        def read(c: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any], Any]:
+            block = c.execute(
+                "SELECT height, verdict_root, state_root, leaf_count, signer, signature "
+                "FROM blocks WHERE height = ?",
+                (height,),
+            ).fetchall()
+            receipts = c.execute(
+                _RECEIPT_SELECT + "WHERE r.height = ? ORDER BY r.idx", (height,)
+            ).fetchall()
+            ledger = c.execute(
+                f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE height = ? ORDER BY idx", (height,)
+            ).fetchall()
+            before = c.execute(
+                "SELECT hash FROM ledger WHERE height < ? ORDER BY height DESC, idx DESC LIMIT 1",
+                (height,),
+            ).fetchall()
+            return block, receipts, ledger, before
+
+        async with self._lock:
+            self._check_open()
+            block, receipt_rows, ledger_rows, before = await on_thread(self._conn, read)
+        signed = _signed_from_row(block[0]) if block else None
+        receipts = [self._receipt_from_row(row) for row in receipt_rows]
+        try:
+            entries = [_entry_from_row(row) for row in ledger_rows]
+        except (TypeError, ValueError) as err:
+            raise SidecarStoreError(
+                f"{self._path}: a ledger row at height {height}: {err}"
+            ) from err
+        previous = GENESIS_PREV_HASH if not before else bytes(before[0][0])
+        return signed, receipts, entries, previous
 
     async def receipt(self, proposal_id: bytes) -> Receipt | None:
         """The newest verdict answering `proposal_id`: a pending proposal later confirmed
@@ -1104,6 +1154,14 @@ def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.target_digest, entry.card_digest,
         json.dumps(list(entry.argument_names), ensure_ascii=False, separators=(",", ":")),
         entry.prev_hash, entry.hash,
+    )  # fmt: skip
+
+
+def _signed_from_row(row: Sequence[Any]) -> SignedBlock:
+    height, verdict_root, state_root, leaf_count, signer, signature = row
+    return SignedBlock(
+        int(height), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),
+        bytes(signature),
     )  # fmt: skip
 
 

@@ -314,8 +314,8 @@ async def test_failure_inside_the_transaction_leaves_the_previous_height(
     before = await everything(store, story)
     original = getattr(SidecarStore, step)
 
-    async def fail_after(self: SidecarStore, *args: Any) -> Any:
-        await original(self, *args)
+    def fail_after(*args: Any) -> Any:  # runs on the connection's thread, in the transaction
+        original(*args)
         raise Boom(step)
 
     monkeypatch.setattr(SidecarStore, step, fail_after)
