@@ -58,8 +58,15 @@ class CertificateChecker:
             return
         message = vote_bytes(self.membership.chain_id, qc.view, qc.block_hash)
         for signer, sig in qc.signatures:
-            if not self.verifier.verify(self._signer_key(signer), message, sig):
+            key = self._signer_key(signer)
+            # Votes are broadcast, so most of a QC's signatures were checked here already,
+            # one by one as votes: a signature is verified once per replica (issue 19).
+            seen = _signature_digest(signer, message, sig)
+            if self.verifier.known(seen):
+                continue
+            if not self.verifier.verify(key, message, sig):
                 raise RemoteError("bad_certificate", f"qc view {qc.view}: bad signature")
+            self.verifier.remember(seen)
         self.verifier.remember(digest)
 
     def check_tc(self, tc: TimeoutCert) -> None:
@@ -105,8 +112,12 @@ class CertificateChecker:
     def check_vote(self, vote: Vote) -> None:
         key = self._signer_key(vote.voter)
         message = vote_bytes(self.membership.chain_id, vote.view, vote.block_hash)
+        seen = _signature_digest(vote.voter, message, vote.signature)
+        if self.verifier.known(seen):
+            return  # the same vote again (re-sent), or its signature seen in a QC
         if not self.verifier.verify(key, message, vote.signature):
             raise RemoteError("bad_signature", f"vote for view {vote.view} by {vote.voter}")
+        self.verifier.remember(seen)
 
     def check_timeout(self, timeout: Timeout) -> None:
         key = self._signer_key(timeout.voter)
@@ -142,3 +153,9 @@ class CertificateChecker:
         if qc.block_hash != block.hash or qc.view != block.view or qc.height != block.height:
             raise RemoteError("bad_certificate", f"qc view {qc.view} does not certify {block!r}")
         self.check_qc(qc)
+
+
+def _signature_digest(signer: int, message: bytes, signature: bytes) -> bytes:
+    """The cache key of one signature found valid: who signed, exactly what, and the
+    signature's bytes (a different signature over the same statement is checked anew)."""
+    return Encoder(b"qg/sig-cache/v1").u32(signer).blob(message).raw(signature).digest()
