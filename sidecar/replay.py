@@ -40,6 +40,7 @@ from quorumgate.proto.membership import Membership
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.channels import Reader, aio_channel
 from quorumgate.replica.crypto import Verifier
+from quorumgate.replica.process import tune_gc
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import Block, RemoteError, genesis_block
 from quorumgate.replica.wire import decode_block
@@ -301,6 +302,7 @@ _worker: _Worker | None = None  # in the executing process
 def _worker_start(setup: _WorkerSetup) -> None:
     global _worker
     _worker = _Worker(setup)
+    tune_gc()  # a process of its own: what it loaded stays, the blocks' garbage goes
 
 
 def _worker_run(blocks: list[Block]) -> list[_Outcome]:
