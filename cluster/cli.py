@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -721,10 +723,23 @@ def build_parser() -> argparse.ArgumentParser:
 DEBUG_ENV = "QUORUMGATE_DEBUG"  # set it to see the traceback of an unexpected error
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm_as_on_ctrl_c() -> None:
+    """A supervisor (systemd, `timeout`, a container runtime) stops a foreground command
+    with SIGTERM, not Ctrl-C. Unwind the same way, so a command that started replicas and
+    sidecars (`up`, `demo`) stops them before it exits instead of leaving them running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Every error is one line on stderr that says what to do, and exit status 2; a
     Python traceback only with QUORUMGATE_DEBUG=1."""
     args = build_parser().parse_args(argv)
+    stop_on_sigterm_as_on_ctrl_c()
     try:
         result: int = args.func(args)
     except KeyboardInterrupt:

@@ -351,3 +351,48 @@ def test_cli_init_for_several_hosts_names_each_address_with_fixed_ports(
         bad = cli_dirs(f"bad-{len(args)}-{fragment[:6]}")
         assert_clean_failure(quorumgate("init", "--dir", bad, *args), 2, fragment)
         assert not bad.exists(), f"{args}: wrote {sorted(bad.rglob('*'))}"
+
+
+# A foreground `up` or `demo` waits for the example (and the cluster's start) first.
+FOREGROUND_READY_S = 180.0
+
+
+@pytest.mark.parametrize("command", ["demo", "up"])
+def test_cli_foreground_command_stops_its_cluster_on_sigterm(
+    cli_dirs: Callable[[str], Path], command: str
+) -> None:
+    """A supervisor (systemd, `timeout`, a container runtime) stops a foreground `up` or
+    `demo` with SIGTERM, not Ctrl-C. The command must then stop every replica and sidecar
+    it started, as on Ctrl-C, and exit 0; it used to die at once and leave all 2n
+    processes running, holding the cluster's ports and store locks."""
+    directory = cli_dirs(command)
+    if command == "up":
+        init(directory)
+        argv, ready = ["up", "--dir", directory, "--refresh", "0.2"], "Ctrl-C stops them"
+    else:
+        argv, ready = ["demo", "--dir", directory, "--refresh", "0.2"], "Ctrl-C stops the cluster"
+    output = directory.parent / f"{command}.out"
+    with output.open("w") as out:
+        proc = subprocess.Popen([*QUORUMGATE, *map(str, argv)], stdout=out, stderr=out)
+    try:
+        wait_until(
+            f"`quorumgate {command}` serving",
+            lambda: True if ready in output.read_text() else None,
+            timeout_s=FOREGROUND_READY_S,
+            describe=lambda: output.read_text()[-2000:],
+        )
+        assert len(cluster_pids(directory)) == 8, cluster_pids(directory)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=CLI_TIMEOUT_S)
+        assert code == 0, output.read_text()[-2000:]
+        assert "Traceback" not in output.read_text()
+        wait_until(
+            "every replica and sidecar stopped",
+            lambda: True if not cluster_pids(directory) else None,
+            timeout_s=STOP_GRACE_S,
+            describe=lambda: f"still running: {cluster_pids(directory)}",
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=STOP_GRACE_S)
