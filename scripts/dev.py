@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import venv
@@ -104,6 +105,25 @@ def ensure_chromium(python: Path) -> None:
         subprocess.call([*sudo, "apt-get", *step], stdout=subprocess.DEVNULL, env=env)
 
 
+def run_forwarding(cmd: list[str]) -> int:
+    """Run `cmd` and return its exit status. A SIGTERM sent to this script is passed on to
+    the job, which stops what it started (the main job stops its cluster) before exiting;
+    Ctrl-C reaches both through the terminal, and this script waits for the job to finish
+    stopping rather than returning while it still runs."""
+    proc = subprocess.Popen(cmd)
+
+    def forward(signum: int, frame: object) -> None:
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    while True:
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            continue  # the job got the same Ctrl-C: wait while it stops
+        return 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + N
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"run", "test", "lint"}:
         print(__doc__)
@@ -119,10 +139,7 @@ def main(argv: list[str]) -> int:
     else:
         rc = subprocess.call([str(python), "-m", "ruff", "check", "."])
         return rc or mypy(python)
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 130
+    return run_forwarding(cmd)
 
 
 if __name__ == "__main__":
