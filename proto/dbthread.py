@@ -2,16 +2,17 @@
 
 aiosqlite runs every statement on the connection's own thread: each `await conn.execute`
 is a queue put, a wake of that thread and a wake of the event loop back, about 40 µs of
-CPU on this machine against 2 µs for a small statement (`python scripts/bench_dbthread.py`).
-A sidecar recording a height made about ten such trips and a replica applying a block
-about five, for every block, in every process. The stores' hot paths instead hand one
-plain function to the thread, which runs all their statements there: one trip.
+CPU on this machine against about 5 µs per statement when ten go in one trip
+(`python scripts/bench_dbthread.py`). A sidecar recording a height made about ten such
+trips and a replica applying a block about eight, for every block, in every process. The
+stores' hot paths instead hand one plain function to the thread, which runs all their
+statements there: one trip.
 
-aiosqlite has no public call for this (its maintainer agreed it would save the back and
-forth, omnilib/aiosqlite#19, but left it out); `Connection._execute(fn, *args)` has been
-the entry point of its queue since 0.17, and `tests/test_dbthread.py` checks this module
-against the installed version, so an aiosqlite that changes it fails the tests, not a
-cluster.
+aiosqlite has no public call for this. `Connection._execute(fn, *args)` is the entry point
+of its queue, with `Connection._conn` the `sqlite3.Connection` (the same in 0.20, the
+oldest release pyproject.toml admits, and 0.22, the newest; the upper bound keeps an
+unchecked release out), and `tests/proto/test_dbthread.py` checks this module against the
+installed version, so an aiosqlite that changes it fails the tests, not a cluster.
 
 The function runs on another thread: it may touch only the `sqlite3.Connection` it is
 given and values it was handed, never the event loop or the store's Python state.
