@@ -90,6 +90,9 @@ class QuorumCert:
     height: int
     block_hash: bytes
     signatures: tuple[tuple[int, bytes], ...] = ()
+    # `digest()` once computed: a QC is hashed into its block, looked up in the verifier's
+    # cache and carried by later blocks and timeouts (issue 19: it was recomputed each time).
+    _digest: bytes = field(default=b"", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.block_hash) != HASH_BYTES:
@@ -107,11 +110,15 @@ class QuorumCert:
         return self.view == 0 and not self.signatures
 
     def digest(self) -> bytes:
+        if self._digest:
+            return self._digest
         enc = Encoder(TAG_QC).u64(self.view).u64(self.height).raw(self.block_hash)
         enc.u32(len(self.signatures))
         for signer, sig in self.signatures:
             enc.u32(signer).raw(sig)
-        return enc.digest()
+        digest = enc.digest()
+        object.__setattr__(self, "_digest", digest)  # frozen: set once, never changed
+        return digest
 
     def __repr__(self) -> str:
         short = self.block_hash[:4].hex()

@@ -84,3 +84,23 @@ def test_a_cached_signature_over_another_statement_is_refused(blocks: list[Block
     others = qc_for(b2, (1, 2)).signatures
     with pytest.raises(RemoteError, match="bad signature"):
         checker.check_qc(QuorumCert(b2.view, b2.height, b2.hash, ((0, sig), *others)))
+
+
+def test_a_qc_remembers_its_own_digest_only(blocks: list[Block]) -> None:
+    """A QC keeps its digest once computed (issue 19); a QC derived from a checked one
+    (other signatures, other view) computes its own, so the checker's cache of known QC
+    digests cannot be reached by editing a QC that passed."""
+    checker = fresh_checker()
+    b1 = blocks[1]
+    genuine = qc_for(b1, (0, 1, 2))
+    checker.check_qc(genuine)
+    assert genuine.digest() == qc_for(b1, (0, 1, 2)).digest()  # cached == recomputed
+    assert genuine == qc_for(b1, (0, 1, 2))  # the cached digest plays no part in equality
+    forged = replace(genuine, signatures=(*genuine.signatures[:2], (2, bytes(64))))
+    assert forged.digest() != genuine.digest()
+    with pytest.raises(RemoteError, match="bad signature"):
+        checker.check_qc(forged)
+    relabelled = replace(genuine, view=genuine.view + 1)
+    assert relabelled.digest() != genuine.digest()
+    with pytest.raises(RemoteError, match="bad signature"):
+        checker.check_qc(relabelled)
