@@ -1597,13 +1597,15 @@ def test_a_sidecar_fed_a_different_log_raises_the_divergence_alarm_and_stops(
     live.kill_sidecar(victim, signal.SIGTERM)
     live.diverged.add(victim)
     forked_height, forked_root = fork_store(live, victim)
-    live.wait_executed(forked_height, others)
-    honest = {live.root_at(i, forked_height) for i in others}
-    assert len(honest) == 1 and forked_root not in honest, "the fork did not change the root"
 
     with contextlib.ExitStack() as stack:
+        # The load also commits the forked height when sidecar 3 had executed everything
+        # committed: an idle cluster proposes nothing, so waiting first could wait forever.
         agents = load_agents(live, stack, 2)
         stack.enter_context(Load(agents, batch=2, pause_s=0.2))
+        live.wait_executed(forked_height, others)
+        honest = {live.root_at(i, forked_height) for i in others}
+        assert len(honest) == 1 and forked_root not in honest, "the fork did not change the root"
         live.start_sidecar(victim)
         diverged = wait_until(
             f"sidecar {victim} to raise the divergence alarm",
