@@ -25,6 +25,7 @@ MIN_PYTHON = (3, 11)
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".dev-stamp"
+TEST_WORKERS_MAX = 2  # pytest-xdist workers for the test job (CI has two cores)
 
 
 def venv_python() -> Path:
@@ -105,6 +106,20 @@ def ensure_chromium(python: Path) -> None:
         subprocess.call([*sudo, "apt-get", *step], stdout=subprocess.DEVNULL, env=env)
 
 
+def test_workers(args: list[str]) -> list[str]:
+    """pytest-xdist options for the test job: one worker per core up to `TEST_WORKERS_MAX`,
+    each test module (or class) kept whole on one worker, in its order (`loadscope`: a
+    module's cluster fixture starts once, and some tests rely on running after others).
+    Nothing when the caller chose for itself (`-n`, `--dist`, `-p no:xdist`) or has one
+    core."""
+    chose = any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args)
+    chose = chose or "no:xdist" in args
+    workers = min(os.cpu_count() or 1, TEST_WORKERS_MAX)
+    if chose or workers < 2:
+        return []
+    return ["-n", str(workers), "--dist", "loadscope"]
+
+
 def run_forwarding(cmd: list[str]) -> int:
     """Run `cmd` and return its exit status. A SIGTERM sent to this script is passed on to
     the job, which stops what it started (the main job stops its cluster) before exiting;
@@ -135,7 +150,7 @@ def main(argv: list[str]) -> int:
         cmd = [str(python), "-m", "quorumgate.cli", "demo", *rest]
     elif job == "test":
         ensure_chromium(python)
-        cmd = [str(python), "-m", "pytest", *rest]
+        cmd = [str(python), "-m", "pytest", *test_workers(rest), *rest]
     else:
         rc = subprocess.call([str(python), "-m", "ruff", "check", "."])
         return rc or mypy(python)

@@ -5,10 +5,14 @@ job (and the job's cluster) running."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests import polling
 
@@ -64,3 +68,22 @@ def test_a_sigterm_to_the_dev_script_reaches_the_job_and_returns_its_status(
         if runner.poll() is None:
             runner.kill()
             runner.wait(timeout=WAIT_S)
+
+
+def test_the_test_job_spreads_over_the_cores_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two workers, modules whole (`loadscope`), on a machine with two or more cores; the
+    caller's own `-n`, `--dist` or `-p no:xdist` wins, and one core gets no workers."""
+    spec = importlib.util.spec_from_file_location("dev_script", ROOT / "scripts" / "dev.py")
+    assert spec is not None and spec.loader is not None
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    spread = ["-n", "2", "--dist", "loadscope"]
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert dev.test_workers([]) == spread
+    assert dev.test_workers(["tests/engine", "-k", "mandate"]) == spread
+    for own in (["-n", "0"], ["-n0"], ["--numprocesses=3"], ["--dist", "load"], ["-p", "no:xdist"]):
+        assert dev.test_workers(own) == [], own
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert dev.test_workers([]) == []
