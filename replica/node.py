@@ -63,7 +63,7 @@ from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
 from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
-from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.replica.transport import SERVER_OPTIONS
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, Envelope, RemoteError, SyncRequest
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
 
@@ -168,7 +168,7 @@ class ReplicaNode:
             status=self.status,
             tracer=self.tracer,
         )
-        server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         add_service(server, pb_grpc.add_PeerServicer_to_server, self.peers.servicer())
         add_service(server, cpb_grpc.add_ReplicaServicer_to_server, client_api)
         address = add_server_port(server, self.spec, self.index, "replica")

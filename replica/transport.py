@@ -27,19 +27,81 @@ RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
 GRPC_MESSAGE_BYTES_MAX = ENVELOPE_BYTES_MAX + 1024
 
-CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
-    ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # Reconnects are ours to pace (exponential back-off below).
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 2_000),
-)
+KEEPALIVE_TIME_MS = 10_000  # an idle connection is pinged this often (a dead peer is noticed)
+KEEPALIVE_TIMEOUT_MS = 5_000
+
+GrpcOptions = tuple[tuple[str, int], ...]
+
+
+def channel_options(keepalive_ms: int = KEEPALIVE_TIME_MS) -> GrpcOptions:
+    """Options of every channel to a member (peers, sidecars, clients)."""
+    return (
+        ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+        ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Reconnects are ours to pace (exponential back-off below).
+        ("grpc.initial_reconnect_backoff_ms", 50),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+    )
+
+
+def server_options(keepalive_ms: int = KEEPALIVE_TIME_MS) -> GrpcOptions:
+    """Options of a member's gRPC server (replica or sidecar): its channels' own, and a
+    ping policy that accepts what those channels send. By default a gRPC server takes at
+    most one ping per 5 minutes on a connection that carries no data and answers the third
+    too soon with GOAWAY `too_many_pings`: an idle cluster (quiescent, issue 19) had every
+    peer stream and client channel torn down and redialled every 10-50 s, and a message
+    sent into a stream as it closed was lost. Pings faster than half our interval are
+    still refused (the server's ping-flood defence stays)."""
+    return (
+        *channel_options(keepalive_ms),
+        ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2),
+    )
+
+
+CHANNEL_OPTIONS = channel_options()
+SERVER_OPTIONS = server_options()
 
 log = logging.getLogger("quorumgate.transport")
+
+
+class StreamTurns:
+    """Which of a link's successive client streams may take items from its queue.
+
+    gRPC keeps reading a client stream's request iterator after the call has ended (the
+    peer's GOAWAY, a restart) until the iterator yields once more, and drops what it
+    yielded: a link that redialled lost the next item it queued to each dead stream. Each
+    stream's iterator holds a turn (`begin`), and takes items only while `current(turn)`;
+    `end` ends the turn and wakes the old iterator so it stops, taking nothing."""
+
+    __slots__ = ("_ready", "_turn")
+
+    def __init__(self) -> None:
+        self._turn = 0
+        self._ready = asyncio.Event()
+
+    def begin(self) -> int:
+        self._turn += 1
+        return self._turn
+
+    def end(self) -> None:
+        self._turn += 1
+        self._ready.set()
+
+    def current(self, turn: int) -> bool:
+        return turn == self._turn
+
+    def notify(self) -> None:
+        """Something was queued."""
+        self._ready.set()
+
+    async def wait(self) -> None:
+        """Until something is queued or the turn ends (the caller checks which)."""
+        self._ready.clear()
+        await self._ready.wait()
 
 
 class PeerLink:
@@ -59,7 +121,7 @@ class PeerLink:
         self._metadata = metadata
         self._queue: deque[tuple[pb.ConsensusMessage, int]] = deque()
         self.queued_bytes = 0
-        self._ready = asyncio.Event()
+        self._turns = StreamTurns()
         self._on_drop = on_drop
         self._task: asyncio.Task[None] | None = None
         self.connected = False
@@ -76,7 +138,7 @@ class PeerLink:
             self._on_drop()
         self._queue.append((message, size))
         self.queued_bytes += size
-        self._ready.set()
+        self._turns.notify()
 
     def start(self) -> None:
         assert self._task is None, "peer link started twice"
@@ -88,15 +150,16 @@ class PeerLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _outgoing(self) -> AsyncIterator[pb.ConsensusMessage]:
-        while True:
-            while self._queue:
+    async def _outgoing(self, turn: int) -> AsyncIterator[pb.ConsensusMessage]:
+        """The queued messages, for as long as this stream is the link's (StreamTurns)."""
+        turns = self._turns
+        while turns.current(turn):
+            while self._queue and turns.current(turn):
                 self.sent += 1
                 message, size = self._queue.popleft()
                 self.queued_bytes -= size
                 yield message
-            self._ready.clear()
-            await self._ready.wait()
+            await turns.wait()
 
     async def _run(self) -> None:
         delay = RECONNECT_DELAY_S_MIN
@@ -108,10 +171,12 @@ class PeerLink:
                     self.connected = True
                     delay = RECONNECT_DELAY_S_MIN
                     log.info("event=peer_connected peer=%d", self.peer)
-                    await stub.Stream(self._outgoing(), metadata=self._metadata())
+                    outgoing = self._outgoing(self._turns.begin())
+                    await stub.Stream(outgoing, metadata=self._metadata())
                 except grpc.aio.AioRpcError as err:
                     log.info("event=peer_stream_closed peer=%d code=%s", self.peer, err.code().name)
                 finally:
                     self.connected = False
+                    self._turns.end()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)

@@ -28,7 +28,7 @@ import logging
 import sys
 import time
 from collections import Counter as Tally
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -53,7 +53,7 @@ from quorumgate.replica.channels import Reader, add_server_port, aio_channel
 from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.readauth import Role, caller_key, role_of
-from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.replica.transport import SERVER_OPTIONS, StreamTurns
 from quorumgate.replica.types import RemoteError
 from quorumgate.replica.wire import decode_block
 from quorumgate.sidecar.audit import (
@@ -168,7 +168,8 @@ class Sidecar:
         # starts at the executed height (set in start()).
         self.registry_since = 0
         self._executed = asyncio.Condition()
-        self._roots: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self._roots: deque[tuple[int, bytes]] = deque()  # executed, not yet reported
+        self._root_turns = StreamTurns()
         self._recent_receipts: OrderedDict[int, list[spb.ReceiptBatch]] = OrderedDict()
         self._pending_txs: OrderedDict[bytes, bytes] = OrderedDict()
         self._server: grpc.aio.Server | None = None
@@ -198,7 +199,7 @@ class Sidecar:
             self.member.sidecar_address,
             top,
         )
-        server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         add_service(server, spb_grpc.add_SidecarServicer_to_server, _SidecarService(self))
         add_server_port(server, self.spec, self.index, "sidecar")
         await server.start()
@@ -308,7 +309,8 @@ class Sidecar:
         m.pending.set(len(engine.state.pending))
         if any(v.kind is TxKind.ADMIN and v.outcome is Outcome.APPLIED for v in result.verdicts):
             self.registry_since = height
-        self._roots.put_nowait((height, result.state_root))
+        self._roots.append((height, result.state_root))
+        self._root_turns.notify()
         async with self._executed:
             self._executed.notify_all()
         for _ in range(AUDIT_HEIGHTS_PER_EXECUTED):  # one older height in turn, bounded
@@ -420,24 +422,32 @@ class Sidecar:
         store = self.store
         assert store is not None
 
-        async def reports() -> AsyncIterator[spb.StateRootReport]:
+        turns = self._root_turns
+
+        async def reports(turn: int) -> AsyncIterator[spb.StateRootReport]:
             top = store.executed_height
             for height in range(max(1, top - ROOTS_RESENT_ON_CONNECT + 1), top + 1):
                 root = await store.root_at(height)
                 if root is not None:
                     yield self._report(height, root)
-            while True:
-                height, root = await self._roots.get()
-                if height > top:
-                    yield self._report(height, root)
+            # Only while this stream is the current one: a dead stream's iterator, still
+            # read by gRPC, took and lost the first root after every reconnect (StreamTurns).
+            while turns.current(turn):
+                while self._roots and turns.current(turn):
+                    height, root = self._roots.popleft()
+                    if height > top:
+                        yield self._report(height, root)
+                await turns.wait()
 
         while True:
             try:
                 async with aio_channel(self.spec, self.index, "replica") as channel:
                     stub = cpb_grpc.ReplicaStub(channel)
-                    await stub.ReportStateRoots(reports())
+                    await stub.ReportStateRoots(reports(turns.begin()))
             except grpc.aio.AioRpcError as err:
                 log.info("event=root_stream_closed code=%s", err.code().name)
+            finally:
+                turns.end()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
