@@ -140,35 +140,48 @@ def stage_table(calls: list[Call], traces: dict[str, Any]) -> list[dict[str, Any
 
 
 async def w1_calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Call]:
-    import time
-
     from nacl.signing import SigningKey
 
     from quorumgate.sdk import client as sdk_client
-    from quorumgate.sdk.client import Client, mandate, tool_spec
+    from quorumgate.sdk.client import Client
 
     # `poll`: the client asks GetReceipt again and again, as it did before the long poll
     # (a sidecar asked with no wait answers at once): the A/B of issue 19's first change
     sdk_client.RECEIPT_WAIT_S = 0.0 if poll else RECEIPT_WAIT_S
 
     key = SigningKey.generate()
+    await register_bench_agent(spec, key)
+    async with Client(spec, key) as agent:
+        return await timed_calls(agent, count, WARMUP_CALLS)
+
+
+async def register_bench_agent(spec: ClusterSpec, key: Any) -> None:
+    """`bench-agent` with `key`, allowed the one read tool `bench.call`, at full speed."""
+    from quorumgate.sdk.client import Client, mandate, tool_spec
+
     async with Client.as_owner(spec.directory) as owner:
         await owner.register_tool(tool_spec("bench.call", "read", schemes=["https"]))
         await owner.register_agent("bench-agent", bytes(key.verify_key))
         await owner.set_mandate("bench-agent", mandate(["bench.call"]))
         await owner.set_settings({"quota_agent_per_minute": 0})  # an agent at full speed
+
+
+async def timed_calls(agent: Any, count: int, warmup: int) -> list[Call]:
+    """`warmup` + `count` governed calls one at a time (W = 1), each timed from submit to
+    its verified certificate; the last `count` are returned."""
+    import time
+
     calls: list[Call] = []
-    async with Client(spec, key) as agent:
-        for k in range(count + WARMUP_CALLS):
-            payload = Proposal(run_id="breakdown", tool="bench.call", target="https://e.x/a")
-            t0 = time.monotonic_ns()
-            submitted = await agent.submit(payload)
-            decision = await agent.await_certificate(submitted.proposal_id)
-            t_cert = time.monotonic_ns()
-            if not decision.allowed:
-                raise RuntimeError(f"the bench call was not allowed ({decision.reason})")
-            if k >= WARMUP_CALLS:
-                calls.append(Call(tx_prefix(submitted.proposal_id), t0, t_cert))
+    for k in range(count + warmup):
+        payload = Proposal(run_id="breakdown", tool="bench.call", target="https://e.x/a")
+        t0 = time.monotonic_ns()
+        submitted = await agent.submit(payload)
+        decision = await agent.await_certificate(submitted.proposal_id)
+        t_cert = time.monotonic_ns()
+        if not decision.allowed:
+            raise RuntimeError(f"the bench call was not allowed ({decision.reason})")
+        if k >= warmup:
+            calls.append(Call(tx_prefix(submitted.proposal_id), t0, t_cert))
     return calls
 
 

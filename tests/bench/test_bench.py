@@ -347,3 +347,21 @@ def test_plot_of_a_sweep_writes_a_png(tmp_path: Path) -> None:
     path = tmp_path / "sweep.png"
     plot_report(report, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_idle_reports_the_idle_cost_and_the_wake_up_call() -> None:
+    """`--idle`: the CPU of every process over the idle window, then the calls after it,
+    the first of which wakes the quiescent cluster (a client held open all along)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(["bench", "--start", "--idle", "3", "--calls", "2", "--json"])
+    assert code == 0, out.getvalue()
+    report = json.loads(out.getvalue())
+    assert report["nodes"] == 4 and report["calls_before"] == 2 and report["runs"] == 1
+    assert report["seconds"] >= 3
+    names = set(report["per_process"])
+    assert names == {f"{k}-{i}" for k in ("replica", "sidecar") for i in range(4)}
+    assert all(isinstance(v, NUMBER) and v >= 0 for v in report["per_process"].values())
+    assert report["cores"] == pytest.approx(sum(report["per_process"].values()), abs=1e-3)
+    wake = report["wake_ms"]
+    assert len(wake) == 3 and all(isinstance(ms, NUMBER) and ms > 0 for ms in wake)
