@@ -53,9 +53,9 @@ def server_options(keepalive_ms: int = KEEPALIVE_TIME_MS) -> GrpcOptions:
     ping policy that accepts what those channels send. By default a gRPC server takes at
     most one ping per 5 minutes on a connection that carries no data and answers the third
     too soon with GOAWAY `too_many_pings`: an idle cluster (quiescent, issue 19) had every
-    peer stream and client channel torn down and redialled every 10-50 s, and a message
-    sent into a stream as it closed was lost. Pings faster than half our interval are
-    still refused (the server's ping-flood defence stays)."""
+    peer stream and client channel torn down and redialled about once a minute, each redial
+    losing the next message queued (see StreamTurns). Pings faster than half our interval
+    are still refused (the server's ping-flood defence stays)."""
     return (
         *channel_options(keepalive_ms),
         ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2),
