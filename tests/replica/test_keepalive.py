@@ -17,6 +17,7 @@ channels' own) the stream is closed after about three pings and the link redials
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
 
@@ -129,3 +130,38 @@ async def test_a_link_that_redials_delivers_every_message_queued_after_it() -> N
     finally:
         await link.stop()
         await server.stop(None)
+
+
+async def test_an_ended_turn_takes_nothing_and_the_current_one_takes_everything() -> None:
+    """StreamTurns alone, as the sidecar's root reports use it (a deque and one iterator
+    per stream): the iterator of a stream whose turn ended, still waiting where gRPC left
+    it, wakes, takes nothing and stops; the next stream's iterator gets every item."""
+    from collections import deque
+
+    from quorumgate.replica.transport import StreamTurns
+
+    turns = StreamTurns()
+    queue: deque[int] = deque()
+
+    async def reader(turn: int, into: list[int]) -> None:
+        while turns.current(turn):
+            while queue and turns.current(turn):
+                into.append(queue.popleft())
+            await turns.wait()
+
+    old: list[int] = []
+    old_reader = asyncio.create_task(reader(turns.begin(), old))
+    queue.append(1)
+    turns.notify()
+    assert await eventually(lambda: old == [1])
+    turns.end()  # the stream died; its iterator is still parked in wait()
+    new: list[int] = []
+    new_reader = asyncio.create_task(reader(turns.begin(), new))
+    for item in (2, 3, 4):
+        queue.append(item)
+        turns.notify()
+    assert await eventually(lambda: new == [2, 3, 4]), (old, new)
+    assert old == [1] and old_reader.done()
+    new_reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await new_reader
