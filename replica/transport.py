@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -67,6 +68,8 @@ SERVER_OPTIONS = server_options()
 
 log = logging.getLogger("quorumgate.transport")
 
+T = TypeVar("T")
+
 
 class StreamTurns:
     """Which of a link's successive client streams may take items from its queue.
@@ -102,6 +105,14 @@ class StreamTurns:
         """Until something is queued or the turn ends (the caller checks which)."""
         self._ready.clear()
         await self._ready.wait()
+
+    async def drain(self, turn: int, queue: deque[T]) -> AsyncIterator[T]:
+        """Items popped from `queue`, oldest first, for as long as `turn` is current (a
+        stream's request iterator; `notify` after each append to `queue`)."""
+        while self.current(turn):
+            while queue and self.current(turn):
+                yield queue.popleft()
+            await self.wait()
 
 
 class PeerLink:
@@ -152,14 +163,10 @@ class PeerLink:
 
     async def _outgoing(self, turn: int) -> AsyncIterator[pb.ConsensusMessage]:
         """The queued messages, for as long as this stream is the link's (StreamTurns)."""
-        turns = self._turns
-        while turns.current(turn):
-            while self._queue and turns.current(turn):
-                self.sent += 1
-                message, size = self._queue.popleft()
-                self.queued_bytes -= size
-                yield message
-            await turns.wait()
+        async for message, size in self._turns.drain(turn, self._queue):
+            self.sent += 1
+            self.queued_bytes -= size
+            yield message
 
     async def _run(self) -> None:
         delay = RECONNECT_DELAY_S_MIN

@@ -432,12 +432,9 @@ class Sidecar:
                     yield self._report(height, root)
             # Only while this stream is the current one: a dead stream's iterator, still
             # read by gRPC, took and lost the first root after every reconnect (StreamTurns).
-            while turns.current(turn):
-                while self._roots and turns.current(turn):
-                    height, root = self._roots.popleft()
-                    if height > top:
-                        yield self._report(height, root)
-                await turns.wait()
+            async for height, root in turns.drain(turn, self._roots):
+                if height > top:
+                    yield self._report(height, root)
 
         while True:
             try:

@@ -133,8 +133,8 @@ async def test_a_link_that_redials_delivers_every_message_queued_after_it() -> N
 
 
 async def test_an_ended_turn_takes_nothing_and_the_current_one_takes_everything() -> None:
-    """StreamTurns alone, as the sidecar's root reports use it (a deque and one iterator
-    per stream): the iterator of a stream whose turn ended, still waiting where gRPC left
+    """StreamTurns.drain alone, as the sidecar's root reports use it (a deque and one
+    iterator per stream): the iterator of a stream whose turn ended, still waiting where gRPC left
     it, wakes, takes nothing and stops; the next stream's iterator gets every item."""
     from collections import deque
 
@@ -144,10 +144,8 @@ async def test_an_ended_turn_takes_nothing_and_the_current_one_takes_everything(
     queue: deque[int] = deque()
 
     async def reader(turn: int, into: list[int]) -> None:
-        while turns.current(turn):
-            while queue and turns.current(turn):
-                into.append(queue.popleft())
-            await turns.wait()
+        async for item in turns.drain(turn, queue):
+            into.append(item)
 
     old: list[int] = []
     old_reader = asyncio.create_task(reader(turns.begin(), old))
