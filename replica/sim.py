@@ -445,6 +445,7 @@ class SimNode:
         self.snapshots: list[Disk] = []
         self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
         self.starts = 0
+        self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
         self.core = self._make_core(None)
 
     def _make_core(self, recovered: Recovered | None) -> Core:
@@ -486,9 +487,15 @@ class SimNode:
         committed = disk.committed[-1]
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
         self.durable_epoch = disk.safety.epoch
+        self.dropped_before += self.core.dropped
         self.core = self._make_core(Recovered(disk.safety, committed, pending))
         self.up = True
         return self.core.start()
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """What this member dropped, by reason, over all its starts."""
+        return self.dropped_before + self.core.dropped
 
 
 # ============================================================================ the simulation
@@ -1233,7 +1240,7 @@ class Simulation:
             )
         dropped: Counter[str] = Counter()
         for i in self.honest:
-            dropped.update(self._honest_core(i).dropped)
+            dropped.update(self.nodes[i][0].dropped)
         return SimResult(
             options=opts,
             ticks=self.tick,
