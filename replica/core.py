@@ -293,6 +293,10 @@ class Core:
                 self._local_timeout()
         elif self._ticks_in_view - self._timeout_sent_tick >= self.limits.view_timeout_ticks_base:
             self._local_timeout()  # re-broadcast the same timeout while the view is stuck
+            # Still no TC: most of the cluster is down, or it moved on without us (we
+            # missed the votes that ended this view, and a quiet cluster sends nothing
+            # more). Ask a peer for what it committed; its proof QC moves us on.
+            self._request_sync(-1, b"")
         if self._fencing:
             self._hello_ticks += 1
             if self._hello_ticks % self.limits.sync_retry_ticks == 0:
@@ -316,6 +320,15 @@ class Core:
                 self._request_sync(-1, waiting.block.parent_hash)
             else:
                 self._waiting = None
+        if (
+            self._sync_peer is None
+            and self._sync_ticks >= self.limits.sync_retry_ticks
+            and self._lacks_certified_block()
+        ):
+            # We hold a QC for a block we never took in (its proposal missed us, or came
+            # when our sidecar could not yet judge its state root). A busy cluster's next
+            # proposal would make us fetch it; a quiet one sends none, so ask a signer.
+            self._request_sync(self._next_signer(self.high_qc), self.high_qc.block_hash)
         self._maybe_propose()
         return self._flush()
 
@@ -389,8 +402,17 @@ class Core:
         """False while ticks would change nothing: quiescent, not fencing, no catch-up
         under way and no proposal waiting. A shell may then stop ticking until the next
         event (a message, a transaction, a state root)."""
-        idle = self._sync_peer is None and self._waiting is None and not self._fencing
+        idle = (
+            self._sync_peer is None
+            and self._waiting is None
+            and not self._fencing
+            and not self._lacks_certified_block()
+        )
         return not (idle and self.quiescent())
+
+    def _lacks_certified_block(self) -> bool:
+        """Our highest QC certifies a block we do not hold (on_tick fetches it)."""
+        return self.high_qc.block_hash not in self.tree
 
     def pending_chain(self, target_hash: bytes, blocks_max: int) -> list[Block]:
         """Uncommitted blocks from above the committed root up to `target_hash` (for sync)."""
@@ -874,6 +896,12 @@ class Core:
             self._local_timeout()
 
     # ------------------------------------------------------------------ catch-up
+
+    def _next_signer(self, qc: QuorumCert) -> int:
+        """The first of the QC's other signers from the rotating sync cursor on: each
+        retry asks another one, and at least one of any f+1 of them is honest."""
+        signers = sorted(s for s, _ in qc.signatures if s != self.me)
+        return next((s for s in signers if s >= self._next_sync_peer), signers[0])
 
     def _request_sync(self, peer: int, target_hash: bytes) -> None:
         if self._sync_peer is not None:

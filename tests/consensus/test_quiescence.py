@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import pytest
+
 from quorumgate.replica.actions import Send
 from quorumgate.replica.core import Core
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim import Disk, SimExecution, SimMempool, SimPool
-from quorumgate.replica.types import Proposal, Timeout, TimeoutCert, genesis_block
+from quorumgate.replica.types import Proposal, Timeout, TimeoutCert, Vote, genesis_block
 from tests.consensus.helpers import CHAIN, SIGNERS, TEST_LIMITS, Net, membership
 
 QUIET = replace(TEST_LIMITS, quiesce=True, state_root_lag_blocks=2)
@@ -167,3 +169,136 @@ def test_a_transaction_after_a_long_quiet_spell_is_stamped_with_the_shells_clock
     proposals = [a.message for a in actions if isinstance(a, Send)]
     blocks = [p.block for p in proposals if isinstance(p, Proposal)]
     assert len(blocks) == 1 and blocks[0].timestamp_ms == later
+
+
+class HeldExecution(SimExecution):
+    """A sidecar that can be stopped: while `held_at` is set, no root above it exists."""
+
+    def __init__(self, disk: Disk) -> None:
+        super().__init__(disk)
+        self.held_at: int | None = None
+
+    def latest_root(self) -> tuple[int, bytes]:
+        height, root = super().latest_root()
+        if self.held_at is not None and height > self.held_at:
+            return self.held_at, super().root_at(self.held_at) or b""
+        return height, root
+
+    def root_at(self, height: int) -> bytes | None:
+        if self.held_at is not None and height > self.held_at:
+            return None
+        return super().root_at(height)
+
+
+def tick_as_shells_do(net: QuietNet, ticks: int) -> None:
+    """Like net.tick, but a core is ticked only while it says ticks matter (needs_ticks),
+    as replica/node.py does: an idle shell stops its ticker until the next event."""
+    for _ in range(ticks):
+        net.now_ms += 10
+        for i, core in enumerate(net.cores):
+            if i not in net.down and core.needs_ticks():
+                net.apply(i, core.on_tick(net.now_ms))
+        net.deliver_all()
+
+
+# Which member is left behind depends on who leads the last views before the cluster goes
+# quiet (a leader fetches the block its QC names before it proposes): in this run member 2
+# is the one, and the test was checked to fail without the fix (stop 27).
+@pytest.mark.parametrize("behind", [2])
+def test_a_replica_whose_sidecar_lagged_through_the_last_heartbeats_catches_up_while_quiet(
+    behind: int,
+) -> None:
+    """Found in CI (stop 26): replica `behind`'s sidecar was stopped while the heartbeats that carry
+    the last root were proposed, so replica `behind` could not judge them; the view moved on, the
+    cluster went quiet, and nothing more arrived that would make replica `behind` fetch what it
+    lacked. It holds the QC that names the last block: that is enough to ask for it."""
+    net = QuietNet()
+    held = HeldExecution(net.disks[behind])
+    net.cores[behind].execution = held
+    net.start()
+    held.held_at = 0  # its sidecar stops before it executes the transaction's height
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    others = [i for i in range(net.n) if i != behind]
+    for _ in range(SETTLE_TICKS):
+        if all(net.cores[i].quiescent() for i in others):
+            break
+        net.tick()
+    assert all(net.cores[i].quiescent() for i in others)
+    top = net.committed_heights()[0]
+    # It could not judge the last block proposed, so it did not vote for it.
+    last = next(b for b in net.disks[0].blocks.values() if b.height == top + 1)
+    assert net.votes.get((behind, last.view)) is None
+    held.held_at = None  # the sidecar is back and reports its root
+    net.apply(behind, net.cores[behind].on_state_root())
+    net.deliver_all()
+    tick_as_shells_do(net, SETTLE_TICKS)
+    assert net.committed_heights() == [top] * net.n
+    net.assert_committed_prefixes()
+    assert not any(core.needs_ticks() for core in net.cores)
+
+
+def quiet_after_one_transaction_without(behind: int, height: int | None) -> QuietNet:
+    """One transaction, then quiet; the proposal at `height` never reaches `behind`."""
+    net = QuietNet()
+    net.drop = lambda src, dst, msg: (
+        dst == behind and isinstance(msg, Proposal) and msg.block.height == height
+    )
+    net.start()
+    net.submit(b"tx-1")
+    others = [i for i in range(net.n) if i != behind]
+    net.tick_until_committed(b"tx-1", others)
+    for _ in range(SETTLE_TICKS):
+        if all(net.cores[i].quiescent() for i in others):
+            break
+        net.tick()
+    assert all(net.cores[i].quiescent() for i in others)
+    return net
+
+
+@pytest.mark.parametrize("behind", [2, 3])  # (both fail without the fix)
+def test_a_replica_that_missed_the_last_proposal_fetches_it_while_quiet(behind: int) -> None:
+    """The neighbour: the last heartbeat's proposal never reached replica `behind` (a lost
+    message, or a leader that sent it to the others only); the votes for it did, so it holds
+    the QC that would commit the height below, without the block that QC certifies."""
+    top = quiet_after_one_transaction_without(behind, None).committed_heights()[0]
+    net = quiet_after_one_transaction_without(behind, top + 1)  # the last block proposed
+    assert net.committed_heights()[0] == top
+    net.drop = None
+    tick_as_shells_do(net, SETTLE_TICKS)
+    assert net.committed_heights() == [top] * net.n
+    net.assert_committed_prefixes()
+    assert not any(core.needs_ticks() for core in net.cores)
+
+
+@pytest.mark.parametrize("behind", range(4))
+def test_a_replica_that_missed_the_last_votes_catches_up_while_quiet(behind: int) -> None:
+    """The other neighbour: the last block reached replica `behind`, but the votes that
+    certify it did not, so it cannot commit the block below and nobody sends it a QC; its
+    view times out while the others, quiet, time out nothing. Its stuck timeout must lead
+    it to what they committed, not to re-broadcasting timeouts for ever."""
+    top = quiet_after_one_transaction_without(behind, None).committed_heights()[0]
+    net = QuietNet()
+    net.start()
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    last_view: list[int] = []
+
+    def lose_last_votes(src: int, dst: int, msg: object) -> bool:
+        if isinstance(msg, Proposal) and msg.block.height == top + 1:
+            last_view.append(msg.block.view)
+        return dst == behind and isinstance(msg, Vote) and msg.view in last_view
+
+    net.drop = lose_last_votes
+    others = [i for i in range(net.n) if i != behind]
+    for _ in range(SETTLE_TICKS):
+        if all(net.cores[i].quiescent() for i in others):
+            break
+        net.tick()
+    assert last_view and all(net.cores[i].quiescent() for i in others)
+    net.drop = None
+    tick_as_shells_do(net, SETTLE_TICKS)
+    top = max(net.committed_heights())  # (member 0 led a view more here, as it timed out)
+    assert net.committed_heights() == [top] * net.n
+    net.assert_committed_prefixes()
+    assert not any(core.needs_ticks() for core in net.cores)
