@@ -242,6 +242,7 @@ class Core:
         self._sync_target = b""
         self._sync_ticks = 0
         self._sync_blocks_ask = self.limits.sync_blocks_max
+        self._lacking_ticks = 0  # ticks our highest QC's block has been missing
         self._next_sync_peer = (me + 1) % membership.n
         self._started = False
         # Rule 6 at start: sign nothing until f+1 peers said which views they saw us sign in.
@@ -320,14 +321,17 @@ class Core:
                 self._request_sync(-1, waiting.block.parent_hash)
             else:
                 self._waiting = None
+        self._lacking_ticks = self._lacking_ticks + 1 if self._lacks_certified_block() else 0
         if (
-            self._sync_peer is None
+            self._lacking_ticks > self.limits.idle_propose_ticks
+            and self._sync_peer is None
             and self._sync_ticks >= self.limits.sync_retry_ticks
-            and self._lacks_certified_block()
         ):
             # We hold a QC for a block we never took in (its proposal missed us, or came
             # when our sidecar could not yet judge its state root). A busy cluster's next
-            # proposal would make us fetch it; a quiet one sends none, so ask a signer.
+            # proposal would make us fetch it, a heartbeat within idle_propose_ticks (so
+            # votes that overtook a proposal cost no request); a quiet one sends none, so
+            # ask a signer.
             self._request_sync(self._next_signer(self.high_qc), self.high_qc.block_hash)
         self._maybe_propose()
         return self._flush()
@@ -901,6 +905,8 @@ class Core:
         """The first of the QC's other signers from the rotating sync cursor on: each
         retry asks another one, and at least one of any f+1 of them is honest."""
         signers = sorted(s for s, _ in qc.signatures if s != self.me)
+        if not signers:
+            return -1  # (the genesis QC: _request_sync then asks the next peer)
         return next((s for s in signers if s >= self._next_sync_peer), signers[0])
 
     def _request_sync(self, peer: int, target_hash: bytes) -> None:
