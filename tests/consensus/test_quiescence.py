@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from quorumgate.replica.actions import Send
-from quorumgate.replica.core import Core
+from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim import Disk, SimExecution, SimMempool, SimPool
 from quorumgate.replica.types import Proposal, Timeout, TimeoutCert, Vote, genesis_block
@@ -47,6 +47,26 @@ class QuietNet(Net):
                     fence_on_start=False,
                 )
             )
+
+    def restart(self, i: int) -> None:
+        """Member `i` comes back from what its disk holds, fenced as a real start is."""
+        disk = self.disks[i]
+        committed = disk.committed[-1]
+        pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
+        self.durable[i] = disk.safety.epoch
+        self.cores[i] = Core(
+            membership(self.n),
+            i,
+            SIGNERS[i],
+            limits=QUIET,
+            now_ms=self.now_ms,
+            payload=SimMempool(self.pool, {tx for b in disk.committed for tx in b.payload}),
+            execution=SimExecution(disk),
+            recovered=Recovered(disk.safety, committed, pending),
+        )
+        self.down.discard(i)
+        self.apply(i, self.cores[i].start())
+        self.deliver_all()
 
     def submit(self, tx: bytes) -> list[Send]:
         """Every up member's mempool gets `tx` (gossip); returns what that made them send
@@ -299,6 +319,33 @@ def test_a_replica_that_missed_the_last_votes_catches_up_while_quiet(behind: int
     net.drop = None
     tick_as_shells_do(net, SETTLE_TICKS)
     top = max(net.committed_heights())  # (member 0 led a view more here, as it timed out)
+    assert net.committed_heights() == [top] * net.n
+    net.assert_committed_prefixes()
+    assert not any(core.needs_ticks() for core in net.cores)
+
+
+@pytest.mark.parametrize("down", range(4))
+def test_a_replica_restarted_into_a_quiet_cluster_catches_up(down: int) -> None:
+    """A recovery drill on an idle cluster: a member is down while the others order and go
+    quiet, then restarts. What its peers tell it at start (their highest QC, in the hello
+    replies) names blocks it lacks, and it fetches them with nothing else happening."""
+    net = QuietNet()
+    net.start()
+    net.submit(b"tx-1")
+    net.tick_until_committed(b"tx-1", range(net.n))
+    net.down = {down}
+    for k in range(2, 6):
+        net.submit(f"tx-{k}".encode())
+        net.tick_until_committed(f"tx-{k}".encode(), [i for i in range(net.n) if i != down])
+    settled_others = [i for i in range(net.n) if i != down]
+    for _ in range(SETTLE_TICKS):
+        if all(net.cores[i].quiescent() for i in settled_others):
+            break
+        net.tick()
+    top = net.committed_heights()[settled_others[0]]
+    assert net.committed_heights()[down] < top
+    net.restart(down)
+    tick_as_shells_do(net, SETTLE_TICKS)
     assert net.committed_heights() == [top] * net.n
     net.assert_committed_prefixes()
     assert not any(core.needs_ticks() for core in net.cores)
