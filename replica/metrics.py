@@ -70,6 +70,12 @@ class ReplicaMetrics:
         self.peers_connected = Gauge(
             "qg_replica_peers_connected", "Peers with an open inbound stream", registry=r
         )
+        self.peer_messages_sent = Counter(
+            "qg_replica_peer_messages_sent",
+            "Messages queued to peers (one per peer), by kind",
+            ["kind"],
+            registry=r,
+        )
         self.send_queue_drops = Counter(
             "qg_replica_send_queue_drops", "Messages dropped on full peer send queues", registry=r
         )

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+from prometheus_client import Counter
 
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
@@ -43,6 +44,7 @@ class PeerNetwork:
         self._links: dict[int, PeerLink] = {}
         self._inbound: dict[int, int] = {}  # member -> inbound streams open now
         self._gossip: list[bytes] = []
+        self._sent_by_kind: dict[str, Counter] = {}  # metric children, looked up once
 
     def start(self) -> None:
         for m in self.spec.members:
@@ -72,10 +74,18 @@ class PeerNetwork:
     def send(self, to: int | None, message: pb.ConsensusMessage) -> None:
         """To one member, or to every other member when `to` is None."""
         if to is None:
-            for link in self._links.values():
-                link.send(message)
+            links = list(self._links.values())
         elif to in self._links:
-            self._links[to].send(message)
+            links = [self._links[to]]
+        else:
+            return
+        for link in links:
+            link.send(message)
+        kind = message.WhichOneof("body") or "empty"
+        counter = self._sent_by_kind.get(kind)
+        if counter is None:
+            counter = self._sent_by_kind[kind] = self.metrics.peer_messages_sent.labels(kind)
+        counter.inc(len(links))
 
     def gossip(self, txs: list[bytes]) -> None:
         """Queue transactions for every peer; a full batch leaves at once, the rest with

@@ -67,3 +67,15 @@ def test_every_replica_commits_the_same_hash_at_every_height_and_each_acknowledg
     foreign = {p.tx_id for p in parsed if p.signer != owner} - set(load.acked)
     assert not foreign, f"{len(foreign)} committed transactions were never submitted"
     cluster.assert_no_equivocation_seen()
+    # What each replica sent, by kind (qg_replica_peer_messages_sent_total): every vote
+    # and proposal is broadcast, one message per peer, and every committed block was
+    # proposed to every peer at least once.
+    sent = {
+        i: cluster.metrics(i).by_label("qg_replica_peer_messages_sent_total", "kind")
+        for i in range(n)
+    }
+    for i, kinds in sent.items():
+        assert kinds.get("vote", 0) > 0 and kinds["vote"] % (n - 1) == 0, (i, kinds)
+        assert kinds.get("proposal", 0) % (n - 1) == 0, (i, kinds)
+    proposals = sum(kinds.get("proposal", 0) for kinds in sent.values())
+    assert proposals >= (n - 1) * min(top.values()), (proposals, top)
