@@ -561,6 +561,7 @@ class Simulation:
         self.partition: dict[tuple[int, int], int] | None = None
         self.next_partition_tick = 0
         self.healed = False
+        self.quiet = False  # no more transactions (the run's last phase)
         self.forge_seq = 0
         self.fork_pending: dict[int, Proposal] = {}
         self.stale_restores = 0
@@ -1148,7 +1149,7 @@ class Simulation:
     def _one_tick(self) -> None:
         self.tick += 1
         opts = self.options
-        if self.rng.randrange(1000) < opts.tx_per_tick_permille:
+        if not self.quiet and self.rng.randrange(1000) < opts.tx_per_tick_permille:
             seq = len(self.pool.txs)
             self.pool.add(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
             for node in self._all_nodes():
@@ -1238,6 +1239,7 @@ class Simulation:
                 f"LIVENESS: {liveness_views} views after the heal before every honest node "
                 f"committed (bound {opts.liveness_views_max})"
             )
+        self._settle_quietly()
         dropped: Counter[str] = Counter()
         for i in self.honest:
             dropped.update(self.nodes[i][0].dropped)
@@ -1253,6 +1255,27 @@ class Simulation:
 
     def _honest_core(self, index: int) -> Core:
         return self.nodes[index][0].core
+
+    def _settle_quietly(self) -> None:
+        """After liveness, no more transactions: every honest member must end quiescent
+        (needing no ticks) at one committed height. One left behind, by a lost message, a
+        restart or a view the others ended without it, has to catch up with nothing else
+        happening (stop 27; tests/consensus/test_quiescence.py has the cases one by one)."""
+        self.quiet = True
+        deadline = self.tick + self.options.liveness_ticks_max
+        while True:
+            cores = [self._honest_core(i) for i in self.honest]
+            heights = {i: self._honest_core(i).committed_height for i in self.honest}
+            if len(set(heights.values())) == 1 and not any(c.needs_ticks() for c in cores):
+                return
+            if self.tick >= deadline:
+                busy = [i for i in self.honest if self._honest_core(i).needs_ticks()]
+                raise self.fail(
+                    f"QUIET: no transactions for {self.options.liveness_ticks_max} ticks, and "
+                    f"the honest members did not settle: committed heights {heights}, "
+                    f"still needing ticks {busy}"
+                )
+            self._one_tick()
 
 
 def scenario(seed: int, n: int) -> SimOptions:
