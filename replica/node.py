@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -57,6 +58,7 @@ from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
 from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.grpcutil import add_service
+from quorumgate.replica.inbound import LOCAL, InboundQueue
 from quorumgate.replica.mempool import Mempool, MempoolLimits
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
@@ -67,7 +69,9 @@ from quorumgate.replica.transport import SERVER_OPTIONS
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, Envelope, RemoteError, SyncRequest
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
 
-INBOUND_EVENTS_MAX = 20_000
+# Events queued for the core loop, per source (each peer; the shell's own): a member that
+# floods us fills only its own queue (replica/inbound.py).
+INBOUND_EVENTS_PER_SOURCE_MAX = 5_000
 EVENTS_PER_BATCH_MAX = 512
 REGOSSIP_TICKS = 100
 # While the core needs no ticks (quiescent: replica/core.py), the ticker waits for the next
@@ -75,7 +79,10 @@ REGOSSIP_TICKS = 100
 IDLE_TICK_S = 1.0
 REGOSSIP_TXS_MAX = 256
 SHUTDOWN_GRACE_S = 1.0
-SYNC_SERVING_MAX = 4  # catch-up requests answered at once; more are dropped and counted
+# Catch-up requests answered at once for one peer; more from it are dropped and counted. Per
+# peer, so a flooding member cannot take the slots of another's (an honest member has one
+# request out at a time); at most this many times n - 1 read the store at once.
+SYNC_SERVING_PER_PEER_MAX = 2
 DB_FILE = "replica.db"
 
 log = logging.getLogger("quorumgate.replica")
@@ -122,7 +129,7 @@ class ReplicaNode:
         self.sidecar = SidecarLink(spec, index, self.metrics, self._new_root)
         self.peers = PeerNetwork(spec, index, signer, self.metrics, self.on_peer_message)
         self._roots_queued = False
-        self._events: asyncio.Queue[Event] = asyncio.Queue(maxsize=INBOUND_EVENTS_MAX)
+        self._events: InboundQueue[Event] = InboundQueue(INBOUND_EVENTS_PER_SOURCE_MAX)
         self._tick_queued = False
         self._ticks_wanted = asyncio.Event()  # the core needs ticks again: wakes the ticker
         self._txs_queued = False
@@ -136,7 +143,7 @@ class ReplicaNode:
         self._refused_seen: dict[str, int] = {}
         self._signatures_seen: dict[str, int] = {}
         self._timeouts_seen = 0
-        self._sync_serving = 0
+        self._sync_serving: dict[int, int] = {}  # peer -> its catch-up answers running
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -225,10 +232,10 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ events in
 
-    def enqueue(self, event: Event) -> bool:
-        try:
-            self._events.put_nowait(event)
-        except asyncio.QueueFull:
+    def enqueue(self, event: Event, source: int = LOCAL) -> bool:
+        """Queue an event for the core loop: a peer's message under its sender, the shell's
+        own events under LOCAL. False, counted, when that source's queue is full."""
+        if not self._events.put(source, event):
             self.metrics.dropped.labels("inbound_full").inc()
             return False
         return True
@@ -261,9 +268,8 @@ class ReplicaNode:
         core = self.core
         assert core is not None
         while True:
-            batch = [await self._events.get()]
-            while len(batch) < EVENTS_PER_BATCH_MAX and not self._events.empty():
-                batch.append(self._events.get_nowait())
+            await self._events.wait()
+            batch = self._events.take(EVENTS_PER_BATCH_MAX)
             actions: list[Action] = []
             ticked = False
             for event in batch:
@@ -369,20 +375,28 @@ class ReplicaNode:
             self.metrics.dropped.labels(err.reason).inc()
             return
         if isinstance(envelope.message, SyncRequest):
-            # Catch-up answers read the store off the core loop, at most SYNC_SERVING_MAX
-            # at a time: a peer that floods requests gets the rest dropped and counted
-            # (issue 14: one unbounded task each).
-            if self._sync_serving >= SYNC_SERVING_MAX:
+            # Catch-up answers read the store off the core loop, at most
+            # SYNC_SERVING_PER_PEER_MAX at a time for each peer: a peer that floods
+            # requests gets the rest dropped and counted (issue 14: one unbounded task
+            # each), and cannot take another peer's turn (stop 27: one bound for all did).
+            sender = envelope.sender
+            if not self.membership.is_member(sender) or sender == self.index:
+                self.metrics.dropped.labels("non_member").inc()
+                return
+            if self._sync_serving.get(sender, 0) >= SYNC_SERVING_PER_PEER_MAX:
                 self.metrics.dropped.labels("sync_busy").inc()
                 return
-            self._sync_serving += 1
+            self._sync_serving[sender] = self._sync_serving.get(sender, 0) + 1
             task = asyncio.create_task(self._answer_sync(envelope))
-            task.add_done_callback(self._sync_answered)
+            task.add_done_callback(functools.partial(self._sync_answered, sender))
             return
-        self.enqueue(envelope)
+        if not self.membership.is_member(envelope.sender) or envelope.sender == self.index:
+            self.metrics.dropped.labels("non_member").inc()
+            return
+        self.enqueue(envelope, envelope.sender)
 
-    def _sync_answered(self, task: asyncio.Task[None]) -> None:
-        self._sync_serving -= 1
+    def _sync_answered(self, sender: int, task: asyncio.Task[None]) -> None:
+        self._sync_serving[sender] -= 1
         _log_task_error(task)
 
     async def _answer_sync(self, envelope: Envelope) -> None:
@@ -390,9 +404,6 @@ class ReplicaNode:
         assert store is not None and core is not None
         request = envelope.message
         assert isinstance(request, SyncRequest)
-        if not self.membership.is_member(envelope.sender) or envelope.sender == self.index:
-            self.metrics.dropped.labels("non_member").inc()
-            return
         if envelope.chain_id != self.spec.chain_id:
             self.metrics.dropped.labels("wrong_chain").inc()
             return

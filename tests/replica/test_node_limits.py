@@ -7,13 +7,19 @@ from pathlib import Path
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, init_cluster, read_seed
 from quorumgate.replica.crypto import Ed25519Signer
-from quorumgate.replica.node import SYNC_SERVING_MAX, ReplicaNode
+from quorumgate.replica.node import (
+    EVENTS_PER_BATCH_MAX,
+    INBOUND_EVENTS_PER_SOURCE_MAX,
+    SYNC_SERVING_PER_PEER_MAX,
+    ReplicaNode,
+    _Tick,
+)
 from quorumgate.replica.transport import (
     SEND_QUEUE_BYTES_MAX,
     SEND_QUEUE_MESSAGES_MAX,
     PeerLink,
 )
-from quorumgate.replica.types import Envelope, SyncRequest
+from quorumgate.replica.types import Envelope, SyncRequest, Vote
 from quorumgate.replica.wire import envelope_to_pb
 
 
@@ -37,7 +43,8 @@ def test_a_send_queue_is_bounded_in_bytes_not_only_in_messages() -> None:
 
 async def test_sync_requests_are_answered_a_bounded_number_at_a_time(tmp_path: Path) -> None:
     """One task per SyncRequest, unbounded, was a peer's way to make us read the store as
-    often as it liked; now at most SYNC_SERVING_MAX run, the rest are dropped and counted."""
+    often as it liked; now at most SYNC_SERVING_PER_PEER_MAX run per peer, the rest are
+    dropped and counted."""
     spec = init_cluster(tmp_path / "c", 4)
     node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
     await node.start()
@@ -46,6 +53,64 @@ async def test_sync_requests_are_answered_a_bounded_number_at_a_time(tmp_path: P
         for _ in range(100):
             node.on_peer_message(request)  # no await between them: none can finish
         busy = node.metrics.dropped.labels("sync_busy")._value.get()
-        assert busy == 100 - SYNC_SERVING_MAX
+        assert busy == 100 - SYNC_SERVING_PER_PEER_MAX
+    finally:
+        await node.stop()
+
+
+async def test_a_peer_flooding_sync_requests_cannot_starve_another_peers_catch_up(
+    tmp_path: Path,
+) -> None:
+    """The bound above was one for all peers: a Byzantine member that kept it full (a
+    flood of requests, each holding a slot while the store is read) had every honest
+    member's catch-up request dropped as `sync_busy`, at every replica it flooded, and a
+    replica left behind could then never catch up. Each member now has slots of its own."""
+    spec = init_cluster(tmp_path / "c", 4)
+    node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
+    await node.start()
+    try:
+        flood = envelope_to_pb(Envelope(spec.chain_id, 1, SyncRequest(1, 16)))
+        for _ in range(100):
+            node.on_peer_message(flood)
+        dropped = node.metrics.dropped.labels("sync_busy")
+        flooded = dropped._value.get()
+        assert flooded == 100 - SYNC_SERVING_PER_PEER_MAX
+        honest = envelope_to_pb(Envelope(spec.chain_id, 2, SyncRequest(1, 16)))
+        node.on_peer_message(honest)  # still no await: the flood's answers still run
+        assert dropped._value.get() == flooded, "the honest member's request was dropped"
+    finally:
+        await node.stop()
+
+
+async def test_a_peer_flooding_messages_cannot_crowd_out_another_peers_or_our_ticks(
+    tmp_path: Path,
+) -> None:
+    """The core loop's inbound queue was one for all: a member streaming messages faster
+    than the core judged them (each vote costs an Ed25519 check) filled it, and then every
+    other member's votes and proposals, and this replica's own pacemaker ticks, were
+    dropped as `inbound_full` — one faulty member could stall every honest one. Each
+    source now has its own bound, and the core loop takes from the sources in turn."""
+    spec = init_cluster(tmp_path / "c", 4)
+    node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
+    await node.start()
+    try:
+
+        def vote(sender: int, view: int) -> pb.ConsensusMessage:
+            junk = Vote(view, 1, bytes(32), sender, bytes(64))
+            return envelope_to_pb(Envelope(spec.chain_id, sender, junk))
+
+        flood = INBOUND_EVENTS_PER_SOURCE_MAX + 1_000
+        for view in range(flood):  # no await between them: the core loop takes none
+            node.on_peer_message(vote(1, view + 10))
+        full = node.metrics.dropped.labels("inbound_full")
+        assert full._value.get() == flood - INBOUND_EVENTS_PER_SOURCE_MAX
+        node.on_peer_message(vote(2, 10))
+        assert full._value.get() == flood - INBOUND_EVENTS_PER_SOURCE_MAX, "peer 2's dropped"
+        assert node.enqueue(_Tick()), "our own tick was dropped"
+        # The next batch the core loop takes holds peer 2's vote and the tick, whatever is
+        # still queued behind them from peer 1.
+        batch = node._events.take(EVENTS_PER_BATCH_MAX)
+        senders = [e.sender for e in batch if isinstance(e, Envelope)]
+        assert 2 in senders and any(isinstance(e, _Tick) for e in batch)
     finally:
         await node.stop()
