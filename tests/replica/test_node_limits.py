@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+from nacl.signing import SigningKey
+
 from quorumgate.proto import consensus_pb2 as pb
+from quorumgate.proto import tx
 from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, init_cluster, read_seed
+from quorumgate.proto.model import Proposal
 from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.node import (
     EVENTS_PER_BATCH_MAX,
@@ -112,5 +118,44 @@ async def test_a_peer_flooding_messages_cannot_crowd_out_another_peers_or_our_ti
         batch = node._events.take(EVENTS_PER_BATCH_MAX)
         senders = [e.sender for e in batch if isinstance(e, Envelope)]
         assert 2 in senders and any(isinstance(e, _Tick) for e in batch)
+    finally:
+        await node.stop()
+
+
+async def test_a_gossiped_batch_with_a_forged_signature_is_dropped_at_the_first_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gossip is checked inline, one Ed25519 check per transaction: a member sending
+    batches of 512 forged transactions cost every replica 512 checks per message. An honest
+    member gossips only what it admitted, so a signature that does not verify (or bytes
+    that do not parse, or another chain) proves the sender faulty: the rest of its batch is
+    dropped unchecked and the batch counted as `forged_gossip`."""
+    spec = init_cluster(tmp_path / "c", 4)
+    node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
+    await node.start()
+    try:
+        key = SigningKey(bytes(range(32)))
+        payload = Proposal(run_id="r", tool="kb.search", target="https://example.com/")
+        good = [tx.build(spec.chain_id, nonce, payload, key) for nonce in range(1, 513)]
+
+        def forged(data: bytes) -> bytes:
+            signed = tx.parse(data, verify=False).signed
+            flipped = bytes([signed.signature[0] ^ 1]) + signed.signature[1:]
+            return tx.encode_signed(replace(signed, signature=flipped))
+
+        batch = pb.ConsensusMessage(chain_id=spec.chain_id, sender=1)
+        batch.tx_batch.txs.extend(forged(t) for t in good)
+        checks = []
+        real = tx.verify_signature
+        monkeypatch.setattr(tx, "verify_signature", lambda s: checks.append(1) or real(s))
+        node.on_peer_message(batch)
+        assert len(checks) == 1, f"{len(checks)} signatures checked"
+        assert node.metrics.dropped.labels("forged_gossip")._value.get() == 1
+        assert node.mempool.size == 0
+        # An honest batch after it is taken whole (the check is per batch, not a ban).
+        honest = pb.ConsensusMessage(chain_id=spec.chain_id, sender=2)
+        honest.tx_batch.txs.extend(good[:8])
+        node.on_peer_message(honest)
+        assert node.mempool.size == 8
     finally:
         await node.stop()
