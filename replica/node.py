@@ -81,6 +81,7 @@ FORGED_GOSSIP_REASONS = frozenset({BAD_SIGNATURE, MALFORMED, WRONG_CHAIN})
 # Events queued for the core loop, per source (each peer; the shell's own): a member that
 # floods us fills only its own queue (replica/inbound.py).
 INBOUND_EVENTS_PER_SOURCE_MAX = 5_000
+INBOUND_BYTES_PER_SOURCE_MAX = 64 * 1024 * 1024  # as a send queue's: a few full blocks
 EVENTS_PER_BATCH_MAX = 512
 REGOSSIP_TICKS = 100
 # While the core needs no ticks (quiescent: replica/core.py), the ticker waits for the next
@@ -138,7 +139,9 @@ class ReplicaNode:
         self.sidecar = SidecarLink(spec, index, self.metrics, self._new_root)
         self.peers = PeerNetwork(spec, index, signer, self.metrics, self.on_peer_message)
         self._roots_queued = False
-        self._events: InboundQueue[Event] = InboundQueue(INBOUND_EVENTS_PER_SOURCE_MAX)
+        self._events: InboundQueue[Event] = InboundQueue(
+            INBOUND_EVENTS_PER_SOURCE_MAX, INBOUND_BYTES_PER_SOURCE_MAX
+        )
         self._tick_queued = False
         self._ticks_wanted = asyncio.Event()  # the core needs ticks again: wakes the ticker
         self._txs_queued = False
@@ -241,10 +244,11 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ events in
 
-    def enqueue(self, event: Event, source: int = LOCAL) -> bool:
-        """Queue an event for the core loop: a peer's message under its sender, the shell's
-        own events under LOCAL. False, counted, when that source's queue is full."""
-        if not self._events.put(source, event):
+    def enqueue(self, event: Event, source: int = LOCAL, size: int = 0) -> bool:
+        """Queue an event for the core loop: a peer's message (of `size` bytes) under its
+        sender, the shell's own events under LOCAL. False, counted, when that source's
+        queue is full."""
+        if not self._events.put(source, event, size):
             self.metrics.dropped.labels("inbound_full").inc()
             return False
         return True
@@ -408,7 +412,7 @@ class ReplicaNode:
         if not self.membership.is_member(envelope.sender) or envelope.sender == self.index:
             self.metrics.dropped.labels("non_member").inc()
             return
-        self.enqueue(envelope, envelope.sender)
+        self.enqueue(envelope, envelope.sender, message.ByteSize())
 
     def _sync_answered(self, sender: int, task: asyncio.Task[None]) -> None:
         self._sync_serving[sender] -= 1

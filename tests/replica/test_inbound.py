@@ -8,7 +8,7 @@ from quorumgate.replica.inbound import LOCAL, InboundQueue
 
 
 def test_each_source_is_bounded_alone() -> None:
-    q: InboundQueue[str] = InboundQueue(3)
+    q: InboundQueue[str] = InboundQueue(3, 1 << 20)
     assert all(q.put(1, f"a{i}") for i in range(3))
     assert not q.put(1, "a3")  # source 1 is full...
     assert q.put(2, "b0") and q.put(LOCAL, "tick")  # ...the others are not
@@ -16,7 +16,7 @@ def test_each_source_is_bounded_alone() -> None:
 
 
 def test_sources_are_taken_in_turn_and_each_keeps_its_order() -> None:
-    q: InboundQueue[str] = InboundQueue(100)
+    q: InboundQueue[str] = InboundQueue(100, 1 << 20)
     for i in range(5):
         q.put(1, f"a{i}")
     q.put(2, "b0")
@@ -28,7 +28,7 @@ def test_sources_are_taken_in_turn_and_each_keeps_its_order() -> None:
 
 
 def test_a_source_that_comes_back_joins_the_end_of_the_line() -> None:
-    q: InboundQueue[str] = InboundQueue(100)
+    q: InboundQueue[str] = InboundQueue(100, 1 << 20)
     q.put(1, "a0")
     q.put(2, "b0")
     assert q.take(1) == ["a0"]
@@ -38,7 +38,7 @@ def test_a_source_that_comes_back_joins_the_end_of_the_line() -> None:
 
 
 async def test_wait_returns_once_something_is_queued_and_blocks_when_empty() -> None:
-    q: InboundQueue[str] = InboundQueue(10)
+    q: InboundQueue[str] = InboundQueue(10, 1 << 20)
     waiter = asyncio.create_task(q.wait())
     await asyncio.sleep(0)
     assert not waiter.done()
@@ -49,3 +49,14 @@ async def test_wait_returns_once_something_is_queued_and_blocks_when_empty() -> 
     await asyncio.sleep(0)
     assert not again.done()  # emptied: waits again
     again.cancel()
+
+
+def test_each_source_is_bounded_in_bytes_and_a_first_large_event_still_gets_in() -> None:
+    q: InboundQueue[str] = InboundQueue(100, 1_000)
+    assert q.put(1, "huge", 5_000)  # alone in its queue: taken, or it never could be
+    assert not q.put(1, "small", 1)  # over the bound until the core takes the first
+    assert q.put(2, "b", 900) and q.put(2, "c", 100) and not q.put(2, "d", 1)
+    assert q.queued_bytes(2) == 1_000
+    assert q.take(10) == ["huge", "b", "c"]
+    assert q.queued_bytes(1) == q.queued_bytes(2) == 0
+    assert q.put(1, "small", 1)
