@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,18 @@ from quorumgate.replica.types import Envelope, SyncRequest, Vote
 from quorumgate.replica.wire import envelope_to_pb
 
 
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[ReplicaNode]:
+    """Member 0 of a fresh 4-member cluster, started (it has no peers up), stopped after."""
+    spec = init_cluster(tmp_path / "c", 4)
+    started = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
+    await started.start()
+    try:
+        yield started
+    finally:
+        await started.stop()
+
+
 def test_a_send_queue_is_bounded_in_bytes_not_only_in_messages() -> None:
     """A slow peer used to cost up to 8,192 queued messages of any size: with full blocks
     that is gigabytes. The queue now keeps at most SEND_QUEUE_BYTES_MAX bytes, dropping the
@@ -47,115 +60,95 @@ def test_a_send_queue_is_bounded_in_bytes_not_only_in_messages() -> None:
     assert len(drops) == sent - len(link._queue) > 0
 
 
-async def test_sync_requests_are_answered_a_bounded_number_at_a_time(tmp_path: Path) -> None:
+async def test_sync_requests_are_answered_a_bounded_number_at_a_time(node: ReplicaNode) -> None:
     """One task per SyncRequest, unbounded, was a peer's way to make us read the store as
     often as it liked; now at most SYNC_SERVING_PER_PEER_MAX run per peer, the rest are
     dropped and counted."""
-    spec = init_cluster(tmp_path / "c", 4)
-    node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
-    await node.start()
-    try:
-        request = envelope_to_pb(Envelope(spec.chain_id, 1, SyncRequest(1, 16)))
-        for _ in range(100):
-            node.on_peer_message(request)  # no await between them: none can finish
-        busy = node.metrics.dropped.labels("sync_busy")._value.get()
-        assert busy == 100 - SYNC_SERVING_PER_PEER_MAX
-    finally:
-        await node.stop()
+    spec = node.spec
+    request = envelope_to_pb(Envelope(spec.chain_id, 1, SyncRequest(1, 16)))
+    for _ in range(100):
+        node.on_peer_message(request)  # no await between them: none can finish
+    busy = node.metrics.dropped.labels("sync_busy")._value.get()
+    assert busy == 100 - SYNC_SERVING_PER_PEER_MAX
 
 
 async def test_a_peer_flooding_sync_requests_cannot_starve_another_peers_catch_up(
-    tmp_path: Path,
+    node: ReplicaNode,
 ) -> None:
     """The bound above was one for all peers: a Byzantine member that kept it full (a
     flood of requests, each holding a slot while the store is read) had every honest
     member's catch-up request dropped as `sync_busy`, at every replica it flooded, and a
     replica left behind could then never catch up. Each member now has slots of its own."""
-    spec = init_cluster(tmp_path / "c", 4)
-    node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
-    await node.start()
-    try:
-        flood = envelope_to_pb(Envelope(spec.chain_id, 1, SyncRequest(1, 16)))
-        for _ in range(100):
-            node.on_peer_message(flood)
-        dropped = node.metrics.dropped.labels("sync_busy")
-        flooded = dropped._value.get()
-        assert flooded == 100 - SYNC_SERVING_PER_PEER_MAX
-        honest = envelope_to_pb(Envelope(spec.chain_id, 2, SyncRequest(1, 16)))
-        node.on_peer_message(honest)  # still no await: the flood's answers still run
-        assert dropped._value.get() == flooded, "the honest member's request was dropped"
-    finally:
-        await node.stop()
+    spec = node.spec
+    flood = envelope_to_pb(Envelope(spec.chain_id, 1, SyncRequest(1, 16)))
+    for _ in range(100):
+        node.on_peer_message(flood)
+    dropped = node.metrics.dropped.labels("sync_busy")
+    flooded = dropped._value.get()
+    assert flooded == 100 - SYNC_SERVING_PER_PEER_MAX
+    honest = envelope_to_pb(Envelope(spec.chain_id, 2, SyncRequest(1, 16)))
+    node.on_peer_message(honest)  # still no await: the flood's answers still run
+    assert dropped._value.get() == flooded, "the honest member's request was dropped"
 
 
 async def test_a_peer_flooding_messages_cannot_crowd_out_another_peers_or_our_ticks(
-    tmp_path: Path,
+    node: ReplicaNode,
 ) -> None:
     """The core loop's inbound queue was one for all: a member streaming messages faster
     than the core judged them (each vote costs an Ed25519 check) filled it, and then every
     other member's votes and proposals, and this replica's own pacemaker ticks, were
     dropped as `inbound_full` — one faulty member could stall every honest one. Each
     source now has its own bound, and the core loop takes from the sources in turn."""
-    spec = init_cluster(tmp_path / "c", 4)
-    node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
-    await node.start()
-    try:
+    spec = node.spec
 
-        def vote(sender: int, view: int) -> pb.ConsensusMessage:
-            junk = Vote(view, 1, bytes(32), sender, bytes(64))
-            return envelope_to_pb(Envelope(spec.chain_id, sender, junk))
+    def vote(sender: int, view: int) -> pb.ConsensusMessage:
+        junk = Vote(view, 1, bytes(32), sender, bytes(64))
+        return envelope_to_pb(Envelope(spec.chain_id, sender, junk))
 
-        flood = INBOUND_EVENTS_PER_SOURCE_MAX + 1_000
-        for view in range(flood):  # no await between them: the core loop takes none
-            node.on_peer_message(vote(1, view + 10))
-        full = node.metrics.dropped.labels("inbound_full")
-        assert full._value.get() == flood - INBOUND_EVENTS_PER_SOURCE_MAX
-        node.on_peer_message(vote(2, 10))
-        assert full._value.get() == flood - INBOUND_EVENTS_PER_SOURCE_MAX, "peer 2's dropped"
-        assert node.enqueue(_Tick()), "our own tick was dropped"
-        # The next batch the core loop takes holds peer 2's vote and the tick, whatever is
-        # still queued behind them from peer 1.
-        batch = node._events.take(EVENTS_PER_BATCH_MAX)
-        senders = [e.sender for e in batch if isinstance(e, Envelope)]
-        assert 2 in senders and any(isinstance(e, _Tick) for e in batch)
-    finally:
-        await node.stop()
+    flood = INBOUND_EVENTS_PER_SOURCE_MAX + 1_000
+    for view in range(flood):  # no await between them: the core loop takes none
+        node.on_peer_message(vote(1, view + 10))
+    full = node.metrics.dropped.labels("inbound_full")
+    assert full._value.get() == flood - INBOUND_EVENTS_PER_SOURCE_MAX
+    node.on_peer_message(vote(2, 10))
+    assert full._value.get() == flood - INBOUND_EVENTS_PER_SOURCE_MAX, "peer 2's dropped"
+    assert node.enqueue(_Tick()), "our own tick was dropped"
+    # The next batch the core loop takes holds peer 2's vote and the tick, whatever is
+    # still queued behind them from peer 1.
+    batch = node._events.take(EVENTS_PER_BATCH_MAX)
+    senders = [e.sender for e in batch if isinstance(e, Envelope)]
+    assert 2 in senders and any(isinstance(e, _Tick) for e in batch)
 
 
 async def test_a_gossiped_batch_with_a_forged_signature_is_dropped_at_the_first_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    node: ReplicaNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Gossip is checked inline, one Ed25519 check per transaction: a member sending
     batches of 512 forged transactions cost every replica 512 checks per message. An honest
     member gossips only what it admitted, so a signature that does not verify (or bytes
     that do not parse, or another chain) proves the sender faulty: the rest of its batch is
     dropped unchecked and the batch counted as `forged_gossip`."""
-    spec = init_cluster(tmp_path / "c", 4)
-    node = ReplicaNode(spec, 0, Ed25519Signer(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
-    await node.start()
-    try:
-        key = SigningKey(bytes(range(32)))
-        payload = Proposal(run_id="r", tool="kb.search", target="https://example.com/")
-        good = [tx.build(spec.chain_id, nonce, payload, key) for nonce in range(1, 513)]
+    spec = node.spec
+    key = SigningKey(bytes(range(32)))
+    payload = Proposal(run_id="r", tool="kb.search", target="https://example.com/")
+    good = [tx.build(spec.chain_id, nonce, payload, key) for nonce in range(1, 513)]
 
-        def forged(data: bytes) -> bytes:
-            signed = tx.parse(data, verify=False).signed
-            flipped = bytes([signed.signature[0] ^ 1]) + signed.signature[1:]
-            return tx.encode_signed(replace(signed, signature=flipped))
+    def forged(data: bytes) -> bytes:
+        signed = tx.parse(data, verify=False).signed
+        flipped = bytes([signed.signature[0] ^ 1]) + signed.signature[1:]
+        return tx.encode_signed(replace(signed, signature=flipped))
 
-        batch = pb.ConsensusMessage(chain_id=spec.chain_id, sender=1)
-        batch.tx_batch.txs.extend(forged(t) for t in good)
-        checks = []
-        real = tx.verify_signature
-        monkeypatch.setattr(tx, "verify_signature", lambda s: checks.append(1) or real(s))
-        node.on_peer_message(batch)
-        assert len(checks) == 1, f"{len(checks)} signatures checked"
-        assert node.metrics.dropped.labels("forged_gossip")._value.get() == 1
-        assert node.mempool.size == 0
-        # An honest batch after it is taken whole (the check is per batch, not a ban).
-        honest = pb.ConsensusMessage(chain_id=spec.chain_id, sender=2)
-        honest.tx_batch.txs.extend(good[:8])
-        node.on_peer_message(honest)
-        assert node.mempool.size == 8
-    finally:
-        await node.stop()
+    batch = pb.ConsensusMessage(chain_id=spec.chain_id, sender=1)
+    batch.tx_batch.txs.extend(forged(t) for t in good)
+    checks = []
+    real = tx.verify_signature
+    monkeypatch.setattr(tx, "verify_signature", lambda s: checks.append(1) or real(s))
+    node.on_peer_message(batch)
+    assert len(checks) == 1, f"{len(checks)} signatures checked"
+    assert node.metrics.dropped.labels("forged_gossip")._value.get() == 1
+    assert node.mempool.size == 0
+    # An honest batch after it is taken whole (the check is per batch, not a ban).
+    honest = pb.ConsensusMessage(chain_id=spec.chain_id, sender=2)
+    honest.tx_batch.txs.extend(good[:8])
+    node.on_peer_message(honest)
+    assert node.mempool.size == 8
