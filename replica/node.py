@@ -393,15 +393,15 @@ class ReplicaNode:
         except RemoteError as err:
             self.metrics.dropped.labels(err.reason).inc()
             return
+        sender = envelope.sender
+        if not self.membership.is_member(sender) or sender == self.index:
+            self.metrics.dropped.labels("non_member").inc()
+            return
         if isinstance(envelope.message, SyncRequest):
             # Catch-up answers read the store off the core loop, at most
             # SYNC_SERVING_PER_PEER_MAX at a time for each peer: a peer that floods
             # requests gets the rest dropped and counted (issue 14: one unbounded task
             # each), and cannot take another peer's turn (stop 27: one bound for all did).
-            sender = envelope.sender
-            if not self.membership.is_member(sender) or sender == self.index:
-                self.metrics.dropped.labels("non_member").inc()
-                return
             if self._sync_serving.get(sender, 0) >= SYNC_SERVING_PER_PEER_MAX:
                 self.metrics.dropped.labels("sync_busy").inc()
                 return
@@ -409,10 +409,7 @@ class ReplicaNode:
             task = asyncio.create_task(self._answer_sync(envelope))
             task.add_done_callback(functools.partial(self._sync_answered, sender))
             return
-        if not self.membership.is_member(envelope.sender) or envelope.sender == self.index:
-            self.metrics.dropped.labels("non_member").inc()
-            return
-        self.enqueue(envelope, envelope.sender, message.ByteSize())
+        self.enqueue(envelope, sender, message.ByteSize())
 
     def _sync_answered(self, sender: int, task: asyncio.Task[None]) -> None:
         self._sync_serving[sender] -= 1
