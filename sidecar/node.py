@@ -24,12 +24,13 @@ them, so at least f+1 honest), so the engine runs with `verify_signatures=False`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
 from collections import Counter as Tally
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
 from nacl.signing import SigningKey
@@ -67,6 +68,7 @@ from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
+from quorumgate.sidecar.waits import CallerKind, HeightIndex, WaitSlots
 from quorumgate.sidecar.wire import receipt_to_pb, registry_content
 
 RECONNECT_DELAY_S_MIN = 0.05
@@ -76,6 +78,11 @@ ROOTS_RESENT_ON_CONNECT = 256
 METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 OWN_TXS_MAX = 64  # transactions a Receipts request may name as its own
 RECEIPT_WAIT_MS_MAX = 1000  # how long one GetReceipt long poll may wait (a client asks again)
+READ_REFUSAL_DETAIL = "a verdict answers the owner, members, auditors and the agent it is about"
+WAITS_FULL_DETAIL = (
+    "this key, or every key of its kind together, holds as many waiting reads (Receipts "
+    "streams, long polls) as a sidecar allows (sidecar/waits.py); close one and ask again"
+)
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
 METHOD_PENDING = "/qgpb.Sidecar/Pending"
@@ -133,6 +140,19 @@ class SidecarMetrics:
             "1 when this sidecar's state root differs from a committed one (stopped)",
             registry=r,
         )
+        self.read_waits = Gauge(
+            "qg_sidecar_read_waits",
+            "Reads held waiting for a height (long polls, Receipts streams, Registry), "
+            "by kind of caller",
+            ["caller"],
+            registry=r,
+        )
+        self.read_waits_refused = Counter(
+            "qg_sidecar_read_waits_refused",
+            "Reads refused a wait: the caller's key or kind held all it may (sidecar/waits.py)",
+            ["caller", "method"],
+            registry=r,
+        )
         self.execute_latency = Histogram(
             "qg_sidecar_block_seconds",
             "Executing and durably recording one block",
@@ -171,6 +191,10 @@ class Sidecar:
         self._roots: deque[tuple[int, bytes]] = deque()  # executed, not yet reported
         self._root_turns = StreamTurns()
         self._recent_receipts: OrderedDict[int, list[spb.ReceiptBatch]] = OrderedDict()
+        # Whose verdicts each of those heights holds: a waiting reader is answered, or
+        # left waiting, without a store read per height (sidecar/waits.py).
+        self._recent_index: OrderedDict[int, HeightIndex] = OrderedDict()
+        self.waits = WaitSlots()
         self._pending_txs: OrderedDict[bytes, bytes] = OrderedDict()
         self._server: grpc.aio.Server | None = None
         self.failstop = FailStop()
@@ -294,8 +318,13 @@ class Sidecar:
                 for leaf, path in zip(executed.leaves, executed.paths, strict=True)
             ],
         )
+        self._recent_index[height] = HeightIndex.of(
+            executed.leaves, [v.principal for v in result.verdicts]
+        )
         while len(self._recent_receipts) > RECENT_RECEIPT_HEIGHTS:
             self._recent_receipts.popitem(last=False)
+        while len(self._recent_index) > RECENT_RECEIPT_HEIGHTS:
+            self._recent_index.popitem(last=False)
         m = self.metrics
         m.executed_height.set(height)
         m.replica_height.set(self.replica_height)
@@ -398,12 +427,40 @@ class Sidecar:
         of the stream)."""
         store = self.store
         assert store is not None
+        index = self._recent_index.get(height)
+        if index is not None and not index.mine(agent_id, own):
+            return []  # nothing of theirs at this height: no store read
         entries = await store.ledger_at(height)
         mine = {e.index for e in entries if e.principal == agent_id or e.tx_id in own}
         if not mine:
             return []
         receipts = [r for r in await store.receipts_at(height) if r.leaf.index in mine]
         return receipt_batches(height, receipts)
+
+    def may_answer(self, proposal_id: bytes, after: int, upto: int) -> bool:
+        """Whether a verdict for `proposal_id` may be among heights `after`+1 .. `upto`:
+        False only when each of them is a recent height known not to hold one."""
+        for height in range(after + 1, upto + 1):
+            index = self._recent_index.get(height)
+            if index is None or proposal_id in index.proposal_ids:
+                return True
+        return False
+
+    @contextlib.contextmanager
+    def holding_wait(self, key: bytes, kind: CallerKind, method: str) -> Iterator[bool]:
+        """A wait slot for `key` while the block runs (True), or False if it or its kind
+        holds all it may (sidecar/waits.py); counted either way."""
+        m = self.metrics
+        if not self.waits.take(key, kind):
+            m.read_waits_refused.labels(kind.value, method).inc()
+            yield False
+            return
+        m.read_waits.labels(kind.value).set(self.waits.held(kind))
+        try:
+            yield True
+        finally:
+            self.waits.give_back(key, kind)
+            m.read_waits.labels(kind.value).set(self.waits.held(kind))
 
     async def wait_executed(self, height: int) -> None:
         store = self.store
@@ -485,6 +542,12 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         agent = engine.state.agent_by_key.get(key) if engine is not None else None
         return key, role_of(spec, key), agent
 
+    @staticmethod
+    def _kind(role: Role | None, agent: str | None) -> CallerKind:
+        if role is not None:
+            return CallerKind.ROLE
+        return CallerKind.STRANGER if agent is None else CallerKind.AGENT
+
     async def _refuse_if_damaged(self, context: grpc.aio.ServicerContext) -> None:
         if self.sidecar.store_damaged:
             await context.abort(
@@ -505,26 +568,21 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         # (a proposal id is sha256(signer || nonce)), and an agent may read a verdict whose
         # principal it is (a confirmation it made).
         signed_it = request.nonce > 0 and tx_id(key, request.nonce) == request.proposal_id
-        receipt = await store.receipt(request.proposal_id)
-        if request.wait_ms:
-            # a long poll: answer as soon as this sidecar has executed the (newer) verdict,
-            # instead of the client asking again and again
-            loop = asyncio.get_running_loop()
-            until = loop.time() + min(request.wait_ms, RECEIPT_WAIT_MS_MAX) / 1000
-            while receipt is None or receipt.leaf.height <= request.newer_than:
-                remaining = until - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(
-                        self.sidecar.wait_executed(store.executed_height + 1), remaining
-                    )
-                except TimeoutError:
-                    break
-                receipt = await store.receipt(request.proposal_id)
         own = {
             o.tx_id for o in request.own[:OWN_TXS_MAX] if o.nonce and tx_id(key, o.nonce) == o.tx_id
         }
+        if role is None and agent is None and not signed_it and not own:
+            # no verdict could ever answer this caller: refused now, not after a wait
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, READ_REFUSAL_DETAIL)
+        seen = store.executed_height  # before the read: nothing recorded after it is missed
+        receipt = await store.receipt(request.proposal_id)
+        if request.wait_ms and (receipt is None or receipt.leaf.height <= request.newer_than):
+            # a long poll: answer as soon as this sidecar has executed the (newer) verdict,
+            # instead of the client asking again and again; past the caller's share of
+            # waits, answered now, as a poll is
+            with self.sidecar.holding_wait(key, self._kind(role, agent), "GetReceipt") as held:
+                if held:
+                    receipt = await self._wait_for_receipt(request, receipt, seen)
         answered_by_own = receipt is not None and receipt.leaf.tx_id in own
         if role is None and not signed_it and not answered_by_own:
             principal = (
@@ -533,10 +591,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                 else None
             )
             if agent is None or principal != agent:
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    "a verdict answers the owner, members, auditors and the agent it is about",
-                )
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, READ_REFUSAL_DETAIL)
         reply = spb.ReceiptReply(found=receipt is not None, executed_height=store.executed_height)
         if receipt is not None:
             reply.receipt.CopyFrom(receipt_to_pb(receipt))
@@ -544,6 +599,30 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             if card is not None:
                 reply.card = card
         return reply
+
+    async def _wait_for_receipt(
+        self, request: spb.ReceiptRequest, receipt: Receipt | None, seen: int
+    ) -> Receipt | None:
+        """Wait, at most `wait_ms` (capped), for a verdict answering the request above
+        `newer_than`; the store is read again only after a height that may hold one."""
+        sidecar = self.sidecar
+        store = sidecar.store
+        assert store is not None
+        loop = asyncio.get_running_loop()
+        until = loop.time() + min(request.wait_ms, RECEIPT_WAIT_MS_MAX) / 1000
+        while receipt is None or receipt.leaf.height <= request.newer_than:
+            remaining = until - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(sidecar.wait_executed(seen + 1), remaining)
+            except TimeoutError:
+                break
+            now = store.executed_height
+            if sidecar.may_answer(request.proposal_id, seen, now):
+                receipt = await store.receipt(request.proposal_id)
+            seen = now
+        return receipt
 
     async def Receipts(
         self, request: spb.ReceiptsRequest, context: grpc.aio.ServicerContext
@@ -563,18 +642,21 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                 grpc.StatusCode.PERMISSION_DENIED,
                 "verdicts answer the owner, members, auditors, and an agent its own",
             )
-        height = max(1, request.from_height)
-        while True:
-            if height > store.executed_height:
-                await sidecar.wait_executed(height)
-                continue
-            if role is not None:
-                for batch in await sidecar.receipt_batches(height):
-                    yield batch
-            else:  # an agent: its own verdicts, nobody else's
-                for batch in await sidecar.own_receipt_batches(height, agent, own):
-                    yield batch
-            height += 1
+        with sidecar.holding_wait(key, self._kind(role, agent), "Receipts") as held:
+            if not held:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, WAITS_FULL_DETAIL)
+            height = max(1, request.from_height)
+            while True:
+                if height > store.executed_height:
+                    await sidecar.wait_executed(height)
+                    continue
+                if role is not None:
+                    for batch in await sidecar.receipt_batches(height):
+                        yield batch
+                else:  # an agent: its own verdicts, nobody else's
+                    for batch in await sidecar.own_receipt_batches(height, agent, own):
+                        yield batch
+                height += 1
 
     async def Admit(
         self, request: spb.AdmitRequest, context: grpc.aio.ServicerContext
@@ -630,7 +712,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         sidecar = self.sidecar
         engine, store = sidecar.engine, sidecar.store
         assert engine is not None and store is not None
-        _, role, agent = await self._caller(context, METHOD_REGISTRY)
+        key, role, agent = await self._caller(context, METHOD_REGISTRY)
         if role is None and agent is None:
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -638,14 +720,17 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             )
         height = request.height or store.executed_height
         if height > store.executed_height:
-            try:
-                async with asyncio.timeout(REGISTRY_WAIT_S):
-                    await sidecar.wait_executed(height)
-            except TimeoutError:
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"height {height} not executed here yet (executed {store.executed_height})",
-                )
+            with sidecar.holding_wait(key, self._kind(role, agent), "Registry") as held:
+                if not held:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, WAITS_FULL_DETAIL)
+                try:
+                    async with asyncio.timeout(REGISTRY_WAIT_S):
+                        await sidecar.wait_executed(height)
+                except TimeoutError:
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"height {height} not executed here yet (executed {store.executed_height})",
+                    )
         root = await store.root_at(height) if height else b""
         # No await from here on: the content is the engine's state at this moment.
         if sidecar.registry_since > height or root is None:
