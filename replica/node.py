@@ -52,7 +52,7 @@ from quorumgate.replica.actions import (
     StoreBlock,
     check_send_allowed,
 )
-from quorumgate.replica.channels import add_server_port
+from quorumgate.replica.channels import Reader, add_server_port
 from quorumgate.replica.client_api import ClientApi
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
@@ -136,7 +136,9 @@ class ReplicaNode:
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
         self.store: ReplicaStore | None = None
         self.core: Core | None = None
-        self.sidecar = SidecarLink(spec, index, self.metrics, self._new_root)
+        self.sidecar = SidecarLink(
+            spec, index, self.metrics, self._new_root, Reader.of_signer(signer)
+        )
         self.peers = PeerNetwork(spec, index, signer, self.metrics, self.on_peer_message)
         self._roots_queued = False
         self._events: InboundQueue[Event] = InboundQueue(

@@ -19,7 +19,7 @@ from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.reports import root_report_statement
-from quorumgate.replica.channels import aio_channel
+from quorumgate.replica.channels import Reader, aio_channel
 from quorumgate.replica.crypto import ed25519_verify
 from quorumgate.replica.metrics import ReplicaMetrics
 
@@ -75,6 +75,7 @@ class SidecarLink:
         index: int,
         metrics: ReplicaMetrics,
         on_new_root: Callable[[], None],
+        reader: Reader,
     ) -> None:
         self.spec = spec
         self.index = index
@@ -83,13 +84,14 @@ class SidecarLink:
         self.metrics = metrics
         self.roots = SidecarRoots()
         self._on_new_root = on_new_root
+        self._reader = reader  # our consensus key: the sidecar answers admission to it only
         self._channel: grpc.aio.Channel | None = None
         self._stub: spb_grpc.SidecarStub | None = None
         # Admission batches waiting for the sidecar to execute a height (bounded).
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def open(self) -> None:
-        self._channel = aio_channel(self.spec, self.index, "sidecar")
+        self._channel = aio_channel(self.spec, self.index, "sidecar", reader=self._reader)
         self._stub = spb_grpc.SidecarStub(self._channel)
 
     async def close(self) -> None:

@@ -84,6 +84,9 @@ WAITS_FULL_DETAIL = (
     "streams, long polls) as a sidecar allows (sidecar/waits.py); close one and ask again"
 )
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
+METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
+METHOD_ADMIT = "/qgpb.Sidecar/Admit"
+METHOD_ADMIT_BATCH = "/qgpb.Sidecar/AdmitBatch"
 METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
 METHOD_PENDING = "/qgpb.Sidecar/Pending"
 # Signed proposals of open cards kept in memory (filled as blocks execute; after a restart
@@ -658,11 +661,24 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                         yield batch
                 height += 1
 
+    async def _refuse_unless_own_replica(
+        self, context: grpc.aio.ServicerContext, method: str
+    ) -> None:
+        """Admission answers this node's replica only: it tells whether a key is a
+        registered agent and which of its nonces are used, and `AdmitBatch` takes the
+        caller's word that the signatures were checked."""
+        key, _, _ = await self._caller(context, method)
+        if key != self.sidecar.member.public_key:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, "admission answers this node's replica only"
+            )
+
     async def Admit(
         self, request: spb.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> spb.AdmitReply:
         engine = self.sidecar.engine
         assert engine is not None
+        await self._refuse_unless_own_replica(context, METHOD_ADMIT)
         if self.sidecar.diverged:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "sidecar diverged")
         result = engine.admission_check(request.tx)
@@ -676,6 +692,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     ) -> spb.AdmitBatchReply:
         engine = self.sidecar.engine
         assert engine is not None
+        await self._refuse_unless_own_replica(context, METHOD_ADMIT_BATCH)
         if self.sidecar.diverged:
             # A diverged sidecar's state is not the cluster's: it answers no admission.
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "sidecar diverged")
@@ -701,6 +718,14 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         sidecar = self.sidecar
         engine, store = sidecar.engine, sidecar.store
         assert engine is not None and store is not None
+        key, role, _ = await self._caller(context, METHOD_ACCOUNT)
+        if role is None and key != request.signer:
+            # whether a key is registered, and how many transactions it made, is the
+            # registry's to tell: its own key, the owner, members and auditors
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "an account answers its own key, the owner, members and auditors",
+            )
         nxt = engine.next_nonce(request.signer)
         return spb.AccountReply(
             known=nxt is not None, next_nonce=nxt or 0, executed_height=store.executed_height

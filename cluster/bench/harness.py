@@ -842,8 +842,9 @@ async def _accounts(spec: ClusterSpec, signers: Sequence[bytes]) -> list[tuple[b
     nonce = [1] * len(signers)
     answered = 0
     semaphore = asyncio.Semaphore(ACCOUNT_CALLS_IN_FLIGHT_MAX)
+    reader = owner_reader(spec)  # an account answers its own key and the cluster's roles
     for m in spec.members:
-        async with aio_channel(spec, m.index, "sidecar") as ch:
+        async with aio_channel(spec, m.index, "sidecar", reader=reader) as ch:
             stub = spb_grpc.SidecarStub(ch)
 
             async def one(i: int, stub: spb_grpc.SidecarStub = stub) -> spb.AccountReply:

@@ -174,6 +174,7 @@ METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
 METHOD_PENDING = "/qgpb.Sidecar/Pending"
+METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
 DELEGATION_TTL_S_DEFAULT = 3600.0
 # A SyncClient call never blocks longer than this, whatever the coroutine's own deadlines
 # (they are all shorter); a safety net against a stuck channel, not a tuning knob.
@@ -726,7 +727,9 @@ class Client:
         needed = self.spec.f + 1
         answers = await self._sidecar_calls(
             lambda stub: stub.Account(
-                spb.AccountRequest(signer=self.public_key), timeout=self.rpc_timeout_s
+                spb.AccountRequest(signer=self.public_key),
+                timeout=self.rpc_timeout_s,
+                metadata=self._read_auth(METHOD_ACCOUNT),
             ),
             enough=needed,
         )

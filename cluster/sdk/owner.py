@@ -52,8 +52,9 @@ class OwnerError(Exception):
 def next_nonce(spec: ClusterSpec, signer: bytes) -> tuple[bool, int]:
     """(known, next nonce) for `signer`, the highest that f+1 sidecars agree is at least."""
     answers: list[tuple[bool, int]] = []
+    reader = owner_reader(spec)  # an account answers its own key and the cluster's roles
     for m in spec.members:
-        with sync_channel(spec, m.index, "sidecar") as channel:
+        with sync_channel(spec, m.index, "sidecar", reader=reader) as channel:
             stub = spb_grpc.SidecarStub(channel)
             try:
                 reply = stub.Account(spb.AccountRequest(signer=signer), timeout=RPC_TIMEOUT_S)

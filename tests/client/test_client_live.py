@@ -31,7 +31,7 @@ from quorumgate.proto.clusterfile import (
 from quorumgate.proto.limits import NONCE_WINDOW
 from quorumgate.proto.model import Argument, Outcome, Proposal
 from quorumgate.proto.tx import tx_id
-from quorumgate.replica.channels import aio_channel, sync_channel
+from quorumgate.replica.channels import Reader, aio_channel, sync_channel
 from quorumgate.sdk.client import (
     Client,
     ClusterUnavailable,
@@ -554,7 +554,7 @@ async def _all_sidecars_past(spec: ClusterSpec, key: SigningKey, next_nonce: int
     request = spb.AccountRequest(signer=bytes(key.verify_key))
     deadline = asyncio.get_running_loop().time() + 30
     for member in spec.members:
-        async with aio_channel(spec, member.index, "sidecar") as channel:
+        async with aio_channel(spec, member.index, "sidecar", reader=Reader.of(key)) as channel:
             stub = spb_grpc.SidecarStub(channel)
             while (await stub.Account(request, timeout=5)).next_nonce < next_nonce:
                 assert asyncio.get_running_loop().time() < deadline, "sidecar never caught up"

@@ -9,8 +9,14 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, init_cluster, read_seed
+from quorumgate.proto.clusterfile import (
+    CONSENSUS_KEY_FILE,
+    RECEIPT_KEY_FILE,
+    init_cluster,
+    read_seed,
+)
 from quorumgate.proto.reports import root_report_statement
+from quorumgate.replica.channels import Reader
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.sidecar_link import EXECUTED_WAITERS_MAX, SidecarLink
 
@@ -18,7 +24,8 @@ from quorumgate.replica.sidecar_link import EXECUTED_WAITERS_MAX, SidecarLink
 def link_and_reporter(tmp_path: Path) -> tuple[SidecarLink, SigningKey]:
     spec = init_cluster(tmp_path / "c", 4)
     key = SigningKey(read_seed(spec.node_dir(0) / RECEIPT_KEY_FILE))
-    return SidecarLink(spec, 0, ReplicaMetrics(0), lambda: None), key
+    replica = Reader.of(SigningKey(read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)))
+    return SidecarLink(spec, 0, ReplicaMetrics(0), lambda: None, replica), key
 
 
 def report(link: SidecarLink, key: SigningKey, height: int) -> bool:

@@ -1,0 +1,111 @@
+"""Who a sidecar's `Account`, `Admit` and `AdmitBatch` answer.
+
+They answered anyone, with no read statement: `Account(signer)` told a stranger whether
+any key it named is a registered agent and how many transactions it has made, and
+`AdmitBatch` trusted the caller's word that the signatures were verified, so a stranger
+could ask about transactions "signed" by any key it named (no signature needed), and have
+4,096 admission checks a call run without one signature check. The registry answers the
+owner, the members, the auditors and registered agents only; these now answer no more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import grpc
+import pytest
+from nacl.signing import SigningKey
+
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import tx
+from quorumgate.proto.clusterfile import (
+    CONSENSUS_KEY_FILE,
+    OWNER_KEY_FILE,
+    read_seed,
+)
+from quorumgate.proto.model import Admin, RegisterAgent
+from quorumgate.sidecar.node import METHOD_ACCOUNT, METHOD_ADMIT, METHOD_ADMIT_BATCH
+from tests.sidecar.standin import RPC_S, World, auth, poll, signed_call, world
+
+__all__ = ["world"]  # the fixture, used by name
+
+
+async def registered_agent(w: World) -> SigningKey:
+    """An agent the owner registered: its admin transaction committed and executed."""
+    owner = SigningKey(read_seed(w.spec.directory / OWNER_KEY_FILE))
+    agent = SigningKey.generate()
+    op = RegisterAgent(agent_id="victim", public_key=bytes(agent.verify_key), principal="")
+    top = await w.replica.commit((tx.build(w.spec.chain_id, 1, Admin(op=op), owner),))
+    await poll(lambda: w.executed == top, "the registration executed")
+    engine = w.sidecar.engine
+    assert engine is not None
+    assert engine.state.agent_by_key.get(bytes(agent.verify_key)) == "victim"
+    return agent
+
+
+def claimed_by(w: World, victim: SigningKey) -> bytes:
+    """A transaction naming `victim` as its signer, which it never signed."""
+    forger = SigningKey.generate()
+    signed = tx.parse(signed_call(w.spec, forger), verify=False).signed
+    return tx.encode_signed(replace(signed, signer=bytes(victim.verify_key)))
+
+
+async def refused(call: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call  # type: ignore[misc]
+    return caught.value.code()
+
+
+async def test_an_account_answers_its_own_key_and_the_cluster_roles_only(world: World) -> None:
+    w = world
+    victim = await registered_agent(w)
+    stranger = SigningKey.generate()
+    owner = SigningKey(read_seed(w.spec.directory / OWNER_KEY_FILE))
+    asked = spb.AccountRequest(signer=bytes(victim.verify_key))
+    stub = w.stub()
+    unsigned = stub.Account(asked, timeout=RPC_S)
+    assert await refused(unsigned) == grpc.StatusCode.UNAUTHENTICATED
+    by_stranger = stub.Account(
+        asked, timeout=RPC_S, metadata=auth(w.spec, stranger, METHOD_ACCOUNT)
+    )
+    assert await refused(by_stranger) == grpc.StatusCode.PERMISSION_DENIED
+    for reader in (victim, owner):
+        reply = await stub.Account(
+            asked, timeout=RPC_S, metadata=auth(w.spec, reader, METHOD_ACCOUNT)
+        )
+        assert (reply.known, reply.next_nonce) == (True, 1)
+    # a key asking about itself learns what it would learn by submitting: unknown
+    mine = await stub.Account(
+        spb.AccountRequest(signer=bytes(stranger.verify_key)),
+        timeout=RPC_S,
+        metadata=auth(w.spec, stranger, METHOD_ACCOUNT),
+    )
+    assert not mine.known
+
+
+async def test_admission_answers_this_nodes_replica_only(world: World) -> None:
+    w = world
+    victim = await registered_agent(w)
+    forged = claimed_by(w, victim)
+    batch = spb.AdmitBatchRequest(txs=[forged], signatures_verified=True)
+    stub = w.stub()
+    stranger = SigningKey.generate()
+    assert await refused(stub.AdmitBatch(batch, timeout=RPC_S)) == (grpc.StatusCode.UNAUTHENTICATED)
+    for caller in (
+        stranger,
+        victim,
+        SigningKey(read_seed(w.spec.node_dir(1) / CONSENSUS_KEY_FILE)),
+    ):
+        call = stub.AdmitBatch(
+            batch, timeout=RPC_S, metadata=auth(w.spec, caller, METHOD_ADMIT_BATCH)
+        )
+        assert await refused(call) == grpc.StatusCode.PERMISSION_DENIED
+        single = stub.Admit(
+            spb.AdmitRequest(tx=forged), timeout=RPC_S, metadata=auth(w.spec, caller, METHOD_ADMIT)
+        )
+        assert await refused(single) == grpc.StatusCode.PERMISSION_DENIED
+    own_replica = SigningKey(read_seed(w.spec.node_dir(0) / CONSENSUS_KEY_FILE))
+    reply = await stub.AdmitBatch(
+        batch, timeout=RPC_S, metadata=auth(w.spec, own_replica, METHOD_ADMIT_BATCH)
+    )
+    assert len(reply.replies) == 1  # its replica checked the signature before asking
