@@ -27,6 +27,7 @@ from quorumgate.replica.mempool import Admission, Mempool
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import PeerNetwork
 from quorumgate.replica.readauth import require_reader
+from quorumgate.replica.readwaits import READ_WAITS_PER_KEY_MAX, CallerKind, WaitSlots
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
@@ -91,6 +92,9 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         self._wait_committed = wait_committed
         self._status = status
         self._submissions: Counter[tuple[str, str]] = Counter()  # counted once per batch
+        # CommittedBlocks streams answer roles only, each key a bounded number at once
+        self.waits = WaitSlots()
+        metrics.read_waits.set_function(lambda: self.waits.held(CallerKind.ROLE))
 
     # ------------------------------------------------------------------ admission
 
@@ -247,17 +251,25 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         """Every argument value of every call is in these blocks: they answer the owner,
         the members and auditors only (replica/readauth.py)."""
         now_ms = int(time.time() * 1000)
-        await require_reader(self.spec, context, METHOD_COMMITTED_BLOCKS, now_ms)
-        store = self.store
-        next_height = max(request.from_height, 1)
-        while True:
-            top = store.committed_height
-            if next_height > top:
-                await self._wait_committed(next_height)
-                continue
-            end = min(top, next_height + STREAM_BLOCKS_PER_READ - 1)
-            for block in await store.committed_range(next_height, end):
-                out = cpb.CommittedBlock(height=block.height, hash=block.hash)
-                block_to_pb(block, out.block)
-                yield out
-                next_height = block.height + 1
+        key, _ = await require_reader(self.spec, context, METHOD_COMMITTED_BLOCKS, now_ms)
+        with self.waits.hold(key, CallerKind.ROLE) as held:
+            if not held:
+                self.metrics.read_waits_refused.inc()
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"this key holds {READ_WAITS_PER_KEY_MAX} CommittedBlocks streams open, "
+                    "as many as a replica allows (replica/readwaits.py); close one and ask again",
+                )
+            store = self.store
+            next_height = max(request.from_height, 1)
+            while True:
+                top = store.committed_height
+                if next_height > top:
+                    await self._wait_committed(next_height)
+                    continue
+                end = min(top, next_height + STREAM_BLOCKS_PER_READ - 1)
+                for block in await store.committed_range(next_height, end):
+                    out = cpb.CommittedBlock(height=block.height, hash=block.hash)
+                    block_to_pb(block, out.block)
+                    yield out
+                    next_height = block.height + 1

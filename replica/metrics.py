@@ -55,6 +55,15 @@ class ReplicaMetrics:
             ["reason"],
             registry=r,
         )
+        self.read_waits = Gauge(
+            "qg_replica_read_waits", "CommittedBlocks streams held open", registry=r
+        )
+        self.read_waits_refused = Counter(
+            "qg_replica_read_waits_refused",
+            "CommittedBlocks streams refused: the caller's key held all it may "
+            "(replica/readwaits.py)",
+            registry=r,
+        )
         self.refused_signatures = Counter(
             "qg_replica_safety_refusals",
             "Votes or timeouts the safety rules refused, by rule",

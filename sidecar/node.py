@@ -54,6 +54,7 @@ from quorumgate.replica.channels import Reader, add_server_port, aio_channel
 from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.readauth import Role, caller_key, role_of
+from quorumgate.replica.readwaits import CallerKind, WaitSlots
 from quorumgate.replica.transport import SERVER_OPTIONS, StreamTurns
 from quorumgate.replica.types import RemoteError
 from quorumgate.replica.wire import decode_block
@@ -68,7 +69,7 @@ from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
-from quorumgate.sidecar.waits import CallerKind, HeightIndex, WaitSlots
+from quorumgate.sidecar.waits import HeightIndex
 from quorumgate.sidecar.wire import receipt_to_pb, registry_content
 
 RECONNECT_DELAY_S_MIN = 0.05
@@ -81,7 +82,7 @@ RECEIPT_WAIT_MS_MAX = 1000  # how long one GetReceipt long poll may wait (a clie
 READ_REFUSAL_DETAIL = "a verdict answers the owner, members, auditors and the agent it is about"
 WAITS_FULL_DETAIL = (
     "this key, or every key of its kind together, holds as many waiting reads (Receipts "
-    "streams, long polls) as a sidecar allows (sidecar/waits.py); close one and ask again"
+    "streams, long polls) as a server allows (replica/readwaits.py); close one and ask again"
 )
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
@@ -152,7 +153,7 @@ class SidecarMetrics:
         )
         self.read_waits_refused = Counter(
             "qg_sidecar_read_waits_refused",
-            "Reads refused a wait: the caller's key or kind held all it may (sidecar/waits.py)",
+            "Reads refused a wait: the caller's key or kind held all it may (replica/readwaits.py)",
             ["caller", "method"],
             registry=r,
         )
@@ -198,6 +199,10 @@ class Sidecar:
         # left waiting, without a store read per height (sidecar/waits.py).
         self._recent_index: OrderedDict[int, HeightIndex] = OrderedDict()
         self.waits = WaitSlots()
+        for kind in CallerKind:
+            self.metrics.read_waits.labels(kind.value).set_function(
+                lambda kind=kind: self.waits.held(kind)
+            )
         self._pending_txs: OrderedDict[bytes, bytes] = OrderedDict()
         self._server: grpc.aio.Server | None = None
         self.failstop = FailStop()
@@ -452,18 +457,11 @@ class Sidecar:
     @contextlib.contextmanager
     def holding_wait(self, key: bytes, kind: CallerKind, method: str) -> Iterator[bool]:
         """A wait slot for `key` while the block runs (True), or False if it or its kind
-        holds all it may (sidecar/waits.py); counted either way."""
-        m = self.metrics
-        if not self.waits.take(key, kind):
-            m.read_waits_refused.labels(kind.value, method).inc()
-            yield False
-            return
-        m.read_waits.labels(kind.value).set(self.waits.held(kind))
-        try:
-            yield True
-        finally:
-            self.waits.give_back(key, kind)
-            m.read_waits.labels(kind.value).set(self.waits.held(kind))
+        holds all it may (replica/readwaits.py; a refusal is counted)."""
+        with self.waits.hold(key, kind) as held:
+            if not held:
+                self.metrics.read_waits_refused.labels(kind.value, method).inc()
+            yield held
 
     async def wait_executed(self, height: int) -> None:
         store = self.store

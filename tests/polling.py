@@ -8,12 +8,14 @@ and polling step.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from quorumgate.sdk.polling import poll_for
 
-__all__ = ["poll_for", "wait_until"]
+__all__ = ["poll_for", "until", "wait_until"]
 
 T = TypeVar("T")
 
@@ -31,3 +33,13 @@ def wait_until(
         return result
     seen = f"; last seen: {describe()}" if describe is not None else ""
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{seen}")
+
+
+async def until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """In an event loop whose own tasks must run meanwhile (an in-process server): yield
+    to them until `check()` holds, `timeout_s` at most, else fail naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.01)

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 from nacl.signing import SigningKey
 
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import tx
-from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, init_cluster, read_seed
+from quorumgate.proto.clusterfile import (
+    CONSENSUS_KEY_FILE,
+    OWNER_KEY_FILE,
+    RECEIPT_KEY_FILE,
+    init_cluster,
+    read_seed,
+)
 from quorumgate.proto.model import Proposal
+from quorumgate.replica.channels import Reader, aio_channel
 from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.node import (
     EVENTS_PER_BATCH_MAX,
@@ -21,6 +32,7 @@ from quorumgate.replica.node import (
     ReplicaNode,
     _Tick,
 )
+from quorumgate.replica.readwaits import READ_WAITS_PER_KEY_MAX
 from quorumgate.replica.transport import (
     SEND_QUEUE_BYTES_MAX,
     SEND_QUEUE_MESSAGES_MAX,
@@ -28,6 +40,7 @@ from quorumgate.replica.transport import (
 )
 from quorumgate.replica.types import Envelope, SyncRequest, Vote
 from quorumgate.replica.wire import envelope_to_pb
+from tests.polling import until
 
 
 @pytest.fixture
@@ -152,3 +165,42 @@ async def test_a_gossiped_batch_with_a_forged_signature_is_dropped_at_the_first_
     honest.tx_batch.txs.extend(good[:8])
     node.on_peer_message(honest)
     assert node.mempool.size == 8
+
+
+async def test_a_key_holds_a_bounded_number_of_committed_block_streams(node: ReplicaNode) -> None:
+    """Each CommittedBlocks stream waits for the next commit and then reads the store: a
+    role's key (an auditor's, say, on a tool executor's host) opening thousands of them
+    made every commit cost thousands of store reads. A key now holds at most
+    READ_WAITS_PER_KEY_MAX streams open; another key still gets its own."""
+    spec = node.spec
+    owner = Reader.of(SigningKey(read_seed(spec.directory / OWNER_KEY_FILE)))
+    sidecar = Reader.of(SigningKey(read_seed(spec.node_dir(0) / RECEIPT_KEY_FILE)))
+    ended: list[grpc.StatusCode] = []
+    channels = [aio_channel(spec, 0, reader=owner) for _ in range(6)]
+    channels.append(aio_channel(spec, 0, reader=sidecar))
+
+    async def follow(channel: grpc.aio.Channel) -> None:
+        try:
+            async for _ in cpb_grpc.ReplicaStub(channel).CommittedBlocks(cpb.BlocksRequest()):
+                pass
+        except grpc.aio.AioRpcError as err:
+            ended.append(err.code())
+
+    def waiting() -> int:
+        return len(node._commit_cond._waiters or ())
+
+    streams = [
+        asyncio.create_task(follow(channels[i % 6])) for i in range(READ_WAITS_PER_KEY_MAX + 4)
+    ]
+    try:
+        await until("4 streams refused", lambda: ended == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 4)
+        await until("the others held", lambda: waiting() == READ_WAITS_PER_KEY_MAX)
+        streams.append(asyncio.create_task(follow(channels[6])))
+        await until("another key's held", lambda: waiting() == READ_WAITS_PER_KEY_MAX + 1)
+        assert len(ended) == 4
+    finally:
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+        for channel in channels:
+            await channel.close()

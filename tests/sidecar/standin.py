@@ -29,6 +29,7 @@ from quorumgate.replica.readauth import read_auth_metadata
 from quorumgate.replica.types import Block, QuorumCert, genesis_block
 from quorumgate.replica.wire import block_to_pb
 from quorumgate.sidecar.node import Sidecar, make_sidecar
+from tests.polling import until
 
 POLL_S = 30.0  # the bound on every wait for the sidecar to do something
 RPC_S = 20.0
@@ -37,10 +38,7 @@ CALLS_PER_CHANNEL = 50  # one HTTP/2 connection carries this many of the test's 
 
 async def poll(check: Callable[[], bool], what: str) -> None:
     """Wait, bounded, for `check()`; the assertion names what never happened."""
-    deadline = time.monotonic() + POLL_S
-    while not check():
-        assert time.monotonic() < deadline, f"not within {POLL_S} s: {what}"
-        await asyncio.sleep(0.01)
+    await until(what, check, POLL_S)
 
 
 class StandInReplica(cpb_grpc.ReplicaServicer):  # type: ignore[misc]

@@ -1,5 +1,5 @@
 """What a caller may hold waiting at a sidecar, and what each executed height costs the
-sidecar for the callers waiting on it (sidecar/waits.py).
+sidecar for the callers waiting on it (replica/readwaits.py, sidecar/waits.py).
 
 One real sidecar, in this process, fed by a stand-in replica (tests/sidecar/standin.py).
 The attacker is a key the cluster does not know: it may read the verdicts of transactions it
@@ -18,9 +18,9 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, read_seed
+from quorumgate.replica.readwaits import READ_WAITS_PER_KEY_MAX, READ_WAITS_STRANGERS_MAX
 from quorumgate.sidecar import node as sidecar_node
 from quorumgate.sidecar.node import METHOD_GET_RECEIPT, METHOD_RECEIPTS
-from quorumgate.sidecar.waits import READ_WAITS_PER_KEY_MAX, READ_WAITS_STRANGERS_MAX
 from tests.sidecar.standin import RPC_S, World, auth, own, poll, signed_call, world
 
 __all__ = ["world"]  # the fixture, used by name

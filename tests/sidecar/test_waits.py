@@ -1,9 +1,11 @@
-"""The wait slots and the recent-height index on their own (sidecar/waits.py)."""
+"""The wait slots and the recent-height index on their own (replica/readwaits.py,
+sidecar/waits.py)."""
 
 from __future__ import annotations
 
+from quorumgate.replica.readwaits import CallerKind, WaitSlots
 from quorumgate.sidecar.receipts import ReceiptLeaf
-from quorumgate.sidecar.waits import CallerKind, HeightIndex, WaitSlots
+from quorumgate.sidecar.waits import HeightIndex
 
 
 def test_a_key_and_a_kind_each_hold_their_bound_and_no_other_kinds_share() -> None:
