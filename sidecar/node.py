@@ -94,6 +94,7 @@ METHOD_PENDING = "/qgpb.Sidecar/Pending"
 # read again from the replica's committed blocks): what `Pending` shows values from.
 PENDING_TXS_KEPT_MAX = 8192
 PENDING_FETCH_TIMEOUT_S = 5.0
+PENDING_FETCHES_MAX = 2  # Pending's reads of the replica's log at once (each one a stream)
 RECEIPT_BATCH_LEAVES_MAX = 4_096  # receipts per stream message (~2 MB)
 # Executed heights whose Receipts stream messages stay in memory, built once and sent to
 # every subscriber; older heights are read from the store.
@@ -204,6 +205,10 @@ class Sidecar:
                 lambda kind=kind: self.waits.held(kind)
             )
         self._pending_txs: OrderedDict[bytes, bytes] = OrderedDict()
+        # Pending's reads of the replica's log, each a stream under our receipt key: a
+        # bounded number at once, so a caller asking again and again cannot hold the
+        # streams the replica allows that key (replica/readwaits.py), our log stream's too
+        self._pending_fetches = asyncio.Semaphore(PENDING_FETCHES_MAX)
         self._server: grpc.aio.Server | None = None
         self.failstop = FailStop()
 
@@ -364,8 +369,10 @@ class Sidecar:
 
     async def proposal_transactions(self, cards: Sequence[ConfirmationCard]) -> dict[bytes, bytes]:
         """The signed proposal each card binds, by proposal id: from memory, else from the
-        replica's committed block at the card's height (one stream per height). A card
-        whose block cannot be read now is left out (the caller asks again)."""
+        replica's committed block at the card's height (one stream per height, at most
+        `PENDING_FETCHES_MAX` fetches at once). A card whose block cannot be read now, or
+        whose turn does not come within `PENDING_FETCH_TIMEOUT_S`, is left out (the caller
+        asks again)."""
         found = {c.proposal_id: self._pending_txs[c.proposal_id] for c in cards
                  if c.proposal_id in self._pending_txs}  # fmt: skip
         heights = sorted({c.created_height for c in cards if c.proposal_id not in found})
@@ -376,6 +383,7 @@ class Sidecar:
             reader = Reader.of(self.key)
             async with (
                 asyncio.timeout(PENDING_FETCH_TIMEOUT_S),
+                self._pending_fetches,
                 aio_channel(self.spec, self.index, "replica", reader=reader) as channel,
             ):
                 stub = cpb_grpc.ReplicaStub(channel)

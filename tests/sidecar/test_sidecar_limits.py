@@ -9,6 +9,8 @@ signed, so it may open `Receipts` streams and `GetReceipt` long polls naming the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +20,11 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, read_seed
+from quorumgate.proto.model import Tier, ToolMode
 from quorumgate.replica.readwaits import READ_WAITS_PER_KEY_MAX, READ_WAITS_STRANGERS_MAX
 from quorumgate.sidecar import node as sidecar_node
-from quorumgate.sidecar.node import METHOD_GET_RECEIPT, METHOD_RECEIPTS
+from quorumgate.sidecar.engine.statements import ConfirmationCard
+from quorumgate.sidecar.node import METHOD_GET_RECEIPT, METHOD_RECEIPTS, PENDING_FETCHES_MAX
 from tests.sidecar.standin import RPC_S, World, auth, own, poll, signed_call, world
 
 __all__ = ["world"]  # the fixture, used by name
@@ -197,3 +201,52 @@ async def test_an_executed_height_costs_no_store_read_per_waiting_caller(
         assert followers[0].got[0].height == top
     finally:
         await end([f.task for f in followers] + polls)
+
+
+async def test_fetching_the_proposals_of_cards_opens_a_bounded_number_of_streams(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Pending` reads the signed proposal of a card it no longer holds in memory (after a
+    restart) from the replica's committed block, over a stream of its own. Each call opened
+    its own, all at once, under the sidecar's key: a principal asking again and again held
+    that many streams at the replica, whose bound on a key's streams would then refuse the
+    sidecar's own log stream when it reconnects. At most PENDING_FETCHES_MAX run now; the
+    others wait their turn, and every call still gets its proposal."""
+    w = world
+    key = SigningKey.generate()
+    data = signed_call(w.spec, key)
+    top = await w.replica.commit((data,))
+    await poll(lambda: w.executed == top, "the block executed")
+    opened = {"now": 0, "max": 0}  # the sidecar's channels to its replica, opened from here
+    real = sidecar_node.aio_channel
+
+    @contextlib.asynccontextmanager
+    async def counted(*args: Any, **kwargs: Any) -> AsyncIterator[grpc.aio.Channel]:
+        async with real(*args, **kwargs) as channel:
+            opened["now"] += 1
+            opened["max"] = max(opened["max"], opened["now"])
+            try:
+                yield channel
+            finally:
+                opened["now"] -= 1
+
+    monkeypatch.setattr(sidecar_node, "aio_channel", counted)
+    card = ConfirmationCard(
+        chain_id=w.spec.chain_id,
+        proposal_id=own(key).tx_id,
+        principal="p",
+        tier=Tier.MASTER,
+        delegate_of="",
+        tool="kb.search",
+        mode=ToolMode.USER_CONFIRM,
+        min_tier=Tier.DELEGATE,
+        canonical_target="https://example.com/",
+        argument_names=(),
+        handles=(),
+        body_digest=bytes(32),
+        created_height=top,
+        expires_at_ms=10**12,
+    )
+    answers = await asyncio.gather(*(w.sidecar.proposal_transactions([card]) for _ in range(40)))
+    assert all(a == {card.proposal_id: data} for a in answers)
+    assert opened["max"] == PENDING_FETCHES_MAX, opened
