@@ -110,7 +110,8 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
             else:
                 pending.append((i, checked))
         txs = [requests[i].tx for i, _ in pending]
-        answers = await self.sidecar.admission(txs)
+        signers = [parsed.signer for _, parsed in pending]
+        answers = await self.sidecar.admission(txs, signers)
         # A refusal that only a sidecar behind the committed log would give (an agent or
         # tool registered in a block it has not executed yet) is not taken as final: the
         # sidecar gets a moment to execute what is committed, then is asked again; if it
@@ -121,7 +122,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
             not ok and reason in SIDECAR_REFUSALS_WHILE_BEHIND for ok, reason in answers
         ):
             if await self.sidecar.wait_executed(committed, ADMISSION_CATCH_UP_WAIT_S):
-                answers = await self.sidecar.admission(txs)
+                answers = await self.sidecar.admission(txs, signers)
             behind = self.sidecar.executed_height < committed
         fresh: list[bytes] = []
         for (i, parsed), (accepted, reason) in zip(pending, answers, strict=True):

@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -43,7 +44,7 @@ from quorumgate.proto.clusterfile import (
     read_seed,
 )
 from quorumgate.proto.tracing import Tracer, tx_prefix
-from quorumgate.proto.tx import TxRejected, parse, raw_tx_id
+from quorumgate.proto.tx import ParsedTx, TxRejected, parse, raw_tx_id
 from quorumgate.replica.actions import (
     Action,
     Commit,
@@ -53,7 +54,11 @@ from quorumgate.replica.actions import (
     check_send_allowed,
 )
 from quorumgate.replica.channels import Reader, add_server_port
-from quorumgate.replica.client_api import ClientApi
+from quorumgate.replica.client_api import (
+    SIDECAR_REFUSALS,
+    SIDECAR_REFUSALS_WHILE_BEHIND,
+    ClientApi,
+)
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
 from quorumgate.replica.crypto import Ed25519Signer
@@ -63,6 +68,7 @@ from quorumgate.replica.mempool import (
     BAD_SIGNATURE,
     MALFORMED,
     WRONG_CHAIN,
+    Admission,
     Mempool,
     MempoolLimits,
 )
@@ -84,6 +90,10 @@ INBOUND_EVENTS_PER_SOURCE_MAX = 5_000
 INBOUND_BYTES_PER_SOURCE_MAX = 64 * 1024 * 1024  # as a send queue's: a few full blocks
 EVENTS_PER_BATCH_MAX = 512
 REGOSSIP_TICKS = 100
+# Gossiped transactions of signers our sidecar has not accepted before go through its
+# admission check first, at most this many batches of one peer at a time (more are
+# dropped, counted `gossip_busy`: the origin gossips again).
+GOSSIP_ADMISSIONS_PER_PEER_MAX = 2
 # While the core needs no ticks (quiescent: replica/core.py), the ticker waits for the next
 # event instead, or this long at most (gauges stay fresh to within it).
 IDLE_TICK_S = 1.0
@@ -158,6 +168,7 @@ class ReplicaNode:
         self._signatures_seen: dict[str, int] = {}
         self._timeouts_seen = 0
         self._sync_serving: dict[int, int] = {}  # peer -> its catch-up answers running
+        self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -377,18 +388,7 @@ class ReplicaNode:
             if message.chain_id != self.spec.chain_id:
                 self.metrics.dropped.labels("wrong_chain").inc()
                 return
-            fresh = False
-            for tx in message.tx_batch.txs[:GOSSIP_BATCH_TXS_MAX]:
-                admission = self.mempool.admit(tx)
-                fresh = fresh or admission.accepted
-                if admission.reason in FORGED_GOSSIP_REASONS:
-                    # An honest member gossips only what it admitted, and these checks
-                    # depend on the bytes alone: the sender is faulty. The rest of its
-                    # batch goes unchecked (a batch of forgeries cost 512 Ed25519 checks).
-                    self.metrics.dropped.labels("forged_gossip").inc()
-                    break
-            if fresh:
-                self._transactions_arrived()
+            self._on_gossip(message.sender, message.tx_batch.txs[:GOSSIP_BATCH_TXS_MAX])
             return
         try:
             envelope = envelope_from_pb(message)
@@ -412,6 +412,64 @@ class ReplicaNode:
             task.add_done_callback(functools.partial(self._sync_answered, sender))
             return
         self.enqueue(envelope, sender, message.ByteSize())
+
+    def _on_gossip(self, sender: int, txs: Iterable[bytes]) -> None:
+        """A peer's batch of transactions (its stream authenticated it). Each is checked
+        here as a client's is: signature, then, unless our sidecar accepted its signer
+        before, the sidecar's admission check. A member could otherwise fill every honest
+        mempool with validly signed transactions of keys nobody registered (a fresh key
+        per transaction), and honest clients' transactions were then refused as
+        `mempool_full` everywhere."""
+        known: list[tuple[bytes, ParsedTx]] = []
+        unknown: list[tuple[bytes, ParsedTx]] = []
+        for tx in txs:
+            checked = self.mempool.precheck(tx)
+            if isinstance(checked, Admission):
+                if checked.reason in FORGED_GOSSIP_REASONS:
+                    # An honest member gossips only what it admitted, and these checks
+                    # depend on the bytes alone: the sender is faulty. The rest of its
+                    # batch goes unchecked (a batch of forgeries cost 512 Ed25519 checks).
+                    self.metrics.dropped.labels("forged_gossip").inc()
+                    break
+                continue  # already pending, or too large
+            signer_known = self.sidecar.accepted_before(checked.signer)
+            (known if signer_known else unknown).append((bytes(tx), checked))
+        self._take_gossip(known)
+        if not unknown:
+            return
+        if self._gossip_admitting.get(sender, 0) >= GOSSIP_ADMISSIONS_PER_PEER_MAX:
+            self.metrics.dropped.labels("gossip_busy").inc()
+            return
+        self._gossip_admitting[sender] = self._gossip_admitting.get(sender, 0) + 1
+        task = asyncio.create_task(self._admit_gossip(unknown))
+        task.add_done_callback(functools.partial(self._gossip_admitted, sender))
+
+    async def _admit_gossip(self, checked: list[tuple[bytes, ParsedTx]]) -> None:
+        answers = await self.sidecar.admission(
+            [data for data, _ in checked], [parsed.signer for _, parsed in checked]
+        )
+        store = self.store
+        assert store is not None
+        behind = self.sidecar.executed_height < store.committed_height
+        taken: list[tuple[bytes, ParsedTx]] = []
+        for (data, parsed), (accepted, reason) in zip(checked, answers, strict=True):
+            stale = behind and reason in SIDECAR_REFUSALS_WHILE_BEHIND
+            if not accepted and reason in SIDECAR_REFUSALS and not stale:
+                self.metrics.dropped.labels("gossip_refused").inc()
+                continue
+            taken.append((data, parsed))
+        self._take_gossip(taken)
+
+    def _take_gossip(self, checked: list[tuple[bytes, ParsedTx]]) -> None:
+        fresh = False
+        for data, parsed in checked:
+            fresh = self.mempool.admit_checked(data, parsed).accepted or fresh
+        if fresh:
+            self._transactions_arrived()
+
+    def _gossip_admitted(self, sender: int, task: asyncio.Task[None]) -> None:
+        self._gossip_admitting[sender] -= 1
+        _log_task_error(task)
 
     def _sync_answered(self, sender: int, task: asyncio.Task[None]) -> None:
         self._sync_serving[sender] -= 1

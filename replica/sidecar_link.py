@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -26,6 +27,7 @@ from quorumgate.replica.metrics import ReplicaMetrics
 STATE_ROOTS_KEPT = 4_096
 ADMIT_RPC_TIMEOUT_S = 2.0
 EXECUTED_WAITERS_MAX = 256  # admission batches held waiting for the sidecar at once
+ACCEPTED_SIGNERS_CACHED_MAX = 65_536  # signers remembered as accepted by our sidecar
 
 log = logging.getLogger("quorumgate.replica")
 
@@ -85,6 +87,8 @@ class SidecarLink:
         self.roots = SidecarRoots()
         self._on_new_root = on_new_root
         self._reader = reader  # our consensus key: the sidecar answers admission to it only
+        # Signers our sidecar accepted lately (LRU): their gossip skips the admission call.
+        self._accepted_signers: OrderedDict[bytes, None] = OrderedDict()
         self._channel: grpc.aio.Channel | None = None
         self._stub: spb_grpc.SidecarStub | None = None
         # Admission batches waiting for the sidecar to execute a height (bounded).
@@ -135,11 +139,14 @@ class SidecarLink:
             self._waiters = [(h, w) for h, w in self._waiters if w is not waiter]
         return True
 
-    async def admission(self, txs: list[bytes]) -> list[tuple[bool, str]]:
+    async def admission(
+        self, txs: list[bytes], signers: Sequence[bytes] = ()
+    ) -> list[tuple[bool, str]]:
         """Ask our sidecar, in one call, whether the engine would refuse each of `txs`
         early (unknown agent or tool, replay...); their signatures were verified here. The
         verdict at execution stays the authority, so when the sidecar cannot answer the
-        transactions go on to the mempool and to execution."""
+        transactions go on to the mempool and to execution. `signers`, if given (one per
+        transaction), are remembered where the sidecar accepted the transaction."""
         stub = self._stub
         if stub is None or not txs:
             return [(True, "")] * len(txs)
@@ -151,4 +158,21 @@ class SidecarLink:
             return [(True, "")] * len(txs)
         if len(reply.replies) != len(txs):
             return [(True, "")] * len(txs)
-        return [(r.accepted, r.reason) for r in reply.replies]
+        answers = [(r.accepted, r.reason) for r in reply.replies]
+        for signer, (accepted, _) in zip(signers, answers, strict=False):
+            if accepted:
+                self._remember_accepted(signer)
+        return answers
+
+    def accepted_before(self, signer: bytes) -> bool:
+        """Whether our sidecar accepted a transaction of `signer` lately (a registered
+        agent, principal or the owner, as far as admission goes): its gossiped
+        transactions then skip the admission call."""
+        return signer in self._accepted_signers
+
+    def _remember_accepted(self, signer: bytes) -> None:
+        cache = self._accepted_signers
+        cache[signer] = None
+        cache.move_to_end(signer)
+        while len(cache) > ACCEPTED_SIGNERS_CACHED_MAX:
+            cache.popitem(last=False)

@@ -27,6 +27,7 @@ from quorumgate.replica.channels import Reader, aio_channel
 from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.node import (
     EVENTS_PER_BATCH_MAX,
+    GOSSIP_ADMISSIONS_PER_PEER_MAX,
     INBOUND_EVENTS_PER_SOURCE_MAX,
     SYNC_SERVING_PER_PEER_MAX,
     ReplicaNode,
@@ -40,6 +41,7 @@ from quorumgate.replica.transport import (
 )
 from quorumgate.replica.types import Envelope, SyncRequest, Vote
 from quorumgate.replica.wire import envelope_to_pb
+from quorumgate.sidecar.node import Sidecar, make_sidecar
 from tests.polling import until
 
 
@@ -164,7 +166,51 @@ async def test_a_gossiped_batch_with_a_forged_signature_is_dropped_at_the_first_
     honest = pb.ConsensusMessage(chain_id=spec.chain_id, sender=2)
     honest.tx_batch.txs.extend(good[:8])
     node.on_peer_message(honest)
-    assert node.mempool.size == 8
+    # (no sidecar runs here to judge unknown signers: unchecked, they go on to the mempool)
+    await until("the honest batch taken", lambda: node.mempool.size == 8)
+
+
+@pytest.fixture
+async def node_and_sidecar(node: ReplicaNode) -> AsyncIterator[tuple[ReplicaNode, Sidecar]]:
+    """Member 0 as above, with its own sidecar running beside it."""
+    sidecar = await make_sidecar(node.spec, 0)
+    await sidecar.start()
+    try:
+        yield node, sidecar
+    finally:
+        await sidecar.stop()
+
+
+async def test_a_member_cannot_fill_our_mempool_with_keys_nobody_registered(
+    node_and_sidecar: tuple[ReplicaNode, Sidecar],
+) -> None:
+    """A client's transaction reaches the mempool only if our sidecar's admission check
+    lets it (an unknown signer is refused), but a gossiped one went straight in. A faulty
+    member gossiping validly signed transactions of fresh keys (one key each: the
+    per-signer bound does not hold them) filled every honest mempool, and honest clients'
+    transactions were then refused as `mempool_full`. Gossip now goes through the same
+    check; signers the sidecar accepted before skip it."""
+    node, _ = node_and_sidecar
+    spec = node.spec
+    payload = Proposal(run_id="r", tool="kb.search", target="https://example.com/")
+    junk = [tx.build(spec.chain_id, 1, payload, SigningKey.generate()) for _ in range(64)]
+    refused = node.metrics.dropped.labels("gossip_refused")
+    for start in (0, 32):
+        batch = pb.ConsensusMessage(chain_id=spec.chain_id, sender=1)
+        batch.tx_batch.txs.extend(junk[start : start + 32])
+        node.on_peer_message(batch)
+    await until("64 refused by the sidecar", lambda: refused._value.get() == 64)
+    assert node.mempool.size == 0
+    # a third batch while none is judged any more: one peer's batches wait their turn
+    # (at most GOSSIP_ADMISSIONS_PER_PEER_MAX at once), none is taken unchecked
+    busy = node.metrics.dropped.labels("gossip_busy")
+    for _ in range(GOSSIP_ADMISSIONS_PER_PEER_MAX + 3):
+        batch = pb.ConsensusMessage(chain_id=spec.chain_id, sender=1)
+        batch.tx_batch.txs.extend(junk[:8])
+        node.on_peer_message(batch)
+    assert busy._value.get() == 3
+    await until("the rest refused", lambda: refused._value.get() == 64 + 8 * 2)
+    assert node.mempool.size == 0
 
 
 async def test_a_key_holds_a_bounded_number_of_committed_block_streams(node: ReplicaNode) -> None:
