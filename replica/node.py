@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from prometheus_client import start_http_server
@@ -169,6 +169,7 @@ class ReplicaNode:
         self._timeouts_seen = 0
         self._sync_serving: dict[int, int] = {}  # peer -> its catch-up answers running
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
+        self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -244,6 +245,9 @@ class ReplicaNode:
     async def stop(self) -> None:
         await self.failstop.cancel_all()
         await self.peers.stop()
+        for task in list(self._peer_tasks):  # catch-up answers and gossip being judged
+            task.cancel()
+        await asyncio.gather(*self._peer_tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
         await self.sidecar.close()
@@ -404,12 +408,10 @@ class ReplicaNode:
             # SYNC_SERVING_PER_PEER_MAX at a time for each peer: a peer that floods
             # requests gets the rest dropped and counted (issue 14: one unbounded task
             # each), and cannot take another peer's turn (stop 27: one bound for all did).
-            if self._sync_serving.get(sender, 0) >= SYNC_SERVING_PER_PEER_MAX:
-                self.metrics.dropped.labels("sync_busy").inc()
-                return
-            self._sync_serving[sender] = self._sync_serving.get(sender, 0) + 1
-            task = asyncio.create_task(self._answer_sync(envelope))
-            task.add_done_callback(functools.partial(self._sync_answered, sender))
+            self._run_for_peer(
+                self._sync_serving, SYNC_SERVING_PER_PEER_MAX, sender, "sync_busy",
+                lambda: self._answer_sync(envelope),
+            )  # fmt: skip
             return
         self.enqueue(envelope, sender, message.ByteSize())
 
@@ -437,12 +439,10 @@ class ReplicaNode:
         self._take_gossip(known)
         if not unknown:
             return
-        if self._gossip_admitting.get(sender, 0) >= GOSSIP_ADMISSIONS_PER_PEER_MAX:
-            self.metrics.dropped.labels("gossip_busy").inc()
-            return
-        self._gossip_admitting[sender] = self._gossip_admitting.get(sender, 0) + 1
-        task = asyncio.create_task(self._admit_gossip(unknown))
-        task.add_done_callback(functools.partial(self._gossip_admitted, sender))
+        self._run_for_peer(
+            self._gossip_admitting, GOSSIP_ADMISSIONS_PER_PEER_MAX, sender, "gossip_busy",
+            lambda: self._admit_gossip(unknown),
+        )  # fmt: skip
 
     async def _admit_gossip(self, checked: list[tuple[bytes, ParsedTx]]) -> None:
         answers = await self.sidecar.admission(
@@ -467,13 +467,30 @@ class ReplicaNode:
         if fresh:
             self._transactions_arrived()
 
-    def _gossip_admitted(self, sender: int, task: asyncio.Task[None]) -> None:
-        self._gossip_admitting[sender] -= 1
-        _log_task_error(task)
+    def _run_for_peer(
+        self,
+        running: dict[int, int],
+        limit: int,
+        sender: int,
+        busy: str,
+        work: Callable[[], Coroutine[Any, Any, None]],
+    ) -> None:
+        """Run `work` off the core loop unless `sender` already has `limit` such tasks
+        running (then it is dropped and counted as `busy`): each peer has its own turns,
+        so one that floods cannot take another's."""
+        if running.get(sender, 0) >= limit:
+            self.metrics.dropped.labels(busy).inc()
+            return
+        running[sender] = running.get(sender, 0) + 1
 
-    def _sync_answered(self, sender: int, task: asyncio.Task[None]) -> None:
-        self._sync_serving[sender] -= 1
-        _log_task_error(task)
+        def done(task: asyncio.Task[None]) -> None:
+            running[sender] -= 1
+            self._peer_tasks.discard(task)
+            _log_task_error(task)
+
+        task = asyncio.create_task(work())
+        self._peer_tasks.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(done)
 
     async def _answer_sync(self, envelope: Envelope) -> None:
         store, core = self.store, self.core
