@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,9 +280,27 @@ def stop_nodes(
 ) -> list[int]:
     """Stop what `up` started for this directory (SIGTERM, then SIGKILL after a bound):
     each member's sidecar, then its replica. Returns the members that had something."""
-    stopped = set(_stop_kind(spec, indexes, kill, "sidecar"))
-    stopped.update(_stop_kind(spec, indexes, kill, "replica"))
+    with _interrupts_held():
+        stopped = set(_stop_kind(spec, indexes, kill, "sidecar"))
+        stopped.update(_stop_kind(spec, indexes, kill, "replica"))
     return sorted(stopped)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM are ignored while the nodes are being stopped: a second one
+    (pressed twice, or sent to the whole process group by a supervisor that also signals
+    the command: `timeout` does) used to cut the stop short and leave them running. The
+    stop is bounded (SIGKILL after `STOP_TIMEOUT_S`), so nothing waits on it for long."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals (and may set their handlers)
+        return
+    held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
 
 
 def _stop_kind(spec: ClusterSpec, indexes: list[int] | None, kill: bool, kind: str) -> list[int]:

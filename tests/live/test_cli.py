@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from quorumgate.ops.loadgen import BENCH_TOOL
 from quorumgate.proto.clusterfile import load_cluster
 from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
+from tests import polling
 from tests.live.conftest import STOP_GRACE_S, LiveCluster, cluster_pids, wait_until
 
 CLI_TIMEOUT_S = 60.0
@@ -357,15 +358,18 @@ def test_cli_init_for_several_hosts_names_each_address_with_fixed_ports(
 FOREGROUND_READY_S = 180.0
 
 
-@pytest.mark.parametrize("command", ["demo", "up"])
+@pytest.mark.parametrize(("command", "signals"), [("demo", 1), ("up", 1), ("up", 2)])
 def test_cli_foreground_command_stops_its_cluster_on_sigterm(
-    cli_dirs: Callable[[str], Path], command: str
+    cli_dirs: Callable[[str], Path], command: str, signals: int
 ) -> None:
     """A supervisor (systemd, `timeout`, a container runtime) stops a foreground `up` or
     `demo` with SIGTERM, not Ctrl-C. The command must then stop every replica and sidecar
     it started, as on Ctrl-C, and exit 0; it used to die at once and leave all 2n
-    processes running, holding the cluster's ports and store locks."""
-    directory = cli_dirs(command)
+    processes running, holding the cluster's ports and store locks. A second SIGTERM
+    while it stops them (`timeout` signals the whole process group, so a command run
+    under `scripts/dev.py` gets one from each) used to cut the stop short, with the same
+    result."""
+    directory = cli_dirs(f"{command}-{signals}")
     if command == "up":
         init(directory)
         argv, ready = ["up", "--dir", directory, "--refresh", "0.2"], "Ctrl-C stops them"
@@ -383,6 +387,14 @@ def test_cli_foreground_command_stops_its_cluster_on_sigterm(
         )
         assert len(cluster_pids(directory)) == 8, cluster_pids(directory)
         proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            polling.wait_until(  # polled often: the stop must still be under way
+                "`stopping...`",
+                lambda: True if "stopping..." in output.read_text() else None,
+                CLI_TIMEOUT_S,
+                0.005,
+            )
+            proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=CLI_TIMEOUT_S)
         assert code == 0, output.read_text()[-2000:]
         assert "Traceback" not in output.read_text()
