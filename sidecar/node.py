@@ -183,6 +183,10 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self.tracer = Tracer(f"sidecar-{index}")  # off unless QG_TRACE_DIR is set
         self.store: SidecarStore | None = None
+        # The same file read through a connection of its own: what readers ask (receipts,
+        # ledger rows, cards, roots) never queues behind, or delays, `record` on the
+        # writer's connection (WAL: readers see every committed height).
+        self.reads: SidecarStore | None = None
         self.engine: Engine | None = None
         self.diverged = ""
         self.store_damaged = ""  # set when the store fails its audit: receipts are refused
@@ -230,6 +234,7 @@ class Sidecar:
         top = self.store.executed_height
         for height in range(max(1, top - STARTUP_AUDIT_HEIGHTS + 1), top + 1):
             await self._audit(height)
+        self.reads = await SidecarStore.open(path, self.spec.chain_id, create=False, read_only=True)
         log.info(
             "event=started node=%d address=%s executed_height=%d",
             self.index,
@@ -250,6 +255,8 @@ class Sidecar:
         await self.failstop.cancel_all()
         if self._server is not None:
             await self._server.stop(0.5)
+        if self.reads is not None:
+            await self.reads.close()
         if self.store is not None:
             await self.store.close()
         log.info("event=stopped node=%d", self.index)
@@ -431,9 +438,9 @@ class Sidecar:
         cached = self._recent_receipts.get(height)
         if cached is not None:
             return cached
-        store = self.store
-        assert store is not None
-        return receipt_batches(height, await store.receipts_at(height))
+        reads = self.reads
+        assert reads is not None
+        return receipt_batches(height, await reads.receipts_at(height))
 
     async def own_receipt_batches(
         self, height: int, agent_id: str | None, own: set[bytes]
@@ -441,16 +448,16 @@ class Sidecar:
         """The Receipts stream messages of one height, holding only the verdicts whose
         principal is `agent_id` or whose transaction is in `own` (what an agent may read
         of the stream)."""
-        store = self.store
-        assert store is not None
+        reads = self.reads
+        assert reads is not None
         index = self._recent_index.get(height)
         if index is not None and not index.mine(agent_id, own):
             return []  # nothing of theirs at this height: no store read
-        entries = await store.ledger_at(height)
+        entries = await reads.ledger_at(height)
         mine = {e.index for e in entries if e.principal == agent_id or e.tx_id in own}
         if not mine:
             return []
-        receipts = [r for r in await store.receipts_at(height) if r.leaf.index in mine]
+        receipts = [r for r in await reads.receipts_at(height) if r.leaf.index in mine]
         return receipt_batches(height, receipts)
 
     def may_answer(self, proposal_id: bytes, after: int, upto: int) -> bool:
@@ -584,7 +591,9 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             # no verdict could ever answer this caller: refused now, not after a wait
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, READ_REFUSAL_DETAIL)
         seen = store.executed_height  # before the read: nothing recorded after it is missed
-        receipt = await store.receipt(request.proposal_id)
+        reads = self.sidecar.reads
+        assert reads is not None
+        receipt = await reads.receipt(request.proposal_id)
         if request.wait_ms and (receipt is None or receipt.leaf.height <= request.newer_than):
             # a long poll: answer as soon as this sidecar has executed the (newer) verdict,
             # instead of the client asking again and again; past the caller's share of
@@ -595,7 +604,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         answered_by_own = receipt is not None and receipt.leaf.tx_id in own
         if role is None and not signed_it and not answered_by_own:
             principal = (
-                await store.principal_at(receipt.leaf.height, receipt.leaf.index)
+                await reads.principal_at(receipt.leaf.height, receipt.leaf.index)
                 if receipt is not None
                 else None
             )
@@ -604,7 +613,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         reply = spb.ReceiptReply(found=receipt is not None, executed_height=store.executed_height)
         if receipt is not None:
             reply.receipt.CopyFrom(receipt_to_pb(receipt))
-            card = await store.card(request.proposal_id)
+            card = await reads.card(request.proposal_id)
             if card is not None:
                 reply.card = card
         return reply
@@ -629,7 +638,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                 break
             now = store.executed_height
             if sidecar.may_answer(request.proposal_id, seen, now):
-                receipt = await store.receipt(request.proposal_id)
+                assert sidecar.reads is not None
+                receipt = await sidecar.reads.receipt(request.proposal_id)
             seen = now
         return receipt
 
@@ -762,7 +772,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                         grpc.StatusCode.UNAVAILABLE,
                         f"height {height} not executed here yet (executed {store.executed_height})",
                     )
-        root = await store.root_at(height) if height else b""
+        assert sidecar.reads is not None
+        root = await sidecar.reads.root_at(height) if height else b""
         # No await from here on: the content is the engine's state at this moment.
         if sidecar.registry_since > height or root is None:
             await context.abort(
@@ -803,7 +814,9 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         sidecar = self.sidecar
         store = sidecar.store
         assert store is not None
-        root = await store.root_at(store.executed_height) if store.executed_height else b""
+        reads = sidecar.reads
+        assert reads is not None
+        root = await reads.root_at(store.executed_height) if store.executed_height else b""
         return spb.SidecarStatusReply(
             chain_id=sidecar.spec.chain_id,
             node=sidecar.index,

@@ -250,3 +250,43 @@ async def test_fetching_the_proposals_of_cards_opens_a_bounded_number_of_streams
     answers = await asyncio.gather(*(w.sidecar.proposal_transactions([card]) for _ in range(40)))
     assert all(a == {card.proposal_id: data} for a in answers)
     assert opened["max"] == PENDING_FETCHES_MAX, opened
+
+
+async def test_what_readers_ask_never_queues_on_the_writers_connection(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers' store reads went through the one connection `record` writes through, so
+    a reader scanning old heights (a stranger's Receipts stream from height 1 reads the
+    ledger of every height it passes) put its reads in the queue before every height the
+    sidecar executed. They now go through a read-only connection of their own."""
+    w = world
+    writer = w.sidecar.store
+    assert writer is not None
+    asked: dict[str, int] = {}
+    for name in ("receipt", "receipts_at", "ledger_at", "principal_at", "card"):
+        real = getattr(writer, name)
+
+        async def wrapper(*args: Any, name: str = name, real: Any = real) -> Any:
+            asked[name] = asked.get(name, 0) + 1
+            return await real(*args)
+
+        monkeypatch.setattr(writer, name, wrapper)
+    key = SigningKey.generate()
+    heights = 70  # more than the heights indexed in memory: the oldest are read
+    top = await w.replica.commit((signed_call(w.spec, key),), *([()] * (heights - 1)))
+    await poll(lambda: w.executed == top, "every height executed")
+    mine = follow(w, key, spb.ReceiptsRequest(from_height=1, own=[own(key)]))
+    owner = SigningKey(read_seed(w.spec.directory / OWNER_KEY_FILE))
+    everything = follow(w, owner, spb.ReceiptsRequest(from_height=1))
+    try:
+        await poll(lambda: bool(mine.got) and bool(everything.got), "both streams answered")
+        reply = await w.stub().GetReceipt(
+            spb.ReceiptRequest(proposal_id=own(key).tx_id, nonce=1),
+            timeout=RPC_S,
+            metadata=auth(w.spec, key, METHOD_GET_RECEIPT),
+        )
+        assert reply.found and reply.receipt.leaf.height == 1
+        assert mine.got[0].height == everything.got[0].height == 1
+        assert asked == {}, f"readers used the writer's connection: {asked}"
+    finally:
+        await end([mine.task, everything.task])
