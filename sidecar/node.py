@@ -99,6 +99,9 @@ RECEIPT_BATCH_LEAVES_MAX = 4_096  # receipts per stream message (~2 MB)
 # Executed heights whose Receipts stream messages stay in memory, built once and sent to
 # every subscriber; older heights are read from the store.
 RECENT_RECEIPT_HEIGHTS = 64
+# Older heights an agent's Receipts stream passes are searched for its verdicts this many
+# at a time, in one store read (sidecar/store.py, `heights_holding`).
+RECEIPTS_SCAN_HEIGHTS = 4_096
 DB_FILE = "sidecar.db"
 REGISTRY_WAIT_S = 2.0  # a Registry request for a height not executed yet waits this long
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -460,6 +463,21 @@ class Sidecar:
         receipts = [r for r in await reads.receipts_at(height) if r.leaf.index in mine]
         return receipt_batches(height, receipts)
 
+    async def own_heights_from(
+        self, height: int, agent_id: str | None, own: set[bytes]
+    ) -> tuple[list[int], int]:
+        """The heights from `height` (executed) on that may hold verdicts of this agent or
+        of its own transactions, and the height to go on from: a recent height, indexed
+        in memory, alone; older ones found by one range read per `RECEIPTS_SCAN_HEIGHTS`
+        (a stream from height 1 read every height's ledger, one store trip each)."""
+        store, reads = self.store, self.reads
+        assert store is not None and reads is not None
+        first_indexed = next(iter(self._recent_index), store.executed_height + 1)
+        if height >= first_indexed:
+            return [height], height + 1
+        top = min(first_indexed - 1, height + RECEIPTS_SCAN_HEIGHTS - 1, store.executed_height)
+        return await reads.heights_holding(height, top, agent_id, own), top + 1
+
     def may_answer(self, proposal_id: bytes, after: int, upto: int) -> bool:
         """Whether a verdict for `proposal_id` may be among heights `after`+1 .. `upto`:
         False only when each of them is a recent height known not to hold one."""
@@ -672,10 +690,13 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                 if role is not None:
                     for batch in await sidecar.receipt_batches(height):
                         yield batch
-                else:  # an agent: its own verdicts, nobody else's
-                    for batch in await sidecar.own_receipt_batches(height, agent, own):
+                    height += 1
+                    continue
+                # an agent or a stranger: its own verdicts, nobody else's
+                heights, height = await sidecar.own_heights_from(height, agent, own)
+                for at in heights:
+                    for batch in await sidecar.own_receipt_batches(at, agent, own):
                         yield batch
-                height += 1
 
     async def _refuse_unless_own_replica(
         self, context: grpc.aio.ServicerContext, method: str

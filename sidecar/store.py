@@ -72,7 +72,7 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,7 @@ _SCHEMA = (
     """,
 )
 
+OWN_TX_IDS_MAX = 64  # transactions one `heights_holding` read looks for
 _LEDGER_COLUMNS = (
     "height, idx, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal, "
     "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash"
@@ -920,6 +921,29 @@ class SidecarStore:
             raise SidecarStoreError(
                 f"{self._path}: a ledger row at height {height}: {err}"
             ) from err
+
+    async def heights_holding(
+        self, low: int, high: int, principal: str | None, tx_ids: Collection[bytes]
+    ) -> list[int]:
+        """The heights from `low` to `high` with a ledger entry whose principal is
+        `principal` or whose transaction is in `tx_ids` (at most `OWN_TX_IDS_MAX` of
+        them), ascending: one range read where a reader would otherwise read every
+        height's ledger to find its own."""
+        ids = list(tx_ids)[:OWN_TX_IDS_MAX]
+        terms = ["tx_id IN (" + ", ".join("?" * len(ids)) + ")"] if ids else []
+        if principal is not None:
+            terms.append("principal = ?")
+        if not terms:
+            return []
+        async with self._lock:
+            self._check_open()
+            rows = await self._conn.execute_fetchall(
+                "SELECT DISTINCT height FROM ledger WHERE height BETWEEN ? AND ? AND ("
+                + " OR ".join(terms)
+                + ") ORDER BY height",
+                (low, high, *ids, *([principal] if principal is not None else [])),
+            )
+        return [int(row[0]) for row in rows]
 
     async def principal_at(self, height: int, index: int) -> str | None:
         """The principal of the verdict at (height, index), from the ledger."""

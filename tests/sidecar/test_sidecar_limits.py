@@ -290,3 +290,39 @@ async def test_what_readers_ask_never_queues_on_the_writers_connection(
         assert asked == {}, f"readers used the writer's connection: {asked}"
     finally:
         await end([mine.task, everything.task])
+
+
+async def test_a_stream_from_old_heights_finds_its_verdicts_in_one_read_not_one_per_height(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's (or a stranger's) Receipts stream read every height's ledger it passed,
+    one store trip each, to find its own verdicts: from height 1 on a long chain, that is
+    a trip per height per stream. Heights older than those indexed in memory are now
+    searched `RECEIPTS_SCAN_HEIGHTS` at a time in one read."""
+    w = world
+    reads = w.sidecar.reads
+    assert reads is not None
+    trips = {"n": 0}
+    for name in ("ledger_at", "receipts_at", "heights_holding"):
+        real = getattr(reads, name, None)
+        if real is None:
+            continue
+
+        async def wrapper(*args: Any, real: Any = real) -> Any:
+            trips["n"] += 1
+            return await real(*args)
+
+        monkeypatch.setattr(reads, name, wrapper)
+    key = SigningKey.generate()
+    old, recent = signed_call(w.spec, key, 1), signed_call(w.spec, key, 2)
+    top = await w.replica.commit((old,), *([()] * 180), (recent,), *([()] * 19))
+    await poll(lambda: w.executed == top, "every height executed")
+    assert top == 201 and 1 not in w.sidecar._recent_index and 182 in w.sidecar._recent_index
+    mine = follow(w, key, spb.ReceiptsRequest(from_height=1, own=[own(key, 1), own(key, 2)]))
+    try:
+        await poll(lambda: len(mine.got) == 2, "both verdicts streamed")
+        assert [b.height for b in mine.got] == [1, 182]
+        # one search of heights 1..137, then each verdict's height read: 1 + 2 + 2
+        assert trips["n"] <= 5, trips
+    finally:
+        await end([mine.task])

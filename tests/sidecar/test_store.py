@@ -234,6 +234,27 @@ async def test_receipt_returns_the_latest_answer_and_no_rejection_masks_it(
     assert await store.card(late.tx_id) is None
 
 
+async def test_heights_holding_finds_the_heights_of_a_principal_or_of_transactions(
+    heights: list[ExecutedHeight], store: SidecarStore
+) -> None:
+    """The one range read an agent's Receipts stream makes over old heights finds exactly
+    the heights a per-height read of the ledger would."""
+    await record_all(store, heights)
+    top = store.executed_height
+    ledger = {h: await store.ledger_at(h) for h in range(1, top + 1)}
+    principals = sorted({e.principal for es in ledger.values() for e in es if e.principal})
+    assert len(principals) >= 2
+    for principal in principals:
+        expected = [h for h, es in ledger.items() if any(e.principal == principal for e in es)]
+        assert await store.heights_holding(1, top, principal, ()) == expected
+    some = [es[0].tx_id for es in ledger.values() if es][:3]
+    expected = [h for h, es in ledger.items() if any(e.tx_id in some for e in es)]
+    assert await store.heights_holding(1, top, None, some) == expected
+    low = expected[-1]  # the range bounds hold
+    assert await store.heights_holding(low + 1, top, None, some) == []
+    assert await store.heights_holding(1, top, None, ()) == []
+
+
 async def test_reads_are_bounded_by_their_page_sizes(
     heights: list[ExecutedHeight], store: SidecarStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
