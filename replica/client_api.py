@@ -57,6 +57,15 @@ SIDECAR_REFUSALS_WHILE_BEHIND = frozenset({"unknown_signer", "unknown_tool"})
 ADMISSION_CATCH_UP_WAIT_S = 0.5
 SIDECAR_REFUSAL_DETAIL = "refused before ordering by the execution sidecar's admission check"
 
+
+def sidecar_refuses(accepted: bool, reason: str, behind: bool) -> bool:
+    """Whether the sidecar's admission answer keeps a transaction (a client's or a
+    peer's) out of the mempool: one of SIDECAR_REFUSALS, unless it is a refusal only a
+    sidecar behind the committed log would give."""
+    stale = behind and reason in SIDECAR_REFUSALS_WHILE_BEHIND
+    return not accepted and reason in SIDECAR_REFUSALS and not stale
+
+
 STATUS_CODES = {
     "OK": grpc.StatusCode.OK,
     "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
@@ -127,8 +136,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         fresh: list[bytes] = []
         for (i, parsed), (accepted, reason) in zip(pending, answers, strict=True):
             request = requests[i]
-            stale = behind and reason in SIDECAR_REFUSALS_WHILE_BEHIND
-            if not accepted and reason in SIDECAR_REFUSALS and not stale:
+            if sidecar_refuses(accepted, reason, behind):
                 self.metrics.submissions.labels("refused", reason).inc()
                 replies[i] = cpb.SubmitReply(
                     request_id=request.request_id,

@@ -54,11 +54,7 @@ from quorumgate.replica.actions import (
     check_send_allowed,
 )
 from quorumgate.replica.channels import Reader, add_server_port
-from quorumgate.replica.client_api import (
-    SIDECAR_REFUSALS,
-    SIDECAR_REFUSALS_WHILE_BEHIND,
-    ClientApi,
-)
+from quorumgate.replica.client_api import ClientApi, sidecar_refuses
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
 from quorumgate.replica.crypto import Ed25519Signer
@@ -453,8 +449,7 @@ class ReplicaNode:
         behind = self.sidecar.executed_height < store.committed_height
         taken: list[tuple[bytes, ParsedTx]] = []
         for (data, parsed), (accepted, reason) in zip(checked, answers, strict=True):
-            stale = behind and reason in SIDECAR_REFUSALS_WHILE_BEHIND
-            if not accepted and reason in SIDECAR_REFUSALS and not stale:
+            if sidecar_refuses(accepted, reason, behind):
                 self.metrics.dropped.labels("gossip_refused").inc()
                 continue
             taken.append((data, parsed))
