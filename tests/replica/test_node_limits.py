@@ -201,6 +201,7 @@ async def test_a_member_cannot_fill_our_mempool_with_keys_nobody_registered(
         node.on_peer_message(batch)
     await until("64 refused by the sidecar", lambda: refused._value.get() == 64)
     assert node.mempool.size == 0
+    await until("both judgements over", lambda: not node._gossip_admitting.get(1))
     # a third batch while none is judged any more: one peer's batches wait their turn
     # (at most GOSSIP_ADMISSIONS_PER_PEER_MAX at once), none is taken unchecked
     busy = node.metrics.dropped.labels("gossip_busy")
