@@ -31,6 +31,7 @@ import time
 from collections import Counter as Tally
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import NamedTuple
 
 import grpc
 from nacl.signing import SigningKey
@@ -172,6 +173,11 @@ class SidecarMetrics:
         )
 
 
+class _RecentHeight(NamedTuple):
+    batches: list[spb.ReceiptBatch]  # its Receipts stream messages
+    index: HeightIndex  # whose verdicts it holds
+
+
 class Sidecar:
     def __init__(self, spec: ClusterSpec, index: int, receipt_key: SigningKey) -> None:
         self.spec = spec
@@ -202,10 +208,10 @@ class Sidecar:
         self._executed = asyncio.Condition()
         self._roots: deque[tuple[int, bytes]] = deque()  # executed, not yet reported
         self._root_turns = StreamTurns()
-        self._recent_receipts: OrderedDict[int, list[spb.ReceiptBatch]] = OrderedDict()
-        # Whose verdicts each of those heights holds: a waiting reader is answered, or
-        # left waiting, without a store read per height (sidecar/waits.py).
-        self._recent_index: OrderedDict[int, HeightIndex] = OrderedDict()
+        # The last RECENT_RECEIPT_HEIGHTS executed heights: their Receipts stream messages,
+        # built once for every subscriber, and whose verdicts each holds, so a waiting
+        # reader is answered, or left waiting, without a store read per height.
+        self._recent: OrderedDict[int, _RecentHeight] = OrderedDict()
         self.waits = WaitSlots()
         for kind in CallerKind:
             self.metrics.read_waits.labels(kind.value).set_function(
@@ -334,20 +340,18 @@ class Sidecar:
             return
         self.metrics.execute_latency.observe(time.perf_counter() - started)
         self.tracer.event("executed", height)
-        self._recent_receipts[height] = receipt_batches(
-            height,
-            [
-                Receipt(leaf, path, executed.signed)
-                for leaf, path in zip(executed.leaves, executed.paths, strict=True)
-            ],
+        self._recent[height] = _RecentHeight(
+            receipt_batches(
+                height,
+                [
+                    Receipt(leaf, path, executed.signed)
+                    for leaf, path in zip(executed.leaves, executed.paths, strict=True)
+                ],
+            ),
+            HeightIndex.of(executed.leaves, [v.principal for v in result.verdicts]),
         )
-        self._recent_index[height] = HeightIndex.of(
-            executed.leaves, [v.principal for v in result.verdicts]
-        )
-        while len(self._recent_receipts) > RECENT_RECEIPT_HEIGHTS:
-            self._recent_receipts.popitem(last=False)
-        while len(self._recent_index) > RECENT_RECEIPT_HEIGHTS:
-            self._recent_index.popitem(last=False)
+        while len(self._recent) > RECENT_RECEIPT_HEIGHTS:
+            self._recent.popitem(last=False)
         m = self.metrics
         m.executed_height.set(height)
         m.replica_height.set(self.replica_height)
@@ -438,9 +442,9 @@ class Sidecar:
 
     async def receipt_batches(self, height: int) -> list[spb.ReceiptBatch]:
         """The Receipts stream messages of an executed height (none for an empty one)."""
-        cached = self._recent_receipts.get(height)
+        cached = self._recent.get(height)
         if cached is not None:
-            return cached
+            return cached.batches
         reads = self.reads
         assert reads is not None
         return receipt_batches(height, await reads.receipts_at(height))
@@ -453,8 +457,8 @@ class Sidecar:
         of the stream)."""
         reads = self.reads
         assert reads is not None
-        index = self._recent_index.get(height)
-        if index is not None and not index.mine(agent_id, own):
+        recent = self._recent.get(height)
+        if recent is not None and not recent.index.mine(agent_id, own):
             return []  # nothing of theirs at this height: no store read
         entries = await reads.ledger_at(height)
         mine = {e.index for e in entries if e.principal == agent_id or e.tx_id in own}
@@ -472,7 +476,7 @@ class Sidecar:
         (a stream from height 1 read every height's ledger, one store trip each)."""
         store, reads = self.store, self.reads
         assert store is not None and reads is not None
-        first_indexed = next(iter(self._recent_index), store.executed_height + 1)
+        first_indexed = next(iter(self._recent), store.executed_height + 1)
         if height >= first_indexed:
             return [height], height + 1
         top = min(first_indexed - 1, height + RECEIPTS_SCAN_HEIGHTS - 1, store.executed_height)
@@ -482,8 +486,8 @@ class Sidecar:
         """Whether a verdict for `proposal_id` may be among heights `after`+1 .. `upto`:
         False only when each of them is a recent height known not to hold one."""
         for height in range(after + 1, upto + 1):
-            index = self._recent_index.get(height)
-            if index is None or proposal_id in index.proposal_ids:
+            recent = self._recent.get(height)
+            if recent is None or proposal_id in recent.index.proposal_ids:
                 return True
         return False
 

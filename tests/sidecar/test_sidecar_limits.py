@@ -318,7 +318,7 @@ async def test_a_stream_from_old_heights_finds_its_verdicts_in_one_read_not_one_
     old, recent = signed_call(w.spec, key, 1), signed_call(w.spec, key, 2)
     top = await w.replica.commit((old,), *([()] * 180), (recent,), *([()] * 19))
     await poll(lambda: w.executed == top, "every height executed")
-    assert top == 201 and 1 not in w.sidecar._recent_index and 182 in w.sidecar._recent_index
+    assert top == 201 and 1 not in w.sidecar._recent and 182 in w.sidecar._recent
     mine = follow(w, key, spb.ReceiptsRequest(from_height=1, own=[own(key, 1), own(key, 2)]))
     try:
         await poll(lambda: len(mine.got) == 2, "both verdicts streamed")
