@@ -43,6 +43,7 @@ from quorumgate.proto.model import Proposal
 from quorumgate.proto.tx import TxRejected, parse
 from quorumgate.sdk.client import Client, Decision, OpenCard, QuorumGateError
 from quorumgate.sdk.targets import certified_call
+from quorumgate.sidecar.engine.statements import escape_for_card
 
 log = logging.getLogger("quorumgate.console")
 
@@ -211,7 +212,8 @@ class Console:
             main or "-",
             *(f"{role} {t}" for (role, _), t in zip(further, extras, strict=True)),
         ]
-        return "\n".join(lines)
+        # shown as a card shows agent text: no character draws over or hides another
+        return "\n".join(escape_for_card(line) for line in lines)
 
     async def _transaction(self, height: int, index: int) -> bytes | None:
         block = self._blocks.get(height)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import unicodedata
 import uuid
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,27 @@ def test_submit_confirm_and_verdicts(
     assert "3 certified verdicts" in out
     for text in (out, *(json.dumps(v) for v in lines)):
         assert SECRET not in text
+
+
+def test_pending_shows_combining_marks_escaped_on_the_terminal(
+    cluster: ClusterSpec,
+    agent_key: Path,
+    principal_key: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A combining mark draws over the character before it: `1\u0336200` would print as
+    a struck-through 1 and 200. `quorumgate pending` shows each mark as an escape."""
+    d = str(cluster.directory)
+    base = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-marks"]
+    code, doc = run_json(
+        capsys, *base, "--tool", "pay", "--target", "https://bank.example/m",
+        "--arg", "amount=1\u0336200\u20dd",
+    )  # fmt: skip
+    assert (code, doc["outcome"]) == (3, "pending")
+    code, out, _ = run(capsys, "pending", "--dir", d, "--key", str(principal_key))
+    assert code == 0 and doc["proposal_id"] in out
+    assert '  amount = "1\\u{336}200\\u{20dd}"' in out.splitlines()
+    assert not [ch for ch in out if unicodedata.category(ch).startswith("M")]
 
 
 def test_the_registry_comes_from_f_plus_1_sidecars_at_one_height(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,46 @@ def test_approving_a_payment_in_the_browser_releases_its_certificate(
                 assert "applied" not in shown and "owner" not in shown
             finally:
                 browser.close()
+
+
+def test_combining_marks_on_a_card_are_escaped_in_the_browser(
+    cluster: ClusterSpec, owner: SyncClient, setup: Setup
+) -> None:
+    """A combining mark draws over the character before it: in the browser as on the
+    terminal, `1\u0336200` would show a struck-through 1. The page shows the escape, on
+    the card (values and target) and in the verdict stream's canonical target."""
+    owner.register_tool(
+        tool_spec("docs.sign", "user_confirm", schemes=["file"], min_tier="delegate")
+    )
+    owner.set_mandate("billing-bot", mandate(["pay.send", "docs.sign"]))
+    with SyncClient(cluster, setup.agent) as agent:
+        pending = agent.propose("pay.send", IBAN, {"amount": "1\u0336200\u20dd"}, run_id="inv-9")
+        signing = agent.propose("docs.sign", "/docs/1\u0336.txt", {}, run_id="inv-9")
+    assert signing.outcome.value == "pending"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), headless=True,
+                                     args=["--no-sandbox"])  # fmt: skip
+        try:
+            page = browser.new_page()
+            page.goto(setup.url + "/")
+            card = page.wait_for_selector(f"#card-{pending.proposal_id.hex()}", timeout=30_000)
+            assert card is not None
+            text = card.inner_text()
+            assert 'amount = "1\\u{336}200\\u{20dd}"' in text
+            other = page.wait_for_selector(f"#card-{signing.proposal_id.hex()}", timeout=30_000)
+            assert other is not None
+            text += other.inner_text()
+            assert 'Target: "/docs/1\\u{336}.txt"' in text
+            escaped = "/docs/1\\u{336}.txt"
+            page.wait_for_function(
+                "t => [...document.querySelectorAll('#verdicts td.target')]"
+                ".some(td => td.textContent === t)",
+                arg=escaped, timeout=30_000,
+            )  # fmt: skip
+            text += page.inner_text("#verdicts")
+            assert not [ch for ch in text if unicodedata.category(ch).startswith("M")]
+        finally:
+            browser.close()
 
 
 def test_a_cross_site_request_cannot_answer_a_card(cluster: ClusterSpec, setup: Setup) -> None:
