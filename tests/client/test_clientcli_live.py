@@ -331,6 +331,8 @@ def test_confirm_and_reject_need_the_principals_passphrase(
 def test_principal_keys_are_sealed_from_keygen_to_registration(
     cluster: ClusterSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from quorumgate.cli import main as quorumgate
+
     d = str(cluster.directory)
     fresh = tmp_path / "new.key"
     code, _, err = run(capsys, "keygen", "--out", str(fresh), "--principal")
@@ -340,12 +342,14 @@ def test_principal_keys_are_sealed_from_keygen_to_registration(
             capsys, "keygen", "--out", str(fresh), "--principal", "--passphrase-fd", fd
         )
     assert code == 2 and "at least 8 characters" in err and not fresh.exists()
-    # a key made in the clear is refused as a principal's by registration
+    # a key made in the clear is refused as a principal's, by registration and the console
     plain = tmp_path / "plain.key"
     assert run(capsys, "keygen", "--out", str(plain))[0] == 0
     register = ["admin", "register-principal", "cli-sealed", "--dir", d]
     code, _, err = run(capsys, *register, "--key-file", str(plain))
     assert code == 2 and "in the clear" in err and "quorumgate passphrase" in err
+    code = quorumgate(["console", "--dir", d, "--principal", str(plain)])
+    assert code == 2 and "not a sealed key file" in capsys.readouterr().err
     seed = read_seed(plain)
     public = bytes(SigningKey(seed).verify_key).hex()
     # `quorumgate passphrase` seals it in place; then it registers (its public key is in
