@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import stat
+import sys
+import time
 import unicodedata
 import uuid
 from collections.abc import Iterator
@@ -27,6 +31,7 @@ from tests.client.conftest import SINK
 
 SECRET = f"SECRET-{uuid.uuid4().hex}"
 PASSPHRASE = "the principal's passphrase"
+TERMINAL_WAIT_S = 60.0
 
 
 @contextmanager
@@ -326,6 +331,52 @@ def test_confirm_and_reject_need_the_principals_passphrase(
         reject = ["reject", "--dir", d, "--key", str(principal_key), proposal, "--yes"]
         code, doc = run_json(capsys, *reject, "--passphrase-fd", fd)
     assert (code, doc["outcome"]) == (0, "deny")
+
+
+def _on_a_terminal(argv: list[str], answers: list[tuple[str, str]]) -> tuple[int, str]:
+    """Run `python -m quorumgate ARGV` on a pseudo-terminal of its own (its controlling
+    terminal, as a person's shell gives it), answering each prompt in `answers` when it
+    appears; (exit status, everything the terminal showed)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, on the terminal
+        os.execv(sys.executable, [sys.executable, "-m", "quorumgate", *argv])
+    shown, pending = b"", list(answers)
+    deadline = time.monotonic() + TERMINAL_WAIT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed the terminal: it has exited
+                break
+            if not chunk:
+                break
+            shown += chunk
+        if pending and pending[0][0].encode() in shown:
+            os.write(fd, pending.pop(0)[1].encode() + b"\n")
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
+
+
+def test_confirm_on_a_terminal_asks_for_the_passphrase_without_echoing_it(
+    cluster: ClusterSpec, agent_key: Path, principal_key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a person does: `quorumgate confirm` asks for the passphrase on the terminal
+    (not echoed), shows the card, asks, and signs."""
+    d = str(cluster.directory)
+    submit = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-tty"]
+    code, doc = run_json(capsys, *submit, "--tool", "pay", "--target", "https://b.example/t")
+    assert (code, doc["outcome"]) == (3, "pending")
+    confirm = ["confirm", "--dir", d, "--key", str(principal_key), doc["proposal_id"]]
+    wrong, shown = _on_a_terminal(confirm, [("Passphrase for", "not the passphrase")])
+    assert wrong == 2 and "wrong passphrase" in shown and "not the passphrase" not in shown
+    code, shown = _on_a_terminal(
+        confirm, [("Passphrase for", PASSPHRASE), ("Confirm exactly this call?", "y")]
+    )
+    assert code == 0, shown
+    assert "Official confirmation form" in shown and "allow" in shown
+    assert PASSPHRASE not in shown  # getpass did not echo it
 
 
 def test_principal_keys_are_sealed_from_keygen_to_registration(
