@@ -38,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     "generate_sink_key": "quorumgate.sdk.keys",
     "load_key": "quorumgate.sdk.keys",
     "load_sink_key": "quorumgate.sdk.keys",
+    "generate_principal_key": "quorumgate.sdk.keys",
+    "load_principal_key": "quorumgate.sdk.keys",
     # errors a client raises
     "QuorumGateError": "quorumgate.sdk.client",
     "Refused": "quorumgate.sdk.client",
@@ -103,9 +105,11 @@ __all__ = [
     "agent_context_async",
     "current_call",
     "generate_key",
+    "generate_principal_key",
     "generate_sink_key",
     "governed_tool",
     "load_key",
+    "load_principal_key",
     "load_sink_key",
     "mandate",
     "resume_confirmed",
@@ -161,5 +165,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
         governed_tool,
         resume_confirmed,
     )
-    from quorumgate.sdk.keys import generate_key, generate_sink_key, load_key, load_sink_key
+    from quorumgate.sdk.keys import (
+        generate_key,
+        generate_principal_key,
+        generate_sink_key,
+        load_key,
+        load_principal_key,
+        load_sink_key,
+    )
     from quorumgate.sdk.owner import OwnerSession

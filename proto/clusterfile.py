@@ -12,6 +12,10 @@ its public keys. Private keys live beside it, one file per key, mode 0600, never
                                        public, is in cluster.json (proto/tls.py)
     DIR/node-I/                        replica and sidecar I's databases, logs, pid files
 
+`init` writes no principal's key: a principal is a person, whose key is made where the
+person works (`quorumgate keygen --principal`) and kept sealed with a passphrase
+(proto/sealedkey.py), never in the clear; the owner registers only its public key.
+
 Replicas on several hosts: give each member the `host` its peers and clients reach it at
 (an address on that host's network) and copy `cluster.json` plus that member's own
 `node-I/` directory to its host; run `quorumgate node --dir DIR --node I` there. `init`
@@ -178,6 +182,11 @@ def read_seed(path: Path) -> bytes:
         raise ClusterFileError(f"cannot read key file {path}: {err.strerror}") from err
     if mode & 0o077:
         raise ClusterFileError(f"key file {path} is readable by others (mode {mode:o}); chmod 600")
+    if text.startswith("{"):  # proto/sealedkey.py: a principal's key, sealed
+        raise ClusterFileError(
+            f"key file {path} is sealed with a passphrase (a principal's key): open it with "
+            f"its passphrase (`load_principal_key`, or a command's passphrase prompt)"
+        )
     try:
         seed = bytes.fromhex(text)
     except ValueError as err:
