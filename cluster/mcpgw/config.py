@@ -9,7 +9,7 @@ registered tool (`docs/mcp-gateway.md`)::
     tool = "files.read"                    # the registered QuorumGate tool
     target = "path"                        # (scheme, targets, exclude: as the proxy's file)
     [resources.files]                      # resources/read from this upstream ...
-    tool = "files.read"                    # ... is judged as a call of this read tool
+    tool = "files.resources"               # ... is judged as a call of this read tool
 """
 
 from __future__ import annotations
@@ -70,12 +70,17 @@ def load_gateway_config(path: str | Path) -> GatewayConfig:
     if not isinstance(key_file, str) or not key_file:
         raise GatewayConfigError("key_file: the agent's key file is required")
     upstreams = _upstreams(data.get("upstreams"))
-    return GatewayConfig(
-        (path.parent / key_file).resolve(),
-        upstreams,
-        _tools(data.get("tools", {})),
-        _resources(data.get("resources", {}), {u.name for u in upstreams}),
-    )
+    tools = _tools(data.get("tools", {}))
+    resources = _resources(data.get("resources", {}), {u.name for u in upstreams})
+    for upstream, tool in sorted(resources.items()):
+        # a read carries no tool definition, so its tool must be one no pin is made on
+        mapped = sorted(name for name, mapping in tools.items() if mapping.tool == tool)
+        if mapped:
+            raise GatewayConfigError(
+                f"resources.{upstream}.tool: {tool} is tools.{mapped[0]}'s, whose pin a "
+                "read cannot carry; register a read tool for the resources"
+            )
+    return GatewayConfig((path.parent / key_file).resolve(), upstreams, tools, resources)
 
 
 def _upstreams(raw: object) -> tuple[Upstream, ...]:

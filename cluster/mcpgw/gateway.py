@@ -254,27 +254,35 @@ class Gateway:
         log.warning("event=listing_unbounded upstream=%s kind=%s: offers nothing", upstream, kind)
         raise UpstreamListingError(upstream)
 
+    async def _listing(self, upstream: str, kind: str) -> list[Any]:
+        """One upstream's listing, or nothing when it breaks a bound or fails (the others
+        are served all the same)."""
+        try:
+            return await self._pages(upstream, kind)
+        except UpstreamListingError:
+            return []
+        except Exception as err:  # the upstream failed, or listed what the SDK refused
+            log.warning("event=upstream_unavailable upstream=%s kind=%s error=%s", upstream,
+                        kind, type(err).__name__)  # fmt: skip
+            return []
+
     async def upstream_tools(self) -> dict[str, _Listed]:
         """Every upstream tool by name, fresh from its server (never a cached listing). A
         name listed twice, by one upstream or two, or two names that differ only by case,
-        or a name outside MCP's rule, is served by nobody."""
+        or a name outside MCP's rule, is served by nobody (and said so of a mapped tool
+        only: an upstream's other names are its own text, kept out of the log)."""
         found: dict[str, list[_Listed]] = {}
         for name in self.upstreams:
-            try:
-                tools = await self._pages(name, "tools")
-            except UpstreamListingError:
-                continue
-            for tool in tools:
+            for tool in await self._listing(name, "tools"):
                 found.setdefault(tool_name_key(tool.name), []).append(_Listed(name, tool))
         served: dict[str, _Listed] = {}
-        for key, entries in found.items():
+        for entries in found.values():
             if len(entries) == 1 and MCP_TOOL_NAME_RE.fullmatch(entries[0].tool.name):
                 served[entries[0].tool.name] = entries[0]
                 continue
             for entry in entries:
                 if entry.tool.name in self.config.tools:
                     self._hidden(entry.tool.name, "name_clash")
-            log.warning("event=tool_name_clash tool=%s: served by no upstream", key)
         return served
 
     def _hidden(self, name: str, reason: str) -> None:
@@ -360,7 +368,7 @@ class Gateway:
         mapping = self.config.tools.get(name)
         current = (await self.upstream_tools()).get(name)
         if mapping is None or current is None:
-            log.warning("event=unmapped_tool agent=%s tool=%s", self.agent_id, name)
+            log.warning("event=unmapped_tool agent=%s tool=%s", self.agent_id, _shown(name))
             self._count("unmapped")
             return denial()
         try:
@@ -457,11 +465,7 @@ class Gateway:
         """Every resource of the mapped upstreams by URI, fresh; a URI two list is nobody's."""
         found: dict[str, list[tuple[str, types.Resource]]] = {}
         for upstream in sorted(await self._resource_upstreams()):
-            try:
-                resources = await self._pages(upstream, "resources")
-            except UpstreamListingError:
-                continue
-            for resource in resources:
+            for resource in await self._listing(upstream, "resources"):
                 found.setdefault(resource.uri, []).append((upstream, resource))
         return {uri: entries[0] for uri, entries in found.items() if len(entries) == 1}
 
@@ -570,6 +574,12 @@ def _release(written: object, proposed: str, canonical: str, version: int) -> st
     if not form.startswith(prefix):
         raise ValueError("the canonical form is not of the mapping's scheme")
     return form[len(prefix) :]
+
+
+def _shown(name: str) -> str:
+    """A name the client chose, fit for one log line: a mapped name as it is (the config
+    checked it), any other quoted, escaped and cut to 64 characters."""
+    return name if MCP_TOOL_NAME_RE.fullmatch(name) else ascii(name[:64])
 
 
 def _canonical_or_none(uri: str, agent_id: str, spec: ClusterSpec) -> str | None:

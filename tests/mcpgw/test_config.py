@@ -37,6 +37,10 @@ def load(tmp_path: Path, body: str) -> GatewayConfig:
         ('[resources.other]\ntool = "files.read"\n', "resources.other: no upstream"),
         ('[resources.files]\ntool = "files.read"\nuri = "x"\n', "resources.files: a table"),
         ('[resources.files]\ntool = "Not A Tool!"\n', "resources.files.tool: not"),
+        (
+            '[tools.read_file]\ntool = "files.read"\n[resources.files]\ntool = "files.read"\n',
+            "resources.files.tool: files.read is tools.read_file's",
+        ),
     ],
 )
 def test_a_config_that_could_confuse_two_things_is_refused(
@@ -50,7 +54,7 @@ def test_a_config_with_tools_and_resources(tmp_path: Path) -> None:
     config = load(
         tmp_path,
         '[tools.read_file]\ntool = "files.read"\ntarget = "path"\n'
-        '[resources.files]\ntool = "files.read"\n',
+        '[resources.files]\ntool = "files.resources"\n',
     )
     assert config.tools["read_file"].tool == "files.read"
-    assert config.resources == {"files": "files.read"}
+    assert config.resources == {"files": "files.resources"}

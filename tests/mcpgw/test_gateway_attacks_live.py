@@ -67,6 +67,12 @@ target = "path"
 
 [tools.ask]
 tool = "sc.ask"
+
+[tools.notify]
+tool = "sc.notify"
+target = "to"
+scheme = "mailto"
+targets = { recipient = "cc" }
 """
 RESOURCES = """
 [resources.sc]
@@ -105,6 +111,7 @@ TOOLS = [
     {"name": "mail", "description": "Mail someone", **PLAIN},
     {"name": "open", "description": "Open a file", **PLAIN},
     {"name": "ask", "description": "Ask the client something", **PLAIN},
+    {"name": "notify", "description": "Mail someone and copy others", **PLAIN},
 ]
 NOTE = {"uri": "file:///notes/a.txt", "name": "a", "description": "a note"}
 NOTE_TEXT = {"uri": "file:///notes/a.txt", "text": "quarterly notes"}
@@ -191,8 +198,10 @@ def world(
         ("sc.write", "direct", ["file"]),
     ):
         owner.register_tool(tool_spec(name, mode, schemes=schemes))
+    roles = {"recipient": (["mailto"], 4)}
+    owner.register_tool(tool_spec("sc.notify", "read", schemes=["mailto"], roles=roles))
     owner.register_agent(AGENT, bytes(key.verify_key))
-    tools = ["sc.lookup", "sc.stats", "sc.ask", "sc.fetch", "sc.mail", "sc.open"]
+    tools = ["sc.lookup", "sc.stats", "sc.ask", "sc.fetch", "sc.mail", "sc.open", "sc.notify"]
     tools += ["sc.res", "sc.write"]
     owner.set_mandate(AGENT, mandate(tools))  # not sc.vault
     w = World(cluster, directory, upstreams, owner)
@@ -434,6 +443,27 @@ def test_the_upstream_receives_the_canonical_form_the_cluster_judged(
     assert call["arguments"] == {argument: released, "note": "kept"}  # null: not judged
 
 
+def test_further_targets_are_released_in_their_canonical_forms_too(world: World) -> None:
+    sc = world.script()
+    written = {
+        "to": "dana@Bücher.example",
+        "cc": ["mailto:erin@faß.example", "mailto:FRANK@Example.COM"],
+        "subject": "notes",
+    }
+
+    async def work(agent: Any) -> Any:
+        return await agent.call_tool("notify", written)
+
+    result = through_gateway(world, work).result
+    assert not result.is_error, text(result)
+    [call] = sc.got("call")
+    assert call["arguments"] == {
+        "to": "dana@xn--bcher-kva.example",
+        "cc": ["mailto:erin@xn--fa-hia.example", "mailto:FRANK@example.com"],
+        "subject": "notes",
+    }
+
+
 # ------------------------------------------------------------------ names and listings
 
 
@@ -450,6 +480,22 @@ def test_a_listing_whose_cursor_never_ends_offers_nothing(
         assert through_gateway(world, listed).result == []
     assert logged(caplog, "event=listing_unbounded upstream=sc")
     assert len(sc.got("list")) <= LIST_PAGES_MAX
+
+
+def test_an_upstream_whose_listing_fails_offers_nothing(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    sc = world.script()
+    sc.write({"tools": [*copy.deepcopy(TOOLS), {"name": "broken"}]})  # no input schema
+
+    async def work(agent: Any) -> tuple[list[str], Any]:
+        return await listed(agent), await agent.call_tool("stats", {})
+
+    with caplog.at_level(logging.WARNING, logger="quorumgate.mcpgw"):
+        names, refused = through_gateway(world, work).result
+    assert names == [] and refused.is_error and text(refused) == DENIAL_TEXT
+    assert logged(caplog, "event=upstream_unavailable upstream=sc kind=tools")
+    assert sc.got("call") == []
 
 
 @pytest.mark.parametrize("twin", ["lookup", "LookUp"])
