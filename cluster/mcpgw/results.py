@@ -13,13 +13,16 @@ a value from the result, is for the operator's log.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 import mcp_types as types
+import rfc8785
 
 RESULT_BYTES_MAX = 4 * 1024 * 1024  # one tool result or resource read, as JSON
 RESULT_WITHHELD = "The tool's result could not be checked, so it was not delivered."
+SCHEMA_VALIDATORS_MAX = 256  # compiled output-schema validators kept (TOOLS_MAX of them)
 
 
 def withheld(text: str = RESULT_WITHHELD) -> types.CallToolResult:
@@ -67,23 +70,39 @@ def _disagrees(text: str, structured: object) -> bool:
 def schema_problem(schema: dict[str, Any], instance: object) -> str | None:
     """Why `instance` does not conform to JSON Schema `schema` — the keyword and where,
     never the value — or None. `$ref`s resolve inside the schema only: nothing is fetched."""
-    from jsonschema import SchemaError
     from jsonschema.exceptions import best_match
-    from jsonschema.validators import validator_for
-    from referencing import Registry
     from referencing.exceptions import Unresolvable
 
-    validator_class = validator_for(schema)
     try:
-        validator_class.check_schema(schema)
-        error = best_match(validator_class(schema, registry=Registry()).iter_errors(instance))
-    except SchemaError:
-        return "the declared output schema is not a valid JSON Schema"
+        validator = _validator(rfc8785.dumps(schema))
+    except (rfc8785.CanonicalizationError, TypeError, ValueError, RecursionError):
+        return "the declared output schema has no canonical JSON"
+    if isinstance(validator, str):
+        return validator
+    try:
+        error = best_match(validator.iter_errors(instance))
     except Unresolvable:
         return "the declared output schema has a $ref that does not resolve"
     if error is None:
         return None
     return f"breaks the output schema: {error.validator} at {error.json_path}"
+
+
+@functools.lru_cache(maxsize=SCHEMA_VALIDATORS_MAX)
+def _validator(schema_json: bytes) -> Any:
+    """The compiled validator of a schema (its RFC 8785 bytes), or why there is none.
+    Compiling costs far more than validating, and a tool's schema rarely changes."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+    from referencing import Registry
+
+    schema = json.loads(schema_json)
+    validator_class = validator_for(schema)
+    try:
+        validator_class.check_schema(schema)
+    except SchemaError:
+        return "the declared output schema is not a valid JSON Schema"
+    return validator_class(schema, registry=Registry())
 
 
 def contents_problem(result: types.ReadResourceResult, same_resource: Any) -> str | None:
