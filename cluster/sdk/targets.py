@@ -6,6 +6,7 @@ canonical spelling the sidecars judged, never on the raw one."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from quorumgate.proto import names
 from quorumgate.sidecar.engine.statements import target_digest
@@ -16,7 +17,7 @@ from quorumgate.sidecar.engine.targets import (
     canonicalize_target,
 )
 
-__all__ = ["binds_caller", "certified_call", "certified_target"]
+__all__ = ["binds_caller", "certified_call", "certified_target", "release_form"]
 
 
 def binds_caller(raw: str, targets: Sequence[tuple[str, str]] = ()) -> bool:
@@ -89,3 +90,18 @@ def certified_target(
     """`certified_call` for a call with one target: its canonical form, "" for none."""
     found = certified_call(tool, raw, certified_digest, version=version, principal=principal)
     return None if found is None else found[0]
+
+
+def release_form(canonical: str, raw: str, *, version: int) -> str:
+    """The certified `canonical` form of a target written `raw`, spelled for the tool that
+    acts on it: a URI, `mailto:` address or principal as it is (ASCII, hosts in their IDNA
+    A-labels, so every resolver reads the host the sidecars judged); a path as the path
+    it names (from canonical version 2 on, a path writes `%` as `%25`, so that the form
+    canonicalizes to itself: the tool gets the `%`), and as a `file:` URI (RFC 8089,
+    everything but `/` percent-encoded) when `raw` was one."""
+    if not canonical.startswith("/"):
+        return canonical
+    path = canonical.replace("%25", "%") if version >= 2 else canonical
+    if raw.strip(" ")[:5].lower() == "file:":
+        return "file://" + quote(path, safe="/")
+    return path
