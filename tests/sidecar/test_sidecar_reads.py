@@ -23,8 +23,13 @@ from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     read_seed,
 )
-from quorumgate.proto.model import Admin, RegisterAgent
-from quorumgate.sidecar.node import METHOD_ACCOUNT, METHOD_ADMIT, METHOD_ADMIT_BATCH
+from quorumgate.proto.model import Admin, RegisterAgent, RegisterPrincipal
+from quorumgate.sidecar.node import (
+    METHOD_ACCOUNT,
+    METHOD_ADMIT,
+    METHOD_ADMIT_BATCH,
+    METHOD_GET_RECEIPT,
+)
 from tests.sidecar.standin import RPC_S, World, auth, poll, signed_call, world
 
 __all__ = ["world"]  # the fixture, used by name
@@ -109,3 +114,42 @@ async def test_admission_answers_this_nodes_replica_only(world: World) -> None:
         batch, timeout=RPC_S, metadata=auth(w.spec, own_replica, METHOD_ADMIT_BATCH)
     )
     assert len(reply.replies) == 1  # its replica checked the signature before asking
+
+
+async def owner_ops(w: World, *ops: object) -> None:
+    """Commit one owner transaction per operation, and wait until the sidecar executed them."""
+    owner = SigningKey(read_seed(w.spec.directory / OWNER_KEY_FILE))
+    engine = w.sidecar.engine
+    assert engine is not None
+    nonce = engine.next_nonce(bytes(owner.verify_key))
+    assert nonce is not None
+    txs = tuple(
+        tx.build(w.spec.chain_id, nonce + i, Admin(op=op), owner)  # type: ignore[arg-type]
+        for i, op in enumerate(ops)
+    )
+    top = await w.replica.commit(txs)
+    await poll(lambda: w.executed == top, "the owner's operations executed")
+
+
+async def test_an_account_tells_no_agent_or_principal_of_another_key(world: World) -> None:
+    """The attack one step further than a stranger's: keys the cluster knows, an agent and
+    the principal the victim acts for, ask about the victim's key. Neither is the signer or
+    one of the cluster's roles, so neither learns anything; and a read statement signed for
+    another method does not open `Account`."""
+    w = world
+    victim = await registered_agent(w)
+    other, person = SigningKey.generate(), SigningKey.generate()
+    await owner_ops(
+        w,
+        RegisterPrincipal(principal_id="victims-person", public_key=bytes(person.verify_key)),
+        RegisterAgent(agent_id="other", public_key=bytes(other.verify_key), principal=""),
+    )
+    asked = spb.AccountRequest(signer=bytes(victim.verify_key))
+    stub = w.stub()
+    for caller in (other, person):
+        call = stub.Account(asked, timeout=RPC_S, metadata=auth(w.spec, caller, METHOD_ACCOUNT))
+        assert await refused(call) == grpc.StatusCode.PERMISSION_DENIED
+    replayed = auth(w.spec, victim, METHOD_GET_RECEIPT)  # the victim's, for another method
+    assert await refused(stub.Account(asked, timeout=RPC_S, metadata=replayed)) == (
+        grpc.StatusCode.UNAUTHENTICATED
+    )
