@@ -10,6 +10,7 @@ owner, the members, the auditors and registered agents only; these now answer no
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import grpc
@@ -24,13 +25,14 @@ from quorumgate.proto.clusterfile import (
     read_seed,
 )
 from quorumgate.proto.model import Admin, RegisterAgent, RegisterPrincipal
+from quorumgate.replica.readwaits import CallerKind
 from quorumgate.sidecar.node import (
     METHOD_ACCOUNT,
     METHOD_ADMIT,
     METHOD_ADMIT_BATCH,
     METHOD_GET_RECEIPT,
 )
-from tests.sidecar.standin import RPC_S, World, auth, poll, signed_call, world
+from tests.sidecar.standin import RPC_S, World, auth, own, poll, signed_call, world
 
 __all__ = ["world"]  # the fixture, used by name
 
@@ -153,3 +155,41 @@ async def test_an_account_tells_no_agent_or_principal_of_another_key(world: Worl
     assert await refused(stub.Account(asked, timeout=RPC_S, metadata=replayed)) == (
         grpc.StatusCode.UNAUTHENTICATED
     )
+
+
+async def test_a_long_poll_tells_a_stranger_nothing_of_a_verdict_it_may_not_read(
+    world: World,
+) -> None:
+    """The `Account` hole through another door. A proposal id is sha256(signer || nonce),
+    so whoever knows an agent's public key can name its proposals by nonce. A stranger who
+    names one transaction of its own (`own`, proved by its nonce) passes the first gate and
+    may long-poll; the sidecar used to wait only while it had no verdict for the id asked,
+    and answer `PERMISSION_DENIED` at once when it had one. How fast the refusal came told
+    the stranger which of the victim's nonces were used: how many transactions it made.
+    Now a verdict the caller may not read is one the sidecar waits past, as if it had none."""
+    w = world
+    victim = await registered_agent(w)
+    top = await w.replica.commit((signed_call(w.spec, victim, nonce=1),))
+    await poll(lambda: w.executed == top, "the victim's call executed")
+    stranger = SigningKey.generate()
+    for nonce in (1, 2):  # the first was executed, the second never made
+        asked = tx.tx_id(bytes(victim.verify_key), nonce)
+        assert await stranger_waits_then_is_refused(w, stranger, asked), (
+            f"nonce {nonce}: refused without the wait"
+        )
+
+
+async def stranger_waits_then_is_refused(w: World, stranger: SigningKey, asked: bytes) -> bool:
+    """A one-second long poll for `asked`, by a stranger naming a transaction of its own:
+    whether the sidecar held it waiting (before it was answered); it must end refused."""
+    request = spb.ReceiptRequest(proposal_id=asked, own=[own(stranger)], wait_ms=1_000)
+    metadata = auth(w.spec, stranger, METHOD_GET_RECEIPT)
+    call = asyncio.ensure_future(w.stub().GetReceipt(request, timeout=RPC_S, metadata=metadata))
+
+    def held() -> bool:
+        return w.sidecar.waits.held(CallerKind.STRANGER) == 1
+
+    await poll(lambda: held() or call.done(), "the long poll to wait or be answered")
+    waited = held() and not call.done()
+    assert await refused(call) == grpc.StatusCode.PERMISSION_DENIED
+    return waited
