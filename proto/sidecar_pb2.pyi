@@ -243,16 +243,18 @@ class RegistryContent(_message.Message):
     def __init__(self, agents: _Optional[_Iterable[_Union[RegistryAgent, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_tx_pb2.RegisterTool, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[_tx_pb2.RegisterSink, _Mapping]]] = ..., principals: _Optional[_Iterable[_Union[_tx_pb2.RegisterPrincipal, _Mapping]]] = ..., sets: _Optional[_Iterable[_Union[_tx_pb2.SetEntries, _Mapping]]] = ..., settings: _Optional[_Iterable[_Union[_tx_pb2.Setting, _Mapping]]] = ...) -> None: ...
 
 class RegistryReply(_message.Message):
-    __slots__ = ("height", "state_root", "registry_since", "content")
+    __slots__ = ("height", "state_root", "registry_since", "content", "scope")
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_SINCE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     height: int
     state_root: bytes
     registry_since: int
     content: RegistryContent
-    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., registry_since: _Optional[int] = ..., content: _Optional[_Union[RegistryContent, _Mapping]] = ...) -> None: ...
+    scope: str
+    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., registry_since: _Optional[int] = ..., content: _Optional[_Union[RegistryContent, _Mapping]] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class PendingRequest(_message.Message):
     __slots__ = ()

@@ -71,7 +71,7 @@ from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
 from quorumgate.sidecar.waits import HeightIndex
-from quorumgate.sidecar.wire import receipt_to_pb, registry_content
+from quorumgate.sidecar.wire import receipt_to_pb, registry_content, registry_scope
 
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
@@ -81,6 +81,10 @@ METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 OWN_TXS_MAX = 64  # transactions a Receipts request may name as its own
 RECEIPT_WAIT_MS_MAX = 1000  # how long one GetReceipt long poll may wait (a client asks again)
 READ_REFUSAL_DETAIL = "a verdict answers the owner, members, auditors and the agent it is about"
+REGISTRY_REFUSAL_DETAIL = (
+    "the registry answers the owner, members and auditors, and an agent or a principal its "
+    "own part (docs/security/reads-and-certificates.md)"
+)
 WAITS_FULL_DETAIL = (
     "this key, or every key of its kind together, holds as many waiting reads (Receipts "
     "streams, long polls) as a server allows (replica/readwaits.py); close one and ask again"
@@ -811,11 +815,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         engine, store = sidecar.engine, sidecar.store
         assert engine is not None and store is not None
         key, role, agent = await self._caller(context, METHOD_REGISTRY)
-        if role is None and agent is None:
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                "the registry answers the owner, members, auditors and registered agents",
-            )
+        if registry_scope(engine.state, key, role is not None) is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, REGISTRY_REFUSAL_DETAIL)
         height = request.height or store.executed_height
         if height > store.executed_height:
             with sidecar.holding_wait(key, self._kind(role, agent), "Registry") as held:
@@ -831,7 +832,12 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                     )
         assert sidecar.reads is not None
         root = await sidecar.reads.root_at(height) if height else b""
-        # No await from here on: the content is the engine's state at this moment.
+        # No await from here on: the content is the engine's state at this moment, and
+        # so is the scope (a registration executed during the wait counts).
+        scope = registry_scope(engine.state, key, role is not None)
+        if scope is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, REGISTRY_REFUSAL_DETAIL)
+        assert scope is not None
         if sidecar.registry_since > height or root is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -842,7 +848,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             height=height,
             state_root=root,
             registry_since=sidecar.registry_since,
-            content=registry_content(engine.state),
+            content=registry_content(engine.state, scope),
+            scope=scope.label,
         )
 
     async def Pending(

@@ -74,6 +74,7 @@ from quorumgate.sdk.client import (
     Handle,
     OpenCard,
     QuorumGateError,
+    ReadNotAuthorized,
     TransactionRejected,
     mandate,
     tool_spec,
@@ -656,6 +657,9 @@ def _registry(args: argparse.Namespace) -> Registry | int:
         return asyncio.run(read())
     except ClusterUnavailable:
         return _fail("the cluster could not be reached (no f+1 sidecars agreed on a registry)")
+    except ReadNotAuthorized as err:
+        return _fail(f"{err} The registry answers the owner, members and auditors, and an "
+                     "agent or a principal its own part.")  # fmt: skip
 
 
 def _mandate_json(m: Mandate | None) -> dict[str, object] | None:
@@ -712,6 +716,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         "height": registry.height,
         "state_root": registry.state_root.hex(),
         "agreed_by": list(registry.agreed_by),
+        "scope": registry.scope,  # "all", or the part this key may read
         "agents": [
             {
                 "agent_id": a.agent_id,

@@ -40,7 +40,8 @@ What it promises:
   attributes (`Decision.reason`, `QuorumGateError.reason`) and never in the `str()` or
   `repr()` of a decision or an exception. No argument value is ever logged or printed.
 
-Refusals are typed: `Refused` (with `Replayed` and `Overloaded`), `ClusterUnavailable`,
+Refusals are typed: `Refused` (with `Replayed`, `Overloaded` and `ReadNotAuthorized`: a read
+f+1 sidecars refused this key, PERMISSION_DENIED), `ClusterUnavailable`,
 `CertificateTimeout`, `InvalidCertificate`, `TransactionRejected` (an administrative or
 agent transaction the engine did not apply).
 """
@@ -139,6 +140,7 @@ __all__ = [
     "OpenCard",
     "Overloaded",
     "QuorumGateError",
+    "ReadNotAuthorized",
     "Refused",
     "Replayed",
     "Submitted",
@@ -229,6 +231,25 @@ class Overloaded(Refused):
     """Every replica kept answering RESOURCE_EXHAUSTED through the bounded back-off."""
 
     message = "The cluster is overloaded; try again later."
+
+
+class ReadNotAuthorized(Refused):
+    """f+1 sidecars refused this key the read (gRPC PERMISSION_DENIED, or UNAUTHENTICATED
+    for a read statement they could not verify: a clock far off): it is not the owner's, a
+    member's or an auditor's, and what it asked is not its own
+    (docs/security/reads-and-certificates.md). `code` is the status name."""
+
+    message = "The cluster refused this key the read (PERMISSION_DENIED)."
+
+    def __str__(self) -> str:
+        return (
+            self.message
+            if self.code != "UNAUTHENTICATED"
+            else ("The cluster could not verify this key's read statement (UNAUTHENTICATED).")
+        )
+
+
+READ_REFUSAL_CODES = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 
 
 class ClusterUnavailable(QuorumGateError):
@@ -482,6 +503,30 @@ def verify(
     except CertificateError as err:
         raise InvalidCertificate(err.reason, proposal_id=proposal_id) from err
     return Decision(leaf.proposal_id, certificate)
+
+
+def _raise_if_refused(
+    replies: Sequence[object],
+    statuses: Mapping[int, spb.SidecarStatusReply],
+    height: int,
+    needed: int,
+) -> None:
+    """`ReadNotAuthorized` when f+1 sidecars that had executed `height` before they were
+    asked refused the read: one of them is honest, and a key registered at or below the
+    height asked (the f+1-th highest executed one) is known to every honest sidecar there,
+    so the refusal is not a sidecar still behind the key's registration."""
+    codes = [
+        reply.code()
+        for i, reply in enumerate(replies)
+        if isinstance(reply, grpc.aio.AioRpcError)
+        and reply.code() in READ_REFUSAL_CODES
+        and i in statuses
+        and statuses[i].executed_height >= height
+    ]
+    if len(codes) >= needed:
+        denied = grpc.StatusCode.PERMISSION_DENIED in codes
+        code = grpc.StatusCode.PERMISSION_DENIED if denied else grpc.StatusCode.UNAUTHENTICATED
+        raise ReadNotAuthorized("read_not_authorized", code.name)
 
 
 def _receipt_signature_ok(spec: ClusterSpec, receipt: Receipt, asked: int) -> bool:
@@ -791,7 +836,9 @@ class Client:
         `Registry` RPC: accepted when f+1 of them return the same content with the same
         height and state root (at least one of them honest). The height asked for is the
         highest that f+1 sidecars have executed; if the registry changes meanwhile, the
-        client asks again, until `deadline_s` (then `ClusterUnavailable`)."""
+        client asks again, until `deadline_s` (then `ClusterUnavailable`). It holds what
+        this key may read (`Registry.scope`); a key that may read none of it gets
+        `ReadNotAuthorized` as soon as f+1 sidecars at that height refused it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.certificate_deadline_s if deadline_s is None else deadline_s)
         needed = self.spec.f + 1
@@ -812,11 +859,13 @@ class Client:
                     return reply
 
                 replies = await asyncio.gather(*(ask(s) for s in stubs), return_exceptions=True)
-                groups: dict[tuple[int, bytes, bytes], list[int]] = {}
+                _raise_if_refused(replies, statuses, height, needed)
+                groups: dict[tuple[int, bytes, str, bytes], list[int]] = {}
                 for i, reply in enumerate(replies):
                     if isinstance(reply, spb.RegistryReply) and reply.height == height:
                         content = reply.content.SerializeToString(deterministic=True)
-                        groups.setdefault((reply.height, reply.state_root, content), []).append(i)
+                        group = (reply.height, reply.state_root, reply.scope, content)
+                        groups.setdefault(group, []).append(i)
                 for members in groups.values():
                     if len(members) >= needed:
                         agreed = replies[members[0]]
@@ -1117,10 +1166,7 @@ class Client:
                         metadata=self._read_auth(METHOD_GET_RECEIPT),
                     )
                 except grpc.aio.AioRpcError as err:
-                    if err.code() in (
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        grpc.StatusCode.UNAUTHENTICATED,
-                    ):
+                    if err.code() in READ_REFUSAL_CODES:
                         refusing.add(i)
                         changed.set()
                     await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
@@ -1146,7 +1192,7 @@ class Client:
                 if len(refusing) >= needed and not (own_nonce or confirmed):
                     # f+1 sidecars say this key may not read this verdict, and it holds no
                     # proof that would let it once they have executed further
-                    raise Refused(
+                    raise ReadNotAuthorized(
                         "read_not_authorized", "PERMISSION_DENIED", proposal_id=proposal_id
                     )
                 decision = self._certify(proposal_id, list(latest.values()), cards)

@@ -1,4 +1,4 @@
-"""Who a sidecar's `Account`, `Admit` and `AdmitBatch` answer.
+"""Who a sidecar's `Account`, `Admit`, `AdmitBatch`, `GetReceipt` and `Registry` answer.
 
 They answered anyone, with no read statement: `Account(signer)` told a stranger whether
 any key it named is a registered agent and how many transactions it has made, and
@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from quorumgate.proto import sidecar_pb2 as spb
@@ -24,13 +25,27 @@ from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     read_seed,
 )
-from quorumgate.proto.model import Admin, RegisterAgent, RegisterPrincipal
+from quorumgate.proto.model import (
+    Admin,
+    Mandate,
+    RegisterAgent,
+    RegisterPrincipal,
+    RegisterSink,
+    RegisterTool,
+    RuleKind,
+    SetEntries,
+    SetMandate,
+    TargetRule,
+    ToolMode,
+    ToolSpec,
+)
 from quorumgate.replica.readwaits import CallerKind
 from quorumgate.sidecar.node import (
     METHOD_ACCOUNT,
     METHOD_ADMIT,
     METHOD_ADMIT_BATCH,
     METHOD_GET_RECEIPT,
+    METHOD_REGISTRY,
 )
 from tests.sidecar.standin import RPC_S, World, auth, own, poll, signed_call, world
 
@@ -193,3 +208,71 @@ async def stranger_waits_then_is_refused(w: World, stranger: SigningKey, asked: 
     waited = held() and not call.done()
     assert await refused(call) == grpc.StatusCode.PERMISSION_DENIED
     return waited
+
+
+async def registry_of(w: World, key: SigningKey) -> spb.RegistryReply:
+    reply: spb.RegistryReply = await w.stub().Registry(
+        spb.RegistryRequest(), timeout=RPC_S, metadata=auth(w.spec, key, METHOD_REGISTRY)
+    )
+    return reply
+
+
+async def test_the_registry_tells_each_key_its_own_part(world: World) -> None:
+    """An agent of one principal read the whole registry: every agent's mandate and rules,
+    the other principals and their payee sets. Now an agent reads its own entry and what it
+    needs to call tools (the tool specs, the sinks' public keys to seal to); a principal
+    itself, its own agents and their sets; the owner, members and auditors everything;
+    anyone else is refused."""
+    w = world
+    keys = {name: SigningKey.generate() for name in ("alice", "bob", "alice-bot", "bob-bot")}
+    public = {name: bytes(k.verify_key) for name, k in keys.items()}
+    payees = (TargetRule(RuleKind.EXACT, "https://payee.example/"),)
+    await owner_ops(
+        w,
+        RegisterTool(ToolSpec(name="kb.search", mode=ToolMode.READ, target_schemes=("https",))),
+        RegisterSink(sink_id="bank", public_key=bytes(PrivateKey.generate().public_key)),
+        RegisterPrincipal(principal_id="alice", public_key=public["alice"]),
+        RegisterPrincipal(principal_id="bob", public_key=public["bob"]),
+        RegisterAgent(agent_id="alice-bot", public_key=public["alice-bot"], principal="alice"),
+        RegisterAgent(agent_id="bob-bot", public_key=public["bob-bot"], principal="bob"),
+        SetMandate(agent_id="alice-bot", mandate=Mandate(allowed_tools=("kb.search",))),
+        SetMandate(agent_id="bob-bot", mandate=Mandate(allowed_tools=("kb.search",))),
+        SetEntries(principal="alice-bot", name="payees", entries=payees),
+        SetEntries(principal="bob-bot", name="payees", entries=payees),
+    )
+
+    def seen(reply: spb.RegistryReply) -> dict[str, list[str]]:
+        c = reply.content
+        return {
+            "agents": [a.agent_id for a in c.agents],
+            "principals": [p.principal_id for p in c.principals],
+            "sets": [s.principal for s in c.sets],
+            "tools": [t.name for t in c.tools],
+            "sinks": [s.sink_id for s in c.sinks],
+        }
+
+    bot = await registry_of(w, keys["alice-bot"])
+    assert seen(bot) == {
+        "agents": ["alice-bot"], "principals": [], "sets": [], "tools": ["kb.search"],
+        "sinks": ["bank"],
+    }  # fmt: skip
+    assert bot.content.agents[0].mandate.allowed_tools.tools == ["kb.search"]
+    person = await registry_of(w, keys["alice"])
+    assert seen(person) == {
+        "agents": ["alice-bot"], "principals": ["alice"], "sets": ["alice-bot"],
+        "tools": ["kb.search"], "sinks": ["bank"],
+    }  # fmt: skip
+    assert (bot.scope, person.scope) == ("agent:alice-bot", "principal:alice")
+    owner = await registry_of(w, SigningKey(read_seed(w.spec.directory / OWNER_KEY_FILE)))
+    assert seen(owner)["agents"] == ["alice-bot", "bob-bot"] and owner.scope == "all"
+    assert seen(owner)["sets"] == ["alice-bot", "bob-bot"]
+    assert (
+        await refused(
+            w.stub().Registry(
+                spb.RegistryRequest(),
+                timeout=RPC_S,
+                metadata=auth(w.spec, SigningKey.generate(), METHOD_REGISTRY),
+            )
+        )
+        == grpc.StatusCode.PERMISSION_DENIED
+    )
