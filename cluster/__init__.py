@@ -66,6 +66,7 @@ _EXPORTS: dict[str, str] = {
     "Executor": "quorumgate.sdk.executor",
     "ExecutorRefused": "quorumgate.sdk.executor",
     "CertificateReused": "quorumgate.sdk.executor",
+    "CertificateExpired": "quorumgate.sdk.executor",
     # the owner's operations
     "OwnerSession": "quorumgate.sdk.owner",
     # the one sentence an agent is ever told on a refusal
@@ -76,6 +77,7 @@ __all__ = [
     "DENIAL_TEXT",
     "ActionDenied",
     "ArgumentMappingError",
+    "CertificateExpired",
     "CertificateReused",
     "CertificateTimeout",
     "CertificateUnavailable",

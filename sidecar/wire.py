@@ -17,6 +17,7 @@ from quorumgate.sidecar.receipts import (
     Receipt,
     ReceiptLeaf,
     SignedBlock,
+    Validity,
 )
 
 
@@ -50,6 +51,20 @@ def leaf_from_pb(msg: spb.ReceiptLeaf) -> ReceiptLeaf:
     )
 
 
+def _validity_to_pb(validity: Validity | None, out: spb.Validity) -> None:
+    if validity is not None:
+        out.block_time_ms = validity.block_time_ms
+        out.valid_until_ms = validity.valid_until_ms
+
+
+def _validity_from_pb(msg: spb.Receipt | spb.Certificate) -> Validity | None:
+    """The window, or None when the message has none (presence, not zero, decides);
+    `CertificateError` for one that ends before it starts."""
+    if not msg.HasField("validity"):
+        return None
+    return Validity(msg.validity.block_time_ms, msg.validity.valid_until_ms)
+
+
 def receipt_to_pb(receipt: Receipt) -> spb.Receipt:
     out = spb.Receipt(
         path=list(receipt.path),
@@ -60,13 +75,22 @@ def receipt_to_pb(receipt: Receipt) -> spb.Receipt:
         signature=receipt.block.signature,
     )
     leaf_to_pb(receipt.leaf, out.leaf)
+    if receipt.block.validity is not None:
+        _validity_to_pb(receipt.block.validity, out.validity)
     return out
 
 
 def receipt_from_pb(msg: spb.Receipt) -> Receipt:
+    """A receipt off the wire; `CertificateError` for a validity window that cannot be."""
     leaf = leaf_from_pb(msg.leaf)
     block = SignedBlock(
-        leaf.height, msg.verdict_root, msg.state_root, msg.leaf_count, msg.signer, msg.signature
+        leaf.height,
+        msg.verdict_root,
+        msg.state_root,
+        msg.leaf_count,
+        msg.signer,
+        msg.signature,
+        _validity_from_pb(msg),
     )
     return Receipt(leaf, tuple(msg.path), block)
 
@@ -82,6 +106,8 @@ def certificate_to_pb(cert: Certificate) -> spb.Certificate:
     leaf_to_pb(cert.leaf, out.leaf)
     for signer, signature in cert.signatures:
         out.signatures.add(signer=signer, signature=signature)
+    if cert.validity is not None:
+        _validity_to_pb(cert.validity, out.validity)
     return out
 
 
@@ -94,6 +120,7 @@ def certificate_from_pb(msg: spb.Certificate) -> Certificate:
         verdict_root=msg.verdict_root,
         state_root=msg.state_root,
         signatures=tuple((s.signer, s.signature) for s in msg.signatures),
+        validity=_validity_from_pb(msg),
     )
 
 

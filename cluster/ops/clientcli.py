@@ -751,6 +751,11 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if isinstance(registry, int):
         return registry
+    if registry.scope != "all":  # the log's settings are not in a scoped registry
+        return _fail(
+            f"this key reads the registry as {registry.scope}: the settings made in the log "
+            "answer the owner, members and auditors (docs/security/reads-and-certificates.md)"
+        )
     config = config_for_cluster(_spec(args))
     logged = dict(registry.settings)
     rows = []
@@ -762,6 +767,8 @@ def _cmd_settings(args: argparse.Namespace) -> int:
         shown = "none" if value is None else "no limit" if value == 0 else value
         if name == "quota_agent_per_minute" and name not in logged:
             shown = f"{config.quota_proposals_max} per {config.quota_window_ms // 1000} s (sliding)"
+        if name == "certificate_ttl_ms" and not config.receipts_expire:
+            value, shown = None, "none (this chain's certificates carry no window)"
         values[name] = {"value": value, "source": source}
         rows.append([name, shown, source])
     doc = {"height": registry.height, "settings": values}
@@ -1035,7 +1042,8 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     resume = admin_sub.add_parser("resume", help="lift a suspension")
     resume.add_argument("agent_id")
     sets = admin_sub.add_parser(
-        "set-settings", help="latch thresholds, quotas, confirmation TTL, grant limits"
+        "set-settings",
+        help="latch thresholds, quotas, confirmation and certificate TTLs, grant limits",
     )
     sets.add_argument("setting", nargs="*", metavar="NAME=VALUE", help=", ".join(SETTING_NAMES))
     sets.add_argument(

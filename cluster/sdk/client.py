@@ -121,7 +121,6 @@ from quorumgate.sidecar.receipts import (
     CertificateError,
     Receipt,
     assemble_certificate,
-    block_statement,
     verify_certificate,
 )
 from quorumgate.sidecar.wire import decode_certificate, encode_certificate, receipt_from_pb
@@ -417,6 +416,14 @@ class Decision:
     def mandate_version(self) -> int:
         return self.certificate.leaf.mandate_version
 
+    @property
+    def valid_until_ms(self) -> int | None:
+        """The end of the window, in block time, after which executors refuse this
+        certificate (None on a chain whose receipts do not expire):
+        docs/security/reads-and-certificates.md."""
+        validity = self.certificate.validity
+        return None if validity is None else validity.valid_until_ms
+
     def certificate_bytes(self) -> bytes:
         """The certificate as a `qgpb.Certificate`, for an executor to verify offline."""
         return encode_certificate(self.certificate)
@@ -498,7 +505,11 @@ def verify(
     receipt keys, chain id, Merkle path) and return it as a `Decision`."""
     try:
         leaf = verify_certificate(
-            certificate, spec.chain_id, spec.receipt_keys, proposal_id=proposal_id
+            certificate,
+            spec.chain_id,
+            spec.receipt_keys,
+            receipts_expire=spec.receipts_expire,
+            proposal_id=proposal_id,
         )
     except CertificateError as err:
         raise InvalidCertificate(err.reason, proposal_id=proposal_id) from err
@@ -529,18 +540,28 @@ def _raise_if_refused(
         raise ReadNotAuthorized("read_not_authorized", code.name)
 
 
+def _receipt_or_none(message: spb.Receipt) -> Receipt | None:
+    """A receipt off the wire, or None for one that cannot be (a validity window that ends
+    before it starts): dropped on arrival, as a badly signed one is."""
+    try:
+        return receipt_from_pb(message)
+    except CertificateError:
+        return None
+
+
 def _receipt_signature_ok(spec: ClusterSpec, receipt: Receipt, asked: int) -> bool:
-    """Drop a receipt on arrival unless sidecar `asked` signed it for itself: a Byzantine
-    sidecar can neither speak for another member nor poison an honest group."""
+    """Drop a receipt on arrival unless sidecar `asked` signed it for itself, with a
+    validity window exactly when the chain's receipts expire: a Byzantine sidecar can
+    neither speak for another member nor poison an honest group."""
     from nacl.exceptions import BadSignatureError
     from nacl.signing import VerifyKey
 
     block = receipt.block
     if block.signer != asked or receipt.leaf.height != block.height:
         return False
-    message = block_statement(
-        spec.chain_id, block.height, block.verdict_root, block.state_root, block.leaf_count
-    )
+    if (block.validity is not None) != spec.receipts_expire:
+        return False
+    message = block.statement(spec.chain_id)
     try:
         VerifyKey(spec.member(asked).receipt_public_key).verify(message, block.signature)
     except (BadSignatureError, ValueError, TypeError):
@@ -550,7 +571,10 @@ def _receipt_signature_ok(spec: ClusterSpec, receipt: Receipt, asked: int) -> bo
 
 def _statement_key(receipt: Receipt) -> tuple[object, ...]:
     b = receipt.block
-    return (receipt.leaf, receipt.path, b.height, b.verdict_root, b.state_root, b.leaf_count)
+    return (
+        receipt.leaf, receipt.path, b.height, b.verdict_root, b.state_root, b.leaf_count,
+        b.validity,
+    )  # fmt: skip
 
 
 def _reason_of(err: grpc.aio.AioRpcError | grpc.RpcError) -> str:
@@ -1235,7 +1259,10 @@ class Client:
         for) and `cards`; returns the height of the receipt it carried, if any."""
         if not reply.found:
             return None
-        receipt = receipt_from_pb(reply.receipt)
+        receipt = _receipt_or_none(reply.receipt)
+        if receipt is None:
+            log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
+            return None
         leaf = receipt.leaf
         if leaf.proposal_id != proposal_id or not _receipt_signature_ok(self.spec, receipt, i):
             log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
@@ -1295,8 +1322,8 @@ class Client:
                     for message in batch.receipts:
                         if message.leaf.tx_id != tx_id:
                             continue
-                        receipt = receipt_from_pb(message)
-                        if _receipt_signature_ok(self.spec, receipt, i):
+                        receipt = _receipt_or_none(message)
+                        if receipt is not None and _receipt_signature_ok(self.spec, receipt, i):
                             found[i] = receipt
                             if self._certify(receipt.leaf.proposal_id, list(found.values()), {}):
                                 done.set()
@@ -1532,8 +1559,8 @@ class Client:
         deadline_s: float | None = None,
     ) -> Decision:
         """Set settings in the log (owner; `SETTING_NAMES`: latch thresholds, quotas, the
-        confirmation TTL, grant limits), or put the `clear`ed ones back to cluster.json's
-        values. Applied or rejected as one operation."""
+        confirmation and certificate TTLs, grant limits), or put the `clear`ed ones back to
+        cluster.json's values. Applied or rejected as one operation."""
         op = SetSettings(values=tuple(sorted((values or {}).items())), clear=tuple(sorted(clear)))
         return await self._applied(Admin(op=op), deadline_s)
 
@@ -1592,7 +1619,9 @@ class Client:
             try:
                 async for batch in stream:
                     for message in batch.receipts:
-                        await queue.put((i, receipt_from_pb(message)))
+                        receipt = _receipt_or_none(message)
+                        if receipt is not None:
+                            await queue.put((i, receipt))
             except grpc.aio.AioRpcError as err:
                 log.info("event=receipts_stream_closed sidecar=%d code=%s", i, err.code().name)
             finally:

@@ -273,6 +273,11 @@ def test_agents_shows_a_key_its_own_part_and_names_a_refusal(
     assert run(capsys, "keygen", "--out", str(stranger))[0] == 0
     code, _, err = run(capsys, "agents", "--dir", d, "--key", str(stranger), "--deadline", "20")
     assert code == 2 and "PERMISSION_DENIED" in err and "could not be reached" not in err
+    # the log's settings are no agent's to read: refused, not shown as cluster.json's
+    code, _, err = run(capsys, "settings", "--dir", d, "--key", str(agent_key))
+    assert code == 2 and "answer the owner, members and auditors" in err
+    code, doc = run_json(capsys, "settings", "--dir", d)
+    assert doc["settings"]["certificate_ttl_ms"] == {"value": 300_000, "source": "cluster.json"}
 
 
 def test_the_registry_rpc_answers_for_one_height_or_says_why_not(cluster: ClusterSpec) -> None:
