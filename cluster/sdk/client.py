@@ -534,6 +534,12 @@ def _raise_if_refused(
         and i in statuses
         and statuses[i].executed_height >= height
     ]
+    _raise_if_read_refused(codes, needed)
+
+
+def _raise_if_read_refused(codes: Sequence[grpc.StatusCode], needed: int) -> None:
+    """`ReadNotAuthorized` when `needed` (f+1) sidecars refused the read: PERMISSION_DENIED
+    if any of them said so, else UNAUTHENTICATED (none could verify the statement)."""
     if len(codes) >= needed:
         denied = grpc.StatusCode.PERMISSION_DENIED in codes
         code = grpc.StatusCode.PERMISSION_DENIED if denied else grpc.StatusCode.UNAUTHENTICATED
@@ -774,8 +780,10 @@ class Client:
         call: Callable[[spb_grpc.SidecarStub], Coroutine[Any, Any, T]],
         *,
         enough: int,
+        refused: dict[int, grpc.StatusCode] | None = None,
     ) -> dict[int, T]:
-        """Ask every sidecar at once; return as soon as `enough` answered (or all tried)."""
+        """Ask every sidecar at once; return as soon as `enough` answered (or all tried).
+        `refused` collects the sidecars that refused the read (`READ_REFUSAL_CODES`)."""
         stubs = self._ch().sidecars
         tasks = {asyncio.ensure_future(call(stub)): i for i, stub in enumerate(stubs)}
         answers: dict[int, T] = {}
@@ -784,8 +792,15 @@ class Client:
             while pending and len(answers) < enough:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if task.exception() is None:
+                    err = task.exception()
+                    if err is None:
                         answers[tasks[task]] = task.result()
+                    elif (
+                        refused is not None
+                        and isinstance(err, grpc.aio.AioRpcError)
+                        and err.code() in READ_REFUSAL_CODES
+                    ):
+                        refused[tasks[task]] = err.code()
         finally:
             await _cancel_all(tasks)
         return answers
@@ -794,6 +809,7 @@ class Client:
         """Ask f+1 sidecars for this key's next executed nonce (the largest answer; it never
         goes back) and return the nonce this client signs with next."""
         needed = self.spec.f + 1
+        refused: dict[int, grpc.StatusCode] = {}
         answers = await self._sidecar_calls(
             lambda stub: stub.Account(
                 spb.AccountRequest(signer=self.public_key),
@@ -801,8 +817,10 @@ class Client:
                 metadata=self._read_auth(METHOD_ACCOUNT),
             ),
             enough=needed,
+            refused=refused,
         )
         if len(answers) < needed:
+            _raise_if_read_refused(list(refused.values()), needed)
             raise ClusterUnavailable("sidecars_unreachable")
         self._nonces.sync(max(a.next_nonce for a in answers.values()))
         return self._nonces.next
@@ -1399,6 +1417,7 @@ class Client:
         needed = self.spec.f + 1
         delay = RECEIPT_POLL_S_MIN
         while True:
+            refused: dict[int, grpc.StatusCode] = {}
             answers = await self._sidecar_calls(
                 lambda stub: stub.Pending(
                     spb.PendingRequest(),
@@ -1406,9 +1425,11 @@ class Client:
                     metadata=self._read_auth(METHOD_PENDING),
                 ),
                 enough=self.spec.n,
+                refused=refused,
             )
             if len(answers) >= needed:
                 return _agreed_cards(answers, needed)
+            _raise_if_read_refused(list(refused.values()), needed)
             if loop.time() >= deadline:
                 raise ClusterUnavailable("sidecars_unreachable")
             await asyncio.sleep(delay)

@@ -166,3 +166,37 @@ def test_the_sdk_reads_each_key_its_own_registry_and_names_a_refusal(
             assert err.code == "PERMISSION_DENIED" and "PERMISSION_DENIED" in str(err)
         else:
             raise AssertionError("a stranger read the registry")
+
+
+def test_a_refused_nonce_or_cards_read_is_named_not_taken_for_an_outage(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """The registry's neighbours: `Account` (where a client starts its nonces) and
+    `Pending` (a principal's open cards) refuse a read statement they cannot verify, here
+    one signed ten minutes ago (a client whose clock is that far off). Every sidecar said
+    UNAUTHENTICATED, and the client reported "the cluster could not be reached"; now it
+    says the cluster could not verify its read statement."""
+    import time
+
+    from quorumgate.replica.readauth import read_auth_metadata
+    from quorumgate.sdk.client import Client, ClusterUnavailable, ReadNotAuthorized
+
+    class SlowClock(Client):
+        def _read_auth(self, method: str) -> tuple[tuple[str, str], ...]:
+            then = int(time.time() * 1000) - 600_000
+            sign = lambda m: bytes(self.key.sign(m).signature)  # noqa: E731
+            return read_auth_metadata(self.spec.chain_id, method, self.public_key, sign, then)
+
+    _, key = new_agent(owner, ["web.get"])
+    with SyncClient(cluster, key) as plain:
+        slow = SlowClock(cluster, key)
+        for name, read in (("Account", slow.sync_nonce), ("Pending", slow.pending)):
+            try:
+                plain.run(read())
+            except ClusterUnavailable as err:
+                raise AssertionError(f"{name}: reported as unavailable ({err.reason})") from err
+            except ReadNotAuthorized as err:
+                assert err.code == "UNAUTHENTICATED" and "UNAUTHENTICATED" in str(err)
+            else:
+                raise AssertionError(f"{name} answered a statement ten minutes old")
+        plain.run(slow.close())
