@@ -62,6 +62,21 @@ AUTHORITY_VERSION_NEW = 2  # what `init` writes
 # whole state bytes; 2, a hash tree over per-entry hashes (issue 19, item 3).
 STATE_VERSIONS = (1, 2)
 STATE_VERSION_NEW = 2  # what `init` writes
+# What a sidecar's receipts sign (sidecar/receipts.py): 1, the block statement (chain,
+# height, verdict root, state root, leaf count); 2, that and the block time and the end of
+# the certificate's validity window, which executors enforce
+# (docs/security/reads-and-certificates.md). `receipts_expire` is the rule's one predicate.
+RECEIPT_VERSIONS = (1, 2)
+RECEIPT_VERSION_NEW = 2  # what `init` writes
+RECEIPT_VERSIONS_EXPIRING = frozenset({2})
+
+
+def receipts_expire(receipt_version: int) -> bool:
+    """Whether certificates of a chain of this receipt version carry a signed validity
+    window (block time and the end of the window) that executors enforce."""
+    return receipt_version in RECEIPT_VERSIONS_EXPIRING
+
+
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
@@ -123,6 +138,12 @@ class ClusterSpec:
     capacities: tuple[tuple[str, int], ...] = ()
     # How the state root is computed (STATE_VERSIONS); files from before have none: 1.
     state_version: int = 1
+    # What receipts sign (RECEIPT_VERSIONS); files from before have none: 1, no expiry.
+    receipt_version: int = 1
+
+    @property
+    def receipts_expire(self) -> bool:
+        return receipts_expire(self.receipt_version)
 
     @property
     def transport(self) -> str:
@@ -311,6 +332,7 @@ def init_cluster(
             authority_version=AUTHORITY_VERSION_NEW,
             capacities=checked_capacities,
             state_version=STATE_VERSION_NEW,
+            receipt_version=RECEIPT_VERSION_NEW,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -371,6 +393,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         **({"authority_version": spec.authority_version} if spec.authority_version != 1 else {}),
         **({"capacities": dict(spec.capacities)} if spec.capacities else {}),
         **({"state_version": spec.state_version} if spec.state_version != 1 else {}),
+        **({"receipt_version": spec.receipt_version} if spec.receipt_version != 1 else {}),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -539,6 +562,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
     canonical_version = _version(doc, "canonical_version", CANONICAL_VERSIONS, where)
     authority_version = _version(doc, "authority_version", AUTHORITY_VERSIONS, where)
     state_version = _version(doc, "state_version", STATE_VERSIONS, where)
+    receipt_version = _version(doc, "receipt_version", RECEIPT_VERSIONS, where)
     raw_capacities = doc.get("capacities", {})
     if not isinstance(raw_capacities, dict):
         raise ClusterFileError(f"{where}: capacities must be an object of name: number")
@@ -554,6 +578,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
         authority_version,
         check_capacities(raw_capacities, f"{where}: capacities"),
         state_version,
+        receipt_version,
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

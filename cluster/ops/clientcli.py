@@ -90,6 +90,7 @@ from quorumgate.sdk.client import (
     Handle,
     OpenCard,
     QuorumGateError,
+    ReadNotAuthorized,
     TransactionRejected,
     mandate,
     tool_spec,
@@ -716,6 +717,9 @@ def _registry(args: argparse.Namespace) -> Registry | int:
         return asyncio.run(read())
     except ClusterUnavailable:
         return _fail("the cluster could not be reached (no f+1 sidecars agreed on a registry)")
+    except ReadNotAuthorized as err:
+        return _fail(f"{err} The registry answers the owner, members and auditors, and an "
+                     "agent or a principal its own part.")  # fmt: skip
 
 
 def _mandate_json(m: Mandate | None) -> dict[str, object] | None:
@@ -772,6 +776,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         "height": registry.height,
         "state_root": registry.state_root.hex(),
         "agreed_by": list(registry.agreed_by),
+        "scope": registry.scope,  # "all", or the part this key may read
         "agents": [
             {
                 "agent_id": a.agent_id,
@@ -806,6 +811,11 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if isinstance(registry, int):
         return registry
+    if registry.scope != "all":  # the log's settings are not in a scoped registry
+        return _fail(
+            f"this key reads the registry as {registry.scope}: the settings made in the log "
+            "answer the owner, members and auditors (docs/security/reads-and-certificates.md)"
+        )
     config = config_for_cluster(_spec(args))
     logged = dict(registry.settings)
     rows = []
@@ -817,6 +827,8 @@ def _cmd_settings(args: argparse.Namespace) -> int:
         shown = "none" if value is None else "no limit" if value == 0 else value
         if name == "quota_agent_per_minute" and name not in logged:
             shown = f"{config.quota_proposals_max} per {config.quota_window_ms // 1000} s (sliding)"
+        if name == "certificate_ttl_ms" and not config.receipts_expire:
+            value, shown = None, "none (this chain's certificates carry no window)"
         values[name] = {"value": value, "source": source}
         rows.append([name, shown, source])
     doc = {"height": registry.height, "settings": values}
@@ -1104,7 +1116,8 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     resume = admin_sub.add_parser("resume", help="lift a suspension")
     resume.add_argument("agent_id")
     sets = admin_sub.add_parser(
-        "set-settings", help="latch thresholds, quotas, confirmation TTL, grant limits"
+        "set-settings",
+        help="latch thresholds, quotas, confirmation and certificate TTLs, grant limits",
     )
     sets.add_argument("setting", nargs="*", metavar="NAME=VALUE", help=", ".join(SETTING_NAMES))
     sets.add_argument(

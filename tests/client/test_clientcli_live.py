@@ -447,6 +447,30 @@ def test_the_registry_comes_from_f_plus_1_sidecars_at_one_height(
     assert not roots or roots == {registry.state_root}
 
 
+def test_agents_shows_a_key_its_own_part_and_names_a_refusal(
+    cluster: ClusterSpec,
+    agent_key: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`agents --key K` reads what K may read: an agent its own entry (the scope says so);
+    a key the cluster does not know is refused, and the message says PERMISSION_DENIED,
+    not that the cluster could not be reached."""
+    d = str(cluster.directory)
+    code, doc = run_json(capsys, "agents", "--dir", d, "--key", str(agent_key))
+    assert code == 0 and doc["scope"] == "agent:cli-agent"
+    assert [a["agent_id"] for a in doc["agents"]] == ["cli-agent"]
+    stranger = tmp_path / "stranger.key"
+    assert run(capsys, "keygen", "--out", str(stranger))[0] == 0
+    code, _, err = run(capsys, "agents", "--dir", d, "--key", str(stranger), "--deadline", "20")
+    assert code == 2 and "PERMISSION_DENIED" in err and "could not be reached" not in err
+    # the log's settings are no agent's to read: refused, not shown as cluster.json's
+    code, _, err = run(capsys, "settings", "--dir", d, "--key", str(agent_key))
+    assert code == 2 and "answer the owner, members and auditors" in err
+    code, doc = run_json(capsys, "settings", "--dir", d)
+    assert doc["settings"]["certificate_ttl_ms"] == {"value": 300_000, "source": "cluster.json"}
+
+
 def test_the_registry_rpc_answers_for_one_height_or_says_why_not(cluster: ClusterSpec) -> None:
     """A height the registry changed after is FAILED_PRECONDITION; a height far ahead is
     UNAVAILABLE after a short wait; the current height is answered with its signed root."""
