@@ -367,30 +367,67 @@ def responses_stream(*items: dict[str, Any], cut_in_item: int | None = None) -> 
     for index, item in enumerate(items):
         if item["type"] == "message":
             words = item["content"][0]["text"]
-            emit("response.output_item.added", output_index=index,
-                 item={**item, "status": "in_progress", "content": []})
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "content": []},
+            )
             part = {"type": "output_text", "text": "", "annotations": []}
-            emit("response.content_part.added", item_id=item["id"], output_index=index,
-                 content_index=0, part=part)
+            emit(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            )
             for piece in (words[:5], words[5:]):
-                emit("response.output_text.delta", item_id=item["id"], output_index=index,
-                     content_index=0, delta=piece, logprobs=[])
-            emit("response.output_text.done", item_id=item["id"], output_index=index,
-                 content_index=0, text=words, logprobs=[])
-            emit("response.content_part.done", item_id=item["id"], output_index=index,
-                 content_index=0, part={**part, "text": words})
+                emit(
+                    "response.output_text.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    delta=piece,
+                    logprobs=[],
+                )
+            emit(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=words,
+                logprobs=[],
+            )
+            emit(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part={**part, "text": words},
+            )
         else:
             raw = item["arguments"]
-            emit("response.output_item.added", output_index=index,
-                 item={**item, "status": "in_progress", "arguments": ""})
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "arguments": ""},
+            )
             half = len(raw) // 2
             for k, piece in enumerate((raw[:half], raw[half:])):
                 if cut_in_item == index and k == 1:
                     return frames
-                emit("response.function_call_arguments.delta", item_id=item["id"],
-                     output_index=index, delta=piece)
-            emit("response.function_call_arguments.done", item_id=item["id"],
-                 output_index=index, arguments=raw, name=item["name"])
+                emit(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=piece,
+                )
+            emit(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                arguments=raw,
+                name=item["name"],
+            )
         emit("response.output_item.done", output_index=index, item=item)
     emit("response.completed", response=response(*items))
     return frames  # fmt: skip

@@ -16,7 +16,7 @@ from quorumgate.sidecar.engine.targets import (
     canonicalize_target,
 )
 
-__all__ = ["binds_caller", "certified_call", "certified_target"]
+__all__ = ["binds_caller", "certified_call", "certified_target", "release_form"]
 
 
 def binds_caller(raw: str, targets: Sequence[tuple[str, str]] = ()) -> bool:
@@ -89,3 +89,15 @@ def certified_target(
     """`certified_call` for a call with one target: its canonical form, "" for none."""
     found = certified_call(tool, raw, certified_digest, version=version, principal=principal)
     return None if found is None else found[0]
+
+
+def release_form(canonical: str, scheme_added: str | None = None) -> str:
+    """The text to hand a tool for a certified target: its canonical form (A-label hosts,
+    resolved paths, E.164 numbers, IBANs without spaces: what every resolver reads alike),
+    "" for no target, and without `scheme_added` when the caller wrote the value without
+    that scheme and added it only to name the target (`bob@example.com` for `mailto:`)."""
+    if canonical in ("", NO_TARGET):
+        return ""
+    if scheme_added and canonical[: len(scheme_added) + 1].lower() == scheme_added + ":":
+        return canonical[len(scheme_added) + 1 :]
+    return canonical
