@@ -38,13 +38,35 @@ class Answer:
     chunks: list[bytes]
 
 
-def _transport(answer: Answer) -> httpx2.MockTransport:
-    def handler(_: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(
-            answer.status, headers=answer.headers, content=iter(list(answer.chunks))
-        )
+_CURRENT: list[Answer] = []  # the answer the one in-memory transport gives next
 
-    return httpx2.MockTransport(handler)
+
+def _handler(_: httpx2.Request) -> httpx2.Response:
+    answer = _CURRENT[-1]
+    return httpx2.Response(answer.status, headers=answer.headers, content=iter(list(answer.chunks)))
+
+
+_CLIENTS: dict[str, Any] = {}  # one client of each SDK, made once (making one is slow)
+
+
+def _client(kind: str, answer: Answer) -> Any:
+    _CURRENT[:] = [answer]
+    if kind not in _CLIENTS:
+        http = httpx2.Client(transport=httpx2.MockTransport(_handler))
+        if kind == "anthropic":
+            _CLIENTS[kind] = anthropic.Anthropic(
+                api_key="k", base_url="http://up.test", max_retries=0, http_client=http
+            )
+        else:
+            _CLIENTS[kind] = openai.OpenAI(
+                api_key="k", base_url="http://up.test/v1", max_retries=0, http_client=http
+            )
+    return _CLIENTS[kind]
+
+
+def _text(value: object) -> str:
+    """An id or a name as an agent compares it: absent (None) is empty."""
+    return "" if value is None else str(value)
 
 
 def _parsed(text: object) -> object:
@@ -68,16 +90,20 @@ def _guard(seen: Seen, body: Callable[[], None]) -> Seen:
 
 
 def _claude(answer: Answer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        api_key="k", base_url="http://up.test", max_retries=0,
-        http_client=httpx2.Client(transport=_transport(answer)),
-    )  # fmt: skip
+    client: anthropic.Anthropic = _client("anthropic", answer)
+    return client
 
 
 def _tool_uses(blocks: Any) -> Iterator[Call]:
-    for block in blocks or []:
+    for block in _items(blocks):
         if getattr(block, "type", None) == "tool_use":
-            yield (str(block.id), str(block.name), block.input)
+            yield (_text(getattr(block, "id", None)), _text(getattr(block, "name", None)),
+                   getattr(block, "input", None))  # fmt: skip
+
+
+def _items(value: Any) -> list[Any]:
+    """A list the SDK built, or nothing (a shape the agent's code could not walk)."""
+    return list(value) if isinstance(value, list) else []
 
 
 def anthropic_view(answer: Answer, *, stream: bool) -> Seen:
@@ -110,23 +136,30 @@ def anthropic_view(answer: Answer, *, stream: bool) -> Seen:
 
 
 def _gpt(answer: Answer) -> openai.OpenAI:
-    return openai.OpenAI(
-        api_key="k", base_url="http://up.test/v1", max_retries=0,
-        http_client=httpx2.Client(transport=_transport(answer)),
-    )  # fmt: skip
+    client: openai.OpenAI = _client("openai", answer)
+    return client
 
 
 def _chat_calls(message: Any) -> Iterator[Call]:
-    for entry in getattr(message, "tool_calls", None) or []:
+    for entry in _items(getattr(message, "tool_calls", None)):
+        ident = _text(getattr(entry, "id", None))
         function = getattr(entry, "function", None)
-        if function is not None:
-            yield (str(entry.id), str(function.name), _parsed(function.arguments))
+        if function is not None and not isinstance(function, (str, int, float, list)):
+            yield (
+                ident,
+                _text(getattr(function, "name", None)),
+                _parsed(getattr(function, "arguments", None)),
+            )
         custom = getattr(entry, "custom", None)
-        if custom is not None:
-            yield (str(entry.id), str(custom.name), custom.input)
+        if custom is not None and not isinstance(custom, (str, int, float, list)):
+            yield (ident, _text(getattr(custom, "name", None)), getattr(custom, "input", None))
     legacy = getattr(message, "function_call", None)
-    if legacy is not None:
-        yield ("function_call", str(legacy.name), _parsed(legacy.arguments))
+    if legacy is not None and not isinstance(legacy, (str, int, float, list)):
+        yield (
+            "function_call",
+            _text(getattr(legacy, "name", None)),
+            _parsed(getattr(legacy, "arguments", None)),
+        )
 
 
 def chat_view(answer: Answer, *, stream: bool) -> Seen:
@@ -136,8 +169,8 @@ def chat_view(answer: Answer, *, stream: bool) -> Seen:
     if not stream:
 
         def plain() -> None:
-            for choice in client.chat.completions.create(**args).choices:
-                seen.complete += _chat_calls(choice.message)
+            for choice in _items(client.chat.completions.create(**args).choices):
+                seen.complete += _chat_calls(getattr(choice, "message", None))
             seen.seen = list(seen.complete)
 
         return _guard(seen, plain)
@@ -152,10 +185,10 @@ def chat_view(answer: Answer, *, stream: bool) -> Seen:
     _guard(seen, streamed)
     state = getattr(holder.get("stream"), "_state", None)
     snapshot = getattr(state, "_ChatCompletionStreamState__current_completion_snapshot", None)
-    for choice in getattr(snapshot, "choices", None) or []:
-        calls = list(_chat_calls(choice.message))
+    for choice in _items(getattr(snapshot, "choices", None)):
+        calls = list(_chat_calls(getattr(choice, "message", None)))
         seen.seen += calls
-        if choice.finish_reason:
+        if getattr(choice, "finish_reason", None):
             seen.complete += calls
     return seen
 
@@ -165,12 +198,17 @@ _RUN_LOCALLY = ("function_call", "custom_tool_call", "computer_call", "local_she
 
 
 def _response_calls(items: Any) -> Iterator[Call]:
-    for item in items or []:
+    for item in _items(items):
         kind = getattr(item, "type", None)
+        ident = _text(getattr(item, "call_id", None))
         if kind == "function_call":
-            yield (str(item.call_id), str(item.name), _parsed(item.arguments))
+            yield (
+                ident,
+                _text(getattr(item, "name", None)),
+                _parsed(getattr(item, "arguments", None)),
+            )
         elif kind in _RUN_LOCALLY:
-            yield (str(getattr(item, "call_id", "")), str(kind), getattr(item, "input", None))
+            yield (ident, str(kind), getattr(item, "input", None))
 
 
 def responses_view(answer: Answer, *, stream: bool) -> Seen:
