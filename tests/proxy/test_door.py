@@ -30,6 +30,7 @@ from quorumgate.proxy.fake import (
     ServerThread,
     anthropic_stream,
     completion,
+    completion_stream,
     function_call,
     message,
     response,
@@ -62,6 +63,21 @@ tool = "clock.read"
 
 [agents.door.tools.web]
 tool = "clock.read"
+
+[agents.door.tools.read_file]
+tool = "files.read"
+target = "path"
+scheme = "file"
+
+[agents.door.tools.call]
+tool = "phone.call"
+target = "number"
+scheme = "tel"
+
+[agents.door.tools.pay]
+tool = "pay.send"
+target = "iban"
+scheme = "iban"
 """
 
 
@@ -70,8 +86,11 @@ class RuleCluster:
 
     ALLOWED: ClassVar[dict[str, tuple[str, ...]]] = {
         "http.get": (".docs.example.com", ".xn--fa-hia.example"),
-        "mail.send": ("@example.com",),
+        "mail.send": ("@example.com", ".example.com"),
         "clock.read": ("-",),  # no target: always allowed, whatever its arguments
+        "files.read": ("/srv/",),
+        "phone.call": ("tel:+44",),
+        "pay.send": ("iban:GB",),
     }
 
     def __init__(self, version: int) -> None:
@@ -79,7 +98,8 @@ class RuleCluster:
         self.judged: list[tuple[str, str, dict[str, str | None]]] = []
 
     async def decide(self, proposal: Any, _deadline_s: float | None = None) -> Any:
-        scheme = proposal.target.split(":", 1)[0].lower()
+        head = proposal.target.split(":", 1)[0].lower()
+        scheme = "file" if proposal.target.startswith("/") else head
         try:
             canonical = canonicalize_target(
                 proposal.target, principal="door", schemes=(scheme, "principal"),
@@ -93,7 +113,7 @@ class RuleCluster:
         self.judged.append((proposal.tool, canonical, values))
         host = canonical.split("/")[2] if canonical.startswith("https://") else canonical
         allowed = any(
-            ("." + host).endswith(s) or host.endswith(s)
+            ("." + host).endswith(s) or host.endswith(s) or canonical.startswith(s)
             for s in self.ALLOWED.get(proposal.tool, ())
         )
         leaf = SimpleNamespace(
@@ -482,3 +502,31 @@ def test_an_allowed_host_is_released_in_the_form_the_cluster_judged(door: Door) 
     assert chat_calls(door, stream=False) == [
         ("web_fetch", {"url": "https://xn--fa-hia.example/b"})
     ]
+
+
+@pytest.mark.parametrize(
+    ("tool", "argument", "written", "judged"),
+    [
+        (
+            "web_fetch",
+            "url",
+            "HTTPS://Docs.Example.COM:443/a/./b/../c",
+            "https://docs.example.com/a/c",
+        ),
+        ("send_mail", "to", "bob@faß.example.com", "bob@xn--fa-hia.example.com"),
+        ("send_mail", "to", "mailto:bob@faß.example.com", "mailto:bob@xn--fa-hia.example.com"),
+        ("read_file", "path", "/srv/a/./b/../c", "/srv/a/c"),
+        ("call", "number", "+44 20 7946 0958", "+442079460958"),
+        ("pay", "iban", "GB82 WEST 1234 5698 7654 32", "GB82WEST12345698765432"),
+    ],
+    ids=["url", "mailto", "mailto-with-scheme", "path", "tel", "iban"],
+)
+def test_each_scheme_is_released_in_its_canonical_form(
+    door: Door, tool: str, argument: str, written: str, judged: str
+) -> None:
+    """What the agent runs is the target the cluster judged: its canonical form, without
+    the scheme the proxy added when the model wrote the value without one."""
+    door.upstream.script.append(Reply(body=message(tool_use(tool, "t1", **{argument: written}))))
+    assert anthropic_calls(door, stream=False) == [(tool, {argument: judged})]
+    door.upstream.script.append(Reply(frames=completion_stream(("c1", tool, {argument: written}))))
+    assert chat_calls(door, stream=True) == [(tool, {argument: judged})]
