@@ -61,9 +61,10 @@ class MappingError(ValueError):
     """A tool call that cannot become a proposal (its message names no value)."""
 
 
-class Unreadable(StreamUnreadable):
-    """A response the proxy cannot read as the SDK would: refused, never passed on. The
-    message says what was wrong, with no content of the response in it."""
+# A response the proxy cannot read as the SDK would: refused, never passed on. The message
+# says what was wrong, with no content of the response in it. One class for the SSE
+# decoder's refusals and the API modules' (`sse.StreamUnreadable`).
+Unreadable = StreamUnreadable
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 SSE_LINE_BYTES_MAX = 16 * 1024 * 1024  # one line (a data line carries a whole JSON event)
 SSE_EVENT_BYTES_MAX = 16 * 1024 * 1024  # the data of one event, all its lines together
 CR, LF = 13, 10
+EVENT_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")  # what the proxy writes after `event:`
 
 
 class StreamUnreadable(ValueError):
@@ -121,6 +123,11 @@ def dumps(value: object) -> str:
 
 
 def frame(event: str | None, data: object) -> bytes:
+    """One event as the proxy writes it. An event name comes from the upstream's data (its
+    `type`): one that is not a plain name is refused, as it could end the line and start
+    another field."""
+    if event is not None and not EVENT_NAME_RE.fullmatch(event):
+        raise StreamUnreadable("an event name that is not a plain name")
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {dumps(data)}\n\n".encode("ascii")
 

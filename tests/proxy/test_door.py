@@ -530,3 +530,15 @@ def test_each_scheme_is_released_in_its_canonical_form(
     assert anthropic_calls(door, stream=False) == [(tool, {argument: judged})]
     door.upstream.script.append(Reply(frames=completion_stream(("c1", tool, {argument: written}))))
     assert chat_calls(door, stream=True) == [(tool, {argument: judged})]
+
+
+def test_a_stream_the_decoder_refuses_ends_with_an_error_event(door: Door) -> None:
+    """A line that is not UTF-8 (the SDKs raise on it) ends the stream with an error in
+    the API's shape, and nothing after it is sent."""
+    frames = anthropic_stream(text("Mailing."), tool_use("send_mail", "t1", to=EVIL_MAIL))
+    frames.insert(4, b"event: ping\ndata: \xff\n\n")
+    door.upstream.script.append(Reply(frames=frames))
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    answer = httpx.post(door.url + "/v1/messages", json={**ASK, "stream": True}, headers=headers)
+    assert answer.content.endswith(b"event: error\n" + answer.content.split(b"event: error\n")[-1])
+    assert b"send_mail" not in answer.content and b"api_error" in answer.content

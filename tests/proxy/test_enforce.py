@@ -490,3 +490,16 @@ def test_interleaved_tool_blocks_are_each_decided() -> None:
     assert [c.name for c in decider.seen] == ["web_fetch", "send_mail"]
     assert b"send_mail" not in out and b"evil.example" not in out
     assert out.count(b'"type": "tool_use"') + out.count(b'"type":"tool_use"') == 1
+
+
+def test_an_event_name_from_the_upstream_cannot_start_another_line() -> None:
+    """The Responses enforcer names each event after its data's `type`: a type with a line
+    break in it would write a field of the upstream's choosing (found by the fuzzer, as a
+    NEL the proxy could not even write)."""
+    from quorumgate.proxy.enforce import Unreadable
+    from quorumgate.proxy.responses import ResponseStream
+
+    for kind in ("response.note\ndata: {}", "response.note\r", "response.note\x85"):
+        stream = ResponseStream(Decider())
+        with pytest.raises(Unreadable):
+            run(stream.feed(SseEvent(None, json.dumps({"type": kind, "sequence_number": 1}))))
