@@ -363,8 +363,12 @@ class Proxy:
             log.warning("event=upstream_cut api=%s", api)
             self.metrics.refused.labels("response").inc()
             return _error(api, 502, UNREADABLE)
-        except Unreadable as err:
-            log.warning("event=unreadable_response api=%s why=%s", api, err)
+        except Exception as err:  # Unreadable, or our own bug: refused either way
+            log.warning(
+                "event=unreadable_response api=%s why=%s",
+                api,
+                err if isinstance(err, Unreadable) else type(err).__name__,
+            )
             self.metrics.refused.labels("response").inc()
             return _error(api, 502, UNREADABLE)
         return Response(dumps(document).encode(), 200, headers, media_type="application/json")
@@ -404,6 +408,10 @@ class Proxy:
             yield STREAM_ERRORS[api](UNREADABLE)
         except httpx.HTTPError:
             log.warning("event=upstream_stream_cut api=%s", api)
+        except Exception as err:  # our own bug: the stream still ends closed, and says so
+            log.error("event=enforcer_failed api=%s error=%s", api, type(err).__name__)
+            self.metrics.refused.labels("enforcer").inc()
+            yield STREAM_ERRORS[api](UNREADABLE)
         finally:
             enforcer.close()  # a call still held was never complete: dropped
             if isinstance(enforcer, responses.ResponseStream):

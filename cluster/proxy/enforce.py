@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from quorumgate.proto import limits, names
 from quorumgate.proto.model import Argument, Proposal, RoleTarget
 from quorumgate.proxy.config import AgentConfig, ToolMapping
 from quorumgate.proxy.sse import StreamUnreadable
+
+log = logging.getLogger("quorumgate.proxy")
 
 SESSION_LABEL_PREFIX = "s-"
 HELD_BYTES_MAX = 8 * 1024 * 1024  # what a stream holds while its calls wait for decisions
@@ -292,6 +295,9 @@ async def decide_all(calls: Sequence[ToolCall], decide: Decide) -> list[Released
     """Every call decided, concurrently; a decider that fails withholds, and a call whose
     arguments are not a JSON object is never released (nothing judged them)."""
     results = await asyncio.gather(*(decide(c) for c in calls), return_exceptions=True)
+    for call, result in zip(calls, results, strict=True):
+        if isinstance(result, BaseException):  # the type only: no argument value is logged
+            log.warning("event=decider_failed tool=%s error=%s", call.name, type(result).__name__)
     return [
         r if isinstance(r, dict) and c.arguments is not None else None
         for c, r in zip(calls, results, strict=True)

@@ -67,7 +67,8 @@ def _item_kind(item: object) -> str:
     need(isinstance(item, dict) and isinstance(item.get("type"), str), "an item without a type")
     assert isinstance(item, dict)
     kind: str = item["type"]
-    need(kind in PASSED_ITEMS or kind in (FUNCTION_CALL, CUSTOM_CALL), f"an item of kind {kind!r}")
+    known = kind in PASSED_ITEMS or kind in (FUNCTION_CALL, CUSTOM_CALL)
+    need(known, "an item of a kind the proxy does not pass")
     return kind
 
 
@@ -178,7 +179,8 @@ class ResponseStream:
         self.out.put(held.slot)
 
     def _held_at(self, payload: dict[str, Any]) -> _Held:
-        held = self.held.get(payload.get("output_index"))  # type: ignore[arg-type]
+        index = payload.get("output_index")
+        held = self.held.get(index) if is_index(index) else None  # type: ignore[arg-type]
         need(held is not None and held.final is None, "an event for a call that is not open")
         assert held is not None
         return held
@@ -265,7 +267,9 @@ class ResponseStream:
         for i, item in enumerate(output or []):
             if _item_kind(item) in PASSED_ITEMS:
                 continue
-            held = self.decided.get(item.get("call_id"))  # type: ignore[arg-type]
+            call_id = item.get("call_id")
+            need(isinstance(call_id, str), "a final call without a text call_id")
+            held = self.decided.get(call_id)
             # the Agents SDK runs the calls of this list: each must be one judged above
             need(held is not None and held.final == item, "a final call not the one streamed")
             assert held is not None
@@ -276,9 +280,12 @@ class ResponseStream:
     def _other(self, kind: str, payload: dict[str, Any]) -> None:
         """An event that carries no call: passed on, unless it concerns a held call or
         carries an item or a response the proxy has not read."""
-        need(not any(k in payload for k in ("item", "response", "output")), f"{kind} with content")
+        need(
+            not any(k in payload for k in ("item", "response", "output")),
+            "an event of another kind with content",
+        )
         index = payload.get("output_index")
-        need(not (isinstance(index, int) and index in self.held), f"{kind} for a call")
+        need(not (is_index(index) and index in self.held), "an event of another kind for a call")
         self._put(kind, payload)
 
     _handlers: ClassVar[dict[str, Callable[[ResponseStream, dict[str, Any]], Awaitable[None]]]] = {

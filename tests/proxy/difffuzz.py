@@ -373,7 +373,10 @@ def _same(a: Call, b: tuple[ToolCall, Released], released_only: bool) -> bool:
 
 def check(case: Case) -> list[str]:
     """The findings of one case (none: the proxy and every SDK agree)."""
-    verdict = asyncio.run(judge(case))
+    try:
+        verdict = asyncio.run(judge(case))
+    except Exception as err:  # the proxy would end the answer closed, but it is a bug
+        return [f"crash: the proxy raised {type(err).__name__}: {err}"]
     view = VIEWS[case.api]
     findings = []
     upstream = view(Wire(case.status, case.headers, case.chunks), stream=case.stream)

@@ -79,6 +79,14 @@ scheme = "iban"
 tool = "mail.send"
 target = "to"
 scheme = "mailto"
+
+[agents.px-idn]
+key_file = "px-idn.key"
+
+[agents.px-idn.tools.send_mail]
+tool = "mail.send"
+target = "to"
+scheme = "mailto"
 """
 
 
@@ -124,7 +132,7 @@ def stack(
     ]
     directory = tmp_path_factory.mktemp("proxy")
     keys = {}
-    for agent in ("px-main", "px-other", "px-both", "px-text"):
+    for agent in ("px-main", "px-other", "px-both", "px-text", "px-idn"):
         key = SigningKey.generate()
         keys[agent] = key
         write_seed(directory / f"{agent}.key", bytes(key))
@@ -455,6 +463,18 @@ def test_a_misbehaving_upstream_cannot_slip_a_call_past(stack: Stack) -> None:
         ask(claude(stack.url))
 
 
+def test_a_mail_domain_is_released_in_the_judged_form(stack: Stack) -> None:
+    """mailto: the domain as the cluster judged it (A-label), without the scheme the
+    proxy added to name the target. (An agent of its own: the other tests' refused mail
+    counts towards px-main's cross-run latch.)"""
+    stack.upstream.script.append(
+        Reply(body=message(tool_use("send_mail", "toolu_m9", to="bob@faß.example.com")))
+    )
+    result = ask(claude(stack.url, "px-idn"))
+    assert result.content[0].type == "tool_use"
+    assert result.content[0].input == {"to": "bob@xn--fa-hia.example.com"}
+
+
 # ------------------------------------------------------------------ OpenAI Responses
 
 IDN_URL = "https://faß.example/a"  # UTS 46: xn--fa-hia.example; IDNA 2003: fass.example
@@ -508,18 +528,20 @@ def test_the_openai_agents_sdk_runs_only_what_the_cluster_allowed(stack: Stack) 
         mailed.append(to)
         return "sent"
 
-    client = openai.AsyncOpenAI(
-        base_url=stack.url + "/v1",
-        api_key=API_KEY,
-        default_headers={SELECTOR: "px-main"},
-        max_retries=0,
-    )
-    agent = Agent(
-        name="helper",
-        instructions="Help.",
-        tools=[web_fetch, send_mail],
-        model=OpenAIResponsesModel(model="gpt-test", openai_client=client),
-    )
+    def helper() -> Agent[Any]:  # one per event loop: the client's connections are its own
+        client = openai.AsyncOpenAI(
+            base_url=stack.url + "/v1",
+            api_key=API_KEY,
+            default_headers={SELECTOR: "px-main"},
+            max_retries=0,
+        )
+        return Agent(
+            name="helper",
+            instructions="Help.",
+            tools=[web_fetch, send_mail],
+            model=OpenAIResponsesModel(model="gpt-test", openai_client=client),
+        )
+
     items = (
         function_call("web_fetch", "call_a1", url=IDN_URL),
         function_call("send_mail", "call_a2", to=EVIL),
@@ -527,7 +549,7 @@ def test_the_openai_agents_sdk_runs_only_what_the_cluster_allowed(stack: Stack) 
     stack.upstream.script.extend(
         [Reply(body=response(*items)), Reply(body=response(output_message("Done.")))]
     )
-    result = Runner.run_sync(agent, f"conversation {next(_conversations)}: fetch and mail")
+    result = Runner.run_sync(helper(), f"conversation {next(_conversations)}: fetch and mail")
     assert result.final_output == "Done."
     assert fetched == [IDN_JUDGED] and mailed == []
     stack.upstream.script.extend(
@@ -538,21 +560,10 @@ def test_the_openai_agents_sdk_runs_only_what_the_cluster_allowed(stack: Stack) 
     )
 
     async def streamed() -> str:
-        run = Runner.run_streamed(agent, f"conversation {next(_conversations)}: streamed")
+        run = Runner.run_streamed(helper(), f"conversation {next(_conversations)}: streamed")
         async for _ in run.stream_events():
             pass
         return str(run.final_output)
 
     assert asyncio.run(streamed()) == "Done again."
     assert fetched == [IDN_JUDGED, IDN_JUDGED] and mailed == []
-
-
-def test_a_mail_domain_is_released_in_the_judged_form(stack: Stack) -> None:
-    """mailto: the domain as the cluster judged it (A-label), without the scheme the
-    proxy added to name the target."""
-    stack.upstream.script.append(
-        Reply(body=message(tool_use("send_mail", "toolu_m9", to="bob@faß.example.com")))
-    )
-    result = ask(claude(stack.url))
-    assert result.content[0].type == "tool_use"
-    assert result.content[0].input == {"to": "bob@xn--fa-hia.example.com"}
