@@ -46,6 +46,9 @@ DOCS = "https://docs.example.com/guide"
 EVIL_URL = "https://evil.example/steal"
 EVIL_MAIL = "x@evil.example"
 AGENTS_FILE = """
+[proxy]
+passthrough = ["GET /v1/files/*"]
+
 [agents.door]
 key_file = "door.key"
 
@@ -542,3 +545,14 @@ def test_a_stream_the_decoder_refuses_ends_with_an_error_event(door: Door) -> No
     answer = httpx.post(door.url + "/v1/messages", json={**ASK, "stream": True}, headers=headers)
     assert answer.content.endswith(b"event: error\n" + answer.content.split(b"event: error\n")[-1])
     assert b"send_mail" not in answer.content and b"api_error" in answer.content
+
+
+def test_a_passthrough_path_is_forwarded_and_only_that_one(door: Door) -> None:
+    door.upstream.script.append(Reply(body={"id": "file-1", "object": "file"}))
+    answer = httpx.get(door.url + "/v1/files/file-1", timeout=30)
+    assert answer.status_code == 200 and answer.json() == {"id": "file-1", "object": "file"}
+    for path in ("/v1/files/file-1/content", "/v1/files/a%2Fb", "/v1/files"):
+        assert httpx.get(door.url + path, timeout=30).status_code == 403
+    # a redirect is refused on a passed path too: it would take the SDK around the proxy
+    door.upstream.script.append(Reply(body={}, status=302, headers={"location": door.other_url}))
+    assert httpx.get(door.url + "/v1/files/file-2", timeout=30).status_code == 502

@@ -167,6 +167,30 @@ def test_a_session_is_the_conversation_not_the_request() -> None:
             "mapped to an argument",
         ),
         ({"agents": {"a": {"key_file": "k", "extra": 1}}}, "unknown field 'extra'"),
+        (
+            {"proxy": {"passthrough": "GET /v1/files"}, "agents": {"a": {"key_file": "k"}}},
+            "passthrough: a list of",
+        ),
+        (
+            {"proxy": {"passthrough": ["GET v1/files"]}, "agents": {"a": {"key_file": "k"}}},
+            "a path after the method",
+        ),
+        (
+            {"proxy": {"passthrough": ["FETCH /v1/files"]}, "agents": {"a": {"key_file": "k"}}},
+            "starts with a method",
+        ),
+        (
+            {"proxy": {"passthrough": ["GET /v1/%66iles"]}, "agents": {"a": {"key_file": "k"}}},
+            "neither plain nor",
+        ),
+        (
+            {"proxy": {"passthrough": ["GET /v1/../files"]}, "agents": {"a": {"key_file": "k"}}},
+            "neither plain nor",
+        ),
+        (
+            {"proxy": {"passthrough": ["POST /v1/*"]}, "agents": {"a": {"key_file": "k"}}},
+            "is judged, never passed",
+        ),
     ],
 )
 def test_a_bad_agents_file_names_the_field(change: dict[str, Any], message: str) -> None:
