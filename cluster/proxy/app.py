@@ -62,6 +62,7 @@ CERTIFICATE_DEADLINE_S = 10.0  # a call the cluster has not certified by then: t
 UPSTREAM_CONNECT_S = 10.0
 UPSTREAM_READ_S = 600.0  # a long generation streams for minutes
 RESPONSE_BYTES_MAX = 32 * 1024 * 1024  # a whole (not streamed) answer the proxy reads
+DRAIN_BYTES_MAX = 64 * 1024  # read after a stream's end, to keep the upstream connection
 HOP_BY_HOP = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -395,13 +396,17 @@ class Proxy:
             enforcer = chat.CompletionStream(decide)
         else:
             enforcer = responses.ResponseStream(decide)
+        chunks = response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in chunks:
                 for event in decoder.feed(chunk):
                     for out in await enforcer.feed(event):
                         yield out
                     if enforcer.finished:
-                        return
+                        break
+                if enforcer.finished:
+                    await _drain(chunks)  # what follows is never read: the SDK stopped
+                    break
         except Unreadable as err:
             log.warning("event=unreadable_stream api=%s why=%s", api, err)
             self.metrics.refused.labels("stream").inc()
@@ -417,6 +422,17 @@ class Proxy:
             if isinstance(enforcer, responses.ResponseStream):
                 self.sessions.remember(enforcer.response_id, decide.label)
             await response.aclose()
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Reads (and drops) what an upstream sends after the end of a stream, up to
+    DRAIN_BYTES_MAX, so that its connection can serve the next request."""
+    size = 0
+    with contextlib.suppress(httpx.HTTPError):
+        async for part in chunks:
+            size += len(part)
+            if size > DRAIN_BYTES_MAX:
+                return
 
 
 async def _read_bounded(response: httpx.Response) -> bytes:

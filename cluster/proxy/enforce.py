@@ -82,11 +82,16 @@ def _no_constant(name: str) -> None:
     raise Unreadable(f"a JSON {name}, which is not JSON (RFC 8259 section 6)")
 
 
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
 def load_json(text: str | bytes) -> Any:
     """JSON as Python's `json` (the SDKs' parser) reads it, and refused wherever another
     reader could read it otherwise: duplicate names, NaN and the infinities."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        if isinstance(text, bytes):  # as json.loads reads bytes: UTF-8, -16 or -32
+            text = text.decode(json.detect_encoding(text), "surrogatepass")
+        return _DECODER.decode(text)
     except (ValueError, RecursionError) as err:
         if isinstance(err, Unreadable):
             raise

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 SSE_LINE_BYTES_MAX = 16 * 1024 * 1024  # one line (a data line carries a whole JSON event)
@@ -55,28 +54,23 @@ class SseDecoder:
     def feed(self, chunk: bytes) -> list[SseEvent]:
         return [e for line in self._lines(chunk) if (e := self._decode(line)) is not None]
 
-    def _lines(self, chunk: bytes) -> Iterator[bytes]:
-        start, size = 0, len(chunk)
-        if self._skip_lf and size and chunk[0] == LF:
-            start = 1
+    def _lines(self, chunk: bytes) -> list[bytes]:
+        # bytes.splitlines ends lines at CR, LF and CRLF only: the SDKs' line ends
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
         self._skip_lf = False
-        while start < size:
-            cr, lf = chunk.find(b"\r", start), chunk.find(b"\n", start)
-            ends = [i for i in (cr, lf) if i >= 0]
-            if not ends:
-                self._extend(chunk[start:])
-                return
-            end = min(ends)
-            self._extend(chunk[start:end])
-            line = bytes(self._line)
+        if not chunk:
+            return []
+        if self._line:
+            self._extend(chunk)
+            chunk = bytes(self._line)
             self._line.clear()
-            start = end + 1
-            if chunk[end] == CR:
-                if start < size and chunk[start] == LF:
-                    start += 1
-                elif start == size:
-                    self._skip_lf = True
-            yield line
+        parts = chunk.splitlines(keepends=True)
+        if parts[-1][-1] not in (CR, LF):
+            self._extend(parts.pop())  # a line still coming
+        elif parts[-1][-1] == CR:
+            self._skip_lf = True  # its LF, if one comes first in the next chunk, is its own
+        return [p[:-2] if p.endswith(b"\r\n") else p[:-1] for p in parts]
 
     def _extend(self, part: bytes) -> None:
         if len(self._line) + len(part) > SSE_LINE_BYTES_MAX:
@@ -117,9 +111,12 @@ class SseDecoder:
         return event
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def dumps(value: object) -> str:
     """Compact JSON in ASCII (every other character escaped), NaN and infinities refused."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def frame(event: str | None, data: object) -> bytes:

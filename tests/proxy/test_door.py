@@ -556,3 +556,18 @@ def test_a_passthrough_path_is_forwarded_and_only_that_one(door: Door) -> None:
     # a redirect is refused on a passed path too: it would take the SDK around the proxy
     door.upstream.script.append(Reply(body={}, status=302, headers={"location": door.other_url}))
     assert httpx.get(door.url + "/v1/files/file-2", timeout=30).status_code == 502
+
+
+def test_a_finished_stream_ends_as_it_finished_and_the_upstream_connection_is_kept(
+    door: Door,
+) -> None:
+    """After message_stop (or [DONE]) the SDK reads no further: the proxy sends nothing
+    more (no error, nothing the upstream adds), reads the rest to keep the connection."""
+    frames = [*anthropic_stream(text("Done.")), sse("ping", {"type": "ping"})]
+    door.upstream.script.append(Reply(frames=frames))
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    answer = httpx.post(door.url + "/v1/messages", json={**ASK, "stream": True}, headers=headers)
+    assert answer.content.endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    door.upstream.script.append(Reply(frames=[*completion_stream(), b"data: {}\n\n"]))
+    answer = httpx.post(door.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+    assert answer.content.endswith(b"data: [DONE]\n\n") and b"error" not in answer.content
