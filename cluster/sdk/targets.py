@@ -92,16 +92,23 @@ def certified_target(
     return None if found is None else found[0]
 
 
-def release_form(canonical: str, raw: str, *, version: int) -> str:
+def release_form(
+    canonical: str, raw: str, *, version: int, scheme_added: str | None = None
+) -> str:
     """The certified `canonical` form of a target written `raw`, spelled for the tool that
-    acts on it: a URI, `mailto:` address or principal as it is (ASCII, hosts in their IDNA
-    A-labels, so every resolver reads the host the sidecars judged); a path as the path
-    it names (from canonical version 2 on, a path writes `%` as `%25`, so that the form
-    canonicalizes to itself: the tool gets the `%`), and as a `file:` URI (RFC 8089,
-    everything but `/` percent-encoded) when `raw` was one."""
-    if not canonical.startswith("/"):
-        return canonical
-    path = canonical.replace("%25", "%") if version >= 2 else canonical
-    if raw.strip(" ")[:5].lower() == "file:":
-        return "file://" + quote(path, safe="/")
-    return path
+    acts on it: "" for no target; a URI, `mailto:` address, number or principal as it is
+    (ASCII, hosts in their IDNA A-labels, E.164 numbers, IBANs without spaces: what every
+    resolver reads alike); a path as the path it names (from canonical version 2 on, a
+    path writes `%` as `%25`, so that the form canonicalizes to itself: the tool gets the
+    `%`), and as a `file:` URI (RFC 8089, everything but `/` percent-encoded) when `raw`
+    was one. Without `scheme_added` when the caller wrote the value without that scheme
+    and it was added only to name the target (`bob@example.com` for `mailto:`)."""
+    if canonical in ("", NO_TARGET):
+        return ""
+    form = canonical
+    if canonical.startswith("/"):
+        path = canonical.replace("%25", "%") if version >= 2 else canonical
+        form = "file://" + quote(path, safe="/") if raw.strip(" ")[:5].lower() == "file:" else path
+    if scheme_added and form[: len(scheme_added) + 1].lower() == scheme_added + ":":
+        return form[len(scheme_added) + 1 :]
+    return form
