@@ -235,6 +235,7 @@ class Core:
         self._timeouts: dict[int, dict[int, Timeout]] = {}
         self._proposal_seen: dict[int, bytes] = {}
         self._waiting: Proposal | None = None
+        self._waiting_asks = 0  # catch-up requests made for the waiting proposal's parent
         # The highest committed height with transactions (restarts assume the committed top
         # had some: quiescence then waits for its root to be carried once more).
         self._payload_height = self.tree.committed_height
@@ -317,10 +318,16 @@ class Core:
             and self._sync_ticks >= self.limits.sync_retry_ticks
         ):
             # A proposal still waits for blocks (the last answer failed or was a lie).
-            if waiting.block.view == self.view:
-                self._request_sync(-1, waiting.block.parent_hash)
-            else:
+            # Each other member is asked once at most: if none of them holds the parent,
+            # no honest one does, and asking on would go on for as long as the view lasts,
+            # which in a quiet cluster is for ever.
+            if waiting.block.view != self.view:
                 self._waiting = None
+            elif self._waiting_asks >= self.membership.n - 1:
+                self._waiting = None
+                self.dropped["parent_unavailable"] += 1
+            elif self._request_sync(-1, waiting.block.parent_hash):
+                self._waiting_asks += 1
         self._lacking_ticks = self._lacking_ticks + 1 if self._lacks_certified_block() else 0
         if (
             self._lacking_ticks > self.limits.idle_propose_ticks
@@ -656,6 +663,11 @@ class Core:
         block = proposal.block
         if sender != block.proposer:
             raise RemoteError("not_leader", f"proposal for view {block.view} relayed by {sender}")
+        if self._conflicts_with_commit(block):
+            # Refused before its signature is checked: whoever sent it, it can never be
+            # voted for, and waiting for its parent would never end (docs/consensus/
+            # messages.md, "Stale proposals").
+            raise RemoteError("stale_proposal", f"height {block.height} of view {block.view}")
         self.checker.check_proposal(proposal)
         self._saw_signature(block.proposer, block.view)
         # Certificates first: they are how a replica learns that views moved on.
@@ -685,7 +697,7 @@ class Core:
             or block.state_root_height > self.tree.committed_height
         ):
             self._waiting = proposal
-            self._request_sync(sender, block.parent_hash)
+            self._waiting_asks = int(self._request_sync(sender, block.parent_hash))
             return
         if self._root_pending(block):
             # Our own sidecar has not executed that height yet: wait for it (until the
@@ -693,6 +705,17 @@ class Core:
             self._waiting = proposal
             return
         self._accept_proposal(block)
+
+    def _conflicts_with_commit(self, block: Block) -> bool:
+        """`block` is at or below the committed height, or extends a block at that height
+        other than the committed one: it conflicts with the committed chain, so no honest
+        replica votes for it (HotStuff's safety: no conflicting block is ever certified)
+        and no honest leader proposes it (one extends its highest QC, which is at least
+        the lock of the QC that committed). Its parent, if pruned, is never fetched."""
+        root = self.tree.root
+        if block.height <= root.height:
+            return True
+        return block.height == root.height + 1 and block.parent_hash != root.hash
 
     def _root_pending(self, block: Block) -> bool:
         return (
@@ -711,7 +734,11 @@ class Core:
         if waiting is None:
             return
         block = waiting.block
-        if block.view != self.view or block.view in self._proposal_seen:
+        if (
+            block.view != self.view
+            or block.view in self._proposal_seen
+            or self._conflicts_with_commit(block)  # a commit since passed its height
+        ):
             self._waiting = None
             return
         if block.parent_hash in self.tree and not self._root_pending(block):
@@ -909,9 +936,11 @@ class Core:
             return -1  # (the genesis QC: _request_sync then asks the next peer)
         return next((s for s in signers if s >= self._next_sync_peer), signers[0])
 
-    def _request_sync(self, peer: int, target_hash: bytes) -> None:
+    def _request_sync(self, peer: int, target_hash: bytes) -> bool:
+        """Ask `peer` (or the next one in turn) for what we lack; False if a request is
+        already out (one at a time)."""
         if self._sync_peer is not None:
-            return
+            return False
         if peer == self.me or not self.membership.is_member(peer):
             peer = self._next_sync_peer
         self._sync_peer = peer
@@ -923,6 +952,7 @@ class Core:
         self.stats.sync_requests += 1
         request = SyncRequest(self.tree.committed_height + 1, self._sync_blocks_ask, target_hash)
         self._out.append(Send(peer, request))
+        return True
 
     def _check_chain(self, blocks: Sequence[Block]) -> None:
         """`blocks` is one chain for our chain id that continues what we hold, each block
