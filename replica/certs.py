@@ -56,7 +56,7 @@ class CertificateChecker:
         digest = qc.digest()
         if self.verifier.known(digest):
             return
-        message = vote_bytes(self.membership.chain_id, qc.view, qc.block_hash)
+        message = vote_bytes(self.membership.chain_id, qc.view, qc.height, qc.block_hash)
         for signer, sig in qc.signatures:
             key = self._signer_key(signer)
             # Votes are broadcast, so most of a QC's signatures were checked here already,
@@ -111,7 +111,7 @@ class CertificateChecker:
 
     def check_vote(self, vote: Vote) -> None:
         key = self._signer_key(vote.voter)
-        message = vote_bytes(self.membership.chain_id, vote.view, vote.block_hash)
+        message = vote_bytes(self.membership.chain_id, vote.view, vote.height, vote.block_hash)
         seen = _signature_digest(vote.voter, message, vote.signature)
         if self.verifier.known(seen):
             return  # the same vote again (re-sent), or its signature seen in a QC

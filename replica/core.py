@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from quorumgate.proto.canonical import Encoder
@@ -365,8 +365,10 @@ class Core:
             if isinstance(msg, Proposal):
                 self._on_proposal(sender, msg)
             elif isinstance(msg, Vote):
+                self._bound_to_sender(msg.voter, sender, "vote")
                 self._on_vote(msg, local=False)
             elif isinstance(msg, Timeout):
+                self._bound_to_sender(msg.voter, sender, "timeout")
                 self._on_timeout(msg, local=False)
             elif isinstance(msg, TimeoutCert):
                 self.checker.check_tc(msg)
@@ -440,18 +442,16 @@ class Core:
     def _persist(self, state: SafetyState) -> None:
         self._out.append(PersistSafety(state))
 
-    def _settle_height(self, qc: QuorumCert) -> QuorumCert:
-        """A QC's height is not signed (the vote bytes are fixed by DESIGN §3) but the block
-        hash commits to it: a block we hold settles it. (Unknown blocks: _maybe_propose.)"""
+    def _check_against_block(self, qc: QuorumCert) -> None:
+        """A verified QC names its block's view and height (both signed by every vote): a
+        block we hold that disagrees would take 2f+1 signers lying, more than the f faulty
+        members there can be. Refused all the same, never corrected."""
         block = self.tree.get(qc.block_hash)
-        if block is None or block.height == qc.height:
-            return qc
-        if block.view != qc.view:
-            raise RemoteError("bad_certificate", "qc view does not match its block")
-        return replace(qc, height=block.height)
+        if block is not None and (block.view, block.height) != (qc.view, qc.height):
+            raise RemoteError("bad_certificate", f"{qc!r} does not match {block!r}")
 
     def _raise_high_qc(self, qc: QuorumCert) -> None:
-        qc = self._settle_height(qc)
+        self._check_against_block(qc)
         if qc.view > self.high_qc.view:
             self.high_qc = qc
             for view in [v for v in self._votes if v <= qc.view]:
@@ -504,7 +504,7 @@ class Core:
     def _process_certs(self, qc: QuorumCert, tc: TimeoutCert | None = None) -> None:
         """Verified certificates: raise the highest QC and TC, commit, then enter the
         highest view they justify, once."""
-        qc = self._settle_height(qc)
+        self._check_against_block(qc)
         self._fence_on_own_signatures(qc, tc)
         self._raise_high_qc(qc)
         self._try_commit(qc)
@@ -625,9 +625,7 @@ class Core:
         assert sum(map(len, txs)) <= limits.batch_bytes_max, "payload source broke byte limit"
         justify = self.high_qc
         if justify.height != parent.height:
-            # Learnt before we held the block, with a false (unsigned) height: the
-            # signatures are genuine, the block settles the height.
-            justify = replace(justify, height=parent.height)
+            return  # (a QC whose signed height is not its block's: see _check_against_block)
         root_height, root = parent.state_root_height, parent.state_root
         latest_height, _ = self.execution.latest_root()
         carried = min(latest_height, parent.height + 1 - self.limits.state_root_lag_blocks)
@@ -825,6 +823,15 @@ class Core:
             self.stats.fenced += 1
         raise RemoteError("own_echo", f"our own {kind} for view {view}")
 
+    def _bound_to_sender(self, signer: int, sender: int, kind: str) -> None:
+        """Votes and timeouts travel only from their signer (each member broadcasts its
+        own), and a stream's sender is authenticated: one that another member relays is
+        dropped unchecked, whatever it says, so no member can replay, reorder or rewrite
+        another's (docs/consensus/messages.md, "Sender binding"). Our own, sent back to
+        us, goes on to Rule 6's check instead (`_echo_of_own`)."""
+        if signer not in (sender, self.me):
+            raise RemoteError(f"relayed_{kind}", f"{kind} of member {signer} sent by {sender}")
+
     def _on_vote(self, vote: Vote, *, local: bool) -> None:
         if not local and vote.voter == self.me:
             self.checker.check_vote(vote)  # genuinely ours, or it says nothing
@@ -837,6 +844,10 @@ class Core:
             return  # its view is certified already: the usual fate of the last votes
         if vote.view > self.view + self.limits.vote_views_max:
             raise RemoteError("future_view", f"vote for view {vote.view}")
+        block = self.tree.get(vote.block_hash)
+        if block is not None and block.height != vote.height:
+            # Signed, so never an honest member's: it cannot join a QC with the others.
+            raise RemoteError("wrong_height", f"vote for view {vote.view} by {vote.voter}")
         by_voter = self._votes.setdefault(vote.view, {})
         previous = by_voter.get(vote.voter)
         if previous is not None and previous == vote:
@@ -846,19 +857,22 @@ class Core:
         if not local:
             self.checker.check_vote(vote)  # before any equivocation is blamed on the voter
             self._saw_signature(vote.voter, vote.view)
+        statement = (vote.block_hash, vote.height)
         if previous is not None:
-            same = previous.block_hash == vote.block_hash
+            same = (previous.block_hash, previous.height) == statement
             raise RemoteError("duplicate" if same else "equivocating_vote", f"view {vote.view}")
         by_voter[vote.voter] = vote
-        agreeing = [v for v in by_voter.values() if v.block_hash == vote.block_hash]
+        # Votes agree when they sign the same statement: the height is part of it, so the
+        # QC's height is one that all its signers signed (docs/consensus/messages.md).
+        agreeing = [v for v in by_voter.values() if (v.block_hash, v.height) == statement]
         if len(agreeing) < self.membership.quorum:
             return
         agreeing.sort(key=lambda v: v.voter)
-        # The height is not signed: take it from the block when we hold it.
-        block = self.tree.get(vote.block_hash)
-        height = block.height if block is not None else vote.height
         qc = QuorumCert(
-            vote.view, height, vote.block_hash, tuple((v.voter, v.signature) for v in agreeing)
+            vote.view,
+            vote.height,
+            vote.block_hash,
+            tuple((v.voter, v.signature) for v in agreeing),
         )
         self.verifier.remember(qc.digest())
         self.stats.qcs_formed += 1

@@ -121,7 +121,10 @@ class World:
     def qc(self, block: Block, voters: tuple[int, ...] = (0, 1, 2)) -> QuorumCert:
         if block.height == 0:
             return genesis_qc(CHAIN)
-        sigs = tuple((v, self.sign(v, vote_bytes(CHAIN, block.view, block.hash))) for v in voters)
+        sigs = tuple(
+            (v, self.sign(v, vote_bytes(CHAIN, block.view, block.height, block.hash)))
+            for v in voters
+        )
         return QuorumCert(block.view, block.height, block.hash, sigs)
 
     def block(
@@ -145,7 +148,7 @@ class World:
         return Proposal(block, self.sign(who, proposal_bytes(CHAIN, block.view, block.hash)))
 
     def vote(self, voter: int, block: Block) -> Vote:
-        sig = self.sign(voter, vote_bytes(CHAIN, block.view, block.hash))
+        sig = self.sign(voter, vote_bytes(CHAIN, block.view, block.height, block.hash))
         return Vote(block.view, block.height, block.hash, voter, sig)
 
     def timeout(self, voter: int, view: int, high_qc: QuorumCert) -> Timeout:
