@@ -76,6 +76,9 @@ from quorumgate.replica.types import (
 from quorumgate.replica.validate import check_envelope
 
 BACKOFF_EXPONENT_MAX = 16
+# Signed answers to one start (nonce) of a member's Rule 6 hello: enough for the retries of
+# its fencing (`fence_wait_ticks` / `sync_retry_ticks`, 4 by default) with some lost.
+HELLO_REPLIES_PER_START_MAX = 8
 
 
 class PayloadSource(Protocol):
@@ -233,6 +236,7 @@ class Core:
         # view -> voter -> vote; view -> voter -> timeout (bounded by the view window)
         self._votes: dict[int, dict[int, Vote]] = {}
         self._timeouts: dict[int, dict[int, Timeout]] = {}
+        self._late_timeouts: dict[int, int] = {}  # member -> highest late view answered
         self._proposal_seen: dict[int, bytes] = {}
         self._waiting: Proposal | None = None
         self._waiting_asks = 0  # catch-up requests made for the waiting proposal's parent
@@ -256,6 +260,7 @@ class Core:
         self._hello_replies: dict[int, int] = {}
         self._hello_ticks = 0
         self._last_signed_by: dict[int, int] = {}  # member -> highest view seen it sign
+        self._hellos_answered: dict[int, tuple[bytes, bytes, int]] = {}  # (nonce, sig, count)
         self.high_qc: QuorumCert = recovered.safety.high_qc
         self.high_tc: TimeoutCert | None = recovered.high_tc or recovered.safety.high_tc
         for block in sorted(recovered.pending, key=lambda b: b.height):
@@ -378,12 +383,7 @@ class Core:
             elif isinstance(msg, SyncRequest):
                 raise RemoteError("unexpected", "sync requests are served by the shell")
             elif isinstance(msg, Hello):
-                self.checker.check_hello(sender, msg)
-                seen = self._last_signed_by.get(sender, 0)
-                reply = self.safety.sign_hello_reply(
-                    sender, msg.nonce, seen, self.view, self.high_qc, self.high_tc
-                )
-                self._out.append(Send(sender, reply))
+                self._on_hello(sender, msg)
             elif isinstance(msg, HelloReply):
                 self._on_hello_reply(sender, msg)
             else:  # pragma: no cover - the Message union is closed
@@ -526,6 +526,25 @@ class Core:
             self.safety.fence(voted_view=voted)
             self.stats.fenced += 1
 
+    def _on_hello(self, sender: int, hello: Hello) -> None:
+        """Answer a (re)started member's Rule 6 question, for each of its starts (nonces)
+        at most HELLO_REPLIES_PER_START_MAX times: it asks again every `sync_retry_ticks`
+        while it fences, in case answers were lost, and copies beyond that cost neither a
+        signature check nor a signed reply. The memory is one entry per member."""
+        nonce, signature, answered = self._hellos_answered.get(sender, (b"", b"", 0))
+        same = nonce == hello.nonce and signature == hello.signature
+        if same and answered >= HELLO_REPLIES_PER_START_MAX:
+            raise RemoteError("duplicate", f"hello of member {sender}, answered {answered} times")
+        if not same:
+            self.checker.check_hello(sender, hello)
+            answered = 0
+        self._hellos_answered[sender] = (hello.nonce, hello.signature, answered + 1)
+        seen = self._last_signed_by.get(sender, 0)
+        reply = self.safety.sign_hello_reply(
+            sender, hello.nonce, seen, self.view, self.high_qc, self.high_tc
+        )
+        self._out.append(Send(sender, reply))
+
     def _on_hello_reply(self, sender: int, reply: HelloReply) -> None:
         if not self._fencing:
             return
@@ -661,15 +680,18 @@ class Core:
         block = proposal.block
         if sender != block.proposer:
             raise RemoteError("not_leader", f"proposal for view {block.view} relayed by {sender}")
-        if self._conflicts_with_commit(block):
-            # Refused before its signature is checked: whoever sent it, it can never be
-            # voted for, and waiting for its parent would never end (docs/consensus/
-            # messages.md, "Stale proposals").
-            raise RemoteError("stale_proposal", f"height {block.height} of view {block.view}")
+        if self._took_in(block):
+            raise RemoteError("duplicate", f"proposal for view {block.view}")  # unchecked
         self.checker.check_proposal(proposal)
         self._saw_signature(block.proposer, block.view)
         # Certificates first: they are how a replica learns that views moved on.
         self._process_certs(block.justify, proposal.high_tc)
+        if self._conflicts_with_commit(block):
+            # It can never be voted for, and waiting for its parent would never end
+            # (docs/consensus/messages.md, "Stale proposals"). Its copies: _took_in.
+            if block.view == self.view:
+                self._proposal_seen.setdefault(block.view, block.hash)
+            raise RemoteError("stale_proposal", f"height {block.height} of view {block.view}")
         if block.view < self.view:
             # Late (votes overtook it): keep the block, since a 2-chain may need it.
             # Only the block our highest QC certifies, though: a leader proposes once per view,
@@ -703,6 +725,16 @@ class Core:
             self._waiting = proposal
             return
         self._accept_proposal(block)
+
+    def _took_in(self, block: Block) -> bool:
+        """We hold `block`, saw it proposed for the current view, or keep its proposal
+        waiting: a copy is dropped before its signature is checked, and a waiting one
+        does not start its wait again. (A copy of a late proposal we did not keep costs
+        one check, as any message with a signature does; it makes us send nothing.)"""
+        if block.hash in self.tree or self._proposal_seen.get(block.view) == block.hash:
+            return True
+        waiting = self._waiting
+        return waiting is not None and waiting.block.hash == block.hash
 
     def _conflicts_with_commit(self, block: Block) -> bool:
         """`block` is at or below the committed height, or extends a block at that height
@@ -897,19 +929,40 @@ class Core:
         if timeout.view > self.view + self.limits.vote_views_max:
             raise RemoteError("future_view", f"timeout for view {timeout.view}")
         if not local:
+            self._refuse_copy_of_timeout(timeout)
             self.checker.check_timeout(timeout)
             self._echo_of_own(timeout.voter, timeout.view, "timeout")
             self._saw_signature(timeout.voter, timeout.view)
         self._process_certs(timeout.high_qc, timeout.high_tc)
         if timeout.view < self.view:
             self.stats.late_messages += 1
-            # Late: its certificates were worth reading. If we hold a TC that moves its
-            # sender past that view, hand it over (its copy may have been lost).
-            tc = self.high_tc
-            if not local and tc is not None and tc.view >= timeout.view:
-                self._out.append(Send(timeout.voter, tc))
+            if not local:
+                self._answer_late_timeout(timeout)
             return
         self._record_timeout(timeout)
+
+    def _refuse_copy_of_timeout(self, timeout: Timeout) -> None:
+        """A copy of a timeout we took in is dropped before its signature is checked (a
+        check costs about 40 µs, a copy nothing to send), and a late one already answered
+        is not answered again. What this remembers is bounded: the timeouts held for the
+        views of the vote window (`Limits.vote_views_max`, one per member each) and, for
+        views below ours, the highest one answered per member."""
+        voter, view = timeout.voter, timeout.view
+        held = self._timeouts.get(view, {}).get(voter)
+        if held is not None and held.signature == timeout.signature:
+            raise RemoteError("duplicate", f"timeout for view {view} by {voter}")
+        if view < self.view and view <= self._late_timeouts.get(voter, 0):
+            raise RemoteError("duplicate", f"late timeout for view {view} by {voter}")
+
+    def _answer_late_timeout(self, timeout: Timeout) -> None:
+        """Late: its certificates were worth reading. If we hold a TC that moves its
+        signer past that view, hand it over, once (its copy may have been lost; the
+        signer's own timer re-broadcasts its timeout, and other members answer too)."""
+        voter = timeout.voter
+        self._late_timeouts[voter] = max(timeout.view, self._late_timeouts.get(voter, 0))
+        tc = self.high_tc
+        if tc is not None and tc.view >= timeout.view:
+            self._out.append(Send(voter, tc))
 
     def _record_timeout(self, timeout: Timeout) -> None:
         by_voter = self._timeouts.setdefault(timeout.view, {})
