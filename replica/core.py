@@ -630,6 +630,11 @@ class Core:
             self._evict_stale()
         if self.tree.full:
             return
+        if parent.timestamp_ms + 1 > self.now_ms + self.limits.timestamp_ahead_ms_max:
+            # Our clock is behind our parent's time by more than voters allow ahead of
+            # theirs (a faster clock stamped it, within the bound): a block now would be
+            # refused by voters whose clocks read as ours. Wait for the clock.
+            return
         chain = self.tree.uncommitted_chain(parent.hash)
         ready = (
             self.payload.pending()
@@ -790,8 +795,11 @@ class Core:
             raise RemoteError("oversized_batch", "transaction over tx_bytes_max")
         if block.timestamp_ms <= parent.timestamp_ms:
             raise RemoteError("bad_timestamp", "block time not after its parent's")
-        if abs(block.timestamp_ms - self.now_ms) > limits.timestamp_skew_ms_max:
-            raise RemoteError("bad_timestamp", "block time outside the allowed skew")
+        ahead_ms = block.timestamp_ms - self.now_ms
+        if ahead_ms > limits.timestamp_ahead_ms_max:
+            raise RemoteError("bad_timestamp", f"block time {ahead_ms} ms ahead of ours")
+        if -ahead_ms > limits.timestamp_behind_ms_max:
+            raise RemoteError("bad_timestamp", f"block time {-ahead_ms} ms behind ours")
         if block.state_root_height < parent.state_root_height:
             raise RemoteError("bad_state_root", "state root height went backwards")
         if block.state_root_height == parent.state_root_height:
