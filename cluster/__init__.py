@@ -38,11 +38,14 @@ _EXPORTS: dict[str, str] = {
     "generate_sink_key": "quorumgate.sdk.keys",
     "load_key": "quorumgate.sdk.keys",
     "load_sink_key": "quorumgate.sdk.keys",
+    "generate_principal_key": "quorumgate.sdk.keys",
+    "load_principal_key": "quorumgate.sdk.keys",
     # errors a client raises
     "QuorumGateError": "quorumgate.sdk.client",
     "Refused": "quorumgate.sdk.client",
     "Replayed": "quorumgate.sdk.client",
     "Overloaded": "quorumgate.sdk.client",
+    "ReadNotAuthorized": "quorumgate.sdk.client",
     "ClusterUnavailable": "quorumgate.sdk.client",
     "CertificateTimeout": "quorumgate.sdk.client",
     "InvalidCertificate": "quorumgate.sdk.client",
@@ -65,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "Executor": "quorumgate.sdk.executor",
     "ExecutorRefused": "quorumgate.sdk.executor",
     "CertificateReused": "quorumgate.sdk.executor",
+    "CertificateExpired": "quorumgate.sdk.executor",
     # the owner's operations
     "OwnerSession": "quorumgate.sdk.owner",
     # the one sentence an agent is ever told on a refusal
@@ -75,6 +79,7 @@ __all__ = [
     "DENIAL_TEXT",
     "ActionDenied",
     "ArgumentMappingError",
+    "CertificateExpired",
     "CertificateReused",
     "CertificateTimeout",
     "CertificateUnavailable",
@@ -93,6 +98,7 @@ __all__ = [
     "OwnerSession",
     "Posture",
     "QuorumGateError",
+    "ReadNotAuthorized",
     "Refused",
     "Replayed",
     "RunHalted",
@@ -103,9 +109,11 @@ __all__ = [
     "agent_context_async",
     "current_call",
     "generate_key",
+    "generate_principal_key",
     "generate_sink_key",
     "governed_tool",
     "load_key",
+    "load_principal_key",
     "load_sink_key",
     "mandate",
     "resume_confirmed",
@@ -138,6 +146,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
         InvalidCertificate,
         Overloaded,
         QuorumGateError,
+        ReadNotAuthorized,
         Refused,
         Replayed,
         Submitted,
@@ -161,5 +170,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
         governed_tool,
         resume_confirmed,
     )
-    from quorumgate.sdk.keys import generate_key, generate_sink_key, load_key, load_sink_key
+    from quorumgate.sdk.keys import (
+        generate_key,
+        generate_principal_key,
+        generate_sink_key,
+        load_key,
+        load_principal_key,
+        load_sink_key,
+    )
     from quorumgate.sdk.owner import OwnerSession

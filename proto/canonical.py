@@ -6,8 +6,8 @@ protobuf encodings, so re-encoding a message on the wire cannot change what was 
 
 The encoding is deliberately dull: fixed-width big-endian integers, and byte strings and
 text prefixed with their length as a u32. Every signed or hashed statement starts with a
-domain tag (`b"qg/vote/v1"` and so on, DESIGN.md §3) so that a signature made for one
-purpose can never be replayed as another.
+domain tag (`b"qg/vote/v2"` and so on) so that a signature made for one purpose can never
+be replayed as another, nor one made under an earlier statement as a later one.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ HASH_BYTES = 32
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
 
-# Domain tags (DESIGN.md §3: b"qg/vote/v1" || chain id || view || block hash).
+# Domain tags. A vote signs its block's height too (docs/consensus/messages.md): the v1
+# statement (chain id, view, block hash) left the height to whoever relayed the vote.
 TAG_BLOCK = b"qg/block/v1"
-TAG_VOTE = b"qg/vote/v1"
+TAG_VOTE = b"qg/vote/v2"
 TAG_TIMEOUT = b"qg/timeout/v1"
 TAG_PROPOSAL = b"qg/proposal/v1"
 TAG_QC = b"qg/qc/v1"

@@ -12,6 +12,10 @@ its public keys. Private keys live beside it, one file per key, mode 0600, never
                                        public, is in cluster.json (proto/tls.py)
     DIR/node-I/                        replica and sidecar I's databases, logs, pid files
 
+`init` writes no principal's key: a principal is a person, whose key is made where the
+person works (`quorumgate keygen --principal`) and kept sealed with a passphrase
+(proto/sealedkey.py), never in the clear; the owner registers only its public key.
+
 Replicas on several hosts: give each member the `host` its peers and clients reach it at
 (an address on that host's network) and copy `cluster.json` plus that member's own
 `node-I/` directory to its host; run `quorumgate node --dir DIR --node I` there. `init`
@@ -58,6 +62,21 @@ AUTHORITY_VERSION_NEW = 2  # what `init` writes
 # whole state bytes; 2, a hash tree over per-entry hashes (issue 19, item 3).
 STATE_VERSIONS = (1, 2)
 STATE_VERSION_NEW = 2  # what `init` writes
+# What a sidecar's receipts sign (sidecar/receipts.py): 1, the block statement (chain,
+# height, verdict root, state root, leaf count); 2, that and the block time and the end of
+# the certificate's validity window, which executors enforce
+# (docs/security/reads-and-certificates.md). `receipts_expire` is the rule's one predicate.
+RECEIPT_VERSIONS = (1, 2)
+RECEIPT_VERSION_NEW = 2  # what `init` writes
+RECEIPT_VERSIONS_EXPIRING = frozenset({2})
+
+
+def receipts_expire(receipt_version: int) -> bool:
+    """Whether certificates of a chain of this receipt version carry a signed validity
+    window (block time and the end of the window) that executors enforce."""
+    return receipt_version in RECEIPT_VERSIONS_EXPIRING
+
+
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
@@ -119,6 +138,12 @@ class ClusterSpec:
     capacities: tuple[tuple[str, int], ...] = ()
     # How the state root is computed (STATE_VERSIONS); files from before have none: 1.
     state_version: int = 1
+    # What receipts sign (RECEIPT_VERSIONS); files from before have none: 1, no expiry.
+    receipt_version: int = 1
+
+    @property
+    def receipts_expire(self) -> bool:
+        return receipts_expire(self.receipt_version)
 
     @property
     def transport(self) -> str:
@@ -178,6 +203,11 @@ def read_seed(path: Path) -> bytes:
         raise ClusterFileError(f"cannot read key file {path}: {err.strerror}") from err
     if mode & 0o077:
         raise ClusterFileError(f"key file {path} is readable by others (mode {mode:o}); chmod 600")
+    if text.startswith("{"):  # proto/sealedkey.py: a principal's key, sealed
+        raise ClusterFileError(
+            f"key file {path} is sealed with a passphrase (a principal's key): open it with "
+            f"its passphrase (`load_principal_key`, or a command's passphrase prompt)"
+        )
     try:
         seed = bytes.fromhex(text)
     except ValueError as err:
@@ -302,6 +332,7 @@ def init_cluster(
             authority_version=AUTHORITY_VERSION_NEW,
             capacities=checked_capacities,
             state_version=STATE_VERSION_NEW,
+            receipt_version=RECEIPT_VERSION_NEW,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -362,6 +393,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         **({"authority_version": spec.authority_version} if spec.authority_version != 1 else {}),
         **({"capacities": dict(spec.capacities)} if spec.capacities else {}),
         **({"state_version": spec.state_version} if spec.state_version != 1 else {}),
+        **({"receipt_version": spec.receipt_version} if spec.receipt_version != 1 else {}),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -530,6 +562,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
     canonical_version = _version(doc, "canonical_version", CANONICAL_VERSIONS, where)
     authority_version = _version(doc, "authority_version", AUTHORITY_VERSIONS, where)
     state_version = _version(doc, "state_version", STATE_VERSIONS, where)
+    receipt_version = _version(doc, "receipt_version", RECEIPT_VERSIONS, where)
     raw_capacities = doc.get("capacities", {})
     if not isinstance(raw_capacities, dict):
         raise ClusterFileError(f"{where}: capacities must be an object of name: number")
@@ -545,6 +578,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
         authority_version,
         check_capacities(raw_capacities, f"{where}: capacities"),
         state_version,
+        receipt_version,
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

@@ -63,6 +63,14 @@ SINKS_MAX_DEFAULT = 256
 # confirmation or use is answered `confirmation_expired` / `delegation_expired` rather than
 # "unknown"; after that they are pruned, which is what keeps both tables bounded in time.
 EXPIRED_RETENTION_MS_DEFAULT = 3_600_000
+# How long after its block's time a verdict certificate may be used (chains whose receipts
+# expire, proto/clusterfile.py `receipts_expire`): the window an executor that lost its
+# record of used certificates reopens (docs/security/reads-and-certificates.md). An owner
+# setting in the log (`certificate_ttl_ms`) changes it within these bounds: at least long
+# enough to carry a certificate from the sidecars to a tool, at most a day.
+CERTIFICATE_TTL_MS_DEFAULT = 300_000
+CERTIFICATE_TTL_MS_MIN = 10_000
+CERTIFICATE_TTL_MS_MAX = 24 * 3600 * 1000
 
 # --- split authority (issue 16) ---
 # Answers naming a wrong card digest, from the card's rightful confirmer, that lock the

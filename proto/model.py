@@ -689,6 +689,7 @@ class SetEntries:
 # Settings the owner changes in the log (issue 15, item 5), over cluster.json's values.
 # Quotas are per fixed minute / hour of block time; 0 is no limit.
 SETTING_NAMES = (
+    "certificate_ttl_ms",
     "confirmation_ttl_ms",
     "delegation_depth_max",
     "grant_ttl_ms_max",

@@ -34,8 +34,16 @@ class ReceiptLeaf(_message.Message):
     body_digest: bytes
     def __init__(self, height: _Optional[int] = ..., index: _Optional[int] = ..., tx_id: _Optional[bytes] = ..., proposal_id: _Optional[bytes] = ..., kind: _Optional[str] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., target_digest: _Optional[bytes] = ..., card_digest: _Optional[bytes] = ..., mandate_version: _Optional[int] = ..., body_digest: _Optional[bytes] = ...) -> None: ...
 
+class Validity(_message.Message):
+    __slots__ = ("block_time_ms", "valid_until_ms")
+    BLOCK_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    VALID_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    block_time_ms: int
+    valid_until_ms: int
+    def __init__(self, block_time_ms: _Optional[int] = ..., valid_until_ms: _Optional[int] = ...) -> None: ...
+
 class Receipt(_message.Message):
-    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signer", "signature")
+    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signer", "signature", "validity")
     LEAF_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +51,7 @@ class Receipt(_message.Message):
     STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
     SIGNER_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    VALIDITY_FIELD_NUMBER: _ClassVar[int]
     leaf: ReceiptLeaf
     path: _containers.RepeatedScalarFieldContainer[bytes]
     leaf_count: int
@@ -50,10 +59,11 @@ class Receipt(_message.Message):
     state_root: bytes
     signer: int
     signature: bytes
-    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    validity: Validity
+    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ...) -> None: ...
 
 class Certificate(_message.Message):
-    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signatures", "chain_id")
+    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signatures", "chain_id", "validity")
     LEAF_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +71,7 @@ class Certificate(_message.Message):
     STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    VALIDITY_FIELD_NUMBER: _ClassVar[int]
     leaf: ReceiptLeaf
     path: _containers.RepeatedScalarFieldContainer[bytes]
     leaf_count: int
@@ -68,7 +79,8 @@ class Certificate(_message.Message):
     state_root: bytes
     signatures: _containers.RepeatedCompositeFieldContainer[_consensus_pb2.Signature]
     chain_id: str
-    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[_consensus_pb2.Signature, _Mapping]]] = ..., chain_id: _Optional[str] = ...) -> None: ...
+    validity: Validity
+    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[_consensus_pb2.Signature, _Mapping]]] = ..., chain_id: _Optional[str] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ...) -> None: ...
 
 class ReceiptRequest(_message.Message):
     __slots__ = ("proposal_id", "nonce", "own", "wait_ms", "newer_than")
@@ -243,16 +255,18 @@ class RegistryContent(_message.Message):
     def __init__(self, agents: _Optional[_Iterable[_Union[RegistryAgent, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_tx_pb2.RegisterTool, _Mapping]]] = ..., sinks: _Optional[_Iterable[_Union[_tx_pb2.RegisterSink, _Mapping]]] = ..., principals: _Optional[_Iterable[_Union[_tx_pb2.RegisterPrincipal, _Mapping]]] = ..., sets: _Optional[_Iterable[_Union[_tx_pb2.SetEntries, _Mapping]]] = ..., settings: _Optional[_Iterable[_Union[_tx_pb2.Setting, _Mapping]]] = ...) -> None: ...
 
 class RegistryReply(_message.Message):
-    __slots__ = ("height", "state_root", "registry_since", "content")
+    __slots__ = ("height", "state_root", "registry_since", "content", "scope")
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_SINCE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     height: int
     state_root: bytes
     registry_since: int
     content: RegistryContent
-    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., registry_since: _Optional[int] = ..., content: _Optional[_Union[RegistryContent, _Mapping]] = ...) -> None: ...
+    scope: str
+    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., registry_since: _Optional[int] = ..., content: _Optional[_Union[RegistryContent, _Mapping]] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class PendingRequest(_message.Message):
     __slots__ = ()

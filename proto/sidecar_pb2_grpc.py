@@ -119,8 +119,9 @@ class SidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Registry(self, request, context):
-        """The registry as of a height (FAILED_PRECONDITION when it changed after that height,
-        UNAVAILABLE when the sidecar has not executed it within a short wait).
+        """The registry as of a height, the part the caller may read (FAILED_PRECONDITION when
+        it changed after that height, UNAVAILABLE when the sidecar has not executed it within
+        a short wait, PERMISSION_DENIED for a key it does not know).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

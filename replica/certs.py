@@ -56,7 +56,7 @@ class CertificateChecker:
         digest = qc.digest()
         if self.verifier.known(digest):
             return
-        message = vote_bytes(self.membership.chain_id, qc.view, qc.block_hash)
+        message = vote_bytes(self.membership.chain_id, qc.view, qc.height, qc.block_hash)
         for signer, sig in qc.signatures:
             key = self._signer_key(signer)
             # Votes are broadcast, so most of a QC's signatures were checked here already,
@@ -86,8 +86,15 @@ class CertificateChecker:
         chain = self.membership.chain_id
         for signer, hqc_view, sig in tc.signatures:
             key = self._signer_key(signer)
-            if not self.verifier.verify(key, timeout_bytes(chain, tc.view, hqc_view), sig):
+            # A TC is made of timeouts, which are broadcast: as with a QC's votes, most of
+            # its signatures were checked here already, one by one.
+            message = timeout_bytes(chain, tc.view, hqc_view)
+            seen = _signature_digest(signer, message, sig)
+            if self.verifier.known(seen):
+                continue
+            if not self.verifier.verify(key, message, sig):
                 raise RemoteError("bad_certificate", f"tc view {tc.view}: bad signature")
+            self.verifier.remember(seen)
         self.verifier.remember(digest)
 
     def check_hello(self, sender: int, hello: Hello) -> None:
@@ -111,7 +118,7 @@ class CertificateChecker:
 
     def check_vote(self, vote: Vote) -> None:
         key = self._signer_key(vote.voter)
-        message = vote_bytes(self.membership.chain_id, vote.view, vote.block_hash)
+        message = vote_bytes(self.membership.chain_id, vote.view, vote.height, vote.block_hash)
         seen = _signature_digest(vote.voter, message, vote.signature)
         if self.verifier.known(seen):
             return  # the same vote again (re-sent), or its signature seen in a QC
@@ -124,10 +131,13 @@ class CertificateChecker:
         if timeout.high_qc.view >= timeout.view:
             raise RemoteError("malformed", "timeout high qc not below its view")
         message = timeout_bytes(self.membership.chain_id, timeout.view, timeout.high_qc.view)
-        if not self.verifier.verify(key, message, timeout.signature):
-            raise RemoteError(
-                "bad_signature", f"timeout for view {timeout.view} by {timeout.voter}"
-            )
+        seen = _signature_digest(timeout.voter, message, timeout.signature)
+        if not self.verifier.known(seen):
+            if not self.verifier.verify(key, message, timeout.signature):
+                raise RemoteError(
+                    "bad_signature", f"timeout for view {timeout.view} by {timeout.voter}"
+                )
+            self.verifier.remember(seen)
         self.check_qc(timeout.high_qc)
         if timeout.high_tc is not None:
             self.check_tc(timeout.high_tc)

@@ -19,8 +19,14 @@ class Limits:
     view_timeout_ticks_base: int = 100
     view_timeout_ticks_max: int = 1600
     idle_propose_ticks: int = 30
-    # Block timestamps must be within this much of the voter's own clock.
-    timestamp_skew_ms_max: int = 5_000
+    # A voter refuses a block whose time is more than this ahead of its own clock, or more
+    # than this behind it. Ahead is tight: it bounds how far committed block time (and so
+    # every TTL, grant expiry and quota window) can run ahead of honest clocks, whoever
+    # leads; behind is loose, as an honest block may reach a voter late (a slow link, a
+    # wait for its parent or its state root) and one cannot push later blocks back
+    # (docs/consensus/messages.md, "Block time").
+    timestamp_ahead_ms_max: int = 1_000
+    timestamp_behind_ms_max: int = 5_000
     # Uncommitted blocks held in the tree. Votes and timeouts are kept for views within
     # `vote_views_max` of the current one; those further ahead are dropped as future_view
     # (their certificates still count: they are how a lagging replica catches up).

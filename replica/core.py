@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from quorumgate.proto.canonical import Encoder
@@ -76,6 +76,9 @@ from quorumgate.replica.types import (
 from quorumgate.replica.validate import check_envelope
 
 BACKOFF_EXPONENT_MAX = 16
+# Signed answers to one start (nonce) of a member's Rule 6 hello: enough for the retries of
+# its fencing (`fence_wait_ticks` / `sync_retry_ticks`, 4 by default) with some lost.
+HELLO_REPLIES_PER_START_MAX = 8
 
 
 class PayloadSource(Protocol):
@@ -233,8 +236,10 @@ class Core:
         # view -> voter -> vote; view -> voter -> timeout (bounded by the view window)
         self._votes: dict[int, dict[int, Vote]] = {}
         self._timeouts: dict[int, dict[int, Timeout]] = {}
+        self._late_timeouts: dict[int, int] = {}  # member -> highest late view answered
         self._proposal_seen: dict[int, bytes] = {}
         self._waiting: Proposal | None = None
+        self._waiting_asks = 0  # catch-up requests made for the waiting proposal's parent
         # The highest committed height with transactions (restarts assume the committed top
         # had some: quiescence then waits for its root to be carried once more).
         self._payload_height = self.tree.committed_height
@@ -255,6 +260,7 @@ class Core:
         self._hello_replies: dict[int, int] = {}
         self._hello_ticks = 0
         self._last_signed_by: dict[int, int] = {}  # member -> highest view seen it sign
+        self._hellos_answered: dict[int, tuple[bytes, bytes, int]] = {}  # (nonce, sig, count)
         self.high_qc: QuorumCert = recovered.safety.high_qc
         self.high_tc: TimeoutCert | None = recovered.high_tc or recovered.safety.high_tc
         for block in sorted(recovered.pending, key=lambda b: b.height):
@@ -317,10 +323,16 @@ class Core:
             and self._sync_ticks >= self.limits.sync_retry_ticks
         ):
             # A proposal still waits for blocks (the last answer failed or was a lie).
-            if waiting.block.view == self.view:
-                self._request_sync(-1, waiting.block.parent_hash)
-            else:
+            # Each other member is asked once at most: if none of them holds the parent,
+            # no honest one does, and asking on would go on for as long as the view lasts,
+            # which in a quiet cluster is for ever.
+            if waiting.block.view != self.view:
                 self._waiting = None
+            elif self._waiting_asks >= self.membership.n - 1:
+                self._waiting = None
+                self.dropped["parent_unavailable"] += 1
+            elif self._request_sync(-1, waiting.block.parent_hash):
+                self._waiting_asks += 1
         self._lacking_ticks = self._lacking_ticks + 1 if self._lacks_certified_block() else 0
         if (
             self._lacking_ticks > self.limits.idle_propose_ticks
@@ -358,8 +370,10 @@ class Core:
             if isinstance(msg, Proposal):
                 self._on_proposal(sender, msg)
             elif isinstance(msg, Vote):
+                self._bound_to_sender(msg.voter, sender, "vote")
                 self._on_vote(msg, local=False)
             elif isinstance(msg, Timeout):
+                self._bound_to_sender(msg.voter, sender, "timeout")
                 self._on_timeout(msg, local=False)
             elif isinstance(msg, TimeoutCert):
                 self.checker.check_tc(msg)
@@ -369,12 +383,7 @@ class Core:
             elif isinstance(msg, SyncRequest):
                 raise RemoteError("unexpected", "sync requests are served by the shell")
             elif isinstance(msg, Hello):
-                self.checker.check_hello(sender, msg)
-                seen = self._last_signed_by.get(sender, 0)
-                reply = self.safety.sign_hello_reply(
-                    sender, msg.nonce, seen, self.view, self.high_qc, self.high_tc
-                )
-                self._out.append(Send(sender, reply))
+                self._on_hello(sender, msg)
             elif isinstance(msg, HelloReply):
                 self._on_hello_reply(sender, msg)
             else:  # pragma: no cover - the Message union is closed
@@ -433,18 +442,16 @@ class Core:
     def _persist(self, state: SafetyState) -> None:
         self._out.append(PersistSafety(state))
 
-    def _settle_height(self, qc: QuorumCert) -> QuorumCert:
-        """A QC's height is not signed (the vote bytes are fixed by DESIGN §3) but the block
-        hash commits to it: a block we hold settles it. (Unknown blocks: _maybe_propose.)"""
+    def _check_against_block(self, qc: QuorumCert) -> None:
+        """A verified QC names its block's view and height (both signed by every vote): a
+        block we hold that disagrees would take 2f+1 signers lying, more than the f faulty
+        members there can be. Refused all the same, never corrected."""
         block = self.tree.get(qc.block_hash)
-        if block is None or block.height == qc.height:
-            return qc
-        if block.view != qc.view:
-            raise RemoteError("bad_certificate", "qc view does not match its block")
-        return replace(qc, height=block.height)
+        if block is not None and (block.view, block.height) != (qc.view, qc.height):
+            raise RemoteError("bad_certificate", f"{qc!r} does not match {block!r}")
 
     def _raise_high_qc(self, qc: QuorumCert) -> None:
-        qc = self._settle_height(qc)
+        self._check_against_block(qc)
         if qc.view > self.high_qc.view:
             self.high_qc = qc
             for view in [v for v in self._votes if v <= qc.view]:
@@ -497,7 +504,7 @@ class Core:
     def _process_certs(self, qc: QuorumCert, tc: TimeoutCert | None = None) -> None:
         """Verified certificates: raise the highest QC and TC, commit, then enter the
         highest view they justify, once."""
-        qc = self._settle_height(qc)
+        self._check_against_block(qc)
         self._fence_on_own_signatures(qc, tc)
         self._raise_high_qc(qc)
         self._try_commit(qc)
@@ -518,6 +525,25 @@ class Core:
         if voted > self.safety.state.last_voted_view:
             self.safety.fence(voted_view=voted)
             self.stats.fenced += 1
+
+    def _on_hello(self, sender: int, hello: Hello) -> None:
+        """Answer a (re)started member's Rule 6 question, for each of its starts (nonces)
+        at most HELLO_REPLIES_PER_START_MAX times: it asks again every `sync_retry_ticks`
+        while it fences, in case answers were lost, and copies beyond that cost neither a
+        signature check nor a signed reply. The memory is one entry per member."""
+        nonce, signature, answered = self._hellos_answered.get(sender, (b"", b"", 0))
+        same = nonce == hello.nonce and signature == hello.signature
+        if same and answered >= HELLO_REPLIES_PER_START_MAX:
+            raise RemoteError("duplicate", f"hello of member {sender}, answered {answered} times")
+        if not same:
+            self.checker.check_hello(sender, hello)
+            answered = 0
+        self._hellos_answered[sender] = (hello.nonce, hello.signature, answered + 1)
+        seen = self._last_signed_by.get(sender, 0)
+        reply = self.safety.sign_hello_reply(
+            sender, hello.nonce, seen, self.view, self.high_qc, self.high_tc
+        )
+        self._out.append(Send(sender, reply))
 
     def _on_hello_reply(self, sender: int, reply: HelloReply) -> None:
         if not self._fencing:
@@ -604,6 +630,11 @@ class Core:
             self._evict_stale()
         if self.tree.full:
             return
+        if parent.timestamp_ms + 1 > self.now_ms + self.limits.timestamp_ahead_ms_max:
+            # Our clock is behind our parent's time by more than voters allow ahead of
+            # theirs (a faster clock stamped it, within the bound): a block now would be
+            # refused by voters whose clocks read as ours. Wait for the clock.
+            return
         chain = self.tree.uncommitted_chain(parent.hash)
         ready = (
             self.payload.pending()
@@ -618,9 +649,7 @@ class Core:
         assert sum(map(len, txs)) <= limits.batch_bytes_max, "payload source broke byte limit"
         justify = self.high_qc
         if justify.height != parent.height:
-            # Learnt before we held the block, with a false (unsigned) height: the
-            # signatures are genuine, the block settles the height.
-            justify = replace(justify, height=parent.height)
+            return  # (a QC whose signed height is not its block's: see _check_against_block)
         root_height, root = parent.state_root_height, parent.state_root
         latest_height, _ = self.execution.latest_root()
         carried = min(latest_height, parent.height + 1 - self.limits.state_root_lag_blocks)
@@ -656,10 +685,18 @@ class Core:
         block = proposal.block
         if sender != block.proposer:
             raise RemoteError("not_leader", f"proposal for view {block.view} relayed by {sender}")
+        if self._took_in(block):
+            raise RemoteError("duplicate", f"proposal for view {block.view}")  # unchecked
         self.checker.check_proposal(proposal)
         self._saw_signature(block.proposer, block.view)
         # Certificates first: they are how a replica learns that views moved on.
         self._process_certs(block.justify, proposal.high_tc)
+        if self._conflicts_with_commit(block):
+            # It can never be voted for, and waiting for its parent would never end
+            # (docs/consensus/messages.md, "Stale proposals"). Its copies: _took_in.
+            if block.view == self.view:
+                self._proposal_seen.setdefault(block.view, block.hash)
+            raise RemoteError("stale_proposal", f"height {block.height} of view {block.view}")
         if block.view < self.view:
             # Late (votes overtook it): keep the block, since a 2-chain may need it.
             # Only the block our highest QC certifies, though: a leader proposes once per view,
@@ -685,7 +722,7 @@ class Core:
             or block.state_root_height > self.tree.committed_height
         ):
             self._waiting = proposal
-            self._request_sync(sender, block.parent_hash)
+            self._waiting_asks = int(self._request_sync(sender, block.parent_hash))
             return
         if self._root_pending(block):
             # Our own sidecar has not executed that height yet: wait for it (until the
@@ -693,6 +730,27 @@ class Core:
             self._waiting = proposal
             return
         self._accept_proposal(block)
+
+    def _took_in(self, block: Block) -> bool:
+        """We hold `block`, saw it proposed for the current view, or keep its proposal
+        waiting: a copy is dropped before its signature is checked, and a waiting one
+        does not start its wait again. (A copy of a late proposal we did not keep costs
+        one check, as any message with a signature does; it makes us send nothing.)"""
+        if block.hash in self.tree or self._proposal_seen.get(block.view) == block.hash:
+            return True
+        waiting = self._waiting
+        return waiting is not None and waiting.block.hash == block.hash
+
+    def _conflicts_with_commit(self, block: Block) -> bool:
+        """`block` is at or below the committed height, or extends a block at that height
+        other than the committed one: it conflicts with the committed chain, so no honest
+        replica votes for it (HotStuff's safety: no conflicting block is ever certified)
+        and no honest leader proposes it (one extends its highest QC, which is at least
+        the lock of the QC that committed). Its parent, if pruned, is never fetched."""
+        root = self.tree.root
+        if block.height <= root.height:
+            return True
+        return block.height == root.height + 1 and block.parent_hash != root.hash
 
     def _root_pending(self, block: Block) -> bool:
         return (
@@ -711,7 +769,11 @@ class Core:
         if waiting is None:
             return
         block = waiting.block
-        if block.view != self.view or block.view in self._proposal_seen:
+        if (
+            block.view != self.view
+            or block.view in self._proposal_seen
+            or self._conflicts_with_commit(block)  # a commit since passed its height
+        ):
             self._waiting = None
             return
         if block.parent_hash in self.tree and not self._root_pending(block):
@@ -733,8 +795,11 @@ class Core:
             raise RemoteError("oversized_batch", "transaction over tx_bytes_max")
         if block.timestamp_ms <= parent.timestamp_ms:
             raise RemoteError("bad_timestamp", "block time not after its parent's")
-        if abs(block.timestamp_ms - self.now_ms) > limits.timestamp_skew_ms_max:
-            raise RemoteError("bad_timestamp", "block time outside the allowed skew")
+        ahead_ms = block.timestamp_ms - self.now_ms
+        if ahead_ms > limits.timestamp_ahead_ms_max:
+            raise RemoteError("bad_timestamp", f"block time {ahead_ms} ms ahead of ours")
+        if -ahead_ms > limits.timestamp_behind_ms_max:
+            raise RemoteError("bad_timestamp", f"block time {-ahead_ms} ms behind ours")
         if block.state_root_height < parent.state_root_height:
             raise RemoteError("bad_state_root", "state root height went backwards")
         if block.state_root_height == parent.state_root_height:
@@ -798,6 +863,15 @@ class Core:
             self.stats.fenced += 1
         raise RemoteError("own_echo", f"our own {kind} for view {view}")
 
+    def _bound_to_sender(self, signer: int, sender: int, kind: str) -> None:
+        """Votes and timeouts travel only from their signer (each member broadcasts its
+        own), and a stream's sender is authenticated: one that another member relays is
+        dropped unchecked, whatever it says, so no member can replay, reorder or rewrite
+        another's (docs/consensus/messages.md, "Sender binding"). Our own, sent back to
+        us, goes on to Rule 6's check instead (`_echo_of_own`)."""
+        if signer not in (sender, self.me):
+            raise RemoteError(f"relayed_{kind}", f"{kind} of member {signer} sent by {sender}")
+
     def _on_vote(self, vote: Vote, *, local: bool) -> None:
         if not local and vote.voter == self.me:
             self.checker.check_vote(vote)  # genuinely ours, or it says nothing
@@ -810,6 +884,10 @@ class Core:
             return  # its view is certified already: the usual fate of the last votes
         if vote.view > self.view + self.limits.vote_views_max:
             raise RemoteError("future_view", f"vote for view {vote.view}")
+        block = self.tree.get(vote.block_hash)
+        if block is not None and block.height != vote.height:
+            # Signed, so never an honest member's: it cannot join a QC with the others.
+            raise RemoteError("wrong_height", f"vote for view {vote.view} by {vote.voter}")
         by_voter = self._votes.setdefault(vote.view, {})
         previous = by_voter.get(vote.voter)
         if previous is not None and previous == vote:
@@ -819,19 +897,22 @@ class Core:
         if not local:
             self.checker.check_vote(vote)  # before any equivocation is blamed on the voter
             self._saw_signature(vote.voter, vote.view)
+        statement = (vote.block_hash, vote.height)
         if previous is not None:
-            same = previous.block_hash == vote.block_hash
+            same = (previous.block_hash, previous.height) == statement
             raise RemoteError("duplicate" if same else "equivocating_vote", f"view {vote.view}")
         by_voter[vote.voter] = vote
-        agreeing = [v for v in by_voter.values() if v.block_hash == vote.block_hash]
+        # Votes agree when they sign the same statement: the height is part of it, so the
+        # QC's height is one that all its signers signed (docs/consensus/messages.md).
+        agreeing = [v for v in by_voter.values() if (v.block_hash, v.height) == statement]
         if len(agreeing) < self.membership.quorum:
             return
         agreeing.sort(key=lambda v: v.voter)
-        # The height is not signed: take it from the block when we hold it.
-        block = self.tree.get(vote.block_hash)
-        height = block.height if block is not None else vote.height
         qc = QuorumCert(
-            vote.view, height, vote.block_hash, tuple((v.voter, v.signature) for v in agreeing)
+            vote.view,
+            vote.height,
+            vote.block_hash,
+            tuple((v.voter, v.signature) for v in agreeing),
         )
         self.verifier.remember(qc.digest())
         self.stats.qcs_formed += 1
@@ -856,19 +937,40 @@ class Core:
         if timeout.view > self.view + self.limits.vote_views_max:
             raise RemoteError("future_view", f"timeout for view {timeout.view}")
         if not local:
+            self._refuse_copy_of_timeout(timeout)
             self.checker.check_timeout(timeout)
             self._echo_of_own(timeout.voter, timeout.view, "timeout")
             self._saw_signature(timeout.voter, timeout.view)
         self._process_certs(timeout.high_qc, timeout.high_tc)
         if timeout.view < self.view:
             self.stats.late_messages += 1
-            # Late: its certificates were worth reading. If we hold a TC that moves its
-            # sender past that view, hand it over (its copy may have been lost).
-            tc = self.high_tc
-            if not local and tc is not None and tc.view >= timeout.view:
-                self._out.append(Send(timeout.voter, tc))
+            if not local:
+                self._answer_late_timeout(timeout)
             return
         self._record_timeout(timeout)
+
+    def _refuse_copy_of_timeout(self, timeout: Timeout) -> None:
+        """A copy of a timeout we took in is dropped before its signature is checked (a
+        check costs about 40 µs, a copy nothing to send), and a late one already answered
+        is not answered again. What this remembers is bounded: the timeouts held for the
+        views of the vote window (`Limits.vote_views_max`, one per member each) and, for
+        views below ours, the highest one answered per member."""
+        voter, view = timeout.voter, timeout.view
+        held = self._timeouts.get(view, {}).get(voter)
+        if held is not None and held.signature == timeout.signature:
+            raise RemoteError("duplicate", f"timeout for view {view} by {voter}")
+        if view < self.view and view <= self._late_timeouts.get(voter, 0):
+            raise RemoteError("duplicate", f"late timeout for view {view} by {voter}")
+
+    def _answer_late_timeout(self, timeout: Timeout) -> None:
+        """Late: its certificates were worth reading. If we hold a TC that moves its
+        signer past that view, hand it over, once (its copy may have been lost; the
+        signer's own timer re-broadcasts its timeout, and other members answer too)."""
+        voter = timeout.voter
+        self._late_timeouts[voter] = max(timeout.view, self._late_timeouts.get(voter, 0))
+        tc = self.high_tc
+        if tc is not None and tc.view >= timeout.view:
+            self._out.append(Send(voter, tc))
 
     def _record_timeout(self, timeout: Timeout) -> None:
         by_voter = self._timeouts.setdefault(timeout.view, {})
@@ -909,9 +1011,11 @@ class Core:
             return -1  # (the genesis QC: _request_sync then asks the next peer)
         return next((s for s in signers if s >= self._next_sync_peer), signers[0])
 
-    def _request_sync(self, peer: int, target_hash: bytes) -> None:
+    def _request_sync(self, peer: int, target_hash: bytes) -> bool:
+        """Ask `peer` (or the next one in turn) for what we lack; False if a request is
+        already out (one at a time)."""
         if self._sync_peer is not None:
-            return
+            return False
         if peer == self.me or not self.membership.is_member(peer):
             peer = self._next_sync_peer
         self._sync_peer = peer
@@ -923,6 +1027,7 @@ class Core:
         self.stats.sync_requests += 1
         request = SyncRequest(self.tree.committed_height + 1, self._sync_blocks_ask, target_hash)
         self._out.append(Send(peer, request))
+        return True
 
     def _check_chain(self, blocks: Sequence[Block]) -> None:
         """`blocks` is one chain for our chain id that continues what we hold, each block

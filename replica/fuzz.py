@@ -4,10 +4,11 @@
 message or counts it in `dropped`; nothing escapes it. This module holds it to that: for
 each message kind it generates messages from a seed — valid ones, then mutated: fields
 malformed, truncated, oversized, stale, far in the future, with forged or duplicated
-signatures, from a spoofed or non-member sender, for another chain — and feeds them to
-cores in the states where each kind matters (a core waiting for a sync answer, a core
-fencing after a restart, a core in the middle of a view). A message the wire codec itself
-could not build (a `RemoteError` from a type's own checks) counts as refused on arrival.
+signatures, from a spoofed or non-member sender, for another chain, or copies of earlier
+ones — and feeds them to cores in the states where each kind matters (a core waiting for
+a sync answer, a core fencing after a restart, a core in the middle of a view). A message
+the wire codec itself could not build (a `RemoteError` from a type's own checks) counts
+as refused on arrival.
 
     python scripts/fuzz_core.py --per-kind 100000      # prints any failing seed
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -79,6 +80,10 @@ FUZZ_LIMITS = Limits(
     tx_bytes_max=1024,
 )
 CORES_PER_KIND = 8  # fresh cores per kind, so that state reached by one run is not all
+# One message in REPLAY_ONE_IN is a copy of one of the last REPLAY_WINDOW of its kind,
+# from its sender or another (the copies a core must recognise before checking them).
+REPLAY_ONE_IN = 8
+REPLAY_WINDOW = 16
 
 
 class FuzzFailure(AssertionError):
@@ -91,6 +96,7 @@ class FuzzReport:
     seed: int
     messages: int = 0
     refused_on_arrival: int = 0  # the codec could not have built it
+    replayed: int = 0  # copies of earlier messages
     dropped: Counter[str] = field(default_factory=Counter)
     acted_on: int = 0
 
@@ -121,7 +127,10 @@ class World:
     def qc(self, block: Block, voters: tuple[int, ...] = (0, 1, 2)) -> QuorumCert:
         if block.height == 0:
             return genesis_qc(CHAIN)
-        sigs = tuple((v, self.sign(v, vote_bytes(CHAIN, block.view, block.hash))) for v in voters)
+        sigs = tuple(
+            (v, self.sign(v, vote_bytes(CHAIN, block.view, block.height, block.hash)))
+            for v in voters
+        )
         return QuorumCert(block.view, block.height, block.hash, sigs)
 
     def block(
@@ -145,7 +154,7 @@ class World:
         return Proposal(block, self.sign(who, proposal_bytes(CHAIN, block.view, block.hash)))
 
     def vote(self, voter: int, block: Block) -> Vote:
-        sig = self.sign(voter, vote_bytes(CHAIN, block.view, block.hash))
+        sig = self.sign(voter, vote_bytes(CHAIN, block.view, block.height, block.hash))
         return Vote(block.view, block.height, block.hash, voter, sig)
 
     def timeout(self, voter: int, view: int, high_qc: QuorumCert) -> Timeout:
@@ -422,18 +431,24 @@ def fuzz_kind(kind: str, seed: int, messages: int) -> FuzzReport:
     for c in range(CORES_PER_KIND):
         me = c % N
         core = _core(w, me, fencing=kind == "hello_reply" or c % 3 == 0)
+        recent: deque[Message] = deque(maxlen=REPLAY_WINDOW)
         for k in range(per_core):
             if k % 50 == 0:
                 core.on_tick(START_MS + 10 * k)
                 if kind == "sync_response":
                     _await_sync(w, core)
-            try:
-                message = generate(w, core)
-            except (RemoteError, OverflowError, struct.error):
-                # Values the wire cannot carry (a u64 out of range, a type's own checks):
-                # the codec could not have built this message, so no core sees it.
-                report.refused_on_arrival += 1
-                continue
+            if recent and rng.randrange(REPLAY_ONE_IN) == 0:
+                message = rng.choice(recent)
+                report.replayed += 1
+            else:
+                try:
+                    message = generate(w, core)
+                except (RemoteError, OverflowError, struct.error):
+                    # Values the wire cannot carry (a u64 out of range, a type's own
+                    # checks): the codec could not have built it, so no core sees it.
+                    report.refused_on_arrival += 1
+                    continue
+                recent.append(message)
             sender = w.sender(_natural_sender(message, core))
             chain = CHAIN if rng.randrange(10) else "other-chain"
             before = sum(core.dropped.values())

@@ -73,6 +73,7 @@ from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
 from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
+from quorumgate.replica.sync import SyncRepeats
 from quorumgate.replica.transport import SERVER_OPTIONS
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, Envelope, RemoteError, SyncRequest
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
@@ -164,6 +165,7 @@ class ReplicaNode:
         self._signatures_seen: dict[str, int] = {}
         self._timeouts_seen = 0
         self._sync_serving: dict[int, int] = {}  # peer -> its catch-up answers running
+        self._sync_repeats = SyncRepeats(self.limits.sync_retry_ticks * spec.tick_ms)
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
 
@@ -495,6 +497,9 @@ class ReplicaNode:
         if envelope.chain_id != self.spec.chain_id:
             self.metrics.dropped.labels("wrong_chain").inc()
             return
+        if not self._sync_repeats.admit(envelope.sender, request, _monotonic_ms()):
+            self.metrics.dropped.labels("sync_repeat").inc()
+            return
         response = await store.sync_response(request, core, self.limits)
         self._send(Send(envelope.sender, response))
 
@@ -563,6 +568,10 @@ class ReplicaNode:
             f=self.spec.f,
             sync_target_height=core.stats.sync_target,
         )
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

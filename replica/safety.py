@@ -12,6 +12,20 @@ the state's `epoch`, which the shell must have made durable before sending (see
 replica/actions.py). A replica that crashes at any point and restarts from its last
 durable state can therefore never sign two conflicting statements.
 
+What each signature covers (the bytes come from replica/types.py, built with
+proto/canonical.py's encoder; docs/consensus/messages.md has the whole table):
+
+- a vote: `qg/vote/v2 || chain id || view || height || block hash`. The height is signed
+  so that a QC proves the height of the block it certifies even before that block is
+  known; the `qg/vote/v1` statement of earlier releases left it out, and a relayed or
+  Byzantine vote could make an honest replica keep a false one (in its highest QC and in
+  the commit proofs it served);
+- a timeout: `qg/timeout/v1 || chain id || view || view of the signer's highest QC` (that
+  QC carries its own signed height);
+- a proposal: `qg/proposal/v1 || chain id || view || block hash` (the hash covers every
+  field of the block);
+- a hello and a hello reply: `hello_bytes` and `hello_reply_bytes` (Rule 6 below).
+
 The voting rules (numbered; errors name the rule and the views involved). The rules are
 the 2-chain ones of Jolteon (Gelashvili et al., FC'22, §3) and DiemBFT v4 (§4, the
 `safe_to_vote` / `safe_to_timeout` of its Safety module), as Aptos' `safety_rules_2chain`
@@ -292,7 +306,8 @@ class SafetyRules:
         # Safety state records what was voted for, unsigned; Ed25519 is deterministic, so
         # signing the recorded statement again after a restart yields the same bytes.
         chain = self._checker.membership.chain_id
-        sig = self._signer.sign(vote_bytes(chain, statement.view, statement.block_hash))
+        statement_bytes = vote_bytes(chain, statement.view, statement.height, statement.block_hash)
+        sig = self._signer.sign(statement_bytes)
         return replace(statement, signature=sig)
 
     # ------------------------------------------------------------------ Rule 6 handshake

@@ -156,7 +156,7 @@ SIM_LIMITS = Limits(
     view_timeout_ticks_base=20,
     view_timeout_ticks_max=160,
     idle_propose_ticks=4,
-    timestamp_skew_ms_max=60_000,
+    timestamp_behind_ms_max=60_000,
     sync_blocks_max=64,
     sync_retry_ticks=15,
     fence_wait_ticks=40,
@@ -766,7 +766,7 @@ class Simulation:
                         alt.height,
                         alt.hash,
                         me,
-                        self._sign(me, vote_bytes(chain, alt.view, alt.hash)),
+                        self._sign(me, vote_bytes(chain, alt.view, alt.height, alt.hash)),
                     ),
                 )
             ]
@@ -844,7 +844,7 @@ class Simulation:
                 return replace(
                     msg,
                     view=view,
-                    signature=self._sign(me, vote_bytes(chain, view, msg.block_hash)),
+                    signature=self._sign(me, vote_bytes(chain, view, msg.height, msg.block_hash)),
                 )
             return replace(msg, height=2**62)
         if isinstance(msg, Timeout):
@@ -907,7 +907,7 @@ class Simulation:
         core = node.core
         fake_hash = hashlib.sha256(b"fake" + self.forge_seq.to_bytes(8, "big")).digest()
         view = core.view + 1 + self.rng.randrange(5)
-        my_sig = self._sign(me, vote_bytes(chain, view, fake_hash))
+        my_sig = self._sign(me, vote_bytes(chain, view, core.committed_height + 5, fake_hash))
         forged: list[QuorumCert] = []
         q = self.membership.quorum
         # under-signed: only my signature
@@ -1003,7 +1003,7 @@ class Simulation:
         chain = self.membership.chain_id
         if isinstance(msg, Proposal):
             block = msg.block
-            sig = self._sign(me, vote_bytes(chain, block.view, block.hash))
+            sig = self._sign(me, vote_bytes(chain, block.view, block.height, block.hash))
             vote = Vote(block.view, block.height, block.hash, me, sig)
             to = self.fork_victim if self.membership.leader(block.view + 1) == me else None
             self._deliver_from(me, to, vote, node.instance)
@@ -1033,7 +1033,7 @@ class Simulation:
         del self.fork_pending[me]
         self._deliver_from(me, None, Proposal(block, fork.signature, tc), node.instance)
         # and vote for it, to everyone
-        sig = self._sign(me, vote_bytes(chain, block.view, block.hash))
+        sig = self._sign(me, vote_bytes(chain, block.view, block.height, block.hash))
         self._deliver_from(me, None, Vote(block.view, block.height, block.hash, me, sig))
 
     def _double_vote_extra(self, node: SimNode, envelope: Envelope) -> None:
@@ -1043,7 +1043,7 @@ class Simulation:
             return
         chain = self.membership.chain_id
         block = msg.block
-        sig = self._sign(node.index, vote_bytes(chain, block.view, block.hash))
+        sig = self._sign(node.index, vote_bytes(chain, block.view, block.height, block.hash))
         vote = Vote(block.view, block.height, block.hash, node.index, sig)
         self._deliver_from(node.index, None, vote, node.instance)
 

@@ -14,8 +14,9 @@ simulated node's actions into both and compare them.
 
 Tables (schema version `SCHEMA_VERSION`):
 
-- `meta`: the schema version and the chain id the file belongs to (another chain's file is
-  refused at `open`).
+- `meta`: the schema version, the chain id the file belongs to (another chain's file is
+  refused at `open`) and the vote statement its certificates were signed over (a store of
+  another is refused too: `certificates_verifiable`).
 - `safety`: one row, the latest `SafetyState` (replica/wire.py's `encode_safety`) and its
   epoch. A trigger refuses any update that does not raise the epoch.
 - `signed_votes(view, block_hash)` and `signed_timeouts(view, high_qc_view)`: append-only
@@ -76,6 +77,7 @@ from typing import Any
 
 import aiosqlite
 
+from quorumgate.proto.canonical import TAG_VOTE
 from quorumgate.proto.dbthread import transaction
 from quorumgate.replica.actions import Action, Commit, PersistSafety, StoreBlock
 from quorumgate.replica.config import Limits
@@ -106,6 +108,12 @@ from quorumgate.replica.wire import (
 )
 
 SCHEMA_VERSION = 1
+# What the votes in this store's certificates signed (meta row `vote_statement`, written
+# when the file is created). A store without the row was written before votes signed
+# their block's height (`qg/vote/v1`): its certificates can be verified by no member of
+# this build, so it is refused at open rather than served (docs/consensus/messages.md).
+VOTE_STATEMENT = TAG_VOTE.decode()
+VOTE_STATEMENT_BEFORE_THE_ROW = "qg/vote/v1"
 # The most committed blocks one `committed_range` call returns; callers page for more.
 RANGE_BLOCKS_MAX = 1024
 # The newest committed blocks, kept in memory as they commit: the sidecar's stream and
@@ -201,6 +209,12 @@ _SCHEMA = (
 )
 
 
+def certificates_verifiable(vote_statement: str) -> bool:
+    """Certificates made of votes over `vote_statement` can be checked by this build (and
+    by its peers): the statement is the one `vote_bytes` signs, tag for tag."""
+    return vote_statement == VOTE_STATEMENT
+
+
 class StorageError(Exception):
     """The database file cannot serve as this replica's store: unreadable, corrupt, from
     another chain or another schema version. Raised instead of guessing."""
@@ -282,6 +296,14 @@ class ReplicaStore:
             raise StorageError(
                 f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
             )
+        signed = meta.get("vote_statement", VOTE_STATEMENT_BEFORE_THE_ROW)
+        if not certificates_verifiable(signed):
+            raise StorageError(
+                f"{self._path}: its certificates are made of {signed} votes, and this build "
+                f"verifies {VOTE_STATEMENT} (a vote signs its block's height too): no member "
+                "of this build can check them. A chain changes vote statement with all its "
+                "members at once, on new data directories (docs/consensus/messages.md)"
+            )
         stored_chain = meta.get("chain_id")
         if stored_chain != self._chain_id:
             raise StorageError(
@@ -303,7 +325,11 @@ class ReplicaStore:
                 await conn.execute(statement)
             await conn.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [("schema_version", str(SCHEMA_VERSION)), ("chain_id", self._chain_id)],
+                [
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("chain_id", self._chain_id),
+                    ("vote_statement", VOTE_STATEMENT),
+                ],
             )
             await conn.execute(
                 "INSERT INTO committed (height, hash, data) VALUES (0, ?, ?)",

@@ -13,7 +13,7 @@ block.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from quorumgate.replica.config import Limits
@@ -40,6 +40,26 @@ class CommittedStore(Protocol):
     def proof_at_or_before(self, height: int, floor: int) -> CommitProof | None:
         """The proof with the largest committed height in [floor, height], if any."""
         ...
+
+
+@dataclass(slots=True)
+class SyncRepeats:
+    """Which catch-up requests are answered again. An honest member has one request out
+    at a time and, without an answer, asks again only after `Limits.sync_retry_ticks`
+    (replica/core.py), and then the next peer: the same request from the same peer
+    sooner than `repeat_ms_min` is a replay, and is dropped rather than read from the
+    store and answered twice. One entry per member (members only reach a server)."""
+
+    repeat_ms_min: int
+    _last: dict[int, tuple[SyncRequest, int]] = field(default_factory=dict)
+
+    def admit(self, peer: int, request: SyncRequest, now_ms: int) -> bool:
+        """True if `request` from `peer` at `now_ms` is to be answered (and is noted)."""
+        last = self._last.get(peer)
+        if last is not None and last[0] == request and now_ms - last[1] < self.repeat_ms_min:
+            return False
+        self._last[peer] = (request, now_ms)
+        return True
 
 
 def proof_height(proof: CommitProof) -> int:

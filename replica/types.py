@@ -40,9 +40,13 @@ class RemoteError(Exception):
 # --------------------------------------------------------------------------- signing bytes
 
 
-def vote_bytes(chain_id: str, view: int, block_hash: bytes) -> bytes:
-    """DESIGN §3: b"qg/vote/v1" || chain id || view || block hash."""
-    return bytes(Encoder(TAG_VOTE).text(chain_id).u64(view).raw(block_hash))
+def vote_bytes(chain_id: str, view: int, height: int, block_hash: bytes) -> bytes:
+    """b"qg/vote/v2" || chain id || view || height || block hash.
+
+    The height is signed so that a QC proves it (docs/consensus/messages.md): a QC formed
+    from votes alone, before its block arrives, then has a trusted height, and so does
+    every copy of it — in commit proofs, timeouts, TCs and hello replies."""
+    return bytes(Encoder(TAG_VOTE).text(chain_id).u64(view).u64(height).raw(block_hash))
 
 
 def timeout_bytes(chain_id: str, view: int, high_qc_view: int) -> bytes:
@@ -79,11 +83,11 @@ def hello_reply_bytes(
 
 @dataclass(frozen=True, slots=True)
 class QuorumCert:
-    """2f+1 votes from distinct members for (view, block_hash).
+    """2f+1 votes from distinct members for (view, height, block_hash).
 
-    `height` is the certified block's height. It is not signed (the vote bytes are fixed by
-    DESIGN §3) but the block hash commits to it, so the core checks it against the block
-    whenever the block is known and treats it as a hint otherwise.
+    Every vote signs all three (`vote_bytes`), so a valid QC's height is the certified
+    block's: at least f+1 of its signers are honest, and each signed the height of the
+    block it held.
     """
 
     view: int

@@ -37,8 +37,9 @@ def main() -> int:
             top = ", ".join(f"{r} {c}" for r, c in report.dropped.most_common(4))
             print(
                 f"{kind:14} seed={seed}: {report.messages} reached the core "
-                f"({report.acted_on} acted on), {report.refused_on_arrival} refused by the "
-                f"codec; drops: {top}; {time.perf_counter() - started:.1f} s",
+                f"({report.acted_on} acted on, {report.replayed} copies), "
+                f"{report.refused_on_arrival} refused by the codec; drops: {top}; "
+                f"{time.perf_counter() - started:.1f} s",
                 flush=True,
             )
     print(f"{failures} failing seeds" if failures else "no message escaped the core")

@@ -10,7 +10,7 @@ from nacl.signing import SigningKey
 
 from quorumgate.replica.types import Block
 from quorumgate.sidecar.engine.core import Engine
-from quorumgate.sidecar.receipts import leaf_from_verdict, root_and_paths, sign_block
+from quorumgate.sidecar.receipts import Validity, leaf_from_verdict, root_and_paths, sign_block
 from quorumgate.sidecar.store import ExecutedHeight
 
 
@@ -25,7 +25,13 @@ def execute_block(
     )
     leaves = tuple(leaf_from_verdict(height, i, v) for i, v in enumerate(result.verdicts))
     root, paths = root_and_paths([leaf.hash(chain_id) for leaf in leaves])
-    signed = sign_block(key, signer, chain_id, height, root, result.state_root, len(leaves))
+    # On a chain whose receipts expire, the window is the block's time (agreed in the
+    # committed block, never this process's clock) plus the TTL in effect after the block
+    ttl_ms = engine.certificate_ttl_ms()
+    validity = None if ttl_ms is None else Validity(block.timestamp_ms, block.timestamp_ms + ttl_ms)
+    signed = sign_block(
+        key, signer, chain_id, height, root, result.state_root, len(leaves), validity
+    )
     return ExecutedHeight(
         height=height,
         block_hash=block.hash,

@@ -71,7 +71,7 @@ from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
 from quorumgate.sidecar.waits import HeightIndex
-from quorumgate.sidecar.wire import receipt_to_pb, registry_content
+from quorumgate.sidecar.wire import receipt_to_pb, registry_content, registry_scope
 
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
@@ -81,6 +81,10 @@ METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 OWN_TXS_MAX = 64  # transactions a Receipts request may name as its own
 RECEIPT_WAIT_MS_MAX = 1000  # how long one GetReceipt long poll may wait (a client asks again)
 READ_REFUSAL_DETAIL = "a verdict answers the owner, members, auditors and the agent it is about"
+REGISTRY_REFUSAL_DETAIL = (
+    "the registry answers the owner, members and auditors, and an agent or a principal its "
+    "own part (docs/security/reads-and-certificates.md)"
+)
 WAITS_FULL_DETAIL = (
     "this key, or every key of its kind together, holds as many waiting reads (Receipts "
     "streams, long polls) as a server allows (replica/readwaits.py); close one and ask again"
@@ -560,6 +564,35 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class _Visible:
+    """What of a proposal's verdicts one `GetReceipt` caller may read. `scope` None: every
+    verdict (a role, or the proposal's signer); else (agent id, own transaction ids): a
+    verdict whose principal is that agent, or that one of its own transactions produced
+    (the Confirm that answers the proposal)."""
+
+    def __init__(self, sidecar: Sidecar, scope: tuple[str | None, set[bytes]] | None) -> None:
+        self._sidecar = sidecar
+        self._scope = scope
+
+    @property
+    def everything(self) -> bool:
+        return self._scope is None
+
+    async def __call__(self, receipt: Receipt | None) -> Receipt | None:
+        if receipt is None or self._scope is None:
+            return receipt
+        agent, own = self._scope
+        if receipt.leaf.tx_id in own:
+            return receipt
+        reads = self._sidecar.reads
+        assert reads is not None
+        if agent is not None:
+            principal = await reads.principal_at(receipt.leaf.height, receipt.leaf.index)
+            if principal == agent:
+                return receipt
+        return None
+
+
 class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
@@ -612,26 +645,24 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         if role is None and agent is None and not signed_it and not own:
             # no verdict could ever answer this caller: refused now, not after a wait
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, READ_REFUSAL_DETAIL)
+        # A caller that is neither a role nor the proposal's signer sees only the verdicts
+        # it may read, and waits past the others as if there were none: otherwise when its
+        # refusal came would tell it whether a proposal id it named exists (an id is
+        # sha256(signer || nonce): how many transactions a key it knows has made).
+        visible = _Visible(self.sidecar, None if role is not None or signed_it else (agent, own))
         seen = store.executed_height  # before the read: nothing recorded after it is missed
         reads = self.sidecar.reads
         assert reads is not None
-        receipt = await reads.receipt(request.proposal_id)
+        receipt = await visible(await reads.receipt(request.proposal_id))
         if request.wait_ms and (receipt is None or receipt.leaf.height <= request.newer_than):
             # a long poll: answer as soon as this sidecar has executed the (newer) verdict,
             # instead of the client asking again and again; past the caller's share of
             # waits, answered now, as a poll is
             with self.sidecar.holding_wait(key, self._kind(role, agent), "GetReceipt") as held:
                 if held:
-                    receipt = await self._wait_for_receipt(request, receipt, seen)
-        answered_by_own = receipt is not None and receipt.leaf.tx_id in own
-        if role is None and not signed_it and not answered_by_own:
-            principal = (
-                await reads.principal_at(receipt.leaf.height, receipt.leaf.index)
-                if receipt is not None
-                else None
-            )
-            if agent is None or principal != agent:
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, READ_REFUSAL_DETAIL)
+                    receipt = await self._wait_for_receipt(request, receipt, seen, visible)
+        if receipt is None and not visible.everything:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, READ_REFUSAL_DETAIL)
         reply = spb.ReceiptReply(found=receipt is not None, executed_height=store.executed_height)
         if receipt is not None:
             reply.receipt.CopyFrom(receipt_to_pb(receipt))
@@ -641,10 +672,15 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         return reply
 
     async def _wait_for_receipt(
-        self, request: spb.ReceiptRequest, receipt: Receipt | None, seen: int
+        self,
+        request: spb.ReceiptRequest,
+        receipt: Receipt | None,
+        seen: int,
+        visible: _Visible,
     ) -> Receipt | None:
         """Wait, at most `wait_ms` (capped), for a verdict answering the request above
-        `newer_than`; the store is read again only after a height that may hold one."""
+        `newer_than` that the caller may read; the store is read again only after a height
+        that may hold one."""
         sidecar = self.sidecar
         store = sidecar.store
         assert store is not None
@@ -661,7 +697,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             now = store.executed_height
             if sidecar.may_answer(request.proposal_id, seen, now):
                 assert sidecar.reads is not None
-                receipt = await sidecar.reads.receipt(request.proposal_id)
+                receipt = await visible(await sidecar.reads.receipt(request.proposal_id))
             seen = now
         return receipt
 
@@ -779,11 +815,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         engine, store = sidecar.engine, sidecar.store
         assert engine is not None and store is not None
         key, role, agent = await self._caller(context, METHOD_REGISTRY)
-        if role is None and agent is None:
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                "the registry answers the owner, members, auditors and registered agents",
-            )
+        if registry_scope(engine.state, key, role is not None) is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, REGISTRY_REFUSAL_DETAIL)
         height = request.height or store.executed_height
         if height > store.executed_height:
             with sidecar.holding_wait(key, self._kind(role, agent), "Registry") as held:
@@ -799,7 +832,12 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                     )
         assert sidecar.reads is not None
         root = await sidecar.reads.root_at(height) if height else b""
-        # No await from here on: the content is the engine's state at this moment.
+        # No await from here on: the content is the engine's state at this moment, and
+        # so is the scope (a registration executed during the wait counts).
+        scope = registry_scope(engine.state, key, role is not None)
+        if scope is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, REGISTRY_REFUSAL_DETAIL)
+        assert scope is not None
         if sidecar.registry_since > height or root is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -810,7 +848,8 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             height=height,
             state_root=root,
             registry_since=sidecar.registry_since,
-            content=registry_content(engine.state),
+            content=registry_content(engine.state, scope),
+            scope=scope.label,
         )
 
     async def Pending(

@@ -9,6 +9,13 @@ one leaf and path with signatures from f+1 distinct members' receipt keys, which
 at least one honest witness. `verify_certificate` checks one against the cluster file's
 receipt keys, with no network and no clock; the client SDK and tool executors call it.
 
+On a chain whose receipts expire (proto/clusterfile.py `receipts_expire`) the statement also
+signs a `Validity`: the block's time and the end of the window in which a certificate may
+be used, that block time plus the chain's certificate TTL (an owner setting in the log).
+Both come from the committed log, so honest sidecars sign the same bytes, and neither is a
+sidecar's own clock. `check_validity` is the executor's side: the window against the
+executor's clock, with a stated skew allowance (docs/security/reads-and-certificates.md).
+
 Leaves carry the reason code for operators; the SDK never hands it to a model.
 """
 
@@ -26,6 +33,7 @@ from quorumgate.sidecar.engine.statements import Verdict
 
 TAG_LEAF = b"qg/receipt-leaf/v1"
 TAG_BLOCK = b"qg/receipt/v1"
+TAG_BLOCK_WITH_VALIDITY = b"qg/receipt/v2"  # a statement that also signs its Validity
 HASH_BYTES = 32
 LEAVES_PER_BLOCK_MAX = 1 << 20
 PATH_HASHES_MAX = 21  # ceil(log2(LEAVES_PER_BLOCK_MAX)) + 1
@@ -167,14 +175,59 @@ def root_from_path(leaf_hash: bytes, index: int, count: int, path: Sequence[byte
     return _node_hash(path[-1], root_from_path(leaf_hash, index - k, count - k, path[:-1]))
 
 
+# ------------------------------------------------------------------ validity
+
+
+@dataclass(frozen=True, slots=True)
+class Validity:
+    """When a block's certificates may be used, in block time (ms since the epoch): from
+    the block's time to `valid_until_ms`, its time plus the chain's certificate TTL."""
+
+    block_time_ms: int
+    valid_until_ms: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.block_time_ms <= self.valid_until_ms < 2**64:
+            raise CertificateError("bad_validity", "a window that ends before it starts")
+
+
+def check_validity(
+    validity: Validity, now_ms: int, skew_ms: int, *, age_ms_max: int | None = None
+) -> None:
+    """Raise `CertificateError` unless `now_ms` (the executor's clock) is inside the
+    window, give or take `skew_ms` (how far that clock may be from the block times the
+    replicas agreed on): `not_yet_valid` for a block time further ahead than the skew (this
+    clock is behind, and would stretch every window), `expired` past the window's end or,
+    with `age_ms_max`, past that long after the block time (an executor may only shorten
+    the window the sidecars signed, never lengthen it)."""
+    if now_ms + skew_ms < validity.block_time_ms:
+        raise CertificateError("not_yet_valid", "the block time is ahead of this clock")
+    end = validity.valid_until_ms
+    if age_ms_max is not None:
+        end = min(end, validity.block_time_ms + age_ms_max)
+    if now_ms - skew_ms > end:
+        raise CertificateError("expired", "past the certificate's validity window")
+
+
 # ------------------------------------------------------------------ signed statements
 
 
 def block_statement(
-    chain_id: str, height: int, verdict_root: bytes, state_root: bytes, leaf_count: int
+    chain_id: str,
+    height: int,
+    verdict_root: bytes,
+    state_root: bytes,
+    leaf_count: int,
+    validity: Validity | None = None,
 ) -> bytes:
-    enc = Encoder(TAG_BLOCK).text(chain_id).u64(height).raw(verdict_root)
-    return bytes(enc.blob(state_root).u32(leaf_count))
+    """The bytes a sidecar signs for one block: without `validity` exactly what chains of
+    receipt version 1 signed; with it, under its own tag, the window too."""
+    tag = TAG_BLOCK if validity is None else TAG_BLOCK_WITH_VALIDITY
+    enc = Encoder(tag).text(chain_id).u64(height).raw(verdict_root)
+    enc.blob(state_root).u32(leaf_count)
+    if validity is not None:
+        enc.u64(validity.block_time_ms).u64(validity.valid_until_ms)
+    return bytes(enc)
 
 
 def _verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
@@ -195,13 +248,21 @@ class SignedBlock:
     leaf_count: int
     signer: int
     signature: bytes
+    validity: Validity | None = None  # on chains whose receipts expire
+
+    def statement(self, chain_id: str) -> bytes:
+        return block_statement(
+            chain_id,
+            self.height,
+            self.verdict_root,
+            self.state_root,
+            self.leaf_count,
+            self.validity,
+        )
 
     def signed_by(self, chain_id: str, public_key: bytes) -> bool:
         """Whether `public_key` signed exactly this statement."""
-        statement = block_statement(
-            chain_id, self.height, self.verdict_root, self.state_root, self.leaf_count
-        )
-        return _verify(public_key, statement, self.signature)
+        return _verify(public_key, self.statement(chain_id), self.signature)
 
 
 def sign_block(
@@ -212,10 +273,11 @@ def sign_block(
     verdict_root: bytes,
     state_root: bytes,
     leaf_count: int,
+    validity: Validity | None = None,
 ) -> SignedBlock:
-    message = block_statement(chain_id, height, verdict_root, state_root, leaf_count)
+    message = block_statement(chain_id, height, verdict_root, state_root, leaf_count, validity)
     signature = bytes(key.sign(message).signature)
-    return SignedBlock(height, verdict_root, state_root, leaf_count, signer, signature)
+    return SignedBlock(height, verdict_root, state_root, leaf_count, signer, signature, validity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +296,7 @@ class Certificate:
     verdict_root: bytes
     state_root: bytes
     signatures: tuple[tuple[int, bytes], ...] = field(default=())
+    validity: Validity | None = None  # on chains whose receipts expire
 
     @property
     def signers(self) -> tuple[int, ...]:
@@ -256,6 +319,7 @@ def assemble_certificate(chain_id: str, receipts: Sequence[Receipt]) -> Certific
             and b.state_root == first.block.state_root
             and b.leaf_count == first.block.leaf_count
             and b.height == first.block.height
+            and b.validity == first.block.validity
         )
         if same:
             agreeing.setdefault(b.signer, b.signature)
@@ -267,6 +331,7 @@ def assemble_certificate(chain_id: str, receipts: Sequence[Receipt]) -> Certific
         verdict_root=first.block.verdict_root,
         state_root=first.block.state_root,
         signatures=tuple(sorted(agreeing.items())),
+        validity=first.block.validity,
     )
 
 
@@ -275,18 +340,26 @@ def verify_certificate(
     chain_id: str,
     receipt_keys: Sequence[bytes],
     *,
+    receipts_expire: bool,
     proposal_id: bytes | None = None,
 ) -> ReceiptLeaf:
     """Return the certified leaf, or raise `CertificateError` naming what is wrong.
 
-    Checks: the chain id; the leaf's inclusion under the verdict root; signatures from at
-    least f+1 *distinct members* (by position in `receipt_keys`, from the cluster file)
-    over the same block statement; and, when given, that it answers `proposal_id`.
+    Checks: the chain id; that the certificate carries a validity window exactly when the
+    chain's receipts expire (`receipts_expire`, the cluster file's predicate); the leaf's
+    inclusion under the verdict root; signatures from at least f+1 *distinct members* (by
+    position in `receipt_keys`, from the cluster file) over the same block statement, the
+    window included; and, when given, that it answers `proposal_id`. Whether the window
+    holds *now* is the caller's to check (`check_validity`): this function reads no clock.
     """
     n = len(receipt_keys)
     f = (n - 1) // 3
     if cert.chain_id != chain_id:
         raise CertificateError("wrong_chain", "certificate for another chain")
+    if receipts_expire and cert.validity is None:
+        raise CertificateError("no_validity", "this chain's certificates carry a window")
+    if not receipts_expire and cert.validity is not None:
+        raise CertificateError("unexpected_validity", "this chain's certificates carry none")
     if proposal_id is not None and cert.leaf.proposal_id != proposal_id:
         raise CertificateError("wrong_proposal", "certificate answers another proposal")
     if cert.leaf_count > LEAVES_PER_BLOCK_MAX or len(cert.path) > PATH_HASHES_MAX:
@@ -297,7 +370,12 @@ def verify_certificate(
     if root != cert.verdict_root:
         raise CertificateError("bad_path", "the leaf is not under the signed verdict root")
     message = block_statement(
-        chain_id, cert.leaf.height, cert.verdict_root, cert.state_root, cert.leaf_count
+        chain_id,
+        cert.leaf.height,
+        cert.verdict_root,
+        cert.state_root,
+        cert.leaf_count,
+        cert.validity,
     )
     valid: set[int] = set()
     for signer, signature in cert.signatures:

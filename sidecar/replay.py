@@ -4,8 +4,9 @@ Every committed block is read in height order (from the running replica's stream
 its database when it is stopped), its certificate checked — it extends the block before it
 and its justify QC carries 2f+1 valid signatures for that block — and executed again by a
 fresh engine. For each height the sidecar has already executed, everything is compared
-with what it recorded: the state root, the signed verdict root, every receipt leaf, every
-ledger entry (recomputed on the hash chain) and every rejection artifact. Same artifact
+with what it recorded: the state root, the signed verdict root (and, on a chain whose
+receipts expire, the signed validity window), every receipt leaf, every ledger entry
+(recomputed on the hash chain) and every rejection artifact. Same artifact
 bytes re-confirm it; different bytes are a divergence naming the key. Heights the sidecar
 has not executed yet (or all of them, after its store was wiped) are recorded, exactly as
 the sidecar would have.
@@ -211,6 +212,8 @@ async def _compare(
         executed.signed.leaf_count,
     ):
         mismatch("verdict_root", "the signed verdict root or leaf count differs")
+    elif signed.validity != executed.signed.validity:
+        mismatch("validity", "the signed validity window differs")
     receipts = await store.receipts_at(height)
     if [r.leaf for r in receipts] != list(executed.leaves):
         mismatch(

@@ -33,7 +33,9 @@ at write time):
 - `receipts`: one row per verdict: the receipt leaf's fields and its Merkle inclusion path
   (the concatenated sibling hashes), indexed by proposal id.
 - `blocks`: this sidecar's signed statement per height (sidecar/receipts.py), with the
-  replica's block hash and block time: the verdict root, the state root, the signature.
+  replica's block hash and block time: the verdict root, the state root, the signature,
+  and on a chain whose receipts expire the end of the validity window it signed (with the
+  block time; NULL where the statement signs no window).
 - `cards`: the confirmation card bytes of each pending verdict, by proposal id.
 - `artifacts`: the rejection artifacts (DESIGN §4.8), PRIMARY KEY (height, canonical
   target): never two for one key. `data` is `RejectionArtifact.to_bytes()`, the authority;
@@ -94,12 +96,14 @@ from quorumgate.sidecar.receipts import (
     Receipt,
     ReceiptLeaf,
     SignedBlock,
+    Validity,
     leaf_from_verdict,
 )
 
-# 2: receipts bind the signed body's digest; 3: the state in parts; 4: the state by entry
-SCHEMA_VERSION = 4
-SCHEMA_VERSIONS_MIGRATED = {2: 3, 3: 4}  # a writer upgrades these in place on open
+# 2: receipts bind the signed body's digest; 3: the state in parts; 4: the state by entry;
+# 5: a block statement's validity window (chains whose receipts expire)
+SCHEMA_VERSION = 5
+SCHEMA_VERSIONS_MIGRATED = {2: 3, 3: 4, 4: 5}  # a writer upgrades these in place on open
 # The most ledger entries one `ledger` call returns, and the page `verify_ledger` reads
 # at a time (memory stays bounded however long the ledger grows).
 LEDGER_PAGE_ROWS_MAX = 1024
@@ -192,7 +196,8 @@ _SCHEMA = (
         state_root BLOB NOT NULL,
         leaf_count INTEGER NOT NULL,
         signer INTEGER NOT NULL,
-        signature BLOB NOT NULL
+        signature BLOB NOT NULL,
+        valid_until_ms INTEGER
     ) STRICT
     """,
     """
@@ -218,10 +223,13 @@ _LEDGER_COLUMNS = (
     "height, idx, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal, "
     "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash"
 )
+_BLOCK_COLUMNS = (
+    "height, verdict_root, state_root, leaf_count, signer, signature, block_time_ms, valid_until_ms"
+)
 _RECEIPT_SELECT = (
     "SELECT r.height, r.idx, r.tx_id, r.proposal_id, r.kind, r.outcome, r.reason, "
     "r.target_digest, r.card_digest, r.mandate_version, r.body_digest, r.path, b.verdict_root, "
-    "b.state_root, b.leaf_count, b.signer, b.signature "
+    "b.state_root, b.leaf_count, b.signer, b.signature, b.block_time_ms, b.valid_until_ms "
     "FROM receipts AS r JOIN blocks AS b ON b.height = r.height "
 )
 
@@ -410,8 +418,10 @@ class SidecarStore:
 
     async def _migrate(self, version: int) -> None:
         """Upgrade an older schema in one transaction (2 -> 3: the state in parts; 3 -> 4:
-        the state by entry). The state stays as it was stored until the next height is
-        recorded: an engine loaded from it gives a full delta first, which replaces it."""
+        the state by entry; 4 -> 5: a column for validity windows, NULL in every row
+        recorded before, whose statements signed none). The state stays as it was stored
+        until the next height is recorded: an engine loaded from it gives a full delta
+        first, which replaces it."""
         conn = self._conn
         await conn.execute("BEGIN IMMEDIATE")
         try:
@@ -430,6 +440,8 @@ class SidecarStore:
                         "NULL, data BLOB NOT NULL, PRIMARY KEY (section, key)) STRICT, "
                         "WITHOUT ROWID"
                     )
+                elif version == 4:
+                    await conn.execute("ALTER TABLE blocks ADD COLUMN valid_until_ms INTEGER")
                 version = SCHEMA_VERSIONS_MIGRATED[version]
             await conn.execute(
                 "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
@@ -674,9 +686,10 @@ class SidecarStore:
         s = h.signed
         conn.execute(
             "INSERT INTO blocks (height, block_hash, block_time_ms, verdict_root, state_root, "
-            "leaf_count, signer, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "leaf_count, signer, signature, valid_until_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (h.height, h.block_hash, h.block_time_ms, s.verdict_root, s.state_root,
-             s.leaf_count, s.signer, s.signature),
+             s.leaf_count, s.signer, s.signature,
+             None if s.validity is None else s.validity.valid_until_ms),
         )  # fmt: skip
         if fresh:
             conn.executemany(
@@ -743,8 +756,7 @@ class SidecarStore:
             self._check_open()
             rows = list(
                 await self._conn.execute_fetchall(
-                    "SELECT height, verdict_root, state_root, leaf_count, signer, signature "
-                    "FROM blocks WHERE height = ?",
+                    f"SELECT {_BLOCK_COLUMNS} FROM blocks WHERE height = ?",
                     (height,),
                 )
             )
@@ -760,8 +772,7 @@ class SidecarStore:
 
         def read(c: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any], Any]:
             block = c.execute(
-                "SELECT height, verdict_root, state_root, leaf_count, signer, signature "
-                "FROM blocks WHERE height = ?",
+                f"SELECT {_BLOCK_COLUMNS} FROM blocks WHERE height = ?",
                 (height,),
             ).fetchall()
             receipts = c.execute(
@@ -1062,8 +1073,7 @@ class SidecarStore:
 
     def _receipt_from_row(self, row: Sequence[Any]) -> Receipt:
         (height, index, tx_id, proposal_id, kind, outcome, reason, target_digest,
-         card_digest, mandate_version, body_digest, path, verdict_root, state_root,
-         leaf_count, signer, signature) = row  # fmt: skip
+         card_digest, mandate_version, body_digest, path, *block) = row  # fmt: skip
         path = bytes(path)
         if len(path) % HASH_BYTES or len(path) // HASH_BYTES > PATH_HASHES_MAX:
             raise SidecarStoreError(
@@ -1082,12 +1092,8 @@ class SidecarStore:
             mandate_version=int(mandate_version),
             body_digest=bytes(body_digest),
         )
-        block = SignedBlock(
-            int(height), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),
-            bytes(signature),
-        )  # fmt: skip
         hashes = tuple(path[i : i + HASH_BYTES] for i in range(0, len(path), HASH_BYTES))
-        return Receipt(leaf=leaf, path=hashes, block=block)
+        return Receipt(leaf=leaf, path=hashes, block=_signed_from_row([height, *block]))
 
 
 # ==================================================================== helpers
@@ -1131,6 +1137,8 @@ def _check_shape(chain_id: str, h: ExecutedHeight) -> None:
         )
     if result.block_time_ms != h.block_time_ms:
         problems.append("block time disagrees with the result's")
+    if signed.validity is not None and signed.validity.block_time_ms != h.block_time_ms:
+        problems.append("the signed validity window starts at another block time")
     count = len(result.verdicts)
     if not len(h.leaves) == len(h.paths) == signed.leaf_count == count:
         problems.append(
@@ -1182,10 +1190,12 @@ def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
 
 
 def _signed_from_row(row: Sequence[Any]) -> SignedBlock:
-    height, verdict_root, state_root, leaf_count, signer, signature = row
+    """A `_BLOCK_COLUMNS` row as the statement this sidecar signed."""
+    height, verdict_root, state_root, leaf_count, signer, signature, time_ms, until_ms = row
+    validity = None if until_ms is None else Validity(int(time_ms), int(until_ms))
     return SignedBlock(
         int(height), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),
-        bytes(signature),
+        bytes(signature), validity,
     )  # fmt: skip
 
 

@@ -3,6 +3,8 @@ registry a sidecar serves."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from google.protobuf.message import DecodeError
 
 from quorumgate.proto import codec, tx_pb2
@@ -15,6 +17,7 @@ from quorumgate.sidecar.receipts import (
     Receipt,
     ReceiptLeaf,
     SignedBlock,
+    Validity,
 )
 
 
@@ -48,6 +51,20 @@ def leaf_from_pb(msg: spb.ReceiptLeaf) -> ReceiptLeaf:
     )
 
 
+def _validity_to_pb(validity: Validity | None, out: spb.Validity) -> None:
+    if validity is not None:
+        out.block_time_ms = validity.block_time_ms
+        out.valid_until_ms = validity.valid_until_ms
+
+
+def _validity_from_pb(msg: spb.Receipt | spb.Certificate) -> Validity | None:
+    """The window, or None when the message has none (presence, not zero, decides);
+    `CertificateError` for one that ends before it starts."""
+    if not msg.HasField("validity"):
+        return None
+    return Validity(msg.validity.block_time_ms, msg.validity.valid_until_ms)
+
+
 def receipt_to_pb(receipt: Receipt) -> spb.Receipt:
     out = spb.Receipt(
         path=list(receipt.path),
@@ -58,13 +75,22 @@ def receipt_to_pb(receipt: Receipt) -> spb.Receipt:
         signature=receipt.block.signature,
     )
     leaf_to_pb(receipt.leaf, out.leaf)
+    if receipt.block.validity is not None:
+        _validity_to_pb(receipt.block.validity, out.validity)
     return out
 
 
 def receipt_from_pb(msg: spb.Receipt) -> Receipt:
+    """A receipt off the wire; `CertificateError` for a validity window that cannot be."""
     leaf = leaf_from_pb(msg.leaf)
     block = SignedBlock(
-        leaf.height, msg.verdict_root, msg.state_root, msg.leaf_count, msg.signer, msg.signature
+        leaf.height,
+        msg.verdict_root,
+        msg.state_root,
+        msg.leaf_count,
+        msg.signer,
+        msg.signature,
+        _validity_from_pb(msg),
     )
     return Receipt(leaf, tuple(msg.path), block)
 
@@ -80,6 +106,8 @@ def certificate_to_pb(cert: Certificate) -> spb.Certificate:
     leaf_to_pb(cert.leaf, out.leaf)
     for signer, signature in cert.signatures:
         out.signatures.add(signer=signer, signature=signature)
+    if cert.validity is not None:
+        _validity_to_pb(cert.validity, out.validity)
     return out
 
 
@@ -92,6 +120,7 @@ def certificate_from_pb(msg: spb.Certificate) -> Certificate:
         verdict_root=msg.verdict_root,
         state_root=msg.state_root,
         signatures=tuple((s.signer, s.signature) for s in msg.signatures),
+        validity=_validity_from_pb(msg),
     )
 
 
@@ -108,11 +137,59 @@ def decode_certificate(data: bytes) -> Certificate:
     return certificate_from_pb(msg)
 
 
-def registry_content(state: EngineState) -> spb.RegistryContent:
-    """The registry part of an engine state, each list sorted by id (a pure function of
-    the state: honest sidecars at one height build the same bytes)."""
+@dataclass(frozen=True, slots=True)
+class RegistryScope:
+    """Whom a registry read answers, and so what of the registry it holds
+    (docs/security/reads-and-certificates.md): the owner, members and auditors everything
+    (`REGISTRY_ALL`); an agent its own entry; a principal itself, the agents that act for
+    it and their named sets. Both of the latter also get the tool specs and the sinks'
+    public keys, what calling a tool needs (a tool's rules, mode and sink; a key to seal
+    an envelope to), and neither gets the settings made in the log."""
+
+    agent: str = ""
+    principal: str = ""
+
+    def __post_init__(self) -> None:
+        assert not (self.agent and self.principal), "a scope is one agent or one principal"
+
+    @property
+    def label(self) -> str:
+        """What `RegistryReply.scope` says: "all", "agent:<id>" or "principal:<id>"."""
+        if self.agent:
+            return f"agent:{self.agent}"
+        return f"principal:{self.principal}" if self.principal else "all"
+
+
+REGISTRY_ALL = RegistryScope()
+
+
+def registry_scope(state: EngineState, key: bytes, role: bool) -> RegistryScope | None:
+    """The scope of a registry read signed by `key` (`role`: the owner's, a member's or an
+    auditor's), or None: a key the registry does not know is told nothing of it."""
+    if role:
+        return REGISTRY_ALL
+    agent = state.agent_by_key.get(key)
+    if agent is not None:
+        return RegistryScope(agent=agent)
+    principal = state.principal_by_key.get(key)
+    return None if principal is None else RegistryScope(principal=principal)
+
+
+def registry_content(
+    state: EngineState, scope: RegistryScope = REGISTRY_ALL
+) -> spb.RegistryContent:
+    """The registry part of an engine state as `scope` may read it, each list sorted by id
+    (a pure function of the state and the scope: honest sidecars at one height build the
+    same bytes for one caller)."""
+    everything = scope == REGISTRY_ALL
+    if everything:
+        agent_ids = sorted(state.agents)
+    elif scope.agent:
+        agent_ids = [scope.agent] if scope.agent in state.agents else []
+    else:
+        agent_ids = sorted(a for a, p in state.agent_principal.items() if p == scope.principal)
     content = spb.RegistryContent()
-    for agent_id in sorted(state.agents):
+    for agent_id in agent_ids:
         record = state.agents[agent_id]
         agent = content.agents.add(
             agent_id=agent_id,
@@ -127,7 +204,8 @@ def registry_content(state: EngineState) -> spb.RegistryContent:
         content.tools.append(codec.encode_tool_spec(state.tools[name]))
     for sink_id in sorted(state.sinks):
         content.sinks.append(tx_pb2.RegisterSink(sink_id=sink_id, public_key=state.sinks[sink_id]))
-    for principal_id in sorted(state.principals):
+    principal_ids = sorted(state.principals) if everything else [scope.principal]
+    for principal_id in (p for p in principal_ids if p in state.principals):
         person = state.principals[principal_id]
         content.principals.append(
             tx_pb2.RegisterPrincipal(
@@ -136,10 +214,13 @@ def registry_content(state: EngineState) -> spb.RegistryContent:
                 deputies=list(person.deputies),
             )
         )
+    set_owners = None if everything else set(agent_ids) if scope.principal else set()
     for owner, set_name in sorted(state.sets):
+        if set_owners is not None and owner not in set_owners:
+            continue
         content.sets.append(
             codec.encode_set_entries(SetEntries(owner, set_name, state.sets[(owner, set_name)]))
         )
-    for setting in sorted(state.settings):
+    for setting in sorted(state.settings) if everything else ():
         content.settings.append(tx_pb2.Setting(name=setting, value=state.settings[setting]))
     return content

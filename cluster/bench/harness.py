@@ -71,7 +71,7 @@ from quorumgate.sidecar.receipts import (
     merkle_root,
     verify_certificate,
 )
-from quorumgate.sidecar.wire import leaf_from_pb
+from quorumgate.sidecar.wire import leaf_from_pb, receipt_from_pb
 
 # ---------------------------------------------------------------------------- limits
 
@@ -442,9 +442,12 @@ class BlockCertifier:
     sidecars outside the chosen group are never decoded beyond their statement.
     """
 
-    def __init__(self, chain_id: str, receipt_keys: Sequence[bytes]) -> None:
+    def __init__(
+        self, chain_id: str, receipt_keys: Sequence[bytes], *, receipts_expire: bool
+    ) -> None:
         self.chain_id = chain_id
         self.receipt_keys = tuple(receipt_keys)
+        self.receipts_expire = receipts_expire  # the chain's: statements sign a window
         self.n = len(self.receipt_keys)
         self.f = (self.n - 1) // 3
         self.heights: dict[int, _Height] = {}
@@ -470,9 +473,10 @@ class BlockCertifier:
             return None
         return self._try_certify(height, h)
 
-    def _statement(self, receipts: list[spb.Receipt]) -> tuple[bytes, bytes, int]:
+    def _statement(self, receipts: list[spb.Receipt]) -> tuple[bytes, bytes, int, bytes]:
         first = receipts[0]
-        return (first.verdict_root, first.state_root, first.leaf_count)
+        window = first.validity.SerializeToString() if first.HasField("validity") else b""
+        return (first.verdict_root, first.state_root, first.leaf_count, window)
 
     def _try_certify(self, height: int, h: _Height) -> list[tuple[bytes, str]] | None:
         complete = [
@@ -480,16 +484,20 @@ class BlockCertifier:
             for s, rs in h.receipts.items()
             if s not in h.bad and rs and len(rs) == rs[0].leaf_count
         ]
-        groups: dict[tuple[bytes, bytes, int], list[int]] = {}
+        groups: dict[tuple[bytes, bytes, int, bytes], list[int]] = {}
         for s in complete:
             groups.setdefault(self._statement(h.receipts[s]), []).append(s)
-        for (verdict_root, state_root, leaf_count), signers in groups.items():
+        for (verdict_root, state_root, leaf_count, _), signers in groups.items():
             if len(signers) < self.f + 1:
                 continue
             chosen = sorted(signers)[: self.f + 1]
             receipts = h.receipts[chosen[0]]
             leaves = [leaf_from_pb(r.leaf) for r in receipts]
             ok = all(leaf.height == height and leaf.index == i for i, leaf in enumerate(leaves))
+            try:
+                validity = receipt_from_pb(receipts[0]).block.validity
+            except CertificateError:
+                validity, ok = None, False
             cert = Certificate(
                 chain_id=self.chain_id,
                 leaf=leaves[0],
@@ -498,11 +506,14 @@ class BlockCertifier:
                 verdict_root=verdict_root,
                 state_root=state_root,
                 signatures=tuple((s, h.receipts[s][0].signature) for s in chosen),
+                validity=validity,
             )
             try:
                 if not ok:
                     raise CertificateError("bad_leaf", "leaves out of order")
-                verify_certificate(cert, self.chain_id, self.receipt_keys)
+                verify_certificate(
+                    cert, self.chain_id, self.receipt_keys, receipts_expire=self.receipts_expire
+                )
                 root = merkle_root([leaf.hash(self.chain_id) for leaf in leaves])
                 if root != verdict_root:
                     raise CertificateError("bad_path", "leaves do not hash to the verdict root")
@@ -519,15 +530,14 @@ class BlockCertifier:
     def _exclude_bad(self, h: _Height, chosen: list[int], height: int) -> None:
         """A group failed: find which members' statements or leaves are bad (the rare
         path: one signature each) and stop counting them for this height."""
-        from quorumgate.sidecar.receipts import block_statement
-
         for s in chosen:
             rs = h.receipts[s]
             first = rs[0]
-            message = block_statement(
-                self.chain_id, height, first.verdict_root, first.state_root, first.leaf_count
-            )
             try:
+                block = receipt_from_pb(first).block
+                if (block.validity is not None) != self.receipts_expire:
+                    raise ValueError("validity")
+                message = block.statement(self.chain_id)
                 from nacl.signing import VerifyKey
 
                 VerifyKey(self.receipt_keys[s]).verify(message, first.signature)
@@ -733,7 +743,9 @@ async def _observe(
 ) -> ObserverResult:
     result = ObserverResult()
     full = job.full
-    certifier = BlockCertifier(job.chain_id, job.receipt_keys)
+    certifier = BlockCertifier(
+        job.chain_id, job.receipt_keys, receipts_expire=job.spec.receipts_expire
+    )
     committed: dict[bytes, tuple[int, float]] = {}  # full mode: tx id -> (client, commit time)
     early: dict[bytes, tuple[float, str]] = {}  # certified before its commit was seen here
     outgoing: list[list[Completion]] = [[] for _ in outboxes]

@@ -1,36 +1,49 @@
-"""The principal's approvals console (issue 18, item 2): a web page on loopback.
+"""The principal's approvals console: a web page on loopback.
 
-    quorumgate console --dir D --principal KEYFILE [--listen 127.0.0.1:PORT]
+    quorumgate console --dir D --principal SEALED_KEYFILE [--listen 127.0.0.1:PORT]
 
-- cluster status (each node alive, its height, view and leader), refreshed every second;
-- the certified verdict stream (agent, tool, canonical target, verdict, height, the
-  sidecars that signed), filterable by agent and outcome;
-- the principal's open confirmation cards, rendered from the card bytes exactly as
-  `quorumgate pending` prints them, each with Approve and Reject. A click signs the Confirm
-  with the principal key this process holds (the page never sees it); a card disappears
-  once its answer is certified.
+The console starts locked: it holds the principal's key file sealed (proto/sealedkey.py)
+and serves nothing but a static page with an unlock form. The person types the
+passphrase; it opens the key, and a session begins (`console/auth.py`): for at most
+SESSION_S_MAX the page shows the cluster's status, the certified verdict stream and the
+principal's open confirmation cards, rendered from the card bytes exactly as `quorumgate
+pending` prints them. Each card has Approve and Reject, and **each answer asks for the
+passphrase again**: the console signs it only when that passphrase opens the sealed key
+once more, so a click alone — a script in the session's page, keystrokes injected into
+the browser, a stolen session — answers nothing. When the last session ends (Lock, or its
+time) the console drops the key and everything it read.
 
-Requests that change anything must carry the page's token (`X-QG-Token`, a random value
-per process, compared in constant time) and come from the console's own origin: a page on
-another site can neither read the token nor send the header (no CORS is ever allowed), so
-it cannot make the principal's browser approve a call. The Host header must be the
-console's own (DNS rebinding). Starlette serves it; the page uses no external resource.
+Every request is checked in this order, and refused at the first check it fails:
+- the Host header is the console's own (DNS rebinding);
+- an API read carries the session's cookie and its header value;
+- a POST also comes from the console's own origin (an `Origin` header is required, and a
+  `Sec-Fetch-Site`, when the browser sends one, must be `same-origin`), is JSON (an HTML
+  form cannot send it), and carries a nonce this console issued for that session (or for
+  the unlock form), unused and fresh: a replayed request is refused;
+- an unlock or an answer carries a passphrase, tried only within the bound on failed
+  attempts (PASSPHRASE_FAILURES_MAX per PASSPHRASE_WINDOW_S) and one Argon2id
+  derivation at a time.
+
+docs/security/approvals.md says what this stops (another site's page, another OS user,
+a process of the same user that can reach the port) and what it cannot (a process that
+reads the person's keystrokes or this process's memory). Starlette serves it; the page
+uses no external resource and its one script is pinned by hash in the CSP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
-import hmac
-import html
+import hashlib
 import json
 import logging
+import re
 import secrets
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nacl.signing import SigningKey
 from starlette.applications import Starlette
@@ -38,223 +51,185 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from quorumgate.console.auth import SESSION_S_MAX, Gate, Session
+from quorumgate.console.feeds import Feeds
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.proto.model import Proposal
-from quorumgate.proto.tx import TxRejected, parse
-from quorumgate.sdk.client import Client, Decision, OpenCard, QuorumGateError
-from quorumgate.sdk.targets import certified_call
+from quorumgate.proto.sealedkey import SealedKey, SealedKeyError, WrongPassphrase
+from quorumgate.sdk.client import Client, QuorumGateError
 
 log = logging.getLogger("quorumgate.console")
 
-VERDICTS_KEPT = 500  # the newest certified verdicts the page can show
-BLOCKS_CACHED = 256
-STATUS_REFRESH_S = 1.0
-CARDS_REFRESH_S = 1.0
-REGISTRY_REFRESH_S = 5.0
-TOKEN_HEADER = "x-qg-token"
+SESSION_HEADER = "x-qg-session"
+NONCE_HEADER = "x-qg-nonce"
+BODY_BYTES_MAX = 4096  # an unlock or an answer: a digest and a passphrase
+KDF_WAITING_MAX = 4  # requests waiting for their Argon2id turn; more are told to retry
+SESSION_CHECK_S = 1.0  # how often ended sessions are looked for (and the key dropped)
+TOKEN_BYTES = 32
+ANSWERS = ("approve", "reject")
+
+
+def _error(status: int, error: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": error}, status_code=status, headers=SECURITY_HEADERS | headers)
 
 
 @dataclass
-class VerdictRow:
-    height: int
-    index: int
-    kind: str
-    outcome: str
-    reason: str
-    agent: str
-    tool: str
-    target: str
-    signers: tuple[int, ...]
-    proposal: str
-    signer: bytes = b""  # the transaction's key: named from the registry when shown
+class Unlocked:
+    """What the console holds between an unlock and the lock after it."""
 
-    def as_dict(self, names: dict[bytes, str]) -> dict[str, Any]:
-        doc = {**self.__dict__, "signers": list(self.signers)}
-        doc["agent"] = names.get(self.signer, self.agent)
-        doc.pop("signer")
-        return doc
+    key: SigningKey
+    stack: contextlib.AsyncExitStack
+    client: Client
+    feeds: Feeds
 
 
 class Console:
-    """The console's state: one client with the principal's key, what it last read."""
+    """The console: the sealed key, the sessions, and (while unlocked) the key and feeds."""
 
-    def __init__(self, spec: ClusterSpec, principal_key: SigningKey, listen: tuple[str, int]):
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        sealed: SealedKey,
+        listen: tuple[str, int],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.spec = spec
-        self.key = principal_key
+        self.sealed = sealed
         self.host, self.port = listen
-        self.token = secrets.token_urlsafe(32)
-        self.client: Client | None = None
-        self.reader: Client | None = None
-        self.verdicts: deque[VerdictRow] = deque(maxlen=VERDICTS_KEPT)
-        self.cards: list[OpenCard] = []
-        self.status: list[dict[str, Any]] = []
-        self.agents_by_key: dict[bytes, str] = {}
-        self._blocks: OrderedDict[int, list[bytes]] = OrderedDict()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.gate = Gate(clock, lambda: secrets.token_urlsafe(TOKEN_BYTES))
+        # Cookies are shared by every port of a host (RFC 6265 §8.5): one name per
+        # console, so that two consoles on one machine do not end each other's sessions.
+        self.cookie_name = f"qg_console_{self.port}"
+        self.unlocked: Unlocked | None = None
+        self._kdf_turn: asyncio.Lock | None = None
+        self._transition: asyncio.Lock | None = None  # unlocking and locking, one at a time
+        self._kdf_waiting = 0
+        self._reaper: asyncio.Task[None] | None = None
 
-    # ------------------------------------------------------------------ background
+    # ------------------------------------------------------------------ lock and unlock
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
-        async with contextlib.AsyncExitStack() as stack:
-            client = await stack.enter_async_context(Client(self.spec, self.key))
-            self.client = client
+        self._kdf_turn = asyncio.Lock()
+        self._transition = asyncio.Lock()
+        self._reaper = asyncio.create_task(self._reap())
+        try:
+            yield
+        finally:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+            await self._lock("stopped", force=True)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(SESSION_CHECK_S)
+            if self.unlocked is not None:
+                await self._lock("sessions_ended")
+
+    async def _open_session(self, key: SigningKey) -> Session:
+        """A new session, the key and the feeds in place first if this is the first."""
+        assert self._transition is not None
+        async with self._transition:
+            if self.unlocked is None:
+                self.unlocked = await self._unlocked(key)
+                log.info("event=unlocked")
+            return self.gate.open_session()
+
+    async def _unlocked(self, key: SigningKey) -> Unlocked:
+        stack = contextlib.AsyncExitStack()
+        try:
+            client = await stack.enter_async_context(Client(self.spec, key))
             # The verdict stream is read with the owner's key when this is the operator's
             # console (the cluster directory holds it); else with the principal's.
             try:
                 reader = await stack.enter_async_context(Client.as_owner(self.spec.directory))
             except Exception:
                 reader = client
-            self.reader = reader
-            self._tasks = [
-                asyncio.create_task(self._follow_status()),
-                asyncio.create_task(self._follow_cards()),
-                asyncio.create_task(self._follow_verdicts()),
-                asyncio.create_task(self._follow_registry()),
-            ]
-            try:
-                yield
-            finally:
-                for task in self._tasks:
-                    task.cancel()
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+        except BaseException:
+            await stack.aclose()
+            raise
+        feeds = Feeds(self.spec, client, reader)
+        feeds.start()
+        return Unlocked(key, stack, client, feeds)
 
-    async def _follow_status(self) -> None:
-        from quorumgate.ops.nodes import query_status
+    async def _lock(self, reason: str, *, force: bool = False) -> None:
+        """Drop the key and the feeds once no session is open (`force`: at once)."""
+        assert self._transition is not None
+        async with self._transition:
+            if self.unlocked is None or (self.gate.expire() and not force):
+                return
+            unlocked, self.unlocked = self.unlocked, None
+        await unlocked.feeds.stop()
+        await unlocked.stack.aclose()
+        log.info("event=locked reason=%s", reason)
 
-        while True:
-            rows = await asyncio.gather(
-                *(asyncio.to_thread(query_status, self.spec, i) for i in range(self.spec.n))
-            )
-            self.status = [
-                {"node": s.index, "alive": s.alive, "height": s.height, "view": s.view,
-                 "leader": s.leader}
-                for s in rows
-            ]  # fmt: skip
-            await asyncio.sleep(STATUS_REFRESH_S)
-
-    async def _follow_cards(self) -> None:
-        assert self.client is not None
-        while True:
-            with contextlib.suppress(QuorumGateError):
-                self.cards = await self.client.pending()
-            await asyncio.sleep(CARDS_REFRESH_S)
-
-    async def _follow_registry(self) -> None:
-        reader = self.reader
-        assert reader is not None
-        while True:
-            try:
-                registry = await reader.registry()
-                names = {a.public_key: a.agent_id for a in registry.agents}
-                names.update(
-                    {p.public_key: f"principal {p.principal_id}" for p in registry.principals}
-                )
-                names[self.spec.owner_public_key] = "owner"
-                self.agents_by_key = names
-            except Exception:  # not readable with this key, or unreachable: keys shown as hex
-                log.info("event=registry_unavailable")
-            await asyncio.sleep(REGISTRY_REFRESH_S)
-
-    async def _follow_verdicts(self) -> None:
-        reader = self.reader
-        assert reader is not None
-        start = 0
-        while True:
-            try:
-                if not start:
-                    statuses = await reader.sidecar_status()
-                    top = max((s.executed_height for s in statuses.values()), default=1)
-                    start = max(1, top - 100)
-                async for decision in reader.certified_verdicts(start):
-                    self.verdicts.append(await self._row(decision))
-                    start = decision.height
-            except QuorumGateError as err:
-                log.info("event=verdicts_unavailable reason=%s", err.reason)
-            except Exception:  # the stream broke: start again where it was
-                log.exception("event=verdicts_stream_failed")
-            await asyncio.sleep(STATUS_REFRESH_S)
-
-    async def _row(self, decision: Decision) -> VerdictRow:
-        leaf = decision.certificate.leaf
-        agent, tool, target, signer = "-", "-", "-", b""
-        tx = await self._transaction(leaf.height, leaf.index)
-        if tx is not None:
-            try:
-                parsed = parse(tx, verify=False)
-            except TxRejected:
-                parsed = None
-            if parsed is not None:
-                signer = parsed.signer
-                agent = self.agents_by_key.get(signer, signer.hex()[:12])
-                payload = parsed.body.payload
-                if isinstance(payload, Proposal):
-                    tool, target = payload.tool, self._canonical(payload, agent, leaf.target_digest)
-                else:
-                    tool = f"({leaf.kind})"
-        return VerdictRow(
-            leaf.height, leaf.index, leaf.kind, leaf.outcome, leaf.reason, agent, tool, target,
-            tuple(decision.signers), decision.proposal_id.hex()[:16], signer,
-        )  # fmt: skip
-
-    def _canonical(self, proposal: Proposal, agent: str, digest: bytes) -> str:
-        """The canonical target the certificate names (checked against its digest)."""
-        further = tuple((t.role, t.target) for t in proposal.targets)
-        found = certified_call(
-            proposal.tool, proposal.target, digest, version=self.spec.canonical_version,
-            principal=agent, targets=further,
-        )  # fmt: skip
-        if found is None:
-            return "(refused before canonical)"
-        main, extras = found
-        lines = [
-            main or "-",
-            *(f"{role} {t}" for (role, _), t in zip(further, extras, strict=True)),
-        ]
-        return "\n".join(lines)
-
-    async def _transaction(self, height: int, index: int) -> bytes | None:
-        block = self._blocks.get(height)
-        if block is None:
-            block = await asyncio.to_thread(self._read_block, height)
-            if block is None:
-                return None
-            self._blocks[height] = block
-            while len(self._blocks) > BLOCKS_CACHED:
-                self._blocks.popitem(last=False)
-        return block[index] if 0 <= index < len(block) else None
-
-    def _read_block(self, height: int) -> list[bytes] | None:
-        """The committed block at `height` (read as the owner, whose key is in the
-        cluster directory: the operator's console); None if no replica answers."""
-        import grpc
-
-        from quorumgate.proto import client_pb2 as cpb
-        from quorumgate.proto import client_pb2_grpc as cpb_grpc
-        from quorumgate.replica.channels import sync_channel
-        from quorumgate.replica.wire import decode_block
-        from quorumgate.sdk.owner import owner_reader
-
+    async def _open_key(self, passphrase: str) -> SigningKey | Response:
+        """The principal's key if `passphrase` opens the sealed file, within the bound on
+        failed attempts and one derivation at a time; else the refusal to send."""
+        assert self._kdf_turn is not None
+        if self._kdf_waiting >= KDF_WAITING_MAX:
+            return _error(429, "busy: try again", **{"Retry-After": "1"})
+        self._kdf_waiting += 1
         try:
-            reader = owner_reader(self.spec)
-        except Exception:  # no owner key here: the page shows no details
-            return None
-        for member in self.spec.members:
-            with sync_channel(self.spec, member.index, reader=reader) as channel:
-                call = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
-                    cpb.BlocksRequest(from_height=height), timeout=5
-                )
+            async with self._kdf_turn:
+                if not self.gate.attempt_allowed():
+                    wait = str(int(self.gate.retry_after_s()) + 1)
+                    return _error(429, "too many wrong passphrases", **{"Retry-After": wait})
                 try:
-                    for reply in call:
-                        block = decode_block(self.spec.chain_id, reply.block.SerializeToString())
-                        if block.height == height and block.hash == reply.hash:
-                            return list(block.payload)
-                        break
-                except grpc.RpcError:
-                    continue
-                finally:
-                    call.cancel()
-        return None
+                    seed = await asyncio.to_thread(self.sealed.open, passphrase)
+                except WrongPassphrase:
+                    self.gate.failed()
+                    log.warning("event=wrong_passphrase")
+                    return _error(401, "wrong passphrase")
+                except SealedKeyError as err:  # too long: refused before any derivation
+                    return _error(400, str(err))
+        finally:
+            self._kdf_waiting -= 1
+        return SigningKey(seed)
+
+    # ------------------------------------------------------------------ checks
+
+    def _own_hosts(self) -> set[str]:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return {f"{host}:{self.port}", f"localhost:{self.port}"}
+
+    def _own_host(self, request: Request) -> bool:
+        return request.headers.get("host", "") in self._own_hosts()
+
+    def _same_origin(self, request: Request) -> bool:
+        """A browser names the page a POST comes from; a POST that names none is not the
+        page's (every browser this console supports sends Origin on a POST)."""
+        origin = request.headers.get("origin")
+        fetch_site = request.headers.get("sec-fetch-site", "same-origin")
+        own = {f"http://{h}" for h in self._own_hosts()}
+        return origin in own and fetch_site == "same-origin"
+
+    def _session(self, request: Request) -> Session | None:
+        cookie = request.cookies.get(self.cookie_name, "")
+        return self.gate.session(cookie, request.headers.get(SESSION_HEADER, ""))
+
+    async def _guard(
+        self, request: Request, *, session_needed: bool, fields: tuple[str, ...]
+    ) -> tuple[Session | None, dict[str, str]] | Response:
+        """The checks every POST passes (the module's docstring), then its JSON body:
+        an object of exactly `fields`, each a string."""
+        if not self._own_host(request):
+            return _error(403, "wrong host")
+        if not self._same_origin(request):
+            return _error(403, "not from the console's own page")
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            return _error(415, "a JSON body")
+        session = self._session(request)
+        if session_needed and session is None:
+            return _error(401, "not unlocked")
+        scope = session if session_needed else None
+        if not self.gate.take_nonce(scope, request.headers.get(NONCE_HEADER, "")):
+            return _error(403, "stale or unknown nonce: fetch a new one")
+        body = await _read_json(request, fields)
+        if body is None:
+            return _error(400, f"a JSON object of strings: {', '.join(fields) or 'none'}")
+        return session, body
 
     # ------------------------------------------------------------------ HTTP
 
@@ -262,87 +237,147 @@ class Console:
         return Starlette(
             routes=[
                 Route("/", self.page, methods=["GET"]),
+                Route("/api/nonce", self.nonce, methods=["GET"]),
+                Route("/api/unlock", self.unlock, methods=["POST"]),
+                Route("/api/lock", self.lock, methods=["POST"]),
                 Route("/api/state", self.state, methods=["GET"]),
                 Route("/api/cards/{proposal}/{answer}", self.answer, methods=["POST"]),
             ],
             lifespan=self.lifespan,
         )
 
-    def _own_host(self, request: Request) -> bool:
-        host = request.headers.get("host", "")
-        return host in (f"{self.host}:{self.port}", f"localhost:{self.port}")
-
     async def page(self, request: Request) -> Response:
+        """The same bytes for everyone: the unlock form and the script, no data."""
         if not self._own_host(request):
-            return Response("wrong host", status_code=403)
-        body = PAGE.replace("__TOKEN__", html.escape(self.token)).replace(
-            "__CHAIN__", html.escape(self.spec.chain_id)
+            return _error(403, "wrong host")
+        return HTMLResponse(PAGE, headers=SECURITY_HEADERS | {"Content-Security-Policy": CSP})
+
+    async def nonce(self, request: Request) -> Response:
+        """A nonce for the next POST: the session's when the request names one, else one
+        for the unlock form. It tells nothing; it only makes each POST single-use."""
+        if not self._own_host(request):
+            return _error(403, "wrong host")
+        return JSONResponse(
+            {"nonce": self.gate.issue_nonce(self._session(request))}, headers=SECURITY_HEADERS
         )
-        return HTMLResponse(body, headers=SECURITY_HEADERS)
+
+    async def unlock(self, request: Request) -> Response:
+        guarded = await self._guard(request, session_needed=False, fields=("passphrase",))
+        if isinstance(guarded, Response):
+            return guarded
+        key = await self._open_key(guarded[1]["passphrase"])
+        if isinstance(key, Response):
+            return key
+        session = await self._open_session(key)
+        reply = JSONResponse(
+            {"session": session.header, "expires_in_s": SESSION_S_MAX}, headers=SECURITY_HEADERS
+        )
+        # No Max-Age: a browser keeps the cookie in memory, not in its cookie store on
+        # disk; the console ends the session after SESSION_S_MAX whatever the browser does.
+        reply.set_cookie(
+            self.cookie_name, session.cookie, httponly=True, samesite="strict", path="/"
+        )
+        return reply
+
+    async def lock(self, request: Request) -> Response:
+        guarded = await self._guard(request, session_needed=True, fields=())
+        if isinstance(guarded, Response):
+            return guarded
+        session = guarded[0]
+        assert session is not None
+        self.gate.end(session)
+        await self._lock("locked_by_person")
+        reply = JSONResponse({"locked": True}, headers=SECURITY_HEADERS)
+        reply.delete_cookie(self.cookie_name, path="/", httponly=True, samesite="strict")
+        return reply
 
     async def state(self, request: Request) -> Response:
         if not self._own_host(request):
-            return Response("wrong host", status_code=403)
-        cards = [
-            {
-                "proposal": c.card.proposal_id.hex(),
-                "digest": c.card.digest.hex(),
-                "tool": c.card.tool,
-                "text": c.render(),
-            }
-            for c in self.cards
-        ]
+            return _error(403, "wrong host")
+        if request.headers.get("sec-fetch-site", "same-origin") != "same-origin":
+            return _error(403, "not from the console's own page")
+        session = self._session(request)
+        if session is None or self.unlocked is None:
+            return _error(401, "not unlocked")
         doc = {
-            "status": self.status,
-            "verdicts": [v.as_dict(self.agents_by_key) for v in reversed(self.verdicts)],
-            "cards": cards,
+            "chain": self.spec.chain_id,
+            "principal_key": self.sealed.public_key.hex(),
+            "expires_in_s": round(self.gate.expires_in_s(session)),
+            **self.unlocked.feeds.state(),
         }
         return JSONResponse(doc, headers=SECURITY_HEADERS)
 
     async def answer(self, request: Request) -> Response:
-        """Approve or reject one open card: same origin, the page's token, a card this key
-        holds with that digest."""
-        token = request.headers.get(TOKEN_HEADER, "")
-        origin = request.headers.get("origin")
-        own = {f"http://{self.host}:{self.port}", f"http://localhost:{self.port}"}
-        if (
-            not self._own_host(request)
-            or (origin is not None and origin not in own)
-            or not hmac.compare_digest(token.encode(), self.token.encode())
-        ):
-            return JSONResponse({"error": "forbidden"}, status_code=403)
+        """Approve or reject one open card: a session, a fresh nonce, the card this key
+        holds with that digest, and the passphrase typed for this answer."""
+        guarded = await self._guard(request, session_needed=True, fields=("digest", "passphrase"))
+        if isinstance(guarded, Response):
+            return guarded
+        body = guarded[1]
         answer = request.path_params["answer"]
-        if answer not in ("approve", "reject"):
-            return JSONResponse({"error": "approve or reject"}, status_code=400)
+        if answer not in ANSWERS:
+            return _error(400, "approve or reject")
         try:
             proposal = bytes.fromhex(request.path_params["proposal"])
-            body = json.loads(await request.body() or b"{}")
-            digest = bytes.fromhex(str(body.get("digest", "")))
+            digest = bytes.fromhex(body["digest"])
         except ValueError:
-            return JSONResponse({"error": "a proposal id and a card digest in hex"}, 400)
-        card = next((c for c in self.cards if c.card.proposal_id == proposal), None)
-        if card is None or card.card.digest != digest:
-            return JSONResponse({"error": "no such open card"}, status_code=404)
-        assert self.client is not None
+            return _error(400, "a proposal id and a card digest in hex")
+        unlocked = self.unlocked
+        cards = unlocked.feeds.cards if unlocked is not None else []
+        card = next((c for c in cards if c.card.proposal_id == proposal), None)
+        if unlocked is None or card is None or card.card.digest != digest:
+            return _error(404, "no such open card")
+        key = await self._open_key(body["passphrase"])
+        if isinstance(key, Response):
+            return key
+        if key.verify_key != unlocked.key.verify_key or self.unlocked is not unlocked:
+            return _error(409, "the console was locked meanwhile")
         try:
-            if answer == "approve":
-                decision = await self.client.confirm(proposal, digest)
-            else:
-                decision = await self.client.reject(proposal, digest)
+            decision = await unlocked.client.confirm(proposal, digest, reject=answer == "reject")
         except QuorumGateError as err:
-            return JSONResponse({"error": err.reason or "refused"}, status_code=409)
-        self.cards = [c for c in self.cards if c.card.proposal_id != proposal]
+            return _error(409, err.reason or "refused")
+        unlocked.feeds.cards = [c for c in unlocked.feeds.cards if c.card.proposal_id != proposal]
         log.info("event=answered proposal=%s answer=%s", proposal.hex()[:16], answer)
-        return JSONResponse({"outcome": decision.outcome.value, "height": decision.height})
+        return JSONResponse(
+            {"outcome": decision.outcome.value, "height": decision.height},
+            headers=SECURITY_HEADERS,
+        )
 
 
+async def _read_json(request: Request, fields: tuple[str, ...]) -> dict[str, str] | None:
+    """The body as a JSON object of exactly `fields`, each a string, read to at most
+    BODY_BYTES_MAX bytes; None for anything else."""
+    data = b""
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > BODY_BYTES_MAX:
+            return None
+    try:
+        doc = json.loads(data or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict) or set(doc) != set(fields):
+        return None
+    if not all(isinstance(v, str) for v in doc.values()):
+        return None
+    return doc
+
+
+# The page: static HTML and one inline script, pinned by its hash (no other script can
+# run in it, whatever a card or a verdict might hold), and no external resource.
+PAGE = (Path(__file__).parent / "page.html").read_text()
+_SCRIPT = re.search(r"<script>(.*?)</script>", PAGE, re.S)
+assert _SCRIPT is not None, "page.html has its one inline script"
+SCRIPT_HASH = base64.b64encode(hashlib.sha256(_SCRIPT.group(1).encode()).digest()).decode()
+CSP = (
+    f"default-src 'none'; script-src 'sha256-{SCRIPT_HASH}'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self'; form-action 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; frame-ancestors 'none'",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
     "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-
-# The page: static HTML and script (no external resource), its token and chain filled in.
-PAGE = (Path(__file__).parent / "page.html").read_text()

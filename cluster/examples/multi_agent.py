@@ -12,8 +12,9 @@ delegated for one run (DESIGN §4.4):
    (`user_confirm`), so the call comes back pending with a card the sidecars built from the
    canonical call. The planner tries to confirm it itself (a subverted planner would) and
    is refused: only the *principal* — the person the agents act for, a key of its own that
-   no agent holds — answers cards. The principal lists its open cards (what `quorumgate
-   pending` prints: the target and every argument's value), confirms exactly that card,
+   no agent holds, sealed with the person's passphrase — answers cards. The principal
+   lists its open cards (what `quorumgate pending` prints: the target and every
+   argument's value), confirms exactly that card,
    and only then does the payment run. The card number travels as a capability
    envelope, sealed to the payment executor's X25519 key: the agents hold a handle, the
    cluster stores ciphertext, and only the executor — after verifying the certificate
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable
@@ -40,6 +42,7 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
 from quorumgate.proto.model import EnvelopeArg
+from quorumgate.proto.sealedkey import KDF_INTERACTIVE
 from quorumgate.sdk.client import (
     Decision,
     Handle,
@@ -57,8 +60,10 @@ from quorumgate.sdk.governed import (
     governed_tool,
     resume_confirmed,
 )
+from quorumgate.sdk.keys import generate_principal_key, load_principal_key
 
 RUN_PREFIX = "invoice"
+PASSPHRASE_BYTES_GENERATED = 24  # the scripted principal's passphrase: 192 random bits
 CARD_NUMBER = "4111 1111 1111 4242"  # a test card number; the example's only secret
 PAYMENTS_SINK = "payments"
 INJECTED_INVOICE = """\
@@ -168,9 +173,16 @@ def run_example(spec: ClusterSpec, say: Callable[[str], None] = print) -> Exampl
     names = {role: f"{role}-{stamp}" for role in ("planner", "researcher", "accountant")}
     keys = {role: _key(work, role) for role in names}
     # The principal: the person the agents act for (here the finance lead). Its key stays
-    # with the person (a file beside the cluster here); no agent ever holds it.
+    # with the person, sealed with a passphrase (docs/security/approvals.md); no agent
+    # ever holds it. This scripted person's passphrase is made for the run and held in
+    # this process's memory only, never on disk or in the environment; generated, it is
+    # its own protection, so the cheapest KDF level will do.
     principal_id = f"finance-lead-{stamp}"
-    principal_key = _key(work, "principal")
+    passphrase = secrets.token_urlsafe(PASSPHRASE_BYTES_GENERATED)
+    principal_file = work / "principal.key"
+    principal_file.unlink(missing_ok=True)
+    generate_principal_key(principal_file, passphrase, cost=KDF_INTERACTIVE)
+    principal_key = load_principal_key(principal_file, passphrase)
     sink_key = PrivateKey.generate()
     # The payment executor reads the committed log to find the sealed card: the owner
     # lists its reader key as an auditor (running nodes see the change at once).

@@ -1,1 +1,1 @@
-"""The MCP gateway (issue 18): MCP tools governed by the cluster (`gateway.py`)."""
+"""The MCP gateway: MCP tools governed by the cluster (`docs/mcp-gateway.md`)."""

@@ -1,4 +1,4 @@
-"""`quorumgate mcp-gateway` and `quorumgate mcp-pin` (issue 18, item 1)."""
+"""`quorumgate mcp-gateway` and `quorumgate mcp-pin` (`docs/mcp-gateway.md`)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def run_gateway(args: argparse.Namespace) -> int:
     from quorumgate.mcpgw.gateway import Gateway, run_until_cancelled, serve_http, serve_stdio
 
     gateway = Gateway(config, spec, args.agent, wait_for_approval_s=args.wait_for_approval)
+    if args.metrics and not _serve_metrics(gateway, args.metrics):
+        return 2
     if args.http:
         host, _, port = args.http.rpartition(":")
         if not port.isdigit():
@@ -44,6 +46,18 @@ def run_gateway(args: argparse.Namespace) -> int:
     else:
         run_until_cancelled(serve_stdio(gateway))
     return 0
+
+
+def _serve_metrics(gateway: Any, where: str) -> bool:
+    """Prometheus text on http://HOST:PORT/ (a thread of prometheus_client's own)."""
+    from prometheus_client import start_http_server
+
+    host, _, port = where.rpartition(":")
+    if not port.isdigit():
+        sys.stderr.write("quorumgate: --metrics takes HOST:PORT\n")
+        return False
+    start_http_server(int(port), addr=host or "127.0.0.1", registry=gateway.metrics.registry)
+    return True
 
 
 def run_pin(args: argparse.Namespace) -> int:
@@ -74,6 +88,9 @@ def add_mcp_commands(sub: Any) -> None:
         default=0.0,
         metavar="S",
         help="wait this long for the principal's answer to a pending call",
+    )
+    gateway.add_argument(
+        "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics (tools hidden, ...)"
     )
     gateway.set_defaults(func=run_gateway)
     pin = sub.add_parser(

@@ -2,7 +2,10 @@
 
 `add_client_commands(sub)` registers, on the CLI's subparsers:
 
-    keygen     --out FILE [--sink]              an Ed25519 agent key (or X25519 sink key), 0600
+    keygen     --out FILE [--sink | --principal]
+                                                an Ed25519 agent key, 0600 (an X25519 sink
+                                                key; a principal's, sealed with a passphrase)
+    passphrase --key FILE                       seal a principal's key file, or change it
     submit     --dir D --key F --run R --tool T [--target X] [--also ROLE=X]... [--arg N=V]...
                [--handle N=H]...
     pending    --dir D [--key F]                the open cards this key alone may answer
@@ -18,7 +21,12 @@
 Every command takes `--json` (one JSON document; `verdicts` prints JSON lines) and prints
 tidy tables otherwise; anything that waits shows a progress line on a terminal (stderr,
 never with `--json`). Keys are hex seed files with mode 0600, like `DIR/owner.key`;
-`admin`, `pending`, `confirm` and `reject` default to the owner's.
+`admin`, `pending`, `confirm` and `reject` default to the owner's. A principal's key is
+sealed with a passphrase (`keygen --principal`, `quorumgate passphrase`): a command given
+one asks for the passphrase on the terminal, or reads it from `--passphrase-fd N`
+(ops/passphrases.py says why not an environment variable). `pending`, `confirm`, `reject`
+and a principal's `admin register-principal` refuse any other key kept in the clear than
+the owner's: an approval needs the person (docs/security/approvals.md).
 
 Exit codes: 0 done (allow, flag, applied); 1 denied or rejected; 2 bad input, refused, or
 cluster unreachable; 3 pending confirmation (`submit`).
@@ -47,6 +55,13 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from quorumgate.ops.output import table
+from quorumgate.ops.passphrases import (
+    add_kdf_cost_argument,
+    add_passphrase_command,
+    ask_passphrase,
+    kdf_cost,
+    new_passphrase,
+)
 from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     ClusterFileError,
@@ -66,6 +81,7 @@ from quorumgate.proto.model import (
     SetSettings,
     ToolRules,
 )
+from quorumgate.proto.sealedkey import is_sealed_file, read_sealed, seal, write_sealed
 from quorumgate.sdk.client import (
     CertificateTimeout,
     Client,
@@ -74,11 +90,12 @@ from quorumgate.sdk.client import (
     Handle,
     OpenCard,
     QuorumGateError,
+    ReadNotAuthorized,
     TransactionRejected,
     mandate,
     tool_spec,
 )
-from quorumgate.sdk.keys import generate_key, generate_sink_key
+from quorumgate.sdk.keys import generate_key, generate_sink_key, load_principal_key
 from quorumgate.sdk.registry import Registry
 from quorumgate.sidecar.engine.core import config_for_cluster
 from quorumgate.sidecar.engine.statements import ConfirmationCard
@@ -173,12 +190,27 @@ def _spec(args: argparse.Namespace) -> ClusterSpec:
     return load_cluster(Path(args.dir))
 
 
-def _key(args: argparse.Namespace, spec: ClusterSpec, *, owner_default: bool) -> SigningKey:
+def _key(
+    args: argparse.Namespace, spec: ClusterSpec, *, owner_default: bool, principal: bool = False
+) -> SigningKey:
+    """The key to sign with: `--key FILE` (a sealed file opened with its passphrase), or
+    the owner's. `principal`: the command answers or reads cards, which only a person
+    may, so a key kept in the clear is refused unless it is the cluster owner's."""
     if args.key is None:
         if not owner_default:
             raise ClusterFileError("--key FILE is required (an agent key; see `keygen`)")
         return SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
-    return SigningKey(read_seed(Path(args.key)))
+    path = Path(args.key)
+    if is_sealed_file(path):
+        return load_principal_key(path, ask_passphrase(path, args.passphrase_fd))
+    key = SigningKey(read_seed(path))
+    if principal and bytes(key.verify_key) != spec.owner_public_key:
+        raise ClusterFileError(
+            f"{path} holds a key in the clear: a principal's key is sealed with a "
+            f"passphrase, so that only the person can answer cards (seal it with "
+            f"`quorumgate passphrase --key {path}`)"
+        )
+    return key
 
 
 def _run_with_client(
@@ -186,10 +218,11 @@ def _run_with_client(
     *,
     owner_default: bool,
     work: Callable[[Client], Coroutine[Any, Any, int]],
+    principal: bool = False,
 ) -> int:
     try:
         spec = _spec(args)
-        key = _key(args, spec, owner_default=owner_default)
+        key = _key(args, spec, owner_default=owner_default, principal=principal)
     except ClusterFileError as err:
         return _fail(str(err))
 
@@ -242,19 +275,32 @@ def _pairs(items: Sequence[str], what: str) -> list[tuple[str, str]]:
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
     path = Path(args.out)
+    if args.sink and args.principal:
+        return _fail("--sink or --principal, not both")
+    if path.exists():  # before asking for a passphrase that would not be used
+        return _fail(f"{path} exists; keys are never overwritten")
+    sealed = ""
     try:
         if args.sink:
             public, kind = bytes(generate_sink_key(path).public_key), "x25519"
+        elif args.principal:
+            passphrase = new_passphrase(path, args.passphrase_fd, "--passphrase-fd")
+            made = seal(bytes(SigningKey.generate()), passphrase, kdf_cost(args.kdf_cost))
+            write_sealed(path, made)
+            public, kind = made.public_key, "ed25519"
+            sealed = f", sealed with a passphrase (argon2id, {args.kdf_cost})"
         else:
             public, kind = bytes(generate_key(path).verify_key), "ed25519"
     except FileExistsError:
         return _fail(f"{path} exists; keys are never overwritten")
+    except ClusterFileError as err:
+        return _fail(str(err))
     except OSError as err:
         return _fail(f"cannot write {path}: {err.strerror}")
     _emit(
         args,
-        {"file": str(path), "kind": kind, "public_key": public.hex()},
-        f"wrote {path} (mode 0600, {kind}); public key {public.hex()}",
+        {"file": str(path), "kind": kind, "public_key": public.hex(), "sealed": bool(sealed)},
+        f"wrote {path} (mode 0600, {kind}{sealed}); public key {public.hex()}",
     )
     return EXIT_OK
 
@@ -371,7 +417,7 @@ def _cmd_pending(args: argparse.Namespace) -> int:
         print(f"{len(cards)} open card(s); answer with `quorumgate confirm` or `reject`")
         return EXIT_OK
 
-    return _run_with_client(args, owner_default=True, work=work)
+    return _run_with_client(args, owner_default=True, work=work, principal=True)
 
 
 def _cmd_confirm(args: argparse.Namespace) -> int:
@@ -457,17 +503,28 @@ def _answer(args: argparse.Namespace, *, reject: bool) -> int:
             return EXIT_OK
         return _print_decision(args, decision)
 
-    return _run_with_client(args, owner_default=True, work=work)
+    return _run_with_client(args, owner_default=True, work=work, principal=True)
 
 
 # ---------------------------------------------------------------------------- admin
 
 
-def _public_key_arg(args: argparse.Namespace, *, sink: bool) -> bytes:
+def _public_key_arg(args: argparse.Namespace, *, sink: bool, principal: bool = False) -> bytes:
+    """`--public-key HEX`, or the public key of `--key-file FILE`: a sealed file names it
+    in the clear (no passphrase needed); a principal's file must be sealed."""
     if args.public_key:
         return _hex_bytes(args.public_key, "--public-key")
     if args.key_file:
-        seed = read_seed(Path(args.key_file))
+        path = Path(args.key_file)
+        if is_sealed_file(path) and not sink:
+            return read_sealed(path).public_key
+        if principal:
+            raise ClusterFileError(
+                f"{path} holds a key in the clear: a principal's key is sealed with a "
+                f"passphrase (`quorumgate keygen --principal`, or `quorumgate passphrase "
+                f"--key {path}` to seal this one)"
+            )
+        seed = read_seed(path)
         if sink:
             return bytes(PrivateKey(seed).public_key)
         return bytes(SigningKey(seed).verify_key)
@@ -509,7 +566,9 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
         )
         return op, args.name, lambda c: c.register_tool(spec, args.deadline)
     if op in ("register-agent", "register-sink", "register-principal"):
-        key = _public_key_arg(args, sink=op == "register-sink")
+        key = _public_key_arg(
+            args, sink=op == "register-sink", principal=op == "register-principal"
+        )
         if op == "register-agent":
             principal = args.principal or ""
             return (
@@ -629,7 +688,9 @@ def _cmd_admin(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
 
-    return _run_with_client(args, owner_default=True, work=work)
+    # a principal signing register-principal for itself is a person acting: its key sealed
+    principal = args.key is not None and op == "register-principal"
+    return _run_with_client(args, owner_default=True, work=work, principal=principal)
 
 
 # ---------------------------------------------------------------------------- registry
@@ -656,6 +717,9 @@ def _registry(args: argparse.Namespace) -> Registry | int:
         return asyncio.run(read())
     except ClusterUnavailable:
         return _fail("the cluster could not be reached (no f+1 sidecars agreed on a registry)")
+    except ReadNotAuthorized as err:
+        return _fail(f"{err} The registry answers the owner, members and auditors, and an "
+                     "agent or a principal its own part.")  # fmt: skip
 
 
 def _mandate_json(m: Mandate | None) -> dict[str, object] | None:
@@ -712,6 +776,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         "height": registry.height,
         "state_root": registry.state_root.hex(),
         "agreed_by": list(registry.agreed_by),
+        "scope": registry.scope,  # "all", or the part this key may read
         "agents": [
             {
                 "agent_id": a.agent_id,
@@ -746,6 +811,11 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if isinstance(registry, int):
         return registry
+    if registry.scope != "all":  # the log's settings are not in a scoped registry
+        return _fail(
+            f"this key reads the registry as {registry.scope}: the settings made in the log "
+            "answer the owner, members and auditors (docs/security/reads-and-certificates.md)"
+        )
     config = config_for_cluster(_spec(args))
     logged = dict(registry.settings)
     rows = []
@@ -757,6 +827,8 @@ def _cmd_settings(args: argparse.Namespace) -> int:
         shown = "none" if value is None else "no limit" if value == 0 else value
         if name == "quota_agent_per_minute" and name not in logged:
             shown = f"{config.quota_proposals_max} per {config.quota_window_ms // 1000} s (sliding)"
+        if name == "certificate_ttl_ms" and not config.receipts_expire:
+            value, shown = None, "none (this chain's certificates carry no window)"
         values[name] = {"value": value, "source": source}
         rows.append([name, shown, source])
     doc = {"height": registry.height, "settings": values}
@@ -906,6 +978,12 @@ def _common(parser: argparse.ArgumentParser, *, key_help: str | None) -> None:
     parser.add_argument("--dir", required=True, help="cluster directory (cluster.json)")
     if key_help is not None:
         parser.add_argument("--key", metavar="FILE", help=key_help)
+        parser.add_argument(
+            "--passphrase-fd",
+            type=int,
+            metavar="N",
+            help="read a sealed key's passphrase from descriptor N (scripts; else asked)",
+        )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -917,11 +995,19 @@ def _deadline(parser: argparse.ArgumentParser) -> None:
 
 def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the client commands on the `quorumgate` subparsers."""
-    keygen = sub.add_parser("keygen", help="write a new agent (or sink) key file, mode 0600")
+    keygen = sub.add_parser("keygen", help="write a new key file (agent, sink, principal), 0600")
     keygen.add_argument("--out", required=True, metavar="FILE")
     keygen.add_argument("--sink", action="store_true", help="an X25519 sink key")
+    keygen.add_argument(
+        "--principal", action="store_true", help="a person's key, sealed with a passphrase"
+    )
+    keygen.add_argument(
+        "--passphrase-fd", type=int, metavar="N", help="--principal: read it from descriptor N"
+    )
+    add_kdf_cost_argument(keygen)
     keygen.add_argument("--json", action="store_true")
     keygen.set_defaults(func=_cmd_keygen)
+    add_passphrase_command(sub)
 
     submit = sub.add_parser("submit", help="propose one tool call; print its certified verdict")
     _common(submit, key_help="the agent's key file (required)")
@@ -1030,7 +1116,8 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     resume = admin_sub.add_parser("resume", help="lift a suspension")
     resume.add_argument("agent_id")
     sets = admin_sub.add_parser(
-        "set-settings", help="latch thresholds, quotas, confirmation TTL, grant limits"
+        "set-settings",
+        help="latch thresholds, quotas, confirmation and certificate TTLs, grant limits",
     )
     sets.add_argument("setting", nargs="*", metavar="NAME=VALUE", help=", ".join(SETTING_NAMES))
     sets.add_argument(

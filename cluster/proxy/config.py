@@ -4,6 +4,8 @@ posture and session rule, and how each of the model's tools becomes a proposal.
     [proxy]
     agent_header = "x-quorumgate-agent"   # selects among the agents below; not a credential
     posture = "fail_closed"               # for a request whose agent cannot be resolved
+    passthrough = ["GET /v1/files/*"]     # further paths to forward unjudged (docs/proxy.md):
+                                          # only paths whose answers carry no tool call
 
     [agents.support]
     key_file = "keys/support.key"         # relative to this file; hex seed, mode 0600
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from quorumgate.proto import names
+from quorumgate.proxy.door import PassthroughError, PathRule, parse_passthrough
 
 DEFAULT_AGENT_HEADER = "x-quorumgate-agent"
 TOOLS_PER_AGENT_MAX = 256
@@ -76,6 +79,7 @@ class ProxyConfig:
     agents: dict[str, AgentConfig]
     agent_header: str = DEFAULT_AGENT_HEADER
     posture: Posture = Posture.FAIL_CLOSED  # for an unresolved agent
+    passthrough: tuple[PathRule, ...] = ()
 
     def resolve(self, selector: str | None) -> AgentConfig | None:
         """The agent a request's selector header names; with one agent configured and no
@@ -151,7 +155,11 @@ def parse_mapping(model_name: str, body: object, where: str) -> ToolMapping:
 
 def parse_config(data: dict[str, Any], base: Path) -> ProxyConfig:
     top = _table(data, "file", ("proxy", "agents"))
-    proxy = _table(top.get("proxy", {}), "proxy", ("agent_header", "posture"))
+    proxy = _table(top.get("proxy", {}), "proxy", ("agent_header", "posture", "passthrough"))
+    try:
+        passthrough = parse_passthrough(proxy.get("passthrough", []))
+    except PassthroughError as err:
+        raise ProxyConfigError(f"proxy.passthrough: {err}") from None
     header = (_text(proxy, "agent_header", "proxy", DEFAULT_AGENT_HEADER) or "").lower()
     if not header:
         raise ProxyConfigError("proxy.agent_header: a header name")
@@ -183,7 +191,12 @@ def parse_config(data: dict[str, Any], base: Path) -> ProxyConfig:
             session=_session(_text(a, "session", where), where),
             tools=tools,
         )
-    return ProxyConfig(agents=agents, agent_header=header, posture=_posture(proxy, "proxy"))
+    return ProxyConfig(
+        agents=agents,
+        agent_header=header,
+        posture=_posture(proxy, "proxy"),
+        passthrough=passthrough,
+    )
 
 
 def load_config(path: str | Path) -> ProxyConfig:

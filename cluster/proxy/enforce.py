@@ -1,22 +1,15 @@
-"""The proxy's enforcement core (issue 17, items 2-3): every tool call a model response asks
-for goes through `decide`, and only the calls it releases reach the agent. Pure of I/O:
-the caller supplies `decide` (which proposes the call to the cluster) and moves the bytes.
+"""The proxy's enforcement core, shared by the three APIs (`messages.py` Anthropic
+Messages, `chat.py` OpenAI Chat Completions, `responses.py` OpenAI Responses): every tool
+call a model response asks for goes through `decide`, and only the calls it releases reach
+the agent, with the arguments `decide` returns (the targets in the canonical form the
+cluster judged). Pure of I/O: the caller supplies `decide` (which proposes the call to
+the cluster) and moves the bytes.
 
-- **Anthropic Messages**: a `tool_use` block that is not released is replaced by a
-  `tool_result` block (`is_error: true`) carrying only the fixed sentence, or, with
-  `DenialBlock.TEXT`, by a text block with the sentence (for SDKs that refuse a
-  `tool_result` in an assistant message); when every `tool_use` was withheld,
-  `stop_reason: tool_use` becomes `end_turn`.
-- **OpenAI Chat Completions**: a `tool_calls` entry (or a legacy `function_call`) that is
-  not released is removed, the fixed sentence is added to the message's text, and when
-  none is left, `finish_reason: tool_calls` becomes `stop`.
-- **Streams** (server-sent events): frames pass through as they arrive; only the frames of
-  an unfinished tool call are held (and, below this module, at most one partial frame).
-  The decision is taken when the call's arguments are complete (`content_block_stop`;
-  the chunk that finishes an OpenAI choice, or `[DONE]`), and a stream that ends before
-  that drops the held call: it is never released.
-
-Nothing of a denial's reason reaches the agent: the sentence is all there is.
+Each API's module reads a response the way the official SDK reads it, refuses
+(`Unreadable`) what it cannot account for, and writes what it passes on in one canonical
+spelling (compact ASCII JSON, `sse.frame`), so that the agent's SDK, whichever it is,
+reads exactly what was judged (docs/proxy.md). Nothing of a denial's reason reaches the
+agent: the fixed sentence is all there is.
 """
 
 from __future__ import annotations
@@ -24,18 +17,26 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import rfc8785
 
 from quorumgate.proto import limits, names
-from quorumgate.proto.model import DENIAL_TEXT, Argument, Proposal, RoleTarget
+from quorumgate.proto.model import Argument, Proposal, RoleTarget
 from quorumgate.proxy.config import AgentConfig, ToolMapping
+from quorumgate.proxy.sse import StreamUnreadable
+
+log = logging.getLogger("quorumgate.proxy")
 
 SESSION_LABEL_PREFIX = "s-"
+HELD_BYTES_MAX = 8 * 1024 * 1024  # what a stream holds while its calls wait for decisions
+HELD_EVENTS_MAX = 65_536
+RESPONSE_SESSIONS_MAX = 65_536  # Responses ids remembered for `previous_response_id`
 
 
 class DenialBlock(StrEnum):
@@ -55,11 +56,69 @@ class ToolCall:
         return f"ToolCall(id={self.id!r}, name={self.name!r})"  # never the arguments
 
 
-Decide = Callable[[ToolCall], Awaitable[bool]]  # True: release the call
+Released = dict[str, Any] | None  # the arguments to release the call with; None: withhold
+Decide = Callable[[ToolCall], Awaitable[Released]]
 
 
 class MappingError(ValueError):
     """A tool call that cannot become a proposal (its message names no value)."""
+
+
+# A response the proxy cannot read as the SDK would: refused, never passed on. The message
+# says what was wrong, with no content of the response in it. One class for the SSE
+# decoder's refusals and the API modules' (`sse.StreamUnreadable`).
+Unreadable = StreamUnreadable
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        # RFC 8259 section 4: with duplicate names, parsers disagree on which one counts
+        raise Unreadable("a JSON object with a name twice")
+    return out
+
+
+def _no_constant(name: str) -> None:
+    raise Unreadable(f"a JSON {name}, which is not JSON (RFC 8259 section 6)")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
+def load_json(text: str | bytes) -> Any:
+    """JSON as Python's `json` (the SDKs' parser) reads it, and refused wherever another
+    reader could read it otherwise: duplicate names, NaN and the infinities."""
+    try:
+        if isinstance(text, bytes):  # as json.loads reads bytes: UTF-8, -16 or -32
+            text = text.decode(json.detect_encoding(text), "surrogatepass")
+        return _DECODER.decode(text)
+    except (ValueError, RecursionError) as err:
+        if isinstance(err, Unreadable):
+            raise
+        raise Unreadable("not JSON") from None
+
+
+def arguments_of(text: str) -> dict[str, Any] | None:
+    """A call's arguments from the JSON text the model wrote: an object, or None (not
+    JSON, not an object, or JSON another reader could read otherwise)."""
+    if text == "":
+        return {}
+    try:
+        value = load_json(text)
+    except Unreadable:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def is_index(value: object) -> bool:
+    """A list position as the SDKs use one: an int (never a bool, which Python indexes
+    with too), not negative (Python's -1 is the last entry)."""
+    return type(value) is int and value >= 0
+
+
+def need(condition: bool, why: str) -> None:
+    if not condition:
+        raise Unreadable(why)
 
 
 # ---------------------------------------------------------------------------- proposals
@@ -74,34 +133,62 @@ def _argument_text(value: object) -> str:
         raise MappingError("an argument that is not a JSON value") from None
 
 
-def _target(value: object, scheme: str | None, what: str) -> str:
+def _target(value: object, scheme: str | None, what: str) -> tuple[str, str | None]:
+    """The target text of an argument, and the scheme this prefixed (None: none)."""
     if value is None:
-        return ""
+        return "", None
     if not isinstance(value, str):
         raise MappingError(f"{what}: a target must be text")
     if scheme and scheme != "file" and not value.lower().startswith(scheme + ":"):
-        return f"{scheme}:{value}"
-    return value
+        return f"{scheme}:{value}", scheme
+    return value, None
+
+
+@dataclass(frozen=True)
+class TargetSpot:
+    """Where a proposal's target came from in the call's arguments: the argument, its
+    position when the argument is a list, and the scheme the proxy prefixed."""
+
+    argument: str
+    position: int | None
+    scheme_added: str | None
+
+
+@dataclass(frozen=True)
+class Built:
+    proposal: Proposal
+    main: TargetSpot | None  # None: the call has no main target
+    further: tuple[TargetSpot, ...]  # one per proposal.targets entry, in order
 
 
 def build_proposal(mapping: ToolMapping, call: ToolCall, run_label: str) -> Proposal:
+    """The proposal of a tool call under its mapping (`build_call`)."""
+    return build_call(mapping, call, run_label).proposal
+
+
+def build_call(mapping: ToolMapping, call: ToolCall, run_label: str) -> Built:
     """The proposal of a tool call under its mapping: the main target from its argument
     (with the scheme prefixed where the model left it out), further targets by role, and
     every other argument as text (JSON values as RFC 8785 text; a capability handle as a
-    handle). Raises MappingError."""
+    handle); and where each target came from, so the released call can carry the
+    canonical forms. Raises MappingError."""
     if call.arguments is None:
         raise MappingError("the tool input is not a JSON object")
     values = dict(call.arguments)
-    target = _target(values.pop(mapping.target, None) if mapping.target else None,
-                     mapping.scheme, "target")  # fmt: skip
+    raw = values.pop(mapping.target, None) if mapping.target else None
+    target, added = _target(raw, mapping.scheme, "target")
+    main = TargetSpot(mapping.target, None, added) if mapping.target and raw is not None else None
     further: list[RoleTarget] = []
+    spots: list[TargetSpot] = []
     for role, argument in mapping.roles:
         value = values.pop(argument, None)
         items = [] if value is None else [value] if isinstance(value, str) else value
         if not isinstance(items, list):
             raise MappingError(f"{role}: targets must be text or a list of text")
-        for item in items:
-            further.append(RoleTarget(role, _target(item, None, role)))
+        for position, item in enumerate(items):
+            text, _ = _target(item, None, role)
+            further.append(RoleTarget(role, text))
+            spots.append(TargetSpot(argument, None if isinstance(value, str) else position, None))
     arguments: list[Argument] = []
     for name in sorted(values):
         if name in mapping.exclude or values[name] is None:
@@ -114,7 +201,7 @@ def build_proposal(mapping: ToolMapping, call: ToolCall, run_label: str) -> Prop
     if len(arguments) > limits.ARGUMENTS_MAX or len(further) > limits.TARGETS_PER_CALL_MAX:
         raise MappingError("more arguments or targets than a proposal takes")
     try:
-        return Proposal(
+        proposal = Proposal(
             run_id=run_label,
             tool=mapping.tool,
             target=target,
@@ -123,6 +210,24 @@ def build_proposal(mapping: ToolMapping, call: ToolCall, run_label: str) -> Prop
         )
     except ValueError:
         raise MappingError("a name or value too large for a proposal") from None
+    return Built(proposal, main, tuple(spots))
+
+
+def released_arguments(
+    call: ToolCall, built: Built, main: str | None, further: Sequence[str]
+) -> dict[str, Any]:
+    """The call's arguments with each target replaced by its release form (`main`, and
+    `further` in proposal order: the forms `quorumgate.sdk.targets.release_form` gives)."""
+    assert call.arguments is not None
+    out = json.loads(json.dumps(call.arguments))  # a copy: the call stays as judged
+    if built.main is not None and main is not None:
+        out[built.main.argument] = main
+    for spot, value in zip(built.further, further, strict=True):
+        if spot.position is None:
+            out[spot.argument] = value
+        else:
+            out[spot.argument][spot.position] = value
+    return out
 
 
 def session_label(agent: AgentConfig, body: Mapping[str, Any], headers: Mapping[str, str]) -> str:
@@ -144,15 +249,43 @@ def session_label(agent: AgentConfig, body: Mapping[str, Any], headers: Mapping[
 
 
 def _conversation_head(body: Mapping[str, Any]) -> object:
-    """The system prompt and the messages up to and including the first user message."""
-    messages = body.get("messages")
+    """The system prompt and the messages up to and including the first user message (a
+    Responses request: its instructions and input, a text input being one user message)."""
+    messages = body.get("messages", body.get("input"))
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
     head: list[object] = []
     if isinstance(messages, list):
         for message in messages:
             head.append(message)
             if isinstance(message, dict) and message.get("role") == "user":
                 break
+    if "input" in body and "messages" not in body:
+        return {"instructions": body.get("instructions"), "head": head}
     return {"system": body.get("system"), "head": head}
+
+
+class ResponseSessions:
+    """Which session a Responses id was answered in, for a later request that continues
+    it by `previous_response_id` (it sends only the new input). Bounded: the oldest ids
+    are forgotten first, and a forgotten id starts a session of its own."""
+
+    def __init__(self, size_max: int = RESPONSE_SESSIONS_MAX) -> None:
+        self.size_max = size_max
+        self._labels: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, response_id: object, label: str) -> None:
+        if isinstance(response_id, str) and response_id and label:
+            self._labels[response_id] = label
+            self._labels.move_to_end(response_id)
+            while len(self._labels) > self.size_max:
+                self._labels.popitem(last=False)
+
+    def label_of(self, body: Mapping[str, Any]) -> str | None:
+        previous = body.get("previous_response_id")
+        if not isinstance(previous, str) or not previous:
+            return None
+        return self._labels.get(previous) or SESSION_LABEL_PREFIX + _digest(previous)
 
 
 def _digest(value: object) -> str:
@@ -163,411 +296,69 @@ def _digest(value: object) -> str:
     return hashlib.sha256(data).hexdigest()[:24]
 
 
-async def _decide_all(calls: Sequence[ToolCall], decide: Decide) -> list[bool]:
-    """Every call decided, concurrently; a decider that fails withholds."""
+async def decide_all(calls: Sequence[ToolCall], decide: Decide) -> list[Released]:
+    """Every call decided, concurrently; a decider that fails withholds, and a call whose
+    arguments are not a JSON object is never released (nothing judged them)."""
     results = await asyncio.gather(*(decide(c) for c in calls), return_exceptions=True)
-    return [r is True for r in results]
-
-
-def _input_object(value: object) -> dict[str, Any] | None:
-    return value if isinstance(value, dict) else None
-
-
-# ---------------------------------------------------------------------------- Anthropic
-
-
-def denial_block_anthropic(tool_use_id: str, mode: DenialBlock) -> dict[str, Any]:
-    if mode is DenialBlock.TEXT:
-        return {"type": "text", "text": DENIAL_TEXT}
-    return {
-        "type": "tool_result",
-        "tool_use_id": tool_use_id,
-        "is_error": True,
-        "content": [{"type": "text", "text": DENIAL_TEXT}],
-    }
-
-
-async def enforce_anthropic(body: dict[str, Any], decide: Decide, mode: DenialBlock) -> int:
-    """Rewrite a Messages response in place; returns how many calls were withheld."""
-    content = body.get("content")
-    if not isinstance(content, list):
-        return 0
-    spots = [
-        (i, block)
-        for i, block in enumerate(content)
-        if isinstance(block, dict) and block.get("type") == "tool_use"
+    for call, result in zip(calls, results, strict=True):
+        if isinstance(result, BaseException):  # the type only: no argument value is logged
+            log.warning("event=decider_failed tool=%s error=%s", call.name, type(result).__name__)
+    return [
+        r if isinstance(r, dict) and c.arguments is not None else None
+        for c, r in zip(calls, results, strict=True)
     ]
-    calls = [
-        ToolCall(str(b.get("id", "")), str(b.get("name", "")), _input_object(b.get("input")))
-        for _, b in spots
-    ]
-    released = await _decide_all(calls, decide)
-    withheld = 0
-    for (i, block), ok in zip(spots, released, strict=True):
-        if not ok:
-            content[i] = denial_block_anthropic(str(block.get("id", "")), mode)
-            withheld += 1
-    if spots and withheld == len(spots) and body.get("stop_reason") == "tool_use":
-        body["stop_reason"] = "end_turn"
-    return withheld
 
 
-# ---------------------------------------------------------------------------- OpenAI
-
-
-def _openai_calls(message: dict[str, Any]) -> list[tuple[str, ToolCall]]:
-    out: list[tuple[str, ToolCall]] = []
-    for entry in message.get("tool_calls") or []:
-        function = entry.get("function") if isinstance(entry, dict) else None
-        if not isinstance(function, dict):
-            out.append(("tool_calls", ToolCall("", "", None)))
-            continue
-        out.append(("tool_calls", _openai_call(str(entry.get("id", "")), function)))
-    legacy = message.get("function_call")
-    if isinstance(legacy, dict):
-        out.append(("function_call", _openai_call("function_call", legacy)))
-    return out
-
-
-def _openai_call(call_id: str, function: Mapping[str, Any]) -> ToolCall:
-    raw = function.get("arguments")
-    try:
-        arguments = _input_object(json.loads(raw)) if isinstance(raw, str) and raw else {}
-    except ValueError:
-        arguments = None
-    return ToolCall(call_id, str(function.get("name", "")), arguments)
-
-
-def _with_denial(text: object) -> str:
-    return DENIAL_TEXT if not isinstance(text, str) or not text else f"{text}\n{DENIAL_TEXT}"
-
-
-async def enforce_openai(body: dict[str, Any], decide: Decide) -> int:
-    """Rewrite a Chat Completions response in place; returns how many calls were withheld."""
-    withheld = 0
-    for choice in body.get("choices") or []:
-        message = choice.get("message") if isinstance(choice, dict) else None
-        if not isinstance(message, dict):
-            continue
-        found = _openai_calls(message)
-        if not found:
-            continue
-        released = await _decide_all([call for _, call in found], decide)
-        if all(released):
-            continue
-        withheld += released.count(False)
-        entries = list(message.get("tool_calls") or [])
-        kept = [entry for entry, ok in zip(entries, released[: len(entries)], strict=True) if ok]
-        if entries:
-            if kept:
-                message["tool_calls"] = kept
-            else:
-                message.pop("tool_calls")
-        if found[-1][0] == "function_call" and not released[-1]:
-            message.pop("function_call", None)
-        message["content"] = _with_denial(message.get("content"))
-        nothing_left = not kept and "function_call" not in message
-        if nothing_left and choice.get("finish_reason") in ("tool_calls", "function_call"):
-            choice["finish_reason"] = "stop"
-    return withheld
-
-
-# ---------------------------------------------------------------------------- SSE
-
-
-class SseSplitter:
-    """Cuts a byte stream into server-sent-event frames (each ends with a blank line),
-    keeping at most one partial frame; frames keep their bytes exactly."""
-
-    TERMINATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+class Slot:
+    """A held call's place in an `Outbox`: its frames once it is decided."""
 
     def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
-        frames = []
-        while True:
-            cut = min(
-                ((i, t) for t in self.TERMINATORS if (i := self._buffer.find(t)) >= 0),
-                default=None,
-            )
-            if cut is None:
-                return frames
-            end = cut[0] + len(cut[1])
-            frames.append(self._buffer[:end])
-            self._buffer = self._buffer[end:]
-
-    @property
-    def partial(self) -> bytes:
-        return self._buffer
+        self.frames: list[bytes] | None = None
 
 
-def parse_frame(frame: bytes) -> tuple[str, str]:
-    """(event, data) of one SSE frame; several data lines are joined by a line feed."""
-    event = ""
-    data: list[str] = []
-    for line in frame.decode("utf-8", "replace").splitlines():
-        field_name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field_name == "event":
-            event = value
-        elif field_name == "data":
-            data.append(value)
-    return event, "\n".join(data)
+Entry = bytes | Slot | Callable[[], list[bytes]]
 
 
-def sse_frame(event: str | None, data: object) -> bytes:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+class Outbox:
+    """What a stream sends, in the order it must leave: a held call keeps its place (a
+    `Slot`) and what follows it waits until it is decided; an entry can also be a function
+    that writes its frames when it leaves (a stop reason that depends on the decisions).
+    Bounded: more than HELD_EVENTS_MAX entries or HELD_BYTES_MAX bytes waiting is refused."""
 
+    def __init__(self) -> None:
+        self._entries: list[Entry] = []
+        self._bytes = 0
 
-@dataclass
-class _HeldBlock:
-    index: int
-    id: str
-    name: str
-    start_input: object
-    frames: list[bytes] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)
+    def put(self, entry: Entry) -> None:
+        self._entries.append(entry)
+        if isinstance(entry, bytes):
+            self._bytes += len(entry)
+        need(len(self._entries) <= HELD_EVENTS_MAX, f"more than {HELD_EVENTS_MAX} events held")
+        need(self._bytes <= HELD_BYTES_MAX, f"more than {HELD_BYTES_MAX} bytes held")
 
+    def count(self, size: int) -> None:
+        """Bytes a held call keeps outside the outbox (its argument fragments)."""
+        self._bytes += size
+        need(self._bytes <= HELD_BYTES_MAX, f"more than {HELD_BYTES_MAX} bytes held")
 
-class AnthropicStream:
-    """Messages stream enforcement: `feed` each frame, send what it returns, in order."""
-
-    def __init__(self, decide: Decide, mode: DenialBlock) -> None:
-        self.decide = decide
-        self.mode = mode
-        self.held: _HeldBlock | None = None
-        self.queued: list[bytes] = []  # other frames that arrived while a call was held
-        self.tool_blocks = 0
-        self.withheld = 0
-
-    async def feed(self, frame: bytes) -> list[bytes]:
-        event, data = parse_frame(frame)
-        try:
-            payload = json.loads(data) if data else None
-        except ValueError:
-            payload = None
-        kind = payload.get("type") if isinstance(payload, dict) else event
-        held = self.held
-        if held is not None:
-            index = payload.get("index") if isinstance(payload, dict) else None
-            if kind == "content_block_delta" and index == held.index:
-                delta = payload.get("delta") if isinstance(payload, dict) else None
-                if isinstance(delta, dict) and isinstance(delta.get("partial_json"), str):
-                    held.parts.append(delta["partial_json"])
-                held.frames.append(frame)
-                return []
-            if kind == "content_block_stop" and index == held.index:
-                held.frames.append(frame)
-                return await self._settle(held)
-            if kind == "ping":
-                return [frame]
-            self.queued.append(frame)
-            return []
-        if kind == "content_block_start" and isinstance(payload, dict):
-            block = payload.get("content_block")
-            if isinstance(block, dict) and block.get("type") == "tool_use":
-                self.tool_blocks += 1
-                self.held = _HeldBlock(
-                    index=payload.get("index", -1),
-                    id=str(block.get("id", "")),
-                    name=str(block.get("name", "")),
-                    start_input=block.get("input"),
-                    frames=[frame],
-                )
-                return []
-        if kind == "message_delta" and isinstance(payload, dict):
-            delta = payload.get("delta")
-            all_withheld = self.tool_blocks and self.withheld == self.tool_blocks
-            if all_withheld and isinstance(delta, dict) and delta.get("stop_reason") == "tool_use":
-                delta["stop_reason"] = "end_turn"
-                return [sse_frame(event or "message_delta", payload)]
-        return [frame]
-
-    async def _settle(self, held: _HeldBlock) -> list[bytes]:
-        self.held = None
-        text = "".join(held.parts)
-        try:
-            arguments = _input_object(json.loads(text)) if text else _input_object(held.start_input)
-        except ValueError:
-            arguments = None
-        released = (await _decide_all([ToolCall(held.id, held.name, arguments)], self.decide))[0]
-        if released:
-            out = list(held.frames)
-        else:
-            self.withheld += 1
-            out = self._denial_frames(held)
-        # what arrived meanwhile goes through the same rules (a second call that started
-        # before this one stopped is held and decided in its turn, never passed along)
-        queued, self.queued = self.queued, []
-        for frame in queued:
-            out += await self.feed(frame)
-        return out
-
-    def _denial_frames(self, held: _HeldBlock) -> list[bytes]:
-        start: dict[str, Any] = {"type": "content_block_start", "index": held.index}
-        stop = {"type": "content_block_stop", "index": held.index}
-        if self.mode is DenialBlock.TEXT:
-            start["content_block"] = {"type": "text", "text": ""}
-            delta = {
-                "type": "content_block_delta",
-                "index": held.index,
-                "delta": {"type": "text_delta", "text": DENIAL_TEXT},
-            }
-            return [
-                sse_frame("content_block_start", start),
-                sse_frame("content_block_delta", delta),
-                sse_frame("content_block_stop", stop),
-            ]
-        start["content_block"] = denial_block_anthropic(held.id, DenialBlock.TOOL_RESULT)
-        return [sse_frame("content_block_start", start), sse_frame("content_block_stop", stop)]
-
-    def close(self) -> list[bytes]:
-        """The stream ended: a call still held was never complete, and is dropped."""
-        self.held = None
-        self.queued = []
-        return []
-
-
-@dataclass
-class _OpenAICall:
-    id: str = ""
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-class OpenAIStream:
-    """Chat Completions stream enforcement: from the first chunk that carries a tool call,
-    chunks are held until every choice with calls has finished (or `[DONE]`); then the
-    calls are decided and the held chunks released, without the withheld calls."""
-
-    def __init__(self, decide: Decide) -> None:
-        self.decide = decide
-        self.held: list[tuple[bytes, dict[str, Any]]] = []
-        self.calls: dict[tuple[int, int], _OpenAICall] = {}
-        self.open_choices: set[int] = set()
-        self.withheld = 0
-
-    async def feed(self, frame: bytes) -> list[bytes]:
-        _, data = parse_frame(frame)
-        if data.strip() == "[DONE]":
-            return [*(await self._release()), frame]
-        try:
-            chunk = json.loads(data) if data else None
-        except ValueError:
-            chunk = None
-        if not isinstance(chunk, dict):
-            if self.held:
-                self.held.append((frame, {}))
-                return []
-            return [frame]
-        choices = [c for c in chunk.get("choices") or [] if isinstance(c, dict)]
-        carries = False
-        for choice in choices:
-            index = choice.get("index", 0)
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-            entries = list(delta.get("tool_calls") or [])
-            if isinstance(delta.get("function_call"), dict):
-                entries.append(
-                    {"index": -1, "id": "function_call", "function": delta["function_call"]}
-                )
-            for entry in entries:
-                if not isinstance(entry, dict):
-                    continue
-                carries = True
-                self.open_choices.add(index)
-                call = self.calls.setdefault((index, entry.get("index", 0)), _OpenAICall())
-                call.id = call.id or str(entry.get("id") or "")
-                function = entry.get("function") if isinstance(entry.get("function"), dict) else {}
-                call.name = call.name or str(function.get("name") or "")
-                if isinstance(function.get("arguments"), str):
-                    call.arguments.append(function["arguments"])
-        if not carries and not self.held:
-            return [frame]
-        self.held.append((frame, chunk))
-        for choice in choices:
-            if choice.get("finish_reason") is not None:
-                self.open_choices.discard(choice.get("index", 0))
-        if not self.open_choices:
-            return await self._release()
-        return []
-
-    async def _release(self) -> list[bytes]:
-        if not self.held:
-            return []
-        keys = sorted(self.calls)
-        calls = []
-        for key in keys:
-            text = "".join(self.calls[key].arguments)
-            try:
-                arguments = _input_object(json.loads(text)) if text else {}
-            except ValueError:
-                arguments = None
-            calls.append(ToolCall(self.calls[key].id, self.calls[key].name, arguments))
-        released = dict(zip(keys, await _decide_all(calls, self.decide), strict=True))
-        held, self.held, self.calls, self.open_choices = self.held, [], {}, set()
-        denied = [key for key, ok in released.items() if not ok]
-        if not denied:
-            return [frame for frame, _ in held]
-        self.withheld += len(denied)
-        return self._rewritten(held, released)
-
-    def _rewritten(
-        self, held: list[tuple[bytes, dict[str, Any]]], released: dict[tuple[int, int], bool]
-    ) -> list[bytes]:
-        renumber: dict[tuple[int, int], int] = {}
-        for choice_index in sorted({c for c, _ in released}):
-            kept = [
-                k for k in sorted(released) if k[0] == choice_index and released[k] and k[1] >= 0
-            ]
-            renumber.update({key: n for n, key in enumerate(kept)})
-        withheld_choices = {c for (c, _), ok in released.items() if not ok}
-        kept_choices = {c for (c, _), ok in released.items() if ok}
-        told: set[int] = set()
+    def flush(self) -> list[bytes]:
         out: list[bytes] = []
-        for frame, chunk in held:
-            if not chunk:
-                out.append(frame)
-                continue
-            for choice in chunk.get("choices") or []:
-                index = choice.get("index", 0)
-                delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-                if "tool_calls" in delta:
-                    entries = []
-                    for entry in delta.get("tool_calls") or []:
-                        key = (index, entry.get("index", 0))
-                        if released.get(key, False):
-                            entries.append({**entry, "index": renumber[key]})
-                    if entries:
-                        delta["tool_calls"] = entries
-                    else:
-                        delta.pop("tool_calls")
-                if "function_call" in delta and not released.get((index, -1), True):
-                    delta.pop("function_call")
-                finished = choice.get("finish_reason")
-                if finished is not None and index in withheld_choices and index not in told:
-                    told.add(index)
-                    out.append(self._text_chunk(chunk, index))
-                    if index not in kept_choices and finished in ("tool_calls", "function_call"):
-                        choice["finish_reason"] = "stop"
-            out.append(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
-        for index in sorted(withheld_choices - told):  # no finishing chunk seen: say it anyway
-            out.append(self._text_chunk(held[-1][1] or {}, index))
+        taken = 0
+        for entry in self._entries:
+            if isinstance(entry, Slot):
+                if entry.frames is None:
+                    break
+                out += entry.frames
+            elif isinstance(entry, bytes):
+                out.append(entry)
+            else:
+                out += entry()
+            taken += 1
+        del self._entries[:taken]
+        if not self._entries:
+            self._bytes = 0
         return out
 
-    @staticmethod
-    def _text_chunk(template: Mapping[str, Any], index: int) -> bytes:
-        chunk = {
-            key: template[key] for key in ("id", "object", "created", "model") if key in template
-        }
-        chunk["choices"] = [
-            {"index": index, "delta": {"content": DENIAL_TEXT}, "finish_reason": None}
-        ]
-        return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
-
-    def close(self) -> list[bytes]:
-        """The stream ended without finishing its calls: they are dropped, never sent."""
-        self.held, self.calls, self.open_choices = [], {}, set()
-        return []
+    def drop(self) -> None:
+        self._entries.clear()
+        self._bytes = 0

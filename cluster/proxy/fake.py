@@ -4,9 +4,16 @@ and a helper that serves an ASGI app on a free loopback port in a thread.
 
 Formats, from the providers' API references: Anthropic Messages (`message` objects;
 streams of `message_start`, `content_block_start` / `content_block_delta` (`text_delta`,
-`input_json_delta`) / `content_block_stop`, `message_delta`, `message_stop`, `ping`) and
+`input_json_delta`) / `content_block_stop`, `message_delta`, `message_stop`, `ping`),
 OpenAI Chat Completions (`chat.completion`; streams of `chat.completion.chunk` with
-`delta.content` and `delta.tool_calls`, then `data: [DONE]`)."""
+`delta.content` and `delta.tool_calls`, then `data: [DONE]`) and OpenAI Responses
+(`response` objects with `message` and `function_call` output items; streams of
+`response.created`, `response.output_item.added` / `.done`, `response.output_text.delta`,
+`response.function_call_arguments.delta` / `.done`, `response.completed`).
+
+Any other path answers too (a 404 unless a reply is scripted), so tests can show what
+the proxy does with paths it does not govern; a `Reply` can also set the status, add
+headers and send raw chunks exactly as given."""
 
 from __future__ import annotations
 
@@ -73,6 +80,9 @@ class Reply:
     frames: list[bytes] | None = None
     content_type: str | None = None  # instead of the usual one (a misbehaving upstream)
     raw: bytes | None = None  # a body sent as it is
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: list[bytes] | None = None  # a body sent in exactly these chunks
 
 
 @dataclass
@@ -92,7 +102,9 @@ class FakeUpstream:
             routes=[
                 Route("/v1/messages", self.handle, methods=["POST"]),
                 Route("/v1/chat/completions", self.handle, methods=["POST"]),
+                Route("/v1/responses", self.handle, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/{path:path}", self.handle, methods=["GET", "POST", "PUT", "DELETE"]),
             ]
         )
 
@@ -105,17 +117,24 @@ class FakeUpstream:
         if not self.script:
             return JSONResponse({"type": "error", "error": {"message": "no reply"}}, 500)
         reply = self.script.popleft()
-        if reply.frames is not None:
-            frames = reply.frames
+        status, headers = reply.status, reply.headers
+        parts = reply.frames if reply.frames is not None else reply.chunks
+        if parts is not None:
+            sent = list(parts)
 
             async def stream() -> AsyncIterator[bytes]:
-                for frame in frames:
-                    yield frame
+                for part in sent:
+                    yield part
 
-            return StreamingResponse(stream(), media_type=reply.content_type or "text/event-stream")
+            default = "text/event-stream" if reply.frames is not None else "application/json"
+            return StreamingResponse(
+                stream(), status, headers, media_type=reply.content_type or default
+            )
         if reply.raw is not None:
-            return Response(reply.raw, media_type=reply.content_type or "application/json")
-        return JSONResponse(reply.body, media_type=reply.content_type or "application/json")
+            media = reply.content_type or "application/json"
+            return Response(reply.raw, status, headers, media_type=media)
+        media = reply.content_type or "application/json"
+        return JSONResponse(reply.body, status, headers, media_type=media)
 
 
 # ---------------------------------------------------------------------------- Anthropic
@@ -280,4 +299,135 @@ def completion_stream(
         frames.append(chunk({"tool_calls": [{"index": n, "function": {"arguments": raw[6:]}}]}))
     frames.append(chunk({}, "tool_calls" if calls else "stop"))
     frames.append(b"data: [DONE]\n\n")
+    return frames  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- OpenAI Responses
+
+
+def output_message(value: str, item_id: str = "msg_1") -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": value, "annotations": []}],
+    }
+
+
+def function_call(name: str, call_id: str, **arguments: Any) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": f"fc_{call_id}",
+        "call_id": call_id,
+        "name": name,
+        "arguments": json.dumps(arguments),
+        "status": "completed",
+    }
+
+
+def response(*items: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": status,
+        "model": "gpt-test",
+        "output": list(items),
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "usage": {
+            "input_tokens": 9,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 5,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 14,
+        },
+    }
+
+
+def responses_stream(*items: dict[str, Any], cut_in_item: int | None = None) -> list[bytes]:
+    """The SSE frames of a response with `items` (messages and function calls), each item
+    added, its text or arguments in two deltas, done; `cut_in_item`: the stream ends in
+    the middle of that item's arguments."""
+    frames: list[bytes] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        frames.append(sse(kind, {"type": kind, "sequence_number": len(frames), **fields}))
+
+    emit("response.created", response=response(status="in_progress"))
+    emit("response.in_progress", response=response(status="in_progress"))
+    for index, item in enumerate(items):
+        if item["type"] == "message":
+            words = item["content"][0]["text"]
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "content": []},
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            emit(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            )
+            for piece in (words[:5], words[5:]):
+                emit(
+                    "response.output_text.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    delta=piece,
+                    logprobs=[],
+                )
+            emit(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=words,
+                logprobs=[],
+            )
+            emit(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part={**part, "text": words},
+            )
+        else:
+            raw = item["arguments"]
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "arguments": ""},
+            )
+            half = len(raw) // 2
+            for k, piece in enumerate((raw[:half], raw[half:])):
+                if cut_in_item == index and k == 1:
+                    return frames
+                emit(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=piece,
+                )
+            emit(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                arguments=raw,
+                name=item["name"],
+            )
+        emit("response.output_item.done", output_index=index, item=item)
+    emit("response.completed", response=response(*items))
     return frames  # fmt: skip

@@ -40,7 +40,8 @@ What it promises:
   attributes (`Decision.reason`, `QuorumGateError.reason`) and never in the `str()` or
   `repr()` of a decision or an exception. No argument value is ever logged or printed.
 
-Refusals are typed: `Refused` (with `Replayed` and `Overloaded`), `ClusterUnavailable`,
+Refusals are typed: `Refused` (with `Replayed`, `Overloaded` and `ReadNotAuthorized`: a read
+f+1 sidecars refused this key, PERMISSION_DENIED), `ClusterUnavailable`,
 `CertificateTimeout`, `InvalidCertificate`, `TransactionRejected` (an administrative or
 agent transaction the engine did not apply).
 """
@@ -120,7 +121,6 @@ from quorumgate.sidecar.receipts import (
     CertificateError,
     Receipt,
     assemble_certificate,
-    block_statement,
     verify_certificate,
 )
 from quorumgate.sidecar.wire import decode_certificate, encode_certificate, receipt_from_pb
@@ -139,6 +139,7 @@ __all__ = [
     "OpenCard",
     "Overloaded",
     "QuorumGateError",
+    "ReadNotAuthorized",
     "Refused",
     "Replayed",
     "Submitted",
@@ -229,6 +230,25 @@ class Overloaded(Refused):
     """Every replica kept answering RESOURCE_EXHAUSTED through the bounded back-off."""
 
     message = "The cluster is overloaded; try again later."
+
+
+class ReadNotAuthorized(Refused):
+    """f+1 sidecars refused this key the read (gRPC PERMISSION_DENIED, or UNAUTHENTICATED
+    for a read statement they could not verify: a clock far off): it is not the owner's, a
+    member's or an auditor's, and what it asked is not its own
+    (docs/security/reads-and-certificates.md). `code` is the status name."""
+
+    message = "The cluster refused this key the read (PERMISSION_DENIED)."
+
+    def __str__(self) -> str:
+        return (
+            self.message
+            if self.code != "UNAUTHENTICATED"
+            else ("The cluster could not verify this key's read statement (UNAUTHENTICATED).")
+        )
+
+
+READ_REFUSAL_CODES = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 
 
 class ClusterUnavailable(QuorumGateError):
@@ -396,6 +416,14 @@ class Decision:
     def mandate_version(self) -> int:
         return self.certificate.leaf.mandate_version
 
+    @property
+    def valid_until_ms(self) -> int | None:
+        """The end of the window, in block time, after which executors refuse this
+        certificate (None on a chain whose receipts do not expire):
+        docs/security/reads-and-certificates.md."""
+        validity = self.certificate.validity
+        return None if validity is None else validity.valid_until_ms
+
     def certificate_bytes(self) -> bytes:
         """The certificate as a `qgpb.Certificate`, for an executor to verify offline."""
         return encode_certificate(self.certificate)
@@ -477,25 +505,69 @@ def verify(
     receipt keys, chain id, Merkle path) and return it as a `Decision`."""
     try:
         leaf = verify_certificate(
-            certificate, spec.chain_id, spec.receipt_keys, proposal_id=proposal_id
+            certificate,
+            spec.chain_id,
+            spec.receipt_keys,
+            receipts_expire=spec.receipts_expire,
+            proposal_id=proposal_id,
         )
     except CertificateError as err:
         raise InvalidCertificate(err.reason, proposal_id=proposal_id) from err
     return Decision(leaf.proposal_id, certificate)
 
 
+def _raise_if_refused(
+    replies: Sequence[object],
+    statuses: Mapping[int, spb.SidecarStatusReply],
+    height: int,
+    needed: int,
+) -> None:
+    """`ReadNotAuthorized` when f+1 sidecars that had executed `height` before they were
+    asked refused the read: one of them is honest, and a key registered at or below the
+    height asked (the f+1-th highest executed one) is known to every honest sidecar there,
+    so the refusal is not a sidecar still behind the key's registration."""
+    codes = [
+        reply.code()
+        for i, reply in enumerate(replies)
+        if isinstance(reply, grpc.aio.AioRpcError)
+        and reply.code() in READ_REFUSAL_CODES
+        and i in statuses
+        and statuses[i].executed_height >= height
+    ]
+    _raise_if_read_refused(codes, needed)
+
+
+def _raise_if_read_refused(codes: Sequence[grpc.StatusCode], needed: int) -> None:
+    """`ReadNotAuthorized` when `needed` (f+1) sidecars refused the read: PERMISSION_DENIED
+    if any of them said so, else UNAUTHENTICATED (none could verify the statement)."""
+    if len(codes) >= needed:
+        denied = grpc.StatusCode.PERMISSION_DENIED in codes
+        code = grpc.StatusCode.PERMISSION_DENIED if denied else grpc.StatusCode.UNAUTHENTICATED
+        raise ReadNotAuthorized("read_not_authorized", code.name)
+
+
+def _receipt_or_none(message: spb.Receipt) -> Receipt | None:
+    """A receipt off the wire, or None for one that cannot be (a validity window that ends
+    before it starts): dropped on arrival, as a badly signed one is."""
+    try:
+        return receipt_from_pb(message)
+    except CertificateError:
+        return None
+
+
 def _receipt_signature_ok(spec: ClusterSpec, receipt: Receipt, asked: int) -> bool:
-    """Drop a receipt on arrival unless sidecar `asked` signed it for itself: a Byzantine
-    sidecar can neither speak for another member nor poison an honest group."""
+    """Drop a receipt on arrival unless sidecar `asked` signed it for itself, with a
+    validity window exactly when the chain's receipts expire: a Byzantine sidecar can
+    neither speak for another member nor poison an honest group."""
     from nacl.exceptions import BadSignatureError
     from nacl.signing import VerifyKey
 
     block = receipt.block
     if block.signer != asked or receipt.leaf.height != block.height:
         return False
-    message = block_statement(
-        spec.chain_id, block.height, block.verdict_root, block.state_root, block.leaf_count
-    )
+    if (block.validity is not None) != spec.receipts_expire:
+        return False
+    message = block.statement(spec.chain_id)
     try:
         VerifyKey(spec.member(asked).receipt_public_key).verify(message, block.signature)
     except (BadSignatureError, ValueError, TypeError):
@@ -505,7 +577,10 @@ def _receipt_signature_ok(spec: ClusterSpec, receipt: Receipt, asked: int) -> bo
 
 def _statement_key(receipt: Receipt) -> tuple[object, ...]:
     b = receipt.block
-    return (receipt.leaf, receipt.path, b.height, b.verdict_root, b.state_root, b.leaf_count)
+    return (
+        receipt.leaf, receipt.path, b.height, b.verdict_root, b.state_root, b.leaf_count,
+        b.validity,
+    )  # fmt: skip
 
 
 def _reason_of(err: grpc.aio.AioRpcError | grpc.RpcError) -> str:
@@ -705,8 +780,10 @@ class Client:
         call: Callable[[spb_grpc.SidecarStub], Coroutine[Any, Any, T]],
         *,
         enough: int,
+        refused: dict[int, grpc.StatusCode] | None = None,
     ) -> dict[int, T]:
-        """Ask every sidecar at once; return as soon as `enough` answered (or all tried)."""
+        """Ask every sidecar at once; return as soon as `enough` answered (or all tried).
+        `refused` collects the sidecars that refused the read (`READ_REFUSAL_CODES`)."""
         stubs = self._ch().sidecars
         tasks = {asyncio.ensure_future(call(stub)): i for i, stub in enumerate(stubs)}
         answers: dict[int, T] = {}
@@ -715,8 +792,15 @@ class Client:
             while pending and len(answers) < enough:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    if task.exception() is None:
+                    err = task.exception()
+                    if err is None:
                         answers[tasks[task]] = task.result()
+                    elif (
+                        refused is not None
+                        and isinstance(err, grpc.aio.AioRpcError)
+                        and err.code() in READ_REFUSAL_CODES
+                    ):
+                        refused[tasks[task]] = err.code()
         finally:
             await _cancel_all(tasks)
         return answers
@@ -725,6 +809,7 @@ class Client:
         """Ask f+1 sidecars for this key's next executed nonce (the largest answer; it never
         goes back) and return the nonce this client signs with next."""
         needed = self.spec.f + 1
+        refused: dict[int, grpc.StatusCode] = {}
         answers = await self._sidecar_calls(
             lambda stub: stub.Account(
                 spb.AccountRequest(signer=self.public_key),
@@ -732,8 +817,10 @@ class Client:
                 metadata=self._read_auth(METHOD_ACCOUNT),
             ),
             enough=needed,
+            refused=refused,
         )
         if len(answers) < needed:
+            _raise_if_read_refused(list(refused.values()), needed)
             raise ClusterUnavailable("sidecars_unreachable")
         self._nonces.sync(max(a.next_nonce for a in answers.values()))
         return self._nonces.next
@@ -791,7 +878,9 @@ class Client:
         `Registry` RPC: accepted when f+1 of them return the same content with the same
         height and state root (at least one of them honest). The height asked for is the
         highest that f+1 sidecars have executed; if the registry changes meanwhile, the
-        client asks again, until `deadline_s` (then `ClusterUnavailable`)."""
+        client asks again, until `deadline_s` (then `ClusterUnavailable`). It holds what
+        this key may read (`Registry.scope`); a key that may read none of it gets
+        `ReadNotAuthorized` as soon as f+1 sidecars at that height refused it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.certificate_deadline_s if deadline_s is None else deadline_s)
         needed = self.spec.f + 1
@@ -812,11 +901,13 @@ class Client:
                     return reply
 
                 replies = await asyncio.gather(*(ask(s) for s in stubs), return_exceptions=True)
-                groups: dict[tuple[int, bytes, bytes], list[int]] = {}
+                _raise_if_refused(replies, statuses, height, needed)
+                groups: dict[tuple[int, bytes, str, bytes], list[int]] = {}
                 for i, reply in enumerate(replies):
                     if isinstance(reply, spb.RegistryReply) and reply.height == height:
                         content = reply.content.SerializeToString(deterministic=True)
-                        groups.setdefault((reply.height, reply.state_root, content), []).append(i)
+                        group = (reply.height, reply.state_root, reply.scope, content)
+                        groups.setdefault(group, []).append(i)
                 for members in groups.values():
                     if len(members) >= needed:
                         agreed = replies[members[0]]
@@ -1117,10 +1208,7 @@ class Client:
                         metadata=self._read_auth(METHOD_GET_RECEIPT),
                     )
                 except grpc.aio.AioRpcError as err:
-                    if err.code() in (
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        grpc.StatusCode.UNAUTHENTICATED,
-                    ):
+                    if err.code() in READ_REFUSAL_CODES:
                         refusing.add(i)
                         changed.set()
                     await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
@@ -1146,7 +1234,7 @@ class Client:
                 if len(refusing) >= needed and not (own_nonce or confirmed):
                     # f+1 sidecars say this key may not read this verdict, and it holds no
                     # proof that would let it once they have executed further
-                    raise Refused(
+                    raise ReadNotAuthorized(
                         "read_not_authorized", "PERMISSION_DENIED", proposal_id=proposal_id
                     )
                 decision = self._certify(proposal_id, list(latest.values()), cards)
@@ -1189,7 +1277,10 @@ class Client:
         for) and `cards`; returns the height of the receipt it carried, if any."""
         if not reply.found:
             return None
-        receipt = receipt_from_pb(reply.receipt)
+        receipt = _receipt_or_none(reply.receipt)
+        if receipt is None:
+            log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
+            return None
         leaf = receipt.leaf
         if leaf.proposal_id != proposal_id or not _receipt_signature_ok(self.spec, receipt, i):
             log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
@@ -1249,8 +1340,8 @@ class Client:
                     for message in batch.receipts:
                         if message.leaf.tx_id != tx_id:
                             continue
-                        receipt = receipt_from_pb(message)
-                        if _receipt_signature_ok(self.spec, receipt, i):
+                        receipt = _receipt_or_none(message)
+                        if receipt is not None and _receipt_signature_ok(self.spec, receipt, i):
                             found[i] = receipt
                             if self._certify(receipt.leaf.proposal_id, list(found.values()), {}):
                                 done.set()
@@ -1326,6 +1417,7 @@ class Client:
         needed = self.spec.f + 1
         delay = RECEIPT_POLL_S_MIN
         while True:
+            refused: dict[int, grpc.StatusCode] = {}
             answers = await self._sidecar_calls(
                 lambda stub: stub.Pending(
                     spb.PendingRequest(),
@@ -1333,9 +1425,11 @@ class Client:
                     metadata=self._read_auth(METHOD_PENDING),
                 ),
                 enough=self.spec.n,
+                refused=refused,
             )
             if len(answers) >= needed:
                 return _agreed_cards(answers, needed)
+            _raise_if_read_refused(list(refused.values()), needed)
             if loop.time() >= deadline:
                 raise ClusterUnavailable("sidecars_unreachable")
             await asyncio.sleep(delay)
@@ -1486,8 +1580,8 @@ class Client:
         deadline_s: float | None = None,
     ) -> Decision:
         """Set settings in the log (owner; `SETTING_NAMES`: latch thresholds, quotas, the
-        confirmation TTL, grant limits), or put the `clear`ed ones back to cluster.json's
-        values. Applied or rejected as one operation."""
+        confirmation and certificate TTLs, grant limits), or put the `clear`ed ones back to
+        cluster.json's values. Applied or rejected as one operation."""
         op = SetSettings(values=tuple(sorted((values or {}).items())), clear=tuple(sorted(clear)))
         return await self._applied(Admin(op=op), deadline_s)
 
@@ -1546,7 +1640,9 @@ class Client:
             try:
                 async for batch in stream:
                     for message in batch.receipts:
-                        await queue.put((i, receipt_from_pb(message)))
+                        receipt = _receipt_or_none(message)
+                        if receipt is not None:
+                            await queue.put((i, receipt))
             except grpc.aio.AioRpcError as err:
                 log.info("event=receipts_stream_closed sidecar=%d code=%s", i, err.code().name)
             finally:

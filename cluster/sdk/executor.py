@@ -18,6 +18,19 @@ given, is signed, has the certified proposal id, names the same tool and is the 
 certificate binds; and last, that this executor has not run the proposal before. Anything
 else is refused with a typed `ExecutorRefused`.
 
+On a chain whose receipts expire (`ClusterSpec.receipts_expire`, every chain `init` makes
+now) a certificate also carries the window in which it may be used, signed by the f+1
+sidecars: from its block's time (the committed block's timestamp, which every sidecar
+agrees on) to that time plus the chain's certificate TTL (an owner setting in the log,
+`certificate_ttl_ms`, 5 minutes by default). Right after the certificate itself verifies,
+`verify` checks the window against this executor's clock (`clock_ms`), with
+`clock_skew_ms` allowed either way: `CertificateExpired` past it, or for a block time
+further ahead of the clock than the skew (a clock that far behind would stretch every
+window). `certificate_age_ms_max` lets one executor shorten the window for itself, never
+lengthen it. So an executor that loses its record of used certificates accepts again
+only what was certified within the last window: the window, not the record's lifetime,
+bounds a replay (docs/security/reads-and-certificates.md).
+
 Which envelopes a call may open is never taken from an unbound body. The handles come from
 the card (bound by the certificate's card digest), or from the signed transaction when its
 body hashes to a digest the certificate binds: the card's `body_digest` for a confirmed
@@ -52,7 +65,8 @@ import hashlib
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -75,11 +89,13 @@ from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
     ReceiptLeaf,
+    check_validity,
     verify_certificate,
 )
 
 __all__ = [
     "AuthorizedCall",
+    "CertificateExpired",
     "CertificateRejected",
     "CertificateReused",
     "CertifiedLogSource",
@@ -97,6 +113,17 @@ __all__ = [
 ]
 
 CALL_KINDS = ("proposal", "confirm")
+# How far this executor's clock may be from the block times the replicas agreed on, either
+# way. Replicas vote only for a block time within a few seconds of their own clocks
+# (replica/config.py `timestamp_skew_ms_max`), so with clocks kept by NTP half a minute is
+# generous; it widens each window by as much.
+CLOCK_SKEW_MS_DEFAULT = 30_000
+CLOCK_SKEW_MS_MAX = 600_000
+
+
+def wall_clock_ms() -> int:
+    """This host's clock, in ms since the epoch: what an executor checks windows against."""
+    return time.time_ns() // 1_000_000
 
 
 class ExecutorRefused(Exception):
@@ -133,6 +160,12 @@ class CertificateReused(ExecutorRefused):
 
     def __init__(self, reason: str = "already_used") -> None:
         super().__init__(reason)
+
+
+class CertificateExpired(CertificateRejected):
+    """A valid certificate outside its validity window by this executor's clock:
+    `expired`, or `not_yet_valid` (its block time is ahead of the clock by more than the
+    skew allowed)."""
 
 
 # ------------------------------------------------------------------ used certificates
@@ -275,9 +308,26 @@ class Executor(_ClosedOnExit):
         source: SealedValueSource,
         *,
         used: UsedProposals | str | os.PathLike[str],
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        clock_skew_ms: int = CLOCK_SKEW_MS_DEFAULT,
+        certificate_age_ms_max: int | None = None,
     ) -> None:
+        """`clock_ms`, `clock_skew_ms` and `certificate_age_ms_max`: how certificates'
+        validity windows are checked (the module docstring)."""
         if not names.is_agent_id(sink_id):
             raise ValueError("sink id must match " + names.AGENT_ID_RE.pattern)
+        if not 0 <= clock_skew_ms <= CLOCK_SKEW_MS_MAX:
+            raise ValueError(f"clock_skew_ms must be in 0..{CLOCK_SKEW_MS_MAX}")
+        if certificate_age_ms_max is not None and not spec.receipts_expire:
+            raise ValueError(
+                "certificate_age_ms_max needs a chain whose receipts sign their block time "
+                "(receipt version 2); this chain's certificates carry no window"
+            )
+        if certificate_age_ms_max is not None and certificate_age_ms_max <= 0:
+            raise ValueError("certificate_age_ms_max must be a positive number of ms")
+        self._clock_ms = clock_ms
+        self.clock_skew_ms = clock_skew_ms
+        self.certificate_age_ms_max = certificate_age_ms_max
         self.spec = spec
         self.sink_id = sink_id
         self._box = SealedBox(private_key)
@@ -359,12 +409,30 @@ class Executor(_ClosedOnExit):
         )
 
     def _leaf(self, certificate: Certificate, proposal_id: bytes) -> ReceiptLeaf:
+        """The certified leaf, once the certificate verifies and, on a chain whose receipts
+        expire, its window holds by this executor's clock."""
+        spec = self.spec
         try:
-            return verify_certificate(
-                certificate, self.spec.chain_id, self.spec.receipt_keys, proposal_id=proposal_id
+            leaf = verify_certificate(
+                certificate,
+                spec.chain_id,
+                spec.receipt_keys,
+                receipts_expire=spec.receipts_expire,
+                proposal_id=proposal_id,
             )
         except CertificateError as err:
             raise CertificateRejected(err.reason) from err
+        if certificate.validity is not None:  # verified: present exactly when they expire
+            try:
+                check_validity(
+                    certificate.validity,
+                    self._clock_ms(),
+                    self.clock_skew_ms,
+                    age_ms_max=self.certificate_age_ms_max,
+                )
+            except CertificateError as err:
+                raise CertificateExpired(err.reason) from err
+        return leaf
 
     def _claim(self, proposal_id: bytes) -> None:
         try:

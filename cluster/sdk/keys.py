@@ -1,8 +1,12 @@
 """Key files for agents, principals, auditors and sinks: generated and read by the SDK.
 
-A key file holds a 32-byte seed in hex, mode 0600, like the cluster's own key files
-(`quorumgate.proto.clusterfile`); it is created exclusively, so an existing key is never
-overwritten, and refused on reading when others may read it.
+An agent's, auditor's or sink's key file holds a 32-byte seed in hex, mode 0600, like the
+cluster's own key files (`quorumgate.proto.clusterfile`). A principal's key — a person's,
+the one that answers confirmation cards — is sealed with a passphrase instead
+(`quorumgate.proto.sealedkey`: Argon2id and a SecretBox), so that a process which can
+read the person's files cannot sign with it (docs/security/approvals.md). Every key file
+is created exclusively, so an existing key is never overwritten, and refused on reading
+when others may read it.
 """
 
 from __future__ import annotations
@@ -14,18 +18,29 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from quorumgate.proto.clusterfile import read_seed, write_seed
+from quorumgate.proto.sealedkey import (
+    KDF_COST_DEFAULT,
+    KdfCost,
+    check_new_passphrase,
+    read_sealed,
+    replace_sealed,
+    seal,
+    write_sealed,
+)
+
+PathLike = str | os.PathLike[str]
 
 
-def generate_key(path: str | os.PathLike[str] | None = None) -> SigningKey:
-    """A new Ed25519 signing key (agent, principal, owner, auditor); written to `path`
-    (mode 0600, never overwriting a file) when one is given."""
+def generate_key(path: PathLike | None = None) -> SigningKey:
+    """A new Ed25519 signing key (agent, owner, auditor); written to `path` (mode 0600,
+    never overwriting a file) when one is given. A principal's key: `generate_principal_key`."""
     key = SigningKey.generate()
     if path is not None:
         write_seed(Path(path), bytes(key))
     return key
 
 
-def generate_sink_key(path: str | os.PathLike[str] | None = None) -> PrivateKey:
+def generate_sink_key(path: PathLike | None = None) -> PrivateKey:
     """A new X25519 key for a tool executor (sink), written like `generate_key`."""
     key = PrivateKey.generate()
     if path is not None:
@@ -33,11 +48,52 @@ def generate_sink_key(path: str | os.PathLike[str] | None = None) -> PrivateKey:
     return key
 
 
-def load_key(path: str | os.PathLike[str]) -> SigningKey:
-    """An Ed25519 signing key from a key file (refused if others may read it)."""
+def load_key(path: PathLike) -> SigningKey:
+    """An Ed25519 signing key from a key file (refused if others may read it, or if it is
+    a principal's sealed key: `load_principal_key` opens that)."""
     return SigningKey(read_seed(Path(path)))
 
 
-def load_sink_key(path: str | os.PathLike[str]) -> PrivateKey:
+def load_sink_key(path: PathLike) -> PrivateKey:
     """A sink's X25519 key from a key file (refused if others may read it)."""
     return PrivateKey(read_seed(Path(path)))
+
+
+def generate_principal_key(
+    path: PathLike, passphrase: str, *, cost: KdfCost = KDF_COST_DEFAULT
+) -> SigningKey:
+    """A new principal's key, written to `path` sealed under `passphrase` (mode 0600,
+    never overwriting a file); `cost` is the Argon2id level each guess costs."""
+    key = SigningKey.generate()
+    write_sealed(Path(path), seal(bytes(key), passphrase, cost))
+    return key
+
+
+def load_principal_key(path: PathLike, passphrase: str) -> SigningKey:
+    """A principal's key from its sealed file (`WrongPassphrase` if it does not open)."""
+    return SigningKey(read_sealed(Path(path)).open(passphrase))
+
+
+def principal_public_key(path: PathLike) -> bytes:
+    """The public key a sealed file names, read without the passphrase (to register it)."""
+    return read_sealed(Path(path)).public_key
+
+
+def seal_key_file(path: PathLike, passphrase: str, *, cost: KdfCost = KDF_COST_DEFAULT) -> bytes:
+    """Seal a key file that holds a seed in the clear, in place; returns its public key.
+    The file system may keep the old blocks: a key once in the clear is best replaced."""
+    check_new_passphrase(passphrase)
+    sealed = seal(read_seed(Path(path)), passphrase, cost)
+    replace_sealed(Path(path), sealed)
+    return sealed.public_key
+
+
+def change_passphrase(
+    path: PathLike, old: str, new: str, *, cost: KdfCost = KDF_COST_DEFAULT
+) -> bytes:
+    """Seal a principal's key again under a new passphrase (and a new salt), in place;
+    `WrongPassphrase` if `old` does not open it. Returns its public key."""
+    check_new_passphrase(new)
+    sealed = seal(read_sealed(Path(path)).open(old), new, cost)
+    replace_sealed(Path(path), sealed)
+    return sealed.public_key

@@ -1,7 +1,9 @@
 """The registry as a client reads it: agents with their mandates and principals, tools,
 sinks, principals, named sets and the settings made in the log, as of one executed height,
 accepted only when f+1 sidecars return the same content with the same height and state
-root (`Client.registry`; the sidecar side is its `Registry` RPC)."""
+root (`Client.registry`; the sidecar side is its `Registry` RPC). The part the caller's
+key may read: everything for the owner, members and auditors, an agent's or a principal's
+own part for them (`Registry.scope`)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ class Registry:
     principals: tuple[RegisterPrincipal, ...] = ()
     sets: tuple[SetEntries, ...] = ()  # by (agent, set name)
     settings: tuple[tuple[str, int], ...] = ()  # made in the log, by name
+    # whom the sidecars answered: "all" (the owner, members, auditors), "agent:<id>" (its
+    # own entry, the tools and sinks) or "principal:<id>" (itself, its agents and their
+    # sets, the tools and sinks); docs/security/reads-and-certificates.md
+    scope: str = "all"
 
     def agent(self, agent_id: str) -> AgentEntry | None:
         return next((a for a in self.agents if a.agent_id == agent_id), None)
@@ -68,4 +74,5 @@ def registry_from_pb(reply: spb.RegistryReply, agreed_by: tuple[int, ...] = ()) 
         ),
         sets=tuple(codec.decode_set_entries(s) for s in content.sets),
         settings=tuple((s.name, int(s.value)) for s in content.settings),
+        scope=reply.scope or "all",
     )

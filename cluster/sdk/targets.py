@@ -6,6 +6,7 @@ canonical spelling the sidecars judged, never on the raw one."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from quorumgate.proto import names
 from quorumgate.sidecar.engine.statements import target_digest
@@ -16,7 +17,7 @@ from quorumgate.sidecar.engine.targets import (
     canonicalize_target,
 )
 
-__all__ = ["binds_caller", "certified_call", "certified_target"]
+__all__ = ["binds_caller", "certified_call", "certified_target", "release_form"]
 
 
 def binds_caller(raw: str, targets: Sequence[tuple[str, str]] = ()) -> bool:
@@ -89,3 +90,25 @@ def certified_target(
     """`certified_call` for a call with one target: its canonical form, "" for none."""
     found = certified_call(tool, raw, certified_digest, version=version, principal=principal)
     return None if found is None else found[0]
+
+
+def release_form(
+    canonical: str, raw: str, *, version: int, scheme_added: str | None = None
+) -> str:
+    """The certified `canonical` form of a target written `raw`, spelled for the tool that
+    acts on it: "" for no target; a URI, `mailto:` address, number or principal as it is
+    (ASCII, hosts in their IDNA A-labels, E.164 numbers, IBANs without spaces: what every
+    resolver reads alike); a path as the path it names (from canonical version 2 on, a
+    path writes `%` as `%25`, so that the form canonicalizes to itself: the tool gets the
+    `%`), and as a `file:` URI (RFC 8089, everything but `/` percent-encoded) when `raw`
+    was one. Without `scheme_added` when the caller wrote the value without that scheme
+    and it was added only to name the target (`bob@example.com` for `mailto:`)."""
+    if canonical in ("", NO_TARGET):
+        return ""
+    form = canonical
+    if canonical.startswith("/"):
+        path = canonical.replace("%25", "%") if version >= 2 else canonical
+        form = "file://" + quote(path, safe="/") if raw.strip(" ")[:5].lower() == "file:" else path
+    if scheme_added and form[: len(scheme_added) + 1].lower() == scheme_added + ":":
+        return form[len(scheme_added) + 1 :]
+    return form

@@ -44,9 +44,12 @@ from quorumgate.proto.canonical import Encoder, sha256
 from quorumgate.proto.clusterfile import (
     AUTHORITY_VERSION_NEW,
     AUTHORITY_VERSIONS,
+    RECEIPT_VERSION_NEW,
+    RECEIPT_VERSIONS,
     STATE_VERSION_NEW,
     STATE_VERSIONS,
     ClusterSpec,
+    receipts_expire,
 )
 from quorumgate.proto.model import (
     Admin,
@@ -200,6 +203,11 @@ class EngineConfig:
     # How the state root is computed (STATE_VERSIONS), fixed at `init` likewise: 1, SHA-256
     # of the whole state bytes; 2, the hash tree over per-entry hashes (issue 19).
     state_version: int = STATE_VERSION_NEW
+    # What the sidecars' receipts sign (RECEIPT_VERSIONS), fixed at `init` likewise; on a
+    # chain whose receipts expire, how long after its block's time a certificate may be
+    # used (an owner setting in the log changes it; in the fingerprint from version 2).
+    receipt_version: int = RECEIPT_VERSION_NEW
+    certificate_ttl_ms: int = limits.CERTIFICATE_TTL_MS_DEFAULT
 
     def __post_init__(self) -> None:
         if self.canonical_version not in CANONICAL_VERSIONS:
@@ -208,6 +216,11 @@ class EngineConfig:
             raise ValueError(f"authority_version must be one of {AUTHORITY_VERSIONS}")
         if self.state_version not in STATE_VERSIONS:
             raise ValueError(f"state_version must be one of {STATE_VERSIONS}")
+        if self.receipt_version not in RECEIPT_VERSIONS:
+            raise ValueError(f"receipt_version must be one of {RECEIPT_VERSIONS}")
+        low, high = limits.CERTIFICATE_TTL_MS_MIN, limits.CERTIFICATE_TTL_MS_MAX
+        if not low <= self.certificate_ttl_ms <= high:
+            raise ValueError(f"certificate_ttl_ms must be in {low}..{high}")
         if not 1 <= self.latch_cross_run_threshold < 2**32:
             raise ValueError("latch_cross_run_threshold must be in 1..2**32-1")
         if not 0 < len(self.chain_id) <= limits.ID_CHARS_MAX:
@@ -237,11 +250,19 @@ class EngineConfig:
             enc.text("latch_cross_run_threshold").u64(self.latch_cross_run_threshold)
         if self.state_version != 1:  # likewise for chains from before the hash tree
             enc.text("state_version").u64(self.state_version)
+        if self.receipts_expire:  # likewise for chains whose certificates never expire
+            enc.text("receipt_version").u64(self.receipt_version)
+            enc.text("certificate_ttl_ms").u64(self.certificate_ttl_ms)
         return enc.digest()
 
     @property
     def split_authority(self) -> bool:
         return self.authority_version >= 2
+
+    @property
+    def receipts_expire(self) -> bool:
+        """Certificates carry a signed validity window (proto/clusterfile.py)."""
+        return receipts_expire(self.receipt_version)
 
 
 def config_for_cluster(spec: ClusterSpec) -> EngineConfig:
@@ -254,11 +275,13 @@ def config_for_cluster(spec: ClusterSpec) -> EngineConfig:
         canonical_version=spec.canonical_version,
         authority_version=spec.authority_version,
         state_version=spec.state_version,
+        receipt_version=spec.receipt_version,
         **dict(spec.capacities),
     )
 
 
 TAG_SETTINGS = b"qg/engine-settings/v1"
+CERTIFICATE_TTL_SETTING = "certificate_ttl_ms"
 # The quota periods of block time (issue 15, item 5): fixed windows, so a counter is O(1).
 QUOTA_PERIODS = (("minute", 60_000), ("hour", 3_600_000))
 
@@ -478,6 +501,14 @@ class Engine:
                 if secret is not None:
                     return refuse(secret)
         return AdmissionResult(True, Reason.OK, parsed.tx_id, parsed.kind)
+
+    def certificate_ttl_ms(self) -> int | None:
+        """How long after the last executed block's time its certificates may be used (the
+        log's setting, else cluster.json's), or None on a chain whose receipts do not
+        expire. What the sidecar signs into the block's receipts (sidecar/execution.py)."""
+        if not self.config.receipts_expire:
+            return None
+        return self._setting(CERTIFICATE_TTL_SETTING)
 
     def pending_card(self, proposal_id: bytes) -> ConfirmationCard | None:
         pending = self.state.pending.get(proposal_id)
@@ -1549,6 +1580,9 @@ class Engine:
         names the configuration in effect (`effective_fingerprint`)."""
         if self.config.canonical_version < 3:
             return Reason.INVALID_SPEC  # this chain's engines know no settings in the log
+        named = [name for name, _ in op.values] + list(op.clear)
+        if CERTIFICATE_TTL_SETTING in named and not self.config.receipts_expire:
+            return Reason.INVALID_SPEC  # this chain's certificates carry no window
         for name, value in op.values:
             low, high = self._setting_range(name)
             if not low <= value <= high:
@@ -1567,6 +1601,8 @@ class Engine:
         config = self.config
         if name.startswith("quota_"):
             return 0, 2**32 - 1  # 0: no limit
+        if name == CERTIFICATE_TTL_SETTING:
+            return limits.CERTIFICATE_TTL_MS_MIN, limits.CERTIFICATE_TTL_MS_MAX
         if name.endswith("_ms") or name.endswith("_ms_max"):
             return 1, 2**62 - 1
         if name == "delegation_depth_max":

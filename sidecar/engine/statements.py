@@ -97,8 +97,8 @@ class ConfirmationCard:
         """The card as a person reads it; every line is generated here, none by an agent.
         `values` (from `card_values`, authority version 2) are shown one argument per
         line. Text that came from the agent (target, values) is quoted with every control,
-        format, separator and non-ASCII space character escaped, so it cannot forge a line
-        or hide a character."""
+        format, separator, combining mark and non-ASCII space character escaped
+        (`escape_for_card`), so it cannot forge a line, hide a character or draw over one."""
         if self.confirmer:
             return self._render_v2(values)
         who = "the owner" if self.mode is ToolMode.OWNER_CONFIRM else self.principal
@@ -194,20 +194,33 @@ def card_values(card: ConfirmationCard, transaction: bytes) -> tuple[tuple[str, 
     return tuple(sorted(out))
 
 
-def quote_for_card(text: str) -> str:
-    """`text` in double quotes, with `\\`, `"` and every character of Unicode categories
-    C* (controls, format characters such as bidi overrides, unassigned) and Z* other than
-    the ASCII space escaped as `\\u{...}`: what a person reads is what was signed."""
-    out = ['"']
+# Unicode general categories whose characters a card shows as escapes, by first letter:
+# C* (controls, format characters such as bidi overrides and zero-width joiners,
+# surrogates, private use, unassigned), Z* (separators; the ASCII space excepted) and M*
+# (combining marks: Mn, Mc, Me draw over or around the character before them, so a mark
+# can strike a digit through or change how a quote looks). Unicode Standard Annex #44,
+# "General Category Values".
+ESCAPED_CATEGORY_CLASSES = "CZM"
+
+
+def escape_for_card(text: str) -> str:
+    """`text` with `\\`, `"` and every character of ESCAPED_CATEGORY_CLASSES (the ASCII
+    space excepted) escaped as `\\u{...}`: what a person reads is each code point that was
+    signed, and nothing draws over its neighbours."""
+    out = []
     for ch in text:
         if ch in '\\"':
             out.append("\\" + ch)
-        elif ch != " " and unicodedata.category(ch)[0] in "CZ":
+        elif ch != " " and unicodedata.category(ch)[0] in ESCAPED_CATEGORY_CLASSES:
             out.append(f"\\u{{{ord(ch):x}}}")
         else:
             out.append(ch)
-    out.append('"')
     return "".join(out)
+
+
+def quote_for_card(text: str) -> str:
+    """`text` in double quotes, escaped by `escape_for_card`."""
+    return f'"{escape_for_card(text)}"'
 
 
 @dataclass(frozen=True)

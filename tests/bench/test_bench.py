@@ -140,7 +140,7 @@ def _keys(n: int) -> list[SigningKey]:
 
 def test_a_block_is_certified_once_f_plus_1_sidecars_sent_all_its_receipts() -> None:
     keys = _keys(4)
-    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys])
+    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys], receipts_expire=False)
     receipts = _block(7, 5, keys)
     results = [certifier.add(0, r) for r in receipts[0]]
     assert results == [None] * 5  # one sidecar is not a certificate
@@ -158,7 +158,7 @@ def test_a_block_is_certified_once_f_plus_1_sidecars_sent_all_its_receipts() -> 
 def test_a_forged_statement_signature_is_not_counted() -> None:
     keys = _keys(4)
     forger = SigningKey(b"\x63" * 32)  # not sidecar 1's key
-    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys])
+    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys], receipts_expire=False)
     honest = _block(3, 2, keys)
     forged = _block(3, 2, [keys[0], forger, keys[2], keys[3]])
     assert all(certifier.add(0, r) is None for r in honest[0])
@@ -171,7 +171,7 @@ def test_a_forged_statement_signature_is_not_counted() -> None:
 
 def test_a_leaf_not_under_the_signed_root_fails_the_block_for_that_sidecar() -> None:
     keys = _keys(4)
-    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys])
+    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys], receipts_expire=False)
     tampered = _block(5, 3, keys, tamper_leaf_of=0)
     assert all(certifier.add(0, r) is None for r in tampered[0])
     assert all(certifier.add(1, r) is None for r in tampered[1])
@@ -183,7 +183,7 @@ def test_a_leaf_not_under_the_signed_root_fails_the_block_for_that_sidecar() -> 
 
 def test_seven_sidecars_need_three() -> None:
     keys = _keys(7)
-    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys])
+    certifier = BlockCertifier(CHAIN, [bytes(k.verify_key) for k in keys], receipts_expire=False)
     receipts = _block(9, 1, keys)
     assert certifier.add(4, receipts[4][0]) is None
     assert certifier.add(5, receipts[5][0]) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -48,6 +49,7 @@ from quorumgate.sdk.client import (
     verify,
 )
 from quorumgate.sdk.executor import (
+    CertificateExpired,
     CertificateRejected,
     CertificateReused,
     CertifiedLogSource,
@@ -64,6 +66,7 @@ from quorumgate.sidecar.receipts import (
     Certificate,
     Receipt,
     ReceiptLeaf,
+    Validity,
     assemble_certificate,
     root_from_path,
     sign_block,
@@ -104,7 +107,11 @@ async def test_allow_deny_pending_are_certified_and_verify_offline(
         # offline, from bytes, with nothing but the cluster file
         cert = load_certificate(decision.certificate_bytes())
         leaf = verify_certificate(
-            cert, cluster.chain_id, cluster.receipt_keys, proposal_id=decision.proposal_id
+            cert,
+            cluster.chain_id,
+            cluster.receipt_keys,
+            receipts_expire=cluster.receipts_expire,
+            proposal_id=decision.proposal_id,
         )
         assert leaf == decision.certificate.leaf
         assert len(set(cert.signers)) >= cluster.f + 1
@@ -202,6 +209,7 @@ def test_certificate_with_receipts_from_non_members_is_refused(
         cert.verdict_root,
         cert.state_root,
         cert.leaf_count,
+        cert.validity,
     )
     with_outsider = dataclasses.replace(
         cert, signatures=(cert.signatures[0], (forged.signer, forged.signature))
@@ -218,6 +226,7 @@ def test_certificate_with_receipts_from_non_members_is_refused(
         cert.verdict_root,
         cert.state_root,
         cert.leaf_count,
+        cert.validity,
     )
     others = tuple(s for s in cert.signatures if s[0] != 3)[: cluster.f]
     signatures = (*others, (3, as_member.signature))
@@ -292,6 +301,7 @@ def _forge_allow(
         root,
         honest.block.state_root,
         count,
+        honest.block.validity,
     )
     return Receipt(leaf, honest.path, block)
 
@@ -804,7 +814,46 @@ async def test_a_stopped_replica_is_skipped(live: LiveCluster, owner: SyncClient
 
 def test_a_leaf_outside_the_signed_root_is_refused(cluster: ClusterSpec) -> None:
     leaf = ReceiptLeaf(1, 0, b"\x01" * 32, b"\x01" * 32, "proposal", "allow", "ok", b"", b"", 1)
-    cert = Certificate(cluster.chain_id, leaf, (), 1, b"\x00" * 32, b"\x00" * 32)
+    window = Validity(1, 2) if cluster.receipts_expire else None  # what the chain signs
+    cert = Certificate(cluster.chain_id, leaf, (), 1, b"\x00" * 32, b"\x00" * 32, (), window)
     with pytest.raises(InvalidCertificate) as err:
         verify(cluster, cert)
     assert err.value.reason == "bad_path"
+
+
+def test_a_certificate_holds_a_window_in_block_time_that_the_owner_sets(
+    cluster: ClusterSpec, owner: SyncClient, sink_key: PrivateKey
+) -> None:
+    """Every certificate of a chain `init` made carries the window its f+1 sidecars signed:
+    from the committed block's time (the leader's clock, checked by the voters: here, this
+    host's) to that time plus the TTL, five minutes until the owner sets
+    `certificate_ttl_ms` in the log. An executor whose used-certificate record is new
+    refuses the certificate once its clock is past the window."""
+    assert cluster.receipts_expire
+    _, key = new_agent(owner, ["web.get"])
+    with SyncClient(cluster, key) as qg:
+        first = qg.propose("web.get", URL, run_id=RUN)
+        window = first.certificate.validity
+        assert window is not None and first.valid_until_ms == window.valid_until_ms
+        assert window.valid_until_ms - window.block_time_ms == 300_000
+        assert abs(window.block_time_ms - time.time() * 1000) < 60_000  # block time, not 1970
+        owner.set_settings({"certificate_ttl_ms": 20_000})
+        try:
+            second = qg.propose("web.get", URL, run_id=RUN)
+        finally:
+            owner.set_settings(clear=["certificate_ttl_ms"])
+    later = second.certificate.validity
+    assert later is not None and later.valid_until_ms - later.block_time_ms == 20_000
+
+    def executor(now_ms: int) -> Executor:
+        source = CertifiedLogSource(cluster, owner.aio.key)
+        return Executor(
+            cluster, SINK, sink_key, source, used=MemoryUsedProposals(), clock_ms=lambda: now_ms
+        )
+
+    ask = {"proposal_id": second.proposal_id, "tool": "web.get", "target": URL}
+    executor(later.block_time_ms + 1_000).verify(second.certificate_bytes(), **ask)  # type: ignore[arg-type]
+    past = later.valid_until_ms + 60_000
+    with pytest.raises(CertificateExpired) as refused:
+        executor(past).verify(second.certificate_bytes(), **ask)  # type: ignore[arg-type]
+    assert refused.value.reason == "expired"

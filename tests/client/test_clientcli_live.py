@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import stat
+import sys
+import time
+import unicodedata
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +23,28 @@ from nacl.signing import SigningKey
 from quorumgate.ops import clientcli
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster, read_seed
 from quorumgate.proto.model import DENIAL_TEXT, Mandate, RuleKind, TargetRule, ToolRules
+from quorumgate.proto.sealedkey import KDF_INTERACTIVE, read_sealed, seal, write_sealed
 from quorumgate.replica.channels import sync_channel
 from quorumgate.sdk.client import SyncClient, load_certificate, verify
 from quorumgate.sdk.owner import owner_reader
 from tests.client.conftest import SINK
 
 SECRET = f"SECRET-{uuid.uuid4().hex}"
+PASSPHRASE = "the principal's passphrase"
+TERMINAL_WAIT_S = 60.0
+
+
+@contextmanager
+def given(*lines: str) -> Iterator[str]:
+    """A descriptor to pass as `--passphrase-fd`: a pipe holding `lines`, as a script
+    would open one; closed after the command."""
+    read, write = os.pipe()
+    os.write(write, "".join(line + "\n" for line in lines).encode())
+    os.close(write)
+    try:
+        yield str(read)
+    finally:
+        os.close(read)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -38,9 +62,12 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
 def principal_key(
     cluster: ClusterSpec, owner: SyncClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """`cli-person`, a principal registered with `quorumgate admin register-principal`."""
+    """`cli-person`, a principal registered with `quorumgate admin register-principal`;
+    its key sealed with PASSPHRASE (`interactive`: these tests open it many times)."""
     path = tmp_path_factory.mktemp("keys") / "person.key"
-    assert clientcli.main(["keygen", "--out", str(path)]) == 0
+    with given(PASSPHRASE) as fd:
+        argv = ["keygen", "--out", str(path), "--principal", "--kdf-cost", "interactive"]
+        assert clientcli.main([*argv, "--passphrase-fd", fd]) == 0
     argv = ["admin", "register-principal", "cli-person", "--dir", str(cluster.directory)]
     assert clientcli.main([*argv, "--key-file", str(path)]) == 0
     return path
@@ -168,6 +195,7 @@ def test_submit_confirm_and_verdicts(
     agent_key: Path,
     principal_key: Path,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     d = str(cluster.directory)
     base = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-run"]
@@ -205,22 +233,36 @@ def test_submit_confirm_and_verdicts(
     assert code == 3 and "Official confirmation form" in out and "quorumgate confirm" in out
     proposal = out.split("--key PRINCIPAL_KEY ")[1].split()[0]
 
-    # the agent that proposed it holds no card to answer (issue 16)
+    # the agent that proposed it holds no card to answer (issue 16); its key, kept in the
+    # clear as an agent's is, is not even used: answering needs a sealed key
     code, _, err = run(capsys, "confirm", "--dir", d, "--key", str(agent_key), proposal, "--yes")
+    assert code == 2 and "in the clear" in err and "quorumgate passphrase" in err
+    sealed_agent = tmp_path / "sealed-agent.key"
+    write_sealed(sealed_agent, seal(read_seed(agent_key), PASSPHRASE, KDF_INTERACTIVE))
+    with given(PASSPHRASE) as fd:
+        agent_confirm = ["confirm", "--dir", d, "--key", str(sealed_agent), proposal, "--yes"]
+        code, _, err = run(capsys, *agent_confirm, "--passphrase-fd", fd)
     assert code == 1 and "no open card" in err
-    code, doc = run_json(capsys, "pending", "--dir", d, "--key", str(agent_key))
+    with given(PASSPHRASE) as fd:
+        agent_pending = ["pending", "--dir", d, "--key", str(sealed_agent), "--passphrase-fd", fd]
+        code, doc = run_json(capsys, *agent_pending)
     assert (code, doc) == (0, {"cards": []})
     # its principal sees the card with every value, and confirms it
-    code, doc = run_json(capsys, "pending", "--dir", d, "--key", str(principal_key))
+    with given(PASSPHRASE) as fd:
+        mine = ["pending", "--dir", d, "--key", str(principal_key), "--passphrase-fd", fd]
+        code, doc = run_json(capsys, *mine)
     [card] = [c for c in doc["cards"] if c["proposal_id"] == proposal]
     assert card["values"] == {"amount": SECRET} and card["confirmer"] == "principal:cli-person"
     assert f'amount = "{SECRET}"' in card["text"] and "principal cli-person only" in card["text"]
     confirm = ["confirm", "--dir", d, "--key", str(principal_key), proposal]
-    code, _, err = run(capsys, *confirm)  # stdin is not a terminal under pytest
+    with given(PASSPHRASE) as fd:
+        code, _, err = run(capsys, *confirm, "--passphrase-fd", fd)  # stdin: not a terminal
     assert code == 2 and "--yes" in err
-    code, doc = run_json(capsys, *confirm, "--yes")
+    with given(PASSPHRASE) as fd:
+        code, doc = run_json(capsys, *confirm, "--yes", "--passphrase-fd", fd)
     assert (code, doc["outcome"], doc["kind"]) == (0, "allow", "confirm")
-    code, _, err = run(capsys, *confirm, "--yes")
+    with given(PASSPHRASE) as fd:
+        code, _, err = run(capsys, *confirm, "--yes", "--passphrase-fd", fd)
     assert code == 1 and "no open card" in err
 
     code, out, _ = run(capsys, "verdicts", "--dir", d, "--json", "--from-height", "1")
@@ -233,6 +275,155 @@ def test_submit_confirm_and_verdicts(
     assert "3 certified verdicts" in out
     for text in (out, *(json.dumps(v) for v in lines)):
         assert SECRET not in text
+
+
+def test_pending_shows_combining_marks_escaped_on_the_terminal(
+    cluster: ClusterSpec,
+    agent_key: Path,
+    principal_key: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A combining mark draws over the character before it: `1\u0336200` would print as
+    a struck-through 1 and 200. `quorumgate pending` shows each mark as an escape."""
+    d = str(cluster.directory)
+    base = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-marks"]
+    code, doc = run_json(
+        capsys, *base, "--tool", "pay", "--target", "https://bank.example/m",
+        "--arg", "amount=1\u0336200\u20dd",
+    )  # fmt: skip
+    assert (code, doc["outcome"]) == (3, "pending")
+    with given(PASSPHRASE) as fd:
+        mine = ["pending", "--dir", d, "--key", str(principal_key), "--passphrase-fd", fd]
+        code, out, _ = run(capsys, *mine)
+    assert code == 0 and doc["proposal_id"] in out
+    assert '  amount = "1\\u{336}200\\u{20dd}"' in out.splitlines()
+    assert not [ch for ch in out if unicodedata.category(ch).startswith("M")]
+
+
+def test_confirm_and_reject_need_the_principals_passphrase(
+    cluster: ClusterSpec,
+    agent_key: Path,
+    principal_key: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The sealed key answers a card only once its passphrase opens it: without one (no
+    terminal, no descriptor) the command says how to give it; a wrong one says so. Both
+    exit 2 before anything is signed."""
+    d = str(cluster.directory)
+    submit = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-pass"]
+    code, doc = run_json(capsys, *submit, "--tool", "pay", "--target", "https://b.example/p")
+    assert (code, doc["outcome"]) == (3, "pending")
+    proposal = doc["proposal_id"]
+    for verb in ("confirm", "reject"):
+        answer = [verb, "--dir", d, "--key", str(principal_key), proposal, "--yes"]
+        code, out, err = run(capsys, *answer)
+        assert code == 2 and out == ""
+        assert "sealed with a passphrase" in err and "--passphrase-fd N" in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+        with given("not the passphrase") as fd:
+            code, _, err = run(capsys, *answer, "--passphrase-fd", fd)
+        assert code == 2 and "wrong passphrase" in err
+    with given(PASSPHRASE) as fd:
+        mine = ["pending", "--dir", d, "--key", str(principal_key), "--passphrase-fd", fd]
+        code, cards = run_json(capsys, *mine)
+    assert proposal in {c["proposal_id"] for c in cards["cards"]}  # still open
+    with given(PASSPHRASE) as fd:
+        reject = ["reject", "--dir", d, "--key", str(principal_key), proposal, "--yes"]
+        code, doc = run_json(capsys, *reject, "--passphrase-fd", fd)
+    assert (code, doc["outcome"]) == (0, "deny")
+
+
+def _on_a_terminal(argv: list[str], answers: list[tuple[str, str]]) -> tuple[int, str]:
+    """Run `python -m quorumgate ARGV` on a pseudo-terminal of its own (its controlling
+    terminal, as a person's shell gives it), answering each prompt in `answers` when it
+    appears; (exit status, everything the terminal showed)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, on the terminal
+        os.execv(sys.executable, [sys.executable, "-m", "quorumgate", *argv])
+    shown, pending = b"", list(answers)
+    deadline = time.monotonic() + TERMINAL_WAIT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed the terminal: it has exited
+                break
+            if not chunk:
+                break
+            shown += chunk
+        if pending and pending[0][0].encode() in shown:
+            os.write(fd, pending.pop(0)[1].encode() + b"\n")
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
+
+
+def test_confirm_on_a_terminal_asks_for_the_passphrase_without_echoing_it(
+    cluster: ClusterSpec, agent_key: Path, principal_key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a person does: `quorumgate confirm` asks for the passphrase on the terminal
+    (not echoed), shows the card, asks, and signs."""
+    d = str(cluster.directory)
+    submit = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-tty"]
+    code, doc = run_json(capsys, *submit, "--tool", "pay", "--target", "https://b.example/t")
+    assert (code, doc["outcome"]) == (3, "pending")
+    confirm = ["confirm", "--dir", d, "--key", str(principal_key), doc["proposal_id"]]
+    wrong, shown = _on_a_terminal(confirm, [("Passphrase for", "not the passphrase")])
+    assert wrong == 2 and "wrong passphrase" in shown and "not the passphrase" not in shown
+    code, shown = _on_a_terminal(
+        confirm, [("Passphrase for", PASSPHRASE), ("Confirm exactly this call?", "y")]
+    )
+    assert code == 0, shown
+    assert "Official confirmation form" in shown and "allow" in shown
+    assert PASSPHRASE not in shown  # getpass did not echo it
+
+
+def test_principal_keys_are_sealed_from_keygen_to_registration(
+    cluster: ClusterSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quorumgate.cli import main as quorumgate
+
+    d = str(cluster.directory)
+    fresh = tmp_path / "new.key"
+    code, _, err = run(capsys, "keygen", "--out", str(fresh), "--principal")
+    assert code == 2 and "--passphrase-fd N" in err and not fresh.exists()
+    with given("short") as fd:
+        code, _, err = run(
+            capsys, "keygen", "--out", str(fresh), "--principal", "--passphrase-fd", fd
+        )
+    assert code == 2 and "at least 8 characters" in err and not fresh.exists()
+    # a key made in the clear is refused as a principal's, by registration and the console
+    plain = tmp_path / "plain.key"
+    assert run(capsys, "keygen", "--out", str(plain))[0] == 0
+    register = ["admin", "register-principal", "cli-sealed", "--dir", d]
+    code, _, err = run(capsys, *register, "--key-file", str(plain))
+    assert code == 2 and "in the clear" in err and "quorumgate passphrase" in err
+    code = quorumgate(["console", "--dir", d, "--principal", str(plain)])
+    assert code == 2 and "not a sealed key file" in capsys.readouterr().err
+    seed = read_seed(plain)
+    public = bytes(SigningKey(seed).verify_key).hex()
+    # `quorumgate passphrase` seals it in place; then it registers (its public key is in
+    # the clear in the sealed file) without the passphrase
+    with given(PASSPHRASE) as fd:
+        sealing = ["passphrase", "--key", str(plain), "--kdf-cost", "interactive"]
+        code, out, _ = run(capsys, *sealing, "--new-passphrase-fd", fd)
+    assert code == 0 and out.startswith(f"sealed {plain}") and public in out
+    assert seed.hex() not in plain.read_text() and read_sealed(plain).public_key.hex() == public
+    code, doc = run_json(capsys, *register, "--key-file", str(plain))
+    assert (code, doc["outcome"]) == (0, "applied")
+    # a change of passphrase: the old one no longer opens it, the new one does
+    with given(PASSPHRASE) as old, given("another passphrase") as new:
+        change = ["passphrase", "--key", str(plain), "--kdf-cost", "interactive"]
+        code, out, _ = run(capsys, *change, "--passphrase-fd", old, "--new-passphrase-fd", new)
+    assert code == 0 and out.startswith(f"changed the passphrase of {plain}")
+    pending = ["pending", "--dir", d, "--key", str(plain), "--json", "--passphrase-fd"]
+    with given(PASSPHRASE) as fd:
+        code, _, err = run(capsys, *pending, fd)
+    assert code == 2 and "wrong passphrase" in err
+    with given("another passphrase") as fd:
+        code, out, _ = run(capsys, *pending, fd)
+    assert (code, json.loads(out)) == (0, {"cards": []})
 
 
 def test_the_registry_comes_from_f_plus_1_sidecars_at_one_height(
@@ -254,6 +445,30 @@ def test_the_registry_comes_from_f_plus_1_sidecars_at_one_height(
     statuses = owner.run(owner.aio.sidecar_status())
     roots = {s.state_root for s in statuses.values() if s.executed_height == registry.height}
     assert not roots or roots == {registry.state_root}
+
+
+def test_agents_shows_a_key_its_own_part_and_names_a_refusal(
+    cluster: ClusterSpec,
+    agent_key: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`agents --key K` reads what K may read: an agent its own entry (the scope says so);
+    a key the cluster does not know is refused, and the message says PERMISSION_DENIED,
+    not that the cluster could not be reached."""
+    d = str(cluster.directory)
+    code, doc = run_json(capsys, "agents", "--dir", d, "--key", str(agent_key))
+    assert code == 0 and doc["scope"] == "agent:cli-agent"
+    assert [a["agent_id"] for a in doc["agents"]] == ["cli-agent"]
+    stranger = tmp_path / "stranger.key"
+    assert run(capsys, "keygen", "--out", str(stranger))[0] == 0
+    code, _, err = run(capsys, "agents", "--dir", d, "--key", str(stranger), "--deadline", "20")
+    assert code == 2 and "PERMISSION_DENIED" in err and "could not be reached" not in err
+    # the log's settings are no agent's to read: refused, not shown as cluster.json's
+    code, _, err = run(capsys, "settings", "--dir", d, "--key", str(agent_key))
+    assert code == 2 and "answer the owner, members and auditors" in err
+    code, doc = run_json(capsys, "settings", "--dir", d)
+    assert doc["settings"]["certificate_ttl_ms"] == {"value": 300_000, "source": "cluster.json"}
 
 
 def test_the_registry_rpc_answers_for_one_height_or_says_why_not(cluster: ClusterSpec) -> None:

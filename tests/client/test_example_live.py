@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import urllib.request
 
 from quorumgate.examples.multi_agent import CARD_NUMBER, run_example
-from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.clusterfile import ClusterSpec, public_key_of
 from quorumgate.proto.model import DENIAL_TEXT
+from quorumgate.proto.sealedkey import read_sealed
 from tests.client.conftest import cluster_text
+
+HEX_SEED = re.compile(r"(?<![0-9a-fA-F])[0-9a-fA-F]{64}(?![0-9a-fA-F])")
 
 
 def test_the_example_refuses_the_injection_gates_the_payment_and_seals_the_card(
@@ -49,3 +53,11 @@ def test_the_example_refuses_the_injection_gates_the_payment_and_seals_the_card(
         for port in (member.metrics_port, member.sidecar_metrics_port):
             page = urllib.request.urlopen(f"http://{member.host}:{port}/metrics", timeout=5)
             assert digits not in page.read().decode()
+    # The principal's key is on disk only sealed with its passphrase: no file under the
+    # cluster directory, key files included, holds a seed that gives its public key.
+    principal = read_sealed(cluster.directory / "example" / "principal.key").public_key
+    seeds = set()
+    for path in cluster.directory.rglob("*"):
+        if path.is_file():
+            seeds |= set(HEX_SEED.findall(path.read_bytes().decode("latin-1")))
+    assert seeds and all(public_key_of(bytes.fromhex(s)) != principal for s in seeds)

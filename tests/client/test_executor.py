@@ -29,6 +29,7 @@ from quorumgate.proto.model import (
 )
 from quorumgate.sdk.executor import (
     AuthorizedCall,
+    CertificateExpired,
     CertificateRejected,
     CertificateReused,
     EngineSource,
@@ -47,6 +48,7 @@ from quorumgate.sidecar.receipts import (
     Certificate,
     Receipt,
     ReceiptLeaf,
+    Validity,
     assemble_certificate,
     leaf_from_verdict,
     merkle_path,
@@ -82,8 +84,10 @@ def certify(
     index: int = 0,
     signers: tuple[int, ...] = (0, 1),
     edit: Callable[[ReceiptLeaf], ReceiptLeaf] = lambda leaf: leaf,
+    validity: Validity | None = None,
 ) -> Certificate:
-    """What f+1 sidecars would sign for this block (`edit`: what they put in the leaves)."""
+    """What f+1 sidecars would sign for this block (`edit`: what they put in the leaves;
+    `validity`: the window they sign, on a chain whose receipts expire)."""
     leaves = [edit(leaf_from_verdict(result.height, i, v)) for i, v in enumerate(result.verdicts)]
     hashes = [leaf.hash(CHAIN) for leaf in leaves]
     root, path = merkle_root(hashes), tuple(merkle_path(hashes, index))
@@ -92,7 +96,14 @@ def certify(
             leaves[index],
             path,
             sign_block(
-                RECEIPT_KEYS[s], s, CHAIN, result.height, root, result.state_root, len(leaves)
+                RECEIPT_KEYS[s],
+                s,
+                CHAIN,
+                result.height,
+                root,
+                result.state_root,
+                len(leaves),
+                validity,
             ),
         )
         for s in signers
@@ -658,3 +669,116 @@ def test_the_executor_checks_every_further_target(setup: Setup) -> None:
                 cert, proposal_id=verdict.tx_id, tool="vault.mail", target=mail, targets=wrong
             )
         assert refused.value.reason == "target_mismatch"
+
+
+# ------------------------------------------------------------------ validity windows
+
+EXPIRING = 2  # the receipt version `init` writes: certificates carry a signed window
+
+
+def _windowed(w: World, result: BlockResult) -> Certificate:
+    """The certificate f+1 sidecars of a chain whose receipts expire sign: the block's time
+    and the TTL in effect after it, from the engine (sidecar/execution.py does the same)."""
+    ttl_ms = w.engine.certificate_ttl_ms()
+    assert ttl_ms is not None
+    window = Validity(result.block_time_ms, result.block_time_ms + ttl_ms)
+    return certify(result, validity=window)
+
+
+def _windowed_executor(
+    s: Setup, now_ms: int, used: UsedProposals | None = None, **options: int
+) -> Executor:
+    spec = dataclasses.replace(_spec(), receipt_version=EXPIRING)
+    return Executor(
+        spec,
+        "vault",
+        s.vault,
+        EngineSource(s.world.engine),
+        used=used if used is not None else MemoryUsedProposals(),
+        clock_ms=lambda: now_ms,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_a_lost_used_store_reopens_only_the_validity_window(setup: Setup) -> None:
+    """The attack: an executor runs a call once, then loses its record of used certificates
+    (a wiped disk, a new host) and is shown the same certificate again. Without a window
+    it ran it again, however old the certificate (one from a block executed at 1970's block
+    time was accepted by an executor whose clock said 2026). Now, past the window the f+1
+    sidecars signed, the certificate is refused whatever the record holds; within it, a
+    lost record still lets it run again: that window is the bound the docs state."""
+    _, result = _call(setup, "alice", "vault.store", setup.handle)
+    verdict = result.verdicts[0]
+    cert = _windowed(setup.world, result)
+    assert cert.validity is not None
+    block_ms, until_ms = cert.validity.block_time_ms, cert.validity.valid_until_ms
+    assert until_ms - block_ms == 300_000  # minutes by default
+    ask = {"proposal_id": verdict.tx_id, "tool": "vault.store", "target": URL}
+    first = _windowed_executor(setup, block_ms + 1_000)
+    first.verify(cert, **ask)  # type: ignore[arg-type]
+    with pytest.raises(CertificateReused):
+        first.verify(cert, **ask)  # type: ignore[arg-type]
+    skew = first.clock_skew_ms
+    # the record lost, within the window: it runs again (the bounded window)
+    _windowed_executor(setup, until_ms + skew).verify(cert, **ask)  # type: ignore[arg-type]
+    for now_ms in (until_ms + skew + 1, block_ms + 86_400_000):
+        with pytest.raises(CertificateExpired) as refused:
+            _windowed_executor(setup, now_ms).verify(cert, **ask)  # type: ignore[arg-type]
+        assert refused.value.reason == "expired"
+    with pytest.raises(CertificateExpired) as early:  # a clock far behind the block time
+        _windowed_executor(setup, block_ms - skew - 1).verify(cert, **ask)  # type: ignore[arg-type]
+    assert early.value.reason == "not_yet_valid"
+
+
+def test_an_expired_certificate_is_refused_before_it_is_used_up(setup: Setup) -> None:
+    """The window is checked before the claim: a refused certificate takes no record."""
+    _, result = _call(setup, "alice", "vault.store", setup.handle)
+    cert = _windowed(setup.world, result)
+    assert cert.validity is not None
+    used = MemoryUsedProposals()
+    late = _windowed_executor(setup, cert.validity.valid_until_ms + 86_400_000, used=used)
+    ask = {"proposal_id": result.verdicts[0].tx_id, "tool": "vault.store", "target": URL}
+    with pytest.raises(CertificateExpired):
+        late.verify(cert, **ask)  # type: ignore[arg-type]
+    assert used.claim(result.verdicts[0].tx_id)  # still unclaimed
+
+
+def test_an_executor_shortens_the_window_for_itself(setup: Setup) -> None:
+    _, result = _call(setup, "alice", "vault.store", setup.handle)
+    cert = _windowed(setup.world, result)
+    assert cert.validity is not None
+    ask = {"proposal_id": result.verdicts[0].tx_id, "tool": "vault.store", "target": URL}
+    two_minutes = cert.validity.block_time_ms + 120_000
+    strict = _windowed_executor(
+        setup, two_minutes, certificate_age_ms_max=60_000, clock_skew_ms=1_000
+    )
+    with pytest.raises(CertificateExpired):
+        strict.verify(cert, **ask)  # type: ignore[arg-type]
+    _windowed_executor(setup, two_minutes, clock_skew_ms=1_000).verify(cert, **ask)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="receipt version 2"):
+        Executor(
+            _spec(), "vault", setup.vault, EngineSource(setup.world.engine),
+            used=MemoryUsedProposals(), certificate_age_ms_max=60_000,
+        )  # fmt: skip
+
+
+def test_a_window_stripped_or_stretched_or_where_none_belongs_is_refused(setup: Setup) -> None:
+    """Dropping the window to pass as a certificate of a chain whose receipts never expire,
+    or moving its end, breaks the f+1 signatures; a windowed certificate shown to an
+    executor of a chain from before is refused too (its sidecars never sign one)."""
+    _, result = _call(setup, "alice", "vault.store", setup.handle)
+    cert = _windowed(setup.world, result)
+    assert cert.validity is not None
+    ask = {"proposal_id": result.verdicts[0].tx_id, "tool": "vault.store", "target": URL}
+    now = cert.validity.block_time_ms + 1_000
+    stretched = Validity(cert.validity.block_time_ms, cert.validity.valid_until_ms * 2)
+    for forged, reason in (
+        (dataclasses.replace(cert, validity=None), "no_validity"),
+        (dataclasses.replace(cert, validity=stretched), "bad_signature"),
+    ):
+        with pytest.raises(CertificateRejected) as refused:
+            _windowed_executor(setup, now).verify(forged, **ask)  # type: ignore[arg-type]
+        assert refused.value.reason == reason
+    with pytest.raises(CertificateRejected) as old_chain:
+        _executor(setup).verify(cert, **ask)  # type: ignore[arg-type]
+    assert old_chain.value.reason == "unexpected_validity"

@@ -20,7 +20,7 @@ from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
 from quorumgate.replica.channels import Reader, sync_channel
 from quorumgate.sdk.client import SyncClient
 from quorumgate.sdk.polling import poll_for
-from tests.client.conftest import new_agent
+from tests.client.conftest import new_agent, new_principal
 
 URL = "https://example.com/authz"
 READS = ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")
@@ -134,3 +134,69 @@ def test_an_agent_reads_its_own_verdicts_and_no_one_elses(
         finally:
             stream.cancel()
     assert mine.proposal_id in seen and theirs.proposal_id not in seen
+
+
+def test_the_sdk_reads_each_key_its_own_registry_and_names_a_refusal(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """An agent reads its own entry and the tools, a principal its own agents; a stranger's
+    refused read used to end, after the whole deadline, as "the cluster could not be
+    reached" (`ClusterUnavailable`): now f+1 sidecars refusing it is `ReadNotAuthorized`,
+    naming PERMISSION_DENIED, as soon as they have answered."""
+    from quorumgate.sdk.client import ClusterUnavailable, ReadNotAuthorized
+
+    person, person_key = new_principal(owner)
+    mine, mine_key = new_agent(owner, ["web.get"], principal=person)
+    other, _ = new_agent(owner, ["web.post"])
+    with SyncClient(cluster, mine_key) as agent:
+        seen = agent.registry()
+        assert [a.agent_id for a in seen.agents] == [mine] and seen.scope == f"agent:{mine}"
+        assert seen.tool("web.get") is not None and not seen.principals
+    with SyncClient(cluster, person_key) as principal:
+        seen = principal.registry()
+        assert [a.agent_id for a in seen.agents] == [mine]
+        assert [p.principal_id for p in seen.principals] == [person]
+    assert owner.registry().agent(other) is not None
+    with SyncClient(cluster, SigningKey.generate()) as stranger:
+        try:
+            stranger.registry(deadline_s=20)
+        except ClusterUnavailable as err:
+            raise AssertionError(f"a refusal reported as unavailable ({err.reason})") from err
+        except ReadNotAuthorized as err:
+            assert err.code == "PERMISSION_DENIED" and "PERMISSION_DENIED" in str(err)
+        else:
+            raise AssertionError("a stranger read the registry")
+
+
+def test_a_refused_nonce_or_cards_read_is_named_not_taken_for_an_outage(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """The registry's neighbours: `Account` (where a client starts its nonces) and
+    `Pending` (a principal's open cards) refuse a read statement they cannot verify, here
+    one signed ten minutes ago (a client whose clock is that far off). Every sidecar said
+    UNAUTHENTICATED, and the client reported "the cluster could not be reached"; now it
+    says the cluster could not verify its read statement."""
+    import time
+
+    from quorumgate.replica.readauth import read_auth_metadata
+    from quorumgate.sdk.client import Client, ClusterUnavailable, ReadNotAuthorized
+
+    class SlowClock(Client):
+        def _read_auth(self, method: str) -> tuple[tuple[str, str], ...]:
+            then = int(time.time() * 1000) - 600_000
+            sign = lambda m: bytes(self.key.sign(m).signature)  # noqa: E731
+            return read_auth_metadata(self.spec.chain_id, method, self.public_key, sign, then)
+
+    _, key = new_agent(owner, ["web.get"])
+    with SyncClient(cluster, key) as plain:
+        slow = SlowClock(cluster, key)
+        for name, read in (("Account", slow.sync_nonce), ("Pending", slow.pending)):
+            try:
+                plain.run(read())
+            except ClusterUnavailable as err:
+                raise AssertionError(f"{name}: reported as unavailable ({err.reason})") from err
+            except ReadNotAuthorized as err:
+                assert err.code == "UNAUTHENTICATED" and "UNAUTHENTICATED" in str(err)
+            else:
+                raise AssertionError(f"{name} answered a statement ten minutes old")
+        plain.run(slow.close())

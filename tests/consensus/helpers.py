@@ -77,14 +77,15 @@ def membership(n: int = 4, chain: str = CHAIN) -> Membership:
 
 
 def signed_vote(voter: int, block: Block, chain: str = CHAIN) -> Vote:
-    sig = SIGNERS[voter].sign(vote_bytes(chain, block.view, block.hash))
+    sig = SIGNERS[voter].sign(vote_bytes(chain, block.view, block.height, block.hash))
     return Vote(block.view, block.height, block.hash, voter, sig)
 
 
 def qc_for(block: Block, voters: Iterable[int] = (0, 1, 2), chain: str = CHAIN) -> QuorumCert:
     """A genuine QC for `block`, signed by `voters` (sorted, distinct)."""
     sigs = tuple(
-        (v, SIGNERS[v].sign(vote_bytes(chain, block.view, block.hash))) for v in sorted(voters)
+        (v, SIGNERS[v].sign(vote_bytes(chain, block.view, block.height, block.hash)))
+        for v in sorted(voters)
     )
     return QuorumCert(block.view, block.height, block.hash, sigs)
 

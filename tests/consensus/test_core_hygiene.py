@@ -86,7 +86,7 @@ def with_justify(qc: QuorumCert, view: int = 2) -> Proposal:
 
 def outsider_qc() -> QuorumCert:
     """Two genuine member signatures and one from a key outside the cluster (index 5)."""
-    statement = vote_bytes(CHAIN, B1.view, B1.hash)
+    statement = vote_bytes(CHAIN, B1.view, B1.height, B1.hash)
     sigs = ((0, SIGNERS[0].sign(statement)), (1, SIGNERS[1].sign(statement)))
     return QuorumCert(B1.view, B1.height, B1.hash, (*sigs, (5, OUTSIDER.sign(statement))))
 
@@ -108,7 +108,7 @@ def outsider_tc() -> TimeoutCert:
 
 
 def vote_by_outsider() -> Vote:
-    return Vote(1, 1, B1.hash, 5, OUTSIDER.sign(vote_bytes(CHAIN, 1, B1.hash)))
+    return Vote(1, 1, B1.hash, 5, OUTSIDER.sign(vote_bytes(CHAIN, 1, 1, B1.hash)))
 
 
 def vote_signed_by_another_member() -> Vote:
@@ -288,34 +288,44 @@ def test_a_member_voting_twice_in_a_view_is_counted_and_its_second_vote_ignored(
 
 
 # --------------------------------------------------------------------------- a Byzantine
-# member relays a genuine certificate with its unsigned `height` changed.
+# member relays a genuine certificate with its `height` changed (signed since qg/vote/v2).
 
 
 def test_a_genuine_qc_relayed_with_a_falsified_height_never_raises_out_of_the_core() -> None:
-    """QuorumCert.height is not signed (types.py: "a hint otherwise"), so any member can
-    relay a real QC with another height inside its own, validly signed Timeout. The core
-    must drop or correct it: never crash the tick loop, and still lead its view."""
+    """Any member can relay a real QC with another height inside its own, validly signed
+    Timeout. Every vote signs its height (docs/consensus/messages.md), so the QC no longer
+    verifies: the timeout is dropped and counted, the tick loop goes on, and the genuine QC
+    still lets the core lead its view on the block at its true height."""
     core = started_core(me=2)  # leads view 2
     core.on_message(envelope(1, signed_proposal(B1)))  # knows B1; votes not yet delivered
     poisoned = replace(qc_for(B1), height=B1.height + 4)
     core.on_message(envelope(3, signed_timeout(3, 2, poisoned)))
+    assert core.dropped["bad_certificate"] == 1
+    assert core.high_qc.block_hash != B1.hash
+    for k in range(1, TEST_LIMITS.idle_propose_ticks + 2):
+        assert sent_of(core.on_tick(1_000_000 + 10 * k), Proposal) == []  # must not raise
+    core.on_message(envelope(3, signed_timeout(3, 2, qc_for(B1))))
     proposals: list[Proposal] = []
     for k in range(1, TEST_LIMITS.idle_propose_ticks + 2):
-        proposals += sent_of(core.on_tick(1_000_000 + 10 * k), Proposal)  # must not raise
-    assert core.high_qc.height in (B1.height, 0)
+        proposals += sent_of(core.on_tick(1_000_100 + 10 * k), Proposal)
+    assert core.high_qc.height == B1.height
     assert len(proposals) == 1
     assert proposals[0].block.parent_hash == B1.hash
+    assert proposals[0].block.justify.height == B1.height
 
 
 def test_a_qc_formed_from_votes_with_a_falsified_height_never_raises_out_of_the_core() -> None:
-    """Vote.height is not signed either: the vote completing a quorum sets the QC's height.
-    Here member 3 puts a false height on its (validly signed) vote for B1, and it arrives
-    after two honest votes at the leader of view 2, which learns B1 itself only afterwards."""
+    """Member 3 puts a false height on its vote for B1, under the signature it made over
+    the true one, and sends it after two honest votes to the leader of view 2, which learns
+    B1 itself only afterwards. The vote does not verify, so no QC carries the false height;
+    member 3's genuine vote completes the quorum at the true one."""
     core = started_core(me=2)
     core.on_message(envelope(0, signed_vote(0, B1)))
     core.on_message(envelope(1, signed_vote(1, B1)))
     core.on_message(envelope(3, replace(signed_vote(3, B1), height=9)))
-    assert core.view == 2
+    assert core.view == 1 and core.dropped["bad_signature"] == 1
+    core.on_message(envelope(3, signed_vote(3, B1)))
+    assert core.view == 2 and core.high_qc.height == B1.height
     core.on_message(envelope(1, signed_proposal(B1)))  # late proposal: B1 enters the tree
     proposals: list[Proposal] = []
     for k in range(1, TEST_LIMITS.idle_propose_ticks + 2):

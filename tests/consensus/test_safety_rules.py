@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.crypto import Ed25519Signer, Verifier
+from quorumgate.replica.crypto import Ed25519Signer, Verifier, ed25519_verify
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
 from quorumgate.replica.types import (
     Block,
@@ -133,13 +133,19 @@ def test_asking_again_for_the_same_block_returns_the_identical_vote_without_pers
 
 
 def test_a_vote_signs_the_domain_separated_statement(chain: list[Block]) -> None:
-    """DESIGN §3: b"qg/vote/v1" || chain id || view || block hash, verifiable by anyone."""
+    """b"qg/vote/v2" || chain id || view || height || block hash, verifiable by anyone
+    (docs/consensus/messages.md): the height is signed, so no relay can change it."""
     h = Harness()
     g, b1 = chain[0], chain[1]
     vote = h.rules.vote(b1, g).value
     checker = CertificateChecker(membership(), Verifier(8))
     checker.check_vote(vote)  # raises if the signature is not over the vote statement
     assert (vote.view, vote.height, vote.block_hash, vote.voter) == (1, 1, b1.hash, ME)
+    statement = b"qg/vote/v2" + len(CHAIN).to_bytes(4, "big") + CHAIN.encode()
+    statement += (1).to_bytes(8, "big") + (1).to_bytes(8, "big") + b1.hash
+    assert ed25519_verify(SIGNERS[ME].public_key, statement, vote.signature)
+    with pytest.raises(RemoteError, match="bad_signature"):
+        checker.check_vote(replace(vote, height=2))
 
 
 # --------------------------------------------------------------------------- Rule 2 and 3

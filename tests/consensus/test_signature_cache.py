@@ -80,7 +80,7 @@ def test_a_cached_signature_over_another_statement_is_refused(blocks: list[Block
     reused = replace(signed_vote(0, b1), view=b2.view, height=b2.height, block_hash=b2.hash)
     with pytest.raises(RemoteError):
         checker.check_vote(reused)
-    sig = SIGNERS[0].sign(vote_bytes(CHAIN, b1.view, b1.hash))
+    sig = SIGNERS[0].sign(vote_bytes(CHAIN, b1.view, b1.height, b1.hash))
     others = qc_for(b2, (1, 2)).signatures
     with pytest.raises(RemoteError, match="bad signature"):
         checker.check_qc(QuorumCert(b2.view, b2.height, b2.hash, ((0, sig), *others)))

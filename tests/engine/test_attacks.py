@@ -5,6 +5,8 @@ engine-level attack.)"""
 
 from __future__ import annotations
 
+import unicodedata
+
 from quorumgate.proto.model import (
     DENIAL_TEXT,
     Admin,
@@ -81,6 +83,25 @@ def test_i1_spoofed_text_phishing_cannot_reach_the_confirmation_card() -> None:
     assert lines[0].startswith("Official confirmation form")
     assert card.canonical_target == "registration.cancel principal:alice"
     assert 'Target: "principal:alice"' in card.render()  # the person reads the target
+
+
+def test_i1_combining_marks_cannot_strike_through_or_alter_a_value() -> None:
+    """I-1 again: a combining mark draws over the character before it, so a value of
+    `1\u0336200` reads as a struck-through 1 followed by 200, and a mark right after the
+    opening quote alters the quote. Every mark (Unicode categories Mn, Mc, Me) is escaped
+    on the card, as format and bidi characters are: the person sees each code point."""
+    world = _world()
+    struck = "1\u0336200"  # COMBINING LONG STROKE OVERLAY over the leading 1
+    marks = "\u20dd\u0903ok\u0338"  # enclosing circle, a spacing mark, a solidus overlay
+    verdict = world.propose(
+        "alice", "registration.cancel", "CURRENT_USER",
+        args=[Argument(name="amount", text=struck), Argument(name="memo", text=marks)],
+    )  # fmt: skip
+    assert verdict.card is not None
+    text = verdict.card.render(card_values(verdict.card, world.log[-1][2][0]))
+    assert '  amount = "1\\u{336}200"' in text.splitlines()
+    assert '  memo = "\\u{20dd}\\u{903}ok\\u{338}"' in text.splitlines()
+    assert not [ch for ch in text if unicodedata.category(ch).startswith("M")]
 
 
 def test_i2_an_agent_cannot_forge_owner_facts_or_authority() -> None:

@@ -213,11 +213,11 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     key = bytes(32)
     old = EngineConfig(
         chain_id="c", owner_public_key=key, canonical_version=1, authority_version=1,
-        state_version=1,
+        state_version=1, receipt_version=1,
     )  # fmt: skip
     new = EngineConfig(
         chain_id="c", owner_public_key=key, canonical_version=2, authority_version=1,
-        state_version=1,
+        state_version=1, receipt_version=1,
     )  # fmt: skip
     assert old.fingerprint != new.fingerprint
     from quorumgate.proto.canonical import Encoder
@@ -229,7 +229,10 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     assert old.fingerprint == enc.digest()  # exactly as before versions existed
     assert new.fingerprint == _with_limits(new, TAG_CONFIG, _LIMIT_FIELDS)
     # issue 16: authority version 2 is named in the fingerprint; version 1 adds nothing
-    split = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2, state_version=1)
+    split = EngineConfig(
+        chain_id="c", owner_public_key=key, canonical_version=2, state_version=1,
+        receipt_version=1,
+    )  # fmt: skip
     assert split.authority_version == 2
     expected = Encoder(TAG_CONFIG).text("c").raw(key)
     for name in _LIMIT_FIELDS:
@@ -238,10 +241,15 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     expected.text("authority_version").u64(2).text("latch_cross_run_threshold").u64(3)
     assert split.fingerprint == expected.digest() != new.fingerprint
     # issue 19: state version 2 (the hash tree) is named last; version 1 adds nothing
-    tree = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2)
+    tree = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2, receipt_version=1)
     assert tree.state_version == 2
     expected.text("state_version").u64(2)
     assert tree.fingerprint == expected.digest() != split.fingerprint
+    # receipt version 2 (certificates that expire) is named last, with the certificate TTL
+    expiring = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2)
+    assert expiring.receipt_version == 2 and expiring.receipts_expire
+    expected.text("receipt_version").u64(2).text("certificate_ttl_ms").u64(300_000)
+    assert expiring.fingerprint == expected.digest() != tree.fingerprint
 
 
 def _with_limits(config: EngineConfig, tag: bytes, fields: tuple[str, ...]) -> bytes:

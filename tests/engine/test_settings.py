@@ -196,3 +196,24 @@ def test_the_counter_table_is_bounded_and_keeps_the_agents_own(
     assert counters[("agent", "minute", "a")].count == 6  # never evicted
     engine, _ = replay(w)
     assert engine.state_bytes() == w.engine.state_bytes()
+
+
+def test_the_certificate_ttl_is_a_setting_on_a_chain_whose_receipts_expire() -> None:
+    """What the sidecars sign into each block's receipts as the end of its certificates'
+    window (block time plus this TTL): minutes by default, the owner's setting in the log
+    within its bounds, and no setting at all on a chain whose certificates carry no window
+    (its receipts sign what they always did, so a replay of its log is unchanged)."""
+    w = world()
+    assert w.engine.certificate_ttl_ms() == limits.CERTIFICATE_TTL_MS_DEFAULT == 300_000
+    assert settings(w, certificate_ttl_ms=20_000) is Reason.OK
+    assert w.engine.certificate_ttl_ms() == 20_000
+    for bad in (limits.CERTIFICATE_TTL_MS_MIN - 1, limits.CERTIFICATE_TTL_MS_MAX + 1):
+        assert settings(w, certificate_ttl_ms=bad) is Reason.INVALID_SPEC
+    assert w.engine.certificate_ttl_ms() == 20_000
+    assert settings(w, clear=("certificate_ttl_ms",)) is Reason.OK
+    assert w.engine.certificate_ttl_ms() == 300_000
+    before = world(receipt_version=1)
+    assert before.engine.certificate_ttl_ms() is None
+    assert settings(before, certificate_ttl_ms=20_000) is Reason.INVALID_SPEC
+    assert settings(before, clear=("certificate_ttl_ms",)) is Reason.INVALID_SPEC
+    assert before.engine.certificate_ttl_ms() is None

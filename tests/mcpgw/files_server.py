@@ -1,4 +1,4 @@
-"""A small file-store MCP server (issue 18's tests), on the official SDK's low-level
+"""A small file-store MCP server (the gateway's tests), on the official SDK's low-level
 server, over stdio: read_file, write_file, delete_file under FILES_ROOT. read_file's
 description is read from FILES_DESCRIPTION_FILE at every listing, so a test can change a
 definition under the gateway's feet, as a poisoned server would."""

@@ -1,4 +1,4 @@
-"""The MCP gateway against a live 4-node cluster (issue 18, item 1): the real `mcp` client
+"""The MCP gateway against a live 4-node cluster: the real `mcp` client
 session talks to `quorumgate mcp-gateway` (a subprocess, over stdio and Streamable HTTP),
 which fronts a real upstream MCP server (`files_server.py`, a small file store)."""
 

@@ -1,6 +1,6 @@
-"""The proxy's enforcement core (issue 17, items 2-3), with a scripted decider: which calls
-are withheld, what replaces them, how streams are held and released, and that a stream
-cut mid-call never releases it."""
+"""The proxy's enforcement core, with a scripted decider: which calls are withheld, what
+replaces them, how streams are held and released (each released call whole, with the
+arguments the decider returned), and that a stream cut mid-call never releases it."""
 
 from __future__ import annotations
 
@@ -12,21 +12,40 @@ from typing import Any
 import pytest
 
 from quorumgate.proto.model import DENIAL_TEXT, RoleTarget
+from quorumgate.proxy.chat import CompletionStream
+from quorumgate.proxy.chat import enforce_completion as enforce_openai
 from quorumgate.proxy.config import ProxyConfigError, parse_config
 from quorumgate.proxy.enforce import (
-    AnthropicStream,
     DenialBlock,
     MappingError,
-    OpenAIStream,
-    SseSplitter,
+    Released,
     ToolCall,
     build_proposal,
-    enforce_anthropic,
-    enforce_openai,
-    parse_frame,
     session_label,
 )
 from quorumgate.proxy.fake import message, tool_use
+from quorumgate.proxy.messages import MessageStream as AnthropicStream
+from quorumgate.proxy.messages import enforce_message as enforce_anthropic
+from quorumgate.proxy.sse import SseDecoder, SseEvent
+
+OpenAIStream = CompletionStream
+
+
+def parse_frame(frame: bytes) -> tuple[str, str]:
+    """(event, data) of one SSE frame, as the SDKs' decoder reads it."""
+    events = SseDecoder().feed(frame)
+    assert len(events) == 1, frame
+    return events[0].event or "", events[0].data
+
+
+def events_of(frames: list[bytes]) -> list[tuple[str, Any]]:
+    """(event, data as JSON) of every event in `frames`."""
+    out = []
+    for event in SseDecoder().feed(b"".join(frames)):
+        data = event.data if event.data == "[DONE]" else json.loads(event.data)
+        out.append((event.event or "", data))
+    return out
+
 
 AGENTS = """
 [agents.support]
@@ -59,9 +78,9 @@ class Decider:
         self.allow = set(allow)
         self.seen: list[ToolCall] = []
 
-    async def __call__(self, call: ToolCall) -> bool:
+    async def __call__(self, call: ToolCall) -> Released:
         self.seen.append(call)
-        return call.name in self.allow
+        return call.arguments if call.name in self.allow else None
 
 
 def run(coro: Any) -> Any:
@@ -148,6 +167,30 @@ def test_a_session_is_the_conversation_not_the_request() -> None:
             "mapped to an argument",
         ),
         ({"agents": {"a": {"key_file": "k", "extra": 1}}}, "unknown field 'extra'"),
+        (
+            {"proxy": {"passthrough": "GET /v1/files"}, "agents": {"a": {"key_file": "k"}}},
+            "passthrough: a list of",
+        ),
+        (
+            {"proxy": {"passthrough": ["GET v1/files"]}, "agents": {"a": {"key_file": "k"}}},
+            "a path after the method",
+        ),
+        (
+            {"proxy": {"passthrough": ["FETCH /v1/files"]}, "agents": {"a": {"key_file": "k"}}},
+            "starts with a method",
+        ),
+        (
+            {"proxy": {"passthrough": ["GET /v1/%66iles"]}, "agents": {"a": {"key_file": "k"}}},
+            "neither plain nor",
+        ),
+        (
+            {"proxy": {"passthrough": ["GET /v1/../files"]}, "agents": {"a": {"key_file": "k"}}},
+            "neither plain nor",
+        ),
+        (
+            {"proxy": {"passthrough": ["POST /v1/*"]}, "agents": {"a": {"key_file": "k"}}},
+            "is judged, never passed",
+        ),
     ],
 )
 def test_a_bad_agents_file_names_the_field(change: dict[str, Any], message: str) -> None:
@@ -299,23 +342,31 @@ async def through(
 ) -> list[tuple[int, bytes]]:
     """Feed frame by frame; returns (input position, output frame) for each output."""
     out: list[tuple[int, bytes]] = []
+    decoder = SseDecoder()
     for k, frame in enumerate(frames):
-        out += [(k, o) for o in await stream.feed(frame)]
+        for event in decoder.feed(frame):
+            out += [(k, o) for o in await stream.feed(event)]
     out += [(len(frames), o) for o in stream.close()]
     return out
 
 
-def test_an_allowed_streamed_call_is_released_byte_for_byte_and_text_is_not_delayed() -> None:
+def test_an_allowed_streamed_call_is_released_whole_and_text_is_not_delayed() -> None:
+    """What leaves is the proxy's own writing of what it judged: the same events as the
+    upstream's, except that the call, held until its stop, leaves whole (its start, one
+    fragment with the released arguments, its stop)."""
     frames = anthropic_events("web_fetch", {"url": "https://docs.example.com/"})
     decider = Decider("web_fetch")
     out = run(through(AnthropicStream(decider, DenialBlock.TOOL_RESULT), frames))
-    f = frames
-    # the ping passes while the call is held; the call's frames follow its stop, unchanged
-    assert [o for _, o in out] == [f[0], f[1], f[2], f[3], f[5], f[4], f[6], f[7], *f[8:]]
+    sent = events_of(frames)
+    got = events_of([o for _, o in out])
+    whole = ("content_block_delta", {"type": "content_block_delta", "index": 1,
+             "delta": {"type": "input_json_delta",
+                       "partial_json": '{"url":"https://docs.example.com/"}'}})  # fmt: skip
+    # the ping passes while the call is held; the call's events follow its stop
+    assert got == [*sent[:4], sent[5], sent[4], whole, *sent[8:]]
     # text frames leave as they arrive; the tool block's frames wait for its stop
-    positions = {o: k for k, o in out}
-    assert all(positions[frames[k]] == k for k in range(4))
-    assert positions[frames[4]] == positions[frames[7]] == 8
+    assert [k for k, _ in out][:5] == [0, 1, 2, 3, 5]
+    assert {k for k, _ in out[5:8]} == {8}
     assert decider.seen == [ToolCall("toolu_9", "web_fetch", {"url": "https://docs.example.com/"})]
 
 
@@ -346,7 +397,7 @@ def test_a_stream_cut_mid_call_never_releases_it() -> None:
     out = [o for _, o in run(through(AnthropicStream(decider, DenialBlock.TOOL_RESULT), frames))]
     assert decider.seen == []  # never complete, never decided
     assert not any(b"tool_use" in o for o in out)
-    assert out == [*frames[:4], frames[5]]  # the text and the ping only
+    assert events_of(out) == events_of([*frames[:4], frames[5]])  # the text and the ping only
 
 
 def openai_chunks(*calls: tuple[str, dict[str, Any]], cut: bool = False) -> list[bytes]:
@@ -400,34 +451,44 @@ def test_openai_streams_release_allowed_calls_and_drop_denied_ones() -> None:
     chunks = [json.loads(parse_frame(o)[1]) for _, o in out if b"[DONE]" not in o]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert all("tool_calls" not in c["choices"][0]["delta"] for c in chunks)
-    # allowed and complete: byte for byte
+    # allowed and complete: the same chunks, the call whole in one of them
     frames = openai_chunks(("web_fetch", {"url": "https://docs.example.com/"}))
-    assert [o for _, o in run(through(OpenAIStream(Decider("web_fetch")), frames))] == frames
+    got = events_of([o for _, o in run(through(OpenAIStream(Decider("web_fetch")), frames))])
+    call = got[2][1]["choices"][0]["delta"]["tool_calls"]
+    assert call == [{"index": 0, "id": "call_0", "type": "function",
+                     "function": {"name": "web_fetch",
+                                  "arguments": '{"url":"https://docs.example.com/"}'}}]  # fmt: skip
+    rest = [c for _, c in got[3:-1]]
+    assert all("tool_calls" not in c["choices"][0]["delta"] for c in rest)
+    assert rest[-1]["choices"][0]["finish_reason"] == "tool_calls" and got[-1][1] == "[DONE]"
 
 
 def test_an_openai_stream_cut_mid_call_never_releases_it() -> None:
     frames = openai_chunks(("web_fetch", {"url": "https://docs.example.com/"}), cut=True)
     decider = Decider("web_fetch")
     out = [o for _, o in run(through(OpenAIStream(decider), frames))]
-    assert decider.seen == [] and out == frames[:2]
+    assert decider.seen == [] and events_of(out) == events_of(frames[:2])
 
 
-def test_the_splitter_keeps_frames_exact_and_holds_at_most_one_partial_frame() -> None:
-    frames = [b"event: a\ndata: 1\n\n", b"data: 2\r\n\r\n", b'data: {"x": 3}\n\n']
+def test_the_decoder_reads_events_alike_however_the_bytes_are_cut() -> None:
+    frames = [b"event: a\ndata: 1\n\n", b"data: 2\r\n\r\n", b'data: {"x": 3}\r\r',
+              b": a comment\n\ndata:4\ndata: 5\n\n"]  # fmt: skip
     data = b"".join(frames)
+    expected = [SseEvent("a", "1"), SseEvent(None, "2"), SseEvent(None, '{"x": 3}'),
+                SseEvent(None, "4\n5")]  # fmt: skip
     for size in (1, 2, 5, 7, len(data)):
-        splitter = SseSplitter()
-        got: list[bytes] = []
+        decoder = SseDecoder()
+        got: list[SseEvent] = []
         for k in range(0, len(data), size):
-            got += splitter.feed(data[k : k + size])
-            assert len(splitter.partial) < max(len(f) for f in frames)
-        assert got == frames and splitter.partial == b""
+            got += decoder.feed(data[k : k + size])
+        assert got == expected
     assert parse_frame(frames[0]) == ("a", "1")
 
 
 def test_interleaved_tool_blocks_are_each_decided() -> None:
     """A second tool_use block that starts before the first stops (no provider does this;
-    the enforcer must not rely on it) is decided too, never released with the first."""
+    the enforcer must not rely on it) is decided too, never released with the first. (The
+    SDK reads nothing before a message_start: the stream opens with one.)"""
 
     def start(index: int, name: str) -> bytes:
         block = {"type": "tool_use", "id": f"toolu_{index}", "name": name, "input": {}}
@@ -443,6 +504,7 @@ def test_interleaved_tool_blocks_are_each_decided() -> None:
         return sse("content_block_stop", {"type": "content_block_stop", "index": index})
 
     frames = [
+        sse("message_start", {"type": "message_start", "message": message(stop="")}),
         start(0, "web_fetch"), start(1, "send_mail"),
         part(0, '{"url": "https://docs.example.com/"}'), part(1, '{"to": "x@evil.example"}'),
         stop(0), stop(1),
@@ -452,3 +514,16 @@ def test_interleaved_tool_blocks_are_each_decided() -> None:
     assert [c.name for c in decider.seen] == ["web_fetch", "send_mail"]
     assert b"send_mail" not in out and b"evil.example" not in out
     assert out.count(b'"type": "tool_use"') + out.count(b'"type":"tool_use"') == 1
+
+
+def test_an_event_name_from_the_upstream_cannot_start_another_line() -> None:
+    """The Responses enforcer names each event after its data's `type`: a type with a line
+    break in it would write a field of the upstream's choosing (found by the fuzzer, as a
+    NEL the proxy could not even write)."""
+    from quorumgate.proxy.enforce import Unreadable
+    from quorumgate.proxy.responses import ResponseStream
+
+    for kind in ("response.note\ndata: {}", "response.note\r", "response.note\x85"):
+        stream = ResponseStream(Decider())
+        with pytest.raises(Unreadable):
+            run(stream.feed(SseEvent(None, json.dumps({"type": kind, "sequence_number": 1}))))

@@ -6,6 +6,7 @@ and the SDK sees it only if f+1 sidecars certified that it may run."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,11 @@ from quorumgate.proxy.fake import (
     anthropic_stream,
     completion,
     completion_stream,
+    function_call,
     message,
+    output_message,
+    response,
+    responses_stream,
     text,
     tool_use,
 )
@@ -74,6 +79,14 @@ scheme = "iban"
 tool = "mail.send"
 target = "to"
 scheme = "mailto"
+
+[agents.px-idn]
+key_file = "px-idn.key"
+
+[agents.px-idn.tools.send_mail]
+tool = "mail.send"
+target = "to"
+scheme = "mailto"
 """
 
 
@@ -102,7 +115,13 @@ def stack(
     person = SigningKey.generate()
     owner.register_principal("px-dana", bytes(person.verify_key))
     rules = [
-        ToolRules("http.get", (TargetRule(RuleKind.HOST_SUFFIX, "docs.example.com"),)),
+        ToolRules(
+            "http.get",
+            (
+                TargetRule(RuleKind.HOST_SUFFIX, "docs.example.com"),
+                TargetRule(RuleKind.HOST_SUFFIX, "xn--fa-hia.example"),  # faß.example
+            ),
+        ),
         ToolRules(
             "mail.send",
             (
@@ -113,7 +132,7 @@ def stack(
     ]
     directory = tmp_path_factory.mktemp("proxy")
     keys = {}
-    for agent in ("px-main", "px-other", "px-both", "px-text"):
+    for agent in ("px-main", "px-other", "px-both", "px-text", "px-idn"):
         key = SigningKey.generate()
         keys[agent] = key
         write_seed(directory / f"{agent}.key", bytes(key))
@@ -442,3 +461,109 @@ def test_a_misbehaving_upstream_cannot_slip_a_call_past(stack: Stack) -> None:
     stack.upstream.script.append(Reply(raw=b'{"content": [{"type": "tool_use"'))
     with pytest.raises(anthropic.InternalServerError):
         ask(claude(stack.url))
+
+
+def test_a_mail_domain_is_released_in_the_judged_form(stack: Stack) -> None:
+    """mailto: the domain as the cluster judged it (A-label), without the scheme the
+    proxy added to name the target. (An agent of its own: the other tests' refused mail
+    counts towards px-main's cross-run latch.)"""
+    stack.upstream.script.append(
+        Reply(body=message(tool_use("send_mail", "toolu_m9", to="bob@faß.example.com")))
+    )
+    result = ask(claude(stack.url, "px-idn"))
+    assert result.content[0].type == "tool_use"
+    assert result.content[0].input == {"to": "bob@xn--fa-hia.example.com"}
+
+
+# ------------------------------------------------------------------ OpenAI Responses
+
+IDN_URL = "https://faß.example/a"  # UTS 46: xn--fa-hia.example; IDNA 2003: fass.example
+IDN_JUDGED = "https://xn--fa-hia.example/a"
+
+
+def test_responses_calls_are_judged_and_released_in_the_judged_form(stack: Stack) -> None:
+    """The Responses API through the real `openai` SDK, whole and streamed: the allowed
+    fetch reaches the SDK with the host the cluster judged (its A-label), the mail to a
+    stranger is a message with the fixed sentence."""
+    items = (
+        function_call("web_fetch", "call_r1", url=IDN_URL),
+        function_call("send_mail", "call_r2", to=EVIL),
+    )
+    stack.upstream.script.append(Reply(body=response(*items)))
+    client = gpt(stack.url)
+    question = f"conversation {next(_conversations)}"
+    result = client.responses.create(model="gpt-test", input=question)
+    calls = [(i.name, json.loads(i.arguments)) for i in result.output if i.type == "function_call"]
+    assert calls == [("web_fetch", {"url": IDN_JUDGED})]
+    assert result.output[1].type == "message" and result.output_text == DENIAL_TEXT
+    stack.upstream.script.append(Reply(frames=responses_stream(output_message("On it."), *items)))
+    with client.responses.stream(model="gpt-test", input=f"{question}, streamed") as events:
+        final = events.get_final_response()
+    calls = [(i.name, json.loads(i.arguments)) for i in final.output if i.type == "function_call"]
+    assert calls == [("web_fetch", {"url": IDN_JUDGED})]
+    assert [i.type for i in final.output] == ["message", "function_call", "message"]
+
+
+def test_the_openai_agents_sdk_runs_only_what_the_cluster_allowed(stack: Stack) -> None:
+    """The OpenAI Agents SDK (Responses API by default), unchanged, through the proxy:
+    its runner executes the allowed fetch on the judged URL and never the mail; both
+    streamed and not."""
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    fetched: list[str] = []
+    mailed: list[str] = []
+
+    @function_tool
+    def web_fetch(url: str) -> str:
+        """Fetch a page."""
+        fetched.append(url)
+        return "the guide"
+
+    @function_tool
+    def send_mail(to: str) -> str:
+        """Send a mail."""
+        mailed.append(to)
+        return "sent"
+
+    def helper() -> Agent[Any]:  # one per event loop: the client's connections are its own
+        client = openai.AsyncOpenAI(
+            base_url=stack.url + "/v1",
+            api_key=API_KEY,
+            default_headers={SELECTOR: "px-main"},
+            max_retries=0,
+        )
+        return Agent(
+            name="helper",
+            instructions="Help.",
+            tools=[web_fetch, send_mail],
+            model=OpenAIResponsesModel(model="gpt-test", openai_client=client),
+        )
+
+    items = (
+        function_call("web_fetch", "call_a1", url=IDN_URL),
+        function_call("send_mail", "call_a2", to=EVIL),
+    )
+    stack.upstream.script.extend(
+        [Reply(body=response(*items)), Reply(body=response(output_message("Done.")))]
+    )
+    result = Runner.run_sync(helper(), f"conversation {next(_conversations)}: fetch and mail")
+    assert result.final_output == "Done."
+    assert fetched == [IDN_JUDGED] and mailed == []
+    stack.upstream.script.extend(
+        [
+            Reply(frames=responses_stream(*items)),
+            Reply(frames=responses_stream(output_message("Done again."))),
+        ]
+    )
+
+    async def streamed() -> str:
+        run = Runner.run_streamed(helper(), f"conversation {next(_conversations)}: streamed")
+        async for _ in run.stream_events():
+            pass
+        return str(run.final_output)
+
+    assert asyncio.run(streamed()) == "Done again."
+    assert fetched == [IDN_JUDGED, IDN_JUDGED] and mailed == []

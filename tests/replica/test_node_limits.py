@@ -23,6 +23,7 @@ from quorumgate.proto.clusterfile import (
     read_seed,
 )
 from quorumgate.proto.model import Proposal
+from quorumgate.replica.actions import Send
 from quorumgate.replica.channels import Reader, aio_channel
 from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.node import (
@@ -104,6 +105,27 @@ async def test_a_peer_flooding_sync_requests_cannot_starve_another_peers_catch_u
     honest = envelope_to_pb(Envelope(spec.chain_id, 2, SyncRequest(1, 16)))
     node.on_peer_message(honest)  # still no await: the flood's answers still run
     assert dropped._value.get() == flooded, "the honest member's request was dropped"
+
+
+async def test_a_repeated_sync_request_is_answered_once(
+    node: ReplicaNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same catch-up request, sent again as soon as its answer leaves, was read from
+    the store and answered every time (a 60-byte request for up to 16 MiB). An honest
+    member asks a peer the same thing again only after `sync_retry_ticks` without an
+    answer, so a repeat sooner is dropped (`sync_repeat`), not answered twice."""
+    answers: list[Send] = []
+    monkeypatch.setattr(node, "_send", answers.append)
+    request = envelope_to_pb(Envelope(node.spec.chain_id, 1, SyncRequest(1, 16)))
+    for _ in range(10):
+        node.on_peer_message(request)
+        await until("the answer is sent", lambda: node._sync_serving.get(1, 0) == 0)
+    assert len(answers) == 1
+    assert node.metrics.dropped.labels("sync_repeat")._value.get() == 9
+    other = envelope_to_pb(Envelope(node.spec.chain_id, 1, SyncRequest(1, 8)))
+    node.on_peer_message(other)  # another question is answered at once
+    await until("the answer is sent", lambda: node._sync_serving.get(1, 0) == 0)
+    assert len(answers) == 2
 
 
 async def test_a_peer_flooding_messages_cannot_crowd_out_another_peers_or_our_ticks(

@@ -16,6 +16,7 @@ import asyncio
 import os
 import pickle
 import random
+import re
 import signal
 import sqlite3
 import sys
@@ -627,6 +628,22 @@ async def test_other_schema_version_is_refused(tmp_path: Path) -> None:
     write_around_the_store(path, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(StorageError, match="schema version '99'"):
         await ReplicaStore.open(path, "qg-test")
+
+
+async def test_a_store_of_votes_that_did_not_sign_the_height_is_refused(tmp_path: Path) -> None:
+    """A store written before votes signed their block's height (`qg/vote/v1`) holds
+    certificates no member of this build can verify: served, each catch-up answer from it
+    would be refused by every asker. It is refused at open, saying why."""
+    path = tmp_path / "replica.db"
+    await (await ReplicaStore.open(path, "qg-test")).close()
+    write_around_the_store(path, "DELETE FROM meta WHERE key = 'vote_statement'")
+    try:
+        store = await ReplicaStore.open(path, "qg-test")
+    except StorageError as err:
+        assert re.search("qg/vote/v1 .* this build verifies qg/vote/v2", str(err)), err
+    else:
+        await store.close()  # (an open store holds its connection's thread: close it)
+        pytest.fail("a store of qg/vote/v1 certificates was opened")
 
 
 async def test_damaged_block_row_is_reported_not_served(tmp_path: Path) -> None:

@@ -29,7 +29,13 @@ from quorumgate.proto.model import (
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import StateDelta
 from quorumgate.sidecar.engine.statements import BlockResult
-from quorumgate.sidecar.receipts import all_paths, leaf_from_verdict, merkle_root, sign_block
+from quorumgate.sidecar.receipts import (
+    Validity,
+    all_paths,
+    leaf_from_verdict,
+    merkle_root,
+    sign_block,
+)
 from quorumgate.sidecar.store import ExecutedHeight, SidecarStore
 from tests.engine.harness import CHAIN, World
 
@@ -52,13 +58,21 @@ def block_hash(height: int) -> bytes:
 
 
 def executed_height(
-    result: BlockResult, engine_state: bytes, signer: int, delta: StateDelta | None = None
+    result: BlockResult,
+    engine_state: bytes,
+    signer: int,
+    delta: StateDelta | None = None,
+    ttl_ms: int | None = None,
 ) -> ExecutedHeight:
     """What the sidecar process records for one height (as sidecar/node.py builds it, with
     `delta`; without it the store records the whole state, as a version-2 store did).
-    `engine_state` is kept either way, for the tests to compare with."""
+    `engine_state` is kept either way, for the tests to compare with. `ttl_ms`: the
+    certificate TTL of a chain whose receipts expire (`Engine.certificate_ttl_ms`), which
+    puts the validity window in the signed statement as sidecar/execution.py does."""
     leaves = tuple(leaf_from_verdict(result.height, i, v) for i, v in enumerate(result.verdicts))
     hashes = [leaf.hash(CHAIN) for leaf in leaves]
+    start = result.block_time_ms
+    validity = None if ttl_ms is None else Validity(start, start + ttl_ms)
     signed = sign_block(
         receipt_key(signer),
         signer,
@@ -67,6 +81,7 @@ def executed_height(
         merkle_root(hashes),
         result.state_root,
         len(leaves),
+        validity,
     )
     return ExecutedHeight(
         height=result.height,
@@ -87,7 +102,12 @@ def execute(world: World, signer: int = 0) -> list[ExecutedHeight]:
     out: list[ExecutedHeight] = []
     for height, time_ms, txs in world.log:
         result = engine.execute_block(height, time_ms, txs, world.verify)
-        out.append(executed_height(result, engine.state_bytes(), signer, engine.state_delta()))
+        state, delta, ttl_ms = (
+            engine.state_bytes(),
+            engine.state_delta(),
+            engine.certificate_ttl_ms(),
+        )
+        out.append(executed_height(result, state, signer, delta, ttl_ms))
     return out
 
 

@@ -195,7 +195,8 @@ async def test_stored_receipts_assemble_into_certificates_that_verify_offline(
                 pair = [rs[index] for rs in receipts]
                 assert all(r.leaf.height == result.height for r in pair)
                 cert = assemble_certificate(CHAIN, pair)
-                leaf = verify_certificate(cert, CHAIN, keys)
+                leaf = verify_certificate(cert, CHAIN, keys, receipts_expire=True)
+                assert cert.validity is not None  # the world's chain: receipts expire
                 assert (leaf.outcome, leaf.index, cert.leaf_count) == (
                     verdict.outcome.value, index, count,
                 )  # fmt: skip
@@ -915,7 +916,9 @@ async def _older_schema(
     half = len(heights) // 2
     await record_all(store, whole[:half])
     await store.close()
-    steps = ["ALTER TABLE head DROP COLUMN state_header", "DROP TABLE state_entries"]
+    steps = ["ALTER TABLE blocks DROP COLUMN valid_until_ms"]
+    if version <= 3:
+        steps += ["ALTER TABLE head DROP COLUMN state_header", "DROP TABLE state_entries"]
     if version == 2:
         steps += [
             "ALTER TABLE head DROP COLUMN state_prefix",
@@ -928,7 +931,7 @@ async def _older_schema(
     return whole[:half]
 
 
-@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("version", [2, 3, 4])
 async def test_an_older_store_is_upgraded_in_place_by_its_writer(
     story: Story, heights: list[ExecutedHeight], tmp_path: Path, version: int
 ) -> None:
@@ -943,6 +946,9 @@ async def test_an_older_store_is_upgraded_in_place_by_its_writer(
     state = await store.engine_state()
     assert state == kept[-1].engine_state
     assert store.executed_height == kept[-1].height
+    # statements recorded before schema 5 read back as what they signed then: no window
+    signed = await store.signed_block(kept[-1].height)
+    assert signed is not None and signed.validity is None
     # the sidecar goes on from it: the first height writes every entry
     engine = Engine.from_state_bytes(story.world.config, state)  # type: ignore[arg-type]
     for height, time_ms, txs in story.world.log[len(kept) :]:
