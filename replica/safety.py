@@ -210,15 +210,24 @@ class SafetyRules:
 
     # ------------------------------------------------------------------ fencing
 
-    def fence(self, voted_view: int = 0, proposed_view: int = 0) -> bool:
-        """Rule 6: raise the last voted / proposed views to ones this replica's own
-        signatures were seen at. True (and persisted) if anything changed."""
+    def fence(
+        self,
+        voted_view: int = 0,
+        proposed_view: int = 0,
+        high_qc: QuorumCert | None = None,
+        high_tc: TimeoutCert | None = None,
+    ) -> bool:
+        """Rule 6: raise the last voted / proposed views to ones this replica may have
+        signed in and forgotten, with the (verified) certificates that showed it, so that
+        what it answers after a crash is no older. True (and persisted) if the views
+        changed."""
         state = self._state
         if voted_view <= state.last_voted_view and proposed_view <= state.last_proposed_view:
             return False
+        updated = state.with_certs(high_qc, high_tc) if high_qc is not None else state
         self._commit(
             replace(
-                state,
+                updated,
                 last_voted_view=max(state.last_voted_view, voted_view),
                 last_proposed_view=max(state.last_proposed_view, proposed_view),
             )
@@ -359,6 +368,22 @@ class SafetyRules:
             raise SafetyError(
                 4, f"timeout qc view {high_qc.view} < locked view {state.locked_qc.view}"
             )
+        if self._fenced(view, state) and high_qc.view + 1 != view:
+            raise SafetyError(
+                6,
+                f"timeout view {view} was fenced: it needs the qc of view {view - 1}, "
+                f"not of view {high_qc.view}",
+            )
+
+    @staticmethod
+    def _fenced(view: int, state: SafetyState) -> bool:
+        """`view` is the last voted view only by Rule 6: we may have signed in it and
+        forgotten, and neither our vote nor our timeout there is on record."""
+        return (
+            view == state.last_voted_view
+            and (state.last_vote is None or state.last_vote.view != view)
+            and (state.last_timeout is None or state.last_timeout.view != view)
+        )
 
     def _sign_timeout(self, statement: Timeout) -> Timeout:
         chain = self._checker.membership.chain_id
