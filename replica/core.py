@@ -147,6 +147,12 @@ class Recovered:
     committed: Block
     pending: tuple[Block, ...] = ()
     high_tc: TimeoutCert | None = None
+    # The highest committed height whose block carries transactions, or any height from
+    # there up to the committed top's state-root height (quiescence compares it with the
+    # roots the chain carries, so both give the same answer). None: not known, taken as
+    # the committed height, and quiescence then waits for that height's root to be
+    # carried once more, which an already quiet cluster never proposes.
+    payload_height: int | None = None
 
 
 @dataclass(slots=True)
@@ -237,9 +243,12 @@ class Core:
         self._timeouts: dict[int, dict[int, Timeout]] = {}
         self._proposal_seen: dict[int, bytes] = {}
         self._waiting: Proposal | None = None
-        # The highest committed height with transactions (restarts assume the committed top
-        # had some: quiescence then waits for its root to be carried once more).
-        self._payload_height = self.tree.committed_height
+        # The highest committed height with transactions, from what the shell read back.
+        self._payload_height = (
+            self.tree.committed_height
+            if recovered.payload_height is None
+            else min(recovered.payload_height, self.tree.committed_height)
+        )
         self._sync_peer: int | None = None
         self._sync_target = b""
         self._sync_ticks = 0

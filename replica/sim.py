@@ -335,6 +335,10 @@ class Disk:
     def copy(self) -> Disk:
         return Disk(self.safety, list(self.committed), dict(self.proofs), dict(self.blocks))
 
+    def payload_height(self) -> int:
+        """The highest committed height whose block carries transactions (0: none)."""
+        return next((b.height for b in reversed(self.committed) if b.payload), 0)
+
     # CommittedStore, for serving sync requests
     def committed_height(self) -> int:
         return len(self.committed) - 1
@@ -488,7 +492,8 @@ class SimNode:
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
         self.durable_epoch = disk.safety.epoch
         self.dropped_before += self.core.dropped
-        self.core = self._make_core(Recovered(disk.safety, committed, pending))
+        recovered = Recovered(disk.safety, committed, pending, payload_height=disk.payload_height())
+        self.core = self._make_core(recovered)
         self.up = True
         return self.core.start()
 

@@ -16,7 +16,7 @@ import pytest
 from quorumgate.replica.actions import Send
 from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.safety import SafetyState
-from quorumgate.replica.sim import Disk, SimExecution, SimMempool, SimPool
+from quorumgate.replica.sim import Disk, SimExecution, SimMempool, SimPool, Simulation, scenario
 from quorumgate.replica.types import Proposal, Timeout, TimeoutCert, Vote, genesis_block
 from tests.consensus.helpers import CHAIN, SIGNERS, TEST_LIMITS, Net, membership
 
@@ -62,7 +62,9 @@ class QuietNet(Net):
             now_ms=self.now_ms,
             payload=SimMempool(self.pool, {tx for b in disk.committed for tx in b.payload}),
             execution=SimExecution(disk),
-            recovered=Recovered(disk.safety, committed, pending),
+            recovered=Recovered(
+                disk.safety, committed, pending, payload_height=disk.payload_height()
+            ),
         )
         self.down.discard(i)
         self.apply(i, self.cores[i].start())
@@ -349,3 +351,27 @@ def test_a_replica_restarted_into_a_quiet_cluster_catches_up(down: int) -> None:
     assert net.committed_heights() == [top] * net.n
     net.assert_committed_prefixes()
     assert not any(core.needs_ticks() for core in net.cores)
+
+
+@pytest.mark.parametrize("member", range(4))
+def test_a_replica_restarted_in_a_quiet_cluster_stays_quiet(member: int) -> None:
+    """A member of a quiet cluster restarts from its disk, missing nothing. Its peers are
+    quiescent and propose nothing more, so it must find itself quiescent from what is
+    durable: the committed chain already carries the root of the last height with
+    transactions. Taking its committed height for that height, it waited for a root
+    nobody would propose (seed 702926 below)."""
+    net = quiet_after_one_transaction()
+    top = net.committed_heights()
+    net.restart(member)
+    assert net.cores[member].quiescent()
+    tick_as_shells_do(net, SETTLE_TICKS)
+    assert net.committed_heights() == top
+    assert not any(core.needs_ticks() for core in net.cores)
+
+
+def test_seed_702926_a_restart_into_a_quiet_cluster_settles() -> None:
+    """Found by the seeded scenarios: with twins, duplication and crashes, a member
+    restarted while the others were quiet kept needing ticks (QUIET)."""
+    opts = scenario(702926, 4)
+    assert opts.byzantine == ("twins",) and opts.crash_permille == 3
+    Simulation(opts).run()
