@@ -537,6 +537,10 @@ class Core:
         qc = self._settle_height(qc)
         self._fence_on_own_signatures(qc, tc)
         self._raise_high_qc(qc)
+        if tc is not None:
+            # Our timeouts carry our highest QC, never below one a TC we hold vouches for
+            # (Rule 6's argument counts on it for a restored replica past its fence).
+            self._raise_high_qc(tc.high_qc)
         self._try_commit(qc)
         if tc is not None and (self.high_tc is None or tc.view > self.high_tc.view):
             self.high_tc = tc

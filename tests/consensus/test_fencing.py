@@ -360,3 +360,19 @@ def test_a_restoring_replica_answers_no_hello_until_it_holds_the_view_before_its
     assert not core.restoring
     assert len(sent_of(core.on_message(envelope(2, hello(2))), HelloReply)) == 1
     assert core.dropped["hello_while_restoring"] == 2
+
+
+def test_a_timeout_carries_at_least_the_high_qc_of_the_tc_it_follows() -> None:
+    """A TC learnt beside a lower QC (here carried by a proposal; a hello answer does the
+    same) raised only the highest TC: the timeout signed after it carried the lower QC.
+    For a restored replica past its fence, that QC is all its timeout vouches for (Rule
+    6), and a leader entering by that TC would have extended the lower one."""
+    core = new_core(0, recovered=backup_before_view_7())
+    core.start()
+    tc8 = tc_from([signed_timeout(v, 8, qc_for(R7)) for v in (1, 2, 3)])
+    low = make_block(R6, 9, qc_for(R6))  # justify (view 6) below the TC's QC (view 7)
+    core.on_message(envelope(1, signed_proposal(low, tc8)))
+    assert core.view == 9 and core.stats.refused["rule2"] == 1
+    timeouts = _tick_until_timeout(core)
+    assert timeouts and timeouts[0].view == 9
+    assert timeouts[0].high_qc.view == 7, "the timeout hid the QC its TC vouches for"
