@@ -8,7 +8,8 @@ checks safety:
 - no two honest replicas commit different blocks at one height, and each honest replica
   commits heights in order without gaps (so honest committed chains are prefixes of one
   another);
-- no honest replica ever signs two different votes in one view, across restarts too;
+- no honest replica ever signs two different votes in one view, nor a vote in a view
+  after a timeout for it, across restarts too (judged on what reaches peers);
 - no `Send` leaves before the safety state it depends on is durable.
 
 After the network heals it checks liveness: every honest replica commits a block proposed
@@ -18,7 +19,10 @@ whose message carries the seed and options that reproduce it.
 Byzantine behaviours wrap honest cores and override one thing each (as relab/hotstuff's
 twins and Byzantine wrappers do): an equivocating leader, twins (two honest instances with
 one key), a voter that signs every block it sees (no safety rules), a silent leader,
-invalid signatures, and forged certificates.
+invalid signatures, and forged certificates. One honest member (the victim) may be restored
+from a backup (safety Rule 6): right after it proposed, voted or timed out, with what it
+signed still in flight, from a backup taken on entering that view or some views earlier;
+docs/consensus/fencing.md says what a restore may and may not do.
 
 Nothing here is used by a production process; it lives in `cluster/` because the demo and
 `scripts/simulate.py` drive it as well as the tests.
@@ -83,6 +87,9 @@ BEHAVIOURS = (
     # forged or repeated signatures, in another member's or a non-member's name, plus
     # catch-up answers and hello replies nobody asked for (issue 14)
 )
+# Behaviours that never help the honest members leave a view (their votes and timeouts
+# are invalid or withheld): with f of them, liveness has no fault left for a restore.
+WITHHOLDING_BEHAVIOURS = ("bad_signatures", "fork_leader")
 MALFORM_COPIES = 2  # mutated copies of each message a `malform` member sends
 FAR_AHEAD_VIEWS = 1_000_000
 UNSAFE_VARIANTS = (
@@ -91,9 +98,13 @@ UNSAFE_VARIANTS = (
     "three_chain_lock",
     "double_vote",
     "no_fence",
+    "reported_fence",
 )
 SIM_TICK_MS = 10
 TX_BYTES = 48
+RESTORE_BACKUP_VIEWS_MAX = 8  # the victim's backups kept, one per view it entered
+# Proposals the network keeps, by view, to hand a restored victim again (the newest views).
+SENT_PROPOSAL_VIEWS_MAX = 32
 
 
 class SimulationFailure(AssertionError):
@@ -130,6 +141,15 @@ class SimOptions:
     # view it leads, it is killed, its data put back to what it held on entering that view,
     # and restarted at once — into the very view it signed in and forgot (safety Rule 6).
     restores_when_leading: int = 0
+    # The same right after it voted (in a view a Byzantine member leads, if there is one)
+    # or timed out: what it signed is delayed `restore_in_flight_ticks`, not lost, so its
+    # peers answer its hello before they see it; once its fencing ends the network hands
+    # it every other proposal of that view it had sent (after a timeout: every proposal).
+    restores_when_voting: int = 0
+    restores_when_timing_out: int = 0
+    # The backup an aimed restore puts back: taken on entering the view it signed in (0)
+    # or this many views before it (at most RESTORE_BACKUP_VIEWS_MAX).
+    restore_backup_views: int = 0
 
     def __post_init__(self) -> None:
         f = (self.n - 1) // 3
@@ -142,6 +162,14 @@ class SimOptions:
             raise ValueError(f"unknown unsafe variant {self.unsafe!r}")
         if self.byzantine_members and len(self.byzantine_members) != len(self.byzantine):
             raise ValueError("one member index per Byzantine behaviour")
+        if not 0 <= self.restore_backup_views <= RESTORE_BACKUP_VIEWS_MAX:
+            raise ValueError(f"restore_backup_views above {RESTORE_BACKUP_VIEWS_MAX}")
+
+    @property
+    def aimed_restores(self) -> int:
+        return (
+            self.restores_when_leading + self.restores_when_voting + (self.restores_when_timing_out)
+        )
 
     def reproduce(self) -> str:
         fields = ", ".join(
@@ -300,6 +328,7 @@ class NoFenceCore(Core):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["fence_on_start"] = False
+        kwargs["restored"] = False
         super().__init__(*args, **kwargs)
 
     def _fence_on_own_signatures(self, qc: QuorumCert, tc: TimeoutCert | None) -> None:
@@ -310,6 +339,17 @@ class NoFenceCore(Core):
             raise RemoteError("own_echo", f"view {view}")
 
 
+class ReportedFenceCore(Core):
+    """Broken on purpose: Rule 6 as it was — a restore is fenced as a plain start is, at the
+    highest view its peers saw it sign in (capped at the certified view + 2), and after
+    `fence_wait_ticks` on f+1 answers. A vote or timeout still in flight when they
+    answered is in no report, so the restored replica signs again in that view."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["restored"] = False
+        super().__init__(*args, **kwargs)
+
+
 CORE_CLASSES: dict[str | None, type[Core]] = {
     None: Core,
     "no_safe_to_vote": NoSafeToVoteCore,
@@ -317,6 +357,7 @@ CORE_CLASSES: dict[str | None, type[Core]] = {
     "three_chain_lock": ThreeChainLockCore,
     "double_vote": DoubleVoteCore,
     "no_fence": NoFenceCore,
+    "reported_fence": ReportedFenceCore,
 }
 
 
@@ -448,11 +489,13 @@ class SimNode:
         self.down_until = 0
         self.snapshots: list[Disk] = []
         self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
+        # (view entered, the disk then): the aimed restores' backups, newest last
+        self.backups: list[tuple[int, Disk]] = []
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
         self.core = self._make_core(None)
 
-    def _make_core(self, recovered: Recovered | None) -> Core:
+    def _make_core(self, recovered: Recovered | None, restored: bool = False) -> Core:
         sim = self.sim
         cls = CORE_CLASSES[sim.options.unsafe] if self.index not in sim.byzantine else Core
         self.starts += 1
@@ -470,6 +513,8 @@ class SimNode:
             recovered=recovered,
             now_ms=sim.now_ms(self.index),
             hello_nonce=nonce.digest()[:HELLO_NONCE_BYTES],
+            # An operator who puts a backup back declares it (docs/consensus/fencing.md).
+            restored=restored,
         )
         return core
 
@@ -482,7 +527,8 @@ class SimNode:
         self.snapshots.append(self.disk.copy())
 
     def restart(self, stale: bool = False) -> list[Action]:
-        if stale and (len(self.snapshots) > 1 or self.force_stale):
+        restored = stale and (len(self.snapshots) > 1 or self.force_stale)
+        if restored:
             # Restored from an old copy of the data directory: it forgot what it signed since.
             self.disk = self.snapshots[0].copy()
             self.sim.stale_restores += 1
@@ -493,9 +539,22 @@ class SimNode:
         self.durable_epoch = disk.safety.epoch
         self.dropped_before += self.core.dropped
         recovered = Recovered(disk.safety, committed, pending, payload_height=disk.payload_height())
-        self.core = self._make_core(recovered)
+        self.core = self._make_core(recovered, restored=restored)
         self.up = True
         return self.core.start()
+
+    def keep_backup(self) -> None:
+        """The aimed restores' backups: the disk as it entered each of its last views."""
+        view = self.core.view
+        if self.backups and self.backups[-1][0] >= view:
+            return
+        self.backups.append((view, self.disk.copy()))
+        del self.backups[: -(RESTORE_BACKUP_VIEWS_MAX + 1)]
+
+    def backup_before(self, view: int, views_back: int) -> Disk | None:
+        """The newest backup taken at least `views_back` views before `view`."""
+        older = [disk for entered, disk in self.backups if entered <= view - views_back]
+        return older[-1].copy() if older else None
 
     @property
     def dropped(self) -> Counter[str]:
@@ -570,9 +629,16 @@ class Simulation:
         self.forge_seq = 0
         self.fork_pending: dict[int, Proposal] = {}
         self.stale_restores = 0
-        self.lead_restores = 0
+        self.aimed: Counter[str] = Counter()  # aimed restores done, by kind
         self.amnesiac: set[int] = set()
         self.delivered_votes: dict[tuple[int, int], bytes] = {}
+        self.delivered_timeouts: set[tuple[int, int]] = set()  # (honest member, view)
+        # view -> block hash -> a proposal of that view as sent (the newest views only)
+        self.sent_proposals: dict[int, dict[bytes, Envelope]] = {}
+        # an aimed restore's victim -> (view, block hash it voted for): the proposals of
+        # that view to hand it once its fencing ends
+        self.redeliveries: dict[int, tuple[int, bytes]] = {}
+        self.holding: int | None = None  # whose votes and timeouts are held in flight
         self.forks_made = 0
         self.fork_timeouts: dict[int, dict[int, Timeout]] = {}
         # The victim leads three views after a fork_leader, so the two views between can
@@ -619,25 +685,48 @@ class Simulation:
                 if self.rng.randrange(1000) < opts.dup_permille:
                     copies = 2
             msg = envelope.message
-            if isinstance(msg, Vote) and src not in self.byzantine:
-                # An honest member's votes as they reach the network, before and after any
-                # restore: a restored node may re-sign what it forgot only if the first
-                # copy reached nobody, so judge what reaches peers, not what leaves.
-                prior = self.delivered_votes.setdefault((src, msg.view), msg.block_hash)
-                if prior != msg.block_hash:
-                    who = "restored node" if src in self.amnesiac else "honest node"
-                    raise self.fail(
-                        f"SAFETY: {who} {src} equivocated: two votes for view {msg.view} "
-                        f"reached peers"
-                    )
+            if src not in self.byzantine:
+                self._check_reaching_peers(src, msg)
             for _ in range(copies):
                 delay = self.rng.randint(0, opts.delay_ticks_max) if not self.healed else 1
                 if not self.healed and self._victim_message(src, envelope.message):
                     delay += opts.victim_delay_ticks
+                if src == self.holding and isinstance(msg, Vote | Timeout):
+                    delay += self.restore_in_flight_ticks
                 self._order += 1
                 self._queue.append(
                     _InFlight(self.tick + 1 + delay, self._order, to, instance, envelope)
                 )
+
+    def _check_reaching_peers(self, src: int, msg: Message) -> None:
+        """An honest member's votes and timeouts as they reach the network, before and
+        after any restore. A restored node may re-sign what it forgot only if the first
+        copy reached nobody, so judge what reaches peers, not what leaves: one vote per
+        view, and no vote in a view after a timeout for it (Rule 1: a TC of that view
+        could then hide the QC the vote helps form)."""
+        who = "restored node" if src in self.amnesiac else "honest node"
+        if isinstance(msg, Timeout):
+            self.delivered_timeouts.add((src, msg.view))
+            return
+        if not isinstance(msg, Vote):
+            return
+        key = (src, msg.view)
+        if key in self.delivered_timeouts and key not in self.delivered_votes:
+            raise self.fail(
+                f"SAFETY: {who} {src} voted in view {msg.view} after its timeout for that "
+                "view reached peers"
+            )
+        prior = self.delivered_votes.setdefault(key, msg.block_hash)
+        if prior != msg.block_hash:
+            raise self.fail(
+                f"SAFETY: {who} {src} equivocated: two votes for view {msg.view} reached peers"
+            )
+
+    @property
+    def restore_in_flight_ticks(self) -> int:
+        """How long an aimed restore's last vote or timeout is delayed: past the restart,
+        the hello and its answers, and the proposals handed to the victim after them."""
+        return 4 * self.options.delay_ticks_max + 12
 
     # ------------------------------------------------------------------ actions
 
@@ -690,10 +779,19 @@ class Simulation:
         (on the wire the authenticated stream would give it away; the core must not
         depend on that)."""
         envelope = Envelope(self.membership.chain_id, src if claimed is None else claimed, msg)
+        if isinstance(msg, Proposal) and claimed is None:
+            self._keep_proposal(envelope, msg)
         targets = [to] if to is not None else [i for i in range(self.options.n) if i != src]
         for dst in targets:
             self.messages += 1
             self._enqueue(src, src_instance, dst, envelope)
+
+    def _keep_proposal(self, envelope: Envelope, proposal: Proposal) -> None:
+        """The network remembers what it carried, to hand a restored victim again."""
+        view = proposal.block.view
+        self.sent_proposals.setdefault(view, {}).setdefault(proposal.block.hash, envelope)
+        if len(self.sent_proposals) > SENT_PROPOSAL_VIEWS_MAX:
+            del self.sent_proposals[min(self.sent_proposals)]
 
     def _commit(self, node: SimNode, commit: Commit) -> None:
         disk = node.disk
@@ -1058,10 +1156,8 @@ class Simulation:
         opts = self.options
         if self.healed or opts.crash_permille == 0 or node.index in self.byzantine:
             return None
-        if opts.stale_restore_permille and node.index != self.honest[-1]:
-            # Stale-restore scenarios crash only the victim: its fencing relies on peers
-            # that stayed up since it signed what it forgot (they remember in memory).
-            return None
+        # (Other members crash in stale-restore scenarios too: a restore's fence rests on
+        # the certificates its peers persisted, not on what they remember in memory.)
         if self.rng.randrange(1000) >= opts.crash_permille:
             return None
         return 1 + self.rng.randrange(opts.crash_ticks_max)
@@ -1074,7 +1170,7 @@ class Simulation:
             actions = node.core.on_tick(self.now_ms(node.index))
         else:
             actions = node.core.on_transactions()
-        if before is not None and self._restore_after_lead(node, before, actions):
+        if before is not None and self._aimed_restore(node, before, actions):
             return
         down = self._maybe_crash(node)
         if down is not None:
@@ -1083,46 +1179,92 @@ class Simulation:
             node.crash(self.tick + down)
             return
         self._apply(node, actions)
+        if before is not None:
+            node.keep_backup()
+        if node.index in self.redeliveries and node.instance == 0:
+            self._redeliver(node)
 
-    def _aimed_restore_victim(self, node: SimNode) -> Disk | None:
-        """For `restores_when_leading`: the victim's disk before this step, to restore it
-        from if the step proposes (an operator's backup taken as it entered the view)."""
+    def _aimed_restore_victim(self, node: SimNode) -> SafetyState | None:
+        """For the aimed restores: the victim's safety state before this step, to restore
+        it from if the step signs what the restore aims at."""
         if (
-            self.options.restores_when_leading <= self.lead_restores
+            self.options.aimed_restores <= sum(self.aimed.values())
             or self.healed
             or node.index != self.honest[-1]
             or node.instance != 0
         ):
             return None
-        return node.disk.copy()
+        return node.disk.safety
 
-    def _restore_after_lead(self, node: SimNode, before: Disk, actions: list[Action]) -> bool:
-        proposed = [
-            a.message for a in actions if isinstance(a, Send) and isinstance(a.message, Proposal)
-        ]
-        if not proposed:
+    def _restore_aim(self, actions: list[Action]) -> tuple[str, int, bytes] | None:
+        """What in this step an aimed restore fires on, if anything: (kind, view, the
+        block voted for or b"")."""
+        opts, done = self.options, self.aimed
+        sent = [a.message for a in actions if isinstance(a, Send)]
+        for msg in sent:
+            if isinstance(msg, Proposal) and done["leading"] < opts.restores_when_leading:
+                return "leading", msg.block.view, b""
+        for msg in sent:
+            if isinstance(msg, Vote) and done["voting"] < opts.restores_when_voting:
+                leader = self.membership.leader(msg.view)
+                if leader in self.byzantine or not self.byzantine:
+                    return "voting", msg.view, msg.block_hash
+            if isinstance(msg, Timeout) and done["timing_out"] < opts.restores_when_timing_out:
+                return "timing_out", msg.view, b""
+        return None
+
+    def _aimed_restore(self, node: SimNode, prior: SafetyState, actions: list[Action]) -> bool:
+        aim = self._restore_aim(actions)
+        if aim is None:
             return False
-        self._apply(node, actions)  # the proposal (and its vote) leave...
-        # ...and the copy kept holds the certificates that let it enter the view, but not
-        # what it signed in it, nor its own block.
-        backup = node.disk.copy()
-        prior = before.safety
-        backup.safety = replace(
-            backup.safety,
-            last_voted_view=prior.last_voted_view,
-            last_proposed_view=prior.last_proposed_view,
-            last_vote=prior.last_vote,
-            last_timeout=prior.last_timeout,
-        )
-        for proposal in proposed:
-            backup.blocks.pop(proposal.block.hash, None)
+        kind, view, voted = aim
+        # What it signs leaves: a proposal (and its vote) at once, a vote or a timeout
+        # held in flight until the restored victim has asked its peers and been answered.
+        self.holding = None if kind == "leading" else node.index
+        self._apply(node, actions)
+        self.holding = None
+        backup = node.backup_before(view, self.options.restore_backup_views)
+        if self.options.restore_backup_views == 0 or backup is None:
+            # The copy kept holds the certificates that let it enter the view, but not what
+            # it signed in it, nor its own block.
+            backup = node.disk.copy()
+            backup.safety = replace(
+                backup.safety,
+                last_voted_view=prior.last_voted_view,
+                last_proposed_view=prior.last_proposed_view,
+                last_vote=prior.last_vote,
+                last_timeout=prior.last_timeout,
+                locked_qc=prior.locked_qc,
+            )
+            if kind == "leading":
+                for msg in (a.message for a in actions if isinstance(a, Send)):
+                    if isinstance(msg, Proposal):
+                        backup.blocks.pop(msg.block.hash, None)
         node.snapshots = [backup]
-        # Down for longer than a message takes, as a restore from backup is: what it sent
-        # before has reached its peers when it asks them (Rule 6 at start).
-        node.crash(self.tick + self.options.delay_ticks_max + 2)
         node.force_stale = True
-        self.lead_restores += 1
+        self.aimed[kind] += 1
+        if kind == "leading":
+            # Down for longer than a message takes, as a restore from backup is: what it
+            # sent before has reached its peers when it asks them (Rule 6 at start).
+            node.crash(self.tick + self.options.delay_ticks_max + 2)
+        else:
+            node.crash(self.tick + 1)
+            self.redeliveries[node.index] = (view, voted)
         return True
+
+    def _redeliver(self, node: SimNode) -> None:
+        """Once a victim restored after voting or timing out has ended its fencing, the
+        network hands it the proposals of that view it has not voted for: the Byzantine
+        leader's other block, or the block it timed out waiting for, delivered late."""
+        if node.core.fencing:
+            return
+        view, voted = self.redeliveries.pop(node.index)
+        if node.core.view != view:
+            return
+        for block_hash, envelope in self.sent_proposals.get(view, {}).items():
+            if block_hash != voted:
+                self._order += 1
+                self._queue.append(_InFlight(self.tick + 1, self._order, node.index, 0, envelope))
 
     def _deliver(self, item: _InFlight) -> None:
         envelope = item.envelope
@@ -1284,12 +1426,17 @@ class Simulation:
 
 
 def scenario(seed: int, n: int) -> SimOptions:
-    """The scenario a seed stands for: faults and Byzantine members drawn from the seed."""
+    """The scenario a seed stands for: faults and Byzantine members drawn from the seed.
+    About half the seeds also restore the victim from a backup (the restore counts drawn
+    last, so the draws before them stay what they were for every seed); not while f
+    Byzantine members withhold what the honest ones need to leave a view, because a
+    restored replica sits out the views it fences, which makes one fault more than
+    liveness tolerates (docs/consensus/fencing.md)."""
     rng = random.Random(seed * 7919 + n)
     f = (n - 1) // 3
     k = rng.randint(0, f)
     byzantine = tuple(rng.choice(BEHAVIOURS) for _ in range(k))
-    return SimOptions(
+    options = SimOptions(
         seed=seed,
         n=n,
         byzantine=byzantine,
@@ -1303,6 +1450,15 @@ def scenario(seed: int, n: int) -> SimOptions:
         crash_ticks_max=rng.choice((30, 150)),
         tx_per_tick_permille=rng.choice((100, 500, 900)),
     )
+    restores = replace(
+        options,
+        restores_when_leading=rng.choice((0, 1, 2)),
+        restores_when_voting=rng.choice((0, 1, 2)),
+        restores_when_timing_out=rng.choice((0, 1)),
+        restore_backup_views=rng.choice((0, 1, 2, 4)),
+    )
+    withholding = sum(b in WITHHOLDING_BEHAVIOURS for b in byzantine)
+    return restores if rng.randrange(2) and withholding < f else options
 
 
 # ============================================================================ Twins
@@ -1325,14 +1481,16 @@ def twins_splits(instances: int) -> list[tuple[int, ...]]:
 
 
 def twins_scenarios(
-    n: int = 4, *, per_behaviour: int | None = None, restores_when_leading: int = 2
+    n: int = 4, *, per_behaviour: int | None = None, restores: int = 3
 ) -> list[SimOptions]:
     """The enumerated adversary (Twins, Bano et al. 2020). For each Byzantine behaviour
-    (twin instances of one key, an equivocating leader, a forking leader), every place
-    of the Byzantine member in the round-robin leader order times every partition
-    schedule of `TWINS_PHASES` phases (each phase a two-way split of the node
-    instances); and, beside twins and equivocation, a victim restored from a backup just
-    after it proposed. With
+    (twin instances of each of f keys, f equivocating leaders, f forking leaders, each
+    time at f consecutive places of the round-robin leader order), every
+    place in that order times every partition schedule of `TWINS_PHASES` phases (each
+    phase a two-way split of the node instances); and, beside twins and equivocation, a
+    victim restored from a backup (taken on entering the view, or one or two views
+    before) up to `restores` times each just after it proposed, voted in a Byzantine
+    member's view, or timed out, with what it signed still in flight. With
     `per_behaviour`, that many scenarios of each behaviour, evenly spaced through its
     enumeration, so that no behaviour outweighs the others by the number of its
     instances. Each scenario is a plain `SimOptions`: a failure prints what reproduces it.
@@ -1361,9 +1519,10 @@ def twins_scenarios(
                     delay_ticks_max=2,
                     victim_delay_ticks=60 if behaviour == "fork_leader" else 0,
                     # The forking leader's victim is the restore drill's too: one at a time.
-                    restores_when_leading=0
-                    if behaviour == "fork_leader"
-                    else restores_when_leading,
+                    restores_when_leading=0 if behaviour == "fork_leader" else restores,
+                    restores_when_voting=0 if behaviour == "fork_leader" else restores,
+                    restores_when_timing_out=0 if behaviour == "fork_leader" else restores,
+                    restore_backup_views=case % 3,
                 )
             )
     return out

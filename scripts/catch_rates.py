@@ -42,7 +42,7 @@ def caught(options: SimOptions) -> bool:
 
 def rate(population: Sequence[SimOptions], variant: str) -> tuple[int, Counter[str], float]:
     """How many of `population` catch `variant`, by the scenario's Byzantine behaviours
-    (or the restore it draws), and the seconds that took."""
+    (and whether it restores a member from a backup), and the seconds that took."""
     started = time.perf_counter()
     hits = 0
     by: Counter[str] = Counter()
@@ -55,14 +55,7 @@ def rate(population: Sequence[SimOptions], variant: str) -> tuple[int, Counter[s
 
 def label(options: SimOptions) -> str:
     name = "+".join(sorted(set(options.byzantine))) or "honest"
-    restores = [
-        f"restore-{kind}"
-        for kind in ("leading", "voting", "timing_out")
-        if getattr(options, f"restores_when_{kind}", 0)
-    ]
-    if getattr(options, "restore_backup_views", 0):
-        restores.append("restore-drawn")
-    return "/".join([name, *restores])
+    return f"{name} (restored)" if getattr(options, "aimed_restores", 0) else name
 
 
 def share(hits: int, total: int) -> str:

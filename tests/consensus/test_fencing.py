@@ -4,11 +4,12 @@ signs again in a view it already signed in (recovery drill `stale-restore`)."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 from quorumgate.replica.actions import PersistSafety, Send
 from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.safety import SafetyError, SafetyState
-from quorumgate.replica.sim import Simulation, SimulationFailure, scenario
+from quorumgate.replica.sim import SimOptions, Simulation, SimulationFailure, scenario
 from quorumgate.replica.types import (
     Hello,
     HelloReply,
@@ -187,8 +188,9 @@ def stale_options(seed: int, n: int) -> object:
 
 
 def test_replicas_restored_from_old_data_never_equivocate_in_simulation() -> None:
-    """The victim member crashes often and comes back from its oldest copy most times;
-    no two different votes of it for one view ever reach the network."""
+    """The victim member crashes often and comes back from its oldest copy most times
+    (the others crash too, and come back on their own data); no two different votes of
+    it for one view ever reach the network."""
     restores, failures = 0, []
     for n, seeds in ((4, range(80)), (7, range(30))):
         for seed in seeds:
@@ -376,3 +378,37 @@ def test_a_timeout_carries_at_least_the_high_qc_of_the_tc_it_follows() -> None:
     timeouts = _tick_until_timeout(core)
     assert timeouts and timeouts[0].view == 9
     assert timeouts[0].high_qc.view == 7, "the timeout hid the QC its TC vouches for"
+
+
+def aimed_options(seed: int, n: int) -> SimOptions:
+    behaviour = ("equivocate", "twins")[seed % 2]
+    return SimOptions(
+        seed=seed,
+        n=n,
+        byzantine=(behaviour,) * ((n - 1) // 3),
+        ticks=600,
+        delay_ticks_max=2,
+        restores_when_voting=3,
+        restores_when_timing_out=2,
+        restore_backup_views=seed % 3,
+    )
+
+
+def test_restores_right_after_voting_or_timing_out_never_sign_twice_in_simulation() -> None:
+    """The victim is restored right after it voted in a Byzantine member's view, or timed
+    out, from a backup of that view or up to two before, what it signed held in flight
+    until its peers have answered; once its fencing ends it is handed that view's other
+    proposals. Before the fence counted certificates, the equivocating or twin leaders'
+    second block got its second vote (tests/consensus/test_tester.py keeps that fence as
+    `reported_fence`, which these scenarios catch)."""
+    aimed, failures = Counter[str](), []
+    for n, seeds in ((4, range(24)), (7, range(10))):
+        for seed in seeds:
+            sim = Simulation(aimed_options(seed, n))
+            try:
+                sim.run()
+            except SimulationFailure as failure:
+                failures.append(str(failure))
+            aimed += sim.aimed
+    assert failures == []
+    assert aimed["voting"] >= 60 and aimed["timing_out"] >= 40, aimed

@@ -16,7 +16,14 @@ import pytest
 from quorumgate.replica.actions import Send
 from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.safety import SafetyState
-from quorumgate.replica.sim import Disk, SimExecution, SimMempool, SimPool, Simulation, scenario
+from quorumgate.replica.sim import (
+    Disk,
+    SimExecution,
+    SimMempool,
+    SimOptions,
+    SimPool,
+    Simulation,
+)
 from quorumgate.replica.types import Proposal, Timeout, TimeoutCert, Vote, genesis_block
 from tests.consensus.helpers import CHAIN, SIGNERS, TEST_LIMITS, Net, membership
 
@@ -372,6 +379,13 @@ def test_a_replica_restarted_in_a_quiet_cluster_stays_quiet(member: int) -> None
 def test_seed_702926_a_restart_into_a_quiet_cluster_settles() -> None:
     """Found by the seeded scenarios: with twins, duplication and crashes, a member
     restarted while the others were quiet kept needing ticks (QUIET)."""
-    opts = scenario(702926, 4)
-    assert opts.byzantine == ("twins",) and opts.crash_permille == 3
+    opts = SimOptions(
+        seed=702926,
+        byzantine=("twins",),
+        ticks=300,
+        dup_permille=50,
+        crash_permille=3,
+        crash_ticks_max=150,
+        tx_per_tick_permille=100,
+    )
     Simulation(opts).run()

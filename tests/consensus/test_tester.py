@@ -27,13 +27,19 @@ SEEDS = range(20)
 def options(seed: int, unsafe: str | None) -> SimOptions:
     """The scenario that exercises each broken rule: a forking leader with a victim for
     the lock and commit rules, an equivocating leader (one member sees both blocks) for
-    one-vote-per-view, and a victim restored from a backup just after it proposed — and
-    restarted into the view it signed in — for fencing."""
+    one-vote-per-view, a victim restored from a backup just after it proposed — and
+    restarted into the view it signed in — for fencing, and one restored just after it
+    voted in the equivocating leader's view or timed out, what it signed still in flight,
+    for the fence the peers' reports made."""
     base = SimOptions(seed=seed, n=4, ticks=600, delay_ticks_max=2, unsafe=unsafe)
     if unsafe == "double_vote":
         return replace(base, byzantine=("equivocate",))
     if unsafe == "no_fence":
         return replace(base, restores_when_leading=3)
+    if unsafe == "reported_fence":
+        return replace(
+            base, byzantine=("equivocate",), restores_when_voting=3, restores_when_timing_out=1
+        )
     return replace(base, byzantine=("fork_leader",), victim_delay_ticks=60)
 
 
@@ -49,9 +55,9 @@ def failure_of(opts: SimOptions) -> str | None:
 def test_the_simulation_catches_an_unsafe_variant_within_20_seeds(variant: str) -> None:
     """no_safe_to_vote drops Rule 2 (DiemBFT v4 safe_to_vote); tc_ignores_high_qc keeps
     its first branch but votes for anything after a TC; double_vote drops Rule 1 (one
-    vote per view);
-    no_fence drops Rule 6 (a replica restored from old data fences the views it may have
-    signed in). Each must be caught."""
+    vote per view); no_fence drops Rule 6 (a replica restored from old data fences the
+    views it may have signed in); reported_fence fences a restore at the views its peers
+    saw it sign in, as Rule 6 once did. Each must be caught."""
     caught: list[tuple[int, str]] = []
     for seed in SEEDS:
         text = failure_of(options(seed, variant))
