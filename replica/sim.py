@@ -8,6 +8,9 @@ checks safety:
 - no two honest replicas commit different blocks at one height, and each honest replica
   commits heights in order without gaps (so honest committed chains are prefixes of one
   another);
+- every block an honest replica holds a QC for, certified in a view above the highest
+  block an honest replica committed, extends that block (the lemma of replica/safety.py's
+  argument: a broken rule fails here before, or instead of, forking a commit);
 - no honest replica ever signs two different votes in one view, nor a vote in a view
   after a timeout for it, across restarts too (judged on what reaches peers);
 - no `Send` leaves before the safety state it depends on is durable.
@@ -620,6 +623,8 @@ class Simulation:
         self.messages = 0
         # safety oracles
         self.committed_by_height: dict[int, bytes] = {0: genesis_block(chain).hash}
+        self.committed_tip = genesis_block(chain)  # the highest block an honest node committed
+        self.blocks_by_hash: dict[bytes, Block] = {self.committed_tip.hash: self.committed_tip}
         self.honest_votes: dict[tuple[int, int], bytes] = {}
         # (member, instance) -> side; None when the network is whole
         self.partition: dict[tuple[int, int], int] | None = None
@@ -722,6 +727,24 @@ class Simulation:
                 f"SAFETY: {who} {src} equivocated: two votes for view {msg.view} reached peers"
             )
 
+    def _check_certified(self, qc: QuorumCert) -> None:
+        """The lemma the safety argument rests on (replica/safety.py): once B0 of view r
+        commits, every block certified in a view above r extends it. Checked on each
+        honest replica's highest QC against the highest block an honest replica
+        committed (the last block of a commit is the B0 of its 2-chain), so a conflicting
+        certificate fails the run before any fork commits, or stalls everyone instead."""
+        tip = self.committed_tip
+        if qc.view <= tip.view:
+            return
+        block = self.blocks_by_hash.get(qc.block_hash)
+        while block is not None and block.height > tip.height:
+            block = self.blocks_by_hash.get(block.parent_hash)
+        if block is not None and block.hash != tip.hash:
+            raise self.fail(
+                f"SAFETY: a block certified in view {qc.view} does not extend the block "
+                f"committed at height {tip.height} (view {tip.view})"
+            )
+
     @property
     def restore_in_flight_ticks(self) -> int:
         """How long an aimed restore's last vote or timeout is delayed: past the restart,
@@ -789,6 +812,7 @@ class Simulation:
     def _keep_proposal(self, envelope: Envelope, proposal: Proposal) -> None:
         """The network remembers what it carried, to hand a restored victim again."""
         view = proposal.block.view
+        self.blocks_by_hash.setdefault(proposal.block.hash, proposal.block)
         self.sent_proposals.setdefault(view, {}).setdefault(proposal.block.hash, envelope)
         if len(self.sent_proposals) > SENT_PROPOSAL_VIEWS_MAX:
             del self.sent_proposals[min(self.sent_proposals)]
@@ -810,6 +834,8 @@ class Simulation:
                         f"SAFETY: two blocks committed at height {block.height} "
                         f"({known[:4].hex()} and {block.hash[:4].hex()}, node {node.index})"
                     )
+                if block.height > self.committed_tip.height:
+                    self.committed_tip = block
             disk.committed.append(block)
             node.committed_txs.update(block.payload)
             disk.blocks.pop(block.hash, None)
@@ -877,6 +903,8 @@ class Simulation:
         if behaviour == "double_vote" and isinstance(msg, Vote):
             return [(send.to, msg)]
         if behaviour == "fork_leader":
+            if isinstance(msg, Proposal) and not self._forks_in(msg.block.view):
+                return [(send.to, msg)]  # a teammate forked the view before: extend it
             if isinstance(msg, Proposal):
                 fork = self._fork_block(node, msg)
                 if fork is None:
@@ -885,12 +913,13 @@ class Simulation:
                 return []
             if isinstance(msg, Timeout | TimeoutCert):
                 return []  # its certificates would tell the others what the victim knows
-            if isinstance(msg, Vote) and self.membership.leader(msg.view) == me:
+            if isinstance(msg, Vote) and self._forks_in(msg.view):
                 return []  # its vote goes to the fork, not to the block it replaced
             if isinstance(msg, Vote):
-                # Withhold the vote for the block just before our own view from all but
-                # the victim: only the victim can then certify it (and commit).
-                if self.membership.leader(msg.view + 1) == me:
+                # Withhold the vote for the block just before a view the team forks from
+                # all but the victim: only the victim can then certify it (and commit).
+                # Every member of the team does, or the others' votes certify it anyway.
+                if self._forks_in(msg.view + 1):
                     return [(self.fork_victim, msg)]
                 return [(send.to, msg)]
         if behaviour == "forge_certs":
@@ -1057,6 +1086,13 @@ class Simulation:
             out.append((None, Proposal(block, sig)))
         return out
 
+    def _forks_in(self, view: int) -> bool:
+        """The `fork_leader` members act as one team: a view one of them leads is forked
+        unless a teammate led the view before it (then it extends that fork, which needs a
+        child in the next view to commit)."""
+        leader = self.membership.leader
+        return leader(view) in self.fork_leaders and leader(view - 1) not in self.fork_leaders
+
     def _fork_block(self, node: SimNode, honest: Proposal) -> Proposal | None:
         """The same view, but extending the QC three (or, every other time, two) blocks
         below the highest: a sibling of the block the victim alone has seen committed (or
@@ -1108,7 +1144,7 @@ class Simulation:
             block = msg.block
             sig = self._sign(me, vote_bytes(chain, block.view, block.hash))
             vote = Vote(block.view, block.height, block.hash, me, sig)
-            to = self.fork_victim if self.membership.leader(block.view + 1) == me else None
+            to = self.fork_victim if self._forks_in(block.view + 1) else None
             self._deliver_from(me, to, vote, node.instance)
             return
         fork = self.fork_pending.get(me)
@@ -1179,6 +1215,8 @@ class Simulation:
             node.crash(self.tick + down)
             return
         self._apply(node, actions)
+        if node.index not in self.byzantine:
+            self._check_certified(node.core.high_qc)
         if before is not None:
             node.keep_backup()
         if node.index in self.redeliveries and node.instance == 0:
@@ -1484,8 +1522,8 @@ def twins_scenarios(
     n: int = 4, *, per_behaviour: int | None = None, restores: int = 3
 ) -> list[SimOptions]:
     """The enumerated adversary (Twins, Bano et al. 2020). For each Byzantine behaviour
-    (twin instances of each of f keys, f equivocating leaders, f forking leaders, each
-    time at f consecutive places of the round-robin leader order), every
+    (twin instances of each of f keys, f equivocating leaders, a team of f forking
+    leaders, each time at f consecutive places of the round-robin leader order), every
     place in that order times every partition schedule of `TWINS_PHASES` phases (each
     phase a two-way split of the node instances); and, beside twins and equivocation, a
     victim restored from a backup (taken on entering the view, or one or two views
