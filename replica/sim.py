@@ -494,6 +494,10 @@ class SimNode:
         self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
         # (view entered, the disk then): the aimed restores' backups, newest last
         self.backups: list[tuple[int, Disk]] = []
+        # The restore marker (replica/node.py RESTORE_MARKER_FILE): set when a backup is
+        # put back, cleared once the core is past its fence, so that a crash before then
+        # restarts it as a restore again.
+        self.restore_marker = False
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
         self.core = self._make_core(None)
@@ -530,12 +534,13 @@ class SimNode:
         self.snapshots.append(self.disk.copy())
 
     def restart(self, stale: bool = False) -> list[Action]:
-        restored = stale and (len(self.snapshots) > 1 or self.force_stale)
-        if restored:
+        if stale and (len(self.snapshots) > 1 or self.force_stale):
             # Restored from an old copy of the data directory: it forgot what it signed since.
             self.disk = self.snapshots[0].copy()
             self.sim.stale_restores += 1
             self.sim.amnesiac.add(self.index)
+            self.restore_marker = True
+        restored = self.restore_marker
         disk = self.disk
         committed = disk.committed[-1]
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
@@ -1215,6 +1220,8 @@ class Simulation:
             node.crash(self.tick + down)
             return
         self._apply(node, actions)
+        if node.restore_marker and not node.core.restoring:
+            node.restore_marker = False  # as the shell removes the file
         if node.index not in self.byzantine:
             self._check_certified(node.core.high_qc)
         if before is not None:
