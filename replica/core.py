@@ -76,6 +76,9 @@ from quorumgate.replica.types import (
 from quorumgate.replica.validate import check_envelope
 
 BACKOFF_EXPONENT_MAX = 16
+# Views our highest QC may run ahead of the block we last committed before on_tick asks a
+# peer for what it committed (a busy cluster commits every view or two).
+COMMIT_LAG_VIEWS_MAX = 8
 
 
 class PayloadSource(Protocol):
@@ -350,6 +353,18 @@ class Core:
             # votes that overtook a proposal cost no request); a quiet one sends none, so
             # ask a signer.
             self._request_sync(self._next_signer(self.high_qc), self.high_qc.block_hash)
+        if (
+            self.high_qc.view > self.tree.root.view + COMMIT_LAG_VIEWS_MAX
+            and self._sync_peer is None
+            and self._sync_ticks >= self.limits.sync_retry_ticks
+            and not self.quiescent()
+        ):
+            # Blocks get certified far past the last one we committed, yet we commit none:
+            # the 2-chain that committed our peers' next block formed without us (its QC
+            # never reached us), and a quiet cluster's heartbeats, led every other view by a
+            # replica with nothing to order, are never certified in consecutive views. Ask
+            # a signer for what it committed (nothing, if the cluster committed nothing).
+            self._request_sync(self._next_signer(self.high_qc), b"")
         self._maybe_propose()
         return self._flush()
 

@@ -389,3 +389,32 @@ def test_seed_702926_a_restart_into_a_quiet_cluster_settles() -> None:
         tx_per_tick_permille=100,
     )
     Simulation(opts).run()
+
+
+def test_members_that_missed_a_commit_catch_up_while_heartbeats_never_commit() -> None:
+    """Found by the Twins enumeration at n = 7 (twins of two members, restores of a third):
+    block 46 committed at three members by a QC of view 54 that two others never saw.
+    Those two, still owed the state root of height 38, kept proposing heartbeats when they
+    led; the quiet members led the views between and proposed nothing, so every block was
+    certified two views after its parent and none ever committed (QUIET: heights 46 and 45,
+    two members needing ticks). A member whose highest QC runs COMMIT_LAG_VIEWS_MAX views
+    past its last commit now asks a signer for what it committed."""
+    opts = SimOptions(
+        seed=12933469,
+        n=7,
+        byzantine=("twins", "twins"),
+        ticks=500,
+        delay_ticks_max=2,
+        byzantine_members=(5, 6),
+        partition_schedule=(
+            (0, 1, 0, 1, 1, 1, 1, 1, 0),
+            (0, 0, 1, 1, 0, 0, 1, 1, 1),
+            (0, 1, 1, 1, 0, 0, 0, 1, 1),
+        ),
+        schedule_phase_ticks=100,
+        restores_when_leading=3,
+        restores_when_voting=3,
+        restores_when_timing_out=3,
+    )
+    result = Simulation(opts).run()
+    assert len(set(result.committed_heights.values())) == 1
