@@ -1307,7 +1307,7 @@ class Simulation:
         if node.core.view != view:
             return
         for block_hash, envelope in self.sent_proposals.get(view, {}).items():
-            if block_hash != voted:
+            if block_hash != voted and envelope.sender != node.index:  # (not its own)
                 self._order += 1
                 self._queue.append(_InFlight(self.tick + 1, self._order, node.index, 0, envelope))
 
