@@ -39,8 +39,9 @@ class Limits:
     # A leader carries the state root of a height at least this far below its block, so
     # every voter's sidecar has had time to execute it (DESIGN §4: "a fixed lag behind").
     state_root_lag_blocks: int = 8
-    # After a (re)start a replica signs nothing until 2f+1 peers told it which views they
-    # saw it sign in (safety Rule 6); with fewer peers up, after this many ticks f+1 do.
+    # After a plain (re)start a replica signs nothing until 2f+1 peers have answered its
+    # hello (safety Rule 6); with fewer peers up, after this many ticks f+1 do. A declared
+    # restore waits for 2f+1 however long (docs/consensus/fencing.md).
     fence_wait_ticks: int = 200
     # Verified-certificate cache entries (a QC is checked once, not at every sighting).
     verified_cache_max: int = 4_096

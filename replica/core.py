@@ -79,6 +79,9 @@ BACKOFF_EXPONENT_MAX = 16
 # Signed answers to one start (nonce) of a member's Rule 6 hello: enough for the retries of
 # its fencing (`fence_wait_ticks` / `sync_retry_ticks`, 4 by default) with some lost.
 HELLO_REPLIES_PER_START_MAX = 8
+# Views our highest QC may run ahead of the block we last committed before on_tick asks a
+# peer for what it committed (a busy cluster commits every view or two).
+COMMIT_LAG_VIEWS_MAX = 8
 
 
 class PayloadSource(Protocol):
@@ -150,6 +153,12 @@ class Recovered:
     committed: Block
     pending: tuple[Block, ...] = ()
     high_tc: TimeoutCert | None = None
+    # The highest committed height whose block carries transactions, or any height from
+    # there up to the committed top's state-root height (quiescence compares it with the
+    # roots the chain carries, so both give the same answer). None: not known, taken as
+    # the committed height, and quiescence then waits for that height's root to be
+    # carried once more, which an already quiet cluster never proposes.
+    payload_height: int | None = None
 
 
 @dataclass(slots=True)
@@ -189,9 +198,11 @@ class Core:
         recovered: Recovered | None = None,
         now_ms: int = 0,
         fence_on_start: bool = True,
+        restored: bool = False,
         hello_nonce: bytes | None = None,
     ) -> None:
         assert membership.is_member(me), "not a member"
+        assert fence_on_start or not restored, "a restore is always fenced (safety Rule 6)"
         self.membership = membership
         self.me = me
         self.limits = limits or Limits()
@@ -240,9 +251,12 @@ class Core:
         self._proposal_seen: dict[int, bytes] = {}
         self._waiting: Proposal | None = None
         self._waiting_asks = 0  # catch-up requests made for the waiting proposal's parent
-        # The highest committed height with transactions (restarts assume the committed top
-        # had some: quiescence then waits for its root to be carried once more).
-        self._payload_height = self.tree.committed_height
+        # The highest committed height with transactions, from what the shell read back.
+        self._payload_height = (
+            self.tree.committed_height
+            if recovered.payload_height is None
+            else min(recovered.payload_height, self.tree.committed_height)
+        )
         self._sync_peer: int | None = None
         self._sync_target = b""
         self._sync_ticks = 0
@@ -250,8 +264,14 @@ class Core:
         self._lacking_ticks = 0  # ticks our highest QC's block has been missing
         self._next_sync_peer = (me + 1) % membership.n
         self._started = False
-        # Rule 6 at start: sign nothing until f+1 peers said which views they saw us sign in.
+        # Rule 6 at start: sign nothing until peers have answered (_try_end_fencing). A
+        # start the shell declares a restore (its data may be older than what this member
+        # signed) waits for 2f+1 answers, however long, and fences at their highest
+        # certificate + 2; it answers no hello itself until it holds a certificate of the
+        # view before that fence (`restoring`): until then what it holds may be stale.
         self._fencing = fence_on_start
+        self._restored = restored
+        self._restore_fence = 0
         # Fresh at every start (the shell draws it: the core holds no randomness); a reply
         # counts only if it repeats it, so a reply to an earlier start cannot be replayed.
         # The default, derived from the start state, is for tests and the simulator only.
@@ -345,6 +365,18 @@ class Core:
             # votes that overtook a proposal cost no request); a quiet one sends none, so
             # ask a signer.
             self._request_sync(self._next_signer(self.high_qc), self.high_qc.block_hash)
+        if (
+            self.high_qc.view > self.tree.root.view + COMMIT_LAG_VIEWS_MAX
+            and self._sync_peer is None
+            and self._sync_ticks >= self.limits.sync_retry_ticks
+            and not self.quiescent()
+        ):
+            # Blocks get certified far past the last one we committed, yet we commit none:
+            # the 2-chain that committed our peers' next block formed without us (its QC
+            # never reached us), and a quiet cluster's heartbeats, led every other view by a
+            # replica with nothing to order, are never certified in consecutive views. Ask
+            # a signer for what it committed (nothing, if the cluster committed nothing).
+            self._request_sync(self._next_signer(self.high_qc), b"")
         self._maybe_propose()
         return self._flush()
 
@@ -401,6 +433,24 @@ class Core:
     @property
     def committed_height(self) -> int:
         return self.tree.committed_height
+
+    @property
+    def fencing(self) -> bool:
+        """Safety Rule 6 at start: still waiting for peers' answers, signing nothing."""
+        return self._fencing
+
+    @property
+    def restoring(self) -> bool:
+        """A declared restore that has not yet fenced, or whose highest certificate is
+        still below the view before its fence: what it holds may be older than what it
+        signed, so it answers no hello (another restore must not count it)."""
+        if not self._restored:
+            return False
+        return self._fencing or self._certified_view() < self._restore_fence - 1
+
+    def _certified_view(self) -> int:
+        """The highest view a verified certificate we hold ended (a QC or a TC)."""
+        return max(self.high_qc.view, self.high_tc.view if self.high_tc else 0)
 
     def quiescent(self) -> bool:
         """Nothing to order: no transaction waits, no uncommitted block carries any, and
@@ -507,6 +557,10 @@ class Core:
         self._check_against_block(qc)
         self._fence_on_own_signatures(qc, tc)
         self._raise_high_qc(qc)
+        if tc is not None:
+            # Our timeouts carry our highest QC, never below one a TC we hold vouches for
+            # (Rule 6's argument counts on it for a restored replica past its fence).
+            self._raise_high_qc(tc.high_qc)
         self._try_commit(qc)
         if tc is not None and (self.high_tc is None or tc.view > self.high_tc.view):
             self.high_tc = tc
@@ -538,6 +592,10 @@ class Core:
         if not same:
             self.checker.check_hello(sender, hello)
             answered = 0
+        if self.restoring:
+            # Rule 6: until past its fence a restored replica vouches for no one's
+            # (docs/consensus/fencing.md, "What a declared restore does").
+            raise RemoteError("hello_while_restoring", f"from {sender}")
         self._hellos_answered[sender] = (hello.nonce, hello.signature, answered + 1)
         seen = self._last_signed_by.get(sender, 0)
         reply = self.safety.sign_hello_reply(
@@ -559,23 +617,35 @@ class Core:
         self._try_end_fencing()
 
     def _try_end_fencing(self) -> None:
-        """Rule 6 at start. Votes and timeouts are broadcast, so each honest peer that got
-        one of our forgotten signatures reports its view; 2f+1 replies hold at least f+1
-        honest ones. Fence at the highest report, but never above the highest certified
-        view + 2, which is all a lying peer can make us skip. If 2f+1 peers do not answer
-        in `fence_wait_ticks` (some are down), f+1 answers have to do.
+        """Rule 6 at start (replica/safety.py has the argument).
 
-        What this cannot see: a signature that reached no honest replier (lost on the
-        way), which is then also in no certificate an honest replica holds (Rule 6 in
-        `_fence_on_own_signatures` covers those that are)."""
+        A restore (`restored`): once 2f+1 peers have answered, and never before, fence at
+        the highest view a verified certificate we now hold ended, + 2. Each answer
+        carries its sender's highest QC and TC; among 2f+1 answers is an honest signer of
+        the certificate that let us sign in our highest forgotten view v, and it holds a
+        certificate of v-2. A lying peer can only show a real certificate, so it makes us
+        skip at most two views past one the cluster really reached.
+
+        A plain start, from data this replica made durable itself, has forgotten nothing
+        (persist before send): fencing there guards against a restore nobody declared,
+        and is best effort. It fences at the highest view the answers saw it sign in,
+        capped at the certified view + 2, and after `fence_wait_ticks` f+1 answers do.
+        That misses a signature still in flight when the peers answered, and trusts f+1
+        answers that may include f liars: docs/consensus/fencing.md."""
         replies = len(self._hello_replies)
         quorum_of_peers = self.membership.quorum
-        waited = self._hello_ticks >= self.limits.fence_wait_ticks
-        if replies < quorum_of_peers and not (waited and replies >= self.membership.f + 1):
-            return
-        certified = max(self.high_qc.view, self.high_tc.view if self.high_tc else 0)
-        fence = min(max(self._hello_replies.values()), certified + 2)
-        if self.safety.fence(voted_view=fence, proposed_view=fence):
+        certified = self._certified_view()
+        if self._restored:
+            if replies < quorum_of_peers:
+                return
+            fence = certified + 2
+            self._restore_fence = fence
+        else:
+            waited = self._hello_ticks >= self.limits.fence_wait_ticks
+            if replies < quorum_of_peers and not (waited and replies >= self.membership.f + 1):
+                return
+            fence = min(max(self._hello_replies.values()), certified + 2)
+        if self.safety.fence(fence, fence, self.high_qc, self.high_tc):
             self.stats.fenced += 1
         self._fencing = False
         self._retry_waiting()

@@ -392,7 +392,7 @@ def _natural_sender(message: Message, core: Core) -> int:
     return (core.me + 1) % N
 
 
-def _core(w: World, me: int, fencing: bool) -> Core:
+def _core(w: World, me: int, fencing: bool, restored: bool = False) -> Core:
     core = Core(
         w.membership,
         me,
@@ -401,6 +401,7 @@ def _core(w: World, me: int, fencing: bool) -> Core:
         verifier=Verifier(FUZZ_LIMITS.verified_cache_max, w.verify),
         now_ms=START_MS + 5,
         fence_on_start=fencing,
+        restored=restored,
     )
     core.start()
     return core
@@ -430,7 +431,8 @@ def fuzz_kind(kind: str, seed: int, messages: int) -> FuzzReport:
     per_core = max(1, messages // CORES_PER_KIND)
     for c in range(CORES_PER_KIND):
         me = c % N
-        core = _core(w, me, fencing=kind == "hello_reply" or c % 3 == 0)
+        fencing = kind == "hello_reply" or c % 3 == 0
+        core = _core(w, me, fencing, restored=fencing and c % 2 == 1)  # (a declared restore)
         recent: deque[Message] = deque(maxlen=REPLAY_WINDOW)
         for k in range(per_core):
             if k % 50 == 0:

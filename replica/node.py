@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -101,6 +102,10 @@ SHUTDOWN_GRACE_S = 1.0
 # request out at a time); at most this many times n - 1 read the store at once.
 SYNC_SERVING_PER_PEER_MAX = 2
 DB_FILE = "replica.db"
+# An operator who puts a backup of DB_FILE back creates this file beside it: the replica
+# then starts as a restore (safety Rule 6; docs/consensus/fencing.md) and removes it once
+# its fence is behind it.
+RESTORE_MARKER_FILE = "restored-from-backup"
 
 log = logging.getLogger("quorumgate.replica")
 
@@ -168,6 +173,7 @@ class ReplicaNode:
         self._sync_repeats = SyncRepeats(self.limits.sync_retry_ticks * spec.tick_ms)
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
+        self._restore_marker: Path | None = None  # while a declared restore is fencing
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -175,6 +181,11 @@ class ReplicaNode:
         node_dir = self.spec.node_dir(self.index)
         self.store = await ReplicaStore.open(node_dir / DB_FILE, self.spec.chain_id)
         recovered = await self.store.load()
+        marker = node_dir / RESTORE_MARKER_FILE
+        restored = marker.exists()
+        if restored:
+            self._restore_marker = marker
+            log.warning("event=restore_declared node=%d marker=%s", self.index, marker.name)
         self.mempool = await self._rebuilt_mempool(recovered.committed.height)
         self.core = Core(
             self.membership,
@@ -185,6 +196,7 @@ class ReplicaNode:
             execution=self.sidecar.roots,
             recovered=recovered,
             now_ms=self._now_ms(),
+            restored=restored,
             hello_nonce=os.urandom(HELLO_NONCE_BYTES),  # fresh at every start (Rule 6)
         )
         client_api = ClientApi(
@@ -364,6 +376,11 @@ class ReplicaNode:
                 self.metrics.leader.set(action.leader)
         core = self.core
         assert core is not None
+        if self._restore_marker is not None and not core.restoring:
+            # The fence is durable (the store applied it above): later starts are plain.
+            self._restore_marker.unlink(missing_ok=True)
+            self._restore_marker = None
+            log.warning("event=restore_fenced node=%d view=%d", self.index, core.view)
         if core.high_qc.block_hash != self._qc_seen:
             self._qc_seen = core.high_qc.block_hash
             self.tracer.event("qc", core.high_qc.height)

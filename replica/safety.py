@@ -53,23 +53,63 @@ Rule 4 — safe to timeout (DiemBFT v4 `safe_to_timeout`): sign a timeout for vi
 Rule 5 — proposals: lead each view at most once (`last_proposed_view` grows), so an honest
   leader never equivocates, even across a crash.
 
-Rule 6 — fencing (recovery drills, `stale-restore`): a replica restarted from an old copy of
-  its data directory has forgotten signatures it made. When a verified certificate shows
-  its own signature for a view above its last voted (or proposed) view, it raises those
-  views to the certificate's, persisted before it signs anything else, so it never signs
-  again in a view it already signed in.
+Rule 6 — fencing (recovery drill `stale-restore`; docs/consensus/fencing.md): a replica
+  restored from an old copy of its data has forgotten signatures it made, so it must not
+  sign again in any view it may have signed in.
+  (a) A verified certificate showing its own signature for a view above its last voted (or
+      proposed) view raises those views to the certificate's, persisted before it signs
+      anything else.
+  (b) A start the shell declares a restore signs nothing until 2f+1 other members have
+      answered its signed hello (each answer signed for that start's fresh nonce, carrying
+      the answerer's highest QC and TC); it then raises both views to F = c + 2, c being
+      the highest view a verified certificate it holds ended, persisted with those
+      certificates. Until it holds a certificate of view F - 1 it answers no hello itself.
+  (c) In a fenced view (the last voted view, raised by (a) or (b), with neither a vote nor
+      a timeout of its own on record there) a timeout must carry the QC of the view just
+      before it.
+  A plain start, from data the replica made durable itself, has forgotten nothing: it
+  asks too, but its fence is best effort (replica/core.py `_try_end_fencing`).
+
+Why (b) covers every forgotten view. Say the restored replica R signed in view u before its
+restore. Whatever it signed needed a certificate of view u-1: a QC or TC of u-1 for a vote
+(Rule 2), a timeout (Rule 4) or a proposal. That certificate has 2f+1 signers, f+1 of them
+honest, so at least f honest ones besides R; "honest" means running on data it made
+durable itself, and at most f members are not (Byzantine, or restored and not yet past the
+view before their fence: they answer no hello). Each of those f signed in u-1 before R
+signed in u, holding a certificate of u-2 that it persisted with its signature (persist
+before send), so it holds one of u-2 or later ever after, across its own restarts. Of the
+3f other members at most f-1 did not answer, so one of those f did; its answer repeats R's
+fresh nonce, so it was made after the restore, and it carries its highest certificates:
+c >= u-2 and F >= u. The other answers carry only verified certificates: a Byzantine one
+can raise c to a view some certificate really ended (R then sits out two views more),
+never lower it. Fewer answers guarantee nothing: the bound needs f+1 honest answers, and
+only 2f+1 answers are sure to hold them (with f+1, f may be Byzantine and the honest one
+may come from a member that signed none of the certificates that mattered). Nor do the
+views the peers report having seen R sign: a signature still in flight is in no report.
+
+Why (c). A vote R forgot in its fenced view t locked at most the QC of t-1, the highest its
+block can be justified by; a timeout there with an older QC could be the one honest
+signature a TC of view t shares with the QC of the block R voted for, and that TC would
+hide R's lock. Below a fenced view R signs nothing (Rules 1, 4 and 5).
 
 Safety argument (Jolteon Theorem 1; DiemBFT v4 §5). The commit rule (replica/blocktree.py):
-B0 of view r commits when a QC certifies its child B1 of view r+1. By Rule 1 at most one
-block per view is certified. 2f+1 members voted for B1, f+1 of them honest, each locked at
-r or above (Rule 3: B1's justify certifies B0). Claim: every block certified in a view
-v > r extends B0. For v = r+1 it is B1. For v > r+1, f+1 honest members voted for it
-under Rule 2: either its justify is of view v-1 (> r: by induction that block extends
-B0), or a TC for view v-1 admitted it with a justify no lower than the TC's highest QC.
-That TC's 2f+1 signers include an honest voter for B1, who timed out in v-1 >= r+1 after
-voting in r+1 (Rule 1: not before, or it could not have voted) and so carried a QC of
-view >= r (Rule 4); the justify is then of a view in [r, v-1]: B0 itself, or by induction
-a block extending it. So no conflicting block is ever certified, let alone committed.
+B0 of view r commits when a QC certifies its child B1 of view r+1. By Rule 1 an honest
+replica votes once per view, and by Rule 6 a restored one never votes again in a view it
+voted in, so at most one block per view is certified. 2f+1 members voted for B1, f+1 of
+them honest, each locked at r or above (Rule 3: B1's justify certifies B0). Claim: every
+block certified in a view v > r extends B0, and every TC of a view t >= r+1 carries a QC
+of view r or above. The TC's 2f+1 signers include an honest voter h for B1. If h voted and
+then timed out in t from memory, the timeout carries a QC no lower than its lock (Rule 4),
+hence >= r; it cannot have timed out in t before voting in r+1 (Rule 1). If h was restored
+in between, its timeout in t is either in its fenced view, with the QC of t-1 >= r (Rule
+6c), or above its fence F >= r+1, where it entered t by a certificate of view t-1 >= r+1:
+by induction a QC of a block extending B0, or a TC carrying a QC >= r, and its timeout
+carries its highest QC, never below one a TC it holds carries. Now a block certified in
+v > r+1 got f+1 honest votes under Rule 2: either its justify is of view v-1 (> r: by
+induction that block extends B0), or a TC for view v-1 admitted it with a justify no lower
+than the TC's highest QC, >= r by the claim; the justify is then of a view in [r, v-1]:
+B0 itself (one certified block per view), or by induction a block extending it. For v =
+r+1 the block is B1. So no conflicting block is ever certified, let alone committed.
 """
 
 from __future__ import annotations
@@ -224,15 +264,24 @@ class SafetyRules:
 
     # ------------------------------------------------------------------ fencing
 
-    def fence(self, voted_view: int = 0, proposed_view: int = 0) -> bool:
-        """Rule 6: raise the last voted / proposed views to ones this replica's own
-        signatures were seen at. True (and persisted) if anything changed."""
+    def fence(
+        self,
+        voted_view: int = 0,
+        proposed_view: int = 0,
+        high_qc: QuorumCert | None = None,
+        high_tc: TimeoutCert | None = None,
+    ) -> bool:
+        """Rule 6: raise the last voted / proposed views to ones this replica may have
+        signed in and forgotten, with the (verified) certificates that showed it, so that
+        what it answers after a crash is no older. True (and persisted) if the views
+        changed."""
         state = self._state
         if voted_view <= state.last_voted_view and proposed_view <= state.last_proposed_view:
             return False
+        updated = state.with_certs(high_qc, high_tc) if high_qc is not None else state
         self._commit(
             replace(
-                state,
+                updated,
                 last_voted_view=max(state.last_voted_view, voted_view),
                 last_proposed_view=max(state.last_proposed_view, proposed_view),
             )
@@ -374,6 +423,22 @@ class SafetyRules:
             raise SafetyError(
                 4, f"timeout qc view {high_qc.view} < locked view {state.locked_qc.view}"
             )
+        if self._fenced(view, state) and high_qc.view + 1 != view:
+            raise SafetyError(
+                6,
+                f"timeout view {view} was fenced: it needs the qc of view {view - 1}, "
+                f"not of view {high_qc.view}",
+            )
+
+    @staticmethod
+    def _fenced(view: int, state: SafetyState) -> bool:
+        """`view` is the last voted view only by Rule 6: we may have signed in it and
+        forgotten, and neither our vote nor our timeout there is on record."""
+        return (
+            view == state.last_voted_view
+            and (state.last_vote is None or state.last_vote.view != view)
+            and (state.last_timeout is None or state.last_timeout.view != view)
+        )
 
     def _sign_timeout(self, statement: Timeout) -> Timeout:
         chain = self._checker.membership.chain_id

@@ -8,7 +8,11 @@ checks safety:
 - no two honest replicas commit different blocks at one height, and each honest replica
   commits heights in order without gaps (so honest committed chains are prefixes of one
   another);
-- no honest replica ever signs two different votes in one view, across restarts too;
+- every block an honest replica holds a QC for, certified in a view above the highest
+  block an honest replica committed, extends that block (the lemma of replica/safety.py's
+  argument: a broken rule fails here before, or instead of, forking a commit);
+- no honest replica ever signs two different votes in one view, nor a vote in a view
+  after a timeout for it, across restarts too (judged on what reaches peers);
 - no `Send` leaves before the safety state it depends on is durable.
 
 After the network heals it checks liveness: every honest replica commits a block proposed
@@ -18,7 +22,10 @@ whose message carries the seed and options that reproduce it.
 Byzantine behaviours wrap honest cores and override one thing each (as relab/hotstuff's
 twins and Byzantine wrappers do): an equivocating leader, twins (two honest instances with
 one key), a voter that signs every block it sees (no safety rules), a silent leader,
-invalid signatures, and forged certificates.
+invalid signatures, and forged certificates. One honest member (the victim) may be restored
+from a backup (safety Rule 6): right after it proposed, voted or timed out, with what it
+signed still in flight, from a backup taken on entering that view or some views earlier;
+docs/consensus/fencing.md says what a restore may and may not do.
 
 Nothing here is used by a production process; it lives in `cluster/` because the demo and
 `scripts/simulate.py` drive it as well as the tests.
@@ -83,6 +90,9 @@ BEHAVIOURS = (
     # forged or repeated signatures, in another member's or a non-member's name, plus
     # catch-up answers and hello replies nobody asked for (issue 14)
 )
+# Behaviours that never help the honest members leave a view (their votes and timeouts
+# are invalid or withheld): with f of them, liveness has no fault left for a restore.
+WITHHOLDING_BEHAVIOURS = ("bad_signatures", "fork_leader")
 MALFORM_COPIES = 2  # mutated copies of each message a `malform` member sends
 FAR_AHEAD_VIEWS = 1_000_000
 UNSAFE_VARIANTS = (
@@ -91,9 +101,13 @@ UNSAFE_VARIANTS = (
     "three_chain_lock",
     "double_vote",
     "no_fence",
+    "reported_fence",
 )
 SIM_TICK_MS = 10
 TX_BYTES = 48
+RESTORE_BACKUP_VIEWS_MAX = 8  # the victim's backups kept, one per view it entered
+# Proposals the network keeps, by view, to hand a restored victim again (the newest views).
+SENT_PROPOSAL_VIEWS_MAX = 32
 
 
 class SimulationFailure(AssertionError):
@@ -130,6 +144,15 @@ class SimOptions:
     # view it leads, it is killed, its data put back to what it held on entering that view,
     # and restarted at once — into the very view it signed in and forgot (safety Rule 6).
     restores_when_leading: int = 0
+    # The same right after it voted (in a view a Byzantine member leads, if there is one)
+    # or timed out: what it signed is delayed `restore_in_flight_ticks`, not lost, so its
+    # peers answer its hello before they see it; once its fencing ends the network hands
+    # it every other proposal of that view it had sent (after a timeout: every proposal).
+    restores_when_voting: int = 0
+    restores_when_timing_out: int = 0
+    # The backup an aimed restore puts back: taken on entering the view it signed in (0)
+    # or this many views before it (at most RESTORE_BACKUP_VIEWS_MAX).
+    restore_backup_views: int = 0
 
     def __post_init__(self) -> None:
         f = (self.n - 1) // 3
@@ -142,6 +165,14 @@ class SimOptions:
             raise ValueError(f"unknown unsafe variant {self.unsafe!r}")
         if self.byzantine_members and len(self.byzantine_members) != len(self.byzantine):
             raise ValueError("one member index per Byzantine behaviour")
+        if not 0 <= self.restore_backup_views <= RESTORE_BACKUP_VIEWS_MAX:
+            raise ValueError(f"restore_backup_views above {RESTORE_BACKUP_VIEWS_MAX}")
+
+    @property
+    def aimed_restores(self) -> int:
+        return (
+            self.restores_when_leading + self.restores_when_voting + (self.restores_when_timing_out)
+        )
 
     def reproduce(self) -> str:
         fields = ", ".join(
@@ -300,6 +331,7 @@ class NoFenceCore(Core):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["fence_on_start"] = False
+        kwargs["restored"] = False
         super().__init__(*args, **kwargs)
 
     def _fence_on_own_signatures(self, qc: QuorumCert, tc: TimeoutCert | None) -> None:
@@ -310,6 +342,17 @@ class NoFenceCore(Core):
             raise RemoteError("own_echo", f"view {view}")
 
 
+class ReportedFenceCore(Core):
+    """Broken on purpose: Rule 6 as it was — a restore is fenced as a plain start is, at the
+    highest view its peers saw it sign in (capped at the certified view + 2), and after
+    `fence_wait_ticks` on f+1 answers. A vote or timeout still in flight when they
+    answered is in no report, so the restored replica signs again in that view."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["restored"] = False
+        super().__init__(*args, **kwargs)
+
+
 CORE_CLASSES: dict[str | None, type[Core]] = {
     None: Core,
     "no_safe_to_vote": NoSafeToVoteCore,
@@ -317,6 +360,7 @@ CORE_CLASSES: dict[str | None, type[Core]] = {
     "three_chain_lock": ThreeChainLockCore,
     "double_vote": DoubleVoteCore,
     "no_fence": NoFenceCore,
+    "reported_fence": ReportedFenceCore,
 }
 
 
@@ -334,6 +378,10 @@ class Disk:
 
     def copy(self) -> Disk:
         return Disk(self.safety, list(self.committed), dict(self.proofs), dict(self.blocks))
+
+    def payload_height(self) -> int:
+        """The highest committed height whose block carries transactions (0: none)."""
+        return next((b.height for b in reversed(self.committed) if b.payload), 0)
 
     # CommittedStore, for serving sync requests
     def committed_height(self) -> int:
@@ -444,11 +492,17 @@ class SimNode:
         self.down_until = 0
         self.snapshots: list[Disk] = []
         self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
+        # (view entered, the disk then): the aimed restores' backups, newest last
+        self.backups: list[tuple[int, Disk]] = []
+        # The restore marker (replica/node.py RESTORE_MARKER_FILE): set when a backup is
+        # put back, cleared once the core is past its fence, so that a crash before then
+        # restarts it as a restore again.
+        self.restore_marker = False
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
         self.core = self._make_core(None)
 
-    def _make_core(self, recovered: Recovered | None) -> Core:
+    def _make_core(self, recovered: Recovered | None, restored: bool = False) -> Core:
         sim = self.sim
         cls = CORE_CLASSES[sim.options.unsafe] if self.index not in sim.byzantine else Core
         self.starts += 1
@@ -466,6 +520,8 @@ class SimNode:
             recovered=recovered,
             now_ms=sim.now_ms(self.index),
             hello_nonce=nonce.digest()[:HELLO_NONCE_BYTES],
+            # An operator who puts a backup back declares it (docs/consensus/fencing.md).
+            restored=restored,
         )
         return core
 
@@ -478,19 +534,37 @@ class SimNode:
         self.snapshots.append(self.disk.copy())
 
     def restart(self, stale: bool = False) -> list[Action]:
+        if self.restore_marker:
+            self.sim.restores_resumed += 1  # crashed while still fencing after a restore
         if stale and (len(self.snapshots) > 1 or self.force_stale):
             # Restored from an old copy of the data directory: it forgot what it signed since.
             self.disk = self.snapshots[0].copy()
             self.sim.stale_restores += 1
             self.sim.amnesiac.add(self.index)
+            self.restore_marker = True
+        restored = self.restore_marker
         disk = self.disk
         committed = disk.committed[-1]
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
         self.durable_epoch = disk.safety.epoch
         self.dropped_before += self.core.dropped
-        self.core = self._make_core(Recovered(disk.safety, committed, pending))
+        recovered = Recovered(disk.safety, committed, pending, payload_height=disk.payload_height())
+        self.core = self._make_core(recovered, restored=restored)
         self.up = True
         return self.core.start()
+
+    def keep_backup(self) -> None:
+        """The aimed restores' backups: the disk as it entered each of its last views."""
+        view = self.core.view
+        if self.backups and self.backups[-1][0] >= view:
+            return
+        self.backups.append((view, self.disk.copy()))
+        del self.backups[: -(RESTORE_BACKUP_VIEWS_MAX + 1)]
+
+    def backup_before(self, view: int, views_back: int) -> Disk | None:
+        """The newest backup taken at least `views_back` views before `view`."""
+        older = [disk for entered, disk in self.backups if entered <= view - views_back]
+        return older[-1].copy() if older else None
 
     @property
     def dropped(self) -> Counter[str]:
@@ -556,6 +630,8 @@ class Simulation:
         self.messages = 0
         # safety oracles
         self.committed_by_height: dict[int, bytes] = {0: genesis_block(chain).hash}
+        self.committed_tip = genesis_block(chain)  # the highest block an honest node committed
+        self.blocks_by_hash: dict[bytes, Block] = {self.committed_tip.hash: self.committed_tip}
         self.honest_votes: dict[tuple[int, int], bytes] = {}
         # (member, instance) -> side; None when the network is whole
         self.partition: dict[tuple[int, int], int] | None = None
@@ -565,9 +641,17 @@ class Simulation:
         self.forge_seq = 0
         self.fork_pending: dict[int, Proposal] = {}
         self.stale_restores = 0
-        self.lead_restores = 0
+        self.restores_resumed = 0  # restarts of a restored member not yet past its fence
+        self.aimed: Counter[str] = Counter()  # aimed restores done, by kind
         self.amnesiac: set[int] = set()
         self.delivered_votes: dict[tuple[int, int], bytes] = {}
+        self.delivered_timeouts: set[tuple[int, int]] = set()  # (honest member, view)
+        # view -> block hash -> a proposal of that view as sent (the newest views only)
+        self.sent_proposals: dict[int, dict[bytes, Envelope]] = {}
+        # an aimed restore's victim -> (view, block hash it voted for): the proposals of
+        # that view to hand it once its fencing ends
+        self.redeliveries: dict[int, tuple[int, bytes]] = {}
+        self.holding: int | None = None  # whose votes and timeouts are held in flight
         self.forks_made = 0
         self.fork_timeouts: dict[int, dict[int, Timeout]] = {}
         # The victim leads three views after a fork_leader, so the two views between can
@@ -614,25 +698,66 @@ class Simulation:
                 if self.rng.randrange(1000) < opts.dup_permille:
                     copies = 2
             msg = envelope.message
-            if isinstance(msg, Vote) and src not in self.byzantine:
-                # An honest member's votes as they reach the network, before and after any
-                # restore: a restored node may re-sign what it forgot only if the first
-                # copy reached nobody, so judge what reaches peers, not what leaves.
-                prior = self.delivered_votes.setdefault((src, msg.view), msg.block_hash)
-                if prior != msg.block_hash:
-                    who = "restored node" if src in self.amnesiac else "honest node"
-                    raise self.fail(
-                        f"SAFETY: {who} {src} equivocated: two votes for view {msg.view} "
-                        f"reached peers"
-                    )
+            if src not in self.byzantine:
+                self._check_reaching_peers(src, msg)
             for _ in range(copies):
                 delay = self.rng.randint(0, opts.delay_ticks_max) if not self.healed else 1
                 if not self.healed and self._victim_message(src, envelope.message):
                     delay += opts.victim_delay_ticks
+                if src == self.holding and isinstance(msg, Vote | Timeout):
+                    delay += self.restore_in_flight_ticks
                 self._order += 1
                 self._queue.append(
                     _InFlight(self.tick + 1 + delay, self._order, to, instance, envelope)
                 )
+
+    def _check_reaching_peers(self, src: int, msg: Message) -> None:
+        """An honest member's votes and timeouts as they reach the network, before and
+        after any restore. A restored node may re-sign what it forgot only if the first
+        copy reached nobody, so judge what reaches peers, not what leaves: one vote per
+        view, and no vote in a view after a timeout for it (Rule 1: a TC of that view
+        could then hide the QC the vote helps form)."""
+        who = "restored node" if src in self.amnesiac else "honest node"
+        if isinstance(msg, Timeout):
+            self.delivered_timeouts.add((src, msg.view))
+            return
+        if not isinstance(msg, Vote):
+            return
+        key = (src, msg.view)
+        if key in self.delivered_timeouts and key not in self.delivered_votes:
+            raise self.fail(
+                f"SAFETY: {who} {src} voted in view {msg.view} after its timeout for that "
+                "view reached peers"
+            )
+        prior = self.delivered_votes.setdefault(key, msg.block_hash)
+        if prior != msg.block_hash:
+            raise self.fail(
+                f"SAFETY: {who} {src} equivocated: two votes for view {msg.view} reached peers"
+            )
+
+    def _check_certified(self, qc: QuorumCert) -> None:
+        """The lemma the safety argument rests on (replica/safety.py): once B0 of view r
+        commits, every block certified in a view above r extends it. Checked on each
+        honest replica's highest QC against the highest block an honest replica
+        committed (the last block of a commit is the B0 of its 2-chain), so a conflicting
+        certificate fails the run before any fork commits, or stalls everyone instead."""
+        tip = self.committed_tip
+        if qc.view <= tip.view:
+            return
+        block = self.blocks_by_hash.get(qc.block_hash)
+        while block is not None and block.height > tip.height:
+            block = self.blocks_by_hash.get(block.parent_hash)
+        if block is not None and block.hash != tip.hash:
+            raise self.fail(
+                f"SAFETY: a block certified in view {qc.view} does not extend the block "
+                f"committed at height {tip.height} (view {tip.view})"
+            )
+
+    @property
+    def restore_in_flight_ticks(self) -> int:
+        """How long an aimed restore's last vote or timeout is delayed: past the restart,
+        the hello and its answers, and the proposals handed to the victim after them."""
+        return 4 * self.options.delay_ticks_max + 12
 
     # ------------------------------------------------------------------ actions
 
@@ -685,10 +810,20 @@ class Simulation:
         (on the wire the authenticated stream would give it away; the core must not
         depend on that)."""
         envelope = Envelope(self.membership.chain_id, src if claimed is None else claimed, msg)
+        if isinstance(msg, Proposal) and claimed is None:
+            self._keep_proposal(envelope, msg)
         targets = [to] if to is not None else [i for i in range(self.options.n) if i != src]
         for dst in targets:
             self.messages += 1
             self._enqueue(src, src_instance, dst, envelope)
+
+    def _keep_proposal(self, envelope: Envelope, proposal: Proposal) -> None:
+        """The network remembers what it carried, to hand a restored victim again."""
+        view = proposal.block.view
+        self.blocks_by_hash.setdefault(proposal.block.hash, proposal.block)
+        self.sent_proposals.setdefault(view, {}).setdefault(proposal.block.hash, envelope)
+        if len(self.sent_proposals) > SENT_PROPOSAL_VIEWS_MAX:
+            del self.sent_proposals[min(self.sent_proposals)]
 
     def _commit(self, node: SimNode, commit: Commit) -> None:
         disk = node.disk
@@ -707,6 +842,8 @@ class Simulation:
                         f"SAFETY: two blocks committed at height {block.height} "
                         f"({known[:4].hex()} and {block.hash[:4].hex()}, node {node.index})"
                     )
+                if block.height > self.committed_tip.height:
+                    self.committed_tip = block
             disk.committed.append(block)
             node.committed_txs.update(block.payload)
             disk.blocks.pop(block.hash, None)
@@ -774,6 +911,8 @@ class Simulation:
         if behaviour == "double_vote" and isinstance(msg, Vote):
             return [(send.to, msg)]
         if behaviour == "fork_leader":
+            if isinstance(msg, Proposal) and not self._forks_in(msg.block.view):
+                return [(send.to, msg)]  # a teammate forked the view before: extend it
             if isinstance(msg, Proposal):
                 fork = self._fork_block(node, msg)
                 if fork is None:
@@ -782,12 +921,13 @@ class Simulation:
                 return []
             if isinstance(msg, Timeout | TimeoutCert):
                 return []  # its certificates would tell the others what the victim knows
-            if isinstance(msg, Vote) and self.membership.leader(msg.view) == me:
+            if isinstance(msg, Vote) and self._forks_in(msg.view):
                 return []  # its vote goes to the fork, not to the block it replaced
             if isinstance(msg, Vote):
-                # Withhold the vote for the block just before our own view from all but
-                # the victim: only the victim can then certify it (and commit).
-                if self.membership.leader(msg.view + 1) == me:
+                # Withhold the vote for the block just before a view the team forks from
+                # all but the victim: only the victim can then certify it (and commit).
+                # Every member of the team does, or the others' votes certify it anyway.
+                if self._forks_in(msg.view + 1):
                     return [(self.fork_victim, msg)]
                 return [(send.to, msg)]
         if behaviour == "forge_certs":
@@ -954,6 +1094,13 @@ class Simulation:
             out.append((None, Proposal(block, sig)))
         return out
 
+    def _forks_in(self, view: int) -> bool:
+        """The `fork_leader` members act as one team: a view one of them leads is forked
+        unless a teammate led the view before it (then it extends that fork, which needs a
+        child in the next view to commit)."""
+        leader = self.membership.leader
+        return leader(view) in self.fork_leaders and leader(view - 1) not in self.fork_leaders
+
     def _fork_block(self, node: SimNode, honest: Proposal) -> Proposal | None:
         """The same view, but extending the QC three (or, every other time, two) blocks
         below the highest: a sibling of the block the victim alone has seen committed (or
@@ -1005,7 +1152,7 @@ class Simulation:
             block = msg.block
             sig = self._sign(me, vote_bytes(chain, block.view, block.height, block.hash))
             vote = Vote(block.view, block.height, block.hash, me, sig)
-            to = self.fork_victim if self.membership.leader(block.view + 1) == me else None
+            to = self.fork_victim if self._forks_in(block.view + 1) else None
             self._deliver_from(me, to, vote, node.instance)
             return
         fork = self.fork_pending.get(me)
@@ -1053,10 +1200,8 @@ class Simulation:
         opts = self.options
         if self.healed or opts.crash_permille == 0 or node.index in self.byzantine:
             return None
-        if opts.stale_restore_permille and node.index != self.honest[-1]:
-            # Stale-restore scenarios crash only the victim: its fencing relies on peers
-            # that stayed up since it signed what it forgot (they remember in memory).
-            return None
+        # (Other members crash in stale-restore scenarios too: a restore's fence rests on
+        # the certificates its peers persisted, not on what they remember in memory.)
         if self.rng.randrange(1000) >= opts.crash_permille:
             return None
         return 1 + self.rng.randrange(opts.crash_ticks_max)
@@ -1069,7 +1214,7 @@ class Simulation:
             actions = node.core.on_tick(self.now_ms(node.index))
         else:
             actions = node.core.on_transactions()
-        if before is not None and self._restore_after_lead(node, before, actions):
+        if before is not None and self._aimed_restore(node, before, actions):
             return
         down = self._maybe_crash(node)
         if down is not None:
@@ -1078,46 +1223,96 @@ class Simulation:
             node.crash(self.tick + down)
             return
         self._apply(node, actions)
+        if node.restore_marker and not node.core.restoring:
+            node.restore_marker = False  # as the shell removes the file
+        if node.index not in self.byzantine:
+            self._check_certified(node.core.high_qc)
+        if before is not None:
+            node.keep_backup()
+        if node.index in self.redeliveries and node.instance == 0:
+            self._redeliver(node)
 
-    def _aimed_restore_victim(self, node: SimNode) -> Disk | None:
-        """For `restores_when_leading`: the victim's disk before this step, to restore it
-        from if the step proposes (an operator's backup taken as it entered the view)."""
+    def _aimed_restore_victim(self, node: SimNode) -> SafetyState | None:
+        """For the aimed restores: the victim's safety state before this step, to restore
+        it from if the step signs what the restore aims at."""
         if (
-            self.options.restores_when_leading <= self.lead_restores
+            self.options.aimed_restores <= sum(self.aimed.values())
             or self.healed
             or node.index != self.honest[-1]
             or node.instance != 0
         ):
             return None
-        return node.disk.copy()
+        return node.disk.safety
 
-    def _restore_after_lead(self, node: SimNode, before: Disk, actions: list[Action]) -> bool:
-        proposed = [
-            a.message for a in actions if isinstance(a, Send) and isinstance(a.message, Proposal)
-        ]
-        if not proposed:
+    def _restore_aim(self, actions: list[Action]) -> tuple[str, int, bytes] | None:
+        """What in this step an aimed restore fires on, if anything: (kind, view, the
+        block voted for or b"")."""
+        opts, done = self.options, self.aimed
+        sent = [a.message for a in actions if isinstance(a, Send)]
+        for msg in sent:
+            if isinstance(msg, Proposal) and done["leading"] < opts.restores_when_leading:
+                return "leading", msg.block.view, b""
+        for msg in sent:
+            if isinstance(msg, Vote) and done["voting"] < opts.restores_when_voting:
+                leader = self.membership.leader(msg.view)
+                if leader in self.byzantine or not self.byzantine:
+                    return "voting", msg.view, msg.block_hash
+            if isinstance(msg, Timeout) and done["timing_out"] < opts.restores_when_timing_out:
+                return "timing_out", msg.view, b""
+        return None
+
+    def _aimed_restore(self, node: SimNode, prior: SafetyState, actions: list[Action]) -> bool:
+        aim = self._restore_aim(actions)
+        if aim is None:
             return False
-        self._apply(node, actions)  # the proposal (and its vote) leave...
-        # ...and the copy kept holds the certificates that let it enter the view, but not
-        # what it signed in it, nor its own block.
-        backup = node.disk.copy()
-        prior = before.safety
-        backup.safety = replace(
-            backup.safety,
-            last_voted_view=prior.last_voted_view,
-            last_proposed_view=prior.last_proposed_view,
-            last_vote=prior.last_vote,
-            last_timeout=prior.last_timeout,
-        )
-        for proposal in proposed:
-            backup.blocks.pop(proposal.block.hash, None)
+        kind, view, voted = aim
+        # What it signs leaves: a proposal (and its vote) at once, a vote or a timeout
+        # held in flight until the restored victim has asked its peers and been answered.
+        self.holding = None if kind == "leading" else node.index
+        self._apply(node, actions)
+        self.holding = None
+        backup = node.backup_before(view, self.options.restore_backup_views)
+        if self.options.restore_backup_views == 0 or backup is None:
+            # The copy kept holds the certificates that let it enter the view, but not what
+            # it signed in it, nor its own block.
+            backup = node.disk.copy()
+            backup.safety = replace(
+                backup.safety,
+                last_voted_view=prior.last_voted_view,
+                last_proposed_view=prior.last_proposed_view,
+                last_vote=prior.last_vote,
+                last_timeout=prior.last_timeout,
+                locked_qc=prior.locked_qc,
+            )
+            if kind == "leading":
+                for msg in (a.message for a in actions if isinstance(a, Send)):
+                    if isinstance(msg, Proposal):
+                        backup.blocks.pop(msg.block.hash, None)
         node.snapshots = [backup]
-        # Down for longer than a message takes, as a restore from backup is: what it sent
-        # before has reached its peers when it asks them (Rule 6 at start).
-        node.crash(self.tick + self.options.delay_ticks_max + 2)
         node.force_stale = True
-        self.lead_restores += 1
+        self.aimed[kind] += 1
+        if kind == "leading":
+            # Down for longer than a message takes, as a restore from backup is: what it
+            # sent before has reached its peers when it asks them (Rule 6 at start).
+            node.crash(self.tick + self.options.delay_ticks_max + 2)
+        else:
+            node.crash(self.tick + 1)
+            self.redeliveries[node.index] = (view, voted)
         return True
+
+    def _redeliver(self, node: SimNode) -> None:
+        """Once a victim restored after voting or timing out has ended its fencing, the
+        network hands it the proposals of that view it has not voted for: the Byzantine
+        leader's other block, or the block it timed out waiting for, delivered late."""
+        if node.core.fencing:
+            return
+        view, voted = self.redeliveries.pop(node.index)
+        if node.core.view != view:
+            return
+        for block_hash, envelope in self.sent_proposals.get(view, {}).items():
+            if block_hash != voted and envelope.sender != node.index:  # (not its own)
+                self._order += 1
+                self._queue.append(_InFlight(self.tick + 1, self._order, node.index, 0, envelope))
 
     def _deliver(self, item: _InFlight) -> None:
         envelope = item.envelope
@@ -1279,12 +1474,17 @@ class Simulation:
 
 
 def scenario(seed: int, n: int) -> SimOptions:
-    """The scenario a seed stands for: faults and Byzantine members drawn from the seed."""
+    """The scenario a seed stands for: faults and Byzantine members drawn from the seed.
+    About half the seeds also restore the victim from a backup (the restore counts drawn
+    last, so the draws before them stay what they were for every seed); not while f
+    Byzantine members withhold what the honest ones need to leave a view, because a
+    restored replica sits out the views it fences, which makes one fault more than
+    liveness tolerates (docs/consensus/fencing.md)."""
     rng = random.Random(seed * 7919 + n)
     f = (n - 1) // 3
     k = rng.randint(0, f)
     byzantine = tuple(rng.choice(BEHAVIOURS) for _ in range(k))
-    return SimOptions(
+    options = SimOptions(
         seed=seed,
         n=n,
         byzantine=byzantine,
@@ -1298,6 +1498,15 @@ def scenario(seed: int, n: int) -> SimOptions:
         crash_ticks_max=rng.choice((30, 150)),
         tx_per_tick_permille=rng.choice((100, 500, 900)),
     )
+    restores = replace(
+        options,
+        restores_when_leading=rng.choice((0, 1, 2)),
+        restores_when_voting=rng.choice((0, 1, 2)),
+        restores_when_timing_out=rng.choice((0, 1)),
+        restore_backup_views=rng.choice((0, 1, 2, 4)),
+    )
+    withholding = sum(b in WITHHOLDING_BEHAVIOURS for b in byzantine)
+    return restores if rng.randrange(2) and withholding < f else options
 
 
 # ============================================================================ Twins
@@ -1320,14 +1529,16 @@ def twins_splits(instances: int) -> list[tuple[int, ...]]:
 
 
 def twins_scenarios(
-    n: int = 4, *, per_behaviour: int | None = None, restores_when_leading: int = 2
+    n: int = 4, *, per_behaviour: int | None = None, restores: int = 3
 ) -> list[SimOptions]:
     """The enumerated adversary (Twins, Bano et al. 2020). For each Byzantine behaviour
-    (twin instances of one key, an equivocating leader, a forking leader), every place
-    of the Byzantine member in the round-robin leader order times every partition
-    schedule of `TWINS_PHASES` phases (each phase a two-way split of the node
-    instances); and, beside twins and equivocation, a victim restored from a backup just
-    after it proposed. With
+    (twin instances of each of f keys, f equivocating leaders, a team of f forking
+    leaders, each time at f consecutive places of the round-robin leader order), every
+    place in that order times every partition schedule of `TWINS_PHASES` phases (each
+    phase a two-way split of the node instances); and, beside twins and equivocation, a
+    victim restored from a backup (taken on entering the view, or one or two views
+    before) up to `restores` times each just after it proposed, voted in a Byzantine
+    member's view, or timed out, with what it signed still in flight. With
     `per_behaviour`, that many scenarios of each behaviour, evenly spaced through its
     enumeration, so that no behaviour outweighs the others by the number of its
     instances. Each scenario is a plain `SimOptions`: a failure prints what reproduces it.
@@ -1356,9 +1567,10 @@ def twins_scenarios(
                     delay_ticks_max=2,
                     victim_delay_ticks=60 if behaviour == "fork_leader" else 0,
                     # The forking leader's victim is the restore drill's too: one at a time.
-                    restores_when_leading=0
-                    if behaviour == "fork_leader"
-                    else restores_when_leading,
+                    restores_when_leading=0 if behaviour == "fork_leader" else restores,
+                    restores_when_voting=0 if behaviour == "fork_leader" else restores,
+                    restores_when_timing_out=0 if behaviour == "fork_leader" else restores,
+                    restore_backup_views=case % 3,
                 )
             )
     return out

@@ -123,6 +123,9 @@ SYNC_READ_PAGE_BLOCKS = 16  # catch-up answers read the committed log this many 
 # The most pending blocks `load` hands back (lowest heights first). A core's block tree
 # holds `Limits.pending_blocks_max` (1024 by default); more could not be used.
 PENDING_BLOCKS_LOAD_MAX = 4096
+# `load` reads at most this many committed blocks back from the head for the last one
+# with transactions (quiescence needs it; replica/core.py `Recovered.payload_height`).
+PAYLOAD_SCAN_BLOCKS_MAX = 1024
 
 # One statement per string, run in order inside the transaction that creates the file.
 _SCHEMA = (
@@ -381,7 +384,24 @@ class ReplicaStore:
                 (head.height, PENDING_BLOCKS_LOAD_MAX),
             )
             pending = tuple(self._decode_block(bytes(h), bytes(d)) for h, d in rows)
-        return Recovered(safety=safety, committed=head, pending=pending)
+            payload_height = await self._payload_height(head)
+        return Recovered(
+            safety=safety, committed=head, pending=pending, payload_height=payload_height
+        )
+
+    async def _payload_height(self, head: Block) -> int | None:
+        """The highest committed height with transactions above the head's state-root
+        height, or that height if none above it has any (the same for quiescence); None
+        if `PAYLOAD_SCAN_BLOCKS_MAX` blocks back from the head hold none."""
+        floor = max(head.state_root_height, head.height - PAYLOAD_SCAN_BLOCKS_MAX)
+        end = head.height
+        while end > floor:
+            start = max(floor + 1, end - SYNC_READ_PAGE_BLOCKS + 1)
+            for block in reversed(await self._read_range(start, end)):
+                if block.payload:
+                    return block.height
+            end = start - 1
+        return head.state_root_height if floor == head.state_root_height else None
 
     # ================================================================== applying actions
 

@@ -23,9 +23,10 @@ until `--seconds` have passed (at least `FAULT_CYCLES_MIN[drill]` times):
   restart it: it resumes after the last height it recorded, none twice, none skipped.
 - `stale-restore`: copy one replica's database files while it is stopped, restart it and
   let it vote under load, stop f other members so that the cluster cannot leave a view
-  without it, SIGKILL it while it leads the current view, put the old copy back and
-  restart it at once, in the views it signed in and forgot: safety Rule 6 (fencing,
-  replica/safety.py) must keep it from signing anything twice.
+  without it, SIGKILL it while it leads the current view, put the old copy back, declare
+  the restore (docs/consensus/fencing.md) and restart it at once, in the views it signed
+  in and forgot, then the f others (a restore fences only once 2f+1 others answered):
+  safety Rule 6 (fencing, replica/safety.py) must keep it from signing anything twice.
 
 Then the load stops and the drill settles: it waits until every acknowledged proposal is
 committed, offering again (the same signed bytes, as a client does when no certificate
@@ -109,6 +110,7 @@ from quorumgate.proto.model import Argument
 from quorumgate.proto.model import Proposal as CallProposal
 from quorumgate.proto.tx import build, parse, tx_id
 from quorumgate.replica.channels import sync_channel
+from quorumgate.replica.node import RESTORE_MARKER_FILE
 from quorumgate.replica.storage import ReplicaStore, StorageError
 from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX
 from quorumgate.replica.types import Block
@@ -1486,9 +1488,10 @@ class _Drill:
         are still live. So f other members ("bystanders") are stopped first: with exactly
         2f+1 replicas up the cluster cannot leave a view without the victim. The victim is
         SIGKILLed while it leads the current view, which holds the cluster in the views it
-        signed in, and restarted on its stale copy at once; commits resume only with its
-        votes. Without Rule 6 it could propose again in a view it led, or sign a statement
-        it had forgotten."""
+        signed in, and restarted on its stale copy at once, declared a restore; it signs
+        nothing until 2f+1 others answer, so the bystanders are started right after it,
+        and commits resume once it has fenced. Without Rule 6 it could propose again in a
+        view it led, or sign a statement it had forgotten."""
         for k in self.cycles():
             victim = (k + 1) % self.n
             bystanders = [(victim + 1 + j) % self.n for j in range(self.spec.f)]
@@ -1530,6 +1533,7 @@ class _Drill:
             for name in copied:
                 shutil.copy2(copy_dir / name, node_dir / name)
             shutil.rmtree(copy_dir, ignore_errors=True)
+            (node_dir / RESTORE_MARKER_FILE).touch()  # declared, as a restore must be
             survivors = self.statuses(self.others(victim, *bystanders))
             cluster_view = max((s.view for s in survivors.values()), default=0)
             height = max((s.committed_height for s in survivors.values()), default=0)
@@ -1567,8 +1571,10 @@ class _Drill:
                 f"SIGKILLed replica {victim} leading view {view} ({len(forgotten)} votes since "
                 f"the copy, up to view {max(forgotten, default=0)}); the cluster holds in view "
                 f"{cluster_view} with {bystanders} down; restarted {victim} on the copy (last "
-                f"voted view {stale.last_voted_view})"
+                f"voted view {stale.last_voted_view}), declared a restore; restarting "
+                f"{bystanders}: a restore fences only once 2f+1 others have answered"
             )
+            self.procs.start("replica", bystanders)
             resumed = self.wait_commits(height, up, RECOVERY_TIMEOUT_S)
             if resumed is None:
                 raise _Abort(f"no commits after replica {victim}'s restore: {self.heights()}")
@@ -1577,11 +1583,8 @@ class _Drill:
             if back is None:
                 raise _Abort(f"restored replica {victim} did not catch up: {self.heights()}")
             fault.recovery_s = back - restored_at
-            self.say(
-                f"commits resumed {resumed - restored_at:.2f} s after the restore; "
-                f"restarting {bystanders}"
-            )
-            self.procs.start("replica", bystanders)
+            fault.details["restore_marker_removed"] = not (node_dir / RESTORE_MARKER_FILE).exists()
+            self.say(f"commits resumed {resumed - restored_at:.2f} s after the restore")
             for b in bystanders:
                 if self.wait_replica_back(b, among=up) is None:
                     raise _Abort(f"replica {b} did not catch up: {self.heights()}")

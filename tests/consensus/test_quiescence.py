@@ -16,7 +16,14 @@ import pytest
 from quorumgate.replica.actions import Send
 from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.safety import SafetyState
-from quorumgate.replica.sim import Disk, SimExecution, SimMempool, SimPool
+from quorumgate.replica.sim import (
+    Disk,
+    SimExecution,
+    SimMempool,
+    SimOptions,
+    SimPool,
+    Simulation,
+)
 from quorumgate.replica.types import Proposal, Timeout, TimeoutCert, Vote, genesis_block
 from tests.consensus.helpers import CHAIN, SIGNERS, TEST_LIMITS, Net, membership
 
@@ -62,7 +69,9 @@ class QuietNet(Net):
             now_ms=self.now_ms,
             payload=SimMempool(self.pool, {tx for b in disk.committed for tx in b.payload}),
             execution=SimExecution(disk),
-            recovered=Recovered(disk.safety, committed, pending),
+            recovered=Recovered(
+                disk.safety, committed, pending, payload_height=disk.payload_height()
+            ),
         )
         self.down.discard(i)
         self.apply(i, self.cores[i].start())
@@ -349,3 +358,63 @@ def test_a_replica_restarted_into_a_quiet_cluster_catches_up(down: int) -> None:
     assert net.committed_heights() == [top] * net.n
     net.assert_committed_prefixes()
     assert not any(core.needs_ticks() for core in net.cores)
+
+
+@pytest.mark.parametrize("member", range(4))
+def test_a_replica_restarted_in_a_quiet_cluster_stays_quiet(member: int) -> None:
+    """A member of a quiet cluster restarts from its disk, missing nothing. Its peers are
+    quiescent and propose nothing more, so it must find itself quiescent from what is
+    durable: the committed chain already carries the root of the last height with
+    transactions. Taking its committed height for that height, it waited for a root
+    nobody would propose (seed 702926 below)."""
+    net = quiet_after_one_transaction()
+    top = net.committed_heights()
+    net.restart(member)
+    assert net.cores[member].quiescent()
+    tick_as_shells_do(net, SETTLE_TICKS)
+    assert net.committed_heights() == top
+    assert not any(core.needs_ticks() for core in net.cores)
+
+
+def test_seed_702926_a_restart_into_a_quiet_cluster_settles() -> None:
+    """Found by the seeded scenarios: with twins, duplication and crashes, a member
+    restarted while the others were quiet kept needing ticks (QUIET)."""
+    opts = SimOptions(
+        seed=702926,
+        byzantine=("twins",),
+        ticks=300,
+        dup_permille=50,
+        crash_permille=3,
+        crash_ticks_max=150,
+        tx_per_tick_permille=100,
+    )
+    Simulation(opts).run()
+
+
+def test_members_that_missed_a_commit_catch_up_while_heartbeats_never_commit() -> None:
+    """Found by the Twins enumeration at n = 7 (twins of two members, restores of a third):
+    block 46 committed at three members by a QC of view 54 that two others never saw.
+    Those two, still owed the state root of height 38, kept proposing heartbeats when they
+    led; the quiet members led the views between and proposed nothing, so every block was
+    certified two views after its parent and none ever committed (QUIET: heights 46 and 45,
+    two members needing ticks). A member whose highest QC runs COMMIT_LAG_VIEWS_MAX views
+    past its last commit now asks a signer for what it committed."""
+    opts = SimOptions(
+        seed=12933469,
+        n=7,
+        byzantine=("twins", "twins"),
+        ticks=500,
+        delay_ticks_max=2,
+        byzantine_members=(5, 6),
+        partition_schedule=(
+            (0, 1, 0, 1, 1, 1, 1, 1, 0),
+            (0, 0, 1, 1, 0, 0, 1, 1, 1),
+            (0, 1, 1, 1, 0, 0, 0, 1, 1),
+        ),
+        schedule_phase_ticks=100,
+        restores_when_leading=3,
+        restores_when_voting=3,
+        restores_when_timing_out=3,
+    )
+    result = Simulation(opts).run()
+    assert len(set(result.committed_heights.values())) == 1

@@ -236,6 +236,8 @@ def test_stale_restore_does_not_equivocate_in_the_views_it_forgot(drill_dir: Pat
     # ...and it signed no vote again in a view it had forgotten (Rule 6).
     first = _detail(fault, "first_vote_view_after_restore")
     assert isinstance(first, int) and first > voted
+    # Declared with the marker file, which the replica removed once its fence was behind it.
+    assert _detail(fault, "restore_marker_removed") is True
     assert fault.pids_after["replica"] != fault.pids_before["replica"]
 
 
