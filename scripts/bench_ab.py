@@ -1,12 +1,12 @@
-"""Before/after figures of one change, from interleaved runs (issue 19, item 4).
+"""Before/after figures of one change, from interleaved runs.
 
     python scripts/bench_ab.py BEFORE AFTER [--runs 3] -- BENCH ARGS...
     python scripts/bench_ab.py HEAD~1 HEAD --runs 3 -- --start --breakdown --calls 100
 
 Each revision is checked out in its own git worktree, and each run imports that
 worktree's code: a directory per revision holds a `quorumgate` package made of links to the
-worktree's `cluster/` contents and its `replica/`, `sidecar/` and `proto/` folders (the
-layout setuptools maps), put first on PYTHONPATH, ahead of the editable install. Runs
+worktree's folders, laid out as its pyproject.toml maps them (`scripts/layout.py`), put
+first on PYTHONPATH, ahead of the editable install. Runs
 alternate in ABBA order (BEFORE AFTER, AFTER BEFORE, ...) so the machine's noise and any
 drift fall on both. Every run's
 JSON report is kept in the output directory; the medians are printed side by side (for
@@ -24,8 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from layout import link_tree  # scripts/layout.py, beside this file
+
 ROOT = Path(__file__).resolve().parents[1]
-MAPPED = ("replica", "sidecar", "proto")  # pyproject.toml [tool.setuptools.package-dir]
 
 
 def worktree(rev: str, into: Path) -> Path:
@@ -36,15 +37,9 @@ def worktree(rev: str, into: Path) -> Path:
 
 
 def shim(tree: Path, into: Path) -> Path:
-    """A directory whose `quorumgate` package is the worktree's code, laid out as installed."""
-    top = into / f"shim-{tree.name}"
-    package = top / "quorumgate"
-    package.mkdir(parents=True)
-    for entry in (tree / "cluster").iterdir():
-        (package / entry.name).symlink_to(entry)
-    for name in MAPPED:
-        (package / name).symlink_to(tree / name)
-    return top
+    """A directory whose `quorumgate` package is the worktree's code, laid out as installed
+    (by the worktree's own pyproject.toml mapping)."""
+    return link_tree(into / f"shim-{tree.name}", tree)
 
 
 def run(top: Path, tree: Path, bench_args: list[str]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Two helpers around `quorumgate bench` (BENCHMARKS.md):
+"""Two helpers around `quorumgate bench` (docs/benchmarks.md):
 
 python scripts/bench_compare.py floor [--nodes 4 7]
     Measure Ed25519 verification (PyNaCl) on this machine and print the floor: every

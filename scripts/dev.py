@@ -50,8 +50,6 @@ def ensure_env() -> Path:
     return python
 
 
-# (package, folder) as pyproject.toml's [tool.setuptools.package-dir] maps them
-PACKAGE_DIRS = (("replica", "replica"), ("sidecar", "sidecar"), ("proto", "proto"))
 MYPY_PACKAGES = ("quorumgate.replica", "quorumgate.sidecar.engine")
 
 
@@ -59,19 +57,13 @@ def mypy(python: Path) -> int:
     """mypy --strict on the consensus core, the formats below it and the engine.
 
     mypy cannot follow setuptools' package-dir mapping, so it reads a `quorumgate/` tree of
-    symbolic links to the repository's folders, made afresh each time.
+    symbolic links to the repository's folders, made afresh each time from the mapping in
+    pyproject.toml (`scripts/layout.py`); an editor's type checker can use the same tree
+    (`.venv/mypy-tree`, docs/development.md).
     """
-    tree = VENV / "mypy-tree"
-    package = tree / "quorumgate"
-    if tree.exists():
-        for link in package.iterdir():
-            link.unlink()
-    package.mkdir(parents=True, exist_ok=True)
-    for entry in (ROOT / "cluster").iterdir():
-        if entry.name != "__pycache__":
-            (package / entry.name).symlink_to(entry)
-    for name, folder in PACKAGE_DIRS:
-        (package / name).symlink_to(ROOT / folder)
+    from layout import link_tree  # scripts/layout.py, beside this file (needs 3.11's tomllib)
+
+    tree = link_tree(VENV / "mypy-tree", ROOT)
     modules = [
         f"quorumgate.proto.{p.stem}"
         for p in sorted((ROOT / "proto").glob("*.py"))

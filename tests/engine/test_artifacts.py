@@ -74,9 +74,12 @@ def test_replaying_the_log_rebuilds_identical_artifacts() -> None:
     world.propose("bob", "kb.search")
     world.propose("alice", "nope")
     rebuilt = Engine(world.config)
+    compared = 0
     for (height, time_ms, txs), original in zip(world.log, world.results, strict=True):
         again = rebuilt.execute_block(height, time_ms, txs)
         assert [a.to_bytes() for a in again.artifacts] == [a.to_bytes() for a in original.artifacts]
+        compared += len(original.artifacts)
+    assert compared == 3  # bob's two scope denials and alice's unknown tool, one a height
 
 
 def test_state_bytes_round_trip_exactly_and_the_root_is_their_hash() -> None:

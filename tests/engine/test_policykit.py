@@ -420,8 +420,8 @@ def test_a_policy_with_further_targets_by_role(tmp_path: Path) -> None:
     assert code == EXIT_MALFORMED and "tools.files.share.roles.grantee" in text
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-README_CALLS = """
+POLICIES_PAGE = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
+PAGE_CALLS = """
 [principals]
 dana = {}
 
@@ -480,18 +480,18 @@ expect = "allow"
 """
 
 
-def test_the_readme_policy_example_does_what_the_readme_says(tmp_path: Path) -> None:
-    """README, "Writing a policy": the example mandate, run with the calls its text
-    describes (the tools it names, billing acting for a principal)."""
-    text = README.read_text()
-    section = text[text.index("### Writing a policy") :]
+def test_the_policy_guide_example_does_what_the_guide_says(tmp_path: Path) -> None:
+    """docs/policies.md, "What a tool may be called on": the example mandate, run with the
+    calls its text describes (the tools it names, billing acting for a principal)."""
+    text = POLICIES_PAGE.read_text()
+    section = text[text.index("## What a tool may be called on") :]
     block = section[section.index("```toml\n") + len("```toml\n") : section.index("\n```\n")]
     block = block.replace(
         'allowed_tools = ["http.get", "payments.send"]',
         'allowed_tools = ["http.get", "payments.send"]\nprincipal = "dana"',
     )
-    path = tmp_path / "readme.toml"
-    path.write_text(block + README_CALLS)
+    path = tmp_path / "guide.toml"
+    path.write_text(block + PAGE_CALLS)
     code, report = _run(path)
     assert code == EXIT_OK, report
     assert "5 calls, 5 passed, 0 failed" in report

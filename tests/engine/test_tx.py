@@ -10,11 +10,14 @@ import pytest
 from quorumgate.proto import codec, limits, tx, tx_pb2
 from quorumgate.proto.model import (
     Admin,
+    DelegationPolicy,
     Outcome,
     Proposal,
     Reason,
     RegisterAgent,
     SignedTx,
+    Tier,
+    ToolMode,
     TxBody,
     TxKind,
 )
@@ -92,11 +95,29 @@ def test_body_with_unknown_or_reordered_fields_is_malformed() -> None:
 
 
 def test_codec_round_trips_every_payload_kind_via_world_log() -> None:
-    world = _world()
+    """A log that holds every kind of transaction: each body decodes and encodes back to
+    the bytes that were signed, and no kind is missing from the log."""
+    world = World()
+    world.add_tool("kb.search")
+    world.add_agent("alice", None, policy=DelegationPolicy.ATTENUATED, depth=1)
+    world.add_agent("bob", None)
+    world.add_sink("vault")
+    world.add_tool("pay", mode=ToolMode.USER_CONFIRM, min_tier=Tier.DELEGATE)
+    granted = world.delegate("alice", "bob", tools=["kb.search"])
+    assert granted.outcome is Outcome.APPLIED
+    assert world.revoke(world.keys["alice"], granted.tx_id).outcome is Outcome.APPLIED
+    assert world.seal(world.keys["alice"], "card", b"4111", ["vault"]).outcome is Outcome.APPLIED
+    pending = world.propose("alice", "pay")
+    assert pending.outcome is Outcome.PENDING
+    confirmed = world.confirm(world.owner, pending.proposal_id, pending.card_digest)
+    assert confirmed.outcome is Outcome.ALLOW
+    kinds = set()
     for _, _, txs in world.log:
         for data in txs:
             parsed = tx.parse(data)
             assert codec.encode_body(parsed.body) == parsed.signed.body
+            kinds.add(parsed.kind)
+    assert kinds == set(TxKind) - {TxKind.MALFORMED}
 
 
 def test_replayed_transaction_is_refused_at_execution() -> None:

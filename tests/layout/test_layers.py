@@ -1,4 +1,4 @@
-"""The layout shows the architecture (issue 13; STYLE rule 14): layers point one way.
+"""The layout shows the architecture: layers point one way.
 
     quorumgate.proto     the formats every process shares        imports only itself
     quorumgate.replica   consensus core, simulator, replica      + proto
@@ -21,19 +21,26 @@ code and see what a reader sees.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# package -> the folder setuptools maps it from (pyproject.toml [tool.setuptools.package-dir])
-PACKAGE_DIRS = {
-    "quorumgate": ROOT / "cluster",
-    "quorumgate.replica": ROOT / "replica",
-    "quorumgate.sidecar": ROOT / "sidecar",
-    "quorumgate.proto": ROOT / "proto",
-}
+
+
+def _load_layout() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("layout", ROOT / "scripts" / "layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# package -> the folder setuptools maps it from, read where pyproject.toml declares it
+PACKAGE_DIRS: dict[str, Path] = _load_layout().package_dirs(ROOT)
 LAYER_ORDER = ("proto", "replica", "sidecar", "sdk", "examples", "ops", "bench", "cli")
 # each layer may import itself and the layers before it in LAYER_ORDER
 ALLOWED: dict[str, frozenset[str]] = {
