@@ -8,8 +8,8 @@ reason the core counts; valid certificates are remembered in the verifier's boun
 from __future__ import annotations
 
 from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership
-from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.types import (
     Block,
     Hello,

@@ -21,16 +21,16 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.proto.tracing import Tracer, tx_prefix
 from quorumgate.proto.tx import ParsedTx
 from quorumgate.replica.mempool import Admission, Mempool
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import PeerNetwork
-from quorumgate.replica.readauth import require_reader
-from quorumgate.replica.readwaits import READ_WAITS_PER_KEY_MAX, CallerKind, WaitSlots
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
+from quorumgate.runtime.readauth import require_reader
+from quorumgate.runtime.readwaits import READ_WAITS_PER_KEY_MAX, CallerKind, WaitSlots
+from quorumgate.runtime.tracing import Tracer, tx_prefix
 
 STREAM_BLOCKS_PER_READ = 128
 METHOD_COMMITTED_BLOCKS = "/qgpb.Replica/CommittedBlocks"
@@ -258,7 +258,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cpb.CommittedBlock]:
         """Every argument value of every call is in these blocks: they answer the owner,
-        the members and auditors only (replica/readauth.py)."""
+        the members and auditors only (runtime/readauth.py)."""
         now_ms = int(time.time() * 1000)
         key, _ = await require_reader(self.spec, context, METHOD_COMMITTED_BLOCKS, now_ms)
         with self.waits.hold(key, CallerKind.ROLE) as held:
@@ -267,7 +267,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
                 await context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"this key holds {READ_WAITS_PER_KEY_MAX} CommittedBlocks streams open, "
-                    "as many as a replica allows (replica/readwaits.py); close one and ask again",
+                    "as many as a replica allows (runtime/readwaits.py); close one and ask again",
                 )
             store = self.store
             next_height = max(request.from_height, 1)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.crypto import Signer, Verifier
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import (
     Action,
@@ -55,7 +56,6 @@ from quorumgate.replica.actions import (
 from quorumgate.replica.blocktree import BlockTree
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.config import Limits
-from quorumgate.replica.crypto import Signer, Verifier
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,

@@ -25,10 +25,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from quorumgate.proto.crypto import Signer, Verifier
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
-from quorumgate.replica.crypto import Signer, Verifier
 from quorumgate.replica.sim import FastKeys
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,

@@ -61,7 +61,7 @@ class ReplicaMetrics:
         self.read_waits_refused = Counter(
             "qg_replica_read_waits_refused",
             "CommittedBlocks streams refused: the caller's key held all it may "
-            "(replica/readwaits.py)",
+            "(runtime/readwaits.py)",
             registry=r,
         )
         self.refused_signatures = Counter(

@@ -44,7 +44,7 @@ from quorumgate.proto.clusterfile import (
     ClusterSpec,
     read_seed,
 )
-from quorumgate.proto.tracing import Tracer, tx_prefix
+from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse, raw_tx_id
 from quorumgate.replica.actions import (
     Action,
@@ -54,12 +54,9 @@ from quorumgate.replica.actions import (
     StoreBlock,
     check_send_allowed,
 )
-from quorumgate.replica.channels import Reader, add_server_port
 from quorumgate.replica.client_api import ClientApi, sidecar_refuses
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
-from quorumgate.replica.crypto import Ed25519Signer
-from quorumgate.replica.grpcutil import add_service
 from quorumgate.replica.inbound import LOCAL, InboundQueue
 from quorumgate.replica.mempool import (
     BAD_SIGNATURE,
@@ -71,13 +68,16 @@ from quorumgate.replica.mempool import (
 )
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
-from quorumgate.replica.process import FailStop, process_main
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.sync import SyncRepeats
-from quorumgate.replica.transport import SERVER_OPTIONS
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, Envelope, RemoteError, SyncRequest
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
+from quorumgate.runtime.channels import Reader, add_server_port
+from quorumgate.runtime.grpcutil import add_service
+from quorumgate.runtime.links import SERVER_OPTIONS
+from quorumgate.runtime.process import FailStop, process_main
+from quorumgate.runtime.tracing import Tracer, tx_prefix
 
 # Admission refusals that only a faulty member's gossip can cause (they depend on the bytes
 # alone, and an honest member gossips only what it admitted): the rest of its batch is dropped.

@@ -19,10 +19,10 @@ from prometheus_client import Counter
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.replica.channels import aio_channel, check_peer_auth, peer_auth_metadata
-from quorumgate.replica.crypto import Signer
+from quorumgate.proto.crypto import Signer
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.transport import PeerLink
+from quorumgate.runtime.channels import aio_channel, check_peer_auth, peer_auth_metadata
 
 GOSSIP_BATCH_TXS_MAX = 512
 

@@ -118,8 +118,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
+from quorumgate.proto.crypto import Signer
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.crypto import Signer
 from quorumgate.replica.types import (
     Block,
     Hello,

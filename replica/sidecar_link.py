@@ -19,10 +19,10 @@ import grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.crypto import ed25519_verify
 from quorumgate.proto.reports import root_report_statement
-from quorumgate.replica.channels import Reader, aio_channel
-from quorumgate.replica.crypto import ed25519_verify
 from quorumgate.replica.metrics import ReplicaMetrics
+from quorumgate.runtime.channels import Reader, aio_channel
 
 STATE_ROOTS_KEPT = 4_096
 ADMIT_RPC_TIMEOUT_S = 2.0

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.crypto import Ed25519Signer, Signer, Verifier, ed25519_verify
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.actions import (
     Action,
@@ -52,7 +53,6 @@ from quorumgate.replica.actions import (
 )
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
-from quorumgate.replica.crypto import Ed25519Signer, Signer, Verifier, ed25519_verify
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState, Signed
 from quorumgate.replica.sync import build_sync_response
 from quorumgate.replica.types import (

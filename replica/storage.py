@@ -63,7 +63,7 @@ One connection per store, and one asyncio lock around every use of it: a transac
 span several awaits (opening, wiping), and a read interleaved on the same connection would
 otherwise see (and could serve to a peer) rows that are not yet durable. `apply`, which
 every block takes, runs its whole transaction in one trip to the connection's thread
-(proto/dbthread.py).
+(runtime/dbthread.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ from typing import Any
 import aiosqlite
 
 from quorumgate.proto.canonical import TAG_VOTE
-from quorumgate.proto.dbthread import transaction
 from quorumgate.replica.actions import Action, Commit, PersistSafety, StoreBlock
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
@@ -106,6 +105,7 @@ from quorumgate.replica.wire import (
     encode_proof,
     encode_safety,
 )
+from quorumgate.runtime.dbthread import transaction
 
 SCHEMA_VERSION = 1
 # What the votes in this store's certificates signed (meta row `vote_statement`, written
@@ -526,7 +526,7 @@ class ReplicaStore:
 
             # synchronous=FULL (set at open, never changed): this transaction is fsynced
             # before apply returns, whether it carries a safety record or only commits.
-            # One trip to the connection's thread for all of it (proto/dbthread.py).
+            # One trip to the connection's thread for all of it (runtime/dbthread.py).
             await transaction(self._conn, write, "BEGIN IMMEDIATE")
             self._durable_epoch = epoch
             self._head = head

@@ -28,10 +28,8 @@ from quorumgate.replica.types import (
     TimeoutCert,
     Vote,
 )
+from quorumgate.runtime.links import ENVELOPE_BYTES_MAX
 
-# A wire message larger than this is refused before parsing (the shell's gRPC limit
-# matches it). A full block of Limits.batch_bytes_max plus certificates fits.
-ENVELOPE_BYTES_MAX = 32 * 1024 * 1024
 # Requests in one SubmitStream message (client.proto SubmitBatch). Batches a replica merges
 # stop once they reach it, so a merge stays under twice this: under the sidecar's
 # ADMIT_BATCH_TXS_MAX.

@@ -1,4 +1,4 @@
-"""What a trip to aiosqlite's thread costs (proto/dbthread.py): CPU per statement when
+"""What a trip to aiosqlite's thread costs (runtime/dbthread.py): CPU per statement when
 each statement is its own `await conn.execute`, against ten statements per trip through
 `on_thread`. Prints medians over --runs; process CPU (both threads), not wall time.
 
@@ -15,7 +15,7 @@ import time
 
 import aiosqlite
 
-from quorumgate.proto.dbthread import on_thread
+from quorumgate.runtime.dbthread import on_thread
 
 PER_TRIP = 10
 

@@ -50,7 +50,7 @@ def ensure_env() -> Path:
     return python
 
 
-MYPY_PACKAGES = ("quorumgate.replica", "quorumgate.sidecar.engine")
+MYPY_PACKAGES = ("quorumgate.runtime", "quorumgate.replica", "quorumgate.sidecar.engine")
 
 
 def mypy(python: Path) -> int:

@@ -49,16 +49,16 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
-from quorumgate.proto.tracing import Tracer
 from quorumgate.proto.tx import TxRejected, parse, tx_id
-from quorumgate.replica.channels import Reader, add_server_port, aio_channel
-from quorumgate.replica.grpcutil import add_service
-from quorumgate.replica.process import FailStop, process_main
-from quorumgate.replica.readauth import Role, caller_key, role_of
-from quorumgate.replica.readwaits import CallerKind, WaitSlots
-from quorumgate.replica.transport import SERVER_OPTIONS, StreamTurns
 from quorumgate.replica.types import RemoteError
 from quorumgate.replica.wire import decode_block
+from quorumgate.runtime.channels import Reader, add_server_port, aio_channel
+from quorumgate.runtime.grpcutil import add_service
+from quorumgate.runtime.links import SERVER_OPTIONS, StreamTurns
+from quorumgate.runtime.process import FailStop, process_main
+from quorumgate.runtime.readauth import Role, caller_key, role_of
+from quorumgate.runtime.readwaits import CallerKind, WaitSlots
+from quorumgate.runtime.tracing import Tracer
 from quorumgate.sidecar.audit import (
     AUDIT_HEIGHTS_PER_EXECUTED,
     STARTUP_AUDIT_HEIGHTS,
@@ -87,7 +87,7 @@ REGISTRY_REFUSAL_DETAIL = (
 )
 WAITS_FULL_DETAIL = (
     "this key, or every key of its kind together, holds as many waiting reads (Receipts "
-    "streams, long polls) as a server allows (replica/readwaits.py); close one and ask again"
+    "streams, long polls) as a server allows (runtime/readwaits.py); close one and ask again"
 )
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
@@ -162,7 +162,7 @@ class SidecarMetrics:
         )
         self.read_waits_refused = Counter(
             "qg_sidecar_read_waits_refused",
-            "Reads refused a wait: the caller's key or kind held all it may (replica/readwaits.py)",
+            "Reads refused a wait: the caller's key or kind held all it may (runtime/readwaits.py)",
             ["caller", "method"],
             registry=r,
         )
@@ -224,7 +224,7 @@ class Sidecar:
         self._pending_txs: OrderedDict[bytes, bytes] = OrderedDict()
         # Pending's reads of the replica's log, each a stream under our receipt key: a
         # bounded number at once, so a caller asking again and again cannot hold the
-        # streams the replica allows that key (replica/readwaits.py), our log stream's too
+        # streams the replica allows that key (runtime/readwaits.py), our log stream's too
         self._pending_fetches = asyncio.Semaphore(PENDING_FETCHES_MAX)
         self._server: grpc.aio.Server | None = None
         self.failstop = FailStop()
@@ -498,7 +498,7 @@ class Sidecar:
     @contextlib.contextmanager
     def holding_wait(self, key: bytes, kind: CallerKind, method: str) -> Iterator[bool]:
         """A wait slot for `key` while the block runs (True), or False if it or its kind
-        holds all it may (replica/readwaits.py; a refusal is counted)."""
+        holds all it may (runtime/readwaits.py; a refusal is counted)."""
         with self.waits.hold(key, kind) as held:
             if not held:
                 self.metrics.read_waits_refused.labels(kind.value, method).inc()
@@ -600,7 +600,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     async def _caller(
         self, context: grpc.aio.ServicerContext, method: str
     ) -> tuple[bytes, Role | None, str | None]:
-        """Who signed this read (replica/readauth.py): its key, its role in the cluster,
+        """Who signed this read (runtime/readauth.py): its key, its role in the cluster,
         the agent id it is registered under; UNAUTHENTICATED without a valid statement."""
         spec = self.sidecar.spec
         key = caller_key(spec.chain_id, method, context.invocation_metadata(), _now_ms())

@@ -37,14 +37,14 @@ from nacl.signing import SigningKey
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.channels import Reader, aio_channel
-from quorumgate.replica.crypto import Verifier
-from quorumgate.replica.process import tune_gc
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import Block, RemoteError, genesis_block
 from quorumgate.replica.wire import decode_block
+from quorumgate.runtime.channels import Reader, aio_channel
+from quorumgate.runtime.process import tune_gc
 from quorumgate.sidecar.engine.core import Engine, EngineConfig, config_for_cluster
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.ledger import LedgerEntry

@@ -62,7 +62,7 @@ One connection per store, and one asyncio lock around every use of it: a transac
 span several awaits (opening, upgrading, wiping), and a read interleaved on the same
 connection would otherwise see rows that are not yet durable. `record`, the path every
 height takes, runs its whole transaction in one trip to the connection's thread, and the
-self-audit reads a height in one (proto/dbthread.py: each trip costs about 40 µs of CPU).
+self-audit reads a height in one (runtime/dbthread.py: each trip costs about 40 µs of CPU).
 Every read is bounded by a named page size.
 """
 
@@ -82,7 +82,7 @@ from typing import Any
 import aiosqlite
 
 from quorumgate.proto.canonical import HASH_BYTES, sha256
-from quorumgate.proto.dbthread import on_thread, transaction
+from quorumgate.runtime.dbthread import on_thread, transaction
 from quorumgate.sidecar.engine.state import (
     SECTIONS,
     EngineState,
@@ -618,7 +618,7 @@ class SidecarStore:
                 SidecarStore._update_head(c, h, head, total, state_by_entry)
                 return fresh
 
-            # One trip to the connection's thread for the whole height (proto/dbthread.py).
+            # One trip to the connection's thread for the whole height (runtime/dbthread.py).
             fresh = await transaction(self._conn, write, "BEGIN IMMEDIATE")
             self._executed_height = h.height
             self._ledger_head = head

@@ -1,6 +1,6 @@
 """Whose verdicts a recently executed height holds (a pure core; sidecar/node.py keeps one
 per recent height), so that a reader waiting at the sidecar is answered, or left waiting,
-without a store read per height (the bounds on waiting reads: replica/readwaits.py)."""
+without a store read per height (the bounds on waiting reads: runtime/readwaits.py)."""
 
 from __future__ import annotations
 

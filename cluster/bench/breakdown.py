@@ -1,6 +1,6 @@
 """`quorumgate bench --breakdown` (issue 19, item 1): where one governed call's time goes.
 
-A temporary cluster is started with tracing on (`QG_TRACE_DIR`, proto/tracing.py); one
+A temporary cluster is started with tracing on (`QG_TRACE_DIR`, runtime/tracing.py); one
 agent makes W = 1 calls through the SDK, as an agent does: submit, then wait for the
 verified f+1 certificate. Each call is followed through every process by its transaction
 id and its block's height, on the one monotonic clock of the machine:
@@ -27,7 +27,7 @@ from typing import Any
 
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import Proposal
-from quorumgate.proto.tracing import TRACE_DIR_ENV, tx_prefix
+from quorumgate.runtime.tracing import TRACE_DIR_ENV, tx_prefix
 from quorumgate.sdk.client import RECEIPT_WAIT_S
 
 STAGES = (

@@ -62,8 +62,8 @@ from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto import tx_pb2
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.tx import tx_id
-from quorumgate.replica.channels import aio_channel
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
+from quorumgate.runtime.channels import aio_channel
 from quorumgate.sdk.owner import owner_reader
 from quorumgate.sidecar.receipts import (
     Certificate,

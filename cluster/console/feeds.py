@@ -208,8 +208,8 @@ class Feeds:
 
         from quorumgate.proto import client_pb2 as cpb
         from quorumgate.proto import client_pb2_grpc as cpb_grpc
-        from quorumgate.replica.channels import sync_channel
         from quorumgate.replica.wire import decode_block
+        from quorumgate.runtime.channels import sync_channel
         from quorumgate.sdk.owner import owner_reader
 
         try:

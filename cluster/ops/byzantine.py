@@ -38,12 +38,10 @@ from collections import Counter
 
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto.clusterfile import ClusterFileError, ClusterSpec, read_seed
+from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.replica.actions import Send
-from quorumgate.replica.channels import aio_channel
-from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.node import CONSENSUS_KEY_FILE, ReplicaNode
-from quorumgate.replica.process import process_main
-from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX, PeerLink
+from quorumgate.replica.transport import PeerLink
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
     Envelope,
@@ -55,6 +53,9 @@ from quorumgate.replica.types import (
     Vote,
 )
 from quorumgate.replica.wire import envelope_to_pb
+from quorumgate.runtime.channels import aio_channel
+from quorumgate.runtime.links import GRPC_MESSAGE_BYTES_MAX
+from quorumgate.runtime.process import process_main
 
 ATTACK_ENV = "QUORUMGATE_BYZANTINE"
 ATTACKS = ("poison-sync", "forged-hello", "oversized-sync", "spoofed", "silent")

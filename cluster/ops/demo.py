@@ -19,7 +19,7 @@ from quorumgate.ops.output import status_table, table
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.replica.channels import sync_channel
+from quorumgate.runtime.channels import sync_channel
 from quorumgate.sdk.owner import owner_reader
 
 

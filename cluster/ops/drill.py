@@ -109,12 +109,12 @@ from quorumgate.proto.limits import QUOTA_PROPOSALS_MAX_DEFAULT, QUOTA_WINDOW_MS
 from quorumgate.proto.model import Argument
 from quorumgate.proto.model import Proposal as CallProposal
 from quorumgate.proto.tx import build, parse, tx_id
-from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.node import RESTORE_MARKER_FILE
 from quorumgate.replica.storage import ReplicaStore, StorageError
-from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX
 from quorumgate.replica.types import Block
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, decode_block
+from quorumgate.runtime.channels import sync_channel
+from quorumgate.runtime.links import GRPC_MESSAGE_BYTES_MAX
 from quorumgate.sdk.client import Client, QuorumGateError
 from quorumgate.sdk.owner import OwnerError, OwnerSession, agent_ops, owner_reader, tool_op
 from quorumgate.sdk.owner import next_nonce as owner_next_nonce

@@ -27,7 +27,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.replica.channels import sync_channel
+from quorumgate.runtime.channels import sync_channel
 
 PID_FILE = "replica.pid"  # the replica's; the sidecar's is sidecar.pid
 READY_TIMEOUT_S = 30.0

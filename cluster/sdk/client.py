@@ -106,8 +106,8 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.proto.runs import RunLabels, opened_run
-from quorumgate.replica.channels import Reader, aio_channel, sync_channel
-from quorumgate.replica.readauth import read_auth_metadata
+from quorumgate.runtime.channels import Reader, aio_channel, sync_channel
+from quorumgate.runtime.readauth import read_auth_metadata
 from quorumgate.sdk.nonces import NonceLedger
 from quorumgate.sdk.registry import Registry, registry_from_pb
 from quorumgate.sidecar.engine.statements import (
@@ -759,7 +759,7 @@ class Client:
         return self.pool.get()
 
     def _read_auth(self, method: str) -> tuple[tuple[str, str], ...]:
-        """This client's signed read statement for one call (replica/readauth.py)."""
+        """This client's signed read statement for one call (runtime/readauth.py)."""
         return read_auth_metadata(
             self.spec.chain_id,
             method,
@@ -1980,7 +1980,7 @@ class CommittedLog:
 
     def __init__(self, spec: ClusterSpec, reader: SigningKey) -> None:
         """`reader`: a key allowed to read committed blocks — the owner's or an auditor's
-        (replica/readauth.py); the blocks hold every argument value."""
+        (runtime/readauth.py); the blocks hold every argument value."""
         from quorumgate.sidecar.engine.core import Engine, config_for_cluster
 
         self.reader = Reader.of(reader)

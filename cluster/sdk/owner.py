@@ -31,8 +31,8 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.proto.tx import build
-from quorumgate.replica.channels import Reader, sync_channel
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
+from quorumgate.runtime.channels import Reader, sync_channel
 from quorumgate.sdk.polling import poll_for
 
 APPLY_WAIT_S = 30.0
@@ -41,7 +41,7 @@ RPC_TIMEOUT_S = 2.0
 
 
 def owner_reader(spec: ClusterSpec) -> Reader:
-    """The owner's key as a reader of committed data (replica/readauth.py)."""
+    """The owner's key as a reader of committed data (runtime/readauth.py)."""
     return Reader.of(SigningKey(read_seed(spec.directory / OWNER_KEY_FILE)))
 
 

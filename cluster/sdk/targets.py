@@ -92,9 +92,7 @@ def certified_target(
     return None if found is None else found[0]
 
 
-def release_form(
-    canonical: str, raw: str, *, version: int, scheme_added: str | None = None
-) -> str:
+def release_form(canonical: str, raw: str, *, version: int, scheme_added: str | None = None) -> str:
     """The certified `canonical` form of a target written `raw`, spelled for the tool that
     acts on it: "" for no target; a URI, `mailto:` address, number or principal as it is
     (ASCII, hosts in their IDNA A-labels, E.164 numbers, IBANs without spaces: what every

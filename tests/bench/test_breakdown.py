@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from quorumgate.bench.breakdown import Call, parse_traces, stage_table
-from quorumgate.proto.tracing import TRACE_DIR_ENV, Tracer
+from quorumgate.runtime.tracing import TRACE_DIR_ENV, Tracer
 
 MS = 1_000_000
 

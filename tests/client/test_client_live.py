@@ -32,7 +32,7 @@ from quorumgate.proto.clusterfile import (
 from quorumgate.proto.limits import NONCE_WINDOW
 from quorumgate.proto.model import Argument, Outcome, Proposal
 from quorumgate.proto.tx import tx_id
-from quorumgate.replica.channels import Reader, aio_channel, sync_channel
+from quorumgate.runtime.channels import Reader, aio_channel, sync_channel
 from quorumgate.sdk.client import (
     Client,
     ClusterUnavailable,

@@ -22,7 +22,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import DENIAL_TEXT, Proposal, RuleKind, TargetRule, ToolRules
 from quorumgate.proto.tx import parse
-from quorumgate.replica.channels import sync_channel
+from quorumgate.runtime.channels import sync_channel
 from quorumgate.sdk.client import (
     Client,
     SyncClient,

@@ -17,7 +17,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
-from quorumgate.replica.channels import Reader, sync_channel
+from quorumgate.runtime.channels import Reader, sync_channel
 from quorumgate.sdk.client import SyncClient
 from quorumgate.sdk.polling import poll_for
 from tests.client.conftest import new_agent, new_principal
@@ -178,7 +178,7 @@ def test_a_refused_nonce_or_cards_read_is_named_not_taken_for_an_outage(
     says the cluster could not verify its read statement."""
     import time
 
-    from quorumgate.replica.readauth import read_auth_metadata
+    from quorumgate.runtime.readauth import read_auth_metadata
     from quorumgate.sdk.client import Client, ClusterUnavailable, ReadNotAuthorized
 
     class SlowClock(Client):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.actions import (
     Action,
@@ -24,7 +25,6 @@ from quorumgate.replica.actions import (
 )
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
-from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim import Disk
 from quorumgate.replica.sync import build_sync_response

@@ -24,7 +24,7 @@ CORE_MODULES = (
     "quorumgate.proto.membership",
     "quorumgate.replica.types",
     "quorumgate.replica.config",
-    "quorumgate.replica.crypto",
+    "quorumgate.proto.crypto",
     "quorumgate.replica.certs",
     "quorumgate.replica.safety",
     "quorumgate.replica.blocktree",
@@ -60,7 +60,7 @@ FORBIDDEN = frozenset(
     }
 )
 # Third-party packages allowed in the core, and where: only crypto touches the key library.
-THIRD_PARTY = {"nacl": {"quorumgate.replica.crypto"}}
+THIRD_PARTY = {"nacl": {"quorumgate.proto.crypto"}}
 # What nothing in CPython preloads, so its presence after `import quorumgate.replica.core` is ours.
 ABSENT_AFTER_IMPORT = ("random", "asyncio", "grpc", "sqlite3", "aiosqlite", "socket", "datetime")
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
+from quorumgate.proto.crypto import Ed25519Signer, Verifier, ed25519_verify
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.crypto import Ed25519Signer, Verifier, ed25519_verify
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
 from quorumgate.replica.types import (
     Block,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from quorumgate.replica.crypto import Ed25519Signer, ed25519_verify
+from quorumgate.proto.crypto import Ed25519Signer, ed25519_verify
 from quorumgate.replica.sim import (
     BEHAVIOURS,
     SimNode,

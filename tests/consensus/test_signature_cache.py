@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from quorumgate.proto.crypto import Verifier
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.types import Block, QuorumCert, RemoteError, vote_bytes
 from tests.consensus.helpers import CHAIN, SIGNERS, chain_of, membership, qc_for, signed_vote
 

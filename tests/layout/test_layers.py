@@ -1,7 +1,9 @@
 """The layout shows the architecture: layers point one way.
 
     quorumgate.proto     the formats every process shares        imports only itself
-    quorumgate.replica   consensus core, simulator, replica      + proto
+    quorumgate.runtime   what every process runs on: channels,   + proto
+                         read authorization, process start-up
+    quorumgate.replica   consensus core, simulator, replica      + runtime
     quorumgate.sidecar   governance engine, execution sidecar    + replica
     quorumgate.sdk       (and `quorumgate` itself) the SDK       + sidecar
                          and the seams built on it: the model-API proxy (`proxy`) and
@@ -41,7 +43,7 @@ def _load_layout() -> ModuleType:
 
 # package -> the folder setuptools maps it from, read where pyproject.toml declares it
 PACKAGE_DIRS: dict[str, Path] = _load_layout().package_dirs(ROOT)
-LAYER_ORDER = ("proto", "replica", "sidecar", "sdk", "examples", "ops", "bench", "cli")
+LAYER_ORDER = ("proto", "runtime", "replica", "sidecar", "sdk", "examples", "ops", "bench", "cli")
 # each layer may import itself and the layers before it in LAYER_ORDER
 ALLOWED: dict[str, frozenset[str]] = {
     layer: frozenset(LAYER_ORDER[: i + 1]) for i, layer in enumerate(LAYER_ORDER)

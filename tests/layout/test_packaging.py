@@ -44,7 +44,7 @@ print(json.dumps({"quorumgate": quorumgate.__file__, "modules": mods}))
 """
 
 
-SOURCES = ("pyproject.toml", "README.md", "cluster", "replica", "sidecar", "proto")
+SOURCES = ("pyproject.toml", "README.md", "cluster", "replica", "runtime", "sidecar", "proto")
 
 
 @pytest.fixture(scope="module")

@@ -43,10 +43,10 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.tx import parse
-from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
 from quorumgate.replica.types import Block
 from quorumgate.replica.wire import decode_block
+from quorumgate.runtime.channels import sync_channel
 from quorumgate.sdk.owner import OwnerSession, agent_ops, owner_reader, tool_op
 from tests import polling
 

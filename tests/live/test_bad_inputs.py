@@ -15,12 +15,12 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, read_seed
+from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.tx import parse
-from quorumgate.replica.channels import peer_auth_metadata
-from quorumgate.replica.crypto import Ed25519Signer
-from quorumgate.replica.transport import GRPC_MESSAGE_BYTES_MAX
 from quorumgate.replica.types import timeout_bytes
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
+from quorumgate.runtime.channels import peer_auth_metadata
+from quorumgate.runtime.links import GRPC_MESSAGE_BYTES_MAX
 from tests.live.conftest import (
     DROPPED,
     RPC_TIMEOUT_S,

@@ -177,7 +177,7 @@ class NamespacedCluster(LiveCluster):
 def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) -> None:
     spec = init_cluster(tmp_path / "cluster", NODES, hosts=hosts.addresses)
     # TLS: every channel the test, the replicas and the sidecars open trusts only the
-    # member's pinned certificate (replica/channels.py); a plaintext peer could not connect.
+    # member's pinned certificate (runtime/channels.py); a plaintext peer could not connect.
     assert spec.transport == "tls" and [m.host for m in spec.members] == hosts.addresses
     assert MODULES["replica"] in node_command(spec, 0)
     cluster = NamespacedCluster(spec, hosts)

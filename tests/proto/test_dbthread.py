@@ -1,4 +1,4 @@
-"""One trip to aiosqlite's thread (proto/dbthread.py), against the installed aiosqlite: the
+"""One trip to aiosqlite's thread (runtime/dbthread.py), against the installed aiosqlite: the
 module reaches into its queue, so these are what would break if aiosqlite changed it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import aiosqlite
 import pytest
 
-from quorumgate.proto.dbthread import on_thread, transaction
+from quorumgate.runtime.dbthread import on_thread, transaction
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import pytest
 
 from quorumgate.replica.sim import SimOptions, Simulation
 from quorumgate.replica.types import Envelope, RemoteError, SyncRequest
-from quorumgate.replica.wire import ENVELOPE_BYTES_MAX, decode_envelope, encode_envelope
+from quorumgate.replica.wire import decode_envelope, encode_envelope
+from quorumgate.runtime.links import ENVELOPE_BYTES_MAX
 
 
 def _messages_from_a_simulation() -> list[Envelope]:

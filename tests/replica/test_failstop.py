@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, init_cluster, read_seed
-from quorumgate.replica.crypto import Ed25519Signer
+from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.replica.node import ReplicaNode
-from quorumgate.replica.process import EXIT_FAIL_STOP, FailStop, serve
+from quorumgate.runtime.process import EXIT_FAIL_STOP, FailStop, serve
 
 SERVE_DEADLINE_S = 30.0
 

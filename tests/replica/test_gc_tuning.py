@@ -8,7 +8,7 @@ import sys
 
 PROBE = """
 import gc
-from quorumgate.replica.process import GC_GEN0_THRESHOLD, tune_gc
+from quorumgate.runtime.process import GC_GEN0_THRESHOLD, tune_gc
 before = gc.get_threshold()
 assert gc.get_freeze_count() == 0, gc.get_freeze_count()
 kept = [[i] for i in range(1000)]

@@ -25,7 +25,8 @@ import grpc
 
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
-from quorumgate.replica.transport import PeerLink, channel_options, server_options
+from quorumgate.replica.transport import PeerLink
+from quorumgate.runtime.links import channel_options, server_options
 
 KEEPALIVE_MS = 500
 IDLE_INTERVALS = 10  # the old policy closed the stream after about three pings
@@ -138,7 +139,7 @@ async def test_an_ended_turn_takes_nothing_and_the_current_one_takes_everything(
     it, wakes, takes nothing and stops; the next stream's iterator gets every item."""
     from collections import deque
 
-    from quorumgate.replica.transport import StreamTurns
+    from quorumgate.runtime.links import StreamTurns
 
     turns = StreamTurns()
     queue: deque[int] = deque()

@@ -22,10 +22,9 @@ from quorumgate.proto.clusterfile import (
     init_cluster,
     read_seed,
 )
+from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.model import Proposal
 from quorumgate.replica.actions import Send
-from quorumgate.replica.channels import Reader, aio_channel
-from quorumgate.replica.crypto import Ed25519Signer
 from quorumgate.replica.node import (
     EVENTS_PER_BATCH_MAX,
     GOSSIP_ADMISSIONS_PER_PEER_MAX,
@@ -34,7 +33,6 @@ from quorumgate.replica.node import (
     ReplicaNode,
     _Tick,
 )
-from quorumgate.replica.readwaits import READ_WAITS_PER_KEY_MAX
 from quorumgate.replica.transport import (
     SEND_QUEUE_BYTES_MAX,
     SEND_QUEUE_MESSAGES_MAX,
@@ -42,6 +40,8 @@ from quorumgate.replica.transport import (
 )
 from quorumgate.replica.types import Envelope, SyncRequest, Vote
 from quorumgate.replica.wire import envelope_to_pb
+from quorumgate.runtime.channels import Reader, aio_channel
+from quorumgate.runtime.readwaits import READ_WAITS_PER_KEY_MAX
 from quorumgate.sidecar.node import Sidecar, make_sidecar
 from tests.polling import until
 

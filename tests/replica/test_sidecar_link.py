@@ -16,9 +16,9 @@ from quorumgate.proto.clusterfile import (
     read_seed,
 )
 from quorumgate.proto.reports import root_report_statement
-from quorumgate.replica.channels import Reader
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.sidecar_link import EXECUTED_WAITERS_MAX, SidecarLink
+from quorumgate.runtime.channels import Reader
 
 
 def link_and_reporter(tmp_path: Path) -> tuple[SidecarLink, SigningKey]:

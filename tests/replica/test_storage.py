@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from quorumgate.proto.crypto import Verifier
 from quorumgate.replica.actions import (
     Action,
     Commit,
@@ -36,7 +37,6 @@ from quorumgate.replica.actions import (
 )
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
-from quorumgate.replica.crypto import Verifier
 from quorumgate.replica.safety import SafetyError, SafetyState
 from quorumgate.replica.sim import SIM_LIMITS, Disk, SimNode, SimOptions, Simulation
 from quorumgate.replica.storage import (

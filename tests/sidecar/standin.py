@@ -23,11 +23,11 @@ from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto import tx
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import Proposal
-from quorumgate.replica.channels import add_server_port, aio_channel
-from quorumgate.replica.grpcutil import add_service
-from quorumgate.replica.readauth import read_auth_metadata
 from quorumgate.replica.types import Block, QuorumCert, genesis_block
 from quorumgate.replica.wire import block_to_pb
+from quorumgate.runtime.channels import add_server_port, aio_channel
+from quorumgate.runtime.grpcutil import add_service
+from quorumgate.runtime.readauth import read_auth_metadata
 from quorumgate.sidecar.node import Sidecar, make_sidecar
 from tests.polling import until
 

@@ -1,5 +1,5 @@
 """What a caller may hold waiting at a sidecar, and what each executed height costs the
-sidecar for the callers waiting on it (replica/readwaits.py, sidecar/waits.py).
+sidecar for the callers waiting on it (runtime/readwaits.py, sidecar/waits.py).
 
 One real sidecar, in this process, fed by a stand-in replica (tests/sidecar/standin.py).
 The attacker is a key the cluster does not know: it may read the verdicts of transactions it
@@ -21,7 +21,7 @@ from nacl.signing import SigningKey
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, read_seed
 from quorumgate.proto.model import Tier, ToolMode
-from quorumgate.replica.readwaits import READ_WAITS_PER_KEY_MAX, READ_WAITS_STRANGERS_MAX
+from quorumgate.runtime.readwaits import READ_WAITS_PER_KEY_MAX, READ_WAITS_STRANGERS_MAX
 from quorumgate.sidecar import node as sidecar_node
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.node import METHOD_GET_RECEIPT, METHOD_RECEIPTS, PENDING_FETCHES_MAX

@@ -88,9 +88,9 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetMandate,
 )
-from quorumgate.replica.channels import sync_channel
 from quorumgate.replica.types import Block, QuorumCert
 from quorumgate.replica.wire import decode_block
+from quorumgate.runtime.channels import sync_channel
 from quorumgate.sdk.client import (
     Decision,
     Handle,

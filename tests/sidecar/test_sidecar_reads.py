@@ -39,7 +39,7 @@ from quorumgate.proto.model import (
     ToolMode,
     ToolSpec,
 )
-from quorumgate.replica.readwaits import CallerKind
+from quorumgate.runtime.readwaits import CallerKind
 from quorumgate.sidecar.node import (
     METHOD_ACCOUNT,
     METHOD_ADMIT,

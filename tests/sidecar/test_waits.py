@@ -1,9 +1,9 @@
-"""The wait slots and the recent-height index on their own (replica/readwaits.py,
+"""The wait slots and the recent-height index on their own (runtime/readwaits.py,
 sidecar/waits.py)."""
 
 from __future__ import annotations
 
-from quorumgate.replica.readwaits import CallerKind, WaitSlots
+from quorumgate.runtime.readwaits import CallerKind, WaitSlots
 from quorumgate.sidecar.receipts import ReceiptLeaf
 from quorumgate.sidecar.waits import HeightIndex
 

@@ -28,10 +28,10 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.clusterfile import TLS_KEY_FILE, ClusterSpec, MemberSpec, read_private
+from quorumgate.proto.crypto import Signer, ed25519_verify
 from quorumgate.proto.tls import tls_name
-from quorumgate.replica.crypto import Signer, ed25519_verify
-from quorumgate.replica.readauth import Sign, SyncReadAuthInterceptor, read_auth_interceptors
-from quorumgate.replica.transport import CHANNEL_OPTIONS
+from quorumgate.runtime.links import CHANNEL_OPTIONS
+from quorumgate.runtime.readauth import Sign, SyncReadAuthInterceptor, read_auth_interceptors
 
 TAG_PEER_STREAM = b"qg/peer-stream/v1"
 PEER_AUTH_METADATA = "qg-peer-auth"
@@ -57,7 +57,7 @@ def _credentials(member: MemberSpec) -> grpc.ChannelCredentials:
 
 @dataclass(frozen=True, slots=True)
 class Reader:
-    """A key that signs its read calls (replica/readauth.py): the owner, a member, an
+    """A key that signs its read calls (runtime/readauth.py): the owner, a member, an
     auditor. Channels opened with one sign every call."""
 
     public_key: bytes

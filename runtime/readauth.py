@@ -35,7 +35,7 @@ from quorumgate.proto.clusterfile import (
     ClusterSpec,
     load_cluster,
 )
-from quorumgate.replica.crypto import ed25519_verify
+from quorumgate.proto.crypto import ed25519_verify
 
 TAG_READ = b"qg/read/v1"
 READ_AUTH_METADATA = "qg-read-auth"
