@@ -213,6 +213,29 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_backup_or_restore(args: argparse.Namespace) -> int:
+    from quorumgate.ops.backups import backup_replica, restore_replica
+    from quorumgate.ops.nodes import OpsError
+    from quorumgate.proto.clusterfile import ClusterFileError
+
+    try:
+        spec = _load(args)
+        if args.command == "backup":
+            facts = backup_replica(spec, args.node, Path(args.to))
+            done = f"replica {args.node}'s store copied to {args.to}"
+        else:
+            facts = restore_replica(spec, args.node, Path(args.source))
+            done = (
+                f"replica {args.node} restored from {args.source}, declared: at its next start "
+                "it signs nothing until 2f+1 other members answer (docs/consensus/fencing.md)"
+            )
+    except (ClusterFileError, OpsError) as err:
+        return _fail(str(err), 2)
+    print(f"{done} (committed height {facts.committed_height}, "
+          f"last voted view {facts.last_voted_view})")  # fmt: skip
+    return 0
+
+
 def _cmd_node(args: argparse.Namespace) -> int:
     from quorumgate.replica.node import main as node_main
 
@@ -581,6 +604,21 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--dir", required=True)
     down.add_argument("--node", type=int)
     down.set_defaults(func=_cmd_down)
+
+    backup = sub.add_parser("backup", help="copy a stopped replica's store to a file")
+    backup.add_argument("--dir", required=True)
+    backup.add_argument("--node", type=int, required=True)
+    backup.add_argument("--to", required=True, help="the backup file (must not exist)")
+    backup.set_defaults(func=_cmd_backup_or_restore)
+
+    restore = sub.add_parser(
+        "restore",
+        help="put a backup back as a stopped replica's store, declared (it starts fenced)",
+    )
+    restore.add_argument("--dir", required=True)
+    restore.add_argument("--node", type=int, required=True)
+    restore.add_argument("--from", dest="source", required=True, help="the backup file")
+    restore.set_defaults(func=_cmd_backup_or_restore)
 
     node = sub.add_parser("node", help="run one replica in the foreground (multi-host)")
     node.add_argument("--dir", required=True)
