@@ -644,7 +644,14 @@ class Core:
             waited = self._hello_ticks >= self.limits.fence_wait_ticks
             if replies < quorum_of_peers and not (waited and replies >= self.membership.f + 1):
                 return
-            fence = min(max(self._hello_replies.values()), certified + 2)
+            reported = max(self._hello_replies.values())
+            # A view the answers saw us sign in and our disk remembers signing in (a
+            # proposal is a signature too) is no sign of a forgotten one: fencing it would
+            # only keep us from timing out there (Rule 6 c) when the view before it ended
+            # by a TC, and an ordinary restart must rejoin with f members silent.
+            state = self.safety.state
+            remembered = max(state.last_voted_view, state.last_proposed_view)
+            fence = 0 if reported <= remembered else min(reported, certified + 2)
         if self.safety.fence(fence, fence, self.high_qc, self.high_tc):
             self.stats.fenced += 1
         self._fencing = False

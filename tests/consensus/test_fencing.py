@@ -438,3 +438,43 @@ def test_a_restore_that_crashes_before_its_fence_is_behind_it_starts_as_a_restor
         sim = Simulation(opts)
         sim.run()
         assert sim.aimed["voting"] == 2 and sim.restores_resumed >= 1, (seed, sim.aimed)
+
+
+def test_a_plain_restart_after_proposing_can_still_time_out_in_that_view() -> None:
+    """A plain start trusts its own disk. Member 3 timed out in view 2 (which ended by a TC,
+    so it holds no QC of view 2), proposed in view 3 and crashed before voting. Its peers
+    saw it sign in view 3: its own proposal, on its disk. That is no forgotten signature,
+    so it must not fence view 3; fenced, safety Rule 6 (c) would let it time out there
+    only with a QC of view 2 that nobody has, and with f silent members the cluster would
+    never leave view 3, although an ordinary restart must rejoin with f members down."""
+    qc1 = qc_for(B1)
+    tc2 = tc_from([signed_timeout(v, 2, qc1) for v in (0, 1, 3)])
+    state = dataclasses.replace(
+        SafetyState.initial(CHAIN),
+        epoch=3,
+        last_voted_view=2,
+        locked_qc=qc1,
+        high_qc=qc1,
+        high_tc=tc2,
+        last_proposed_view=3,
+        last_timeout=Timeout(2, qc1, 3, b""),
+    )
+    core = Core(
+        membership(4),
+        3,
+        SIGNERS[3],
+        limits=TEST_LIMITS,
+        now_ms=START_MS,
+        recovered=Recovered(state, G, (B1,)),
+    )
+    core.start()
+    for peer in (0, 1, 2):  # each saw our proposal of view 3
+        core.on_message(envelope(peer, reply(peer, core, 3, 3, qc1)))
+    assert not core._fencing
+    assert core.view == 3
+    sent: list[Timeout] = []
+    for k in range(TEST_LIMITS.view_timeout_ticks_base * 4):
+        sent += sent_of(core.on_tick(START_MS + k), Timeout)
+        if sent:
+            break
+    assert [t.view for t in sent] == [3], f"no timeout in view 3: {dict(core.stats.refused)}"
