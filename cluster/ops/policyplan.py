@@ -57,7 +57,7 @@ from quorumgate.proto.model import (
 from quorumgate.sdk.client import Client, QuorumGateError
 from quorumgate.sdk.registry import Registry
 from quorumgate.sidecar.engine.core import EngineConfig, config_for_cluster
-from quorumgate.sidecar.policykit import Policy, PolicyFileError, load_policy
+from quorumgate.sidecar.policyfile import Policy, PolicyFileError, load_policy
 
 EXIT_OK = 0
 EXIT_REJECTED = 1
