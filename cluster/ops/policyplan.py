@@ -1,5 +1,5 @@
-"""`quorumgate policy plan FILE --dir D` and `policy apply` (issue 15, item 5): make a live
-cluster match a policy file.
+"""`quorumgate policy plan FILE --dir D` and `policy apply`: make a live cluster match a
+policy file (docs/policies.md; the file's format: sidecar/policyfile.py).
 
     quorumgate policy plan  rules.toml --dir run/c4 [--json]
     quorumgate policy apply rules.toml --dir run/c4 [--json]
