@@ -681,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help="with --start: CPU of the cluster's processes left idle for SECONDS after "
-        "--calls calls (quiescence, issue 19)",
+        "--calls calls (an idle cluster goes quiet: docs/consensus/protocol.md)",
     )
     bench.add_argument(
         "--ab-poll",

@@ -1,6 +1,6 @@
 """Canonical bytes: the one place that decides what gets hashed and signed.
 
-House rule 4 (STYLE.md): one module owns canonical bytes for hashing and signing. Every
+One module owns canonical bytes for hashing and signing (docs/development.md). Every
 hash and every signature in QuorumGate is computed over bytes built here, never over
 protobuf encodings, so re-encoding a message on the wire cannot change what was signed.
 

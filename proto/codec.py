@@ -1,14 +1,15 @@
 """The one module that converts protobuf messages to domain types and back.
 
-Protobuf objects never leave this module (STYLE.md, hypercorn anchor): everything else in
-the engine sees `quorumgate.proto.model` values. Decoding is strict, because two honest
-sidecars must read one transaction the same way:
+Protobuf objects never leave this module: everything else in the engine sees
+`quorumgate.proto.model` values, so generated code reaches no rule and one decoder decides
+what a body means. Decoding is strict, because two honest sidecars must read one transaction
+the same way:
 
 - a body must be the canonical protobuf encoding of what it decodes to (no unknown
   fields, no reordering, no duplicate fields), so one meaning has one byte string;
-- enumerations in strings must be known, except the two the design says default:
-  `delegation_policy` other than `attenuated` is `none` (§4.2), and `enforcement` other
-  than `observe` is `enforce` (fail closed);
+- enumerations in strings must be known, except two that default to the stricter value:
+  `delegation_policy` other than `attenuated` is `none`, and `enforcement` other than
+  `observe` is `enforce` (fail closed; docs/engine.md, "Tools, mandates and verdicts");
 - anything a domain type refuses is a `CodecError`, which the engine reports as a
   `malformed` rejection. Error messages never quote a field value.
 """

@@ -1,6 +1,6 @@
 """Cluster membership: who the members are and their consensus keys.
 
-n = 3f+1 members come from one cluster file (DESIGN §6). 4 and 7 are the supported sizes;
+n = 3f+1 members come from one cluster file (docs/operating.md). 4 and 7 are the supported sizes;
 any n >= 4 works, with f = (n-1)//3 and a quorum of floor((n+f)/2)+1, which is 2f+1 when
 n = 3f+1 (any two quorums then share at least f+1 members, so at least one honest one).
 
@@ -55,7 +55,7 @@ class Membership:
         object.__setattr__(self, "quorum", (n + f) // 2 + 1)
 
     def leader(self, view: int) -> int:
-        """Round-robin leader of a view (DESIGN §3 pacemaker)."""
+        """Round-robin leader of a view: the pacemaker's rotation (docs/consensus/protocol.md)."""
         return view % self.n
 
     def key(self, index: int) -> bytes:

@@ -1,4 +1,4 @@
-"""Canonical names: tool names, identifiers, argument names, handles (DESIGN §4.1).
+"""Canonical names: tool names, identifiers, argument names, handles (docs/engine.md).
 
 Standard library only, so that the transaction codec can use it without pulling in the
 URI machinery. Every function here is total: it returns the canonical form or `None`,
@@ -32,9 +32,10 @@ MAIN_TARGET_ROLE = "target"
 # exponent, no grouping; "0500" is 500).
 DECIMAL_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?")
 
-# DESIGN §4.1 / BRAH §6.2 (rule AST-01): arguments that designate a recipient or a
-# principal are refused, never rewritten. Names are compared after NFKC case folding with
-# the separators `_`, `-` and `.` removed, so `chatId`, `chat-id` and `CHAT_ID` are one name.
+# The BRAH paper, §6.2 (rule AST-01): arguments that designate a recipient or a principal
+# are refused, never rewritten, since an agent that names whom it acts on can act on anyone.
+# Names are compared after NFKC case folding with the separators `_`, `-` and `.` removed,
+# so `chatId`, `chat-id` and `CHAT_ID` are one name.
 AMBIENT_IDENTITY_EXACT = frozenset(
     {
         "to", "cc", "bcc", "recipient", "recipients", "peer", "user", "customer", "chat",
@@ -45,7 +46,8 @@ AMBIENT_IDENTITY_STEMS = (
     "chatid", "peerid", "userid", "customerid", "channelid", "accountid", "principalid",
     "memberid", "recipient", "username", "useremail", "userphone",
 )  # fmt: skip
-# BRAH rule AST-07: raw values of these kinds must travel as envelope handles (§4.6).
+# The BRAH paper's rule AST-07: raw values of these kinds must travel as envelope handles,
+# since a value in a block stays in every replica's log for good (docs/engine.md).
 RAW_SECRET_NAMES = frozenset(
     {
         "phone", "phonenumber", "token", "accesstoken", "apikey", "password", "passphrase",
@@ -76,7 +78,7 @@ def fold(text: str) -> str:
 
 
 def canonical_tool_name(raw: str) -> str | None:
-    """DESIGN §4.1: NFKC, case-folded, trimmed; then it must be a plain ASCII name.
+    """NFKC, case-folded, trimmed; then it must be a plain ASCII name.
 
     Requiring ASCII after folding turns homoglyph spellings (a Cyrillic letter for its Latin twin)
     into an unknown tool instead of a second name for a registered one.

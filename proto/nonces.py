@@ -1,5 +1,5 @@
-"""Replay memory for one signer (DESIGN §3 mempool, §4): shared by the replica's mempool,
-which refuses a replayed transaction at admission, and the engine, whose state holds one
+"""Replay memory for one signer (docs/engine.md, "Transactions"): shared by the replica's
+mempool, which refuses a replayed transaction at admission, and the engine, whose state holds one
 window per signer and whose verdict is the authority.
 """
 

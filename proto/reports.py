@@ -1,4 +1,4 @@
-"""The statement a sidecar signs to report its state root to its replica (DESIGN §4).
+"""The statement a sidecar signs to report its state root to its replica (docs/sidecar.md).
 
 Both sides need its bytes: the sidecar signs them with its receipt key, and the replica
 checks the signature before it votes for a block carrying that root. So it lives in the

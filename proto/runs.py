@@ -1,5 +1,5 @@
-"""Run ids come from committed data (issue 16, item 3): a run is named after the nonce of
-its owner's transaction that opened it, `n<nonce>`.
+"""Run ids come from committed data: a run is named after the nonce of its owner's
+transaction that opened it, `n<nonce>`.
 
 On chains of authority version 2 the engine accepts, for a proposal on the agent's own
 mandate and for a delegation that starts a chain, only a run id `n<k>` with `k` at most the

@@ -1,4 +1,4 @@
-"""Signing, verifying, identifying and parsing transactions (DESIGN §1, §4).
+"""Signing, verifying, identifying and parsing transactions (docs/engine.md, "Transactions").
 
 Importable by the replica's mempool and by the client SDK: it depends only on PyNaCl,
 protobuf (through `codec`), `quorumgate.proto.canonical`, and the engine's standard-library

@@ -9,8 +9,9 @@ certificate, or plaintext when the cluster file says `"transport": "insecure"`.
   is a statement signed with the sender's consensus key — sender, receiver, time — in the
   call's metadata (`peer_auth_metadata`, checked by `check_peer_auth`). Inside TLS only
   the receiver sees it, and it names the receiver, so it cannot be replayed elsewhere.
-  From then on every message on that stream must name that sender (issue 14: the sender
-  was whatever the envelope said).
+  From then on every message on that stream must name that sender: were the sender whatever
+  the envelope said, one member could speak for another (docs/consensus/messages.md, "Sender
+  binding").
 
 Why this and not mutual TLS: gRPC's Python server asks for client certificates on all of a
 port or none of it, and clients reach the same port without one; the signed stream

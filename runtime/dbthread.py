@@ -1,4 +1,4 @@
-"""A whole SQLite transaction in one hop to aiosqlite's thread (issue 19, item 4).
+"""A whole SQLite transaction in one hop to aiosqlite's thread.
 
 aiosqlite runs every statement on the connection's own thread: each `await conn.execute`
 is a queue put, a wake of that thread and a wake of the event loop back, about 40 µs of

@@ -44,10 +44,11 @@ def server_options(keepalive_ms: int = KEEPALIVE_TIME_MS) -> GrpcOptions:
     """Options of a member's gRPC server (replica or sidecar): its channels' own, and a
     ping policy that accepts what those channels send. By default a gRPC server takes at
     most one ping per 5 minutes on a connection that carries no data and answers the third
-    too soon with GOAWAY `too_many_pings`: an idle cluster (quiescent, issue 19) had every
-    peer stream and client channel torn down and redialled about once a minute, each redial
-    losing the next message queued (see StreamTurns). Pings faster than half our interval
-    are still refused (the server's ping-flood defence stays)."""
+    too soon with GOAWAY `too_many_pings`: an idle cluster (quiescent:
+    docs/consensus/protocol.md) had every peer stream and client channel torn down and
+    redialled about once a minute, each redial losing the next message queued (see
+    StreamTurns). Pings faster than half our interval are still refused (the server's
+    ping-flood defence stays)."""
     return (
         *channel_options(keepalive_ms),
         ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2),

@@ -42,9 +42,9 @@ def tune_gc() -> None:
 class FailStop:
     """The long-lived tasks of a service, each of which must run until the service stops.
     One that ends any other way — an exception, or a return — makes the whole process stop
-    with `EXIT_FAIL_STOP` after logging the traceback (DESIGN §3, fail-stop: issue 14 found
-    a replica whose core task had died while the process kept serving `Status` and taking
-    transactions, and nothing said so). A supervisor sees the exit and restarts it."""
+    with `EXIT_FAIL_STOP` after logging the traceback, so that a supervisor sees the exit
+    and restarts it: a replica whose core task had died once kept serving `Status` and
+    taking transactions, and nothing said so."""
 
     def __init__(self) -> None:
         self._failed: asyncio.Future[BaseException] | None = None

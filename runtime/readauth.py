@@ -1,5 +1,4 @@
-"""Who may read what a cluster committed (issue 14, item 2; DESIGN §1 "Reads of committed
-data are authorized").
+"""Who may read what a cluster committed (docs/security/reads-and-certificates.md).
 
 `CommittedBlocks` carries every argument value of every tool call, and a sidecar's
 `Receipts` stream every verdict. They answer only:

@@ -1,4 +1,5 @@
-"""Per-stage trace lines for the latency breakdown (issue 19, item 1).
+"""Per-stage trace lines for the latency breakdown (docs/benchmarks.md, "Where one call's
+time goes").
 
 Off unless `QG_TRACE_DIR` names a directory in a process's environment (`quorumgate bench
 --breakdown` sets it for the cluster it starts): then each process appends one line per

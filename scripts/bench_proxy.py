@@ -1,5 +1,5 @@
 """Time to the first text byte through the enforcing proxy, against the same stream direct
-(issue 17, item 3: the proxy adds at most 2 ms at p50).
+(docs/proxy.md, "Latency", has the figures).
 
     python scripts/bench_proxy.py [--requests 200] [--runs 3]
 

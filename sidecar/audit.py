@@ -1,4 +1,5 @@
-"""A sidecar checks its own store against its own signed statements (issue 14, hole 7).
+"""A sidecar checks its own store against its own signed statements (docs/operating.md,
+"Self-audit").
 
 An edited store — a stored `deny` receipt and its ledger entry both turned into `allow` —
 used to be served as it was, with `diverged=false`; only `ledger verify` and `replay`
@@ -44,7 +45,8 @@ async def audit_height(
         return f"height {height}: {len(receipts)} receipts for {signed.leaf_count} leaves"
     # The leaves' tree is built once (n - 1 node hashes) and every stored path must be the
     # tree's own: equivalent to walking each path up to the root (RFC 6962 paths are
-    # unique), at a fraction of the hashing (issue 19: n log n hashes per height before).
+    # unique), at a fraction of the hashing: walking every path costs n log n hashes a
+    # height.
     root, paths = root_and_paths([r.leaf.hash(chain_id) for r in receipts])
     if root != signed.verdict_root:
         return f"height {height}: the receipts' leaves do not make the signed verdict root"

@@ -1,4 +1,4 @@
-"""The verdict ledger (DESIGN §4.8): every verdict, allows too, on a SHA-256 hash chain.
+"""The verdict ledger (docs/operating.md): every verdict, allows too, on a SHA-256 hash chain.
 
 Pure: no I/O, no clock. `sidecar/store.py` keeps the entries in SQLite and the operator's
 `quorumgate ledger verify|export` (sidecar/operator.py) checks and exports them; an
@@ -6,14 +6,16 @@ exported JSONL file is checked offline by the same `ChainVerifier`.
 
 One entry per verdict, in execution order: height ascending, and inside a height the
 transaction's position in the block (`index`, 0, 1, 2, ... with no gap). An entry's hash is
-SHA-256 over its canonical bytes, built with `quorumgate.proto.canonical.Encoder` (house rule 4)
-under the tag `b"qg/ledger/v1"` from the chain id and every field but `hash` — including
-`prev_hash`, the hash of the entry before it (32 zero bytes for the first). Editing any
-field of any entry therefore changes its hash, and editing the hash breaks the next
-entry's link; honest sidecars executing one log hold byte-identical ledgers and heads.
+SHA-256 over its canonical bytes, built with `quorumgate.proto.canonical.Encoder` (the one
+builder of hashed bytes) under the tag `b"qg/ledger/v1"` from the chain id and every field
+but `hash` — including `prev_hash`, the hash of the entry before it (32 zero bytes for the
+first). Editing any field of any entry therefore changes its hash, and editing the hash
+breaks the next entry's link; honest sidecars executing one log hold byte-identical ledgers
+and heads.
 
-The ledger carries argument *names*, never values (DESIGN §4.2): a verdict has no values
-to give it. Reason codes are for operators; nothing here is shown to an agent.
+The ledger carries argument *names*, never values: a verdict has no values to give it, and
+an operator's copy of the ledger must not become a copy of what agents sent. Reason codes
+are for operators; nothing here is shown to an agent.
 """
 
 from __future__ import annotations

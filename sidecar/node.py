@@ -1,5 +1,5 @@
 """The execution sidecar process: committed log in; verdicts, receipts, artifacts, ledger and
-state roots out (DESIGN §4, §4.8).
+state roots out (docs/sidecar.md).
 
     python -m quorumgate.sidecar.node --dir DIR --node I      (what `quorumgate up` starts)
 
@@ -855,8 +855,9 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
     async def Pending(
         self, request: spb.PendingRequest, context: grpc.aio.ServicerContext
     ) -> spb.PendingReply:
-        """The open cards the caller alone may answer (issue 16), with the signed proposal
-        each binds; any other key gets an empty list, which tells it nothing."""
+        """The open cards the caller alone may answer (docs/security/approvals.md), with the
+        signed proposal each binds; any other key gets an empty list, which tells it
+        nothing."""
         sidecar = self.sidecar
         engine, store = sidecar.engine, sidecar.store
         assert engine is not None and store is not None

@@ -1,4 +1,4 @@
-"""What `quorumgate artifacts` and `quorumgate ledger verify|export` do (issue 5, items 3-4).
+"""What `quorumgate artifacts` and `quorumgate ledger verify|export` do (docs/operating.md).
 
 Synchronous functions the CLI calls with a sidecar's database path and chain id; each
 returns the process exit status and writes what a person (or, with `--json`, a program)
@@ -16,9 +16,11 @@ database, or a copy of its files (`sidecar.db`, and `sidecar.db-wal` if present)
 never create a store: a wrong path is an error, not a new empty ledger that verifies.
 
 Output never holds an argument value (the store has none) and reason codes are shown,
-because these are operator tools (DESIGN §4.2). Text a verdict carries (canonical targets,
-principals) is printed with control and formatting characters escaped, so that a hostile
-target cannot rewrite the operator's terminal.
+because these are operator tools: an agent is never shown a reason code (it would learn
+which rule to dodge; docs/architecture/0007-one-denial-sentence.md), an operator needs it.
+Text a verdict carries (canonical targets, principals) is printed with control and
+formatting characters escaped, so that a hostile target cannot rewrite the operator's
+terminal.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Receipts and verdict certificates (DESIGN §4.8): pure, offline-verifiable.
+"""Receipts and verdict certificates (docs/sidecar.md, "Certificates"): pure, offline-verifiable.
 
 Each sidecar signs one statement per executed block — `(chain id, height, verdict root,
 state root, leaf count)` — where the verdict root is the Merkle root (RFC 6962 §2.1) of

@@ -1,4 +1,5 @@
-"""`quorumgate replay`: rebuild a sidecar's state from its replica's committed log (DESIGN §5).
+"""`quorumgate replay`: rebuild a sidecar's state from its replica's committed log
+(docs/drills.md).
 
 Every committed block is read in height order (from the running replica's stream, or from
 its database when it is stopped), its certificate checked — it extends the block before it

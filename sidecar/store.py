@@ -5,8 +5,7 @@ rejection artifacts, the receipt leaves with their inclusion paths, this sidecar
 block statement and the engine state after the height — and makes it durable in ONE SQLite
 transaction, committed with an fsync before it returns, or not at all. The executed height
 lives in the same transaction, so a sidecar killed at any point restarts from the last
-height it recorded whole: no height executed twice, none skipped (issue 5, item 1;
-DESIGN §5).
+height it recorded whole: no height executed twice, none skipped (docs/drills.md).
 
 Tables (schema version `SCHEMA_VERSION`, all STRICT so a value of the wrong type is refused
 at write time):
@@ -22,7 +21,7 @@ at write time):
 - `state_entries`: each entry of the engine state — (section, key form, bytes), the key
   form ordering as the key does. A height writes only the entries it changed and deletes
   those it removed, so recording costs what the height changed, not the size of the state
-  (issue 19: the grants and pending cards were rewritten whole at every height, 3.5 MB
+  (the grants and pending cards, rewritten whole at every height, were 3.5 MB a height
   with 10,000 grants and 5,000 cards). Reading it back, `engine_state` reassembles the
   bytes and checks them against the state root this sidecar signed for the executed
   height: a store whose entries do not add up to what was signed is refused, never loaded.
@@ -37,14 +36,14 @@ at write time):
   and on a chain whose receipts expire the end of the validity window it signed (with the
   block time; NULL where the statement signs no window).
 - `cards`: the confirmation card bytes of each pending verdict, by proposal id.
-- `artifacts`: the rejection artifacts (DESIGN §4.8), PRIMARY KEY (height, canonical
+- `artifacts`: the rejection artifacts (docs/sidecar.md), PRIMARY KEY (height, canonical
   target): never two for one key. `data` is `RejectionArtifact.to_bytes()`, the authority;
   `denials` is a JSON copy of the denials for the operator's listing.
 
 Artifacts are written idempotently: if a row for the key holds the same bytes, recording
 moves on; with different bytes, `record` raises `DivergenceError` naming the key and writes
 nothing (the whole height rolls back). That case arises when a store replays a log over
-artifacts it kept (`wipe(keep_artifacts=True)`, the replay drill of DESIGN §5): every
+artifacts it kept (`wipe(keep_artifacts=True)`, the replay drill of docs/drills.md): every
 artifact is then checked byte for byte against what the replay produces.
 
 Argument values never reach this file: verdicts, receipts, cards and artifacts carry
@@ -243,7 +242,7 @@ class SidecarStoreError(Exception):
 class DivergenceError(Exception):
     """A rejection artifact already stored under `key` holds different bytes than this
     execution produced: this sidecar's past and present disagree about one committed log,
-    so one of them is faulty (DESIGN §4.8). Nothing of the height was written."""
+    so one of them is faulty. Nothing of the height was written."""
 
     def __init__(self, key: tuple[int, str], stored: bytes, produced: bytes) -> None:
         height, target = key
@@ -1026,7 +1025,7 @@ class SidecarStore:
         state — in one transaction, keeping the chain id: an operator's replay from
         scratch. With `keep_artifacts`, the rejection artifacts stay, and the replay
         checks every one of them byte for byte (`DivergenceError` on a difference): the
-        replay drill of DESIGN §5.
+        replay drill of docs/drills.md.
 
         An operator's step, taken while no engine runs on this store."""
         async with self._lock:
@@ -1128,7 +1127,8 @@ def _page(limit: int, maximum: int) -> int:
 
 def _check_shape(chain_id: str, h: ExecutedHeight) -> None:
     """The caller's half of the contract: what it hands over belongs together. A mismatch
-    is our own broken invariant (STYLE rule 6), raised even under `python -O`."""
+    is our own broken invariant, which stops the process (docs/development.md, "Habits"),
+    raised even under `python -O`."""
     result, signed = h.result, h.signed
     problems: list[str] = []
     if result.height != h.height or signed.height != h.height:

@@ -1,1 +1,1 @@
-"""The principal's approvals console (issue 18, item 2): `app.py`, `command.py`."""
+"""The principal's approvals console (docs/console.md): `app.py`, `command.py`."""

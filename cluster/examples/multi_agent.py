@@ -1,7 +1,7 @@
-"""The multi-agent orchestrator example (issue 6): real tools behind a real cluster.
+"""The multi-agent orchestrator example: real tools behind a real cluster.
 
 A planner agent works an invoice with two sub-agents, each acting under a grant the planner
-delegated for one run (DESIGN §4.4):
+delegated for one run (docs/engine.md, "Transactions"):
 
 1. the *researcher* may only read files. It reads the invoice from the file store (a SQLite
    database) — and the invoice carries a prompt injection telling the model to mail the

@@ -1,4 +1,4 @@
-"""A vendored agent, governed without changing a line of it (issue 17, item 6).
+"""A vendored agent, governed without changing a line of it (docs/proxy.md).
 
 `vendored_agent` below stands for code you do not own: an ordinary tool loop written
 against the official `anthropic` SDK, which executes whatever tool calls the model returns.

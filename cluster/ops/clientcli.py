@@ -1,4 +1,4 @@
-"""Client commands of the `quorumgate` CLI (issue 6, items 4-5).
+"""Client commands of the `quorumgate` CLI (docs/sdk.md, "The command line").
 
 `add_client_commands(sub)` registers, on the CLI's subparsers:
 

@@ -1,5 +1,5 @@
-"""`quorumgate policy plan FILE --dir D` and `policy apply` (issue 15, item 5): make a live
-cluster match a policy file.
+"""`quorumgate policy plan FILE --dir D` and `policy apply`: make a live cluster match a
+policy file (docs/policies.md; the file's format: sidecar/policyfile.py).
 
     quorumgate policy plan  rules.toml --dir run/c4 [--json]
     quorumgate policy apply rules.toml --dir run/c4 [--json]
@@ -57,7 +57,7 @@ from quorumgate.proto.model import (
 from quorumgate.sdk.client import Client, QuorumGateError
 from quorumgate.sdk.registry import Registry
 from quorumgate.sidecar.engine.core import EngineConfig, config_for_cluster
-from quorumgate.sidecar.policykit import Policy, PolicyFileError, load_policy
+from quorumgate.sidecar.policyfile import Policy, PolicyFileError, load_policy
 
 EXIT_OK = 0
 EXIT_REJECTED = 1

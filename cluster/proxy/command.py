@@ -1,4 +1,4 @@
-"""`quorumgate proxy --dir D --listen HOST:PORT --upstream URL --agents FILE` (issue 17)."""
+"""`quorumgate proxy --dir D --listen HOST:PORT --upstream URL --agents FILE` (docs/proxy.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The proxy's agents file (issue 17, item 4): which agents it governs, with what key,
-posture and session rule, and how each of the model's tools becomes a proposal.
+"""The proxy's agents file (docs/proxy.md, "The agents file"): which agents it governs, with
+what key, posture and session rule, and how each of the model's tools becomes a proposal.
 
     [proxy]
     agent_header = "x-quorumgate-agent"   # selects among the agents below; not a credential

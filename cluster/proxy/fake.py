@@ -1,6 +1,6 @@
-"""A scripted model API (issue 17): replays responses in each provider's wire format, for
-the proxy's tests, its benchmark and the vendored-agent example (no model, no network);
-and a helper that serves an ASGI app on a free loopback port in a thread.
+"""A scripted model API: replays responses in each provider's wire format, for the proxy's
+tests, its benchmark and the vendored-agent example (no model, no network); and a helper
+that serves an ASGI app on a free loopback port in a thread.
 
 Formats, from the providers' API references: Anthropic Messages (`message` objects;
 streams of `message_start`, `content_block_start` / `content_block_delta` (`text_delta`,

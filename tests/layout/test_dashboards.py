@@ -1,4 +1,4 @@
-"""The Grafana dashboard (issue 18, item 3): valid, and every metric it names is one the
+"""The Grafana dashboard (docs/operating.md): valid, and every metric it names is one the
 replicas, sidecars or the proxy export (a renamed metric must not leave a blank panel)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a user installs (issue 13, item 1): one top-level name, `quorumgate`.
+"""What a user installs: one top-level name, `quorumgate`.
 
 The wheel is built from this checkout the way `pip install .` builds it, and its contents
 are checked; then it is installed into an empty directory and imported from there by a

@@ -1,4 +1,4 @@
-"""Run ids from committed data (issue 16, item 3): `n<k>`, and clients' labels."""
+"""Run ids from committed data: `n<k>`, and clients' labels."""
 
 from __future__ import annotations
 

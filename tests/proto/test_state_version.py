@@ -1,4 +1,4 @@
-"""The state version in the cluster file (issue 19): `init` writes 2 (the hash tree over
+"""The state version in the cluster file: `init` writes 2 (the hash tree over
 the state's entries), a file without one is a chain from before (1, SHA-256 over the whole
 state), and the version reaches every engine built for the cluster."""
 

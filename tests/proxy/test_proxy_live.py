@@ -1,5 +1,5 @@
 """The enforcing proxy against a live 4-node cluster, driven by the official `anthropic` and
-`openai` SDKs (issue 17, item 5). The model is a fake upstream that replays each
+`openai` SDKs. The model is a fake upstream that replays each
 provider's wire format; every tool call the "model" asks for is proposed to the cluster,
 and the SDK sees it only if f+1 sidecars certified that it may run."""
 

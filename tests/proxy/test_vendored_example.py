@@ -1,4 +1,4 @@
-"""The vendored-agent example (issue 17, item 6) on a live cluster: the unmodified loop's
+"""The vendored-agent example (examples/vendored_agent.py) on a live cluster: the unmodified loop's
 injected mail is withheld, the fetch runs, and the mail tool is never called."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replay's executing process (issue 19, item 4): blocks go to a second process, which
+"""Replay's executing process: blocks go to a second process, which
 checks each block's certificate and executes it; the outcomes come back in order. A block
 whose certificate does not verify ends the stream with the reason, and nothing after it is
 executed or returned — in the second process as in this one."""

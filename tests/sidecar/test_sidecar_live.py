@@ -1,4 +1,4 @@
-"""Execution sidecars against a live 4-node cluster (issue 5, "Tests").
+"""Execution sidecars against a live 4-node cluster.
 
 One module-scoped cluster (replicas and sidecars as real processes on loopback, the free
 ports `init_cluster` picked), stopped in a finalizer whatever happened. The owner registers
@@ -516,7 +516,7 @@ def rejected(call: Callable[[], object], reason: str) -> QuorumGateError:
 def assert_never_allowed(live: Live, decisions: Iterable[Decision]) -> None:
     """No sidecar holds an allowing verdict for any of these proposals, and every sidecar
     holds the certified verdict as its newest: so no f+1 sidecars can certify an allow or
-    a flag for them (every verdict is in the ledger, allows too: DESIGN §4.8)."""
+    a flag for them (every verdict is in the ledger, allows too: sidecar/ledger.py)."""
     chosen = {d.proposal_id: d for d in decisions}
     live.wait_executed(max(d.height for d in chosen.values()))
     marks = ",".join("?" * len(chosen))
@@ -616,7 +616,7 @@ def test_i3_pre_confirmation_poisoning_cannot_change_what_is_confirmed(live: Liv
             "confirmation_required",
         )
         assert other.card is not None
-        rejected(  # the proposer's own key answers no card (issue 16)
+        rejected(  # the proposer's own key answers no card (split authority)
             lambda: alice.qg.confirm(pending.proposal_id, pending.card.digest, WAIT_S),  # type: ignore[union-attr]
             "confirmer_not_authorized",
         )
@@ -640,7 +640,7 @@ def test_i4_cross_principal_targets_and_arguments_are_denied(live: Live) -> None
     with contextlib.ExitStack() as stack:
         agents = attack_agents(live, stack)
         alice, mallory = agents["alice"], agents["mallory"]
-        # each in a run of its own: a probe of another principal is latched (issue 15)
+        # each in a run of its own: a probe of another principal is latched (canonical v2)
         denied = [
             expect(
                 mallory.propose("records.read", f"principal:{alice.id}", run="i4-target"),
@@ -685,7 +685,7 @@ def test_c1_a_confused_handle_is_a_handle_violation(live: Live) -> None:
 
 def test_c2_raw_secrets_are_refused_where_envelopes_are_required(live: Live) -> None:
     """C-2: a raw value where the tool declares an envelope is refused before ordering
-    (canonical version 2, issue 15: a raw secret never enters a block), and so is a card
+    (canonical version 2: a raw secret never enters a block), and so is a card
     number in an argument that is not declared; the sealed handle of the same principal
     is allowed."""
     with contextlib.ExitStack() as stack:
@@ -746,7 +746,7 @@ def test_c4_existence_oracles_are_closed(live: Live) -> None:
             "card", "4111", {"payments": bytes(live.sinks["payments"].public_key)}
         )
         foreign = mallory.propose("payments.charge", URL, {"card": alices})
-        missing = mallory.propose(  # a run of its own: a handle probe is latched (issue 15)
+        missing = mallory.propose(  # a run of its own: a handle probe is latched (canonical v2)
             "payments.charge", URL, {"card": Handle("h_card_0123456789abcdef")}, run="c4-missing"
         )
     assert mine.target_digest == target_digest(f"crm.my_status principal:{mallory.id}")
@@ -1033,7 +1033,7 @@ def test_ledgers_artifacts_and_state_roots_agree_on_all_sidecars_after_load(
     exports = [ledger_export_text(live, i) for i in range(N)]
     assert len(exports[0].splitlines()) == status.ledger_entries
     assert all(text == exports[0] for text in exports), "ledger exports differ"
-    # /metrics (issue 5, item 7): verdicts by outcome and reason, and artifacts written,
+    # /metrics: verdicts by outcome and reason, and artifacts written,
     # as the ledger and the artifact table hold them (counters start with the process).
     by_kind = {
         (str(o), str(r)): float(n)
@@ -1407,7 +1407,7 @@ def test_a_sidecar_sigkilled_under_load_resumes_exactly_once(live: Live) -> None
     # Restarted after the replay, it catches up, in a cluster that has gone quiet: its
     # replica may have fallen behind meanwhile (with its sidecar stopped it could not check
     # the last heartbeat blocks' state roots), and fetches what it lacks without waiting
-    # for another transaction (stop 27; tests/consensus/test_quiescence.py).
+    # for another transaction (tests/consensus/test_quiescence.py).
     live.wait_executed(max(live.executed(others).values()), [victim])
 
 
@@ -1533,11 +1533,11 @@ def certified_calls(agent: Agent, victim: int) -> dict[int, str]:
 def test_a_sidecar_whose_store_was_edited_raises_the_alarm_when_it_starts(
     live: Live, tmp_path: Path
 ) -> None:
-    """Issue 14, hole 7: with a stored `deny` receipt and its ledger entry edited to
-    `allow`, the sidecar started and served the forged receipt with `diverged=false`. Now
-    it audits its newest heights against its own signed statements when it starts: it
-    raises the divergence alarm, executes nothing, and refuses to serve receipts. Put back
-    as it was, it starts clean and catches up."""
+    """A store edited at rest: a stored `deny` receipt and its ledger entry turned into
+    `allow`, which a sidecar that trusted its store would serve as a forged receipt with
+    `diverged=false`. It audits its newest heights against its own signed statements when
+    it starts: it raises the divergence alarm, executes nothing, and refuses to serve
+    receipts. Put back as it was, it starts clean and catches up."""
     victim = 1
     with contextlib.ExitStack() as stack:
         [denier] = live.agents(stack, edited=mandate([])).values()
