@@ -1,4 +1,4 @@
-"""The cluster file and the per-node key files (DESIGN §6).
+"""The cluster file and the per-node key files (docs/operating.md).
 
 One JSON file, `DIR/cluster.json`, names the chain, the owner's public key and every
 member: where its replica listens for peers and clients, where its metrics are served, and
@@ -37,6 +37,18 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
+from quorumgate.proto.chainversions import (
+    AUTHORITY_VERSION_NEW,
+    AUTHORITY_VERSIONS,
+    CANONICAL_VERSION_NEW,
+    CANONICAL_VERSIONS,
+    RECEIPT_VERSION_NEW,
+    RECEIPT_VERSIONS,
+    STATE_VERSION_NEW,
+    STATE_VERSIONS,
+    VERSION_ABSENT,
+    receipts_expire,
+)
 from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
 from quorumgate.proto.tls import check_certificate, make_node_certificate
 
@@ -53,30 +65,6 @@ TRANSPORT_INSECURE = "insecure"  # plaintext gRPC: only on a trusted network, an
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
-# 2: issue 15's forms (one order of operations, ...); 3: iban:, tel:, targets by role
-CANONICAL_VERSIONS = (1, 2, 3)
-CANONICAL_VERSION_NEW = 3  # what `init` writes
-AUTHORITY_VERSIONS = (1, 2)  # 2: issue 16, only principals and the owner answer cards
-AUTHORITY_VERSION_NEW = 2  # what `init` writes
-# How the sidecars' state root is computed (sidecar/engine/state.py): 1, SHA-256 over the
-# whole state bytes; 2, a hash tree over per-entry hashes (issue 19, item 3).
-STATE_VERSIONS = (1, 2)
-STATE_VERSION_NEW = 2  # what `init` writes
-# What a sidecar's receipts sign (sidecar/receipts.py): 1, the block statement (chain,
-# height, verdict root, state root, leaf count); 2, that and the block time and the end of
-# the certificate's validity window, which executors enforce
-# (docs/security/reads-and-certificates.md). `receipts_expire` is the rule's one predicate.
-RECEIPT_VERSIONS = (1, 2)
-RECEIPT_VERSION_NEW = 2  # what `init` writes
-RECEIPT_VERSIONS_EXPIRING = frozenset({2})
-
-
-def receipts_expire(receipt_version: int) -> bool:
-    """Whether certificates of a chain of this receipt version carry a signed validity
-    window (block time and the end of the window) that executors enforce."""
-    return receipt_version in RECEIPT_VERSIONS_EXPIRING
-
-
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
@@ -125,21 +113,23 @@ class ClusterSpec:
     tick_ms: int = 10
     insecure: bool = False  # plaintext gRPC (`quorumgate init --insecure`)
     auditors: tuple[AuditorSpec, ...] = ()
-    # How the governance engine spells canonical targets (sidecar/engine/targets.py): a
-    # property of the chain, fixed at `init`, so that a replay of its log under a newer
-    # build decides every old call as it was decided. Files from before have none: 1.
-    canonical_version: int = 1
-    # Who answers confirmation cards (sidecar/engine/core.py AUTHORITY_VERSIONS): 2, only
-    # principals and the owner (issue 16); files from before have none: 1.
-    authority_version: int = 1
+    # The chain's semantics, fixed at `init` so that a replay of its log under a newer
+    # build decides every old call as it was decided; what each version turns on is the
+    # table in proto/chainversions.py. A file without a field is that field's first
+    # version (VERSION_ABSENT): the rules of chains made before the field existed.
+    # How the engine spells canonical targets (sidecar/engine/targets.py).
+    canonical_version: int = VERSION_ABSENT
+    # Who answers confirmation cards: the proposer's side, or only principals and the
+    # owner (split authority, docs/engine.md).
+    authority_version: int = VERSION_ABSENT
     # The engine's capacities where they differ from the defaults (proto/limits.py), as
     # (name, value) pairs sorted by name: `CAPACITY_NAMES`, fixed at `init --capacity`.
     # They size the sidecars' memory and are part of the chain's configuration.
     capacities: tuple[tuple[str, int], ...] = ()
-    # How the state root is computed (STATE_VERSIONS); files from before have none: 1.
-    state_version: int = 1
-    # What receipts sign (RECEIPT_VERSIONS); files from before have none: 1, no expiry.
-    receipt_version: int = 1
+    # How the state root is computed (docs/sidecar.md, "The state root").
+    state_version: int = VERSION_ABSENT
+    # What receipts sign, and whether certificates expire.
+    receipt_version: int = VERSION_ABSENT
 
     @property
     def receipts_expire(self) -> bool:
@@ -389,11 +379,11 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         "auditors": [
             {"auditor_id": a.auditor_id, "public_key": a.public_key.hex()} for a in spec.auditors
         ],
-        **({"canonical_version": spec.canonical_version} if spec.canonical_version != 1 else {}),
-        **({"authority_version": spec.authority_version} if spec.authority_version != 1 else {}),
+        **_written("canonical_version", spec.canonical_version),
+        **_written("authority_version", spec.authority_version),
         **({"capacities": dict(spec.capacities)} if spec.capacities else {}),
-        **({"state_version": spec.state_version} if spec.state_version != 1 else {}),
-        **({"receipt_version": spec.receipt_version} if spec.receipt_version != 1 else {}),
+        **_written("state_version", spec.state_version),
+        **_written("receipt_version", spec.receipt_version),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -480,10 +470,16 @@ def read_private(path: Path) -> bytes:
     return data
 
 
+def _written(name: str, version: int) -> dict[str, int]:
+    """A chain version as cluster.json holds it: left out when it is the version a file
+    without the field is read as, so files from before the field read back unchanged."""
+    return {} if version == VERSION_ABSENT else {name: version}
+
+
 def _version(doc: dict[str, object], name: str, allowed: tuple[int, ...], where: str) -> int:
     """A chain version from the file: absent, 1 (files from before it existed); else one
     of `allowed`, as a JSON integer (not `true`, `"2"` or `2.0`)."""
-    value = doc.get(name, 1)
+    value = doc.get(name, VERSION_ABSENT)
     if type(value) is not int or value not in allowed:
         raise ClusterFileError(f"{where}: {name} must be one of {allowed} (this build)")
     return value

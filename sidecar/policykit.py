@@ -111,6 +111,7 @@ from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
 
 from quorumgate.proto import names, tx
+from quorumgate.proto.chainversions import split_authority
 from quorumgate.proto.model import (
     SETTING_NAMES,
     Admin,
@@ -594,7 +595,7 @@ def _parse_policy(data: dict[str, Any]) -> Policy:
                 raise PolicyFileError(
                     f"principals.{name}.deputies: {deputy!r} is not another principal"
                 )
-    if principals and settings.get("authority_version", 2) < 2:
+    if principals and not split_authority(settings.get("authority_version", 2)):
         raise PolicyFileError("principals: a chain of authority_version 1 has none")
     agent_principal: dict[str, str] = {}
     agents: dict[str, Mandate] = {}

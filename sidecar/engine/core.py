@@ -41,16 +41,17 @@ from dataclasses import dataclass, replace
 
 from quorumgate.proto import limits, names
 from quorumgate.proto.canonical import Encoder, sha256
-from quorumgate.proto.clusterfile import (
+from quorumgate.proto.chainversions import (
     AUTHORITY_VERSION_NEW,
     AUTHORITY_VERSIONS,
+    CANONICAL_VERSIONS,
     RECEIPT_VERSION_NEW,
     RECEIPT_VERSIONS,
     STATE_VERSION_NEW,
     STATE_VERSIONS,
-    ClusterSpec,
     receipts_expire,
 )
+from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -125,7 +126,6 @@ from quorumgate.sidecar.engine.statements import (
 )
 from quorumgate.sidecar.engine.targets import (
     CANONICAL_VERSION_LATEST,
-    CANONICAL_VERSIONS,
     NO_TARGET,
     UNCHECKED_TARGET,
     TargetRefused,

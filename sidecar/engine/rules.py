@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping
 
 from quorumgate.proto import names
+from quorumgate.proto.chainversions import targets_by_role
 from quorumgate.proto.model import (
     ArgCheck,
     Argument,
@@ -232,7 +233,7 @@ def rules_are_canonical(
     rules: tuple[ToolRules, ...], version: int = CANONICAL_VERSION_LATEST
 ) -> bool:
     return all(
-        value_is_canonical(rule, version) and (version >= 3 or rule.role == "")
+        value_is_canonical(rule, version) and (targets_by_role(version) or rule.role == "")
         for entry in rules
         for rule in entry.targets
     )
