@@ -46,7 +46,8 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.proto.runs import RunLabels
-from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.engine.config import EngineConfig
+from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import COUNTED_FIELDS, SECTIONS, assemble_state
 from quorumgate.sidecar.engine.statements import BlockResult, Verdict
 

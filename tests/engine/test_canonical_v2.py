@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quorumgate.proto.model import Outcome, Reason
-from quorumgate.sidecar.engine.core import EngineConfig
+from quorumgate.sidecar.engine.config import EngineConfig
 from quorumgate.sidecar.engine.targets import TargetRefused, canonicalize_target
 from quorumgate.sidecar.engine.unicode_assigned import UNICODE_VERSION
 from tests.engine.harness import World
@@ -221,7 +221,7 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     )  # fmt: skip
     assert old.fingerprint != new.fingerprint
     from quorumgate.proto.canonical import Encoder
-    from quorumgate.sidecar.engine.core import _LIMIT_FIELDS, TAG_CONFIG
+    from quorumgate.sidecar.engine.config import _LIMIT_FIELDS, TAG_CONFIG
 
     enc = Encoder(TAG_CONFIG).text("c").raw(key)
     for name in _LIMIT_FIELDS:

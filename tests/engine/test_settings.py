@@ -16,7 +16,8 @@ from quorumgate.proto.model import (
     SetSettings,
     ToolMode,
 )
-from quorumgate.sidecar.engine.core import Engine, EngineConfig, effective_fingerprint
+from quorumgate.sidecar.engine.config import EngineConfig, effective_fingerprint
+from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import EngineState
 from tests.engine.harness import World, replay
 
