@@ -1,4 +1,4 @@
-"""Canonical targets (DESIGN §4.1): one spelling per target, so aliases cannot dodge a rule.
+"""Canonical targets (docs/engine.md): one spelling per target, so aliases cannot dodge a rule.
 
 Every proposal's target is canonicalized before any rule runs; the canonical target of a
 call is the string `"<tool> <target>"` (plus one line `"<role> <target>"` per further
@@ -12,8 +12,8 @@ target the tool takes by role, `canonical_call`). Forms, after NFKC and Unicode-
 - ``file:`` URIs become the path they name (host empty or ``localhost``);
 - ``mailto:`` one address, ``mailto:local@domain``, the domain as a canonical host (IDNA,
   lower case), the local part as written; header fields and address lists are refused;
-- ``iban:`` an IBAN without spaces, upper case, its check digits verified (version 3);
-- ``tel:`` a global number in E.164, ``tel:+<digits>``, separators removed (version 3);
+- ``iban:`` an IBAN without spaces, upper case, its check digits verified (`iban_and_tel_forms`);
+- ``tel:`` a global number in E.164, ``tel:+<digits>``, separators removed (`iban_and_tel_forms`);
 - any other URI (RFC 3986 §6.2): scheme and host lower-cased, IDNA host (UTS 46, A-labels),
   IPv4/IPv6 literals in their one standard spelling, default port dropped, percent-encoding
   normalized (unreserved decoded, the rest upper-case hex, non-ASCII encoded as UTF-8),
@@ -111,21 +111,23 @@ def _malformed(detail: str) -> TargetRefused:
     return TargetRefused(Reason.MALFORMED_TARGET, detail)
 
 
-def canonical_call(tool: str, target: str, extras: tuple[tuple[str, str], ...] = ()) -> str:
-    """DESIGN §4.1: the canonical target of a call is `"<tool> <target>"`, then one line
-    `"<role> <target>"` per further target, sorted (no canonical target holds a line
-    break, so the lines cannot be confused)."""
+def canonical_call(
+    tool: str, target: str, further_targets: tuple[tuple[str, str], ...] = ()
+) -> str:
+    """The canonical target of a call is `"<tool> <target>"`, then one line `"<role>
+    <target>"` per further target, sorted (no canonical target holds a line break, so the
+    lines cannot be confused)."""
     head = f"{tool} {target}"
-    if not extras:
+    if not further_targets:
         return head
-    return head + "".join(f"\n{role} {extra}" for role, extra in sorted(extras))
+    return head + "".join(f"\n{role} {each}" for role, each in sorted(further_targets))
 
 
 def split_call(tool: str, canonical: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The main target and the further (role, target) pairs of a canonical call of `tool`."""
     head, *lines = canonical.split("\n")
-    extras = tuple((role, extra) for role, _, extra in (line.partition(" ") for line in lines))
-    return head[len(tool) + 1 :], extras
+    further = tuple((role, each) for role, _, each in (line.partition(" ") for line in lines))
+    return head[len(tool) + 1 :], further
 
 
 def canonicalize_target(
@@ -145,7 +147,7 @@ def canonicalize_target(
     strict = strict_forms(version)
     text = _prepare_strict(raw) if strict else _prepare(raw)
     if binds_caller:
-        # BRAH §7.3: a status tool takes no identity; it is bound to the caller.
+        # A status tool takes no identity; it is bound to the caller (the BRAH paper, §7.3).
         if text == "":
             return f"{PRINCIPAL_SCHEME}:{principal}"
         if _is_principal_ref(text):
@@ -236,7 +238,7 @@ def _prepare(raw: str) -> str:
 
 
 def _prepare_strict(raw: str) -> str:
-    """Version 2: nothing is folded before decoding; what is here is checked and put in
+    """Strict forms: nothing is folded before decoding; what is here is checked and put in
     NFC (canonical equivalents are one character), and anything compatibility
     normalization would change is refused (`_check_value`)."""
     if len(raw) > 4 * limits.TARGET_CHARS_MAX:
@@ -249,7 +251,7 @@ def _prepare_strict(raw: str) -> str:
 
 
 def _check_value(text: str) -> str:
-    """Version 2's character rules for any decoded part of a target, returning its NFC:
+    """The strict forms' character rules for any decoded part of a target, returning its NFC:
     no control, invisible or unassigned (in the pinned Unicode version) character, no
     backslash or NUL, no compatibility character that NFKC would change (fullwidth forms,
     ligatures, superscripts, ...) and no digit but ASCII's."""
@@ -275,7 +277,7 @@ def _assigned(code_point: int) -> bool:
 
 
 def _strict_path(text: str, principal: str) -> str:
-    """Version 2: a path decoded and checked, resolved, and its `%` written `%25`, so
+    """Strict forms: a path decoded and checked, resolved, and its `%` written `%25`, so
     that the canonical form is itself a target that canonicalizes to itself. A segment
     that begins or ends with a space is refused (`report.pdf ` is not `report.pdf`, and
     one would be taken for the other)."""
@@ -286,7 +288,7 @@ def _strict_path(text: str, principal: str) -> str:
 
 
 def _decoded_value(text: str) -> str:
-    """Version 2 paths: percent-encoding decoded (UTF-8), then the character rules: a
+    """Strict-form paths: percent-encoding decoded (UTF-8), then the character rules: a
     plain path and its `file:` URI name one file."""
     return _check_value(_percent_decode(text))
 
@@ -444,7 +446,7 @@ def _uri(text: str, scheme: str, principal: str, strict: bool = False) -> str:
     normalize = _normalize_percent_strict if strict else _normalize_percent
     path = normalize(parts.group("path") or "", PATH_CHARS)
     query = normalize(parts.group("query") or "", QUERY_CHARS)
-    # the fragment never reaches the server: dropped (RFC 3986 §6.2.3 / DESIGN §4.1)
+    # the fragment never reaches the server: dropped (RFC 3986 §6.2.3)
     out = scheme + ":"
     if authority is not None:
         out += "//" + _authority(authority, scheme, strict)
@@ -498,7 +500,7 @@ def _normalize_percent(component: str, allowed: frozenset[str]) -> str:
 
 
 def _normalize_percent_strict(component: str, allowed: frozenset[str]) -> str:
-    """Version 2, one order of operations: decode what percent-encodes unreserved ASCII
+    """Strict forms, one order of operations: decode what percent-encodes unreserved ASCII
     or UTF-8 text, put the text in NFC and check it (`_check_value`), then encode it again
     the one way — unreserved characters as they are, every other octet upper-case `%XX`.
     Encoded reserved ASCII (`%2F`, `%3F`, ...) stays encoded: it means something else

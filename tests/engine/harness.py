@@ -235,7 +235,7 @@ class World:
         return key
 
     def add_principal(self, name: str) -> SigningKey:
-        """A principal (issue 16): its key is `keys["principal:<name>"]`."""
+        """A principal (split authority): its key is `keys["principal:<name>"]`."""
         key = signing_key("principal/" + name)
         self.keys["principal:" + name] = key
         self.admin(RegisterPrincipal(principal_id=name, public_key=bytes(key.verify_key)))

@@ -1,4 +1,4 @@
-"""Settings in the log (issue 15, item 5): latch thresholds, quotas per agent, per tool and
+"""Settings in the log (docs/engine.md): latch thresholds, quotas per agent, per tool and
 per run (per minute and per hour), the confirmation TTL and grant limits are owner-signed
 `SetSettings` operations, in the state and in the fingerprint of the configuration in
 effect. Each test first shows the hard-wired value as it was, then the setting."""
