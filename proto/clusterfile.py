@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from nacl.signing import SigningKey
 
@@ -242,34 +243,12 @@ def init_cluster(
     Every member listens on `host` at ports free on this machine now; or, for members on
     several hosts, member I on `hosts[I]` at fixed ports from `port_base`
     (PORT_BASE_DEFAULT), the same on every host (`member_ports`)."""
-    if hosts is not None:
-        hosts = [h.strip() for h in hosts]
-        if len(hosts) != nodes:
-            raise ClusterFileError(f"--hosts names {len(hosts)} addresses for {nodes} nodes")
-        if any(not h or any(c.isspace() or c in "/,[]" for c in h) for h in hosts):
-            raise ClusterFileError("--hosts takes addresses or host names, comma-separated")
+    hosts = _checked_hosts(nodes, hosts)
     if port_base is not None and not PORT_MIN <= port_base <= PORT_MAX:
         raise ClusterFileError(f"--port-base must be in {PORT_MIN}..{PORT_MAX}")
     checked_capacities = check_capacities(dict(capacities or {}), "--capacity")
-    if nodes < MEMBERS_MIN:
-        raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
-    if (nodes - 1) % 3:
-        raise ClusterFileError(
-            f"{nodes} nodes is not 3f+1: it tolerates no more faults than "
-            f"{nodes - (nodes - 1) % 3} nodes; use 4, 7, 10, ..."
-        )
-    # Nothing is written until nothing can be in the way: init never overwrites a key, and
-    # a half-built directory (some node keys, no cluster file) is worse than a refusal.
-    planned = [directory / CLUSTER_FILE, directory / OWNER_KEY_FILE]
-    for i in range(nodes):
-        planned += [
-            directory / f"node-{i}" / CONSENSUS_KEY_FILE,
-            directory / f"node-{i}" / RECEIPT_KEY_FILE,
-            directory / f"node-{i}" / TLS_KEY_FILE,
-        ]
-    for path in planned:
-        if path.exists():
-            raise ClusterFileError(f"{path} exists; init writes only into a new or empty --dir")
+    _check_member_count(nodes)
+    _refuse_existing_keys(directory, nodes)
     if hosts is None and port_base is None:
         free = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
         ports = [free[i * PORTS_PER_MEMBER : (i + 1) * PORTS_PER_MEMBER] for i in range(nodes)]
@@ -280,36 +259,10 @@ def init_cluster(
     try:
         directory.mkdir(parents=True, exist_ok=True)
         owner_seed = secrets.token_bytes(32)
-        members = []
-        for i in range(nodes):
-            node_dir = directory / f"node-{i}"
-            if not node_dir.exists():
-                node_dir.mkdir(mode=NODE_DIR_MODE)
-                created.append(node_dir)
-            seed = secrets.token_bytes(32)
-            receipt_seed = secrets.token_bytes(32)
-            for name, value in ((CONSENSUS_KEY_FILE, seed), (RECEIPT_KEY_FILE, receipt_seed)):
-                write_seed(node_dir / name, value)
-                created.append(node_dir / name)
-            tls_cert = b""
-            if not insecure:
-                tls_key, tls_cert = make_node_certificate(i, addresses[i])
-                _write_private(node_dir / TLS_KEY_FILE, tls_key)
-                created.append(node_dir / TLS_KEY_FILE)
-            replica_port, metrics_port, sidecar_port, sidecar_metrics_port = ports[i]
-            members.append(
-                MemberSpec(
-                    index=i,
-                    host=addresses[i],
-                    replica_port=replica_port,
-                    metrics_port=metrics_port,
-                    sidecar_port=sidecar_port,
-                    sidecar_metrics_port=sidecar_metrics_port,
-                    public_key=public_key_of(seed),
-                    receipt_public_key=public_key_of(receipt_seed),
-                    tls_cert=tls_cert,
-                )
-            )
+        members = [
+            _write_member(directory, i, addresses[i], ports[i], insecure, created)
+            for i in range(nodes)
+        ]
         write_seed(directory / OWNER_KEY_FILE, owner_seed)
         created.append(directory / OWNER_KEY_FILE)
         spec = ClusterSpec(
@@ -333,6 +286,81 @@ def init_cluster(
             f"cannot write the cluster under {directory}: {err.strerror}"
         ) from err
     return spec
+
+
+def _checked_hosts(nodes: int, hosts: Sequence[str] | None) -> list[str] | None:
+    """`--hosts`, one address or host name per member, stripped; None when not given."""
+    if hosts is None:
+        return None
+    hosts = [h.strip() for h in hosts]
+    if len(hosts) != nodes:
+        raise ClusterFileError(f"--hosts names {len(hosts)} addresses for {nodes} nodes")
+    if any(not h or any(c.isspace() or c in "/,[]" for c in h) for h in hosts):
+        raise ClusterFileError("--hosts takes addresses or host names, comma-separated")
+    return hosts
+
+
+def _check_member_count(nodes: int) -> None:
+    if nodes < MEMBERS_MIN:
+        raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
+    if (nodes - 1) % 3:
+        raise ClusterFileError(
+            f"{nodes} nodes is not 3f+1: it tolerates no more faults than "
+            f"{nodes - (nodes - 1) % 3} nodes; use 4, 7, 10, ..."
+        )
+
+
+def _refuse_existing_keys(directory: Path, nodes: int) -> None:
+    """Nothing is written until nothing can be in the way: init never overwrites a key,
+    and a half-built directory (some node keys, no cluster file) is worse than a refusal."""
+    planned = [directory / CLUSTER_FILE, directory / OWNER_KEY_FILE]
+    for i in range(nodes):
+        planned += [
+            directory / f"node-{i}" / CONSENSUS_KEY_FILE,
+            directory / f"node-{i}" / RECEIPT_KEY_FILE,
+            directory / f"node-{i}" / TLS_KEY_FILE,
+        ]
+    for path in planned:
+        if path.exists():
+            raise ClusterFileError(f"{path} exists; init writes only into a new or empty --dir")
+
+
+def _write_member(
+    directory: Path,
+    index: int,
+    host: str,
+    ports: Sequence[int],
+    insecure: bool,
+    created: list[Path],
+) -> MemberSpec:
+    """Member `index`'s folder and fresh keys (each path appended to `created`, so a
+    failure can take them away again), and its entry in the cluster file."""
+    node_dir = directory / f"node-{index}"
+    if not node_dir.exists():
+        node_dir.mkdir(mode=NODE_DIR_MODE)
+        created.append(node_dir)
+    seed = secrets.token_bytes(32)
+    receipt_seed = secrets.token_bytes(32)
+    for name, value in ((CONSENSUS_KEY_FILE, seed), (RECEIPT_KEY_FILE, receipt_seed)):
+        write_seed(node_dir / name, value)
+        created.append(node_dir / name)
+    tls_cert = b""
+    if not insecure:
+        tls_key, tls_cert = make_node_certificate(index, host)
+        _write_private(node_dir / TLS_KEY_FILE, tls_key)
+        created.append(node_dir / TLS_KEY_FILE)
+    replica_port, metrics_port, sidecar_port, sidecar_metrics_port = ports
+    return MemberSpec(
+        index=index,
+        host=host,
+        replica_port=replica_port,
+        metrics_port=metrics_port,
+        sidecar_port=sidecar_port,
+        sidecar_metrics_port=sidecar_metrics_port,
+        public_key=public_key_of(seed),
+        receipt_public_key=public_key_of(receipt_seed),
+        tls_cert=tls_cert,
+    )
 
 
 def add_auditor(directory: Path, auditor_id: str, public_key: bytes) -> ClusterSpec:
@@ -485,7 +513,7 @@ def _version(doc: dict[str, object], name: str, allowed: tuple[int, ...], where:
     return value
 
 
-def load_cluster(directory: Path) -> ClusterSpec:
+def _read_document(directory: Path) -> dict[str, Any]:
     path = directory / CLUSTER_FILE
     try:
         doc = json.loads(path.read_text())
@@ -497,7 +525,12 @@ def load_cluster(directory: Path) -> ClusterSpec:
         raise ClusterFileError(f"cluster file {path} is unreadable or not JSON: {err}") from err
     if not isinstance(doc, dict):
         raise ClusterFileError(f"{path}: expected a JSON object")
-    where = str(path)
+    return doc
+
+
+def load_cluster(directory: Path) -> ClusterSpec:
+    doc = _read_document(directory)
+    where = str(directory / CLUSTER_FILE)
     if doc.get("format") != FORMAT:
         raise ClusterFileError(f"{where}: format must be {FORMAT!r}")
     chain_id = _field(doc, "chain_id", str, where)
@@ -513,48 +546,8 @@ def load_cluster(directory: Path) -> ClusterSpec:
     insecure = transport == TRANSPORT_INSECURE
     raw_members = _field(doc, "members", list, where)
     assert isinstance(raw_members, list)
-    members = []
-    for i, raw in enumerate(raw_members):
-        mwhere = f"{where}: members[{i}]"
-        if not isinstance(raw, dict):
-            raise ClusterFileError(f"{mwhere}: expected an object")
-        index = _field(raw, "index", int, mwhere)
-        if index != i:
-            raise ClusterFileError(f"{mwhere}: index must be {i}")
-        ports = []
-        for name in PORT_FIELDS:
-            port = _field(raw, name, int, mwhere)
-            assert isinstance(port, int)
-            if not 1 <= port <= 65535:
-                raise ClusterFileError(f"{mwhere}: {name} out of range")
-            ports.append(port)
-        members.append(
-            MemberSpec(
-                index=i,
-                host=str(_field(raw, "host", str, mwhere)),
-                replica_port=ports[0],
-                metrics_port=ports[1],
-                sidecar_port=ports[2],
-                sidecar_metrics_port=ports[3],
-                public_key=_hex_key(_field(raw, "public_key", str, mwhere), mwhere),
-                receipt_public_key=_hex_key(
-                    _field(raw, "receipt_public_key", str, mwhere), f"{mwhere}: receipt_public_key"
-                ),
-                tls_cert=b"" if insecure else _tls_cert(raw, i, mwhere),
-            )
-        )
-    auditors = []
-    for i, raw in enumerate(doc.get("auditors", [])):
-        awhere = f"{where}: auditors[{i}]"
-        if not isinstance(raw, dict):
-            raise ClusterFileError(f"{awhere}: expected an object")
-        auditor_id = str(_field(raw, "auditor_id", str, awhere))
-        if not auditor_id or len(auditor_id) > AUDITOR_ID_CHARS_MAX:
-            raise ClusterFileError(f"{awhere}: auditor_id must be 1..{AUDITOR_ID_CHARS_MAX} chars")
-        key = _hex_key(_field(raw, "public_key", str, awhere), f"{awhere}: public_key")
-        auditors.append(AuditorSpec(auditor_id, key))
-    if len(auditors) > AUDITORS_MAX:
-        raise ClusterFileError(f"{where}: at most {AUDITORS_MAX} auditors")
+    members = [_load_member(raw, i, where, insecure) for i, raw in enumerate(raw_members)]
+    auditors = _load_auditors(doc, where)
     canonical_version = _version(doc, "canonical_version", CANONICAL_VERSIONS, where)
     authority_version = _version(doc, "authority_version", AUTHORITY_VERSIONS, where)
     state_version = _version(doc, "state_version", STATE_VERSIONS, where)
@@ -591,3 +584,48 @@ def load_cluster(directory: Path) -> ClusterSpec:
     if len(set(endpoints)) != len(endpoints):
         raise ClusterFileError(f"{where}: two endpoints share a host and port")
     return spec
+
+
+def _load_member(raw: object, i: int, where: str, insecure: bool) -> MemberSpec:
+    mwhere = f"{where}: members[{i}]"
+    if not isinstance(raw, dict):
+        raise ClusterFileError(f"{mwhere}: expected an object")
+    index = _field(raw, "index", int, mwhere)
+    if index != i:
+        raise ClusterFileError(f"{mwhere}: index must be {i}")
+    ports = []
+    for name in PORT_FIELDS:
+        port = _field(raw, name, int, mwhere)
+        assert isinstance(port, int)
+        if not 1 <= port <= 65535:
+            raise ClusterFileError(f"{mwhere}: {name} out of range")
+        ports.append(port)
+    return MemberSpec(
+        index=i,
+        host=str(_field(raw, "host", str, mwhere)),
+        replica_port=ports[0],
+        metrics_port=ports[1],
+        sidecar_port=ports[2],
+        sidecar_metrics_port=ports[3],
+        public_key=_hex_key(_field(raw, "public_key", str, mwhere), mwhere),
+        receipt_public_key=_hex_key(
+            _field(raw, "receipt_public_key", str, mwhere), f"{mwhere}: receipt_public_key"
+        ),
+        tls_cert=b"" if insecure else _tls_cert(raw, i, mwhere),
+    )
+
+
+def _load_auditors(doc: dict[str, Any], where: str) -> list[AuditorSpec]:
+    auditors = []
+    for i, raw in enumerate(doc.get("auditors", [])):
+        awhere = f"{where}: auditors[{i}]"
+        if not isinstance(raw, dict):
+            raise ClusterFileError(f"{awhere}: expected an object")
+        auditor_id = str(_field(raw, "auditor_id", str, awhere))
+        if not auditor_id or len(auditor_id) > AUDITOR_ID_CHARS_MAX:
+            raise ClusterFileError(f"{awhere}: auditor_id must be 1..{AUDITOR_ID_CHARS_MAX} chars")
+        key = _hex_key(_field(raw, "public_key", str, awhere), f"{awhere}: public_key")
+        auditors.append(AuditorSpec(auditor_id, key))
+    if len(auditors) > AUDITORS_MAX:
+        raise ClusterFileError(f"{where}: at most {AUDITORS_MAX} auditors")
+    return auditors

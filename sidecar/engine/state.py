@@ -892,6 +892,9 @@ def _dec_card(r: _Reader) -> ConfirmationCard:
 
 
 def _decode_state(r: _Reader) -> EngineState:
+    """The state from its bytes, section by section in the order `to_bytes` writes them.
+    Sections added after the first form are present only when bytes remain, so the
+    bytes of chains from before them decode unchanged."""
     if r.take(len(TAG_STATE)) != TAG_STATE:
         raise StateDecodeError("not engine state bytes")
     state = EngineState(config_fingerprint=r.take(32))
@@ -899,7 +902,29 @@ def _decode_state(r: _Reader) -> EngineState:
     state.last_height = None if height is None else int(struct.unpack(">Q", height)[0])
     state.last_block_time_ms = r.u64()
     state.owner_nonces = _dec_nonces(r)
+    _dec_registry(r, state)
+    _dec_grants(r, state)
+    _dec_pending(r, state)
+    _dec_handles(r, state)
+    _dec_latch(r, state)
+    if r.remaining():
+        for _ in range(r.u32()):
+            owner, name = r.text(), r.text()
+            state.sets[(owner, name)] = tuple(_dec_target_rule(r) for _ in range(r.u32()))
+    if r.remaining():
+        _dec_principals(r, state)
+    if r.remaining():
+        for _ in range(r.u32()):
+            name = r.text()
+            state.settings[name] = r.u64()
+        for _ in range(r.u32()):
+            quota_key = r.texts()
+            state.quota_counters[quota_key] = QuotaCounter(window=r.u64(), count=r.u32())
+    return state
 
+
+def _dec_registry(r: _Reader, state: EngineState) -> None:
+    """Tools, sinks and agents."""
     for _ in range(r.u32()):
         spec = _dec_tool(r)
         state.tools[spec.name] = spec
@@ -916,6 +941,9 @@ def _decode_state(r: _Reader) -> EngineState:
             agent_id, key, mandate, version, suspended, nonces, recent
         )
         state.agent_by_key[key] = agent_id
+
+
+def _dec_grants(r: _Reader, state: EngineState) -> None:
     for _ in range(r.u32()):
         grant_id, grantor, child, run_owner, run_id = (
             r.take(32), r.text(), r.text(), r.text(), r.text(),
@@ -928,6 +956,9 @@ def _decode_state(r: _Reader) -> EngineState:
             grant_id, grantor, child, run_owner, run_id, scope, version, depth, parent,
             expires, created, revoked, rules,
         )  # fmt: skip
+
+
+def _dec_pending(r: _Reader, state: EngineState) -> None:
     for _ in range(r.u32()):
         proposal_id, principal, run_owner, run_id = r.take(32), r.text(), r.text(), r.text()
         tier, grant, tool, target = Tier(r.text()), r.optional_blob(), r.text(), r.text()
@@ -938,11 +969,17 @@ def _decode_state(r: _Reader) -> EngineState:
             proposal_id, principal, run_owner, run_id, tier, grant, tool, target, handles,
             flagged, card, expires,
         )  # fmt: skip
+
+
+def _dec_handles(r: _Reader, state: EngineState) -> None:
     for _ in range(r.u32()):
         name, kind, owner, verified = r.text(), r.text(), r.text(), r.boolean()
         sealed = tuple(SealedValue(r.text(), r.blob()) for _ in range(r.u32()))
         state.handles[name] = Handle(name, kind, owner, verified, sealed, r.u64())
         state.handles_by_owner[owner] = state.handles_by_owner.get(owner, 0) + 1
+
+
+def _dec_latch(r: _Reader, state: EngineState) -> None:
     state.latch_activity_seq = r.u64()
     for _ in range(r.u32()):
         run_key = (r.text(), r.text())
@@ -959,31 +996,23 @@ def _decode_state(r: _Reader) -> EngineState:
             count = r.u32()
             run.buckets[bucket_key] = LatchBucket(count=count, chain=r.texts())
         state.latch_runs[run_key] = run
-    if r.remaining():
-        for _ in range(r.u32()):
-            owner, name = r.text(), r.text()
-            state.sets[(owner, name)] = tuple(_dec_target_rule(r) for _ in range(r.u32()))
-    if r.remaining():
-        for _ in range(r.u32()):
-            principal_id, key = r.text(), r.take(32)
-            nonces = _dec_nonces(r)
-            state.principals[principal_id] = PrincipalRecord(principal_id, key, nonces, r.texts())
-            state.principal_by_key[key] = principal_id
-        for _ in range(r.u32()):
-            agent_id = r.text()
-            state.agent_principal[agent_id] = r.text()
-        for _ in range(r.u32()):
-            proposal_id = r.take(32)
-            state.wrong_digests[proposal_id] = r.u32()
-        for _ in range(r.u32()):
-            pair = (r.text(), r.text())
-            count = r.u32()
-            state.cross_run[pair] = LatchBucket(count=count, chain=r.texts())
-    if r.remaining():
-        for _ in range(r.u32()):
-            name = r.text()
-            state.settings[name] = r.u64()
-        for _ in range(r.u32()):
-            quota_key = r.texts()
-            state.quota_counters[quota_key] = QuotaCounter(window=r.u64(), count=r.u32())
-    return state
+
+
+def _dec_principals(r: _Reader, state: EngineState) -> None:
+    """Principals, the principal each agent acts for, wrong-digest counts and the
+    cross-run latch: the sections split authority added."""
+    for _ in range(r.u32()):
+        principal_id, key = r.text(), r.take(32)
+        nonces = _dec_nonces(r)
+        state.principals[principal_id] = PrincipalRecord(principal_id, key, nonces, r.texts())
+        state.principal_by_key[key] = principal_id
+    for _ in range(r.u32()):
+        agent_id = r.text()
+        state.agent_principal[agent_id] = r.text()
+    for _ in range(r.u32()):
+        proposal_id = r.take(32)
+        state.wrong_digests[proposal_id] = r.u32()
+    for _ in range(r.u32()):
+        pair = (r.text(), r.text())
+        count = r.u32()
+        state.cross_run[pair] = LatchBucket(count=count, chain=r.texts())
