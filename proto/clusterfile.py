@@ -1,4 +1,4 @@
-"""The cluster file and the per-node key files (DESIGN §6).
+"""The cluster file and the per-node key files (docs/operating.md).
 
 One JSON file, `DIR/cluster.json`, names the chain, the owner's public key and every
 member: where its replica listens for peers and clients, where its metrics are served, and
@@ -34,9 +34,22 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from nacl.signing import SigningKey
 
+from quorumgate.proto.chainversions import (
+    AUTHORITY_VERSION_NEW,
+    AUTHORITY_VERSIONS,
+    CANONICAL_VERSION_NEW,
+    CANONICAL_VERSIONS,
+    RECEIPT_VERSION_NEW,
+    RECEIPT_VERSIONS,
+    STATE_VERSION_NEW,
+    STATE_VERSIONS,
+    VERSION_ABSENT,
+    receipts_expire,
+)
 from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
 from quorumgate.proto.tls import check_certificate, make_node_certificate
 
@@ -53,30 +66,6 @@ TRANSPORT_INSECURE = "insecure"  # plaintext gRPC: only on a trusted network, an
 KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
-# 2: issue 15's forms (one order of operations, ...); 3: iban:, tel:, targets by role
-CANONICAL_VERSIONS = (1, 2, 3)
-CANONICAL_VERSION_NEW = 3  # what `init` writes
-AUTHORITY_VERSIONS = (1, 2)  # 2: issue 16, only principals and the owner answer cards
-AUTHORITY_VERSION_NEW = 2  # what `init` writes
-# How the sidecars' state root is computed (sidecar/engine/state.py): 1, SHA-256 over the
-# whole state bytes; 2, a hash tree over per-entry hashes (issue 19, item 3).
-STATE_VERSIONS = (1, 2)
-STATE_VERSION_NEW = 2  # what `init` writes
-# What a sidecar's receipts sign (sidecar/receipts.py): 1, the block statement (chain,
-# height, verdict root, state root, leaf count); 2, that and the block time and the end of
-# the certificate's validity window, which executors enforce
-# (docs/security/reads-and-certificates.md). `receipts_expire` is the rule's one predicate.
-RECEIPT_VERSIONS = (1, 2)
-RECEIPT_VERSION_NEW = 2  # what `init` writes
-RECEIPT_VERSIONS_EXPIRING = frozenset({2})
-
-
-def receipts_expire(receipt_version: int) -> bool:
-    """Whether certificates of a chain of this receipt version carry a signed validity
-    window (block time and the end of the window) that executors enforce."""
-    return receipt_version in RECEIPT_VERSIONS_EXPIRING
-
-
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
@@ -125,21 +114,23 @@ class ClusterSpec:
     tick_ms: int = 10
     insecure: bool = False  # plaintext gRPC (`quorumgate init --insecure`)
     auditors: tuple[AuditorSpec, ...] = ()
-    # How the governance engine spells canonical targets (sidecar/engine/targets.py): a
-    # property of the chain, fixed at `init`, so that a replay of its log under a newer
-    # build decides every old call as it was decided. Files from before have none: 1.
-    canonical_version: int = 1
-    # Who answers confirmation cards (sidecar/engine/core.py AUTHORITY_VERSIONS): 2, only
-    # principals and the owner (issue 16); files from before have none: 1.
-    authority_version: int = 1
+    # The chain's semantics, fixed at `init` so that a replay of its log under a newer
+    # build decides every old call as it was decided; what each version turns on is the
+    # table in proto/chainversions.py. A file without a field is that field's first
+    # version (VERSION_ABSENT): the rules of chains made before the field existed.
+    # How the engine spells canonical targets (sidecar/engine/targets.py).
+    canonical_version: int = VERSION_ABSENT
+    # Who answers confirmation cards: the proposer's side, or only principals and the
+    # owner (split authority, docs/engine.md).
+    authority_version: int = VERSION_ABSENT
     # The engine's capacities where they differ from the defaults (proto/limits.py), as
     # (name, value) pairs sorted by name: `CAPACITY_NAMES`, fixed at `init --capacity`.
     # They size the sidecars' memory and are part of the chain's configuration.
     capacities: tuple[tuple[str, int], ...] = ()
-    # How the state root is computed (STATE_VERSIONS); files from before have none: 1.
-    state_version: int = 1
-    # What receipts sign (RECEIPT_VERSIONS); files from before have none: 1, no expiry.
-    receipt_version: int = 1
+    # How the state root is computed (docs/sidecar.md, "The state root").
+    state_version: int = VERSION_ABSENT
+    # What receipts sign, and whether certificates expire.
+    receipt_version: int = VERSION_ABSENT
 
     @property
     def receipts_expire(self) -> bool:
@@ -252,34 +243,12 @@ def init_cluster(
     Every member listens on `host` at ports free on this machine now; or, for members on
     several hosts, member I on `hosts[I]` at fixed ports from `port_base`
     (PORT_BASE_DEFAULT), the same on every host (`member_ports`)."""
-    if hosts is not None:
-        hosts = [h.strip() for h in hosts]
-        if len(hosts) != nodes:
-            raise ClusterFileError(f"--hosts names {len(hosts)} addresses for {nodes} nodes")
-        if any(not h or any(c.isspace() or c in "/,[]" for c in h) for h in hosts):
-            raise ClusterFileError("--hosts takes addresses or host names, comma-separated")
+    hosts = _checked_hosts(nodes, hosts)
     if port_base is not None and not PORT_MIN <= port_base <= PORT_MAX:
         raise ClusterFileError(f"--port-base must be in {PORT_MIN}..{PORT_MAX}")
     checked_capacities = check_capacities(dict(capacities or {}), "--capacity")
-    if nodes < MEMBERS_MIN:
-        raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
-    if (nodes - 1) % 3:
-        raise ClusterFileError(
-            f"{nodes} nodes is not 3f+1: it tolerates no more faults than "
-            f"{nodes - (nodes - 1) % 3} nodes; use 4, 7, 10, ..."
-        )
-    # Nothing is written until nothing can be in the way: init never overwrites a key, and
-    # a half-built directory (some node keys, no cluster file) is worse than a refusal.
-    planned = [directory / CLUSTER_FILE, directory / OWNER_KEY_FILE]
-    for i in range(nodes):
-        planned += [
-            directory / f"node-{i}" / CONSENSUS_KEY_FILE,
-            directory / f"node-{i}" / RECEIPT_KEY_FILE,
-            directory / f"node-{i}" / TLS_KEY_FILE,
-        ]
-    for path in planned:
-        if path.exists():
-            raise ClusterFileError(f"{path} exists; init writes only into a new or empty --dir")
+    _check_member_count(nodes)
+    _refuse_existing_keys(directory, nodes)
     if hosts is None and port_base is None:
         free = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
         ports = [free[i * PORTS_PER_MEMBER : (i + 1) * PORTS_PER_MEMBER] for i in range(nodes)]
@@ -290,36 +259,10 @@ def init_cluster(
     try:
         directory.mkdir(parents=True, exist_ok=True)
         owner_seed = secrets.token_bytes(32)
-        members = []
-        for i in range(nodes):
-            node_dir = directory / f"node-{i}"
-            if not node_dir.exists():
-                node_dir.mkdir(mode=NODE_DIR_MODE)
-                created.append(node_dir)
-            seed = secrets.token_bytes(32)
-            receipt_seed = secrets.token_bytes(32)
-            for name, value in ((CONSENSUS_KEY_FILE, seed), (RECEIPT_KEY_FILE, receipt_seed)):
-                write_seed(node_dir / name, value)
-                created.append(node_dir / name)
-            tls_cert = b""
-            if not insecure:
-                tls_key, tls_cert = make_node_certificate(i, addresses[i])
-                _write_private(node_dir / TLS_KEY_FILE, tls_key)
-                created.append(node_dir / TLS_KEY_FILE)
-            replica_port, metrics_port, sidecar_port, sidecar_metrics_port = ports[i]
-            members.append(
-                MemberSpec(
-                    index=i,
-                    host=addresses[i],
-                    replica_port=replica_port,
-                    metrics_port=metrics_port,
-                    sidecar_port=sidecar_port,
-                    sidecar_metrics_port=sidecar_metrics_port,
-                    public_key=public_key_of(seed),
-                    receipt_public_key=public_key_of(receipt_seed),
-                    tls_cert=tls_cert,
-                )
-            )
+        members = [
+            _write_member(directory, i, addresses[i], ports[i], insecure, created)
+            for i in range(nodes)
+        ]
         write_seed(directory / OWNER_KEY_FILE, owner_seed)
         created.append(directory / OWNER_KEY_FILE)
         spec = ClusterSpec(
@@ -343,6 +286,81 @@ def init_cluster(
             f"cannot write the cluster under {directory}: {err.strerror}"
         ) from err
     return spec
+
+
+def _checked_hosts(nodes: int, hosts: Sequence[str] | None) -> list[str] | None:
+    """`--hosts`, one address or host name per member, stripped; None when not given."""
+    if hosts is None:
+        return None
+    hosts = [h.strip() for h in hosts]
+    if len(hosts) != nodes:
+        raise ClusterFileError(f"--hosts names {len(hosts)} addresses for {nodes} nodes")
+    if any(not h or any(c.isspace() or c in "/,[]" for c in h) for h in hosts):
+        raise ClusterFileError("--hosts takes addresses or host names, comma-separated")
+    return hosts
+
+
+def _check_member_count(nodes: int) -> None:
+    if nodes < MEMBERS_MIN:
+        raise ClusterFileError(f"a cluster needs at least {MEMBERS_MIN} nodes (n = 3f+1)")
+    if (nodes - 1) % 3:
+        raise ClusterFileError(
+            f"{nodes} nodes is not 3f+1: it tolerates no more faults than "
+            f"{nodes - (nodes - 1) % 3} nodes; use 4, 7, 10, ..."
+        )
+
+
+def _refuse_existing_keys(directory: Path, nodes: int) -> None:
+    """Nothing is written until nothing can be in the way: init never overwrites a key,
+    and a half-built directory (some node keys, no cluster file) is worse than a refusal."""
+    planned = [directory / CLUSTER_FILE, directory / OWNER_KEY_FILE]
+    for i in range(nodes):
+        planned += [
+            directory / f"node-{i}" / CONSENSUS_KEY_FILE,
+            directory / f"node-{i}" / RECEIPT_KEY_FILE,
+            directory / f"node-{i}" / TLS_KEY_FILE,
+        ]
+    for path in planned:
+        if path.exists():
+            raise ClusterFileError(f"{path} exists; init writes only into a new or empty --dir")
+
+
+def _write_member(
+    directory: Path,
+    index: int,
+    host: str,
+    ports: Sequence[int],
+    insecure: bool,
+    created: list[Path],
+) -> MemberSpec:
+    """Member `index`'s folder and fresh keys (each path appended to `created`, so a
+    failure can take them away again), and its entry in the cluster file."""
+    node_dir = directory / f"node-{index}"
+    if not node_dir.exists():
+        node_dir.mkdir(mode=NODE_DIR_MODE)
+        created.append(node_dir)
+    seed = secrets.token_bytes(32)
+    receipt_seed = secrets.token_bytes(32)
+    for name, value in ((CONSENSUS_KEY_FILE, seed), (RECEIPT_KEY_FILE, receipt_seed)):
+        write_seed(node_dir / name, value)
+        created.append(node_dir / name)
+    tls_cert = b""
+    if not insecure:
+        tls_key, tls_cert = make_node_certificate(index, host)
+        _write_private(node_dir / TLS_KEY_FILE, tls_key)
+        created.append(node_dir / TLS_KEY_FILE)
+    replica_port, metrics_port, sidecar_port, sidecar_metrics_port = ports
+    return MemberSpec(
+        index=index,
+        host=host,
+        replica_port=replica_port,
+        metrics_port=metrics_port,
+        sidecar_port=sidecar_port,
+        sidecar_metrics_port=sidecar_metrics_port,
+        public_key=public_key_of(seed),
+        receipt_public_key=public_key_of(receipt_seed),
+        tls_cert=tls_cert,
+    )
 
 
 def add_auditor(directory: Path, auditor_id: str, public_key: bytes) -> ClusterSpec:
@@ -389,11 +407,11 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         "auditors": [
             {"auditor_id": a.auditor_id, "public_key": a.public_key.hex()} for a in spec.auditors
         ],
-        **({"canonical_version": spec.canonical_version} if spec.canonical_version != 1 else {}),
-        **({"authority_version": spec.authority_version} if spec.authority_version != 1 else {}),
+        **_written("canonical_version", spec.canonical_version),
+        **_written("authority_version", spec.authority_version),
         **({"capacities": dict(spec.capacities)} if spec.capacities else {}),
-        **({"state_version": spec.state_version} if spec.state_version != 1 else {}),
-        **({"receipt_version": spec.receipt_version} if spec.receipt_version != 1 else {}),
+        **_written("state_version", spec.state_version),
+        **_written("receipt_version", spec.receipt_version),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -480,16 +498,22 @@ def read_private(path: Path) -> bytes:
     return data
 
 
+def _written(name: str, version: int) -> dict[str, int]:
+    """A chain version as cluster.json holds it: left out when it is the version a file
+    without the field is read as, so files from before the field read back unchanged."""
+    return {} if version == VERSION_ABSENT else {name: version}
+
+
 def _version(doc: dict[str, object], name: str, allowed: tuple[int, ...], where: str) -> int:
     """A chain version from the file: absent, 1 (files from before it existed); else one
     of `allowed`, as a JSON integer (not `true`, `"2"` or `2.0`)."""
-    value = doc.get(name, 1)
+    value = doc.get(name, VERSION_ABSENT)
     if type(value) is not int or value not in allowed:
         raise ClusterFileError(f"{where}: {name} must be one of {allowed} (this build)")
     return value
 
 
-def load_cluster(directory: Path) -> ClusterSpec:
+def _read_document(directory: Path) -> dict[str, Any]:
     path = directory / CLUSTER_FILE
     try:
         doc = json.loads(path.read_text())
@@ -501,7 +525,12 @@ def load_cluster(directory: Path) -> ClusterSpec:
         raise ClusterFileError(f"cluster file {path} is unreadable or not JSON: {err}") from err
     if not isinstance(doc, dict):
         raise ClusterFileError(f"{path}: expected a JSON object")
-    where = str(path)
+    return doc
+
+
+def load_cluster(directory: Path) -> ClusterSpec:
+    doc = _read_document(directory)
+    where = str(directory / CLUSTER_FILE)
     if doc.get("format") != FORMAT:
         raise ClusterFileError(f"{where}: format must be {FORMAT!r}")
     chain_id = _field(doc, "chain_id", str, where)
@@ -517,48 +546,8 @@ def load_cluster(directory: Path) -> ClusterSpec:
     insecure = transport == TRANSPORT_INSECURE
     raw_members = _field(doc, "members", list, where)
     assert isinstance(raw_members, list)
-    members = []
-    for i, raw in enumerate(raw_members):
-        mwhere = f"{where}: members[{i}]"
-        if not isinstance(raw, dict):
-            raise ClusterFileError(f"{mwhere}: expected an object")
-        index = _field(raw, "index", int, mwhere)
-        if index != i:
-            raise ClusterFileError(f"{mwhere}: index must be {i}")
-        ports = []
-        for name in PORT_FIELDS:
-            port = _field(raw, name, int, mwhere)
-            assert isinstance(port, int)
-            if not 1 <= port <= 65535:
-                raise ClusterFileError(f"{mwhere}: {name} out of range")
-            ports.append(port)
-        members.append(
-            MemberSpec(
-                index=i,
-                host=str(_field(raw, "host", str, mwhere)),
-                replica_port=ports[0],
-                metrics_port=ports[1],
-                sidecar_port=ports[2],
-                sidecar_metrics_port=ports[3],
-                public_key=_hex_key(_field(raw, "public_key", str, mwhere), mwhere),
-                receipt_public_key=_hex_key(
-                    _field(raw, "receipt_public_key", str, mwhere), f"{mwhere}: receipt_public_key"
-                ),
-                tls_cert=b"" if insecure else _tls_cert(raw, i, mwhere),
-            )
-        )
-    auditors = []
-    for i, raw in enumerate(doc.get("auditors", [])):
-        awhere = f"{where}: auditors[{i}]"
-        if not isinstance(raw, dict):
-            raise ClusterFileError(f"{awhere}: expected an object")
-        auditor_id = str(_field(raw, "auditor_id", str, awhere))
-        if not auditor_id or len(auditor_id) > AUDITOR_ID_CHARS_MAX:
-            raise ClusterFileError(f"{awhere}: auditor_id must be 1..{AUDITOR_ID_CHARS_MAX} chars")
-        key = _hex_key(_field(raw, "public_key", str, awhere), f"{awhere}: public_key")
-        auditors.append(AuditorSpec(auditor_id, key))
-    if len(auditors) > AUDITORS_MAX:
-        raise ClusterFileError(f"{where}: at most {AUDITORS_MAX} auditors")
+    members = [_load_member(raw, i, where, insecure) for i, raw in enumerate(raw_members)]
+    auditors = _load_auditors(doc, where)
     canonical_version = _version(doc, "canonical_version", CANONICAL_VERSIONS, where)
     authority_version = _version(doc, "authority_version", AUTHORITY_VERSIONS, where)
     state_version = _version(doc, "state_version", STATE_VERSIONS, where)
@@ -595,3 +584,48 @@ def load_cluster(directory: Path) -> ClusterSpec:
     if len(set(endpoints)) != len(endpoints):
         raise ClusterFileError(f"{where}: two endpoints share a host and port")
     return spec
+
+
+def _load_member(raw: object, i: int, where: str, insecure: bool) -> MemberSpec:
+    mwhere = f"{where}: members[{i}]"
+    if not isinstance(raw, dict):
+        raise ClusterFileError(f"{mwhere}: expected an object")
+    index = _field(raw, "index", int, mwhere)
+    if index != i:
+        raise ClusterFileError(f"{mwhere}: index must be {i}")
+    ports = []
+    for name in PORT_FIELDS:
+        port = _field(raw, name, int, mwhere)
+        assert isinstance(port, int)
+        if not 1 <= port <= 65535:
+            raise ClusterFileError(f"{mwhere}: {name} out of range")
+        ports.append(port)
+    return MemberSpec(
+        index=i,
+        host=str(_field(raw, "host", str, mwhere)),
+        replica_port=ports[0],
+        metrics_port=ports[1],
+        sidecar_port=ports[2],
+        sidecar_metrics_port=ports[3],
+        public_key=_hex_key(_field(raw, "public_key", str, mwhere), mwhere),
+        receipt_public_key=_hex_key(
+            _field(raw, "receipt_public_key", str, mwhere), f"{mwhere}: receipt_public_key"
+        ),
+        tls_cert=b"" if insecure else _tls_cert(raw, i, mwhere),
+    )
+
+
+def _load_auditors(doc: dict[str, Any], where: str) -> list[AuditorSpec]:
+    auditors = []
+    for i, raw in enumerate(doc.get("auditors", [])):
+        awhere = f"{where}: auditors[{i}]"
+        if not isinstance(raw, dict):
+            raise ClusterFileError(f"{awhere}: expected an object")
+        auditor_id = str(_field(raw, "auditor_id", str, awhere))
+        if not auditor_id or len(auditor_id) > AUDITOR_ID_CHARS_MAX:
+            raise ClusterFileError(f"{awhere}: auditor_id must be 1..{AUDITOR_ID_CHARS_MAX} chars")
+        key = _hex_key(_field(raw, "public_key", str, awhere), f"{awhere}: public_key")
+        auditors.append(AuditorSpec(auditor_id, key))
+    if len(auditors) > AUDITORS_MAX:
+        raise ClusterFileError(f"{where}: at most {AUDITORS_MAX} auditors")
+    return auditors

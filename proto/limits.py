@@ -1,4 +1,5 @@
-"""Every structural limit of the governance engine, named in one place (STYLE.md rule 5).
+"""Every structural limit of the governance engine, named in one place: every bound has a
+name, with its unit last.
 
 Limits that an operator may reasonably tune per deployment (latch size, quota window,
 confirmation lifetime, table sizes) are fields of `EngineConfig` with the defaults below;
@@ -25,7 +26,7 @@ SINKS_PER_HANDLE_MAX = 8
 KIND_CHARS_MAX = 32
 SEALED_BYTES_MIN = 48  # a SealedBox adds a 32-byte ephemeral key and a 16-byte MAC
 SEALED_BYTES_MAX = 8 * 1024
-# --- target and argument rules (DESIGN §4.2) ---
+# --- target and argument rules (docs/policies.md) ---
 TOOL_RULES_MAX = 256  # tools with rules in one mandate or grant
 TARGET_RULES_PER_TOOL_MAX = 64
 ARGUMENT_RULES_PER_TOOL_MAX = 16
@@ -37,11 +38,11 @@ SET_NAME_CHARS_MAX = 32
 
 # --- the engine's own checks ---
 # After every block the engine re-encodes this many entries of a rotation over its whole
-# state and compares them with its per-entry cache; a difference stops execution. (Until
-# issue 19 it re-encoded the whole state every 64 heights: a cost that grew with it.)
+# state and compares them with its per-entry cache; a difference stops execution.
+# (Re-encoding the whole state instead would cost, in every block, what the state holds.)
 STATE_CHECK_ENTRIES_PER_BLOCK = 16
 
-# --- defaults for EngineConfig (DESIGN §4.3, §4.5, §4.7; mandate guide) ---
+# --- defaults for EngineConfig (docs/engine.md) ---
 LATCH_HALT_THRESHOLD_DEFAULT = 3  # attempts at one refused tool, counting the first
 LATCH_RUNS_MAX_DEFAULT = 1024
 LATCH_BUCKETS_PER_RUN_MAX_DEFAULT = 64  # a run that collects more refused tools is halted
@@ -72,22 +73,22 @@ CERTIFICATE_TTL_MS_DEFAULT = 300_000
 CERTIFICATE_TTL_MS_MIN = 10_000
 CERTIFICATE_TTL_MS_MAX = 24 * 3600 * 1000
 
-# --- split authority (issue 16) ---
+# --- split authority ---
 # Answers naming a wrong card digest, from the card's rightful confirmer, that lock the
 # proposal: it leaves the state, denied (`card_locked`).
 CARD_WRONG_DIGESTS_MAX = 3
 PRINCIPALS_MAX = 4096
 # Runs in which one (agent, tool) pair is refused before it is refused in every run
-# (authority version 2: a fresh run id does not reset the latch).
+# (`latch_across_runs`: a fresh run id does not reset the latch).
 LATCH_CROSS_RUN_THRESHOLD_DEFAULT = 3
 CROSS_RUN_PAIRS_MAX = 16_384
-DECLARED_ARGS_PER_TOOL_MAX = 32  # plain arguments one tool declares (issue 15)
+DECLARED_ARGS_PER_TOOL_MAX = 32  # plain arguments one tool declares
 DEPUTIES_MAX = 8  # principals one principal names to answer its cards too
-# Further targets of one call, in the roles its tool declares (issue 15, item 1).
+# Further targets of one call, in the roles its tool declares.
 TARGET_ROLES_PER_TOOL_MAX = 8
 TARGETS_PER_ROLE_MAX = 16
 TARGETS_PER_CALL_MAX = 16  # further targets in one proposal, all roles together
 ROLE_CHARS_MAX = 32
-# Quota counters in the state (settings in the log, issue 15 item 5): per agent, per
+# Quota counters in the state (settings in the log): per agent, per
 # (agent, tool) and per run, per minute and per hour of block time.
 QUOTA_COUNTERS_MAX = 16_384

@@ -1,11 +1,12 @@
 """Domain types of the governance engine: transactions, mandates, tool specs, codes.
 
-Frozen dataclasses that validate themselves in `__post_init__` (STYLE.md, hypercorn
-anchor). A value that exists is well formed; the codec turns a protobuf that would build an
-ill-formed value into a `malformed` rejection. Standard library only.
+Frozen dataclasses that validate themselves in `__post_init__`, so a value is checked once,
+where it is made: a value that exists is well formed; the codec turns a protobuf that
+would build an ill-formed value into a `malformed` rejection. Standard library only.
 
-Argument values are the one thing that must never leak (DESIGN §4.2): `Argument` and
-`Proposal` print argument names and never values, whatever formats them.
+Argument values are the one thing that must never leak (docs/engine.md, "Verdicts and
+reasons"): `Argument` and `Proposal` print argument names and never values, whatever
+formats them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32
 
-# DESIGN §4.2: what the agent is told on any denial, whatever the reason.
+# What the agent is told on any denial, whatever the reason.
 DENIAL_TEXT = "This action is not permitted."
 
 
@@ -108,14 +109,14 @@ class Reason(StrEnum):
     DIRECT_NEEDS_OVERRIDE = "direct_needs_override"  # direct, with a sensitive argument
     DIRECT_OVERRIDE = "direct_override"  # applied: direct with a sensitive argument, on purpose
     UNDECLARED_ARGUMENT = "undeclared_argument"  # an argument the tool does not declare
-    # issue 18: a call made on a tool definition other than the one the owner pinned
+    # a call made on a tool definition other than the one the owner pinned
     TOOL_DEFINITION_CHANGED = "tool_definition_changed"
     HANDLE_EXISTS = "handle_exists"
     CAPACITY_EXCEEDED = "capacity_exceeded"
 
 
 class ToolMode(StrEnum):
-    """DESIGN §4.5 / BRAH §6.3: how a registered tool may run."""
+    """How a registered tool may run (the BRAH paper, §6.3)."""
 
     READ = "read"
     DIRECT = "direct"
@@ -128,7 +129,7 @@ class ToolMode(StrEnum):
 
 
 class Tier(StrEnum):
-    """BRAH §6.8 assurance tiers; the owner outranks both."""
+    """Assurance tiers (the BRAH paper, §6.8); the owner outranks both."""
 
     DELEGATE = "delegate"
     MASTER = "master"
@@ -348,7 +349,7 @@ class EnvelopeArg:
 
 
 class ArgRole(StrEnum):
-    """What a declared plain argument is (issue 15): the engine decides by declaration,
+    """What a declared plain argument is: the engine decides by declaration,
     not by the argument's name."""
 
     IDENTITY = "identity"  # who the call is for: never sent, the tool takes the caller
@@ -359,7 +360,8 @@ class ArgRole(StrEnum):
 
     @property
     def sensitive(self) -> bool:
-        """Roles a `direct` tool may take only with an explicit override (BRAH §6.3)."""
+        """Roles a `direct` tool may take only with an explicit override (the BRAH paper,
+        §6.3)."""
         return self in (ArgRole.RECIPIENT, ArgRole.AMOUNT, ArgRole.CREDENTIAL)
 
 
@@ -374,7 +376,7 @@ class ArgSpec:
 
 @dataclass(frozen=True)
 class TargetSlot:
-    """A role in which a tool takes further targets (issue 15): under which schemes, and
+    """A role in which a tool takes further targets: under which schemes, and
     at most how many in one call (none is always allowed)."""
 
     role: str
@@ -392,7 +394,8 @@ class TargetSlot:
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A registered tool (DESIGN §4.5, §4.6): what it needs before it may run."""
+    """A registered tool: what it needs before it may run (docs/engine.md, "Tools,
+    mandates and verdicts")."""
 
     name: str
     mode: ToolMode
@@ -401,7 +404,7 @@ class ToolSpec:
     envelope_args: tuple[EnvelopeArg, ...] = ()
     min_tier: Tier = Tier.DELEGATE
     binds_caller: bool = False  # a status tool: no arguments, target bound to the caller
-    # Issue 15: the plain arguments it takes, by role (empty: undeclared, the older rules:
+    # The plain arguments it takes, by role (empty: undeclared, the older rules:
     # identity by name); `direct` although it takes a sensitive role, on purpose; and
     # whether `min_tier` was written down (a confirm-gated tool must say it).
     arguments: tuple[ArgSpec, ...] = ()
@@ -410,7 +413,7 @@ class ToolSpec:
     # Further targets by role (sorted by role), and whether the main one may be left out.
     target_roles: tuple[TargetSlot, ...] = ()
     target_optional: bool = False
-    # Issue 18: the pinned digest of its definition (an MCP tool's name, description and
+    # The pinned digest of its definition (an MCP tool's name, description and
     # input schema); calls that do not carry it are refused until the owner pins a new one.
     definition_digest: bytes | None = None
 
@@ -466,7 +469,7 @@ class ToolSpec:
 
 
 class RuleKind(StrEnum):
-    """How a target rule matches a canonical target (DESIGN §4.2)."""
+    """How a target rule matches a canonical target (docs/policies.md)."""
 
     ANY = "any"  # every target: the explicit form of "no rule"
     EXACT = "exact"  # the canonical target itself
@@ -561,8 +564,9 @@ def _require_rules(rules: tuple[ToolRules, ...], tools: tuple[str, ...] | None) 
 
 @dataclass(frozen=True)
 class Mandate:
-    """DESIGN §4.2. `allowed_tools` None is unrestricted and () is nothing: the engine
-    branches on `is None`, never on truthiness (mandate guide, "An empty tool list...")."""
+    """What an agent may do (docs/policies.md). `allowed_tools` None is unrestricted and
+    () is nothing: the engine branches on `is None`, never on truthiness, so an empty
+    list can never be read as "no restriction"."""
 
     allowed_tools: tuple[str, ...] | None
     enforcement: Enforcement = Enforcement.ENFORCE
@@ -686,7 +690,7 @@ class SetEntries:
         _require(keys == sorted(set(keys)), "set entries: sorted by (kind, value), unique")
 
 
-# Settings the owner changes in the log (issue 15, item 5), over cluster.json's values.
+# Settings the owner changes in the log (docs/engine.md), over cluster.json's values.
 # Quotas are per fixed minute / hour of block time; 0 is no limit.
 SETTING_NAMES = (
     "certificate_ttl_ms",

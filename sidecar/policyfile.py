@@ -96,6 +96,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorumgate.proto import names
+from quorumgate.proto.chainversions import split_authority
 from quorumgate.proto.model import (
     SETTING_NAMES,
     ArgCheck,
@@ -563,7 +564,7 @@ def _parse_principals(
                 raise PolicyFileError(
                     f"principals.{name}.deputies: {deputy!r} is not another principal"
                 )
-    if principals and settings.get("authority_version", 2) < 2:
+    if principals and not split_authority(settings.get("authority_version", 2)):
         raise PolicyFileError("principals: a chain of authority_version 1 has none")
     return principals, deputies
 

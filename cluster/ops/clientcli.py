@@ -62,6 +62,7 @@ from quorumgate.ops.passphrases import (
     kdf_cost,
     new_passphrase,
 )
+from quorumgate.proto.chainversions import only_principals_answer_cards
 from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     ClusterFileError,
@@ -455,7 +456,7 @@ def _answer(args: argparse.Namespace, *, reject: bool) -> int:
         return pending.card
 
     async def work(client: Client) -> int:
-        if client.spec.authority_version >= 2:
+        if only_principals_answer_cards(client.spec.authority_version):
             cards = await _waiting("reading open cards", args, client.pending(args.deadline))
             mine = [c for c in cards if c.proposal_id == proposal_id]
             if not mine:

@@ -1,4 +1,4 @@
-"""Target and argument rules (DESIGN §4.2): what an allowed tool may be called *on*.
+"""Target and argument rules (docs/policies.md): what an allowed tool may be called *on*.
 
 A mandate (or a grant) may carry, per allowed tool, an ordered list of target rules over
 the call's canonical target and a set of argument rules. The first target rule that
@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping
 
 from quorumgate.proto import names
+from quorumgate.proto.chainversions import targets_by_role
 from quorumgate.proto.model import (
     ArgCheck,
     Argument,
@@ -54,7 +55,7 @@ from quorumgate.sidecar.engine.targets import (
 MAILTO = "mailto:"
 PRINCIPAL_CURRENT_USER = f"principal:{names.CURRENT_USER}"
 _AUTHORITY_RE = re.compile(r"[a-z][a-z0-9+.-]*://([^/?#]*)")
-# How strict a mode is: a grant may only make a call stricter (DESIGN §4.4).
+# How strict a mode is: a grant may only make a call stricter, never relax it.
 MODE_STRICTNESS = {
     ToolMode.READ: 0,
     ToolMode.DIRECT: 1,
@@ -175,13 +176,13 @@ def judge_layer(
     arguments: tuple[Argument, ...] | None,
     principal: str,
     sets: Sets,
-    extras: tuple[tuple[str, str], ...] = (),
+    further_targets: tuple[tuple[str, str], ...] = (),
     default: ToolMode | None = None,
 ) -> tuple[bool, ToolMode | None]:
     """One layer's say on a call: (permitted, the mode it runs in for this layer).
 
     Every target is judged alone — the main one (`-` when there is none: only an `any`
-    rule matches it) and each further (role, target) of `extras` — by the first rule of
+    rule matches it) and each of its `further_targets`, (role, target) — by the first rule of
     its role that matches; a target no rule matches is out of scope. The mode is the
     strictest its targets' rules name, a rule without a mode counting as `default` (the
     tool's mode for a mandate, None for a grant, which never relaxes). `arguments` None
@@ -189,7 +190,7 @@ def judge_layer(
     if rules is None:
         return True, None
     mode: ToolMode | None = None
-    for role, each in (("", target), *extras):
+    for role, each in (("", target), *further_targets):
         rule = first_match(rules, each, principal, sets, role)
         if rule is None:
             return False, None
@@ -232,7 +233,7 @@ def rules_are_canonical(
     rules: tuple[ToolRules, ...], version: int = CANONICAL_VERSION_LATEST
 ) -> bool:
     return all(
-        value_is_canonical(rule, version) and (version >= 3 or rule.role == "")
+        value_is_canonical(rule, version) and (targets_by_role(version) or rule.role == "")
         for entry in rules
         for rule in entry.targets
     )

@@ -1,8 +1,8 @@
-"""Values shaped like secrets (DESIGN §4.1, "secrets only in envelopes"; issue 15, item 4).
+"""Values shaped like secrets (docs/engine.md, "Secrets only in envelopes").
 
 A secret that reaches a block stays in every replica's log forever, readable by everyone
 who may read the log. So a value that looks like one — in a target or a plain argument —
-is refused (`secret_in_plaintext`); secrets travel as envelope handles (§4.6). The shapes:
+is refused (`secret_in_plaintext`); secrets travel as envelope handles (`SealEnvelope`). The shapes:
 
 - payment card numbers: 13 to 19 digits standing on their own (spaces or dashes between
   groups allowed; not inside a longer token such as a hex id) with a card brand's leading
@@ -84,16 +84,16 @@ def secret_shape(text: str) -> str | None:
     return None
 
 
-# Argument and query names that carry a credential in version 2, beside
+# Argument and query names that carry a credential where `refuses_plaintext_secrets`, beside
 # `names.RAW_SECRET_NAMES` (compared squashed: `credit_card`, `Credit-Card`, `creditCard`).
-CREDENTIAL_NAMES_V2 = frozenset(
+CREDENTIAL_NAMES = frozenset(
     {"creditcard", "cardnum", "cvv", "cvv2", "cvc", "securitycode", "pin", "otp", "clientsecret"}
 )
 
 
 def name_is_credential(canonical_name: str) -> bool:
     squashed = canonical_name.replace("_", "").replace("-", "").replace(".", "")
-    return names.is_raw_secret_name(canonical_name) or squashed in CREDENTIAL_NAMES_V2
+    return names.is_raw_secret_name(canonical_name) or squashed in CREDENTIAL_NAMES
 
 
 def _query_names_a_credential(target: str) -> bool:
@@ -120,7 +120,7 @@ def proposal_carries_secret(proposal: Proposal, envelope_args: tuple[str, ...]) 
     `envelope_required`; a value or target shaped like a secret `secret_in_plaintext`.
     Execution checks the canonical target and every argument again."""
     if secret_in_target(proposal.target) or any(
-        secret_in_target(extra.target) for extra in proposal.targets
+        secret_in_target(further.target) for further in proposal.targets
     ):
         return Reason.SECRET_IN_PLAINTEXT
     for arg in proposal.arguments:

@@ -2,16 +2,17 @@
 
 Everything that decides a later verdict lives here and nowhere else, so that
 `state_bytes()` is the state: two engines with equal bytes decide every future block the
-same way (DESIGN §4, "a pure function of the committed log"), and a sidecar rebuilt from
+same way (the engine is a pure function of the committed log), and a sidecar rebuilt from
 the bytes continues exactly where it stopped. Maps are dicts for speed, but no decision
 ever depends on their iteration order: serialization sorts every map by key, and eviction
-picks by explicit sequence numbers (STYLE.md rule 7).
+picks by explicit sequence numbers, so every sidecar evicts the same entry.
 
 The state is a header and keyed sections (`SECTIONS`), each map a `TrackedDict` that
 remembers which entries a block touched (sidecar/engine/statetree.py), so a block
-re-encodes, rehashes and hands to the store only those (`take_delta`), and the version-2
-state root (`tree_root`, issue 19) is a hash tree over the entries. The version-1 root is
-SHA-256 over the whole canonical bytes, as chains from before issue 19 signed it.
+re-encodes, rehashes and hands to the store only those (`take_delta`). On chains whose
+state root is a hash tree (`state_hash_tree`, proto/chainversions.py) the root
+(`tree_root`) is computed over the entries; on older chains it is SHA-256 over the whole
+canonical bytes, as they always signed it.
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ class AgentRecord:
 
 @dataclass
 class PrincipalRecord:
-    """A principal (DESIGN §4.5, issue 16): the human agents act for. It signs only the
-    answers to cards (Confirm, with or without `reject`) and the named sets of the agents
-    acting for it (SetEntries), with nonces of its own."""
+    """A principal (docs/engine.md, "Principals and confirmation"): the human agents act
+    for. It signs only the answers to cards (Confirm, with or without `reject`), the named
+    sets of the agents acting for it (SetEntries) and its deputies, with nonces of its
+    own."""
 
     principal_id: str
     public_key: bytes
@@ -83,7 +85,7 @@ class PrincipalRecord:
 
 @dataclass(frozen=True)
 class Grant:
-    """A Delegate that was applied (DESIGN §4.4). `scope` is pinned at delegation time.
+    """A Delegate that was applied. `scope` is pinned at delegation time.
     Frozen: a change is a new object (`replace`) written into the map, which is how the
     state's incremental form learns of it (grants are not marked when read)."""
 
@@ -99,12 +101,12 @@ class Grant:
     expires_at_ms: int
     created_height: int
     revoked: bool = False
-    rules: tuple[ToolRules, ...] = ()  # the Delegate's own rules (DESIGN §4.2, §4.4)
+    rules: tuple[ToolRules, ...] = ()  # the Delegate's own rules: they only narrow
 
 
 @dataclass
 class Handle:
-    """A capability envelope (DESIGN §4.6): only ciphertexts sealed to sinks are kept."""
+    """A capability envelope: only ciphertexts sealed to sinks are kept."""
 
     handle: str
     kind: str
@@ -120,7 +122,7 @@ class Handle:
 
 @dataclass(frozen=True)
 class PendingCall:
-    """A confirmation-gated call waiting for its Confirm (DESIGN §4.5). Frozen, as `Grant`."""
+    """A confirmation-gated call waiting for its Confirm. Frozen, as `Grant`."""
 
     proposal_id: bytes
     principal: str
@@ -208,17 +210,17 @@ class EngineState:
     handles: dict[str, Handle] = field(default_factory=dict)
     latch_runs: dict[RunKey, LatchRun] = field(default_factory=dict)
     latch_activity_seq: int = 0
-    # Named sets of target rules, by (agent, set name) (DESIGN §4.2, `SetEntries`).
+    # Named sets of target rules, by (agent, set name) (`SetEntries`).
     sets: dict[tuple[str, str], tuple[TargetRule, ...]] = field(default_factory=dict)
-    # Split authority (issue 16): the principals, the principal each agent acts for (an
+    # Split authority: the principals, the principal each agent acts for (an
     # agent absent here acts for the owner), and each pending call's wrong card digests.
     principals: dict[str, PrincipalRecord] = field(default_factory=dict)
     agent_principal: dict[str, str] = field(default_factory=dict)
     wrong_digests: dict[bytes, int] = field(default_factory=dict)
-    # The cross-run latch (issue 16): per (agent, canonical tool), the runs in which the
+    # The cross-run latch: per (agent, canonical tool), the runs in which the
     # pair was refused (`count`) and the agents whose mandates shaped those refusals.
     cross_run: dict[BucketKey, LatchBucket] = field(default_factory=dict)
-    # Settings in the log (issue 15, item 5): name -> value, over cluster.json's; and the
+    # Settings in the log: name -> value, over cluster.json's; and the
     # quota counters of the fixed minute and hour windows, by QuotaKey.
     settings: dict[str, int] = field(default_factory=dict)
     quota_counters: dict[QuotaKey, QuotaCounter] = field(default_factory=dict)
@@ -226,7 +228,7 @@ class EngineState:
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     principal_by_key: dict[bytes, str] = field(default_factory=dict)
     handles_by_owner: dict[str, int] = field(default_factory=dict)
-    # The incremental form (issue 19, item 3; sidecar/engine/statetree.py): per section,
+    # The incremental form (sidecar/engine/statetree.py): per section,
     # each entry's encoded bytes by key form, and the section's hash tree. `_flush` brings
     # both up to date with the maps' dirty keys and queues what changed for the store
     # (`_unsaved`, drained by `take_delta`). Not serialized, not compared.
@@ -251,7 +253,7 @@ class EngineState:
     _check_queue: list[tuple[int, Any]] = field(default_factory=list, repr=False, compare=False)
     # Per counted section (COUNTED_FIELDS), how many entries hold each value of its field,
     # and the value each entry was counted under: what the per-grantor and per-principal
-    # caps read, without scanning the table per transaction (issue 19).
+    # caps read, without scanning the table per transaction.
     _counts: dict[str, dict[str, int]] = field(
         default_factory=lambda: {name: {} for name in COUNTED_FIELDS},
         repr=False,
@@ -427,11 +429,12 @@ class EngineState:
         ])  # fmt: skip
 
     def root(self) -> bytes:
-        """The version-1 state root: SHA-256 of the canonical state bytes."""
+        """The state root of chains without `state_hash_tree`: SHA-256 of the canonical state
+        bytes."""
         return sha256(self.to_bytes())
 
     def tree_root(self) -> bytes:
-        """The version-2 state root (issue 19): over the header and each section's count
+        """The hash-tree state root (`state_hash_tree`): over the header and each section's count
         and hash-tree root, so a block rehashes only the entries it touched."""
         self._flush()
         sections = zip(self._entries, self._trees, strict=True)
@@ -468,11 +471,11 @@ def _enc_nonces(enc: Encoder, window: NonceWindow) -> None:
 # without rules is flagged 0 or 1 as before: a state without any rule encodes exactly as
 # it did before rules existed, so its root does not change.
 RULES_FOLLOW = 2
-# Likewise a tool's status-tool flag is 2 or 3 when issue 15's declarations follow it,
+# Likewise a tool's status-tool flag is 2 or 3 when argument declarations follow it,
 # and has 4 added when its further target roles follow those.
 TOOL_DECLARATIONS_FOLLOW = 2
 TOOL_TARGET_ROLES_FOLLOW = 4
-TOOL_DEFINITION_FOLLOWS = 8  # a pinned definition digest (issue 18) follows the roles
+TOOL_DEFINITION_FOLLOWS = 8  # a pinned definition digest follows the roles
 # A tool's rule count has this bit set when every rule is followed by its target role.
 RULE_ROLES_FOLLOW = 1 << 31
 
@@ -526,7 +529,7 @@ def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
     pinned = spec.definition_digest is not None
     roles = bool(spec.target_roles) or spec.target_optional or pinned
     declared = bool(spec.arguments) or spec.direct_override or not spec.min_tier_declared or roles
-    # issue 15's declarations follow the flag only when present (older states keep bytes)
+    # argument declarations follow the flag only when present (older states keep bytes)
     enc.u8(
         int(spec.binds_caller)
         + (TOOL_DECLARATIONS_FOLLOW if declared else 0)
@@ -880,7 +883,7 @@ def _dec_card(r: _Reader) -> ConfirmationCard:
     argument_names = c.texts()
     handles = tuple((c.text(), c.text()) for _ in range(c.u32()))
     body_digest, created_height, expires_at_ms = c.take(32), c.u64(), c.u64()
-    confirmer = c.text() if c.remaining() else ""  # authority version 2 cards name one
+    confirmer = c.text() if c.remaining() else ""  # cards name one where only principals answer
     c.finish()
     return ConfirmationCard(
         chain_id, proposal_id, principal, tier, delegate_of, tool, mode, min_tier, target,
@@ -889,6 +892,9 @@ def _dec_card(r: _Reader) -> ConfirmationCard:
 
 
 def _decode_state(r: _Reader) -> EngineState:
+    """The state from its bytes, section by section in the order `to_bytes` writes them.
+    Sections added after the first form are present only when bytes remain, so the
+    bytes of chains from before them decode unchanged."""
     if r.take(len(TAG_STATE)) != TAG_STATE:
         raise StateDecodeError("not engine state bytes")
     state = EngineState(config_fingerprint=r.take(32))
@@ -896,7 +902,29 @@ def _decode_state(r: _Reader) -> EngineState:
     state.last_height = None if height is None else int(struct.unpack(">Q", height)[0])
     state.last_block_time_ms = r.u64()
     state.owner_nonces = _dec_nonces(r)
+    _dec_registry(r, state)
+    _dec_grants(r, state)
+    _dec_pending(r, state)
+    _dec_handles(r, state)
+    _dec_latch(r, state)
+    if r.remaining():
+        for _ in range(r.u32()):
+            owner, name = r.text(), r.text()
+            state.sets[(owner, name)] = tuple(_dec_target_rule(r) for _ in range(r.u32()))
+    if r.remaining():
+        _dec_principals(r, state)
+    if r.remaining():
+        for _ in range(r.u32()):
+            name = r.text()
+            state.settings[name] = r.u64()
+        for _ in range(r.u32()):
+            quota_key = r.texts()
+            state.quota_counters[quota_key] = QuotaCounter(window=r.u64(), count=r.u32())
+    return state
 
+
+def _dec_registry(r: _Reader, state: EngineState) -> None:
+    """Tools, sinks and agents."""
     for _ in range(r.u32()):
         spec = _dec_tool(r)
         state.tools[spec.name] = spec
@@ -913,6 +941,9 @@ def _decode_state(r: _Reader) -> EngineState:
             agent_id, key, mandate, version, suspended, nonces, recent
         )
         state.agent_by_key[key] = agent_id
+
+
+def _dec_grants(r: _Reader, state: EngineState) -> None:
     for _ in range(r.u32()):
         grant_id, grantor, child, run_owner, run_id = (
             r.take(32), r.text(), r.text(), r.text(), r.text(),
@@ -925,6 +956,9 @@ def _decode_state(r: _Reader) -> EngineState:
             grant_id, grantor, child, run_owner, run_id, scope, version, depth, parent,
             expires, created, revoked, rules,
         )  # fmt: skip
+
+
+def _dec_pending(r: _Reader, state: EngineState) -> None:
     for _ in range(r.u32()):
         proposal_id, principal, run_owner, run_id = r.take(32), r.text(), r.text(), r.text()
         tier, grant, tool, target = Tier(r.text()), r.optional_blob(), r.text(), r.text()
@@ -935,11 +969,17 @@ def _decode_state(r: _Reader) -> EngineState:
             proposal_id, principal, run_owner, run_id, tier, grant, tool, target, handles,
             flagged, card, expires,
         )  # fmt: skip
+
+
+def _dec_handles(r: _Reader, state: EngineState) -> None:
     for _ in range(r.u32()):
         name, kind, owner, verified = r.text(), r.text(), r.text(), r.boolean()
         sealed = tuple(SealedValue(r.text(), r.blob()) for _ in range(r.u32()))
         state.handles[name] = Handle(name, kind, owner, verified, sealed, r.u64())
         state.handles_by_owner[owner] = state.handles_by_owner.get(owner, 0) + 1
+
+
+def _dec_latch(r: _Reader, state: EngineState) -> None:
     state.latch_activity_seq = r.u64()
     for _ in range(r.u32()):
         run_key = (r.text(), r.text())
@@ -956,31 +996,23 @@ def _decode_state(r: _Reader) -> EngineState:
             count = r.u32()
             run.buckets[bucket_key] = LatchBucket(count=count, chain=r.texts())
         state.latch_runs[run_key] = run
-    if r.remaining():
-        for _ in range(r.u32()):
-            owner, name = r.text(), r.text()
-            state.sets[(owner, name)] = tuple(_dec_target_rule(r) for _ in range(r.u32()))
-    if r.remaining():
-        for _ in range(r.u32()):
-            principal_id, key = r.text(), r.take(32)
-            nonces = _dec_nonces(r)
-            state.principals[principal_id] = PrincipalRecord(principal_id, key, nonces, r.texts())
-            state.principal_by_key[key] = principal_id
-        for _ in range(r.u32()):
-            agent_id = r.text()
-            state.agent_principal[agent_id] = r.text()
-        for _ in range(r.u32()):
-            proposal_id = r.take(32)
-            state.wrong_digests[proposal_id] = r.u32()
-        for _ in range(r.u32()):
-            pair = (r.text(), r.text())
-            count = r.u32()
-            state.cross_run[pair] = LatchBucket(count=count, chain=r.texts())
-    if r.remaining():
-        for _ in range(r.u32()):
-            name = r.text()
-            state.settings[name] = r.u64()
-        for _ in range(r.u32()):
-            quota_key = r.texts()
-            state.quota_counters[quota_key] = QuotaCounter(window=r.u64(), count=r.u32())
-    return state
+
+
+def _dec_principals(r: _Reader, state: EngineState) -> None:
+    """Principals, the principal each agent acts for, wrong-digest counts and the
+    cross-run latch: the sections split authority added."""
+    for _ in range(r.u32()):
+        principal_id, key = r.text(), r.take(32)
+        nonces = _dec_nonces(r)
+        state.principals[principal_id] = PrincipalRecord(principal_id, key, nonces, r.texts())
+        state.principal_by_key[key] = principal_id
+    for _ in range(r.u32()):
+        agent_id = r.text()
+        state.agent_principal[agent_id] = r.text()
+    for _ in range(r.u32()):
+        proposal_id = r.take(32)
+        state.wrong_digests[proposal_id] = r.u32()
+    for _ in range(r.u32()):
+        pair = (r.text(), r.text())
+        count = r.u32()
+        state.cross_run[pair] = LatchBucket(count=count, chain=r.texts())

@@ -1,9 +1,9 @@
 """What the engine says about a block: verdicts, confirmation cards, rejection artifacts.
 
-Each has canonical bytes built with `quorumgate.proto.canonical.Encoder` (house rule 4: one module
+Each has canonical bytes built with `quorumgate.proto.canonical.Encoder` (one module
 owns how bytes are built; the domain tags of the engine's own statements live here). None
 of them can hold an argument value: verdicts and artifacts carry argument *names*, cards
-carry names, handle references and a digest of the signed body (DESIGN §4.2, §4.8).
+carry names, handle references and a digest of the signed body (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ TAG_HANDLE = b"qg/handle/v1"
 # Stands for the owner wherever a verdict names its principal; never a valid agent id.
 OWNER_PRINCIPAL = "@owner"
 
-# BRAH §6.4: the card opens with a fixed header written by the system, not by the agent.
+# The BRAH paper, §6.4: the card opens with a fixed header written by the system, not by the agent.
 CARD_HEADER = "Official confirmation form: confirming approves exactly the call listed here."
 
 
@@ -44,15 +44,15 @@ def target_digest(canonical_target: str) -> bytes:
 
 
 def handle_for(tx_id: bytes, kind: str) -> str:
-    """DESIGN §4.6: `h_<kind>_<16 hex>`, derived from the SealEnvelope's transaction id, so
+    """`h_<kind>_<16 hex>`, derived from the SealEnvelope's transaction id, so
     that a handle is unique per transaction and no one chooses another's handle."""
     return f"h_{kind}_{Encoder(TAG_HANDLE).raw(tx_id).digest()[:8].hex()}"
 
 
 @dataclass(frozen=True)
 class ConfirmationCard:
-    """DESIGN §4.5 / BRAH §6.4 (WYSIWYS): built by the engine from the canonical, bound
-    parameters of a pending proposal; a Confirm names its digest."""
+    """What you see is what you sign (the BRAH paper, §6.4): built by the engine from the
+    canonical, bound parameters of a pending proposal; a Confirm names its digest."""
 
     chain_id: str
     proposal_id: bytes
@@ -68,8 +68,8 @@ class ConfirmationCard:
     body_digest: bytes  # SHA-256 of the signed TxBody bytes: binds the values unseen
     created_height: int
     expires_at_ms: int
-    # Split authority (issue 16): who alone may answer the card, `principal:<id>` or
-    # OWNER_PRINCIPAL. Empty on cards of chains from before (authority version 1), whose
+    # Split authority: who alone may answer the card, `principal:<id>` or
+    # OWNER_PRINCIPAL. Empty on cards of chains where the proposer's side answers, whose
     # bytes stay as they were. The argument values are not in the card (nor in the state,
     # the store or any verdict): `body_digest` binds them, and `card_values` reads them
     # from the signed proposal for the person who answers.
@@ -95,7 +95,7 @@ class ConfirmationCard:
 
     def render(self, values: Sequence[tuple[str, str]] | None = None) -> str:
         """The card as a person reads it; every line is generated here, none by an agent.
-        `values` (from `card_values`, authority version 2) are shown one argument per
+        `values` (from `card_values`, read by whoever alone may answer) are shown one argument per
         line. Text that came from the agent (target, values) is quoted with every control,
         format, separator, combining mark and non-ASCII space character escaped
         (`escape_for_card`), so it cannot forge a line, hide a character or draw over one."""
@@ -225,7 +225,7 @@ def quote_for_card(text: str) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The engine's answer for one transaction of a block (DESIGN §4.2, §4.8).
+    """The engine's answer for one transaction of a block (docs/engine.md, "Verdicts and reasons").
 
     For a Proposal: allow / flag / deny / pending. A Confirm that settles a proposal
     answers for that proposal (`proposal_id`): allow / flag, or deny when the call no
@@ -261,7 +261,7 @@ class Verdict:
         return self.outcome is Outcome.DENY and bool(self.proposal_id)
 
     def statement(self, chain_id: str, height: int) -> bytes:
-        """Ledger-ready canonical bytes of this verdict at `height` (DESIGN §4.8)."""
+        """Ledger-ready canonical bytes of this verdict at `height`."""
         enc = Encoder(TAG_VERDICT).text(chain_id).u64(height)
         enc.raw(self.tx_id).text(self.kind.value).text(self.outcome.value)
         enc.text(self.reason.value).u64(self.mandate_version).text(self.principal)
@@ -283,7 +283,7 @@ class ArtifactDenial:
 
 @dataclass(frozen=True)
 class RejectionArtifact:
-    """DESIGN §4.8: one per (height, canonical target) with at least one deny, listing
+    """One per (height, canonical target) with at least one deny, listing
     those denials in block order. `to_bytes()` is what the sidecar writes, idempotently."""
 
     chain_id: str

@@ -1,4 +1,4 @@
-"""The incremental, authenticated form of the engine state (issue 19, item 3).
+"""The incremental, authenticated form of the engine state (docs/sidecar.md, "The state root").
 
 The state is a header and fourteen keyed sections (tools, agents, grants, pending cards,
 ...). Every entry is encoded on its own; a block re-encodes and rehashes only the entries

@@ -1,4 +1,4 @@
-"""Canonical targets (DESIGN §4.1): one spelling per target, so aliases cannot dodge a rule.
+"""Canonical targets (docs/engine.md): one spelling per target, so aliases cannot dodge a rule.
 
 Every proposal's target is canonicalized before any rule runs; the canonical target of a
 call is the string `"<tool> <target>"` (plus one line `"<role> <target>"` per further
@@ -12,8 +12,8 @@ target the tool takes by role, `canonical_call`). Forms, after NFKC and Unicode-
 - ``file:`` URIs become the path they name (host empty or ``localhost``);
 - ``mailto:`` one address, ``mailto:local@domain``, the domain as a canonical host (IDNA,
   lower case), the local part as written; header fields and address lists are refused;
-- ``iban:`` an IBAN without spaces, upper case, its check digits verified (version 3);
-- ``tel:`` a global number in E.164, ``tel:+<digits>``, separators removed (version 3);
+- ``iban:`` an IBAN without spaces, upper case, its check digits verified (`iban_and_tel_forms`);
+- ``tel:`` a global number in E.164, ``tel:+<digits>``, separators removed (`iban_and_tel_forms`);
 - any other URI (RFC 3986 §6.2): scheme and host lower-cased, IDNA host (UTS 46, A-labels),
   IPv4/IPv6 literals in their one standard spelling, default port dropped, percent-encoding
   normalized (unreserved decoded, the rest upper-case hex, non-ASCII encoded as UTF-8),
@@ -41,19 +41,20 @@ from rfc3986 import exceptions, misc, normalizers, uri_reference  # type: ignore
 from rfc3986.validators import Validator  # type: ignore[import-untyped]
 
 from quorumgate.proto import limits, names
+from quorumgate.proto.chainversions import (
+    CANONICAL_VERSION_NEW,
+    CANONICAL_VERSIONS,  # noqa: F401 (importers read the versions `version` takes here)
+    iban_and_tel_forms,
+    strict_forms,
+)
 from quorumgate.proto.model import Reason
 from quorumgate.sidecar.engine.unicode_assigned import ASSIGNED_RANGES, UNICODE_VERSION
 
-# The chain's canonical forms (EngineConfig.canonical_version, fixed at `init`):
-# 1 — NFKC and Unicode digits folded before anything else, paths taken literally;
-# 2 — one order of operations (percent-decode, then normalize to NFC), compatibility
-#     characters and non-ASCII digits refused rather than merged, paths and file: URIs
-#     decoded alike, backslashes refused, `mailto:` one address with its domain
-#     canonical, and only characters assigned in Unicode UNICODE_VERSION accepted;
-# 3 — version 2, plus the `iban:` and `tel:` forms, and calls with further targets by
-#     role (a version 2 chain reads `iban:`/`tel:` as generic URIs, and has no roles).
-CANONICAL_VERSIONS = (1, 2, 3)
-CANONICAL_VERSION_LATEST = 3
+# The chain's canonical forms (EngineConfig.canonical_version, fixed at `init`): what each
+# version turns on is proto/chainversions.py's table; here, `strict_forms` (one order of
+# operations, refusals rather than merges, only characters assigned in UNICODE_VERSION)
+# and `iban_and_tel_forms` (a chain without them reads `iban:`/`tel:` as generic URIs).
+CANONICAL_VERSION_LATEST = CANONICAL_VERSION_NEW
 _ASSIGNED_FIRSTS = [first for first, _ in ASSIGNED_RANGES]
 
 NO_TARGET = "-"
@@ -110,21 +111,23 @@ def _malformed(detail: str) -> TargetRefused:
     return TargetRefused(Reason.MALFORMED_TARGET, detail)
 
 
-def canonical_call(tool: str, target: str, extras: tuple[tuple[str, str], ...] = ()) -> str:
-    """DESIGN §4.1: the canonical target of a call is `"<tool> <target>"`, then one line
-    `"<role> <target>"` per further target, sorted (no canonical target holds a line
-    break, so the lines cannot be confused)."""
+def canonical_call(
+    tool: str, target: str, further_targets: tuple[tuple[str, str], ...] = ()
+) -> str:
+    """The canonical target of a call is `"<tool> <target>"`, then one line `"<role>
+    <target>"` per further target, sorted (no canonical target holds a line break, so the
+    lines cannot be confused)."""
     head = f"{tool} {target}"
-    if not extras:
+    if not further_targets:
         return head
-    return head + "".join(f"\n{role} {extra}" for role, extra in sorted(extras))
+    return head + "".join(f"\n{role} {each}" for role, each in sorted(further_targets))
 
 
 def split_call(tool: str, canonical: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The main target and the further (role, target) pairs of a canonical call of `tool`."""
     head, *lines = canonical.split("\n")
-    extras = tuple((role, extra) for role, _, extra in (line.partition(" ") for line in lines))
-    return head[len(tool) + 1 :], extras
+    further = tuple((role, each) for role, _, each in (line.partition(" ") for line in lines))
+    return head[len(tool) + 1 :], further
 
 
 def canonicalize_target(
@@ -141,10 +144,10 @@ def canonicalize_target(
 
     Raises TargetRefused with the reason code; never any other exception on any input.
     """
-    v2 = version >= 2
-    text = _prepare_v2(raw) if v2 else _prepare(raw)
+    strict = strict_forms(version)
+    text = _prepare_strict(raw) if strict else _prepare(raw)
     if binds_caller:
-        # BRAH §7.3: a status tool takes no identity; it is bound to the caller.
+        # A status tool takes no identity; it is bound to the caller (the BRAH paper, §7.3).
         if text == "":
             return f"{PRINCIPAL_SCHEME}:{principal}"
         if _is_principal_ref(text):
@@ -164,8 +167,8 @@ def canonicalize_target(
             # RFC 3986 §4.2 reads this as a scheme-relative reference to a host
             raise _malformed("ambiguous: a network-path reference, not a path")
         _require_scheme(FILE_SCHEME, schemes)
-        if v2:
-            return _v2_path(text, principal)
+        if strict:
+            return _strict_path(text, principal)
         return _path(text, principal)
     fast = _already_canonical_web_uri(text, schemes)
     if fast is not None:
@@ -176,14 +179,14 @@ def canonicalize_target(
     scheme = match.group(1).lower()
     _require_scheme(scheme, schemes)
     if scheme == FILE_SCHEME:
-        return _file_uri(text, principal, v2)
-    if scheme == MAILTO_SCHEME and v2:
+        return _file_uri(text, principal, strict)
+    if scheme == MAILTO_SCHEME and strict:
         return _mailto(text[len(match.group(0)) :])
-    if scheme == IBAN_SCHEME and version >= 3:
+    if scheme == IBAN_SCHEME and iban_and_tel_forms(version):
         return _iban(text[len(match.group(0)) :])
-    if scheme == TEL_SCHEME and version >= 3:
+    if scheme == TEL_SCHEME and iban_and_tel_forms(version):
         return _tel(text[len(match.group(0)) :])
-    return _uri(text, scheme, principal, v2)
+    return _uri(text, scheme, principal, strict)
 
 
 # The commonest target, an http(s) URI already in canonical form: lower-case ASCII host of
@@ -234,8 +237,8 @@ def _prepare(raw: str) -> str:
     return text
 
 
-def _prepare_v2(raw: str) -> str:
-    """Version 2: nothing is folded before decoding; what is here is checked and put in
+def _prepare_strict(raw: str) -> str:
+    """Strict forms: nothing is folded before decoding; what is here is checked and put in
     NFC (canonical equivalents are one character), and anything compatibility
     normalization would change is refused (`_check_value`)."""
     if len(raw) > 4 * limits.TARGET_CHARS_MAX:
@@ -248,7 +251,7 @@ def _prepare_v2(raw: str) -> str:
 
 
 def _check_value(text: str) -> str:
-    """Version 2's character rules for any decoded part of a target, returning its NFC:
+    """The strict forms' character rules for any decoded part of a target, returning its NFC:
     no control, invisible or unassigned (in the pinned Unicode version) character, no
     backslash or NUL, no compatibility character that NFKC would change (fullwidth forms,
     ligatures, superscripts, ...) and no digit but ASCII's."""
@@ -273,8 +276,8 @@ def _assigned(code_point: int) -> bool:
     return k >= 0 and code_point <= ASSIGNED_RANGES[k][1]
 
 
-def _v2_path(text: str, principal: str) -> str:
-    """Version 2: a path decoded and checked, resolved, and its `%` written `%25`, so
+def _strict_path(text: str, principal: str) -> str:
+    """Strict forms: a path decoded and checked, resolved, and its `%` written `%25`, so
     that the canonical form is itself a target that canonicalizes to itself. A segment
     that begins or ends with a space is refused (`report.pdf ` is not `report.pdf`, and
     one would be taken for the other)."""
@@ -285,7 +288,7 @@ def _v2_path(text: str, principal: str) -> str:
 
 
 def _decoded_value(text: str) -> str:
-    """Version 2 paths: percent-encoding decoded (UTF-8), then the character rules: a
+    """Strict-form paths: percent-encoding decoded (UTF-8), then the character rules: a
     plain path and its `file:` URI name one file."""
     return _check_value(_percent_decode(text))
 
@@ -346,7 +349,7 @@ def _path(text: str, principal: str) -> str:
     return out
 
 
-def _file_uri(text: str, principal: str, v2: bool = False) -> str:
+def _file_uri(text: str, principal: str, strict: bool = False) -> str:
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
@@ -354,11 +357,11 @@ def _file_uri(text: str, principal: str, v2: bool = False) -> str:
         raise _malformed("file URI with a remote host")
     if parts.group("query") is not None:
         raise _malformed("file URI with a query")
-    if v2:
+    if strict:
         raw_path = parts.group("path") or ""
         if not raw_path.startswith("/"):
             raise _malformed("file URI without an absolute path")
-        return _v2_path(raw_path, principal)
+        return _strict_path(raw_path, principal)
     else:
         path = _percent_decode(parts.group("path") or "")
         path = names.ascii_digits(unicodedata.normalize("NFKC", path))
@@ -402,7 +405,7 @@ def _mailto(rest: str) -> str:
     local, at, domain = address.rpartition("@")
     if not at or LOCAL_PART_RE.fullmatch(local) is None or len(local) > LOCAL_PART_CHARS_MAX:
         raise _malformed("mailto: not an address")
-    return f"{MAILTO_SCHEME}:{local}@{_host(domain, v2=True)}"
+    return f"{MAILTO_SCHEME}:{local}@{_host(domain, strict=True)}"
 
 
 # ----------------------------------------------------------------------- iban, tel
@@ -436,17 +439,17 @@ def _tel(rest: str) -> str:
 # ----------------------------------------------------------------------- URIs
 
 
-def _uri(text: str, scheme: str, principal: str, v2: bool = False) -> str:
+def _uri(text: str, scheme: str, principal: str, strict: bool = False) -> str:
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
-    normalize = _normalize_percent_v2 if v2 else _normalize_percent
+    normalize = _normalize_percent_strict if strict else _normalize_percent
     path = normalize(parts.group("path") or "", PATH_CHARS)
     query = normalize(parts.group("query") or "", QUERY_CHARS)
-    # the fragment never reaches the server: dropped (RFC 3986 §6.2.3 / DESIGN §4.1)
+    # the fragment never reaches the server: dropped (RFC 3986 §6.2.3)
     out = scheme + ":"
     if authority is not None:
-        out += "//" + _authority(authority, scheme, v2)
+        out += "//" + _authority(authority, scheme, strict)
         path = normalizers.remove_dot_segments(path) or "/"
     else:
         if scheme in AUTHORITY_REQUIRED:
@@ -496,8 +499,8 @@ def _normalize_percent(component: str, allowed: frozenset[str]) -> str:
     return "".join(out)
 
 
-def _normalize_percent_v2(component: str, allowed: frozenset[str]) -> str:
-    """Version 2, one order of operations: decode what percent-encodes unreserved ASCII
+def _normalize_percent_strict(component: str, allowed: frozenset[str]) -> str:
+    """Strict forms, one order of operations: decode what percent-encodes unreserved ASCII
     or UTF-8 text, put the text in NFC and check it (`_check_value`), then encode it again
     the one way — unreserved characters as they are, every other octet upper-case `%XX`.
     Encoded reserved ASCII (`%2F`, `%3F`, ...) stays encoded: it means something else
@@ -546,7 +549,7 @@ def _refuse_ambient_query_keys(query: str) -> None:
             raise TargetRefused(Reason.AMBIENT_IDENTITY_ARGUMENT, "query names a principal")
 
 
-def _authority(authority: str, scheme: str, v2: bool = False) -> str:
+def _authority(authority: str, scheme: str, strict: bool = False) -> str:
     if "@" in authority:
         raise _malformed("user information in URI")
     if authority.startswith("["):
@@ -560,7 +563,7 @@ def _authority(authority: str, scheme: str, v2: bool = False) -> str:
         port_text = rest[1:] if rest else ""
     else:
         host_text, _, port_text = authority.partition(":")
-        host = _host(host_text, v2)
+        host = _host(host_text, strict)
     if not host and scheme in AUTHORITY_REQUIRED:
         raise _malformed("empty host")
     return host + _port(port_text, scheme)
@@ -597,11 +600,11 @@ def canonical_host(raw: str) -> str | None:
         return None
 
 
-def _host(raw: str, v2: bool = False) -> str:
+def _host(raw: str, strict: bool = False) -> str:
     if raw == "":
         return ""
     decoded = _percent_decode(raw)
-    if v2:
+    if strict:
         decoded = _check_value(decoded)
     _refuse_controls(decoded)
     try:

@@ -16,6 +16,7 @@ from nacl.public import PrivateKey, SealedBox
 from nacl.signing import SigningKey
 
 from quorumgate.proto import tx
+from quorumgate.proto.chainversions import runs_opened_by_the_chain
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -46,7 +47,8 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.proto.runs import RunLabels
-from quorumgate.sidecar.engine.core import Engine, EngineConfig
+from quorumgate.sidecar.engine.config import EngineConfig
+from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import COUNTED_FIELDS, SECTIONS, assemble_state
 from quorumgate.sidecar.engine.statements import BlockResult, Verdict
 
@@ -99,12 +101,13 @@ class World:
         return tx.build(CHAIN, nonce, self.bind_run(key, payload, nonce), key)
 
     def bind_run(self, key: SigningKey, payload: TxPayload, nonce: int) -> TxPayload:
-        """Tests name runs by label ("run-1"); on chains of authority version 2 a run is
-        named after the nonce of the transaction that opened it (proto/runs.py), so the
-        label becomes that run, per signer, as an SDK client does. Under a grant, the label
+        """Tests name runs by label ("run-1"); on chains where runs are opened by the
+        chain (`runs_opened_by_the_chain`) a run is named after the nonce of the
+        transaction that opened it (proto/runs.py), so the label becomes that run, per
+        signer, as an SDK client does. Under a grant, the label
         is looked up among the run owner's (a label it never used stays as it is, so a
         test can name a wrong run). `raw_runs = True` sends labels as they are (to attack)."""
-        if not self.config.split_authority or self.raw_runs:
+        if not runs_opened_by_the_chain(self.config.authority_version) or self.raw_runs:
             return payload
         if isinstance(payload, Proposal | Delegate):
             grant_id = payload.grant if isinstance(payload, Proposal) else payload.parent_grant
@@ -122,8 +125,9 @@ class World:
         return self.run_labels.setdefault(bytes(key.verify_key), RunLabels())
 
     def run_of(self, agent: str, label: str) -> str:
-        """The run id a label names for an agent (the label itself on version 1)."""
-        if not self.config.split_authority:
+        """The run id a label names for an agent (the label itself on chains where the
+        agent names its runs)."""
+        if not runs_opened_by_the_chain(self.config.authority_version):
             return label
         found = self._labels(self.keys[agent]).get(label)
         assert found is not None, f"{agent} has not used run {label!r}"
@@ -234,7 +238,7 @@ class World:
         return key
 
     def add_principal(self, name: str) -> SigningKey:
-        """A principal (issue 16): its key is `keys["principal:<name>"]`."""
+        """A principal (split authority): its key is `keys["principal:<name>"]`."""
         key = signing_key("principal/" + name)
         self.keys["principal:" + name] = key
         self.admin(RegisterPrincipal(principal_id=name, public_key=bytes(key.verify_key)))

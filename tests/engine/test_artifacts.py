@@ -1,4 +1,4 @@
-"""Rejection artifacts (DESIGN §4.8) and the state that carries everything (issue 4, item 6)."""
+"""Rejection artifacts, and the state that carries everything a later verdict depends on."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_replaying_the_log_rebuilds_identical_artifacts() -> None:
 
 
 def test_state_bytes_round_trip_exactly_and_the_root_is_their_hash() -> None:
-    """State version 1 (chains from before issue 19): the root is the bytes' SHA-256."""
+    """A chain without the hash tree (state version 1): the root is the bytes' SHA-256."""
     world = _world(state_version=1)
     world.propose("alice", "kb.search")
     world.propose("bob", "kb.search")

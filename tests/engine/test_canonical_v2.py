@@ -1,6 +1,6 @@
-"""One canonical form (issue 15, item 3; DESIGN §4.1), canonical version 2.
+"""One canonical form (docs/engine.md), canonical version 2 (strict forms).
 
-Each case of the issue first as version 1 decides it (what chains made before keep, so
+Each case first as version 1 decides it (what chains made before keep, so
 that their logs replay to the same verdicts), then as version 2 must: one order of
 operations (percent-decode, then NFC), compatibility characters and non-ASCII digits
 refused rather than merged, paths and `file:` URIs alike, backslash and NUL refused
@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quorumgate.proto.model import Outcome, Reason
-from quorumgate.sidecar.engine.core import EngineConfig
+from quorumgate.sidecar.engine.config import EngineConfig
 from quorumgate.sidecar.engine.targets import TargetRefused, canonicalize_target
 from quorumgate.sidecar.engine.unicode_assigned import UNICODE_VERSION
 from tests.engine.harness import World
@@ -221,14 +221,14 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     )  # fmt: skip
     assert old.fingerprint != new.fingerprint
     from quorumgate.proto.canonical import Encoder
-    from quorumgate.sidecar.engine.core import _LIMIT_FIELDS, TAG_CONFIG
+    from quorumgate.sidecar.engine.config import _LIMIT_FIELDS, TAG_CONFIG
 
     enc = Encoder(TAG_CONFIG).text("c").raw(key)
     for name in _LIMIT_FIELDS:
         enc.text(name).u64(getattr(old, name))
     assert old.fingerprint == enc.digest()  # exactly as before versions existed
     assert new.fingerprint == _with_limits(new, TAG_CONFIG, _LIMIT_FIELDS)
-    # issue 16: authority version 2 is named in the fingerprint; version 1 adds nothing
+    # split authority (authority version 2) is named in the fingerprint; version 1 adds nothing
     split = EngineConfig(
         chain_id="c", owner_public_key=key, canonical_version=2, state_version=1,
         receipt_version=1,
@@ -240,7 +240,7 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     expected.text("canonical_version").u64(2).text("unicode").text(UNICODE_VERSION)
     expected.text("authority_version").u64(2).text("latch_cross_run_threshold").u64(3)
     assert split.fingerprint == expected.digest() != new.fingerprint
-    # issue 19: state version 2 (the hash tree) is named last; version 1 adds nothing
+    # the hash tree (state version 2) is named last; version 1 adds nothing
     tree = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2, receipt_version=1)
     assert tree.state_version == 2
     expected.text("state_version").u64(2)

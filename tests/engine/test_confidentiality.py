@@ -1,4 +1,5 @@
-"""Confidentiality (DESIGN §4.6, §7): a planted secret appears in no output of the engine.
+"""Confidentiality: a planted secret appears in no output of the engine
+(docs/security/threat-model.md).
 
 Two kinds of planted value: a sealed envelope's plaintext (which must not exist anywhere in
 the cluster) and plain argument values (which the log carries, but which must never enter

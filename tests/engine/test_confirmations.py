@@ -1,4 +1,4 @@
-"""Confirmation on chains of authority version 1 (DESIGN §4.5; BRAH §6.3-§6.4, §6.8): the
+"""Confirmation on chains of authority version 1 (the BRAH paper, §6.3-§6.4, §6.8): the
 proposer, its master or the owner answers a card. New chains use version 2 (principals,
 tests/engine/test_split_authority.py); these rules stay so that a replay of an old chain's
 log decides every old confirmation as it was decided."""

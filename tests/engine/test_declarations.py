@@ -1,4 +1,4 @@
-"""Tools that declare their arguments (issue 15, items 4 and 6): identity is decided by
+"""Tools that declare their arguments: identity is decided by
 declaration, not by a list of names, and registration refuses what BRAH's static gates
 refuse: a confirm-gated tool that does not state its tier, and a `direct` tool that takes
 a recipient, an amount or a credential without an explicit, recorded override."""

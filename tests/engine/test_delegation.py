@@ -1,4 +1,4 @@
-"""Delegation (DESIGN §4.4; mandate guide, "Delegation narrows, it never widens")."""
+"""Delegation: a grant narrows its grantor's authority, it never widens it."""
 
 from __future__ import annotations
 

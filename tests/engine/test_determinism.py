@@ -1,4 +1,4 @@
-"""Determinism (STYLE.md rule 7): the same log in, the same bytes out.
+"""Determinism: the same log in, the same bytes out, on every honest sidecar.
 
 A hypothesis generator builds random logs of every transaction kind - sensible ones,
 adversarial ones and garbage - against a small universe of agents, tools and runs, runs
@@ -73,7 +73,7 @@ CHOICES = [
     "suspend",
     "settings",
 ]
-# settings in the log (issue 15, item 5): small values, so the draws reach them
+# settings in the log: small values, so the draws reach them
 SETTING_DRAWS = {
     "latch_halt_threshold": (1, 4),
     "quota_agent_per_minute": (0, 6),
@@ -393,7 +393,7 @@ def test_reading_a_mutable_record_through_its_map_marks_it() -> None:
 
 
 def test_grant_changes_and_removals_reach_the_delta_and_the_root() -> None:
-    """Issue 19, item 3: a block re-encodes only the grants (and pending calls) it changed.
+    """The incremental state: a block re-encodes only the grants (and pending calls) it changed.
     Entries are frozen, so a change is a new object written into the map, which marks
     it; a removed entry leaves the caches and the delta says so."""
 

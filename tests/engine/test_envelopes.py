@@ -1,4 +1,4 @@
-"""Capability envelopes (DESIGN §4.6; BRAH §7.2-§7.3) and quotas (§4.7)."""
+"""Capability envelopes (the BRAH paper, §7.2-§7.3) and quotas."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The replicated denial latch (DESIGN §4.3; mandate guide, "Repeat attempts are latched")."""
+"""The replicated denial latch (docs/engine.md, "Verdicts and reasons")."""
 
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ def test_quota_denials_are_not_latched() -> None:
 
 
 def test_probes_count_toward_the_latch_on_version_2() -> None:
-    """Issue 15: invented tools, another principal's targets and handles that are not the
-    caller's are probes; a run that keeps probing is halted like one that keeps asking for
-    a refused tool."""
+    """Where calls probe the latch: invented tools, another principal's targets and
+    handles that are not the caller's are probes; a run that keeps probing is halted like
+    one that keeps asking for a refused tool."""
     world = _world()
     first = world.propose("alice", "no.such.tool")
     assert (first.outcome, first.reason) == (Outcome.DENY, Reason.UNKNOWN_TOOL)
@@ -156,7 +156,7 @@ def _proposal(run: str) -> Proposal:
     return Proposal(run_id=run, tool="wire.transfer", target="https://example.com/")
 
 
-# ------------------------------------------------------------------ across runs (issue 16)
+# ------------------------------------------------------------------ across runs
 
 
 def test_a_fresh_run_id_does_not_reset_the_latch_for_a_refused_pair() -> None:
@@ -204,7 +204,7 @@ def test_the_cross_run_table_survives_the_state_bytes() -> None:
 
 
 def test_an_agent_cannot_name_its_run_only_open_one_with_a_transaction() -> None:
-    """Issue 16, item 3: on authority version 2 a run on the agent's own mandate is `n<k>`,
+    """Where runs are opened by the chain, a run on the agent's own mandate is `n<k>`,
     k the nonce of the agent's transaction that opened it (proto/runs.py)."""
     world = World(raw_runs=True)
     world.add_tool("kb.search")

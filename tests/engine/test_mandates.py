@@ -1,4 +1,4 @@
-"""Mandates and verdicts (DESIGN §4.2)."""
+"""Mandates and verdicts (docs/engine.md, "Tools, mandates and verdicts")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Targets that fit real tools (issue 15, item 1): a call carries its main target and any
-number of further targets, each in a role its tool declares; each is canonicalized and
-judged alone; a tool may declare its main target optional; `iban:` and `tel:` have one
-canonical spelling. Each attack first runs the way a real tool had to be described before
-(the second recipient as an argument the rules cannot see), then the same call with roles.
+"""Targets that fit real tools (docs/engine.md, "Calls with several targets"): a call
+carries its main target and any number of further targets, each in a role its tool
+declares; each is canonicalized and judged alone; a tool may declare its main target
+optional; `iban:` and `tel:` have one canonical spelling. Each attack first runs the way a
+real tool had to be described before (the second recipient as an argument the rules
+cannot see), then the same call with roles.
 """
 
 from __future__ import annotations
@@ -446,14 +447,14 @@ def test_roles_survive_the_wire_the_state_bytes_and_a_replay() -> None:
 
 
 def test_split_call_reads_back_what_canonical_call_writes() -> None:
-    extras = (("recipient", "mailto:b@x.example"), ("grantee", "/a b/c"))
-    line = canonical_call("t", "/main path", extras)
-    assert split_call("t", line) == ("/main path", tuple(sorted(extras)))
+    further = (("recipient", "mailto:b@x.example"), ("grantee", "/a b/c"))
+    line = canonical_call("t", "/main path", further)
+    assert split_call("t", line) == ("/main path", tuple(sorted(further)))
     assert split_call("t", canonical_call("t", "-")) == ("-", ())
 
 
 def test_admission_refuses_a_secret_in_a_further_target_before_it_is_ordered() -> None:
-    """A raw secret must never enter a block (issue 15, item 4): the admission check
+    """A raw secret must never enter a block: the admission check
     screens further targets as it screens the main one."""
     w = world()
     w.add_agent("a", ["mail.send"])
@@ -498,7 +499,7 @@ def test_a_pending_call_with_several_targets_is_judged_again_on_every_target() -
 
 
 def test_a_pinned_tool_definition_refuses_calls_made_on_another() -> None:
-    """Issue 18: a tool registered with the digest of its definition (an MCP tool's name,
+    """A tool registered with the digest of its definition (an MCP tool's name,
     description and input schema) refuses calls that carry another digest, or none, until
     the owner pins the new one; not latched (not a scope decision)."""
     w = world()

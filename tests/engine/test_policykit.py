@@ -1,4 +1,4 @@
-"""The operator policy test kit (issue 4, item 7): exit codes, reports, rule coverage."""
+"""The operator policy test kit (docs/policies.md): exit codes, reports, rule coverage."""
 
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def test_a_policy_with_target_rules_sets_and_ceilings(tmp_path: Path) -> None:
 
 
 def test_a_target_rule_no_call_makes_fire_is_reported(tmp_path: Path) -> None:
-    """Issue 15: the kit names each target rule that no call decides, as it does tools."""
+    """The kit names each target rule that no call decides, as it does tools."""
     new_payee = RULES.index('[[calls]]\nname = "a new payee"')
     over = RULES.index('[[calls]]\nname = "over the ceiling"')
     path = tmp_path / "rules.toml"
@@ -393,7 +393,7 @@ expect = "allow"
 
 
 def test_a_policy_with_further_targets_by_role(tmp_path: Path) -> None:
-    """Issue 15, item 1: tools declare roles and optional targets, rules name the role
+    """Tools declare roles and optional targets, rules name the role
     they judge, calls carry further targets (`also`); each rule is seen to fire."""
     path = tmp_path / "shares.toml"
     path.write_text(SHARES)

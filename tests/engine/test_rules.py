@@ -1,4 +1,4 @@
-"""Target and argument rules (issue 15, item 2; DESIGN §4.2): an allowed tool is no longer
+"""Target and argument rules (docs/policies.md): an allowed tool is no longer
 allowed on *any* target. Each test first shows the attack as it went on the mandate of
 before (tool names only), then the same call under a mandate with rules."""
 

@@ -1,4 +1,4 @@
-"""Secrets only in envelopes (issue 15, item 4; DESIGN §4.1): a value shaped like a secret
+"""Secrets only in envelopes (docs/engine.md): a value shaped like a secret
 is refused in a target or a plain argument (`secret_in_plaintext`), before ordering by the
 admission check and again at execution, and no verdict, artifact or card keeps it. Each
 attack is shown first as a version 1 chain still decides it."""

@@ -1,4 +1,4 @@
-"""Settings in the log (issue 15, item 5): latch thresholds, quotas per agent, per tool and
+"""Settings in the log (docs/engine.md): latch thresholds, quotas per agent, per tool and
 per run (per minute and per hour), the confirmation TTL and grant limits are owner-signed
 `SetSettings` operations, in the state and in the fingerprint of the configuration in
 effect. Each test first shows the hard-wired value as it was, then the setting."""
@@ -16,7 +16,8 @@ from quorumgate.proto.model import (
     SetSettings,
     ToolMode,
 )
-from quorumgate.sidecar.engine.core import Engine, EngineConfig, effective_fingerprint
+from quorumgate.sidecar.engine.config import EngineConfig, effective_fingerprint
+from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import EngineState
 from tests.engine.harness import World, replay
 

@@ -1,4 +1,4 @@
-"""Split authority (issue 16, items 1-2; BRAH §6.3-§6.4): the model proposes, and only the
+"""Split authority (the BRAH paper, §6.3-§6.4): the model proposes, and only the
 human principal the run acts for (or the owner, for `owner_confirm`) answers the card.
 
 Each attack of the issue is a test here; on a chain of authority version 1 (the rules of
@@ -358,7 +358,7 @@ def test_the_principal_confirms_a_new_payee_then_keeps_it_in_its_agents_payees()
 
 
 def test_a_principal_names_deputies_who_may_answer_its_cards_too() -> None:
-    """Issue 16: "confirmed only by that principal (or a principal it names)"."""
+    """A card is confirmed only by its principal (or a principal it names as deputy)."""
     world = _world()
     pat, quinn = world.keys["principal:pat"], world.keys["principal:quinn"]
     pending = world.propose("planner", "payments.send")

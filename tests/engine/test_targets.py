@@ -1,4 +1,4 @@
-"""Canonical targets (DESIGN §4.1): properties over generated aliases, plus the edge cases."""
+"""Canonical targets (docs/engine.md): properties over generated aliases, plus the edge cases."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def canon(raw: str, principal: str = "alice") -> str:
 
 
 def canon_v1(raw: str, principal: str = "alice") -> str:
-    """Version 1, the forms of chains made before issue 15 (NFKC first, digits folded)."""
+    """Version 1, the forms of chains made before the strict forms (NFKC first, digits
+    folded)."""
     return canonicalize_target(raw, principal=principal, schemes=SCHEMES, version=1)
 
 
@@ -108,7 +109,7 @@ def test_idna_and_nfkc_host_spellings_map_to_one_a_label(
     alabel = canon(f"https://{plain.split('//')[1].split('/')[0]}{tail}")
     assert plain == upper == alabel
     assert plain.isascii() and "xn--" in plain
-    # A fullwidth spelling: merged by version 1, refused by version 2 (issue 15).
+    # A fullwidth spelling: merged by version 1, refused by version 2 (strict forms).
     wide = f"https://{label}.example{tail}".replace("example", fullwidth("example"))
     assert canon_v1(wide) == canon_v1(f"https://{label}.example{tail}") == plain
     assert refusal(wide) is Reason.MALFORMED_TARGET
