@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from quorumgate.proto.tx import parse
-from tests.live.conftest import LiveCluster, Load, assert_each_committed_once
+from tests.support.live import LiveCluster, Load, assert_each_committed_once
 
 # (members, sidecars, agents, proposals per agent): a few thousand on 4 replicas, lighter on
 # 7, and 4 replicas with their execution sidecars, as `quorumgate up` runs them.

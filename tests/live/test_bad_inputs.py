@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
+from quorumgate.ops.live import RPC_TIMEOUT_S, Metrics
 from quorumgate.ops.loadgen import LoadAgent
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import consensus_pb2 as pb
@@ -21,11 +22,9 @@ from quorumgate.replica.types import timeout_bytes
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
 from quorumgate.runtime.channels import peer_auth_metadata
 from quorumgate.runtime.links import GRPC_MESSAGE_BYTES_MAX
-from tests.live.conftest import (
+from tests.support.live import (
     DROPPED,
-    RPC_TIMEOUT_S,
     LiveCluster,
-    Metrics,
     wait_until,
 )
 

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.loadgen import BENCH_TOOL
 from quorumgate.proto.clusterfile import load_cluster
 from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
 from tests import polling
-from tests.live.conftest import STOP_GRACE_S, LiveCluster, cluster_pids, wait_until
+from tests.support.live import STOP_GRACE_S, LiveCluster, wait_until
 
 CLI_TIMEOUT_S = 60.0
 _SCRIPT = Path(sys.executable).parent / "quorumgate"

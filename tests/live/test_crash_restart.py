@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from quorumgate.replica.types import Block
-from tests.live.conftest import LiveCluster, Load, StoreAudit, assert_each_committed_once
+from tests.support.live import LiveCluster, Load, StoreAudit, assert_each_committed_once
 
 N = 4
 # Override to replay another schedule: QG_LIVE_SEED=... pytest tests/live/test_crash_restart.py

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tests.live.conftest import (
+from tests.support.live import (
     WAIT_S,
     LiveCluster,
     Load,

@@ -18,7 +18,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +29,9 @@ from quorumgate.ops.nodes import (
     MODULES,
     node_command,
     sidecar_status,
-    wait_serving,
-    wait_sidecars_serving,
 )
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
-from tests.live.conftest import WAIT_S, LiveCluster, Load, wait_until
+from tests.support.live import LiveCluster, Load, wait_until
 
 NODES = 4
 HEIGHTS = 4  # heights committed to show progress
@@ -127,6 +125,16 @@ class NamespacedCluster(LiveCluster):
         super().__init__(spec)
         self.hosts = hosts
 
+    def spawn(
+        self,
+        kind: str,
+        indexes: list[int],
+        module: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> dict[int, subprocess.Popen[bytes]]:
+        assert module is None and env is None, "a namespaced member runs its own program"
+        return {i: self._popen(i, kind) for i in indexes}
+
     def _popen(self, index: int, kind: str) -> subprocess.Popen[bytes]:
         assert IP is not None
         node_dir = self.spec.node_dir(index)
@@ -139,21 +147,6 @@ class NamespacedCluster(LiveCluster):
                 start_new_session=True,
             )
 
-    def start(self, indexes: list[int] | None = None) -> None:  # type: ignore[override]
-        wanted = list(range(self.n)) if indexes is None else indexes
-        procs = {i: self._popen(i, "replica") for i in wanted}
-        with self._lock:
-            self.procs.update(procs)
-            self.started.extend(procs.values())
-        wait_serving(self.spec, wanted, procs, timeout_s=WAIT_S)
-
-    def start_sidecars(self) -> None:
-        wanted = list(range(self.n))
-        procs = {i: self._popen(i, "sidecar") for i in wanted}
-        with self._lock:
-            self.started.extend(procs.values())
-        wait_sidecars_serving(self.spec, wanted, procs, timeout_s=WAIT_S)
-
     def heights(self, indexes: Iterable[int] | None = None) -> dict[int, int]:
         """As LiveCluster's, but a member that does not answer (its link was cut, its
         channel's connection died with it) counts as height -1, and its channel is
@@ -163,10 +156,7 @@ class NamespacedCluster(LiveCluster):
             try:
                 out[i] = self.status(i).committed_height
             except grpc.RpcError:
-                with self._lock:
-                    channel = self._channels.pop(i, None)
-                if channel is not None:
-                    channel.close()
+                self.forget_channel(i)
                 out[i] = -1
         return out
 

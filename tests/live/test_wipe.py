@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from tests.live.conftest import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
+from tests.support.live import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
 
 N = 4
 WIPED = 3

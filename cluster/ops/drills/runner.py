@@ -200,24 +200,24 @@ class Drill:
 
         return poll(done, timeout_s)
 
-    def _reached(self, node: int, height: int) -> bool:
+    def reached(self, node: int, height: int) -> bool:
         return self.heights([node]).get(node, 0) >= height
 
-    def _all_at(self, height: int) -> bool:
+    def all_at(self, height: int) -> bool:
         heights = self.heights()
         return len(heights) == self.n and min(heights.values()) >= height
 
-    def _sidecars_at(self, height: int, count: int) -> float | None:
+    def sidecars_at(self, height: int, count: int) -> float | None:
         statuses = [sidecar_status(self.spec, i) for i in range(self.n)]
         at = sum(1 for s in statuses if s is not None and s.executed_height >= height)
         return time.monotonic() if at >= count else None
 
-    def _leading(self, node: int) -> int | None:
+    def leading(self, node: int) -> int | None:
         """The view replica `node` is in, if it leads that view."""
         status = self.cluster.probe(node)
         return status.view if status is not None and status.leader == node else None
 
-    def _sidecar_lag(self, node: int) -> int | None:
+    def sidecar_lag(self, node: int) -> int | None:
         status, replica = sidecar_status(self.spec, node), self.cluster.probe(node)
         lag = (
             0
