@@ -367,4 +367,3 @@ class LiveCluster:
         for agent in agents:
             ops += agent_ops(f"agent-{agent.public_key.hex()[:16]}", agent.public_key, [BENCH_TOOL])
         OwnerSession(self.spec).submit(ops)
-

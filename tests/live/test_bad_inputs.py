@@ -30,7 +30,7 @@ from tests.support.live import (
 
 N = 4
 TARGET = 0  # the replica every bad input goes to
-TX_BYTES_MAX = 64 * 1024  # issue 3: a transaction over 64 KiB is refused
+TX_BYTES_MAX = 64 * 1024  # a transaction over 64 KiB is refused (proto/limits.py)
 # How long a CommittedBlocks stream from an unreachable height is left open before the
 # client cancels it: it must have sent nothing by then.
 FAR_STREAM_S = 1.0

@@ -33,7 +33,8 @@ def test_leader_killed_under_load_commits_resume_within_n_plus_4_views_and_acked
     - `v_resume`: the highest survivor view when every survivor has committed a block
       proposed after `v_dead`.
 
-    Bounds, with round-robin leaders (DESIGN §3), so the dead member leads one view in n:
+    Bounds, with round-robin leaders (docs/consensus/protocol.md), so the dead member
+    leads one view in n:
 
     - `v_dead - v_kill <= n + 1`: if its proposal for its current view left before the
       kill, its failure shows at its next turn, n views on (one more if it was a view ahead

@@ -1,6 +1,7 @@
-"""Several hosts for real (issue 14, item 6): the four members of a cluster in four Linux
-network namespaces, each with its own address on one bridge, `cluster.json` naming those
-addresses (`init_cluster(hosts=...)`, as `quorumgate init --hosts` writes it), TLS on.
+"""Several hosts for real (docs/operating.md, "Several hosts"): the four members of a
+cluster in four Linux network namespaces, each with its own address on one bridge,
+`cluster.json` naming those addresses (`init_cluster(hosts=...)`, as `quorumgate init
+--hosts` writes it), TLS on.
 
 Cutting one member's link stalls nothing; cutting a second stops commits (two of four
 cannot form a quorum); healing both resumes them; and every member ends with the same
@@ -35,9 +36,9 @@ from tests.support.live import LiveCluster, Load, wait_until
 
 NODES = 4
 HEIGHTS = 4  # heights committed to show progress
-# Proposals keep flowing through every phase: an idle cluster goes quiet (issue 19), so
-# progress, and the timeouts of a stuck pair, are shown under load. 2 agents x 10/s last
-# 100 s, longer than the test.
+# Proposals keep flowing through every phase: an idle cluster goes quiet
+# (docs/consensus/protocol.md), so progress, and the timeouts of a stuck pair, are shown
+# under load. 2 agents x 10/s last 100 s, longer than the test.
 LOAD_AGENTS, LOAD_PER_AGENT, LOAD_RATE_PER_S = 2, 1000, 10.0
 STUCK_TIMEOUTS = 3  # timeouts each remaining replica signs while it commits nothing
 TIMEOUT_METRIC = "qg_replica_timeouts_total"

@@ -32,8 +32,8 @@ def test_wiped_replica_catches_up_to_the_same_hashes_while_the_others_keep_commi
     different vote for a view it had voted in. The test checks that, too — every vote
     in its new audit table is for a view above its old ones. A wipe with no such wait, or
     one racing a cluster stuck in the same view, could equivocate; the operator's safe step
-    is `ReplicaStore.wipe_blocks`, which keeps the safety record (recovery drills in a later
-    issue cover that stricter case).
+    is `ReplicaStore.wipe_blocks`, which keeps the safety record (the `wipe-replica` drill
+    of docs/drills.md covers that stricter case).
     """
     cluster = live_cluster(N)
     load = Load(

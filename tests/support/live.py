@@ -1,5 +1,5 @@
 """Live clusters in tests: the package's controller (`quorumgate.ops.live.LiveCluster`)
-with what a test asserts on top, and a load that tests drive.
+and load generator (`quorumgate.ops.load.Load`) with what a test asserts on top.
 
 Every wait is a loop with a deadline (`wait_until`) that fails with what it was waiting
 for and the state it saw; nothing sleeps in the hope that a condition has become true.
@@ -9,11 +9,8 @@ A test's cluster must stop cleanly: a member that needs SIGKILL after SIGTERM fa
 from __future__ import annotations
 
 import asyncio
-import itertools
 import signal
 import subprocess
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -22,9 +19,8 @@ from typing import TypeVar
 
 import grpc
 
-from quorumgate.ops import live
-from quorumgate.ops.live import DROPPED_METRIC, EQUIVOCATION_REASONS, RPC_TIMEOUT_S
-from quorumgate.ops.loadgen import LoadAgent
+from quorumgate.ops import live, load
+from quorumgate.ops.live import DROPPED_METRIC, EQUIVOCATION_REASONS
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.tx import parse
@@ -42,17 +38,10 @@ POLL_S = 0.05
 STREAM_TIMEOUT_S = 60.0
 # SIGTERM, then SIGKILL if a process has not exited after this long.
 STOP_GRACE_S = 8.0
-# Submitting one batch: attempts on other live replicas when one is unreachable.
-DELIVERY_ATTEMPTS_MAX = 8
 # The mempool's nonce window (quorumgate.proto.limits.NONCE_WINDOW) refuses a nonce more
 # than 1024 above an agent's low-water mark; an agent that never submits more than this
 # can never be refused for running ahead of the commits.
 AGENT_PROPOSALS_MAX = 1000
-TRANSPORT_CODES = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-)
 DB_FILES = ("replica.db", "replica.db-wal", "replica.db-shm")
 DROPPED = DROPPED_METRIC
 
@@ -347,18 +336,12 @@ async def _read_store(path: Path, chain_id: str) -> StoreAudit:
     return StoreAudit(votes, timeouts, committed)
 
 
-class Load:
-    """Agents submitting signed proposals from background threads.
-
-    Each agent sends `per_agent` proposals in batches of `batch`, streamed through
-    `SubmitStream` (every `unary_every`-th batch one `Submit` at a time instead), to the
-    live members of `targets` not passed to `avoid`, batch after batch in turn, paced at
-    `rate_per_s` per agent if given.
-    A batch cut off by an unreachable replica goes again, unanswered proposals only, to
-    another member (identical bytes: the same transaction). `acked` maps each acknowledged
-    proposal id to the member that acknowledged it; refusals and transport errors are kept
-    for the test to judge.
-    """
+class Load(load.Load):
+    """The package's load generator as tests drive it (`quorumgate.ops.load`, `STRICT`
+    delivery): `agents` agents named after `name` each send `per_agent` proposals in
+    batches of `batch`, paced at `rate_per_s` per agent if given, every `unary_every`-th
+    batch one `Submit` at a time, to the live members of `targets`. Nothing valid may be
+    refused and no batch given up (`assert_clean`)."""
 
     def __init__(
         self,
@@ -373,185 +356,51 @@ class Load:
         targets: Sequence[int] | None = None,
     ) -> None:
         assert per_agent <= AGENT_PROPOSALS_MAX, "more than the nonce window allows in flight"
-        self.cluster = cluster
-        self.agents = [cluster.agent(f"{name}-{k}") for k in range(agents)]
-        self.per_agent = per_agent
-        self.batch = batch
-        self.rate_per_s = rate_per_s
-        self.unary_every = unary_every
-        self.targets = list(range(cluster.n)) if targets is None else list(targets)
-        self._avoid: set[int] = set()
-        self.acked: dict[bytes, int] = {}
-        self.refused: list[tuple[int, str]] = []
-        self.transport_errors: list[str] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._turns = itertools.count()
-        self._in_flight: Counter[int] = Counter()
-
-    def start(self) -> Load:
-        for agent in self.agents:
-            thread = threading.Thread(target=self._run, args=(agent,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
+        super().__init__(
+            cluster,
+            [cluster.agent(f"{name}-{k}") for k in range(agents)],
+            delivery=load.STRICT,
+            batch=batch,
+            rate_per_s=None if rate_per_s is None else rate_per_s * agents,
+            per_agent=per_agent,
+            unary_every=unary_every,
+            targets=targets,
+        )
 
     def stop(self) -> None:
         self._stop.set()
         self.join()
 
-    def join(self, timeout_s: float = WAIT_S * 2) -> None:
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        running = sum(t.is_alive() for t in self._threads)
+    def join(self, timeout_s: float = WAIT_S * 2) -> int:
+        running = super().join(timeout_s)
         assert not running, f"{running} load threads still running after {timeout_s:.0f} s"
+        return running
 
     def wait_done(self, timeout_s: float = WAIT_S * 2) -> None:
         """Every agent has sent all its proposals."""
         self.join(timeout_s)
         assert not self.failures, f"load failures: {self.failures[:5]}"
 
-    @property
-    def sent(self) -> int:
-        with self._lock:
-            return len(self.acked) + len(self.refused)
-
     def wait_acked(self, count: int, timeout_s: float = WAIT_S) -> None:
         wait_until(
             f"{count} acknowledged proposals",
-            lambda: len(self.acked) >= count,
+            lambda: self.acked_count >= count,
             timeout_s,
             lambda: (
-                f"{len(self.acked)} acked, {len(self.refused)} refused, "
+                f"{self.acked_count} acked, {len(self.refused)} refused, "
                 f"errors {self.transport_errors[-3:]}"
             ),
         )
-
-    def avoid(self, nodes: Iterable[int]) -> None:
-        """Send no further batch to these members (and again to all others)."""
-        with self._lock:
-            self._avoid = set(nodes)
 
     def drain(self, node: int, timeout_s: float = WAIT_S) -> None:
         """Wait until no batch is on its way to `node` (`avoid` it first)."""
         with self._lock:
             assert node in self._avoid, f"node {node} would keep receiving batches"
-
-        def idle() -> bool:
-            with self._lock:
-                return self._in_flight[node] == 0
-
-        wait_until(f"submissions to node {node} to finish", idle, timeout_s)
+        wait_until(
+            f"submissions to node {node} to finish", lambda: self.in_flight(node) == 0, timeout_s
+        )
 
     def assert_clean(self) -> None:
         """Nothing valid was refused and no batch was given up."""
         assert not self.failures, f"load failures: {self.failures[:5]}"
-        reasons = Counter(reason for _, reason in self.refused)
-        assert not self.refused, f"valid proposals refused, by reason: {dict(reasons)}"
-
-    def _targets(self) -> list[int]:
-        alive = set(self.cluster.alive())
-        return [i for i in self.targets if i in alive and i not in self._avoid]
-
-    def _run(self, agent: LoadAgent) -> None:
-        try:
-            self._submit_all(agent)
-        except BaseException as err:  # a thread's exception would otherwise go unseen
-            with self._lock:
-                self.failures.append(f"load thread crashed: {err!r}")
-
-    def _submit_all(self, agent: LoadAgent) -> None:
-        started = time.monotonic()
-        sent = 0
-        batches = 0
-        while sent < self.per_agent and not self._stop.is_set():
-            size = min(self.batch, self.per_agent - sent)
-            txs = [agent.proposal() for _ in range(size)]
-            unary = bool(self.unary_every) and batches % self.unary_every == self.unary_every - 1
-            with self._lock:
-                turn = next(self._turns)
-            self._deliver(turn, txs, unary)
-            sent += size
-            batches += 1
-            if self.rate_per_s is not None:
-                # Pacing the offered load, not waiting for a condition.
-                self._stop.wait(max(0.0, started + sent / self.rate_per_s - time.monotonic()))
-
-    def _deliver(self, turn: int, txs: list[tuple[bytes, bytes]], unary: bool) -> None:
-        remaining = txs
-        for attempt in range(DELIVERY_ATTEMPTS_MAX):
-            with self._lock:
-                targets = self._targets()
-                node = targets[(turn + attempt) % len(targets)] if targets else None
-                if node is not None:
-                    self._in_flight[node] += 1
-            if node is None:
-                self._stop.wait(0.2)  # back-off between attempts
-                continue
-            try:
-                if unary:
-                    while remaining:
-                        self._one(node, *remaining[0])
-                        remaining = remaining[1:]
-                else:
-                    requests = [
-                        cpb.SubmitRequest(tx=tx, request_id=j)
-                        for j, (tx, _) in enumerate(remaining, 1)
-                    ]
-                    call = self.cluster.replica(node).SubmitStream(
-                        iter([cpb.SubmitBatch(requests=requests)]), timeout=STREAM_TIMEOUT_S
-                    )
-                    answered = 0
-                    for reply in (r for batch in call for r in batch.replies):
-                        answered += 1
-                        assert reply.request_id == answered, (
-                            f"node {node}: SubmitStream reply {reply.request_id} in place "
-                            f"of {answered}"
-                        )
-                        tx_id = remaining[answered - 1][1]
-                        self._record(node, tx_id, reply.accepted, reply.reason, reply.proposal_id)
-                    remaining = remaining[answered:]
-                if not remaining:
-                    return
-            except grpc.RpcError as err:
-                with self._lock:
-                    self.transport_errors.append(f"node {node}: {err.code().name}")
-                if err.code() not in TRANSPORT_CODES:
-                    self.failures.append(f"node {node}: {err.code().name} {err.details()}")
-                    return
-                self._stop.wait(0.1)  # back-off before the next member
-            finally:
-                with self._lock:
-                    self._in_flight[node] -= 1
-        self.failures.append(f"{len(remaining)} proposals undelivered after {attempt + 1} tries")
-
-    def _one(self, node: int, tx: bytes, tx_id: bytes) -> None:
-        try:
-            reply = self.cluster.replica(node).Submit(
-                cpb.SubmitRequest(tx=tx), timeout=RPC_TIMEOUT_S
-            )
-        except grpc.RpcError as err:
-            if err.code() in TRANSPORT_CODES:
-                raise
-            reason = dict(err.trailing_metadata() or ()).get("qg-reason", err.code().name)
-            self._record(node, tx_id, False, str(reason), b"")
-            return
-        self._record(node, tx_id, reply.accepted, reply.reason, reply.proposal_id)
-
-    def _record(
-        self, node: int, tx_id: bytes, accepted: bool, reason: str, proposal_id: bytes
-    ) -> None:
-        with self._lock:
-            if accepted:
-                if proposal_id != tx_id:
-                    self.failures.append(
-                        f"node {node}: proposal id {proposal_id.hex()[:16]} is not the tx id"
-                    )
-                self.acked[tx_id] = node
-            else:
-                self.refused.append((node, reason))
-
-
+        assert not self.refused, f"valid proposals refused, by reason: {dict(self.refusals())}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from quorumgate.proto.limits import QUOTA_PROPOSALS_MAX_DEFAULT, QUOTA_WINDOW_MS_DEFAULT
 from quorumgate.sdk.polling import poll_for
 
 T = TypeVar("T")
@@ -63,6 +64,21 @@ BYZANTINE_CYCLES = (
     ("spoofed", ("spoofed", "silent"), "commit"),
 )
 BYZANTINE_MODULE = "quorumgate.ops.byzantine"
+
+# The load (quorumgate.ops.load): batches of BATCH_TXS, paced per sender thread.
+RATE_PER_S_DEFAULT = {4: 50.0, 7: 30.0}
+RATE_PER_S_OTHER = 30.0
+BATCH_TXS = 10
+SENDER_THREADS = 2
+DENY_EVERY = 10
+# The engine's quota (docs/engine.md) allows QUOTA_PROPOSALS_MAX_DEFAULT proposals per agent
+# per window of block time; a drill keeps each agent at three quarters of that, so that no
+# verdict of a drill is a quota denial.
+AGENT_RATE_PER_S_MAX = 0.75 * QUOTA_PROPOSALS_MAX_DEFAULT / (QUOTA_WINDOW_MS_DEFAULT / 1000)
+AGENTS_MIN = 8
+DELIVERY_BACKOFF_S_MIN = 0.05
+DELIVERY_BACKOFF_S_MAX = 0.5
+NODE_DOWN_HOLD_S = 0.3  # a member that failed a delivery is skipped this long
 
 # Settling: an acknowledged proposal the chain does not show after this many more heights
 # is offered again, the same signed bytes, as a client does when no certificate comes.

@@ -33,9 +33,9 @@ from quorumgate.ops.drills.bounds import (
     SETTLE_TIMEOUT_S,
     poll,
 )
-from quorumgate.ops.drills.load import Ack, DrillLoad
 from quorumgate.ops.drills.report import Abort, short
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
+from quorumgate.ops.load import Ack, Load
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.tx import parse
 from quorumgate.replica.storage import StorageError
@@ -138,7 +138,7 @@ class ChainWatch:
         return self.top
 
 
-def settle(d: Drill, load: DrillLoad, acked: Mapping[bytes, Ack]) -> None:
+def settle(d: Drill, load: Load, acked: Mapping[bytes, Ack]) -> None:
     """Wait until every acknowledged proposal is committed, offering again those the
     chain does not show after REOFFER_AFTER_HEIGHTS more heights."""
     report = d.report
@@ -178,13 +178,13 @@ def settle(d: Drill, load: DrillLoad, acked: Mapping[bytes, Ack]) -> None:
     )
 
 
-def settle_and_check(d: Drill, load: DrillLoad) -> None:
+def settle_and_check(d: Drill, load: Load) -> None:
     """Once the load stopped: settle, then run every check, each with a bounded deadline;
     the stores are audited once the cluster is stopped."""
     report = d.report
     acked = load.snapshot()
     report.acknowledged = len(acked)
-    report.refused = dict(load.refused + load.redirected)
+    report.refused = dict(load.refusals() + load.redirected)
     d.say(f"load stopped: {len(acked)} proposals acknowledged; settling")
     settle(d, load, acked)
     check_load(d, load)
@@ -200,11 +200,11 @@ def settle_and_check(d: Drill, load: DrillLoad) -> None:
     check_recovered(d)
 
 
-def check_load(d: Drill, load: DrillLoad) -> None:
+def check_load(d: Drill, load: Load) -> None:
     redirected = f"; {dict(load.redirected)} refused by a member's own sidecar, taken by another"
     d.check(
         "load_clean",
-        [f"refused {reason} x{count}" for reason, count in load.refused.items()] + load.failures,
+        [f"refused {reason} x{count}" for reason, count in load.refusals().items()] + load.failures,
         "no valid proposal refused, no delivery failed" + (redirected if load.redirected else ""),
     )
 
@@ -356,7 +356,9 @@ def check_certificates(d: Drill, acked: Mapping[bytes, Ack]) -> None:
     d.check("verdicts_expected", unexpected, f"verdicts {dict(sorted(verdicts.items()))}")
 
 
-def check_sidecar_stores(d, target: int, acked: Mapping[bytes, Ack], alarmed: list[int]) -> None:
+def check_sidecar_stores(
+    d: Drill, target: int, acked: Mapping[bytes, Ack], alarmed: list[int]
+) -> None:
     """Once stopped: one state root at T, one ledger head at T, one artifact set up to T;
     every ledger verifies; each acknowledged proposal has one verdict."""
     views: dict[int, SidecarView] = {}

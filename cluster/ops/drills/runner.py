@@ -12,15 +12,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from quorumgate.ops.drills.bounds import (
+    AGENT_RATE_PER_S_MAX,
+    AGENTS_MIN,
+    BATCH_TXS,
+    DENY_EVERY,
     DRILLS,
     FAULT_CYCLES_MAX,
     FAULT_CYCLES_MIN,
     METRICS_TIMEOUT_S,
+    RATE_PER_S_DEFAULT,
+    RATE_PER_S_OTHER,
     READY_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     RESUME_TIMEOUT_S,
     SECONDS_DEFAULT,
     SECONDS_MIN,
+    SENDER_THREADS,
     STOP_GRACE_S,
     WARMUP_ACKS_MIN,
     WARMUP_HEIGHTS,
@@ -28,17 +35,10 @@ from quorumgate.ops.drills.bounds import (
     poll,
 )
 from quorumgate.ops.drills.checker import settle_and_check
-from quorumgate.ops.drills.load import (
-    AGENT_RATE_PER_S_MAX,
-    AGENTS_MIN,
-    DENY_EVERY,
-    RATE_PER_S_DEFAULT,
-    RATE_PER_S_OTHER,
-    DrillLoad,
-)
 from quorumgate.ops.drills.nemesis import FAULTS, StaleRun, Wiped
 from quorumgate.ops.drills.report import Abort, Check, DrillError, DrillReport, Fault, listed
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
+from quorumgate.ops.load import PERSISTENT, Load
 from quorumgate.ops.loadgen import BENCH_TOOL, LoadAgent
 from quorumgate.ops.nodes import OpsError, log_tail, running_pid, sidecar_status
 from quorumgate.proto import client_pb2 as cpb
@@ -72,7 +72,7 @@ class Drill:
         self.progress = progress
         self.t0 = time.monotonic()
         self.cluster = LiveCluster(spec, ready_timeout_s=READY_TIMEOUT_S, stop_grace_s=STOP_GRACE_S)
-        self.load: DrillLoad | None = None
+        self.load: Load | None = None
         self.report = DrillReport(
             drill=name,
             nodes=spec.n,
@@ -234,7 +234,15 @@ class Drill:
             self.start("replica", range(self.n))
             self.start("sidecar", range(self.n))
             agents = self.register_agents()
-            self.load = DrillLoad(self.cluster, agents, self.report.rate_per_s).start()
+            self.load = Load(
+                self.cluster,
+                agents,
+                delivery=PERSISTENT,
+                batch=BATCH_TXS,
+                rate_per_s=self.report.rate_per_s,
+                threads=SENDER_THREADS,
+                deny_every=DENY_EVERY,
+            ).start()
             self.say(
                 f"load: {self.report.rate_per_s:g} proposals/s from {len(agents)} agents, "
                 f"1 in {DENY_EVERY} denied by the tool's schemes"
