@@ -163,7 +163,10 @@ class LiveCluster:
         """Start members' `kind` processes (every member's by default) and return once each
         answers; `OpsError` when one cannot start or does not answer in time."""
         wanted = list(range(self.n)) if indexes is None else list(indexes)
-        procs = self.spawn(kind, wanted, module, env)
+        try:
+            procs = self.spawn(kind, wanted, module, env)
+        except OpsError as err:
+            raise OpsError(f"cannot start {kind}s {wanted}: {err}") from err
         with self._lock:
             for i, proc in procs.items():
                 self.running[(kind, i)] = proc

@@ -204,19 +204,7 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
 
         # A second: two of four form no quorum, so nothing commits.
         hosts.cut(2)
-        pair = [0, 1]
-        first = {i: cluster.timeouts(i) for i in pair}
-        wait_until(
-            "the remaining pair to time out (stuck)",
-            lambda: all(cluster.timeouts(i) > first[i] for i in pair) or None,
-        )
-        stuck_at = cluster.heights(pair)
-        counted = {i: cluster.timeouts(i) for i in pair}
-        wait_until(
-            f"{STUCK_TIMEOUTS} more timeouts from each of the pair",
-            lambda: all(cluster.timeouts(i) >= counted[i] + STUCK_TIMEOUTS for i in pair) or None,
-        )
-        assert cluster.heights(pair) == stuck_at, "two of four members committed"
+        stuck_at = _assert_stuck(cluster, [0, 1])
 
         # Healed: all four commit again, on one chain.
         hosts.heal(2)
@@ -228,13 +216,7 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
 
         # Each sidecar executed that chain, and none saw its state root disagree with the
         # roots its peers signed (the divergence alarm).
-        def sidecars_at() -> bool | None:
-            statuses = [sidecar_status(spec, i) for i in everyone]
-            return all(s is not None and s.executed_height >= top for s in statuses) or None
-
-        wait_until(f"every sidecar to execute height {top}", sidecars_at)
-        executed = {i: sidecar_status(spec, i) for i in everyone}
-        assert all(s is not None and not s.diverged for s in executed.values()), executed
+        _assert_sidecars_executed(spec, everyone, top)
     except BaseException:
         print(cluster.log_tails(), file=sys.stderr)
         if load is not None:
@@ -244,3 +226,30 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
         if load is not None:
             load.stop()
         cluster.close()
+
+
+def _assert_stuck(cluster: NamespacedCluster, pair: list[int]) -> dict[int, int]:
+    """The pair times out again and again and commits nothing; the heights it holds."""
+    first = {i: cluster.timeouts(i) for i in pair}
+    wait_until(
+        "the remaining pair to time out (stuck)",
+        lambda: all(cluster.timeouts(i) > first[i] for i in pair) or None,
+    )
+    stuck_at = cluster.heights(pair)
+    counted = {i: cluster.timeouts(i) for i in pair}
+    wait_until(
+        f"{STUCK_TIMEOUTS} more timeouts from each of the pair",
+        lambda: all(cluster.timeouts(i) >= counted[i] + STUCK_TIMEOUTS for i in pair) or None,
+    )
+    assert cluster.heights(pair) == stuck_at, "two of four members committed"
+    return stuck_at
+
+
+def _assert_sidecars_executed(spec: ClusterSpec, everyone: list[int], top: int) -> None:
+    def sidecars_at() -> bool | None:
+        statuses = [sidecar_status(spec, i) for i in everyone]
+        return all(s is not None and s.executed_height >= top for s in statuses) or None
+
+    wait_until(f"every sidecar to execute height {top}", sidecars_at)
+    executed = {i: sidecar_status(spec, i) for i in everyone}
+    assert all(s is not None and not s.diverged for s in executed.values()), executed
