@@ -14,7 +14,7 @@ import functools
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from quorumgate.ops.drills.audit import (
     ReplicaAudit,
@@ -33,6 +33,7 @@ from quorumgate.ops.drills.bounds import (
     SETTLE_TIMEOUT_S,
     poll,
 )
+from quorumgate.ops.drills.context import Drill
 from quorumgate.ops.drills.report import Abort, short
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
 from quorumgate.ops.load import Ack, Load
@@ -41,9 +42,6 @@ from quorumgate.proto.tx import parse
 from quorumgate.replica.storage import StorageError
 from quorumgate.replica.types import Block
 from quorumgate.sidecar.store import SidecarStoreError
-
-if TYPE_CHECKING:
-    from quorumgate.ops.drills.runner import Drill
 
 V = TypeVar("V")
 

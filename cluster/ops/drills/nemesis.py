@@ -14,12 +14,9 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from quorumgate.ops.drills.audit import (
     ReplicaAudit,
-    SidecarView,
     read_replica,
     read_sidecar,
     started_height,
@@ -41,30 +38,13 @@ from quorumgate.ops.drills.bounds import (
     poll,
 )
 from quorumgate.ops.drills.checker import refusals_since
+from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
 from quorumgate.ops.drills.report import Abort, Fault, listed
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.replica.node import RESTORE_MARKER_FILE
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.sidecar.replay import ReplayError, ReplayReport, replay
-
-if TYPE_CHECKING:
-    from quorumgate.ops.drills.runner import Drill
-
-
-@dataclass(frozen=True)
-class StaleRun:
-    node: int
-    stale_votes: dict[int, bytes]  # in the old copy
-    forgotten: dict[int, bytes]  # signed after the copy, lost by the rollback
-    fault: Fault
-
-
-@dataclass(frozen=True)
-class Wiped:
-    node: int
-    before: SidecarView  # its sidecar's store just before the wipe
-    replayed: ReplayReport | None
 
 
 async def wipe_replica_blocks(spec: ClusterSpec, index: int) -> tuple[int, int]:
