@@ -1,4 +1,4 @@
-"""A Byzantine replica, for drills and tests only (issue 14, item 5).
+"""A Byzantine replica, for drills and tests only (docs/drills.md, the `byzantine` drill).
 
     QUORUMGATE_BYZANTINE=forged-hello,silent python -m quorumgate.ops.byzantine --dir D --node I
 

@@ -1,8 +1,12 @@
 """Signed proposals for load: what `quorumgate bench`, drills and live tests submit.
 
 Each agent key signs proposals with consecutive nonces; the target and one argument are
-padded so a serialized transaction is about `TX_BYTES_TARGET` bytes (issue 8's 256-byte
-proposals). The argument is a bench payload, not a secret.
+padded so a serialized transaction is about `TX_BYTES_TARGET` bytes (the 256-byte
+proposals of docs/benchmarks.md). The argument is a bench payload, not a secret.
+
+`Load` is the load generator the drills and the live tests share: agents submitting from
+background threads to a `quorumgate.ops.live.LiveCluster`, and what became of each
+proposal. How persistent its delivery is, is a `Delivery`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from quorumgate.proto.tx import build, tx_id
 
 TX_BYTES_TARGET = 256
 BENCH_TOOL = "bench.echo"
+ALLOWED_TARGET = "https://bench.example/items/{label}"
+DENIED_TARGET = "http://bench.example/items/{label}"  # the tool allows https only
 
 
 @dataclass
@@ -47,12 +53,13 @@ class LoadAgent:
     def public_key(self) -> bytes:
         return bytes(self.key.verify_key)
 
-    def proposal(self, seq: int | None = None) -> tuple[bytes, bytes]:
-        """(transaction bytes, transaction id) of the next proposal."""
+    def proposal(self, seq: int | None = None, *, denied: bool = False) -> tuple[bytes, bytes]:
+        """(transaction bytes, transaction id) of the next proposal; `denied` names a target
+        the load tool refuses (`http://`), so that the engine denies it."""
         nonce = self.next_nonce
         self.next_nonce += 1
         label = seq if seq is not None else nonce
-        target = f"https://bench.example/items/{label}"
+        target = (DENIED_TARGET if denied else ALLOWED_TARGET).format(label=label)
         pad = max(0, TX_BYTES_TARGET - 151 - len(target))
         call = CallProposal(
             run_id=self.run_for(nonce),

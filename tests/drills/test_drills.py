@@ -1,4 +1,4 @@
-"""Short forms of the recovery drills (issue 7, item 3): each drill of `cluster/ops/drill.py`
+"""Short forms of the recovery drills (docs/drills.md): each drill of `quorumgate.ops.drills`
 against a live 4-node cluster (replicas and sidecars, real processes on loopback) for a
 few seconds of faults under load.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from quorumgate.cli import main as quorumgate
-from quorumgate.ops.drill import (
+from quorumgate.ops.drills import (
     BYZANTINE_CYCLES,
     DRILLS,
     FAULT_CYCLES_MIN,
@@ -42,6 +42,7 @@ from quorumgate.ops.drill import (
     run_drill,
     vote_splits,
 )
+from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
 
@@ -69,33 +70,13 @@ KEY_CHECKS = (
 )
 
 
-def _cluster_pids(directory: Path) -> list[int]:
-    """Pids of replica and sidecar processes started for `directory`, from /proc."""
-    want = str(directory.resolve())
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            text = [a.decode(errors="replace") for a in argv]
-            servers = (
-                "quorumgate.replica.node",
-                "quorumgate.sidecar.node",
-                "quorumgate.ops.byzantine",
-            )
-            if any(m in text for m in servers) and want in text:
-                pids.append(int(entry))
-    return pids
-
-
 @pytest.fixture
 def drill_dir(tmp_path: Path) -> Iterator[Path]:
     directory = tmp_path / "cluster"
     try:
         yield directory
     finally:
-        for pid in _cluster_pids(directory):
+        for pid in cluster_pids(directory):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -117,7 +98,7 @@ def _assert_clean(report: DrillReport, directory: Path) -> None:
     assert len(report.faults) >= FAULT_CYCLES_MIN[report.drill]
     assert all(f.recovery_s is not None for f in report.faults)
     assert report.recovery_s == report.faults[-1].recovery_s
-    assert not _cluster_pids(directory), "the drill left processes running"
+    assert not cluster_pids(directory), "the drill left processes running"
     document = report.as_dict()
     for key in ("drill", "nodes", "acknowledged", "certified", "lost", "diverged"):
         assert key in document
@@ -187,7 +168,7 @@ def test_full_restart_through_the_command_line_with_a_json_report(
     assert set(KEY_CHECKS) <= names
     assert report["acknowledged"] == report["certified"] > 0
     assert report["lost"] == report["diverged"] == report["equivocations"] == 0
-    assert not _cluster_pids(drill_dir)
+    assert not cluster_pids(drill_dir)
     fault = report["faults"][0]
     assert fault["kind"] == "stop-all" and fault["signal"] == "SIGKILL"
     expected = {f"{kind}-{i}" for kind in ("replica", "sidecar") for i in range(NODES)}
@@ -241,7 +222,7 @@ def test_stale_restore_does_not_equivocate_in_the_views_it_forgot(drill_dir: Pat
     assert fault.pids_after["replica"] != fault.pids_before["replica"]
 
 
-# What the honest members must have refused under each attack (issue 14, item 5): the
+# What the honest members must have refused under each attack (docs/drills.md): the
 # reasons their /metrics count, and for messages over the transport's limit, the stream
 # the honest side reset.
 REFUSED_UNDER = {

@@ -6,10 +6,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import grpc
 import pytest
 
+from quorumgate.ops.live import RPC_TIMEOUT_S, Metrics
 from quorumgate.ops.loadgen import LoadAgent
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import consensus_pb2 as pb
@@ -21,17 +23,15 @@ from quorumgate.replica.types import timeout_bytes
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
 from quorumgate.runtime.channels import peer_auth_metadata
 from quorumgate.runtime.links import GRPC_MESSAGE_BYTES_MAX
-from tests.live.conftest import (
+from tests.support.live import (
     DROPPED,
-    RPC_TIMEOUT_S,
     LiveCluster,
-    Metrics,
     wait_until,
 )
 
 N = 4
 TARGET = 0  # the replica every bad input goes to
-TX_BYTES_MAX = 64 * 1024  # issue 3: a transaction over 64 KiB is refused
+TX_BYTES_MAX = 64 * 1024  # a transaction over 64 KiB is refused (proto/limits.py)
 # How long a CommittedBlocks stream from an unreachable height is left open before the
 # client cancels it: it must have sent nothing by then.
 FAR_STREAM_S = 1.0
@@ -116,6 +116,31 @@ def test_bad_inputs_get_exact_grpc_statuses_and_reasons_and_the_replica_stays_up
         ("replay of a committed tx", committed_tx, StatusCode.ALREADY_EXISTS, "replayed"),
         ("committed nonce, other body", conflicting, StatusCode.ALREADY_EXISTS, "replayed"),
     ]
+    _assert_refused_unary_and_streamed(cluster, cases, good_tx)
+    _assert_oversized_refused(cluster, agent)
+
+    _garbage_to_peer_stream(cluster)
+    _forged_state_roots(cluster)
+    _far_committed_blocks(cluster)
+
+    assert cluster.alive() == list(range(N)), "a replica exited"
+    assert cluster.status(TARGET).node == TARGET
+    fresh_tx, fresh_id = agent.proposal()
+    assert cluster.submit(TARGET, fresh_tx).accepted
+    height = cluster.wait_committed([fresh_id], TARGET)[fresh_id]
+    cluster.wait_height(height, range(N))
+    cluster.assert_same_chain(list(range(N)), height)
+    cluster.assert_no_equivocation_seen()
+
+
+Case = tuple[str, bytes, StatusCode, str]  # what, transaction bytes, status, qg-reason
+
+
+def _assert_refused_unary_and_streamed(
+    cluster: LiveCluster, cases: list[Case], good_tx: bytes
+) -> None:
+    """Each case refused on `Submit` and on one `SubmitStream` with `good_tx` accepted in
+    its middle, and every refusal counted by reason."""
     before = cluster.metrics(TARGET)
 
     for what, tx, code, reason in cases:
@@ -144,6 +169,9 @@ def test_bad_inputs_get_exact_grpc_statuses_and_reasons_and_the_replica_stays_up
         ) - before.value("qg_replica_submissions_total", result="refused", reason=reason)
         assert counted == expected, f"refusals counted for {reason}: {counted}, not {expected}"
 
+
+def _assert_oversized_refused(cluster: LiveCluster, agent: LoadAgent) -> None:
+    """A `Submit` over the gRPC message limit, and a `SubmitStream` batch over its own."""
     with pytest.raises(grpc.RpcError) as too_big:
         cluster.submit(TARGET, b"\x00" * (GRPC_MESSAGE_BYTES_MAX + 1))
     assert too_big.value.code() == StatusCode.RESOURCE_EXHAUSTED
@@ -165,19 +193,6 @@ def test_bad_inputs_get_exact_grpc_statuses_and_reasons_and_the_replica_stays_up
     assert f"at most {SUBMIT_BATCH_TXS_MAX} requests" in too_many.value.details()
     assert [[r.accepted for r in b.replies] for b in answered] == [[True]], answered
     cluster.wait_committed([before_id], TARGET)
-
-    _garbage_to_peer_stream(cluster)
-    _forged_state_roots(cluster)
-    _far_committed_blocks(cluster)
-
-    assert cluster.alive() == list(range(N)), "a replica exited"
-    assert cluster.status(TARGET).node == TARGET
-    fresh_tx, fresh_id = agent.proposal()
-    assert cluster.submit(TARGET, fresh_tx).accepted
-    height = cluster.wait_committed([fresh_id], TARGET)[fresh_id]
-    cluster.wait_height(height, range(N))
-    cluster.assert_same_chain(list(range(N)), height)
-    cluster.assert_no_equivocation_seen()
 
 
 def test_undecodable_request_frames_on_every_rpc_get_invalid_argument_and_the_replica_stays_up(
@@ -280,22 +295,28 @@ def _wait_drops(cluster: LiveCluster, before: Metrics, expected: dict[str, int])
     assert deltas() == expected, "dropped messages counted under other reasons"
 
 
-def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
-    chain = cluster.chain_id
-    view = cluster.status(TARGET).view + 8  # ahead, but within the core's vote window (16)
-    member1 = Ed25519Signer(read_seed(cluster.spec.node_dir(1) / CONSENSUS_KEY_FILE))
+@dataclass(frozen=True)
+class _Forger:
+    """Consensus messages member 1 could send on its own stream, forged in `view`."""
 
-    def message(sender: int = 1, chain_id: str = chain) -> pb.ConsensusMessage:
-        return pb.ConsensusMessage(chain_id=chain_id, sender=sender)
+    chain: str
+    view: int
+    member1: Ed25519Signer
 
-    def vote(msg: pb.ConsensusMessage, block_hash: bytes | None = None) -> pb.ConsensusMessage:
-        msg.vote.view = view
+    def message(self, sender: int = 1, chain_id: str | None = None) -> pb.ConsensusMessage:
+        return pb.ConsensusMessage(chain_id=chain_id or self.chain, sender=sender)
+
+    def vote(
+        self, msg: pb.ConsensusMessage, block_hash: bytes | None = None
+    ) -> pb.ConsensusMessage:
+        msg.vote.view = self.view
         msg.vote.height = 3
         msg.vote.block_hash = os.urandom(32) if block_hash is None else block_hash
         msg.vote.voter = msg.sender if msg.sender < N else 1
         msg.vote.signature = os.urandom(64)
         return msg
 
+    @staticmethod
     def forged_qc(qc: pb.QuorumCert, qc_view: int) -> None:
         qc.view = qc_view
         qc.height = 3
@@ -303,11 +324,11 @@ def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
         for signer in range(3):
             qc.signatures.add(signer=signer, signature=os.urandom(64))
 
-    def proposal(proposal_view: int) -> pb.ConsensusMessage:
+    def proposal(self, proposal_view: int) -> pb.ConsensusMessage:
         leader = proposal_view % N
-        msg = message(sender=leader)
+        msg = self.message(sender=leader)
         block = msg.proposal.block
-        forged_qc(block.justify, proposal_view - 4)
+        self.forged_qc(block.justify, proposal_view - 4)
         block.parent_hash = block.justify.block_hash
         block.view = proposal_view
         block.height = 4
@@ -316,35 +337,53 @@ def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
         msg.proposal.signature = os.urandom(64)
         return msg
 
-    # A view whose leader is neither node 0 nor 1, and one that member 1 leads.
-    lead_view = next(v for v in range(view, view + N) if v % N not in (TARGET, 1))
-    not_leader = proposal(lead_view)
-    not_leader.sender = not_leader.proposal.block.proposer = 1
-    bad_sig_proposal = proposal(next(v for v in range(view, view + N) if v % N == 1))
-    spoofed = vote(message(sender=2))  # member 1's stream, naming member 2 as the sender
+    def timeout(self) -> pb.ConsensusMessage:
+        """A timeout validly signed by member 1, carrying a forged QC."""
+        view = self.view
+        msg = self.message(sender=1)
+        msg.timeout.view = view
+        msg.timeout.voter = 1
+        self.forged_qc(msg.timeout.high_qc, view - 4)
+        msg.timeout.signature = self.member1.sign(timeout_bytes(self.chain, view, view - 4))
+        return msg
 
-    timeout = message(sender=1)
-    timeout.timeout.view = view
-    timeout.timeout.voter = 1
-    forged_qc(timeout.timeout.high_qc, view - 4)
-    timeout.timeout.signature = member1.sign(timeout_bytes(chain, view, view - 4))
+    def timeout_cert(self) -> pb.ConsensusMessage:
+        """A TC with forged signatures."""
+        view = self.view
+        msg = self.message(sender=1)
+        msg.timeout_cert.view = view
+        self.forged_qc(msg.timeout_cert.high_qc, view - 4)
+        for signer in range(3):
+            msg.timeout_cert.signatures.add(
+                signer=signer, high_qc_view=view - 4, signature=os.urandom(64)
+            )
+        return msg
 
-    tc = message(sender=1)
-    tc.timeout_cert.view = view
-    forged_qc(tc.timeout_cert.high_qc, view - 4)
-    for signer in range(3):
-        tc.timeout_cert.signatures.add(
-            signer=signer, high_qc_view=view - 4, signature=os.urandom(64)
-        )
+    def garbage(self) -> dict[str, list[pb.ConsensusMessage]]:
+        """Messages by the reason they must be dropped for."""
+        view = self.view
+        # A view whose leader is neither node 0 nor 1, and one that member 1 leads.
+        lead_view = next(v for v in range(view, view + N) if v % N not in (TARGET, 1))
+        not_leader = self.proposal(lead_view)
+        not_leader.sender = not_leader.proposal.block.proposer = 1
+        bad_sig_proposal = self.proposal(next(v for v in range(view, view + N) if v % N == 1))
+        spoofed = self.vote(self.message(sender=2))  # member 1's stream, naming member 2
+        return {
+            "wrong_chain": [self.vote(self.message(chain_id=self.chain + "-other"))],
+            "spoofed_sender": [self.vote(self.message(sender=N + 95)), spoofed],
+            "malformed": [self.message(), self.vote(self.message(), block_hash=b"\x01" * 31)],
+            "bad_signature": [self.vote(self.message()), bad_sig_proposal],
+            "not_leader": [not_leader],
+            "bad_certificate": [self.timeout(), self.timeout_cert()],
+        }
 
-    sent = {
-        "wrong_chain": [vote(message(chain_id=chain + "-other"))],
-        "spoofed_sender": [vote(message(sender=N + 95)), spoofed],
-        "malformed": [message(), vote(message(), block_hash=b"\x01" * 31)],
-        "bad_signature": [vote(message()), bad_sig_proposal],
-        "not_leader": [not_leader],
-        "bad_certificate": [timeout, tc],
-    }
+
+def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
+    chain = cluster.chain_id
+    view = cluster.status(TARGET).view + 8  # ahead, but within the core's vote window (16)
+    member1 = Ed25519Signer(read_seed(cluster.spec.node_dir(1) / CONSENSUS_KEY_FILE))
+    forger = _Forger(chain, view, member1)
+    sent = forger.garbage()
     messages = [m for batch in sent.values() for m in batch]
     before = cluster.metrics(TARGET)
     # A Byzantine member 1: it authenticates as itself, then sends garbage, and messages
@@ -366,7 +405,7 @@ def _garbage_to_peer_stream(cluster: LiveCluster) -> None:
     ):
         with pytest.raises(grpc.RpcError) as anonymous:
             cluster.peer(TARGET).Stream(
-                iter([vote(message())]), timeout=RPC_TIMEOUT_S, metadata=metadata
+                iter([forger.vote(forger.message())]), timeout=RPC_TIMEOUT_S, metadata=metadata
             )
         assert anonymous.value.code() == StatusCode.UNAUTHENTICATED
     _wait_drops(cluster, before, {"unauthenticated_peer": 4})

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.loadgen import BENCH_TOOL
 from quorumgate.proto.clusterfile import load_cluster
 from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
 from tests import polling
-from tests.live.conftest import STOP_GRACE_S, LiveCluster, cluster_pids, wait_until
+from tests.support.live import STOP_GRACE_S, LiveCluster, wait_until
 
 CLI_TIMEOUT_S = 60.0
 _SCRIPT = Path(sys.executable).parent / "quorumgate"
@@ -287,8 +288,9 @@ def test_cli_init_writes_private_keys_0600_and_no_private_key_reaches_cluster_fi
 def test_cli_init_refuses_a_folder_holding_a_key_and_writes_nothing(
     cli_dirs: Callable[[str], Path],
 ) -> None:
-    """Issue 13: `init` into a folder holding a stray `owner.key` wrote node keys, then
-    failed with a raw `[Errno 17]`, leaving a half-built folder."""
+    """`init` into a folder holding a stray `owner.key` must not write node keys and then
+    fail with a raw `[Errno 17]`, leaving a half-built folder: it refuses, writing
+    nothing."""
     directory = cli_dirs("stray")
     directory.mkdir()
     (directory / "owner.key").write_text("not ours\n")
@@ -305,9 +307,9 @@ def test_cli_init_refuses_a_folder_holding_a_key_and_writes_nothing(
 def test_cli_up_with_a_damaged_sidecar_store_says_why_at_once(
     cli_dirs: Callable[[str], Path],
 ) -> None:
-    """Issue 13: `up` with a damaged sidecar store waited 30 s and said only that the
-    sidecar did not start. Now the sidecar exits at once, `up` shows its reason and what to
-    do in one line, and leaves nothing running."""
+    """`up` with a damaged sidecar store must not wait 30 s and say only that the sidecar
+    did not start: the sidecar exits at once, `up` shows its reason and what to do in one
+    line, and leaves nothing running."""
     directory = cli_dirs("damaged")
     init(directory)
     (directory / "node-2" / "sidecar.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
@@ -321,9 +323,10 @@ def test_cli_up_with_a_damaged_sidecar_store_says_why_at_once(
 def test_cli_init_for_several_hosts_names_each_address_with_fixed_ports(
     cli_dirs: Callable[[str], Path],
 ) -> None:
-    """`init --hosts` (issue 14, item 6): member I at the I-th address, its four ports
-    from --port-base (7400 by default) on every host, the next four for a second member
-    on one host, and its certificate naming that address; bad lists change nothing."""
+    """`init --hosts` (docs/operating.md, "Several hosts"): member I at the I-th address,
+    its four ports from --port-base (7400 by default) on every host, the next four for a
+    second member on one host, and its certificate naming that address; bad lists change
+    nothing."""
     from quorumgate.proto.clusterfile import load_cluster
 
     directory = cli_dirs("hosts")

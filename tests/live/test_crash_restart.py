@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from quorumgate.replica.types import Block
-from tests.live.conftest import LiveCluster, Load, StoreAudit, assert_each_committed_once
+from tests.support.live import LiveCluster, Load, StoreAudit, assert_each_committed_once
 
 N = 4
 # Override to replay another schedule: QG_LIVE_SEED=... pytest tests/live/test_crash_restart.py
@@ -39,8 +39,9 @@ def test_replica_sigkilled_at_random_moments_under_load_catches_up_and_never_equ
     (read before the kill, since a restart resets them). At the end every acknowledged
     proposal has committed exactly once and all replicas agree at every height.
 
-    Then every process is stopped and each replica's database is audited (DESIGN §3: a
-    replica that crashes and restarts can never equivocate):
+    Then every process is stopped and each replica's database is audited (a replica
+    that crashes and restarts can never equivocate: it records what it signs before it
+    sends it, docs/consensus/fencing.md):
 
     - across all replicas, every view has votes for at most one block hash;
     - a vote at the view of a committed block is for that block;
@@ -132,8 +133,8 @@ def audit_votes(audits: dict[int, StoreAudit], served: list[Block], where: str) 
 def test_restarted_replica_refuses_a_replay_of_a_proposal_committed_before_its_restart(
     live_cluster: Callable[..., LiveCluster],
 ) -> None:
-    """A replay of a committed proposal is refused forever (issue 3, item 4; DESIGN §3
-    "duplicates by (agent key, nonce) are refused forever") — also by a replica restarted
+    """A replay of a committed proposal is refused forever (duplicates by agent key and
+    nonce are `replayed`, docs/engine.md) — also by a replica restarted
     after the commit, whose database holds the block that committed it.
 
     A proposal is committed by all four replicas; node 1 is stopped and restarted from its

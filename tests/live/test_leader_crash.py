@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
-from tests.live.conftest import (
+from tests.support.live import (
     WAIT_S,
     LiveCluster,
     Load,
@@ -33,7 +34,8 @@ def test_leader_killed_under_load_commits_resume_within_n_plus_4_views_and_acked
     - `v_resume`: the highest survivor view when every survivor has committed a block
       proposed after `v_dead`.
 
-    Bounds, with round-robin leaders (DESIGN §3), so the dead member leads one view in n:
+    Bounds, with round-robin leaders (docs/consensus/protocol.md), so the dead member
+    leads one view in n:
 
     - `v_dead - v_kill <= n + 1`: if its proposal for its current view left before the
       kill, its failure shows at its next turn, n views on (one more if it was a view ahead
@@ -76,32 +78,10 @@ def test_leader_killed_under_load_commits_resume_within_n_plus_4_views_and_acked
     h_kill = min(st.committed_height for st in at_kill.values())
     killed_at = time.monotonic()
 
-    def resumed() -> tuple[int, int] | None:
-        statuses = cluster.statuses(SURVIVORS)
-        views = {
-            block.view
-            for block in cluster.chain(SURVIVORS[0], statuses[SURVIVORS[0]].committed_height)[
-                h_kill:
-            ]
-        }
-        skipped = [
-            v for v in range(v_kill, max(views, default=0)) if v % N == VICTIM and v not in views
-        ]
-        if not skipped:
-            return None
-        v_dead = skipped[0]
-        for i, st in statuses.items():
-            # a survivor that reports no committed block yet (seen once, on a loaded
-            # machine) has not resumed either: poll again, do not crash the poll
-            chain = cluster.chain(i, st.committed_height)
-            if not chain or chain[-1].view <= v_dead:
-                return None
-        return v_dead, max(st.view for st in statuses.values())
-
     v_dead, v_resume = wait_until(
         f"every survivor to commit a block proposed after the dead leader's view (kill at "
         f"view {v_kill})",
-        resumed,
+        functools.partial(_resumed, cluster, v_kill, h_kill),
         describe=cluster.describe,
     )
     print(
@@ -133,3 +113,28 @@ def test_leader_killed_under_load_commits_resume_within_n_plus_4_views_and_acked
     chain = cluster.assert_same_chain(SURVIVORS, min(top.values()))
     assert_each_committed_once(load.acked, chain)
     cluster.assert_no_equivocation_seen(SURVIVORS)
+
+
+def _resumed(cluster: LiveCluster, v_kill: int, h_kill: int) -> tuple[int, int] | None:
+    """(the dead leader's first view the survivors skipped, the highest survivor view)
+    once every survivor committed a block proposed after it."""
+    statuses = cluster.statuses(SURVIVORS)
+    views = {
+        block.view
+        for block in cluster.chain(SURVIVORS[0], statuses[SURVIVORS[0]].committed_height)[
+            h_kill:
+        ]
+    }
+    skipped = [
+        v for v in range(v_kill, max(views, default=0)) if v % N == VICTIM and v not in views
+    ]
+    if not skipped:
+        return None
+    v_dead = skipped[0]
+    for i, st in statuses.items():
+        # a survivor that reports no committed block yet (seen once, on a loaded
+        # machine) has not resumed either: poll again, do not crash the poll
+        chain = cluster.chain(i, st.committed_height)
+        if not chain or chain[-1].view <= v_dead:
+            return None
+    return v_dead, max(st.view for st in statuses.values())

@@ -1,6 +1,7 @@
-"""Several hosts for real (issue 14, item 6): the four members of a cluster in four Linux
-network namespaces, each with its own address on one bridge, `cluster.json` naming those
-addresses (`init_cluster(hosts=...)`, as `quorumgate init --hosts` writes it), TLS on.
+"""Several hosts for real (docs/operating.md, "Several hosts"): the four members of a
+cluster in four Linux network namespaces, each with its own address on one bridge,
+`cluster.json` naming those addresses (`init_cluster(hosts=...)`, as `quorumgate init
+--hosts` writes it), TLS on.
 
 Cutting one member's link stalls nothing; cutting a second stops commits (two of four
 cannot form a quorum); healing both resumes them; and every member ends with the same
@@ -18,7 +19,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,17 +30,15 @@ from quorumgate.ops.nodes import (
     MODULES,
     node_command,
     sidecar_status,
-    wait_serving,
-    wait_sidecars_serving,
 )
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
-from tests.live.conftest import WAIT_S, LiveCluster, Load, wait_until
+from tests.support.live import LiveCluster, Load, wait_until
 
 NODES = 4
 HEIGHTS = 4  # heights committed to show progress
-# Proposals keep flowing through every phase: an idle cluster goes quiet (issue 19), so
-# progress, and the timeouts of a stuck pair, are shown under load. 2 agents x 10/s last
-# 100 s, longer than the test.
+# Proposals keep flowing through every phase: an idle cluster goes quiet
+# (docs/consensus/protocol.md), so progress, and the timeouts of a stuck pair, are shown
+# under load. 2 agents x 10/s last 100 s, longer than the test.
 LOAD_AGENTS, LOAD_PER_AGENT, LOAD_RATE_PER_S = 2, 1000, 10.0
 STUCK_TIMEOUTS = 3  # timeouts each remaining replica signs while it commits nothing
 TIMEOUT_METRIC = "qg_replica_timeouts_total"
@@ -127,6 +126,16 @@ class NamespacedCluster(LiveCluster):
         super().__init__(spec)
         self.hosts = hosts
 
+    def spawn(
+        self,
+        kind: str,
+        indexes: list[int],
+        module: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> dict[int, subprocess.Popen[bytes]]:
+        assert module is None and env is None, "a namespaced member runs its own program"
+        return {i: self._popen(i, kind) for i in indexes}
+
     def _popen(self, index: int, kind: str) -> subprocess.Popen[bytes]:
         assert IP is not None
         node_dir = self.spec.node_dir(index)
@@ -139,21 +148,6 @@ class NamespacedCluster(LiveCluster):
                 start_new_session=True,
             )
 
-    def start(self, indexes: list[int] | None = None) -> None:  # type: ignore[override]
-        wanted = list(range(self.n)) if indexes is None else indexes
-        procs = {i: self._popen(i, "replica") for i in wanted}
-        with self._lock:
-            self.procs.update(procs)
-            self.started.extend(procs.values())
-        wait_serving(self.spec, wanted, procs, timeout_s=WAIT_S)
-
-    def start_sidecars(self) -> None:
-        wanted = list(range(self.n))
-        procs = {i: self._popen(i, "sidecar") for i in wanted}
-        with self._lock:
-            self.started.extend(procs.values())
-        wait_sidecars_serving(self.spec, wanted, procs, timeout_s=WAIT_S)
-
     def heights(self, indexes: Iterable[int] | None = None) -> dict[int, int]:
         """As LiveCluster's, but a member that does not answer (its link was cut, its
         channel's connection died with it) counts as height -1, and its channel is
@@ -163,10 +157,7 @@ class NamespacedCluster(LiveCluster):
             try:
                 out[i] = self.status(i).committed_height
             except grpc.RpcError:
-                with self._lock:
-                    channel = self._channels.pop(i, None)
-                if channel is not None:
-                    channel.close()
+                self.forget_channel(i)
                 out[i] = -1
         return out
 
@@ -213,19 +204,7 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
 
         # A second: two of four form no quorum, so nothing commits.
         hosts.cut(2)
-        pair = [0, 1]
-        first = {i: cluster.timeouts(i) for i in pair}
-        wait_until(
-            "the remaining pair to time out (stuck)",
-            lambda: all(cluster.timeouts(i) > first[i] for i in pair) or None,
-        )
-        stuck_at = cluster.heights(pair)
-        counted = {i: cluster.timeouts(i) for i in pair}
-        wait_until(
-            f"{STUCK_TIMEOUTS} more timeouts from each of the pair",
-            lambda: all(cluster.timeouts(i) >= counted[i] + STUCK_TIMEOUTS for i in pair) or None,
-        )
-        assert cluster.heights(pair) == stuck_at, "two of four members committed"
+        stuck_at = _assert_stuck(cluster, [0, 1])
 
         # Healed: all four commit again, on one chain.
         hosts.heal(2)
@@ -237,13 +216,7 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
 
         # Each sidecar executed that chain, and none saw its state root disagree with the
         # roots its peers signed (the divergence alarm).
-        def sidecars_at() -> bool | None:
-            statuses = [sidecar_status(spec, i) for i in everyone]
-            return all(s is not None and s.executed_height >= top for s in statuses) or None
-
-        wait_until(f"every sidecar to execute height {top}", sidecars_at)
-        executed = {i: sidecar_status(spec, i) for i in everyone}
-        assert all(s is not None and not s.diverged for s in executed.values()), executed
+        _assert_sidecars_executed(spec, everyone, top)
     except BaseException:
         print(cluster.log_tails(), file=sys.stderr)
         if load is not None:
@@ -253,3 +226,30 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
         if load is not None:
             load.stop()
         cluster.close()
+
+
+def _assert_stuck(cluster: NamespacedCluster, pair: list[int]) -> dict[int, int]:
+    """The pair times out again and again and commits nothing; the heights it holds."""
+    first = {i: cluster.timeouts(i) for i in pair}
+    wait_until(
+        "the remaining pair to time out (stuck)",
+        lambda: all(cluster.timeouts(i) > first[i] for i in pair) or None,
+    )
+    stuck_at = cluster.heights(pair)
+    counted = {i: cluster.timeouts(i) for i in pair}
+    wait_until(
+        f"{STUCK_TIMEOUTS} more timeouts from each of the pair",
+        lambda: all(cluster.timeouts(i) >= counted[i] + STUCK_TIMEOUTS for i in pair) or None,
+    )
+    assert cluster.heights(pair) == stuck_at, "two of four members committed"
+    return stuck_at
+
+
+def _assert_sidecars_executed(spec: ClusterSpec, everyone: list[int], top: int) -> None:
+    def sidecars_at() -> bool | None:
+        statuses = [sidecar_status(spec, i) for i in everyone]
+        return all(s is not None and s.executed_height >= top for s in statuses) or None
+
+    wait_until(f"every sidecar to execute height {top}", sidecars_at)
+    executed = {i: sidecar_status(spec, i) for i in everyone}
+    assert all(s is not None and not s.diverged for s in executed.values()), executed

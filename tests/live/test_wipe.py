@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-from tests.live.conftest import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
+from tests.support.live import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
 
 N = 4
 WIPED = 3
@@ -32,8 +32,8 @@ def test_wiped_replica_catches_up_to_the_same_hashes_while_the_others_keep_commi
     different vote for a view it had voted in. The test checks that, too — every vote
     in its new audit table is for a view above its old ones. A wipe with no such wait, or
     one racing a cluster stuck in the same view, could equivocate; the operator's safe step
-    is `ReplicaStore.wipe_blocks`, which keeps the safety record (recovery drills in a later
-    issue cover that stricter case).
+    is `ReplicaStore.wipe_blocks`, which keeps the safety record (the `wipe-replica` drill
+    of docs/drills.md covers that stricter case).
     """
     cluster = live_cluster(N)
     load = Load(

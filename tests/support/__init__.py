@@ -1,0 +1,1 @@
+"""Helpers that tests import: assertions and bounded waits over what the package offers."""
