@@ -102,21 +102,18 @@ import rfc8785
 from quorumgate.proto import limits, names
 from quorumgate.proto import tx as txlib
 from quorumgate.proto.model import DENIAL_TEXT, Argument, Outcome, Proposal, RoleTarget, TxKind
-from quorumgate.sdk.client import (
-    CERTIFICATE_DEADLINE_S,
+from quorumgate.sdk.certificates import proposal_body_digest
+from quorumgate.sdk.client import CERTIFICATE_DEADLINE_S, Client
+from quorumgate.sdk.errors import (
     CertificateTimeout,
-    Client,
     ClusterUnavailable,
-    Decision,
-    Handle,
     Overloaded,
     QuorumGateError,
     Refused,
-    Submitted,
-    SyncClient,
-    proposal_body_digest,
 )
+from quorumgate.sdk.sync import SyncClient
 from quorumgate.sdk.targets import binds_caller, certified_call
+from quorumgate.sdk.values import Decision, Grant, Handle, Submitted, grant_id
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 
 __all__ = [
@@ -243,7 +240,7 @@ class AgentBinding:
 
     client: Client | SyncClient
     run_id: str
-    grant: bytes | None = None
+    grant: Grant | bytes | None = None
     posture: Posture = Posture.FAIL_CLOSED
     deadline_s: float = CERTIFICATE_DEADLINE_S
 
@@ -256,6 +253,17 @@ class AgentBinding:
     @property
     def public_key(self) -> bytes:
         return self.client.public_key
+
+    @property
+    def proposal_run_id(self) -> str:
+        """The run id this agent's proposals carry: under a `Grant`, the run it is for
+        (`Client.run_under`), else `run_id`."""
+        return self.client.run_under(self.grant, self.run_id)
+
+    @property
+    def proposal_grant(self) -> bytes | None:
+        """The grant id this agent's proposals carry, if it acts under a grant."""
+        return None if self.grant is None else grant_id(self.grant)
 
     def __repr__(self) -> str:
         return (
@@ -297,7 +305,7 @@ def agent_context(
     client: Client | SyncClient,
     *,
     run_id: str,
-    grant: bytes | None = None,
+    grant: Grant | bytes | None = None,
     posture: Posture | str = Posture.FAIL_CLOSED,
     deadline_s: float = CERTIFICATE_DEADLINE_S,
 ) -> Iterator[AgentBinding]:
@@ -316,7 +324,7 @@ async def agent_context_async(
     client: Client | SyncClient,
     *,
     run_id: str,
-    grant: bytes | None = None,
+    grant: Grant | bytes | None = None,
     posture: Posture | str = Posture.FAIL_CLOSED,
     deadline_s: float = CERTIFICATE_DEADLINE_S,
 ) -> AsyncIterator[AgentBinding]:
@@ -630,11 +638,11 @@ def build_proposal(
         raise ArgumentMappingError(f"tool {options.name!r}: more than {limits.ARGUMENTS_MAX} args")
     try:
         return Proposal(
-            run_id=binding.run_id,
+            run_id=binding.proposal_run_id,
             tool=options.name,
             target=target,
             arguments=tuple(arguments),
-            grant=binding.grant,
+            grant=binding.proposal_grant,
             targets=further,
         )
     except ValueError:
@@ -659,18 +667,6 @@ class TargetNotCertified(ActionDenied):
     digest): the body does not run."""
 
 
-async def _agent_id(aio: Client) -> str | None:
-    """This client's agent id, from the registry f+1 sidecars agree on (cached)."""
-    cached: str | None = getattr(aio, "_qg_agent_id", None)
-    if cached is not None:
-        return cached
-    registry = await aio.registry()
-    found = next((a.agent_id for a in registry.agents if a.public_key == aio.public_key), None)
-    if found is not None:
-        aio._qg_agent_id = found  # type: ignore[attr-defined]
-    return found
-
-
 async def _certified_target(
     aio: Client, proposal: Proposal, decision: Decision
 ) -> tuple[str, tuple[str, ...]]:
@@ -683,7 +679,7 @@ async def _certified_target(
     raw = proposal.target
     further = tuple((t.role, t.target) for t in proposal.targets)
     bound = binds_caller(raw, further)
-    principal = (await _agent_id(aio) if bound else None) or names.CURRENT_USER
+    principal = (await aio.agent_id() if bound else None) or names.CURRENT_USER
     canonical = certified_call(
         proposal.tool,
         raw,
@@ -1022,11 +1018,11 @@ def proposal_from_dict(
         raise ArgumentMappingError(f"tool {options.name!r}: more than {limits.ARGUMENTS_MAX} args")
     try:
         return Proposal(
-            run_id=binding.run_id,
+            run_id=binding.proposal_run_id,
             tool=options.name,
             target=target,
             arguments=tuple(args),
-            grant=binding.grant,
+            grant=binding.proposal_grant,
             targets=further,
         )
     except ValueError:

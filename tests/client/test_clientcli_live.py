@@ -25,8 +25,9 @@ from quorumgate.proto.clusterfile import ClusterSpec, init_cluster, read_seed
 from quorumgate.proto.model import DENIAL_TEXT, Mandate, RuleKind, TargetRule, ToolRules
 from quorumgate.proto.sealedkey import KDF_INTERACTIVE, read_sealed, seal, write_sealed
 from quorumgate.runtime.channels import sync_channel
-from quorumgate.sdk.client import SyncClient, load_certificate, verify
+from quorumgate.sdk.certificates import load_certificate, verify
 from quorumgate.sdk.owner import owner_reader
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import SINK
 
 SECRET = f"SECRET-{uuid.uuid4().hex}"

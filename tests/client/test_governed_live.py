@@ -16,20 +16,16 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-import quorumgate.sdk.client as client_module
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import DENIAL_TEXT, Proposal, RuleKind, TargetRule, ToolRules
 from quorumgate.proto.tx import parse
 from quorumgate.runtime.channels import sync_channel
-from quorumgate.sdk.client import (
-    Client,
-    SyncClient,
-    load_certificate,
-    tool_spec,
-    verify,
-)
+from quorumgate.sdk import delivery
+from quorumgate.sdk.builders import tool_spec
+from quorumgate.sdk.certificates import load_certificate, verify
+from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import (
     FAIL_OPEN_MARKER,
     ActionDenied,
@@ -48,6 +44,7 @@ from quorumgate.sdk.governed import (
     resume_confirmed,
 )
 from quorumgate.sdk.owner import owner_reader
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import LiveCluster, new_agent, new_principal, wait_until
 from tests.client.test_client_live import Exhausted, _overloaded_cluster
 
@@ -396,8 +393,8 @@ async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(
 ) -> None:
     """RESOURCE_EXHAUSTED past the bounded back-off: the posture decides, as for an
     unreachable cluster."""
-    monkeypatch.setattr(client_module, "BACKOFF_S_MIN", 0.001)
-    monkeypatch.setattr(client_module, "BACKOFF_S_MAX", 0.002)
+    monkeypatch.setattr(delivery, "BACKOFF_S_MIN", 0.001)
+    monkeypatch.setattr(delivery, "BACKOFF_S_MAX", 0.002)
     _, key = new_agent(owner, ["web.get"])
     full = Exhausted(cluster, refusals=1_000_000)
     spec, servers = await _overloaded_cluster(cluster, full)

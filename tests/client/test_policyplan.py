@@ -26,8 +26,8 @@ from quorumgate.proto.model import (
     ToolRules,
     ToolSpec,
 )
-from quorumgate.sdk.client import SyncClient
 from quorumgate.sdk.registry import AgentEntry, Registry
+from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.engine.core import EngineConfig
 from quorumgate.sidecar.policykit import load_policy
 

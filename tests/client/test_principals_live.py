@@ -8,7 +8,8 @@ import pytest
 
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import Mandate, RuleKind, TargetRule, ToolMode, ToolRules
-from quorumgate.sdk.client import Refused, SyncClient, TransactionRejected
+from quorumgate.sdk.client import Refused, TransactionRejected
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import new_agent, new_principal, wait_until
 
 
