@@ -1,6 +1,5 @@
-"""The tool-executor side (issue 6, item 3; issue 16, item 4): run a call only with a
-certificate for it, at most once, and open only the envelopes that call carries and that
-are sealed to this sink.
+"""The tool-executor side: run a call only with a certificate for it, at most once, and
+open only the envelopes that call carries and that are sealed to this sink.
 
     executor = Executor(spec, "payments", sink_private_key,
                         CertifiedLogSource(spec, auditor_key), used="payments-used.db")

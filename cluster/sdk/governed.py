@@ -1,4 +1,4 @@
-"""`governed_tool`: a tool function that runs only with a verdict certificate (issue 6, item 2).
+"""`governed_tool`: a tool function that runs only with a verdict certificate.
 
     @governed_tool(name="files.write", target="path")
     def write_file(path: str, text: str) -> None: ...
@@ -10,8 +10,9 @@ Each call becomes a signed `Proposal`, is ordered by the replicas, judged by the
 and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
 
 - **deny** (or a refusal at submission): `ActionDenied`, whose `str()` and `repr()` are
-  exactly `This action is not permitted.` whatever the reason (DESIGN §4.2, mandate guide
-  "Denials do not come back as tool errors"). The reason is on `.reason`, for operators.
+  exactly `This action is not permitted.` whatever the reason: every word a refusal tells
+  the model is a hint for its next probe (docs/architecture/0007-one-denial-sentence.md).
+  The reason is on `.reason`, for operators.
   `RunHalted` (a subclass) tells a supervisor the run is over (`.halted`).
 - **pending**: `ConfirmationRequired`, carrying the certified card and the proposal id.
   After the principal confirms (`Client.confirm`, `quorumgate confirm`), call
@@ -44,7 +45,7 @@ and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
   as `name.0`, `name.1`...; `**kwargs` by key. Anything else raises
   `ArgumentMappingError` naming the parameter (never the value). `exclude=` names
   parameters that are not sent at all; a leading `self`/`cls` is never sent;
-- further targets (issue 15: the recipients of a message, the grantee of a share) are
+- further targets (the recipients of a message, the grantee of a share) are
   `targets={"recipient": "to", "cc": "cc"}`: each role the tool declares, mapped to the
   parameter holding its target text or list of texts (None: none). They are not sent as
   arguments, and the body receives them canonical, in the shape it passed them;
@@ -177,7 +178,8 @@ class ActionDenied(Exception):
 
     @property
     def halted(self) -> bool:
-        """The run is halted (DESIGN §4.3): stop scheduling turns for it."""
+        """The run is halted by the denial latch (docs/engine.md, `run_halted`): stop
+        scheduling turns for it."""
         return self.reason == "run_halted"
 
     def __str__(self) -> str:
@@ -310,7 +312,9 @@ def agent_context(
     deadline_s: float = CERTIFICATE_DEADLINE_S,
 ) -> Iterator[AgentBinding]:
     """Bind an agent and a run for the governed calls made inside (this task or thread
-    only). `grant`: the delegation this agent acts under (DESIGN §4.4)."""
+    only). `grant`: the delegation this agent acts under (docs/engine.md, the `delegate`
+    transaction): a `Grant` from `Client.delegate`, whose run the calls act in, or a plain
+    grant id."""
     binding = AgentBinding(client, run_id, grant, Posture(posture), deadline_s)
     token = _BINDING.set(binding)
     try:
@@ -670,8 +674,9 @@ class TargetNotCertified(ActionDenied):
 async def _certified_target(
     aio: Client, proposal: Proposal, decision: Decision
 ) -> tuple[str, tuple[str, ...]]:
-    """The canonical target of a certified call, as the body must see it (DESIGN §4.1:
-    "the tool body runs on the canonical targets, never the raw ones"): canonicalized here
+    """The canonical target of a certified call, as the body must see it: the body runs on
+    the canonical targets, never the raw ones, so an alias cannot act on another resource
+    than the one the rules judged (docs/engine.md, "Canonical targets"). Canonicalized here
     the way the chain does (its `canonical_version`), and accepted only if its digest is
     the one the certificate carries (`quorumgate.sdk.targets.certified_target`, the same
     check the executor makes). The agent id is asked of the registry only when the target
@@ -763,7 +768,8 @@ async def _resume(
 ) -> _Verdict:
     """The confirmed run of a pending call: same signer, same body (card digest), then the
     settled certificate."""
-    # the body was signed in the run its label names (issue 16): the same run here
+    # the body was signed in the run its label names (docs/engine.md: runs are opened by
+    # the cluster, not named by the agent): the same run here
     bound = aio.bind_run(proposal, pending.nonce)
     assert isinstance(bound, Proposal)
     proposal = bound
