@@ -1,4 +1,4 @@
-"""Live clusters for the client SDK tests (issue 6, item 5).
+"""Live clusters for the client SDK tests.
 
 `cluster` is module-scoped: one real 4-node cluster (replicas and sidecars, loopback, the
 free ports `init_cluster` picked) per test module, stopped in a finalizer whether the tests

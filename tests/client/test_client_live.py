@@ -523,8 +523,8 @@ async def test_a_refusal_is_typed_and_says_nothing_of_the_reason(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
     """An unknown signer is refused before ordering; a registered agent's call to an
-    invented tool is ordered and denied with a certificate (canonical version 2, issue 15:
-    it is recorded and counts toward the latch, and admission tells no one which tools
+    invented tool is ordered and denied with a certificate (canonical version 2: it is
+    recorded and counts toward the latch, and admission tells no one which tools
     exist). Neither says its reason to the agent."""
     _, key = new_agent(owner, None)
     stranger = SigningKey.generate()
@@ -594,10 +594,10 @@ async def test_submit_many_streams_and_every_one_is_certified(
 async def test_submit_many_past_the_nonce_window_waits_and_the_client_stays_usable(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    """Issue 13: a submit_many longer than the engine's nonce window used to sign its tail
-    past the window (refused `replayed`), and the client's counter stayed there: every
-    later call was `Replayed`, for good. Now it waits for the window to move, and a refused
-    nonce is given back."""
+    """A submit_many longer than the engine's nonce window must not sign its tail past the
+    window (refused `replayed`) and leave the client's counter there, where every later
+    call would be `Replayed` for good: it waits for the window to move, and a refused nonce
+    is given back."""
     _, key = new_agent(owner, ["web.get"])
     count = 2 * NONCE_WINDOW + 100
     payloads = [Proposal(run_id=RUN, tool="web.get", target=f"{URL}/{k}") for k in range(count)]
@@ -701,8 +701,8 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
             )
         )
         decision = await qg.await_certificate(submitted.proposal_id)
-        # a raw value for a credential is refused before ordering (canonical version 2,
-        # issue 15): it never enters a block
+        # a raw value for a credential is refused before ordering (canonical version 2):
+        # it never enters a block
         with pytest.raises(Refused) as raw:
             await qg.propose("vault.store", URL, {"secret": "4111"}, run_id=RUN)
         denied = await qg.propose(

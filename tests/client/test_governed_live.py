@@ -143,7 +143,7 @@ def test_sync_tool_runs_only_with_an_allow_certificate(
     assert tx.signer == bytes(key.verify_key) and tx.tx_id == call.proposal_id
     proposal = tx.body.payload
     assert isinstance(proposal, Proposal)
-    # the label opened a run named after the nonce of its first call (issue 16)
+    # the label opened a run named after the nonce of its first call (docs/engine.md)
     run = qg.run_of("run-s")
     assert (proposal.tool, proposal.target, proposal.run_id) == ("web.get", URL, run)
     assert [(a.name, a.text) for a in proposal.arguments] == [("query", "weather"), ("limit", "3")]
@@ -426,7 +426,7 @@ def _committed_proposal(spec: ClusterSpec, height: int, index: int) -> Proposal:
     return payload
 
 
-# ---------------------------------------------------------------------------- by name (issue 13)
+# ---------------------------------------------------------------------------- by name
 
 
 def _gate() -> Gate:
@@ -508,7 +508,7 @@ def test_clients_of_many_keys_share_one_channel_pool(
 def test_the_body_runs_on_the_certified_canonical_target_not_the_raw_one(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    """Issue 15, item 3: the target a tool body gets is the canonical one the certificate
+    """The target a tool body gets is the canonical one the certificate
     names (checked against its digest), never the spelling the planner wrote."""
     _, key = new_agent(owner, ["web.get"])
     raw = "HTTPS://Example.COM:443/docs/./guide/../page?q=a%7e#section"
@@ -533,7 +533,7 @@ def send_to_many(to: str, cc: list[str], body: str) -> tuple[str, list[str]]:
 def test_further_targets_are_judged_and_the_body_gets_them_canonical(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    """Issue 15, item 1: `targets={"recipient": "cc"}` sends each cc address as a target
+    """`targets={"recipient": "cc"}` sends each cc address as a target
     in the role the tool declares (not as an argument the rules cannot see): an attacker's
     address among them is refused, and the body receives every target canonical."""
     owner.register_tool(

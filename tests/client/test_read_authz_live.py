@@ -1,7 +1,7 @@
-"""Reads of committed data are authorized (issue 14, item 2): `CommittedBlocks` holds every
-argument value of every call, a sidecar's `Receipts` every verdict. They answer the owner,
-the members and auditors; an agent reads its own verdicts; an unregistered key gets
-nothing."""
+"""Reads of committed data are authorized (docs/security/reads-and-certificates.md):
+`CommittedBlocks` holds every argument value of every call, a sidecar's `Receipts` every
+verdict. They answer the owner, the members and auditors; an agent reads its own verdicts;
+an unregistered key gets nothing."""
 
 from __future__ import annotations
 

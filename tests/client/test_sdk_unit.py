@@ -1,4 +1,4 @@
-"""The SDK as a new user meets it (issue 13, item 5), without a cluster."""
+"""The SDK as a new user meets it, without a cluster."""
 
 from __future__ import annotations
 
