@@ -15,7 +15,7 @@ from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.receipts import Certificate
 from quorumgate.sidecar.wire import encode_certificate
 
-__all__ = ["Decision", "Grant", "Handle", "OpenCard", "Submitted", "grant_id", "run_under"]
+__all__ = ["Decision", "Grant", "Handle", "OpenCard", "Submitted", "grant_id"]
 
 
 class Handle(str):
@@ -44,7 +44,7 @@ class Submitted:
     __str__ = __repr__
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Grant:
     """A delegation grant as `Client.delegate` returns it: the grant id (the Delegate's
     transaction id, 32 bytes) and the run the grant is for. Pass it as `grant=` (or
@@ -65,14 +65,6 @@ class Grant:
 def grant_id(grant: Grant | bytes) -> bytes:
     """The grant id a transaction carries, from a `Grant` or a plain id."""
     return grant.grant_id if isinstance(grant, Grant) else bytes(grant)
-
-
-def run_under(grant: Grant | bytes | None, run_id: str) -> str:
-    """The run a call under `grant` acts in: a `Grant`'s own run, else `run_id` (a plain
-    grant id does not say its run, so the caller names it)."""
-    if isinstance(grant, Grant) and grant.run_id:
-        return grant.run_id
-    return run_id
 
 
 @dataclass(frozen=True, repr=False)
