@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     # clients
     "Client": "quorumgate.sdk.client",
-    "SyncClient": "quorumgate.sdk.client",
-    "Decision": "quorumgate.sdk.client",
-    "OpenCard": "quorumgate.sdk.client",
-    "Submitted": "quorumgate.sdk.client",
-    "Handle": "quorumgate.sdk.client",
-    "mandate": "quorumgate.sdk.client",
-    "tool_spec": "quorumgate.sdk.client",
+    "SyncClient": "quorumgate.sdk.sync",
+    "Decision": "quorumgate.sdk.values",
+    "OpenCard": "quorumgate.sdk.values",
+    "Submitted": "quorumgate.sdk.values",
+    "Handle": "quorumgate.sdk.values",
+    "mandate": "quorumgate.sdk.builders",
+    "tool_spec": "quorumgate.sdk.builders",
     "generate_key": "quorumgate.sdk.keys",
     "generate_sink_key": "quorumgate.sdk.keys",
     "load_key": "quorumgate.sdk.keys",
@@ -41,17 +41,17 @@ _EXPORTS: dict[str, str] = {
     "generate_principal_key": "quorumgate.sdk.keys",
     "load_principal_key": "quorumgate.sdk.keys",
     # errors a client raises
-    "QuorumGateError": "quorumgate.sdk.client",
-    "Refused": "quorumgate.sdk.client",
-    "Replayed": "quorumgate.sdk.client",
-    "Overloaded": "quorumgate.sdk.client",
-    "ReadNotAuthorized": "quorumgate.sdk.client",
-    "ClusterUnavailable": "quorumgate.sdk.client",
-    "CertificateTimeout": "quorumgate.sdk.client",
-    "InvalidCertificate": "quorumgate.sdk.client",
-    "TransactionRejected": "quorumgate.sdk.client",
+    "QuorumGateError": "quorumgate.sdk.errors",
+    "Refused": "quorumgate.sdk.errors",
+    "Replayed": "quorumgate.sdk.errors",
+    "Overloaded": "quorumgate.sdk.errors",
+    "ReadNotAuthorized": "quorumgate.sdk.errors",
+    "ClusterUnavailable": "quorumgate.sdk.errors",
+    "CertificateTimeout": "quorumgate.sdk.errors",
+    "InvalidCertificate": "quorumgate.sdk.errors",
+    "TransactionRejected": "quorumgate.sdk.errors",
     # governed tools
-    "ChannelPool": "quorumgate.sdk.client",
+    "ChannelPool": "quorumgate.sdk.delivery",
     "governed_tool": "quorumgate.sdk.governed",
     "Gate": "quorumgate.sdk.governed",
     "agent_context": "quorumgate.sdk.governed",
@@ -136,24 +136,19 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
     from quorumgate.proto.model import DENIAL_TEXT
-    from quorumgate.sdk.client import (
+    from quorumgate.sdk.builders import mandate, tool_spec
+    from quorumgate.sdk.client import Client
+    from quorumgate.sdk.delivery import ChannelPool
+    from quorumgate.sdk.errors import (
         CertificateTimeout,
-        ChannelPool,
-        Client,
         ClusterUnavailable,
-        Decision,
-        Handle,
         InvalidCertificate,
         Overloaded,
         QuorumGateError,
         ReadNotAuthorized,
         Refused,
         Replayed,
-        Submitted,
-        SyncClient,
         TransactionRejected,
-        mandate,
-        tool_spec,
     )
     from quorumgate.sdk.executor import Executor, ExecutorRefused
     from quorumgate.sdk.governed import (
@@ -179,3 +174,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
         load_sink_key,
     )
     from quorumgate.sdk.owner import OwnerSession
+    from quorumgate.sdk.sync import SyncClient
+    from quorumgate.sdk.values import Decision, Handle, OpenCard, Submitted

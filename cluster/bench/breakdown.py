@@ -157,7 +157,8 @@ async def w1_calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Ca
 
 async def register_bench_agent(spec: ClusterSpec, key: Any) -> None:
     """`bench-agent` with `key`, allowed the one read tool `bench.call`, at full speed."""
-    from quorumgate.sdk.client import Client, mandate, tool_spec
+    from quorumgate.sdk.builders import mandate, tool_spec
+    from quorumgate.sdk.client import Client
 
     async with Client.as_owner(spec.directory) as owner:
         await owner.register_tool(tool_spec("bench.call", "read", schemes=["https"]))

@@ -125,7 +125,7 @@ class StateKeys:
 
 def setup_payloads(keys: StateKeys) -> list[TxPayload]:
     """The owner's first stage: the two tools and the principals."""
-    from quorumgate.sdk.client import tool_spec
+    from quorumgate.sdk.builders import tool_spec
 
     pay = tool_spec(STATE_TOOL_PAY, "user_confirm", schemes=["https"], min_tier="delegate")
     ops: list[TxPayload] = [
@@ -154,7 +154,7 @@ def agent_payloads(keys: StateKeys) -> list[TxPayload]:
 
 def mandate_payloads(keys: StateKeys) -> list[TxPayload]:
     """The owner's third stage: parents may delegate, children may not."""
-    from quorumgate.sdk.client import mandate
+    from quorumgate.sdk.builders import mandate
 
     tools = [STATE_TOOL_CALL, STATE_TOOL_PAY]
     parent_mandate = mandate(tools, delegation_policy="attenuated")

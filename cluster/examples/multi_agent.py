@@ -43,14 +43,8 @@ from nacl.signing import SigningKey
 from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
 from quorumgate.proto.model import EnvelopeArg
 from quorumgate.proto.sealedkey import KDF_INTERACTIVE
-from quorumgate.sdk.client import (
-    Decision,
-    Handle,
-    SyncClient,
-    TransactionRejected,
-    mandate,
-    tool_spec,
-)
+from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.client import Decision, Handle, TransactionRejected
 from quorumgate.sdk.executor import CertifiedLogSource, Executor
 from quorumgate.sdk.governed import (
     ActionDenied,
@@ -61,6 +55,7 @@ from quorumgate.sdk.governed import (
     resume_confirmed,
 )
 from quorumgate.sdk.keys import generate_principal_key, load_principal_key
+from quorumgate.sdk.sync import SyncClient
 
 RUN_PREFIX = "invoice"
 PASSPHRASE_BYTES_GENERATED = 24  # the scripted principal's passphrase: 192 random bits

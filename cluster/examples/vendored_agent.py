@@ -24,7 +24,8 @@ from typing import Any
 
 from quorumgate.proto.clusterfile import ClusterSpec, write_seed
 from quorumgate.proto.model import RuleKind, TargetRule, ToolRules
-from quorumgate.sdk.client import SyncClient, mandate, tool_spec
+from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.sync import SyncClient
 
 MAX_TURNS = 8
 INVOICE_URL = "https://vendor.example/invoices/1042"

@@ -83,6 +83,7 @@ from quorumgate.proto.model import (
     ToolRules,
 )
 from quorumgate.proto.sealedkey import is_sealed_file, read_sealed, seal, write_sealed
+from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.client import (
     CertificateTimeout,
     Client,
@@ -93,8 +94,6 @@ from quorumgate.sdk.client import (
     QuorumGateError,
     ReadNotAuthorized,
     TransactionRejected,
-    mandate,
-    tool_spec,
 )
 from quorumgate.sdk.keys import generate_key, generate_sink_key, load_principal_key
 from quorumgate.sdk.registry import Registry

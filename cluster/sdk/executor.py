@@ -1,6 +1,5 @@
-"""The tool-executor side (issue 6, item 3; issue 16, item 4): run a call only with a
-certificate for it, at most once, and open only the envelopes that call carries and that
-are sealed to this sink.
+"""The tool-executor side: run a call only with a certificate for it, at most once, and
+open only the envelopes that call carries and that are sealed to this sink.
 
     executor = Executor(spec, "payments", sink_private_key,
                         CertifiedLogSource(spec, auditor_key), used="payments-used.db")
@@ -51,7 +50,7 @@ for tests and in-process executors. Executors that share a record share the sing
 The sealed values come from the SealEnvelope transactions in the committed log. No sidecar
 RPC serves them yet, so a `SealedValueSource` is pluggable:
 
-- `CertifiedLogSource` replays the committed log locally (`quorumgate.sdk.client.CommittedLog`) up
+- `CertifiedLogSource` replays the committed log locally (`quorumgate.sdk.log.CommittedLog`) up
   to the certificate's height and accepts the local state only if its state root equals
   the certified one: the ciphertext it returns is the one f+1 sidecars signed (handles are
   never changed once registered);
@@ -80,7 +79,9 @@ from quorumgate.proto import names
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import Outcome, Proposal
 from quorumgate.proto.tx import TxRejected, parse
-from quorumgate.sdk.client import ClusterUnavailable, CommittedLog, decode_card, load_certificate
+from quorumgate.sdk.certificates import decode_card, load_certificate
+from quorumgate.sdk.errors import ClusterUnavailable
+from quorumgate.sdk.log import CommittedLog
 from quorumgate.sdk.targets import certified_call
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.statements import ConfirmationCard

@@ -1,4 +1,4 @@
-"""`governed_tool`: a tool function that runs only with a verdict certificate (issue 6, item 2).
+"""`governed_tool`: a tool function that runs only with a verdict certificate.
 
     @governed_tool(name="files.write", target="path")
     def write_file(path: str, text: str) -> None: ...
@@ -10,8 +10,9 @@ Each call becomes a signed `Proposal`, is ordered by the replicas, judged by the
 and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
 
 - **deny** (or a refusal at submission): `ActionDenied`, whose `str()` and `repr()` are
-  exactly `This action is not permitted.` whatever the reason (DESIGN §4.2, mandate guide
-  "Denials do not come back as tool errors"). The reason is on `.reason`, for operators.
+  exactly `This action is not permitted.` whatever the reason: every word a refusal tells
+  the model is a hint for its next probe (docs/architecture/0007-one-denial-sentence.md).
+  The reason is on `.reason`, for operators.
   `RunHalted` (a subclass) tells a supervisor the run is over (`.halted`).
 - **pending**: `ConfirmationRequired`, carrying the certified card and the proposal id.
   After the principal confirms (`Client.confirm`, `quorumgate confirm`), call
@@ -44,7 +45,7 @@ and the body runs only when f+1 of them certify `allow` or `flag`. Otherwise:
   as `name.0`, `name.1`...; `**kwargs` by key. Anything else raises
   `ArgumentMappingError` naming the parameter (never the value). `exclude=` names
   parameters that are not sent at all; a leading `self`/`cls` is never sent;
-- further targets (issue 15: the recipients of a message, the grantee of a share) are
+- further targets (the recipients of a message, the grantee of a share) are
   `targets={"recipient": "to", "cc": "cc"}`: each role the tool declares, mapped to the
   parameter holding its target text or list of texts (None: none). They are not sent as
   arguments, and the body receives them canonical, in the shape it passed them;
@@ -102,21 +103,18 @@ import rfc8785
 from quorumgate.proto import limits, names
 from quorumgate.proto import tx as txlib
 from quorumgate.proto.model import DENIAL_TEXT, Argument, Outcome, Proposal, RoleTarget, TxKind
-from quorumgate.sdk.client import (
-    CERTIFICATE_DEADLINE_S,
+from quorumgate.sdk.certificates import proposal_body_digest
+from quorumgate.sdk.client import CERTIFICATE_DEADLINE_S, Client
+from quorumgate.sdk.errors import (
     CertificateTimeout,
-    Client,
     ClusterUnavailable,
-    Decision,
-    Handle,
     Overloaded,
     QuorumGateError,
     Refused,
-    Submitted,
-    SyncClient,
-    proposal_body_digest,
 )
+from quorumgate.sdk.sync import SyncClient
 from quorumgate.sdk.targets import binds_caller, certified_call
+from quorumgate.sdk.values import Decision, Grant, Handle, Submitted, grant_id
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 
 __all__ = [
@@ -180,7 +178,8 @@ class ActionDenied(Exception):
 
     @property
     def halted(self) -> bool:
-        """The run is halted (DESIGN §4.3): stop scheduling turns for it."""
+        """The run is halted by the denial latch (docs/engine.md, `run_halted`): stop
+        scheduling turns for it."""
         return self.reason == "run_halted"
 
     def __str__(self) -> str:
@@ -243,7 +242,7 @@ class AgentBinding:
 
     client: Client | SyncClient
     run_id: str
-    grant: bytes | None = None
+    grant: Grant | bytes | None = None
     posture: Posture = Posture.FAIL_CLOSED
     deadline_s: float = CERTIFICATE_DEADLINE_S
 
@@ -256,6 +255,17 @@ class AgentBinding:
     @property
     def public_key(self) -> bytes:
         return self.client.public_key
+
+    @property
+    def proposal_run_id(self) -> str:
+        """The run id this agent's proposals carry: under a `Grant`, the run it is for
+        (`Client.run_under`), else `run_id`."""
+        return self.client.run_under(self.grant, self.run_id)
+
+    @property
+    def proposal_grant(self) -> bytes | None:
+        """The grant id this agent's proposals carry, if it acts under a grant."""
+        return None if self.grant is None else grant_id(self.grant)
 
     def __repr__(self) -> str:
         return (
@@ -297,12 +307,14 @@ def agent_context(
     client: Client | SyncClient,
     *,
     run_id: str,
-    grant: bytes | None = None,
+    grant: Grant | bytes | None = None,
     posture: Posture | str = Posture.FAIL_CLOSED,
     deadline_s: float = CERTIFICATE_DEADLINE_S,
 ) -> Iterator[AgentBinding]:
     """Bind an agent and a run for the governed calls made inside (this task or thread
-    only). `grant`: the delegation this agent acts under (DESIGN §4.4)."""
+    only). `grant`: the delegation this agent acts under (docs/engine.md, the `delegate`
+    transaction): a `Grant` from `Client.delegate`, whose run the calls act in, or a plain
+    grant id."""
     binding = AgentBinding(client, run_id, grant, Posture(posture), deadline_s)
     token = _BINDING.set(binding)
     try:
@@ -316,7 +328,7 @@ async def agent_context_async(
     client: Client | SyncClient,
     *,
     run_id: str,
-    grant: bytes | None = None,
+    grant: Grant | bytes | None = None,
     posture: Posture | str = Posture.FAIL_CLOSED,
     deadline_s: float = CERTIFICATE_DEADLINE_S,
 ) -> AsyncIterator[AgentBinding]:
@@ -630,11 +642,11 @@ def build_proposal(
         raise ArgumentMappingError(f"tool {options.name!r}: more than {limits.ARGUMENTS_MAX} args")
     try:
         return Proposal(
-            run_id=binding.run_id,
+            run_id=binding.proposal_run_id,
             tool=options.name,
             target=target,
             arguments=tuple(arguments),
-            grant=binding.grant,
+            grant=binding.proposal_grant,
             targets=further,
         )
     except ValueError:
@@ -659,23 +671,12 @@ class TargetNotCertified(ActionDenied):
     digest): the body does not run."""
 
 
-async def _agent_id(aio: Client) -> str | None:
-    """This client's agent id, from the registry f+1 sidecars agree on (cached)."""
-    cached: str | None = getattr(aio, "_qg_agent_id", None)
-    if cached is not None:
-        return cached
-    registry = await aio.registry()
-    found = next((a.agent_id for a in registry.agents if a.public_key == aio.public_key), None)
-    if found is not None:
-        aio._qg_agent_id = found  # type: ignore[attr-defined]
-    return found
-
-
 async def _certified_target(
     aio: Client, proposal: Proposal, decision: Decision
 ) -> tuple[str, tuple[str, ...]]:
-    """The canonical target of a certified call, as the body must see it (DESIGN §4.1:
-    "the tool body runs on the canonical targets, never the raw ones"): canonicalized here
+    """The canonical target of a certified call, as the body must see it: the body runs on
+    the canonical targets, never the raw ones, so an alias cannot act on another resource
+    than the one the rules judged (docs/engine.md, "Canonical targets"). Canonicalized here
     the way the chain does (its `canonical_version`), and accepted only if its digest is
     the one the certificate carries (`quorumgate.sdk.targets.certified_target`, the same
     check the executor makes). The agent id is asked of the registry only when the target
@@ -683,7 +684,7 @@ async def _certified_target(
     raw = proposal.target
     further = tuple((t.role, t.target) for t in proposal.targets)
     bound = binds_caller(raw, further)
-    principal = (await _agent_id(aio) if bound else None) or names.CURRENT_USER
+    principal = (await aio.agent_id() if bound else None) or names.CURRENT_USER
     canonical = certified_call(
         proposal.tool,
         raw,
@@ -767,7 +768,8 @@ async def _resume(
 ) -> _Verdict:
     """The confirmed run of a pending call: same signer, same body (card digest), then the
     settled certificate."""
-    # the body was signed in the run its label names (issue 16): the same run here
+    # the body was signed in the run its label names (docs/engine.md: runs are opened by
+    # the cluster, not named by the agent): the same run here
     bound = aio.bind_run(proposal, pending.nonce)
     assert isinstance(bound, Proposal)
     proposal = bound
@@ -1022,11 +1024,11 @@ def proposal_from_dict(
         raise ArgumentMappingError(f"tool {options.name!r}: more than {limits.ARGUMENTS_MAX} args")
     try:
         return Proposal(
-            run_id=binding.run_id,
+            run_id=binding.proposal_run_id,
             tool=options.name,
             target=target,
             arguments=tuple(args),
-            grant=binding.grant,
+            grant=binding.proposal_grant,
             targets=further,
         )
     except ValueError:

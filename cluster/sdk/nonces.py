@@ -1,7 +1,7 @@
 """Which nonces a client may sign with next: pure bookkeeping, no I/O.
 
 The engine accepts a signer's nonce only inside its window: above the low-water mark of
-nonces it executed and at most `NONCE_WINDOW` beyond it (DESIGN §3, `proto/nonces.py`).
+nonces it executed and at most `NONCE_WINDOW` beyond it (docs/engine.md, `proto/nonces.py`).
 A client learns the low-water mark from the sidecars (`Account.next_nonce`, the `floor`
 here) and counts up in memory. Three things can happen to a nonce it took:
 
@@ -14,8 +14,9 @@ here) and counts up in memory. Three things can happen to a nonce it took:
 The counter is the first nonce above the floor, every spent nonce and every nonce still
 in flight. So a run of refused nonces at the end — the tail of a batch that went past the
 window — is given back, and the client does not keep signing nonces the engine can never
-accept (issue 13: after a 20,000-proposal `submit_many` the client answered `Replayed`
-for good, because its counter had moved past the window and syncing never moved it back).
+accept (otherwise, after a `submit_many` longer than the window, the client would answer
+`Replayed` for good: its counter would have moved past the window, and syncing never moves
+it back).
 
 A refused nonce below the counter is a gap, and gaps must be filled: the engine's
 low-water mark rises only over contiguous executed nonces, so a nonce skipped for good

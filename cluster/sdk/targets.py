@@ -1,7 +1,7 @@
-"""One helper for "which canonical target does this certificate name" (issue 16, item 4):
-the SDK's governed tools and the tool executor both check a call's target against a
-certificate with `certified_target`, so the body and the executor act on the same
-canonical spelling the sidecars judged, never on the raw one."""
+"""One helper for "which canonical target does this certificate name": the SDK's governed
+tools and the tool executor both check a call's target against a certificate with
+`certified_target`, so the body and the executor act on the same canonical spelling the
+sidecars judged, never on the raw one."""
 
 from __future__ import annotations
 

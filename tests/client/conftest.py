@@ -1,4 +1,4 @@
-"""Live clusters for the client SDK tests (issue 6, item 5).
+"""Live clusters for the client SDK tests.
 
 `cluster` is module-scoped: one real 4-node cluster (replicas and sidecars, loopback, the
 free ports `init_cluster` picked) per test module, stopped in a finalizer whether the tests
@@ -23,7 +23,8 @@ from nacl.signing import SigningKey
 from quorumgate.ops.nodes import log_tail, start_cluster, stop_nodes
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import EnvelopeArg
-from quorumgate.sdk.client import SyncClient, mandate, tool_spec
+from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.sync import SyncClient
 from tests import polling
 
 T = TypeVar("T")

@@ -15,7 +15,6 @@ import pytest
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-import quorumgate.sdk.client as client_module
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
@@ -33,20 +32,18 @@ from quorumgate.proto.limits import NONCE_WINDOW
 from quorumgate.proto.model import Argument, Outcome, Proposal
 from quorumgate.proto.tx import tx_id
 from quorumgate.runtime.channels import Reader, aio_channel, sync_channel
+from quorumgate.sdk import delivery
+from quorumgate.sdk.certificates import load_certificate, verify
 from quorumgate.sdk.client import (
     Client,
     ClusterUnavailable,
-    CommittedLog,
     Decision,
     Handle,
     InvalidCertificate,
     Overloaded,
     Refused,
     Submitted,
-    SyncClient,
     TransactionRejected,
-    load_certificate,
-    verify,
 )
 from quorumgate.sdk.executor import (
     CertificateExpired,
@@ -60,7 +57,9 @@ from quorumgate.sdk.executor import (
     NotAllowed,
     WrongCall,
 )
+from quorumgate.sdk.log import CommittedLog
 from quorumgate.sdk.owner import owner_reader
+from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.engine.statements import target_digest
 from quorumgate.sidecar.receipts import (
     Certificate,
@@ -499,18 +498,18 @@ class Exhausted(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
 async def test_resource_exhausted_backs_off_within_a_bound(
     cluster: ClusterSpec, owner: SyncClient, monkeypatch: pytest.MonkeyPatch, refusals: int
 ) -> None:
-    monkeypatch.setattr(client_module, "BACKOFF_S_MIN", 0.002)
-    monkeypatch.setattr(client_module, "BACKOFF_S_MAX", 0.01)
+    monkeypatch.setattr(delivery, "BACKOFF_S_MIN", 0.002)
+    monkeypatch.setattr(delivery, "BACKOFF_S_MAX", 0.01)
     _, key = new_agent(owner, ["web.get"])
     full = Exhausted(cluster, refusals)
     spec, servers = await _overloaded_cluster(cluster, full)
     try:
         async with agent_client(spec, key) as qg:
-            if refusals > client_module.OVERLOAD_RETRIES_MAX:
+            if refusals > delivery.OVERLOAD_RETRIES_MAX:
                 with pytest.raises(Overloaded) as err:
                     await qg.submit(Proposal(run_id=RUN, tool="web.get", target=URL))
                 assert err.value.reason == "mempool_full" and err.value.code == "RESOURCE_EXHAUSTED"
-                assert full.calls == client_module.OVERLOAD_RETRIES_MAX + 1
+                assert full.calls == delivery.OVERLOAD_RETRIES_MAX + 1
             else:
                 submitted = await qg.submit(Proposal(run_id=RUN, tool="web.get", target=URL))
                 assert full.calls == refusals + 1
@@ -524,8 +523,8 @@ async def test_a_refusal_is_typed_and_says_nothing_of_the_reason(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
     """An unknown signer is refused before ordering; a registered agent's call to an
-    invented tool is ordered and denied with a certificate (canonical version 2, issue 15:
-    it is recorded and counts toward the latch, and admission tells no one which tools
+    invented tool is ordered and denied with a certificate (canonical version 2: it is
+    recorded and counts toward the latch, and admission tells no one which tools
     exist). Neither says its reason to the agent."""
     _, key = new_agent(owner, None)
     stranger = SigningKey.generate()
@@ -595,10 +594,10 @@ async def test_submit_many_streams_and_every_one_is_certified(
 async def test_submit_many_past_the_nonce_window_waits_and_the_client_stays_usable(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    """Issue 13: a submit_many longer than the engine's nonce window used to sign its tail
-    past the window (refused `replayed`), and the client's counter stayed there: every
-    later call was `Replayed`, for good. Now it waits for the window to move, and a refused
-    nonce is given back."""
+    """A submit_many longer than the engine's nonce window must not sign its tail past the
+    window (refused `replayed`) and leave the client's counter there, where every later
+    call would be `Replayed` for good: it waits for the window to move, and a refused nonce
+    is given back."""
     _, key = new_agent(owner, ["web.get"])
     count = 2 * NONCE_WINDOW + 100
     payloads = [Proposal(run_id=RUN, tool="web.get", target=f"{URL}/{k}") for k in range(count)]
@@ -702,8 +701,8 @@ async def test_envelope_sealed_by_the_client_opens_only_at_the_executor(
             )
         )
         decision = await qg.await_certificate(submitted.proposal_id)
-        # a raw value for a credential is refused before ordering (canonical version 2,
-        # issue 15): it never enters a block
+        # a raw value for a credential is refused before ordering (canonical version 2):
+        # it never enters a block
         with pytest.raises(Refused) as raw:
             await qg.propose("vault.store", URL, {"secret": "4111"}, run_id=RUN)
         denied = await qg.propose(

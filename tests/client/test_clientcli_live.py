@@ -25,8 +25,9 @@ from quorumgate.proto.clusterfile import ClusterSpec, init_cluster, read_seed
 from quorumgate.proto.model import DENIAL_TEXT, Mandate, RuleKind, TargetRule, ToolRules
 from quorumgate.proto.sealedkey import KDF_INTERACTIVE, read_sealed, seal, write_sealed
 from quorumgate.runtime.channels import sync_channel
-from quorumgate.sdk.client import SyncClient, load_certificate, verify
+from quorumgate.sdk.certificates import load_certificate, verify
 from quorumgate.sdk.owner import owner_reader
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import SINK
 
 SECRET = f"SECRET-{uuid.uuid4().hex}"
@@ -145,7 +146,7 @@ def test_admin_commands_and_the_registry_listings(
         d,
     )
     assert code == 0
-    # registration checks (issue 15): a confirm-gated tool states its tier; a direct tool
+    # registration checks: a confirm-gated tool states its tier; a direct tool
     # taking an amount needs an override, which the verdict records
     base = ["admin", "register-tool", "cli.pay", "--scheme", "https", "--dir", d]
     code, doc = run_json(capsys, *base, "--mode", "user_confirm")
@@ -205,8 +206,8 @@ def test_submit_confirm_and_verdicts(
     assert (code, doc["outcome"]) == (0, "allow") and "reason" not in doc
     cert = load_certificate(bytes.fromhex(str(doc["certificate"])))
     assert verify(cluster, cert).proposal_id.hex() == doc["proposal_id"]
-    # the label opened a run named after this transaction's nonce (issue 16): later
-    # commands act in it by its id
+    # the label opened a run named after this transaction's nonce (docs/engine.md: runs
+    # are opened by the cluster): later commands act in it by its id
     run_id = doc["run_id"]
     assert run_id.startswith("n") and run_id != "cli-run"
     base = ["submit", "--dir", d, "--key", str(agent_key), "--run", run_id]
@@ -233,7 +234,7 @@ def test_submit_confirm_and_verdicts(
     assert code == 3 and "Official confirmation form" in out and "quorumgate confirm" in out
     proposal = out.split("--key PRINCIPAL_KEY ")[1].split()[0]
 
-    # the agent that proposed it holds no card to answer (issue 16); its key, kept in the
+    # the agent that proposed it holds no card to answer (split authority); its key, kept in the
     # clear as an agent's is, is not even used: answering needs a sealed key
     code, _, err = run(capsys, "confirm", "--dir", d, "--key", str(agent_key), proposal, "--yes")
     assert code == 2 and "in the clear" in err and "quorumgate passphrase" in err
@@ -432,7 +433,7 @@ def test_the_registry_comes_from_f_plus_1_sidecars_at_one_height(
     agent_key: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`agents` and `tools` read the sidecars' Registry RPC (issue 13, item 6): the answer
+    """`agents` and `tools` read the sidecars' Registry RPC: the answer
     names the height, the state root the sidecars signed for it, and the f+1 (or more)
     sidecars that returned exactly this content."""
     code, doc = run_json(capsys, "agents", "--dir", str(cluster.directory))
@@ -549,7 +550,7 @@ def test_a_tool_with_further_targets_from_the_command_line(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Issue 15, item 1: `register-tool --role ROLE=SCHEMES[:MAX] --target-optional`, and
+    """`register-tool --role ROLE=SCHEMES[:MAX] --target-optional`, and
     `submit --also ROLE=TARGET`; each further target is judged by the rules of its role."""
     d = str(cluster.directory)
     code, doc = run_json(
@@ -596,7 +597,7 @@ def test_a_tool_with_further_targets_from_the_command_line(
 def test_settings_are_set_in_the_log_from_the_command_line(
     cluster: ClusterSpec, agent_key: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 15, item 5: `admin set-settings NAME=VALUE... [--clear NAME]` and `settings`;
+    """`admin set-settings NAME=VALUE... [--clear NAME]` and `settings`;
     a quota set in the log takes effect on the next call."""
     d = str(cluster.directory)
     code, doc = run_json(capsys, "settings", "--dir", d)

@@ -1,4 +1,4 @@
-"""The orchestrator example (issue 6, item 6) against a live 4-node cluster: its outcomes."""
+"""The orchestrator example against a live 4-node cluster: its outcomes."""
 
 from __future__ import annotations
 

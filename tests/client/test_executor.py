@@ -382,7 +382,7 @@ def test_a_tampered_ciphertext_does_not_open(setup: Setup) -> None:
     assert "not for the vault" not in str(err.value)
 
 
-# ------------------------------------------------------------------ issue 16, item 4
+# ------------------------------------------------------------------ confirmed calls, targets
 
 
 def _confirmed(s: Setup, agent: str, handle: str) -> tuple[bytes, BlockResult, ConfirmationCard]:
@@ -590,7 +590,7 @@ def test_a_claim_is_atomic_across_connections(tmp_path: Path) -> None:
 
 
 def test_the_executor_checks_a_target_in_any_spelling_with_the_sdks_helper(setup: Setup) -> None:
-    """Issue 16, item 4: the executor canonicalizes the target it acts on with the helper
+    """The executor canonicalizes the target it acts on with the helper
     governed tools use (`quorumgate.sdk.targets.certified_target`) and hands back the
     canonical form; another resource, however spelled, is refused."""
     _, result = _call(setup, "alice", "vault.store", setup.handle)
@@ -609,7 +609,7 @@ def test_the_executor_checks_a_target_in_any_spelling_with_the_sdks_helper(setup
 
 
 def test_the_executor_checks_every_further_target(setup: Setup) -> None:
-    """Issue 15, item 1: a call with several targets (a message to three recipients) is
+    """A call with several targets (a message to three recipients) is
     certified for exactly those; the executor acting on another recipient list, a missing
     or an added recipient, is refused; the canonical forms come back in the order given."""
     w = setup.world

@@ -16,20 +16,16 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-import quorumgate.sdk.client as client_module
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.model import DENIAL_TEXT, Proposal, RuleKind, TargetRule, ToolRules
 from quorumgate.proto.tx import parse
 from quorumgate.runtime.channels import sync_channel
-from quorumgate.sdk.client import (
-    Client,
-    SyncClient,
-    load_certificate,
-    tool_spec,
-    verify,
-)
+from quorumgate.sdk import delivery
+from quorumgate.sdk.builders import tool_spec
+from quorumgate.sdk.certificates import load_certificate, verify
+from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import (
     FAIL_OPEN_MARKER,
     ActionDenied,
@@ -48,6 +44,7 @@ from quorumgate.sdk.governed import (
     resume_confirmed,
 )
 from quorumgate.sdk.owner import owner_reader
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import LiveCluster, new_agent, new_principal, wait_until
 from tests.client.test_client_live import Exhausted, _overloaded_cluster
 
@@ -146,7 +143,7 @@ def test_sync_tool_runs_only_with_an_allow_certificate(
     assert tx.signer == bytes(key.verify_key) and tx.tx_id == call.proposal_id
     proposal = tx.body.payload
     assert isinstance(proposal, Proposal)
-    # the label opened a run named after the nonce of its first call (issue 16)
+    # the label opened a run named after the nonce of its first call (docs/engine.md)
     run = qg.run_of("run-s")
     assert (proposal.tool, proposal.target, proposal.run_id) == ("web.get", URL, run)
     assert [(a.name, a.text) for a in proposal.arguments] == [("query", "weather"), ("limit", "3")]
@@ -396,8 +393,8 @@ async def test_an_overloaded_cluster_is_no_certificate_not_a_denial(
 ) -> None:
     """RESOURCE_EXHAUSTED past the bounded back-off: the posture decides, as for an
     unreachable cluster."""
-    monkeypatch.setattr(client_module, "BACKOFF_S_MIN", 0.001)
-    monkeypatch.setattr(client_module, "BACKOFF_S_MAX", 0.002)
+    monkeypatch.setattr(delivery, "BACKOFF_S_MIN", 0.001)
+    monkeypatch.setattr(delivery, "BACKOFF_S_MAX", 0.002)
     _, key = new_agent(owner, ["web.get"])
     full = Exhausted(cluster, refusals=1_000_000)
     spec, servers = await _overloaded_cluster(cluster, full)
@@ -429,7 +426,7 @@ def _committed_proposal(spec: ClusterSpec, height: int, index: int) -> Proposal:
     return payload
 
 
-# ---------------------------------------------------------------------------- by name (issue 13)
+# ---------------------------------------------------------------------------- by name
 
 
 def _gate() -> Gate:
@@ -511,7 +508,7 @@ def test_clients_of_many_keys_share_one_channel_pool(
 def test_the_body_runs_on_the_certified_canonical_target_not_the_raw_one(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    """Issue 15, item 3: the target a tool body gets is the canonical one the certificate
+    """The target a tool body gets is the canonical one the certificate
     names (checked against its digest), never the spelling the planner wrote."""
     _, key = new_agent(owner, ["web.get"])
     raw = "HTTPS://Example.COM:443/docs/./guide/../page?q=a%7e#section"
@@ -536,7 +533,7 @@ def send_to_many(to: str, cc: list[str], body: str) -> tuple[str, list[str]]:
 def test_further_targets_are_judged_and_the_body_gets_them_canonical(
     cluster: ClusterSpec, owner: SyncClient
 ) -> None:
-    """Issue 15, item 1: `targets={"recipient": "cc"}` sends each cc address as a target
+    """`targets={"recipient": "cc"}` sends each cc address as a target
     in the role the tool declares (not as an argument the rules cannot see): an attacker's
     address among them is refused, and the body receives every target canonical."""
     owner.register_tool(

@@ -242,7 +242,7 @@ async def test_bindings_are_per_task_and_per_thread() -> None:
         agent_context(a.client, run_id="bad run id!").__enter__()
 
 
-# ---------------------------------------------------------------------------- issue 13
+# ---------------------------------------------------------------------------- structured values
 
 
 def test_structured_values_are_canonical_json_equal_values_equal_text() -> None:

@@ -1,4 +1,4 @@
-"""`quorumgate policy plan / apply` (issue 15, item 5): the owner operations that make a
+"""`quorumgate policy plan / apply`: the owner operations that make a
 live cluster match a policy file, applied idempotently. The planner is a pure function
 (tested on registries built here); `apply` runs against a live 4-node cluster."""
 
@@ -26,8 +26,8 @@ from quorumgate.proto.model import (
     ToolRules,
     ToolSpec,
 )
-from quorumgate.sdk.client import SyncClient
 from quorumgate.sdk.registry import AgentEntry, Registry
+from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.engine.core import EngineConfig
 from quorumgate.sidecar.policykit import load_policy
 

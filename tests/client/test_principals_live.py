@@ -1,4 +1,4 @@
-"""Split authority on a live cluster (issue 16, items 1-2): the proposer cannot confirm its
+"""Split authority on a live cluster (docs/security/approvals.md): the proposer cannot confirm its
 own call; its principal reads the open card with every value from f+1 sidecars, confirms
 or rejects it, and the waiting agent learns the answer from its certificate."""
 
@@ -8,7 +8,8 @@ import pytest
 
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import Mandate, RuleKind, TargetRule, ToolMode, ToolRules
-from quorumgate.sdk.client import Refused, SyncClient, TransactionRejected
+from quorumgate.sdk.client import Refused, TransactionRejected
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import new_agent, new_principal, wait_until
 
 
@@ -33,7 +34,8 @@ def test_only_the_principal_answers_and_sees_every_value(
         )
         assert pending.pending and pending.card is not None
         assert pending.card.confirmer == f"principal:{person_id}"
-        # the proposer's own key is refused (the attack of issue 16)
+        # the proposer's own key is refused: an agent that could confirm its own call would
+        # need no person at all
         with pytest.raises(TransactionRejected) as refused:
             agent.confirm(pending.proposal_id, pending.card.digest)
         assert refused.value.reason == "confirmer_not_authorized"

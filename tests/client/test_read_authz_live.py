@@ -1,7 +1,7 @@
-"""Reads of committed data are authorized (issue 14, item 2): `CommittedBlocks` holds every
-argument value of every call, a sidecar's `Receipts` every verdict. They answer the owner,
-the members and auditors; an agent reads its own verdicts; an unregistered key gets
-nothing."""
+"""Reads of committed data are authorized (docs/security/reads-and-certificates.md):
+`CommittedBlocks` holds every argument value of every call, a sidecar's `Receipts` every
+verdict. They answer the owner, the members and auditors; an agent reads its own verdicts;
+an unregistered key gets nothing."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
 from quorumgate.runtime.channels import Reader, sync_channel
-from quorumgate.sdk.client import SyncClient
 from quorumgate.sdk.polling import poll_for
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import new_agent, new_principal
 
 URL = "https://example.com/authz"

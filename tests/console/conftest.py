@@ -24,8 +24,9 @@ from quorumgate.console.app import Console
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.sealedkey import KDF_INTERACTIVE, read_sealed
 from quorumgate.proxy.fake import ServerThread, free_port
-from quorumgate.sdk.client import SyncClient, mandate, tool_spec
+from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.keys import generate_principal_key
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import cluster, live, owner, sink_key  # noqa: F401 (fixtures)
 
 IBAN = "iban:GB82 WEST 1234 5698 7654 32"

@@ -21,7 +21,7 @@ import pytest
 from quorumgate.console.app import PAGE, Console
 from quorumgate.console.auth import PASSPHRASE_FAILURES_MAX, PASSPHRASE_WINDOW_S, SESSION_S_MAX
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.sdk.client import SyncClient
+from quorumgate.sdk.sync import SyncClient
 from tests.client.conftest import wait_until
 from tests.console.conftest import IBAN, PASSPHRASE, Clock, ConsolePage, Setup, serving
 

@@ -20,7 +20,9 @@ from starlette.routing import Route
 
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proxy.fake import ServerThread
-from quorumgate.sdk.client import Decision, SyncClient, mandate, tool_spec
+from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.client import Decision
+from quorumgate.sdk.sync import SyncClient
 from tests.console.conftest import CANONICAL, IBAN, PASSPHRASE, Setup, chromium
 
 SCREENSHOT_ENV = "QG_CONSOLE_SCREENSHOT"  # where to keep the screenshot (the README's)

@@ -35,7 +35,8 @@ from quorumgate.mcpgw.pins import old_definition_digest
 from quorumgate.mcpgw.results import RESULT_BYTES_MAX
 from quorumgate.proto.clusterfile import ClusterSpec, write_seed
 from quorumgate.proto.model import DENIAL_TEXT
-from quorumgate.sdk.client import SyncClient, mandate, tool_spec
+from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.sync import SyncClient
 
 SERVER = Path(__file__).with_name("scenario_server.py")
 AGENT = "mcp-attacked"

@@ -22,7 +22,8 @@ from quorumgate.ops import clientcli
 from quorumgate.proto.clusterfile import ClusterSpec, write_seed
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.proxy.fake import free_port
-from quorumgate.sdk.client import SyncClient, mandate, tool_spec
+from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.sync import SyncClient
 from tests import polling
 
 SERVER = Path(__file__).with_name("files_server.py")

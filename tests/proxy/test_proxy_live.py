@@ -36,7 +36,8 @@ from quorumgate.proxy.fake import (
     text,
     tool_use,
 )
-from quorumgate.sdk.client import SyncClient, mandate, tool_spec
+from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.sync import SyncClient
 
 API_KEY = "sk-ant-api03-test-key-never-logged-0123456789"
 SELECTOR = "x-quorumgate-agent"

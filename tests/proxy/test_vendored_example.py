@@ -6,7 +6,7 @@ from __future__ import annotations
 from quorumgate.examples.vendored_agent import INVOICE_URL, run_vendored
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import DENIAL_TEXT
-from quorumgate.sdk.client import SyncClient
+from quorumgate.sdk.sync import SyncClient
 
 
 def test_the_vendored_agents_injected_call_is_withheld(

@@ -91,18 +91,17 @@ from quorumgate.proto.model import (
 from quorumgate.replica.types import Block, QuorumCert
 from quorumgate.replica.wire import decode_block
 from quorumgate.runtime.channels import sync_channel
+from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.client import (
     Decision,
     Handle,
     QuorumGateError,
     Refused,
     Submitted,
-    SyncClient,
     TransactionRejected,
-    mandate,
-    tool_spec,
 )
 from quorumgate.sdk.owner import owner_reader
+from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar import operator
 from quorumgate.sidecar import replay as replay_module
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
