@@ -181,7 +181,7 @@ class CoreStats:
 class Core:
     """One replica's consensus state machine."""
 
-    # Components a test may swap for deliberately broken ones (see replica/sim.py).
+    # Components a test may swap for deliberately broken ones (tests/consensus/variants.py).
     safety_rules_cls: type[SafetyRules] = SafetyRules
     block_tree_cls: type[BlockTree] = BlockTree
 

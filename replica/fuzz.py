@@ -29,7 +29,7 @@ from quorumgate.proto.crypto import Signer, Verifier
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
-from quorumgate.replica.sim import FastKeys
+from quorumgate.replica.sim.crypto import FastKeys
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
     Block,
