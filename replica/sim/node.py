@@ -7,18 +7,16 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from quorumgate.proto.canonical import Encoder
-from quorumgate.proto.crypto import Signer, Verifier
+from quorumgate.proto.crypto import Signer, Verifier, VerifyFn
+from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import Action
 from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.safety import SafetyState
-from quorumgate.replica.sim.options import RESTORE_BACKUP_VIEWS_MAX, SIM_LIMITS
+from quorumgate.replica.sim.options import RESTORE_BACKUP_VIEWS_MAX, SIM_LIMITS, SimOptions
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, CommitProof, genesis_block
-
-if TYPE_CHECKING:
-    from quorumgate.replica.sim.simulation import Simulation
 
 
 @dataclass
@@ -130,10 +128,25 @@ class SimExecution:
         return self._roots[height] if 0 <= height < len(self._roots) else None
 
 
+class NodeWorld(Protocol):
+    """What a member sees of the simulation it runs in (`Simulation` implements it)."""
+
+    options: SimOptions
+    membership: Membership
+    byzantine: dict[int, str]
+    pool: SimPool
+    verify_fn: VerifyFn
+    restores_resumed: int
+    stale_restores: int
+    amnesiac: set[int]
+
+    def now_ms(self, index: int) -> int: ...
+
+
 class SimNode:
     """One instance of a member: a core plus its disk. Twins are two of these, one index."""
 
-    def __init__(self, sim: Simulation, index: int, signer: Signer, instance: int = 0) -> None:
+    def __init__(self, sim: NodeWorld, index: int, signer: Signer, instance: int = 0) -> None:
         self.sim = sim
         self.index = index
         self.instance = instance

@@ -6,23 +6,20 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from quorumgate.replica.actions import Action, Send
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim.node import SimNode
 from quorumgate.replica.sim.options import SENT_PROPOSAL_VIEWS_MAX
+from quorumgate.replica.sim.world import World
 from quorumgate.replica.types import Envelope, Proposal, Timeout, Vote
-
-if TYPE_CHECKING:
-    from quorumgate.replica.sim.simulation import Simulation
 
 
 class RestoreDrill:
     """When to restore the victim, from which backup, and what the network hands it after.
     The victim is the last honest member; `SimOptions.restores_when_*` say how often."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: World) -> None:
         self.sim = sim
         self.aimed: Counter[str] = Counter()  # aimed restores done, by kind
         # view -> block hash -> a proposal of that view as sent (the newest views only)

@@ -10,7 +10,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from quorumgate.proto.crypto import Ed25519Signer, Signer, ed25519_verify
+from quorumgate.proto.crypto import Ed25519Signer, Signer, VerifyFn, ed25519_verify
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.actions import (
     Action,
@@ -64,7 +64,7 @@ class Simulation:
         n = options.n
         chain = f"sim-{options.seed}"
         fast = FastKeys()
-        self.verify_fn = fast.verify if options.fast_crypto else ed25519_verify
+        self.verify_fn: VerifyFn = fast.verify if options.fast_crypto else ed25519_verify
         signers: list[Signer] = []
         for i in range(n):
             seed = hashlib.sha256(f"{chain}/{i}".encode()).digest()
