@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quorumgate.replica.actions import Send
 from quorumgate.replica.sim.node import SimNode
 from quorumgate.replica.sim.options import FAR_AHEAD_VIEWS, MALFORM_COPIES
+from quorumgate.replica.sim.world import World
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
     Block,
@@ -36,9 +37,6 @@ from quorumgate.replica.types import (
     vote_bytes,
 )
 
-if TYPE_CHECKING:
-    from quorumgate.replica.sim.simulation import Simulation
-
 
 class Adversary:
     """The Byzantine members of one simulation, acting on its network and with its keys.
@@ -46,7 +44,7 @@ class Adversary:
     (It sends through `Simulation._deliver_from`, looked up on each call, so that a test
     which records what the network carries sees what Byzantine members send too.)"""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: World) -> None:
         self.sim = sim
         self.forge_seq = 0
         self.fork_pending: dict[int, Proposal] = {}
@@ -75,8 +73,6 @@ class Adversary:
         self, node: SimNode, behaviour: str, send: Send
     ) -> list[tuple[int | None, Message]]:
         msg = send.message
-        chain = self.sim.membership.chain_id
-        me = node.index
         if behaviour == "silent_leader" and isinstance(msg, Proposal):
             return []
         if behaviour == "bad_signatures":
@@ -88,65 +84,78 @@ class Adversary:
             if isinstance(msg, Proposal):
                 return [(send.to, replace(msg, signature=bad))]
         if behaviour == "equivocate" and isinstance(msg, Proposal):
-            block = msg.block
-            alt = Block.create(
-                chain,
-                block.parent_hash,
-                block.view,
-                block.height,
-                block.justify,
-                block.timestamp_ms + 1,
-                block.proposer,
-                tuple(reversed(block.payload))[:-1] if block.payload else (),
-                block.state_root_height,
-                block.state_root,
-            )
-            alt_prop = Proposal(alt, self._sign(me, proposal_bytes(chain, alt.view, alt.hash)))
-            others = [i for i in range(self.sim.options.n) if i != me]
-            self.sim.rng.shuffle(others)
-            half = len(others) // 2
-            out: list[tuple[int | None, Message]] = [(i, msg) for i in others[:half]]
-            out += [(i, alt_prop) for i in others[half:]]
-            # One member of the first half sees both: a replica must vote for one only.
-            out += [(others[0], alt_prop)] if half else []
-            # and vote for the alternative too
-            out += [
-                (
-                    None,
-                    Vote(
-                        alt.view,
-                        alt.height,
-                        alt.hash,
-                        me,
-                        self._sign(me, vote_bytes(chain, alt.view, alt.height, alt.hash)),
-                    ),
-                )
-            ]
-            return out
+            return self._equivocate(node, msg)
         if behaviour == "double_vote" and isinstance(msg, Vote):
             return [(send.to, msg)]
         if behaviour == "fork_leader":
-            if isinstance(msg, Proposal) and not self._forks_in(msg.block.view):
-                return [(send.to, msg)]  # a teammate forked the view before: extend it
-            if isinstance(msg, Proposal):
-                fork = self._fork_block(node, msg)
-                if fork is None:
-                    return [(send.to, msg)]
-                self.fork_pending[me] = fork  # sent once a TC for the view before admits it
-                return []
-            if isinstance(msg, Timeout | TimeoutCert):
-                return []  # its certificates would tell the others what the victim knows
-            if isinstance(msg, Vote) and self._forks_in(msg.view):
-                return []  # its vote goes to the fork, not to the block it replaced
-            if isinstance(msg, Vote):
-                # Withhold the vote for the block just before a view the team forks from
-                # all but the victim: only the victim can then certify it (and commit).
-                # Every member of the team does, or the others' votes certify it anyway.
-                if self._forks_in(msg.view + 1):
-                    return [(self.fork_victim, msg)]
-                return [(send.to, msg)]
+            return self._fork_leader(node, send)
         if behaviour == "forge_certs":
             return [(send.to, msg), *self._forgeries(node)]
+        return [(send.to, msg)]
+
+    def _equivocate(self, node: SimNode, msg: Proposal) -> list[tuple[int | None, Message]]:
+        """Two blocks for one view, each to half the others (one member shown both), and a
+        vote for the second one to everyone."""
+        chain = self.sim.membership.chain_id
+        me = node.index
+        block = msg.block
+        alt = Block.create(
+            chain,
+            block.parent_hash,
+            block.view,
+            block.height,
+            block.justify,
+            block.timestamp_ms + 1,
+            block.proposer,
+            tuple(reversed(block.payload))[:-1] if block.payload else (),
+            block.state_root_height,
+            block.state_root,
+        )
+        alt_prop = Proposal(alt, self._sign(me, proposal_bytes(chain, alt.view, alt.hash)))
+        others = [i for i in range(self.sim.options.n) if i != me]
+        self.sim.rng.shuffle(others)
+        half = len(others) // 2
+        out: list[tuple[int | None, Message]] = [(i, msg) for i in others[:half]]
+        out += [(i, alt_prop) for i in others[half:]]
+        # One member of the first half sees both: a replica must vote for one only.
+        out += [(others[0], alt_prop)] if half else []
+        # and vote for the alternative too
+        out += [
+            (
+                None,
+                Vote(
+                    alt.view,
+                    alt.height,
+                    alt.hash,
+                    me,
+                    self._sign(me, vote_bytes(chain, alt.view, alt.height, alt.hash)),
+                ),
+            )
+        ]
+        return out
+
+    def _fork_leader(self, node: SimNode, send: Send) -> list[tuple[int | None, Message]]:
+        """Lead a fork in the views the team forks, and keep the victim alone able to
+        certify the block just before one."""
+        msg = send.message
+        me = node.index
+        if isinstance(msg, Proposal) and not self._forks_in(msg.block.view):
+            return [(send.to, msg)]  # a teammate forked the view before: extend it
+        if isinstance(msg, Proposal):
+            fork = self._fork_block(node, msg)
+            if fork is None:
+                return [(send.to, msg)]
+            self.fork_pending[me] = fork  # sent once a TC for the view before admits it
+            return []
+        if isinstance(msg, Timeout | TimeoutCert):
+            return []  # its certificates would tell the others what the victim knows
+        if isinstance(msg, Vote) and self._forks_in(msg.view):
+            return []  # its vote goes to the fork, not to the block it replaced
+        # Withhold the vote for the block just before a view the team forks from all but
+        # the victim: only the victim can then certify it (and commit). Every member of the
+        # team does, or the others' votes certify it anyway.
+        if isinstance(msg, Vote) and self._forks_in(msg.view + 1):
+            return [(self.fork_victim, msg)]
         return [(send.to, msg)]
 
     def malformed(self, node: SimNode, send: Send) -> list[tuple[int, int | None, Message]]:
@@ -180,15 +189,6 @@ class Adversary:
         chain, me = self.sim.membership.chain_id, node.index
         garbage = bytes(rng.getrandbits(8) for _ in range(64))
         pick = rng.randrange(6)
-
-        def qc_mutation(qc: QuorumCert) -> QuorumCert:
-            if pick == 0:
-                return replace(qc, signatures=qc.signatures[:1])  # under-signed
-            if pick == 1 and qc.signatures:
-                signer, _ = qc.signatures[0]
-                return replace(qc, signatures=((signer, garbage), *qc.signatures[1:]))
-            return replace(qc, view=qc.view + FAR_AHEAD_VIEWS)
-
         if isinstance(msg, Vote):
             if pick < 2:
                 return replace(msg, view=msg.view + FAR_AHEAD_VIEWS * pick, signature=garbage)
@@ -204,44 +204,14 @@ class Adversary:
             return replace(msg, height=2**62)
         if isinstance(msg, Timeout):
             if pick < 3:
-                return replace(msg, high_qc=qc_mutation(msg.high_qc))
+                return replace(msg, high_qc=_mutated_qc(msg.high_qc, pick, garbage))
             return replace(msg, view=msg.view + FAR_AHEAD_VIEWS, signature=garbage)
         if isinstance(msg, TimeoutCert):
             if pick < 3:
                 return replace(msg, signatures=msg.signatures[:1])
-            return replace(msg, high_qc=qc_mutation(msg.high_qc))
+            return replace(msg, high_qc=_mutated_qc(msg.high_qc, pick, garbage))
         if isinstance(msg, Proposal):
-            block = msg.block
-
-            def rebuilt(**changes: Any) -> Block:
-                fields: dict[str, Any] = {
-                    "parent_hash": block.parent_hash,
-                    "view": block.view,
-                    "height": block.height,
-                    "justify": block.justify,
-                    "timestamp_ms": block.timestamp_ms,
-                    "proposer": block.proposer,
-                    "payload": block.payload,
-                    "state_root_height": block.state_root_height,
-                    "state_root": block.state_root,
-                }
-                fields.update(changes)
-                return Block.create(chain, **fields)
-
-            def signed(b: Block) -> Proposal:
-                return Proposal(b, self._sign(me, proposal_bytes(chain, b.view, b.hash)))
-
-            if pick == 0:
-                return replace(msg, signature=garbage)
-            if pick == 1:  # the payload changed under the signature
-                return replace(msg, block=rebuilt(payload=(*block.payload, garbage)))
-            if pick == 2:  # genuinely signed, on a broken certificate
-                return signed(rebuilt(justify=qc_mutation(block.justify)))
-            if pick == 3:  # far ahead, genuinely signed, on a parent nobody holds
-                return signed(rebuilt(parent_hash=garbage[:32], view=block.view + FAR_AHEAD_VIEWS))
-            if pick == 4:
-                return signed(rebuilt(timestamp_ms=2**62))
-            return signed(rebuilt(state_root_height=block.height + 50, state_root=garbage[:32]))
+            return self._mutated_proposal(node, msg, pick, garbage)
         if isinstance(msg, SyncRequest):
             return replace(msg, from_height=2**62, max_blocks=rng.choice((0, 2**31)))
         if isinstance(msg, SyncResponse):
@@ -251,6 +221,43 @@ class Adversary:
         if isinstance(msg, HelloReply):
             return replace(msg, last_signed_view=0, signature=garbage)
         return msg
+
+    def _mutated_proposal(
+        self, node: SimNode, msg: Proposal, pick: int, garbage: bytes
+    ) -> Proposal:
+        """Mutation `pick` of a proposal; `garbage`: 64 random bytes."""
+        chain, me = self.sim.membership.chain_id, node.index
+        block = msg.block
+
+        def rebuilt(**changes: Any) -> Block:
+            fields: dict[str, Any] = {
+                "parent_hash": block.parent_hash,
+                "view": block.view,
+                "height": block.height,
+                "justify": block.justify,
+                "timestamp_ms": block.timestamp_ms,
+                "proposer": block.proposer,
+                "payload": block.payload,
+                "state_root_height": block.state_root_height,
+                "state_root": block.state_root,
+            }
+            fields.update(changes)
+            return Block.create(chain, **fields)
+
+        def signed(b: Block) -> Proposal:
+            return Proposal(b, self._sign(me, proposal_bytes(chain, b.view, b.hash)))
+
+        if pick == 0:
+            return replace(msg, signature=garbage)
+        if pick == 1:  # the payload changed under the signature
+            return replace(msg, block=rebuilt(payload=(*block.payload, garbage)))
+        if pick == 2:  # genuinely signed, on a broken certificate
+            return signed(rebuilt(justify=_mutated_qc(block.justify, pick, garbage)))
+        if pick == 3:  # far ahead, genuinely signed, on a parent nobody holds
+            return signed(rebuilt(parent_hash=garbage[:32], view=block.view + FAR_AHEAD_VIEWS))
+        if pick == 4:
+            return signed(rebuilt(timestamp_ms=2**62))
+        return signed(rebuilt(state_root_height=block.height + 50, state_root=garbage[:32]))
 
     def _forgeries(self, node: SimNode) -> list[tuple[int | None, Message]]:
         """Certificates no honest member signed, pointing far ahead and at fake blocks."""
@@ -408,3 +415,13 @@ class Adversary:
         sig = self._sign(node.index, vote_bytes(chain, block.view, block.height, block.hash))
         vote = Vote(block.view, block.height, block.hash, node.index, sig)
         self.sim._deliver_from(node.index, None, vote, node.instance)
+
+
+def _mutated_qc(qc: QuorumCert, pick: int, garbage: bytes) -> QuorumCert:
+    """Mutation `pick` of a certificate: under-signed, one signature garbled, or far ahead."""
+    if pick == 0:
+        return replace(qc, signatures=qc.signatures[:1])  # under-signed
+    if pick == 1 and qc.signatures:
+        signer, _ = qc.signatures[0]
+        return replace(qc, signatures=((signer, garbage), *qc.signatures[1:]))
+    return replace(qc, view=qc.view + FAR_AHEAD_VIEWS)
