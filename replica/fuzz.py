@@ -1,4 +1,4 @@
-"""Structure-aware fuzzing of the consensus core (issue 14, item 4).
+"""Structure-aware fuzzing of the consensus core (docs/consensus/protocol.md, "Fuzzing").
 
 `Core.on_message` promises that whatever a peer sends, it either acts on a well-formed
 message or counts it in `dropped`; nothing escapes it. This module holds it to that: for
