@@ -56,8 +56,8 @@ def main() -> int:
         else:
             scenarios = [scenario(seed, n) for seed in range(args.start, args.start + args.seeds)]
         for base in scenarios:
-            unsafe = VARIANTS[args.unsafe] if args.unsafe else None
-            options = dataclasses.replace(base, unsafe=unsafe, fast_crypto=not args.real_crypto)
+            variant = VARIANTS[args.unsafe] if args.unsafe else None
+            options = dataclasses.replace(base, unsafe=variant, fast_crypto=not args.real_crypto)
             family = f"n={n} " + "+".join(sorted(set(options.byzantine)) or ["honest"])
             runs[family] += 1
             outcome = run(options)
