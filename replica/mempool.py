@@ -23,7 +23,8 @@ What it promises:
 - **Fair.** `take` serves signers round-robin, each signer's transactions in nonce order,
   and rotates the order between batches, so one busy signer cannot starve the others.
 - **Remote garbage is an answer, not an exception.** `admit` and `check` never raise on
-  bad bytes; a broken internal invariant is an assertion (STYLE.md rule 6).
+  bad bytes (a peer's garbage is counted, never trusted); a broken internal invariant is
+  an assertion, our own bug.
 
 The engine stays the authority on replays. The mempool's replay memory is an early,
 cheap refusal, and it is bounded: windows are evicted least-recently-committed first. Once

@@ -1,5 +1,5 @@
-"""The tester is tested (relab/hotstuff's twins tester; STYLE "the simulator must catch a
-known-bad rule"): deliberately broken cores must make the seeded simulation fail, with a
+"""The tester is tested (relab/hotstuff's twins tester: a simulator must catch a known-bad
+rule): deliberately broken cores must make the seeded simulation fail, with a
 message that names the violation and how to reproduce it, while the same scenarios pass
 with the honest core.
 """
