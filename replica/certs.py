@@ -1,8 +1,9 @@
 """Checks of every signed thing a peer can send: votes, timeouts, proposals, QCs and TCs.
 
 A certificate is valid only with a quorum of valid signatures from distinct members over
-the exact statement it claims (DESIGN §3). Whatever fails raises `RemoteError` with a
-reason the core counts; valid certificates are remembered in the verifier's bounded cache.
+the exact statement it claims (docs/consensus/messages.md). Whatever fails raises
+`RemoteError` with a reason the core counts; valid certificates are remembered in the
+verifier's bounded cache.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class CertificateChecker:
         for signer, sig in qc.signatures:
             key = self._signer_key(signer)
             # Votes are broadcast, so most of a QC's signatures were checked here already,
-            # one by one as votes: a signature is verified once per replica (issue 19).
+            # one by one as votes: a signature is verified once per replica.
             seen = _signature_digest(signer, message, sig)
             if self.verifier.known(seen):
                 continue

@@ -47,7 +47,8 @@ SIDECAR_REFUSALS = {
     "bad_signature": grpc.StatusCode.INVALID_ARGUMENT,
     "wrong_chain": grpc.StatusCode.FAILED_PRECONDITION,
     "replayed": grpc.StatusCode.ALREADY_EXISTS,
-    # a raw secret never enters a block (issue 15): the sidecar refuses it before ordering
+    # a raw secret never enters a block (docs/security/threat-model.md): the sidecar refuses
+    # it before ordering
     "secret_in_plaintext": grpc.StatusCode.INVALID_ARGUMENT,
     "envelope_required": grpc.StatusCode.INVALID_ARGUMENT,
 }

@@ -37,7 +37,8 @@ class Limits:
     sync_bytes_max: int = 16 * 1024 * 1024
     sync_retry_ticks: int = 50
     # A leader carries the state root of a height at least this far below its block, so
-    # every voter's sidecar has had time to execute it (DESIGN §4: "a fixed lag behind").
+    # every voter's sidecar has had time to execute it
+    # (docs/architecture/0005-execution-beside-consensus.md).
     state_root_lag_blocks: int = 8
     # After a plain (re)start a replica signs nothing until 2f+1 peers have answered its
     # hello (safety Rule 6); with fewer peers up, after this many ticks f+1 do. A declared

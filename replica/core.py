@@ -24,10 +24,10 @@ timeout certificates of Jolteon / DiemBFT v4):
 - Leaders batch adaptively: they propose as soon as they may if transactions are waiting
   or an uncommitted block still carries some (it needs successors to commit); with
   nothing to do they wait `idle_propose_ticks` and then propose an empty heartbeat block.
-- Quiescence (issue 19): once nothing is left to order — no transaction waits, no
-  uncommitted block carries any, and a committed block carries the state root of the last
-  height that did — leaders propose nothing and the view timer stands still, so an idle
-  cluster sends nothing. The next transaction wakes the leader (`on_transactions`) and
+- Quiescence (docs/consensus/protocol.md, "An idle cluster goes quiet"): once nothing is left to
+  order — no transaction waits, no uncommitted block carries any, and a committed block carries the
+  state root of the last height that did — leaders propose nothing and the view timer stands still,
+  so an idle cluster sends nothing. The next transaction wakes the leader (`on_transactions`) and
   restarts every replica's timer, so a dead leader is still timed out.
 
 Remote garbage raises `RemoteError` inside and is counted in `dropped` by reason; it never
@@ -108,7 +108,7 @@ class PayloadSource(Protocol):
 
 
 class ExecutionView(Protocol):
-    """What the replica knows of its sidecar's state roots (DESIGN §4)."""
+    """What the replica knows of its sidecar's state roots (docs/sidecar.md)."""
 
     def latest_root(self) -> tuple[int, bytes]:
         """The highest executed height and its state root."""
@@ -181,10 +181,12 @@ class CoreStats:
 class Core:
     """One replica's consensus state machine."""
 
-    # Components a test may swap for deliberately broken ones (see replica/sim.py).
+    # Components a test may swap for deliberately broken ones (tests/consensus/variants.py).
     safety_rules_cls: type[SafetyRules] = SafetyRules
     block_tree_cls: type[BlockTree] = BlockTree
 
+    # Long: the core's whole state, one field at a time, each with why it exists; kept in
+    # one place so that what a core holds reads as one list.
     def __init__(
         self,
         membership: Membership,
@@ -391,8 +393,8 @@ class Core:
 
     def on_message(self, envelope: Envelope) -> list[Action]:
         """A peer's message. Whatever it holds, this either acts on a well-formed message
-        or counts it in `dropped` by reason; it raises nothing (issue 14: a malformed sync
-        response once raised out of here and silently killed the replica's core task)."""
+        or counts it in `dropped` by reason; it raises nothing (a malformed sync response
+        once raised out of here and silently killed the replica's core task)."""
         try:
             check_envelope(envelope, self.membership, self.limits)
             sender = envelope.sender
@@ -916,8 +918,8 @@ class Core:
         self._on_vote(signed.value, local=True)
 
     def _evict_stale(self) -> None:
-        """Make room in a full tree (issue 14: views that ended by timeout, each leaving an
-        uncertified block, filled it for good, and only a commit prunes). Kept: the chain
+        """Make room in a full tree (views that ended by timeout, each leaving an uncertified
+        block, would otherwise fill it for good, and only a commit prunes). Kept: the chain
         the highest QC certifies, the locked block's chain, and every block of the current
         view or later with its ancestors. The rest are uncertified blocks of past views: no
         honest leader extends them (a new proposal extends the highest QC), and one that
@@ -969,7 +971,7 @@ class Core:
         previous = by_voter.get(vote.voter)
         if previous is not None and previous == vote:
             # A copy of a vote we hold (a replay, a re-broadcast): no signature check, which
-            # is the expensive part (issue 14: it came before the duplicate check).
+            # is the expensive part: a flood of replays must not cost a verification each.
             raise RemoteError("duplicate", f"view {vote.view}")
         if not local:
             self.checker.check_vote(vote)  # before any equivocation is blamed on the voter

@@ -1,4 +1,4 @@
-"""Structure-aware fuzzing of the consensus core (issue 14, item 4).
+"""Structure-aware fuzzing of the consensus core (docs/consensus/protocol.md, "Fuzzing").
 
 `Core.on_message` promises that whatever a peer sends, it either acts on a well-formed
 message or counts it in `dropped`; nothing escapes it. This module holds it to that: for
@@ -29,7 +29,7 @@ from quorumgate.proto.crypto import Signer, Verifier
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
-from quorumgate.replica.sim import FastKeys
+from quorumgate.replica.sim.crypto import FastKeys
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
     Block,

@@ -1,9 +1,9 @@
 """The replica's inbound events: one bounded queue per source, drained in turns.
 
 Every peer's messages and the shell's own events (ticks, new transactions, new state
-roots) wait here for the core loop. One queue for all of them (before stop 27) let a member
+roots) wait here for the core loop. One queue for all of them would let a member
 that floods us fill it, so every other member's votes and proposals, and our own pacemaker
-ticks, were dropped as `inbound_full`: one faulty member could stall every honest one. Each
+ticks, would be dropped as `inbound_full`: one faulty member could stall every honest one. Each
 source now has its own bounds, in events and in bytes, and the core loop takes events from
 the sources in turn, so a flood costs the flooder its own messages and delays the others'
 by at most one turn. Each source's events keep their order; the core never relied on an

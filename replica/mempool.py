@@ -1,4 +1,4 @@
-"""The mempool: signed transactions waiting for a block (DESIGN §3 "Mempool", issue 3 item 4).
+"""The mempool: signed transactions waiting for a block (docs/sidecar.md on admission).
 
 It is the replica's `PayloadSource` (replica/core.py) and the client API's admission
 desk. Like the core it is pure: no asyncio, no clock, no randomness; the same calls in the
@@ -23,7 +23,8 @@ What it promises:
 - **Fair.** `take` serves signers round-robin, each signer's transactions in nonce order,
   and rotates the order between batches, so one busy signer cannot starve the others.
 - **Remote garbage is an answer, not an exception.** `admit` and `check` never raise on
-  bad bytes; a broken internal invariant is an assertion (STYLE.md rule 6).
+  bad bytes (a peer's garbage is counted, never trusted); a broken internal invariant is
+  an assertion, our own bug.
 
 The engine stays the authority on replays. The mempool's replay memory is an early,
 cheap refusal, and it is bounded: windows are evicted least-recently-committed first. Once
@@ -92,7 +93,7 @@ STATUS_OF_REASON: dict[str, str] = {
 }
 
 # Fixed texts: a detail never echoes anything from the transaction (arguments may be
-# secrets until sealed, DESIGN §4.6), only which rule it broke.
+# secrets until sealed, docs/security/threat-model.md), only which rule it broke.
 _DETAIL_OF_REASON: dict[str, str] = {
     MALFORMED: "not a canonical SignedTx carrying a valid TxBody",
     BAD_SIGNATURE: "signature does not verify",
@@ -517,7 +518,7 @@ class Mempool:
     def _parse_once(self, data: bytes) -> ParsedTx:
         """`parse`, with the signature verified only for bytes this replica has not
         verified before (in a block it checked, or on admission: a copy gossiped again
-        after it committed here is not checked twice; issue 19). Raises TxRejected."""
+        after it committed here is not checked twice). Raises TxRejected."""
         digest = sha256(data)
         verified = digest in self._verified
         parsed = parse(data, verify=not verified)

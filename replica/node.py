@@ -421,8 +421,8 @@ class ReplicaNode:
         if isinstance(envelope.message, SyncRequest):
             # Catch-up answers read the store off the core loop, at most
             # SYNC_SERVING_PER_PEER_MAX at a time for each peer: a peer that floods
-            # requests gets the rest dropped and counted (issue 14: one unbounded task
-            # each), and cannot take another peer's turn (stop 27: one bound for all did).
+            # requests gets the rest dropped and counted (one unbounded task each
+            # would not be), and cannot take another peer's turn (one bound for all would).
             self._run_for_peer(
                 self._sync_serving, SYNC_SERVING_PER_PEER_MAX, sender, "sync_busy",
                 lambda: self._answer_sync(envelope),

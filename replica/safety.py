@@ -150,7 +150,7 @@ class SafetyMisuse(RuntimeError):
     """The caller broke the signing contract (our own bug, never a peer's input): asked to
     sign another member's block, a vote with the wrong parent... It is not caught: the
     process stops (fail-stop). These are explicit checks, not `assert`s, so that they hold
-    under `python -O` too (issue 14)."""
+    under `python -O` too."""
 
 
 def _require(condition: bool, what: str) -> None:
@@ -377,7 +377,8 @@ class SafetyRules:
         high_tc: TimeoutCert | None,
     ) -> HelloReply:
         """Our answer to one start of `asker` (its nonce): the last view we saw it sign in.
-        Signed, so that a forger cannot end a restored replica's fencing (issue 14)."""
+        Signed, so that a forger cannot end a restored replica's fencing
+        (docs/consensus/fencing.md)."""
         chain = self._checker.membership.chain_id
         statement = hello_reply_bytes(chain, self._me, asker, nonce, last_signed_view, view)
         return HelloReply(

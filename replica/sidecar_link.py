@@ -1,4 +1,4 @@
-"""The replica's link to its own execution sidecar (DESIGN §4).
+"""The replica's link to its own execution sidecar (docs/sidecar.md).
 
 Two things cross it. The sidecar reports the state root of each height it executed, signed
 with its receipt key; the replica keeps the most recent ones (`SidecarRoots`, the core's

@@ -6,8 +6,8 @@ the actions of one core call and makes their durable part — `PersistSafety`, `
 What it returns is the durable safety epoch, which the caller hands to
 `quorumgate.replica.actions.check_send_allowed` before letting any `Send` of that call
 leave. So a vote or timeout never leaves before the safety state it was signed from is on
-disk (DESIGN §3, STYLE rule 3), and a restarted replica reloads that state and never signs
-twice in a view.
+disk (docs/consensus/protocol.md, "The core and its shell"), and a restarted replica
+reloads that state and never signs twice in a view.
 
 The in-memory model of exactly this storage is `quorumgate.replica.sim.Disk`; the tests replay a
 simulated node's actions into both and compare them.
@@ -44,7 +44,8 @@ Durability settings, set on every connection:
   free to vote again in the same view. FULL is what makes "durable before send" true.
   Every transaction runs under FULL, those with only blocks and commits too: a `Commit`
   is reported (to the sidecar, to clients following the chain) only once it is durable,
-  as replica/actions.py promises (issue 14: they once ran under NORMAL).
+  as replica/actions.py promises (under NORMAL, a power cut could lose a commit already
+  reported).
 - `fullfsync` and `checkpoint_fullfsync`: on macOS, where plain fsync does not flush the
   drive's cache; no effect elsewhere.
 - `foreign_keys=ON`: proofs must name a committed height.
@@ -72,6 +73,7 @@ import asyncio
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +119,7 @@ VOTE_STATEMENT_BEFORE_THE_ROW = "qg/vote/v1"
 # The most committed blocks one `committed_range` call returns; callers page for more.
 RANGE_BLOCKS_MAX = 1024
 # The newest committed blocks, kept in memory as they commit: the sidecar's stream and
-# other followers read what was just committed without a SQLite round trip (issue 19).
+# other followers read what was just committed without a SQLite round trip.
 RECENT_COMMITTED_MAX = 256
 SYNC_READ_PAGE_BLOCKS = 16  # catch-up answers read the committed log this many at a time
 # The most pending blocks `load` hands back (lowest heights first). A core's block tree
@@ -216,6 +218,129 @@ def certificates_verifiable(vote_statement: str) -> bool:
     """Certificates made of votes over `vote_statement` can be checked by this build (and
     by its peers): the statement is the one `vote_bytes` signs, tag for tag."""
     return vote_statement == VOTE_STATEMENT
+
+
+@dataclass
+class _Batch:
+    """One apply's actions, sorted by what they write, each checked against the core's own
+    invariants on the way (a safety epoch that grows, one vote per view, one chain)."""
+
+    epoch: int
+    safety: SafetyState | None = None
+    votes: dict[int, bytes] = field(default_factory=dict)  # view -> block voted for
+    timeouts: dict[int, int] = field(default_factory=dict)  # view -> its high QC's view
+    stored: dict[bytes, Block] = field(default_factory=dict)
+    commits: list[Commit] = field(default_factory=list)
+
+
+def _sort_actions(actions: Sequence[Action], epoch: int, chain_id: str) -> _Batch:
+    batch = _Batch(epoch)
+    for action in actions:
+        if isinstance(action, PersistSafety):
+            state = action.state
+            if state.epoch <= batch.epoch:
+                raise AssertionError(
+                    f"safety epoch must grow: {state.epoch} after {batch.epoch} "
+                    "(a stale safety state would be made durable)"
+                )
+            batch.epoch, batch.safety = state.epoch, state
+            vote = state.last_vote
+            if vote is not None:
+                prior = batch.votes.setdefault(vote.view, vote.block_hash)
+                if prior != vote.block_hash:
+                    raise AssertionError(
+                        f"equivocation: two different votes for view {vote.view} in one batch"
+                    )
+            timeout = state.last_timeout
+            if timeout is not None:
+                batch.timeouts.setdefault(timeout.view, timeout.high_qc.view)
+        elif isinstance(action, StoreBlock):
+            block = action.block
+            if block.chain_id != chain_id:
+                raise AssertionError(f"storing a block of chain {block.chain_id!r}")
+            batch.stored[block.hash] = block
+        elif isinstance(action, Commit):
+            batch.commits.append(action)
+    return batch
+
+
+def _committed_rows(
+    head: Block, commits: Sequence[Commit]
+) -> tuple[Block, list[tuple[int, bytes, bytes]], list[tuple[int, bytes]]]:
+    """The new committed head, and the `committed` and `proofs` rows of `commits`, each of
+    which must extend the committed chain and end at the height its proof proves."""
+    committed_rows: list[tuple[int, bytes, bytes]] = []
+    proof_rows: list[tuple[int, bytes]] = []
+    for commit in commits:
+        if not commit.blocks:
+            raise AssertionError("a commit without blocks")
+        for block in commit.blocks:
+            if block.height != head.height + 1 or block.parent_hash != head.hash:
+                raise AssertionError(
+                    f"commit of height {block.height} ({block.hash[:4].hex()}) does "
+                    f"not extend the committed head at height {head.height} "
+                    f"({head.hash[:4].hex()})"
+                )
+            committed_rows.append((block.height, block.hash, encode_block(block)))
+            head = block
+        if proof_height(commit.proof) != head.height:
+            raise AssertionError(
+                f"commit proof is for height {proof_height(commit.proof)}, "
+                f"the commit ends at {head.height}"
+            )
+        if commit.proof.b1.parent_hash != head.hash:
+            raise AssertionError(
+                f"commit proof does not extend the committed block at {head.height}"
+            )
+        proof_rows.append((head.height, encode_proof(commit.proof)))
+    return head, committed_rows, proof_rows
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What one apply writes, in one transaction on the connection's thread."""
+
+    safety: tuple[int, bytes] | None
+    votes: dict[int, bytes]
+    timeouts: dict[int, int]
+    fresh: list[tuple[bytes, int, int, bytes]]  # uncommitted blocks above the head
+    committed: list[tuple[int, bytes, bytes]]
+    proofs: list[tuple[int, bytes]]
+    committed_height: int
+
+    def write(self, c: sqlite3.Connection) -> None:
+        if self.safety is not None:
+            c.execute(
+                "INSERT INTO safety (id, epoch, data) VALUES (1, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, "
+                "data = excluded.data",
+                self.safety,
+            )
+        if self.votes:
+            ReplicaStore._record_votes(c, self.votes)
+        if self.timeouts:
+            # First sighting only: a timeout re-sent for the same view is the same
+            # statement (replica/safety.py returns the recorded one).
+            c.executemany(
+                "INSERT INTO signed_timeouts (view, high_qc_view) VALUES (?, ?) "
+                "ON CONFLICT (view) DO NOTHING",
+                list(self.timeouts.items()),
+            )
+        # A block at or below the committed height can never be used again.
+        if self.fresh:
+            c.executemany(
+                "INSERT INTO blocks (hash, height, view, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (hash) DO NOTHING",
+                self.fresh,
+            )
+        if self.committed:
+            c.executemany(
+                "INSERT INTO committed (height, hash, data) VALUES (?, ?, ?)", self.committed
+            )
+            c.executemany("INSERT INTO proofs (height, data) VALUES (?, ?)", self.proofs)
+            # The committed blocks moved to `committed`; the rest at those heights
+            # are forks that can never commit.
+            c.execute("DELETE FROM blocks WHERE height <= ?", (self.committed_height,))
 
 
 class StorageError(Exception):
@@ -423,119 +548,31 @@ class ReplicaStore:
     async def _apply_locked(self, actions: tuple[Action, ...]) -> int:
         async with self._lock:
             self._check_open()
-            old_head = self._head
-            epoch = self._durable_epoch
-            safety: SafetyState | None = None
-            votes: dict[int, bytes] = {}
-            timeouts: dict[int, int] = {}
-            stored: dict[bytes, Block] = {}
-            commits: list[Commit] = []
-            for action in actions:
-                if isinstance(action, PersistSafety):
-                    state = action.state
-                    if state.epoch <= epoch:
-                        raise AssertionError(
-                            f"safety epoch must grow: {state.epoch} after {epoch} "
-                            "(a stale safety state would be made durable)"
-                        )
-                    epoch, safety = state.epoch, state
-                    vote = state.last_vote
-                    if vote is not None:
-                        prior = votes.setdefault(vote.view, vote.block_hash)
-                        if prior != vote.block_hash:
-                            raise AssertionError(
-                                f"equivocation: two different votes for view {vote.view} "
-                                "in one batch"
-                            )
-                    timeout = state.last_timeout
-                    if timeout is not None:
-                        timeouts.setdefault(timeout.view, timeout.high_qc.view)
-                elif isinstance(action, StoreBlock):
-                    block = action.block
-                    if block.chain_id != self._chain_id:
-                        raise AssertionError(f"storing a block of chain {block.chain_id!r}")
-                    stored[block.hash] = block
-                elif isinstance(action, Commit):
-                    commits.append(action)
-
-            head = old_head
-            committed_rows: list[tuple[int, bytes, bytes]] = []
-            proof_rows: list[tuple[int, bytes]] = []
-            for commit in commits:
-                if not commit.blocks:
-                    raise AssertionError("a commit without blocks")
-                for block in commit.blocks:
-                    if block.height != head.height + 1 or block.parent_hash != head.hash:
-                        raise AssertionError(
-                            f"commit of height {block.height} ({block.hash[:4].hex()}) does "
-                            f"not extend the committed head at height {head.height} "
-                            f"({head.hash[:4].hex()})"
-                        )
-                    committed_rows.append((block.height, block.hash, encode_block(block)))
-                    head = block
-                if proof_height(commit.proof) != head.height:
-                    raise AssertionError(
-                        f"commit proof is for height {proof_height(commit.proof)}, "
-                        f"the commit ends at {head.height}"
-                    )
-                if commit.proof.b1.parent_hash != head.hash:
-                    raise AssertionError(
-                        f"commit proof does not extend the committed block at {head.height}"
-                    )
-                proof_rows.append((head.height, encode_proof(commit.proof)))
-
-            fresh = [b for b in stored.values() if b.height > old_head.height]
-            fresh_rows = [(b.hash, b.height, b.view, encode_block(b)) for b in fresh]
-            safety_row = None if safety is None else (safety.epoch, encode_safety(safety))
-            committed_height = head.height
-
-            def write(c: sqlite3.Connection) -> None:
-                if safety_row is not None:
-                    c.execute(
-                        "INSERT INTO safety (id, epoch, data) VALUES (1, ?, ?) "
-                        "ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, "
-                        "data = excluded.data",
-                        safety_row,
-                    )
-                if votes:
-                    ReplicaStore._record_votes(c, votes)
-                if timeouts:
-                    # First sighting only: a timeout re-sent for the same view is the same
-                    # statement (replica/safety.py returns the recorded one).
-                    c.executemany(
-                        "INSERT INTO signed_timeouts (view, high_qc_view) VALUES (?, ?) "
-                        "ON CONFLICT (view) DO NOTHING",
-                        list(timeouts.items()),
-                    )
-                # A block at or below the committed height can never be used again.
-                if fresh_rows:
-                    c.executemany(
-                        "INSERT INTO blocks (hash, height, view, data) VALUES (?, ?, ?, ?) "
-                        "ON CONFLICT (hash) DO NOTHING",
-                        fresh_rows,
-                    )
-                if committed_rows:
-                    c.executemany(
-                        "INSERT INTO committed (height, hash, data) VALUES (?, ?, ?)",
-                        committed_rows,
-                    )
-                    c.executemany("INSERT INTO proofs (height, data) VALUES (?, ?)", proof_rows)
-                    # The committed blocks moved to `committed`; the rest at those heights
-                    # are forks that can never commit.
-                    c.execute("DELETE FROM blocks WHERE height <= ?", (committed_height,))
-
+            batch = _sort_actions(actions, self._durable_epoch, self._chain_id)
+            head, committed_rows, proof_rows = _committed_rows(self._head, batch.commits)
+            fresh = [b for b in batch.stored.values() if b.height > self._head.height]
+            safety = batch.safety
+            rows = _Rows(
+                safety=None if safety is None else (safety.epoch, encode_safety(safety)),
+                votes=batch.votes,
+                timeouts=batch.timeouts,
+                fresh=[(b.hash, b.height, b.view, encode_block(b)) for b in fresh],
+                committed=committed_rows,
+                proofs=proof_rows,
+                committed_height=head.height,
+            )
             # synchronous=FULL (set at open, never changed): this transaction is fsynced
             # before apply returns, whether it carries a safety record or only commits.
             # One trip to the connection's thread for all of it (runtime/dbthread.py).
-            await transaction(self._conn, write, "BEGIN IMMEDIATE")
-            self._durable_epoch = epoch
+            await transaction(self._conn, rows.write, "BEGIN IMMEDIATE")
+            self._durable_epoch = batch.epoch
             self._head = head
-            for commit in commits:  # durable now: served from memory from here on
+            for commit in batch.commits:  # durable now: served from memory from here on
                 for block in commit.blocks:
                     self._recent[block.height] = block
             while len(self._recent) > RECENT_COMMITTED_MAX:
                 self._recent.popitem(last=False)
-            return epoch
+            return batch.epoch
 
     @staticmethod
     def _record_votes(c: sqlite3.Connection, votes: dict[int, bytes]) -> None:
@@ -665,7 +702,8 @@ class ReplicaStore:
     async def wipe_blocks(self) -> None:
         """Forget every block, the committed log above genesis and every proof, in one
         transaction — but keep the safety record and the audit tables: the replica catches
-        up from its peers and still never signs against what it signed before (DESIGN §5).
+        up from its peers and still never signs against what it signed before
+        (docs/drills.md, `wipe-replica`).
 
         An operator's step, taken while no core runs on this store: a core built before the
         wipe would go on extending the committed chain the store no longer has."""

@@ -147,7 +147,7 @@ def build_sync_response(
             proof = store.proof_at_or_after(window.want_end, window.reach_end)
         if proof is not None:
             committed = store.committed_range(window.start, proof_height(proof))
-            # Bounded in bytes too (issue 14: 256 blocks of 160 KiB made a 40 MiB envelope,
+            # Bounded in bytes too (by blocks alone, 256 blocks of 160 KiB made a 40 MiB envelope,
             # over the gRPC limit, and the asker asked for the same again, for ever): end
             # at the last proof within `sync_bytes_max`; with none, send no committed part.
             fit = blocks_within(committed, limits.sync_bytes_max)

@@ -95,7 +95,7 @@ class QuorumCert:
     block_hash: bytes
     signatures: tuple[tuple[int, bytes], ...] = ()
     # `digest()` once computed: a QC is hashed into its block, looked up in the verifier's
-    # cache and carried by later blocks and timeouts (issue 19: it was recomputed each time).
+    # cache and carried by later blocks and timeouts, so hashing it once saves much.
     _digest: bytes = field(default=b"", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -305,8 +305,8 @@ HELLO_NONCE_BYTES = 16
 class Hello:
     """Sent by a replica that (re)started: "what is the last view you saw me sign in?"
     (safety Rule 6: a replica restored from an old copy of its data has forgotten). The
-    nonce is fresh at every start; answers must repeat it (issue 14: unsigned replies with
-    a self-declared sender ended the fencing of a restored replica)."""
+    nonce is fresh at every start; answers must repeat it, and are signed (unsigned
+    replies with a self-declared sender would end the fencing of a restored replica)."""
 
     nonce: bytes
     signature: bytes

@@ -1,6 +1,6 @@
 """Every message a peer sends is checked here, whole, before the core acts on any of it
-(DESIGN §3: "Every decoded message is validated whole, in one place, before the core sees
-it"; issue 14).
+(docs/consensus/protocol.md, "Byzantine peers": every field validated in one place, so that
+no malformed message reaches the core's state).
 
 This is the structural part: shapes, counts, sizes and ranges that need no state. What
 needs the core's state (signatures against the membership, views against the current

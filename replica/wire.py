@@ -1,8 +1,8 @@
 """The codec between protobuf wire messages and the core's domain types.
 
-Protobuf objects never cross this module (STYLE: hypercorn's thin shells). Decoding is
-strict: anything a peer sends that does not make a well-formed domain value raises
-`RemoteError("malformed", ...)`, which the shell counts and drops like the core does.
+Protobuf objects never cross this module (a thin shell, as hypercorn keeps its wire code apart from
+what it serves). Decoding is strict: anything a peer sends that does not make a well-formed domain
+value raises `RemoteError("malformed", ...)`, which the shell counts and drops like the core does.
 Block hashes are recomputed here from the fields, never read from the wire.
 """
 

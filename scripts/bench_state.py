@@ -7,7 +7,7 @@ sidecar store, then times blocks of one allowed call each — what a sidecar doe
 at W = 1 — split into executing the block (with the state root) and recording the height
 (one SQLite transaction with fsync). The same run times the same blocks on a fresh engine,
 so the figures read as ratios, and does both under state version 1 (SHA-256 over the whole
-state bytes, chains from before issue 19) and 2 (the hash tree over the entries).
+state bytes, the chains of earlier releases) and 2 (the hash tree over the entries).
 
     python scripts/bench_state.py [--blocks 200] [--runs 3] [--scale 1.0] [--json]
 """

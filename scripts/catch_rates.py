@@ -4,7 +4,7 @@
     python scripts/catch_rates.py --twins 20 --seeds 300 --nodes 4 7
     python scripts/catch_rates.py --twins 20 --seeds 0 --variants no_fence
 
-For each variant of `quorumgate.replica.sim.UNSAFE_VARIANTS` and each cluster size it runs
+For each variant of `tests/consensus/variants.py` and each cluster size it runs
 two populations, one after the other in this process: `--twins K` scenarios per
 behaviour of the enumerated adversary (`twins_scenarios(n, per_behaviour=K)`) and the
 random scenarios `scenario(seed, n)` of seeds 0..`--seeds`-1. A scenario catches the
@@ -21,15 +21,20 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 from quorumgate.replica.sim import (
-    UNSAFE_VARIANTS,
     SimOptions,
     Simulation,
     SimulationFailure,
     scenario,
     twins_scenarios,
 )
+
+# The broken variants live with the tests, which the wheel does not install (it ships honest
+# rules only): put the repository root on the path so that `tests` imports from a checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.consensus.variants import UNSAFE_VARIANTS, VARIANTS
 
 
 def caught(options: SimOptions) -> bool:
@@ -47,7 +52,7 @@ def rate(population: Sequence[SimOptions], variant: str) -> tuple[int, Counter[s
     hits = 0
     by: Counter[str] = Counter()
     for base in population:
-        if caught(dataclasses.replace(base, unsafe=variant)):
+        if caught(dataclasses.replace(base, unsafe=VARIANTS[variant])):
             hits += 1
             by[label(base)] += 1
     return hits, by, time.perf_counter() - started

@@ -2,7 +2,7 @@
 """Run seeded consensus simulations and print every failing seed.
 
     python scripts/simulate.py --seeds 10000 --nodes 4 7
-    python scripts/simulate.py --start 5000 --seeds 200 --nodes 7 --unsafe no_lock
+    python scripts/simulate.py --start 5000 --seeds 200 --nodes 7 --unsafe no_safe_to_vote
     python scripts/simulate.py --twins 300 --nodes 4 --unsafe double_vote
 
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
@@ -19,15 +19,20 @@ import dataclasses
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 from quorumgate.replica.sim import (
-    UNSAFE_VARIANTS,
     SimOptions,
     Simulation,
     SimulationFailure,
     scenario,
     twins_scenarios,
 )
+
+# The broken variants live with the tests, which the wheel does not install (it ships honest
+# rules only): put the repository root on the path so that `tests` imports from a checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.consensus.variants import UNSAFE_VARIANTS, VARIANTS
 
 
 def main() -> int:
@@ -51,9 +56,8 @@ def main() -> int:
         else:
             scenarios = [scenario(seed, n) for seed in range(args.start, args.start + args.seeds)]
         for base in scenarios:
-            options = dataclasses.replace(
-                base, unsafe=args.unsafe, fast_crypto=not args.real_crypto
-            )
+            variant = VARIANTS[args.unsafe] if args.unsafe else None
+            options = dataclasses.replace(base, unsafe=variant, fast_crypto=not args.real_crypto)
             family = f"n={n} " + "+".join(sorted(set(options.byzantine)) or ["honest"])
             runs[family] += 1
             outcome = run(options)

@@ -12,7 +12,7 @@ run, with the same request size, in-flight window (or offered rate) and client l
   `etcdserverpb.KV/Put` over gRPC (the request encoded here, 256-byte values), W calls in
   flight; etcd fsyncs its WAL.
 
-Clients are separate processes running `quorumgate.bench.harness.LoadLoop` (the same windows, pacing
+Clients are separate processes running `quorumgate.bench.load.LoadLoop` (the same windows, pacing
 and accounting as QuorumGate's clients); CPU seconds and peak RSS are read from /proc for
 every node process, as for QuorumGate.
 
@@ -45,28 +45,26 @@ from typing import Any
 import grpc
 
 from quorumgate.bench.harness import (
-    DRAIN_S_MAX,
     READY_TIMEOUT_S,
     RESULT_TIMEOUT_S,
-    RETRY_BACKOFF_S,
     START_DELAY_S,
-    BenchError,
+    _expect,
+    reap,
+)
+from quorumgate.bench.load import (
+    DRAIN_S_MAX,
     LoadLoop,
     LoadResult,
     LoadShape,
     RunOptions,
-    _expect,
-    _r,
-    cpu_delta,
     drive,
-    percentile,
     queued_requests,
-    reap,
-    sample_cpu,
-    sample_rss,
-    sleep_until,
     wait_start,
 )
+from quorumgate.bench.procstats import cpu_delta, sample_cpu, sample_rss
+from quorumgate.bench.report import _r, percentile
+from quorumgate.bench.stopping import BenchError, sleep_until
+from quorumgate.bench.workers import RETRY_BACKOFF_S
 
 VALUE_BYTES = 256  # the same request size as a QuorumGate bench proposal
 NODES = 4
@@ -304,6 +302,8 @@ class BaselineClientJob:
     shape: LoadShape
 
 
+# One coroutine on purpose, as `workers._client` is: its callbacks are closures over one
+# client's state and event loop.
 async def _baseline_client(
     job: BaselineClientJob,
     start_at: Synchronized,  # type: ignore[type-arg]
@@ -496,6 +496,8 @@ def median_baseline(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- node
 
 
+# Long because PySyncObj's replicated class must be defined where its module is imported
+# (the package is optional); the rest is that node's small gRPC server.
 def _pysyncobj_node(raft_port: int, partners: list[int], rpc_port: int, batching: bool) -> int:
     from pysyncobj import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
         SyncObj,

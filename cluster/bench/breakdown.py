@@ -1,4 +1,4 @@
-"""`quorumgate bench --breakdown` (issue 19, item 1): where one governed call's time goes.
+"""`quorumgate bench --breakdown`: where one governed call's time goes (docs/benchmarks.md).
 
 A temporary cluster is started with tracing on (`QG_TRACE_DIR`, runtime/tracing.py); one
 agent makes W = 1 calls through the SDK, as an agent does: submit, then wait for the
@@ -146,7 +146,7 @@ async def w1_calls(spec: ClusterSpec, count: int, poll: bool = False) -> list[Ca
     from quorumgate.sdk.client import Client
 
     # `poll`: the client asks GetReceipt again and again, as it did before the long poll
-    # (a sidecar asked with no wait answers at once): the A/B of issue 19's first change
+    # (a sidecar asked with no wait answers at once): the A/B of the long poll's gain
     sdk_client.RECEIPT_WAIT_S = 0.0 if poll else RECEIPT_WAIT_S
 
     key = SigningKey.generate()

@@ -9,24 +9,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from quorumgate.bench.agents import AGENT_POOL_DEFAULT
 from quorumgate.bench.baselines import available_baselines, measure_baseline, median_baseline
 from quorumgate.bench.harness import (
-    AGENT_POOL_DEFAULT,
     PRESIGN_RATE_GUESS_PER_S,
-    BenchError,
-    RunOptions,
-    _r,
     agent_nonces,
     check_serving,
+    open_cluster,
+    run_once,
+    sweep_options,
+)
+from quorumgate.bench.load import RunOptions
+from quorumgate.bench.report import (
+    _r,
     machine_info,
     median_or_none,
     median_report,
-    open_cluster,
     proposal_bytes,
-    run_once,
-    stop_signals_handled,
-    sweep_options,
 )
+from quorumgate.bench.stopping import BenchError, stop_signals_handled
 from quorumgate.ops.loadgen import TX_BYTES_TARGET
 
 
@@ -162,10 +163,7 @@ def format_report(report: dict[str, Any]) -> str:
     header += ["cpu ms/proposal", "cores busy", "rss max MB", "txs/block"]
     rows = []
     for p in points:
-        load = (
-            f"rate {p['rate_offered_per_s']:g}/s" if p["load"] == "open" else f"W={p['inflight']}"
-        )
-        row = [load, p["throughput_per_s"], f"{p['p50_ms']}/{p['p99_ms']}"]
+        row = [_load_label(p), p["throughput_per_s"], f"{p['p50_ms']}/{p['p99_ms']}"]
         if full:
             row += [p["certified_per_s"], f"{p['cert_p50_ms']}/{p['cert_p99_ms']}"]
         cpu = p["cpu_s_per_proposal"]
@@ -183,43 +181,7 @@ def format_report(report: dict[str, Any]) -> str:
             "Baselines, measured in the same runs (4 nodes, 256-byte requests, same load);"
             " ratio = QuorumGate / baseline:"
         )
-        brows = []
-        for p in points:
-            load = (
-                f"rate {p['rate_offered_per_s']:g}/s"
-                if p["load"] == "open"
-                else f"W={p['inflight']}"
-            )
-            for key, b in p.get("baselines", {}).items():
-                ratio = p["ratios"][key]
-                cpu = b["cpu_s_per_request"]
-                brows.append(
-                    [
-                        load,
-                        b["label"],
-                        b["throughput_per_s"],
-                        f"{b['p50_ms']}/{b['p99_ms']}",
-                        None if cpu is None else round(cpu * 1000, 3),
-                        ratio["throughput"],
-                        ratio["p50"],
-                        ratio["p99"],
-                    ]
-                )
-        lines.append(
-            _table(
-                [
-                    "load",
-                    "system",
-                    "req/s",
-                    "p50/p99 ms",
-                    "cpu ms/req",
-                    "ratio tput",
-                    "ratio p50",
-                    "ratio p99",
-                ],
-                brows,
-            )
-        )
+        lines.append(_baselines_table(points))
     for note in report.get("baseline_notes", []):
         lines.append(f"note: {note}")
     extra = {k: report[k] for k in ("refused", "outcomes") if report.get(k)}
@@ -228,6 +190,44 @@ def format_report(report: dict[str, Any]) -> str:
     if extra:
         lines.append(f"last point: {extra}")
     return "\n".join(lines)
+
+
+def _load_label(point: dict[str, Any]) -> str:
+    if point["load"] == "open":
+        return f"rate {point['rate_offered_per_s']:g}/s"
+    return f"W={point['inflight']}"
+
+
+def _baselines_table(points: Sequence[dict[str, Any]]) -> str:
+    """Each baseline of each point beside QuorumGate's figures at the same load."""
+    rows = []
+    for p in points:
+        for key, b in p.get("baselines", {}).items():
+            ratio = p["ratios"][key]
+            cpu = b["cpu_s_per_request"]
+            rows.append(
+                [
+                    _load_label(p),
+                    b["label"],
+                    b["throughput_per_s"],
+                    f"{b['p50_ms']}/{b['p99_ms']}",
+                    None if cpu is None else round(cpu * 1000, 3),
+                    ratio["throughput"],
+                    ratio["p50"],
+                    ratio["p99"],
+                ]
+            )
+    headers = [
+        "load",
+        "system",
+        "req/s",
+        "p50/p99 ms",
+        "cpu ms/req",
+        "ratio tput",
+        "ratio p50",
+        "ratio p99",
+    ]
+    return _table(headers, rows)
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

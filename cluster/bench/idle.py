@@ -1,5 +1,5 @@
-"""`quorumgate bench --start --idle SECONDS` (issue 19, item 3): what an idle cluster costs,
-and how fast it wakes.
+"""`quorumgate bench --start --idle SECONDS`: what an idle cluster costs, and how fast it
+wakes (docs/benchmarks.md).
 
 A temporary cluster is started; it first serves `calls` governed calls at W = 1 (so that
 there is a last transaction whose state root the chain must carry, as after real work),
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quorumgate.bench.breakdown import WARMUP_CALLS, register_bench_agent, timed_calls
-from quorumgate.bench.harness import cluster_pids, cpu_delta, sample_cpu
+from quorumgate.bench.procstats import cluster_pids, cpu_delta, sample_cpu
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 
 IDLE_SETTLE_S = 5.0  # after the last call: the heartbeats that carry its root, and more

@@ -1,4 +1,4 @@
-"""`quorumgate bench --state large` (issue 19, item 3): figures on a cluster holding state.
+"""`quorumgate bench --state large`: figures on a cluster holding state (docs/benchmarks.md).
 
 Before measuring, the cluster is filled through its own front door, as a multi-agent
 workload would leave it: `STATE_AGENTS` agents (acting for `STATE_PRINCIPALS` principals)

@@ -1,4 +1,4 @@
-"""How much time each process spends in the garbage collector (issue 19, item 4).
+"""How much time each process spends in the garbage collector (docs/benchmarks.md).
 
 Put this folder first on PYTHONPATH and name an output folder: every Python process
 started with that environment (the bench's replicas, sidecars and clients, replay's

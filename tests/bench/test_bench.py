@@ -1,4 +1,4 @@
-"""The benchmark harness (issue 8, items 1 and 4): its /proc readers, its per-block
+"""The benchmark harness (docs/benchmarks.md): its /proc readers, its per-block
 certificate check, its load bookkeeping, and `quorumgate bench` end to end on a tiny load.
 
 Benchmarks print figures; nothing here asserts a time or a rate. The end-to-end tests check
@@ -19,17 +19,16 @@ from typing import Any
 import pytest
 from nacl.signing import SigningKey
 
-from quorumgate.bench.harness import (
+from quorumgate.bench.certifier import BlockCertifier
+from quorumgate.bench.load import LoadLoop, LoadShape
+from quorumgate.bench.procstats import (
     CLOCK_TICKS_PER_S,
-    BlockCertifier,
-    LoadLoop,
-    LoadShape,
     cpu_seconds,
     parse_stat_cpu_ticks,
     parse_status_hwm_kib,
-    percentile,
     rss_peak_mb,
 )
+from quorumgate.bench.report import percentile
 from quorumgate.cli import main as cli_main
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.sidecar.receipts import Receipt, ReceiptLeaf, all_paths, sign_block

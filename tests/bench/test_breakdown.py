@@ -1,4 +1,4 @@
-"""The latency breakdown's bookkeeping (issue 19, item 1): trace lines from several
+"""The latency breakdown's bookkeeping (docs/benchmarks.md): trace lines from several
 processes joined into stage durations per call; tracing off unless asked for."""
 
 from __future__ import annotations

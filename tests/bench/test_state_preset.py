@@ -1,4 +1,4 @@
-"""The large-state preset (`quorumgate bench --state large`, issue 19 item 3), built at a
+"""The large-state preset (`quorumgate bench --state large`), built at a
 small scale on a live cluster: every agent, mandate, grant and pending card it claims is
 there, and nothing it submitted was refused. (The full preset is 10,100 agents, 10,000
 grants and 5,000 cards; that takes a minute or two, a benchmark's time, not a test's.)"""

@@ -1,7 +1,7 @@
-"""Issue 14: one Byzantine replica must never stop, crash or fool the others.
+"""One Byzantine replica must never stop, crash or fool the others.
 
-Each test is an attack that succeeded on the code before the fix (the issue's measured
-holes), driven straight into the sans-I/O core with really signed messages.
+Each test is an attack that succeeded on an earlier version of the code (a measured
+hole), driven straight into the sans-I/O core with really signed messages.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _waiting_for_sync_from(sender: int) -> tuple[Core, list[Block]]:
 
 
 def test_a_sync_response_with_a_proof_qc_and_no_proof_blocks_is_dropped_not_raised() -> None:
-    """Issue 14, hole 1: empty `committed`, empty `proof`, any `proof_qc` passed the wire
+    """Empty `committed`, empty `proof`, any `proof_qc` passed the wire
     codec and raised IndexError out of `Core.on_message` (`response.proof[-1]`): the core
     task died silently, and a Byzantine leader could do it to every honest replica."""
     core, blocks = _waiting_for_sync_from(3)
@@ -78,7 +78,7 @@ def test_a_poisoned_sync_never_raises_whatever_its_parts() -> None:
 
 
 def test_a_full_block_tree_does_not_deadlock_the_cluster() -> None:
-    """Issue 14, hole 2: with `pending_blocks_max = 8`, views that end by timeout while no
+    """With `pending_blocks_max = 8`, views that end by timeout while no
     QC forms each add an uncertified block; once the tree was full every proposal was
     refused and nothing pruned it: 2,000 ticks of a perfect network later, every height
     was still 0. Uncertified blocks of past views are evicted now."""
@@ -124,7 +124,7 @@ def test_proposals_for_unknown_parents_still_ask_for_them() -> None:
 
 
 def test_a_replayed_vote_costs_no_signature_check() -> None:
-    """Issue 14: a replayed vote was verified before it was found to be a duplicate, so a
+    """A replayed vote was once verified before it was found to be a duplicate, so a
     peer could make us verify the same signature again and again."""
     core = new_core(0)
     core.start()
@@ -179,7 +179,7 @@ class FatPayload:
 
 
 def test_catch_up_answers_are_bounded_in_bytes_and_a_wiped_replica_still_catches_up() -> None:
-    """Issue 14, hole 4: the committed part of a sync answer was bounded in blocks only (256
+    """The committed part of a sync answer was once bounded in blocks only (256
     blocks of 160 KiB made a 40 MiB envelope, over the 32 MiB transport limit, and the
     asker asked for the same count again). Now each answer ends at the last proof within
     `sync_bytes_max`, and the asker goes on from there."""

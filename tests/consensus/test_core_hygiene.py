@@ -1,5 +1,5 @@
-"""Input hygiene of the core (DESIGN §3 "dropped and counted, never trusted"; STYLE rule 6)
-and the persist-before-send contract (replica/actions.py; etcd-io/raft's Ready).
+"""Input hygiene of the core (docs/consensus/protocol.md, "Byzantine peers": dropped and counted,
+never trusted) and the persist-before-send contract (replica/actions.py; etcd-io/raft's Ready).
 
 A core for member 0 of a 4-member cluster is driven directly with hand-built, really
 signed messages. Every bad message must be dropped, counted under its exact reason in

@@ -145,7 +145,7 @@ def test_a_hello_is_answered_with_the_last_view_we_saw_the_asker_sign() -> None:
 
 
 def test_forged_hello_replies_do_not_end_the_fencing() -> None:
-    """Issue 14, hole 3: hello replies were unsigned and their sender self-declared, so
+    """Hello replies were once unsigned and their sender self-declared, so
     three forged replies claiming `last_signed_view = 0` ended the fencing of a replica
     restored from old data. Now a reply counts only if its sender signed it, for this
     start (the nonce) of this replica (the asker)."""
@@ -205,7 +205,7 @@ def test_replicas_restored_from_old_data_never_equivocate_in_simulation() -> Non
 
 
 def test_our_own_vote_sent_back_is_never_counted_and_fences_a_forgotten_view() -> None:
-    """Found by the fuzzer (issue 14): a copy of our own vote, sent back to us, was stored
+    """Found by the fuzzer: a copy of our own vote, sent back to us, was stored
     as a peer's, and our next vote in that view then raised out of the core. Now our own
     signatures are never taken from the network; one above our last voted view means we
     signed it and forgot (restored from old data), and Rule 6 fences that view."""

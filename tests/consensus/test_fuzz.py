@@ -1,4 +1,4 @@
-"""Structure-aware fuzzing of `Core.on_message` (issue 14, item 4; replica/fuzz.py): a fixed
+"""Structure-aware fuzzing of `Core.on_message` (replica/fuzz.py): a fixed
 5,000 generated messages of each kind, malformed, truncated, oversized, stale, far-future,
 with forged or duplicated signatures and spoofed senders, and nothing but the core's own
 refusals comes out. `scripts/fuzz_core.py` runs the large numbers."""
@@ -27,7 +27,7 @@ def test_no_generated_message_escapes_the_core(kind: str) -> None:
 def test_the_fuzzer_finds_the_sync_response_that_crashed_the_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With the whole-message check of sync responses taken out (the code before issue 14),
+    """With the whole-message check of sync responses taken out (as the code once was),
     the fuzzer finds a response that raises out of `Core.on_message` and names its seed."""
     monkeypatch.setattr(core_module, "check_envelope", lambda envelope, membership, limits: None)
     with pytest.raises(FuzzFailure) as found:

@@ -1,5 +1,5 @@
-"""The consensus core is sans-I/O (DESIGN §3; STYLE "h11" and house rules 1-2): no asyncio,
-gRPC, SQLite, clock, randomness, sockets, threads or OS access in its modules.
+"""The consensus core is sans-I/O (docs/architecture/0006-sans-io-core-and-simulator.md; as h11 is):
+no asyncio, gRPC, SQLite, clock, randomness, sockets, threads or OS access in its modules.
 
 Checked twice: statically, on every import statement of each module's source (including
 imports inside functions and `__import__`/`importlib` tricks), and dynamically, by

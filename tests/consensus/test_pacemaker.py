@@ -1,4 +1,5 @@
-"""The pacemaker (DESIGN §3; replica/core.py; LibraBFT v3 / DiemBFT §6 timeouts and TCs).
+"""The pacemaker (docs/consensus/protocol.md; replica/core.py; LibraBFT v3 / DiemBFT §6 timeouts and
+TCs).
 
 Cores are driven either directly or on the tiny deterministic network of helpers.Net: one
 tick at a time, every core ticks, then every message is delivered. No simulator, no clock.
@@ -40,7 +41,7 @@ def no_proposals(src: int, dst: int, msg: object) -> bool:
 
 
 def test_view_timeouts_double_after_each_tc_up_to_the_cap_and_reset_after_a_qc() -> None:
-    """Exponential back-off in ticks (DESIGN §3 pacemaker), read from ScheduleTimeout."""
+    """Exponential back-off in ticks (the pacemaker), read from ScheduleTimeout."""
     net = Net(drop=no_proposals)
     net.start()
     # Tick one at a time and note when member 0 enters views and sends its own timeouts.

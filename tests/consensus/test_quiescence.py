@@ -1,7 +1,7 @@
-"""Quiescence (issue 19; replica/core.py): an idle cluster stops proposing once nothing is
-left to order — no transaction waits, no uncommitted block carries any, and a committed
-block carries the state root of the last height that did — and wakes on the next
-transaction without waiting for a timeout. A leader that died meanwhile is still timed out.
+"""Quiescence (docs/consensus/protocol.md; replica/core.py): an idle cluster stops proposing once
+nothing is left to order — no transaction waits, no uncommitted block carries any, and a committed
+block carries the state root of the last height that did — and wakes on the next transaction without
+waiting for a timeout. A leader that died meanwhile is still timed out.
 
 Cores run on helpers.Net with the simulator's mempool and instant execution, so blocks
 carry real state roots.
@@ -232,12 +232,12 @@ def tick_as_shells_do(net: QuietNet, ticks: int) -> None:
 
 # Which member is left behind depends on who leads the last views before the cluster goes
 # quiet (a leader fetches the block its QC names before it proposes): in this run member 2
-# is the one, and the test was checked to fail without the fix (stop 27).
+# is the one, and the test was checked to fail without the fix.
 @pytest.mark.parametrize("behind", [2])
 def test_a_replica_whose_sidecar_lagged_through_the_last_heartbeats_catches_up_while_quiet(
     behind: int,
 ) -> None:
-    """Found in CI (stop 26): replica `behind`'s sidecar was stopped while the heartbeats that carry
+    """Found in CI: replica `behind`'s sidecar was stopped while the heartbeats that carry
     the last root were proposed, so replica `behind` could not judge them; the view moved on, the
     cluster went quiet, and nothing more arrived that would make replica `behind` fetch what it
     lacked. It holds the QC that names the last block: that is enough to ask for it."""

@@ -1,4 +1,5 @@
-"""SafetyRules, the only holder of the consensus key (DESIGN §3; replica/safety.py).
+"""SafetyRules, the only holder of the consensus key (docs/consensus/protocol.md;
+replica/safety.py).
 
 Real Ed25519 keys, a 4-member membership, and blocks built by hand. Each test names the
 numbered rule it checks; the rules cite HotStuff (PODC'19) §4.3 / Alg. 4 and the 2-chain
@@ -418,7 +419,7 @@ def test_the_private_key_never_appears_in_repr() -> None:
 
 
 def test_the_signing_contract_holds_under_python_dash_o() -> None:
-    """Issue 14: the safety rules checked their inputs with `assert`, which `python -O`
+    """The safety rules once checked their inputs with `assert`, which `python -O`
     removes. Under -O a vote for a block with the wrong parent is still refused."""
     import subprocess
     import sys

@@ -1,5 +1,5 @@
-"""Thousands of seeded simulated clusters (DESIGN §3; issue 2 "CI runs at least 2,000
-seeded scenarios over n = 4 and n = 7 with up to f Byzantine members").
+"""Thousands of seeded simulated clusters (docs/consensus/simulator.md): CI runs at least 2,000
+seeded scenarios over n = 4 and n = 7 with up to f Byzantine members.
 
 `quorumgate.replica.sim.scenario(seed, n)` draws faults and Byzantine behaviours from the seed; the
 simulator checks safety after every step and liveness after the heal, and every failure

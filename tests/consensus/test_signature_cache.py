@@ -1,4 +1,4 @@
-"""A signature is verified once per replica (replica/certs.py, issue 19): votes arrive one
+"""A signature is verified once per replica (replica/certs.py): votes arrive one
 by one, then again inside the next proposal's QC. What the cache may skip is exactly a
 (signer, statement, signature) already found valid; everything else is still checked."""
 
@@ -87,7 +87,7 @@ def test_a_cached_signature_over_another_statement_is_refused(blocks: list[Block
 
 
 def test_a_qc_remembers_its_own_digest_only(blocks: list[Block]) -> None:
-    """A QC keeps its digest once computed (issue 19); a QC derived from a checked one
+    """A QC keeps its digest once computed; a QC derived from a checked one
     (other signatures, other view) computes its own, so the checker's cache of known QC
     digests cannot be reached by editing a QC that passed."""
     checker = fresh_checker()

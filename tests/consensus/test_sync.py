@@ -1,7 +1,6 @@
-"""Catch-up (DESIGN §3): a replica that is behind or wiped fetches committed blocks with
-their certificates and verifies every QC before applying; sync never commits anything on
-its own say, only through the commit rule (the 2-chain, replica/blocktree.py) on verified
-certificates.
+"""Catch-up (docs/consensus/protocol.md): a replica that is behind or wiped fetches committed blocks
+with their certificates and verifies every QC before applying; sync never commits anything on its
+own say, only through the commit rule (the 2-chain, replica/blocktree.py) on verified certificates.
 
 Responses are built by `quorumgate.replica.sync.build_sync_response` over the simulator's `Disk`.
 """

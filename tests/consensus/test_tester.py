@@ -1,5 +1,5 @@
-"""The tester is tested (relab/hotstuff's twins tester; STYLE "the simulator must catch a
-known-bad rule"): deliberately broken cores must make the seeded simulation fail, with a
+"""The tester is tested (relab/hotstuff's twins tester: a simulator must catch a known-bad
+rule): deliberately broken cores must make the seeded simulation fail, with a
 message that names the violation and how to reproduce it, while the same scenarios pass
 with the honest core.
 """
@@ -10,16 +10,15 @@ from dataclasses import replace
 
 import pytest
 
-import quorumgate.replica.sim as sim_module
 from quorumgate.replica.core import Core
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim import (
-    UNSAFE_VARIANTS,
     SimOptions,
     Simulation,
     SimulationFailure,
     twins_scenarios,
 )
+from tests.consensus.variants import UNSAFE_VARIANTS, VARIANTS
 
 SEEDS = range(20)
 
@@ -31,7 +30,8 @@ def options(seed: int, unsafe: str | None) -> SimOptions:
     restarted into the view it signed in — for fencing, and one restored just after it
     voted in the equivocating leader's view or timed out, what it signed still in flight,
     for the fence the peers' reports made."""
-    base = SimOptions(seed=seed, n=4, ticks=600, delay_ticks_max=2, unsafe=unsafe)
+    core = VARIANTS[unsafe] if unsafe is not None else None
+    base = SimOptions(seed=seed, n=4, ticks=600, delay_ticks_max=2, unsafe=core)
     if unsafe == "double_vote":
         return replace(base, byzantine=("equivocate",))
     if unsafe == "no_fence":
@@ -41,6 +41,11 @@ def options(seed: int, unsafe: str | None) -> SimOptions:
             base, byzantine=("equivocate",), restores_when_voting=3, restores_when_timing_out=1
         )
     return replace(base, byzantine=("fork_leader",), victim_delay_ticks=60)
+
+
+def shown(core: type[Core]) -> str:
+    """A variant as a failure's reproducing options name it: where to import it from."""
+    return f"{core.__module__}.{core.__qualname__}"
 
 
 def failure_of(opts: SimOptions) -> str | None:
@@ -66,7 +71,7 @@ def test_the_simulation_catches_an_unsafe_variant_within_20_seeds(variant: str) 
     assert caught, f"{variant} survived seeds {SEEDS.start}..{SEEDS.stop - 1}"
     for seed, text in caught:
         assert "SAFETY" in text, text
-        assert f"seed={seed}" in text and f"unsafe={variant!r}" in text, text
+        assert f"seed={seed}" in text and f"unsafe={shown(VARIANTS[variant])}" in text, text
     # The message reproduces the failure: the same options fail the same way again.
     seed, text = caught[0]
     assert failure_of(options(seed, variant)) == text
@@ -90,7 +95,7 @@ def twins_failures(n: int, unsafe: str | None) -> tuple[int, int, dict[str, int]
     scenarios = twins_scenarios(n, per_behaviour=TWINS_PER_BEHAVIOUR[n])
     by_behaviour: dict[str, int] = {}
     for opts in scenarios:
-        text = failure_of(replace(opts, unsafe=unsafe))
+        text = failure_of(replace(opts, unsafe=VARIANTS[unsafe] if unsafe else None))
         if unsafe is None:
             assert text is None, text
         if text is not None and text.startswith("SAFETY"):  # a stall does not count
@@ -133,17 +138,11 @@ class NeverProposes(Core):
         pass
 
 
-def test_the_simulation_catches_a_send_before_its_safety_state_is_durable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sim_module.CORE_CLASSES, None, NeverPersists)
-    text = failure_of(SimOptions(seed=3, ticks=200))
+def test_the_simulation_catches_a_send_before_its_safety_state_is_durable() -> None:
+    text = failure_of(SimOptions(seed=3, ticks=200, unsafe=NeverPersists))
     assert text is not None and "durable" in text and "seed=3" in text, text
 
 
-def test_the_simulation_catches_a_cluster_that_stops_committing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(sim_module.CORE_CLASSES, None, NeverProposes)
-    text = failure_of(SimOptions(seed=4, ticks=100, liveness_ticks_max=600))
+def test_the_simulation_catches_a_cluster_that_stops_committing() -> None:
+    text = failure_of(SimOptions(seed=4, ticks=100, liveness_ticks_max=600, unsafe=NeverProposes))
     assert text is not None and "LIVENESS" in text and "seed=4" in text, text

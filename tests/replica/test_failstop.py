@@ -1,6 +1,7 @@
-"""Fail-stop (issue 14): a replica or sidecar whose core task dies must not go on serving
-as if alive. An unexpected end of any long-lived task stops the process with exit status
-70 after logging the traceback, so `status` shows it dead and a supervisor restarts it."""
+"""Fail-stop (docs/consensus/protocol.md, "Byzantine peers"): a replica or sidecar whose core task
+dies must not go on serving as if alive. An unexpected end of any long-lived task stops the process
+with exit status 70 after logging the traceback, so `status` shows it dead and a supervisor restarts
+it."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 Every channel to a member pings its connection while idle (`KEEPALIVE_TIME_MS`), so a dead
 peer is noticed. The members' gRPC servers used gRPC's default ping policy, which answers
 the third ping on a connection without data with GOAWAY `too_many_pings`: a quiescent
-cluster (issue 19) had every peer stream and client channel torn down and redialled about
+cluster had every peer stream and client channel torn down and redialled about
 once a minute, and each redial lost the next message queued.
 
 Here a real `PeerLink` streams to a server built with the members' options, at a short

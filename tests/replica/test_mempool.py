@@ -1,4 +1,4 @@
-"""The mempool (DESIGN §3 "Mempool", issue 3 item 4): admission, replay, fairness, bounds.
+"""The mempool (replica/mempool.py): admission, replay, fairness, bounds.
 
 Keys are derived from names and Ed25519 signatures are deterministic, so every test here
 is deterministic; hypothesis drives the random workloads. Signature verification is
@@ -212,8 +212,8 @@ def test_identical_resubmission_returns_the_same_id_without_verifying_again(
 def test_a_copy_gossiped_after_its_commit_is_refused_without_verifying_again(
     verifies: _VerifyCounter,
 ) -> None:
-    """Issue 19: a peer's regossip (or a slow one's first gossip) of a transaction that
-    already committed here cost a second Ed25519 check before being refused as replayed.
+    """A peer's regossip (or a slow one's first gossip) of a transaction that
+    already committed here once cost a second Ed25519 check before being refused as replayed.
     Bytes this replica verified are refused on the spot, with the same answer."""
     pool = Mempool(CHAIN)
     data = _tx("alice", 1)

@@ -1,4 +1,4 @@
-"""The replica shell's bounds against a peer that floods it (issue 14, item 5)."""
+"""The replica shell's bounds against a peer that floods it."""
 
 from __future__ import annotations
 

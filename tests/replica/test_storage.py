@@ -64,8 +64,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # window's reach. Seed 4: no crash, a longer chain.
 # A seed whose run crashes the recorded node and leaves heights without proofs that a sync
 # request must reach past its window for (the fixture and the sync test check both: a
-# change to the core or the simulator moves each run's crashes and proofs, as stop 27's
-# catch-up rules and quiet last phase did to seeds 2 and 3; seed 0 crashes it 4 times).
+# change to the core or the simulator moves each run's crashes and proofs, as the
+# catch-up rules and the quiet last phase did to seeds 2 and 3; seed 0 crashes it 4 times).
 CRASHY = SimOptions(seed=0, ticks=400, crash_permille=2, crash_ticks_max=40, loss_permille=50)
 STEADY = SimOptions(seed=4, ticks=400, crash_permille=2, crash_ticks_max=40, loss_permille=50)
 
@@ -766,7 +766,7 @@ async def test_sigkill_at_random_points_leaves_every_returned_apply_durable(
 
 
 async def test_every_transaction_is_fsynced_commits_too(crashy: Recording, tmp_path: Path) -> None:
-    """Issue 14: transactions with only blocks and commits ran under synchronous=NORMAL,
+    """Transactions with only blocks and commits once ran under synchronous=NORMAL,
     though a Commit is reported only once durable (replica/actions.py). Every apply of the
     recorded run — those without a safety record included — leaves the connection FULL."""
     store = await ReplicaStore.open(tmp_path / "replica.db", crashy.chain_id)
@@ -787,7 +787,7 @@ async def test_every_transaction_is_fsynced_commits_too(crashy: Recording, tmp_p
 async def test_recently_committed_blocks_are_served_from_memory_as_disk_has_them(
     tmp_path: Path,
 ) -> None:
-    """Issue 19: the newest committed blocks come from memory (no SQLite read for a
+    """The newest committed blocks come from memory (no SQLite read for a
     follower's stream); every range equals what a reopened store reads from disk."""
     chain = "qg-test"
     path = tmp_path / "replica.db"

@@ -1,0 +1,84 @@
+"""The safety checks the simulator makes after every step, on what honest members commit,
+certify and sign (docs/consensus/simulator.md lists them; replica/safety.py argues why
+they hold)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from quorumgate.replica.sim.options import SimulationFailure
+from quorumgate.replica.types import Block, Message, QuorumCert, Timeout, Vote
+
+
+class SafetyChecks:
+    """What honest members committed, certified and signed so far, and the checks on it.
+    Each check raises the failure `fail` makes of its message (which names the scenario)."""
+
+    def __init__(self, genesis: Block, fail: Callable[[str], SimulationFailure]) -> None:
+        self._fail = fail
+        self.committed_by_height: dict[int, bytes] = {0: genesis.hash}
+        self.committed_tip = genesis  # the highest block an honest node committed
+        self.blocks_by_hash: dict[bytes, Block] = {genesis.hash: genesis}
+        self.honest_votes: dict[tuple[int, int], bytes] = {}
+        self.delivered_votes: dict[tuple[int, int], bytes] = {}
+        self.delivered_timeouts: set[tuple[int, int]] = set()  # (honest member, view)
+
+    def vote_sent(self, src: int, vote: Vote) -> None:
+        """An honest member that never lost its memory signs one vote per view."""
+        key = (src, vote.view)
+        prior = self.honest_votes.setdefault(key, vote.block_hash)
+        if prior != vote.block_hash:
+            raise self._fail(f"SAFETY: honest node {src} voted twice in view {vote.view}")
+
+    def reaching_peers(self, src: int, msg: Message, restored: bool) -> None:
+        """An honest member's votes and timeouts as they reach the network, before and
+        after any restore. A restored node may re-sign what it forgot only if the first
+        copy reached nobody, so judge what reaches peers, not what leaves: one vote per
+        view, and no vote in a view after a timeout for it (Rule 1: a TC of that view
+        could then hide the QC the vote helps form)."""
+        who = "restored node" if restored else "honest node"
+        if isinstance(msg, Timeout):
+            self.delivered_timeouts.add((src, msg.view))
+            return
+        if not isinstance(msg, Vote):
+            return
+        key = (src, msg.view)
+        if key in self.delivered_timeouts and key not in self.delivered_votes:
+            raise self._fail(
+                f"SAFETY: {who} {src} voted in view {msg.view} after its timeout for that "
+                "view reached peers"
+            )
+        prior = self.delivered_votes.setdefault(key, msg.block_hash)
+        if prior != msg.block_hash:
+            raise self._fail(
+                f"SAFETY: {who} {src} equivocated: two votes for view {msg.view} reached peers"
+            )
+
+    def certified(self, qc: QuorumCert) -> None:
+        """The lemma the safety argument rests on (replica/safety.py): once B0 of view r
+        commits, every block certified in a view above r extends it. Checked on each
+        honest replica's highest QC against the highest block an honest replica
+        committed (the last block of a commit is the B0 of its 2-chain), so a conflicting
+        certificate fails the run before any fork commits, or stalls everyone instead."""
+        tip = self.committed_tip
+        if qc.view <= tip.view:
+            return
+        block = self.blocks_by_hash.get(qc.block_hash)
+        while block is not None and block.height > tip.height:
+            block = self.blocks_by_hash.get(block.parent_hash)
+        if block is not None and block.hash != tip.hash:
+            raise self._fail(
+                f"SAFETY: a block certified in view {qc.view} does not extend the block "
+                f"committed at height {tip.height} (view {tip.view})"
+            )
+
+    def honest_commit(self, index: int, block: Block) -> None:
+        """No two honest members commit different blocks at one height."""
+        known = self.committed_by_height.setdefault(block.height, block.hash)
+        if known != block.hash:
+            raise self._fail(
+                f"SAFETY: two blocks committed at height {block.height} "
+                f"({known[:4].hex()} and {block.hash[:4].hex()}, node {index})"
+            )
+        if block.height > self.committed_tip.height:
+            self.committed_tip = block

@@ -1,0 +1,240 @@
+"""One simulated member: its core, the disk that survives its crashes, and the stand-ins
+for its mempool and its execution sidecar."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.crypto import Signer, Verifier, VerifyFn
+from quorumgate.proto.membership import Membership
+from quorumgate.replica.actions import Action
+from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.sim.options import RESTORE_BACKUP_VIEWS_MAX, SIM_LIMITS, SimOptions
+from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, CommitProof, genesis_block
+
+
+@dataclass
+class Disk:
+    """What survives a crash: exactly what the node's actions made durable."""
+
+    safety: SafetyState
+    committed: list[Block]
+    proofs: dict[int, CommitProof] = field(default_factory=dict)
+    blocks: dict[bytes, Block] = field(default_factory=dict)
+
+    def copy(self) -> Disk:
+        return Disk(self.safety, list(self.committed), dict(self.proofs), dict(self.blocks))
+
+    def payload_height(self) -> int:
+        """The highest committed height whose block carries transactions (0: none)."""
+        return next((b.height for b in reversed(self.committed) if b.payload), 0)
+
+    # CommittedStore, for serving sync requests
+    def committed_height(self) -> int:
+        return len(self.committed) - 1
+
+    def committed_range(self, start: int, end: int) -> list[Block]:
+        return self.committed[start : end + 1]
+
+    def proof_at_or_after(self, height: int, limit: int) -> CommitProof | None:
+        for h in range(height, limit + 1):
+            if h in self.proofs:
+                return self.proofs[h]
+        return None
+
+    def proof_at_or_before(self, height: int, floor: int) -> CommitProof | None:
+        for h in range(height, floor - 1, -1):
+            if h in self.proofs:
+                return self.proofs[h]
+        return None
+
+
+class SimPool:
+    """The transactions clients submitted, as every replica's mempool would hold them
+    after gossip; each node tracks which it has seen committed."""
+
+    def __init__(self) -> None:
+        self.txs: list[bytes] = []
+        self.valid: set[bytes] = set()
+
+    def add(self, tx: bytes) -> None:
+        self.txs.append(tx)
+        self.valid.add(tx)
+
+
+class SimMempool:
+    def __init__(self, pool: SimPool, committed: set[bytes]) -> None:
+        self._pool = pool
+        self._committed = committed
+        self._cursor = 0
+
+    def _advance(self) -> None:
+        while (
+            self._cursor < len(self._pool.txs) and self._pool.txs[self._cursor] in self._committed
+        ):
+            self._cursor += 1
+
+    def pending(self) -> bool:
+        self._advance()
+        return self._cursor < len(self._pool.txs)
+
+    def take(self, chain: Sequence[Block], txs_max: int, bytes_max: int) -> tuple[bytes, ...]:
+        self._advance()
+        in_chain = {tx for block in chain for tx in block.payload}
+        out: list[bytes] = []
+        size = 0
+        for tx in self._pool.txs[self._cursor :]:
+            if len(out) >= txs_max or size + len(tx) > bytes_max:
+                break
+            if tx not in self._committed and tx not in in_chain:
+                out.append(tx)
+                size += len(tx)
+        return tuple(out)
+
+    def check(self, block: Block) -> str | None:
+        if any(tx not in self._pool.valid for tx in block.payload):
+            return "unknown transaction"
+        return None
+
+    def on_commit(self, blocks: Sequence[Block]) -> None:
+        for block in blocks:
+            self._committed.update(block.payload)
+
+
+class SimExecution:
+    """An instant 'sidecar': the state root after height h folds in the block hashes."""
+
+    def __init__(self, disk: Disk) -> None:
+        self._disk = disk
+        self._roots: list[bytes] = [b""]
+
+    def _catch_up(self) -> None:
+        while len(self._roots) < len(self._disk.committed):
+            block = self._disk.committed[len(self._roots)]
+            self._roots.append(hashlib.sha256(self._roots[-1] + block.hash).digest())
+
+    def latest_root(self) -> tuple[int, bytes]:
+        self._catch_up()
+        return len(self._roots) - 1, self._roots[-1]
+
+    def root_at(self, height: int) -> bytes | None:
+        self._catch_up()
+        return self._roots[height] if 0 <= height < len(self._roots) else None
+
+
+class NodeWorld(Protocol):
+    """What a member sees of the simulation it runs in (`Simulation` implements it)."""
+
+    options: SimOptions
+    membership: Membership
+    byzantine: dict[int, str]
+    pool: SimPool
+    verify_fn: VerifyFn
+    restores_resumed: int
+    stale_restores: int
+    amnesiac: set[int]
+
+    def now_ms(self, index: int) -> int: ...
+
+
+class SimNode:
+    """One instance of a member: a core plus its disk. Twins are two of these, one index."""
+
+    def __init__(self, sim: NodeWorld, index: int, signer: Signer, instance: int = 0) -> None:
+        self.sim = sim
+        self.index = index
+        self.instance = instance
+        self.signer = signer
+        chain = sim.membership.chain_id
+        self.disk = Disk(SafetyState.initial(chain), [genesis_block(chain)])
+        self.durable_epoch = 0
+        self.committed_txs: set[bytes] = set()
+        self.up = True
+        self.down_until = 0
+        self.snapshots: list[Disk] = []
+        self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
+        # (view entered, the disk then): the aimed restores' backups, newest last
+        self.backups: list[tuple[int, Disk]] = []
+        # The restore marker (replica/node.py RESTORE_MARKER_FILE): set when a backup is
+        # put back, cleared once the core is past its fence, so that a crash before then
+        # restarts it as a restore again.
+        self.restore_marker = False
+        self.starts = 0
+        self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
+        self.core = self._make_core(None)
+
+    def _make_core(self, recovered: Recovered | None, restored: bool = False) -> Core:
+        sim = self.sim
+        # Byzantine members wrap the honest core; only honest ones run a variant under test.
+        cls = Core if self.index in sim.byzantine else (sim.options.unsafe or Core)
+        self.starts += 1
+        # A fresh nonce per start, as the replica shell draws one (the default is derived
+        # from the safety epoch, which a restore from old data repeats).
+        nonce = Encoder(b"qg/sim/hello").u64(sim.options.seed).u32(self.index).u32(self.starts)
+        core = cls(
+            sim.membership,
+            self.index,
+            self.signer,
+            limits=SIM_LIMITS,
+            verifier=Verifier(SIM_LIMITS.verified_cache_max, sim.verify_fn),
+            payload=SimMempool(sim.pool, self.committed_txs),
+            execution=SimExecution(self.disk),
+            recovered=recovered,
+            now_ms=sim.now_ms(self.index),
+            hello_nonce=nonce.digest()[:HELLO_NONCE_BYTES],
+            # An operator who puts a backup back declares it (docs/consensus/fencing.md).
+            restored=restored,
+        )
+        return core
+
+    def start(self) -> list[Action]:
+        return self.core.start()
+
+    def crash(self, until_tick: int) -> None:
+        self.up = False
+        self.down_until = until_tick
+        self.snapshots.append(self.disk.copy())
+
+    def restart(self, stale: bool = False) -> list[Action]:
+        if self.restore_marker:
+            self.sim.restores_resumed += 1  # crashed while still fencing after a restore
+        if stale and (len(self.snapshots) > 1 or self.force_stale):
+            # Restored from an old copy of the data directory: it forgot what it signed since.
+            self.disk = self.snapshots[0].copy()
+            self.sim.stale_restores += 1
+            self.sim.amnesiac.add(self.index)
+            self.restore_marker = True
+        restored = self.restore_marker
+        disk = self.disk
+        committed = disk.committed[-1]
+        pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
+        self.durable_epoch = disk.safety.epoch
+        self.dropped_before += self.core.dropped
+        recovered = Recovered(disk.safety, committed, pending, payload_height=disk.payload_height())
+        self.core = self._make_core(recovered, restored=restored)
+        self.up = True
+        return self.core.start()
+
+    def keep_backup(self) -> None:
+        """The aimed restores' backups: the disk as it entered each of its last views."""
+        view = self.core.view
+        if self.backups and self.backups[-1][0] >= view:
+            return
+        self.backups.append((view, self.disk.copy()))
+        del self.backups[: -(RESTORE_BACKUP_VIEWS_MAX + 1)]
+
+    def backup_before(self, view: int, views_back: int) -> Disk | None:
+        """The newest backup taken at least `views_back` views before `view`."""
+        older = [disk for entered, disk in self.backups if entered <= view - views_back]
+        return older[-1].copy() if older else None
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """What this member dropped, by reason, over all its starts."""
+        return self.dropped_before + self.core.dropped

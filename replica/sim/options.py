@@ -1,0 +1,128 @@
+"""What a simulation runs: its options, the bounds of its world, and how it fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quorumgate.replica.config import Limits
+from quorumgate.replica.core import Core
+
+BEHAVIOURS = (
+    "equivocate",  # as leader, sends two conflicting blocks to two halves of the cluster
+    "twins",  # two honest instances share one key, each seeing part of the network
+    "double_vote",  # signs a vote for every block it sees, ignoring the safety rules
+    "silent_leader",  # never sends its proposals
+    "bad_signatures",  # corrupts the signature of everything it sends
+    "forge_certs",  # sends forged QCs and TCs and proposals built on them
+    "fork_leader",  # leads from a stale QC to fork the chain, votes for anything, and
+    # sends its votes to one victim only, so commits diverge: what locks exist to stop
+    "malform",  # sends every kind of message truncated, oversized, stale, far ahead, with
+    # forged or repeated signatures, in another member's or a non-member's name, plus
+    # catch-up answers and hello replies nobody asked for: what an unauthenticated
+    # transport would let through (docs/security/threat-model.md)
+)
+# Behaviours that never help the honest members leave a view (their votes and timeouts
+# are invalid or withheld): with f of them, liveness has no fault left for a restore.
+WITHHOLDING_BEHAVIOURS = ("bad_signatures", "fork_leader")
+MALFORM_COPIES = 2  # mutated copies of each message a `malform` member sends
+FAR_AHEAD_VIEWS = 1_000_000
+SIM_TICK_MS = 10
+TX_BYTES = 48
+RESTORE_BACKUP_VIEWS_MAX = 8  # the victim's backups kept, one per view it entered
+# Proposals the network keeps, by view, to hand a restored victim again (the newest views).
+SENT_PROPOSAL_VIEWS_MAX = 32
+
+
+class SimulationFailure(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    seed: int
+    n: int = 4
+    byzantine: tuple[str, ...] = ()  # one behaviour per Byzantine member, at most f
+    ticks: int = 1_500  # ticks of adversarial network before the heal
+    delay_ticks_max: int = 3
+    loss_permille: int = 0
+    dup_permille: int = 0
+    partition_ticks: int = 0  # 0: none; else a new random partition about this often
+    victim_delay_ticks: int = 0  # extra delay on everything one honest member sends
+    crash_permille: int = 0  # per node per tick, before the heal
+    crash_ticks_max: int = 200
+    stale_restore_permille: int = 0  # a restart from an older copy of the disk (drill)
+    tx_per_tick_permille: int = 500
+    liveness_views_max: int = 40
+    liveness_ticks_max: int = 6_000
+    # The core honest members run instead of `Core`: a deliberately broken rule, to test the
+    # tester (the variants live with the tests, tests/consensus/variants.py, and never ship).
+    unsafe: type[Core] | None = None
+    fast_crypto: bool = True
+    # Twins-style enumerated schedules: which members are the Byzantine ones (their places
+    # in the round-robin leader order; empty: drawn from the seed), and per phase of
+    # `schedule_phase_ticks` a split of every node instance into side 0 or 1 (instances in
+    # (member, instance) order); after the last phase the network is whole.
+    byzantine_members: tuple[int, ...] = ()
+    partition_schedule: tuple[tuple[int, ...], ...] = ()
+    schedule_phase_ticks: int = 40
+    # The stale-restore drill, aimed: this many times, right after the victim proposed in a
+    # view it leads, it is killed, its data put back to what it held on entering that view,
+    # and restarted at once — into the very view it signed in and forgot (safety Rule 6).
+    restores_when_leading: int = 0
+    # The same right after it voted (in a view a Byzantine member leads, if there is one)
+    # or timed out: what it signed is delayed `restore_in_flight_ticks`, not lost, so its
+    # peers answer its hello before they see it; once its fencing ends the network hands
+    # it every other proposal of that view it had sent (after a timeout: every proposal).
+    restores_when_voting: int = 0
+    restores_when_timing_out: int = 0
+    # The backup an aimed restore puts back: taken on entering the view it signed in (0)
+    # or this many views before it (at most RESTORE_BACKUP_VIEWS_MAX).
+    restore_backup_views: int = 0
+
+    def __post_init__(self) -> None:
+        f = (self.n - 1) // 3
+        if len(self.byzantine) > f:
+            raise ValueError(f"{len(self.byzantine)} Byzantine members but f = {f}")
+        for b in self.byzantine:
+            if b not in BEHAVIOURS:
+                raise ValueError(f"unknown behaviour {b!r}")
+        if self.unsafe is not None and not issubclass(self.unsafe, Core):
+            raise ValueError(f"unsafe variant {self.unsafe!r} is not a Core")
+        if self.byzantine_members and len(self.byzantine_members) != len(self.byzantine):
+            raise ValueError("one member index per Byzantine behaviour")
+        if not 0 <= self.restore_backup_views <= RESTORE_BACKUP_VIEWS_MAX:
+            raise ValueError(f"restore_backup_views above {RESTORE_BACKUP_VIEWS_MAX}")
+
+    @property
+    def aimed_restores(self) -> int:
+        return (
+            self.restores_when_leading + self.restores_when_voting + (self.restores_when_timing_out)
+        )
+
+    def reproduce(self) -> str:
+        fields = ", ".join(
+            f"{k}={_shown(getattr(self, k))}"
+            for k in self.__dataclass_fields__
+            if getattr(self, k) != SimOptions.__dataclass_fields__[k].default or k == "seed"
+        )
+        return f"SimOptions({fields})"
+
+
+def _shown(value: object) -> str:
+    """An option as it is written in Python: a class by the name it is imported as."""
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return repr(value)
+
+
+SIM_LIMITS = Limits(
+    view_timeout_ticks_base=20,
+    view_timeout_ticks_max=160,
+    idle_propose_ticks=4,
+    timestamp_behind_ms_max=60_000,
+    sync_blocks_max=64,
+    sync_retry_ticks=15,
+    fence_wait_ticks=40,
+    pending_blocks_max=512,
+    batch_txs_max=32,
+)

@@ -1,0 +1,44 @@
+"""The scenario a seed stands for: faults and Byzantine members drawn from the seed."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from quorumgate.replica.sim.options import BEHAVIOURS, WITHHOLDING_BEHAVIOURS, SimOptions
+
+
+def scenario(seed: int, n: int) -> SimOptions:
+    """The scenario a seed stands for: faults and Byzantine members drawn from the seed.
+    About half the seeds also restore the victim from a backup (the restore counts drawn
+    last, so the draws before them stay what they were for every seed); not while f
+    Byzantine members withhold what the honest ones need to leave a view, because a
+    restored replica sits out the views it fences, which makes one fault more than
+    liveness tolerates (docs/consensus/fencing.md)."""
+    rng = random.Random(seed * 7919 + n)
+    f = (n - 1) // 3
+    k = rng.randint(0, f)
+    byzantine = tuple(rng.choice(BEHAVIOURS) for _ in range(k))
+    options = SimOptions(
+        seed=seed,
+        n=n,
+        byzantine=byzantine,
+        ticks=rng.choice((300, 600, 900)),
+        delay_ticks_max=rng.choice((0, 1, 3, 6)),
+        loss_permille=rng.choice((0, 0, 50, 200)),
+        dup_permille=rng.choice((0, 50, 200)),
+        partition_ticks=rng.choice((0, 0, 10, 40, 200)),
+        victim_delay_ticks=rng.choice((0, 30, 60)) if "fork_leader" in byzantine else 0,
+        crash_permille=rng.choice((0, 0, 1, 3)),
+        crash_ticks_max=rng.choice((30, 150)),
+        tx_per_tick_permille=rng.choice((100, 500, 900)),
+    )
+    restores = replace(
+        options,
+        restores_when_leading=rng.choice((0, 1, 2)),
+        restores_when_voting=rng.choice((0, 1, 2)),
+        restores_when_timing_out=rng.choice((0, 1)),
+        restore_backup_views=rng.choice((0, 1, 2, 4)),
+    )
+    withholding = sum(b in WITHHOLDING_BEHAVIOURS for b in byzantine)
+    return restores if rng.randrange(2) and withholding < f else options

@@ -1,0 +1,402 @@
+"""The simulation: N cores on a simulated network, stepped tick by tick, with every
+outcome drawn from one seed (the module docstring of `quorumgate.replica.sim` says what it
+checks). The parts it is made of: `Network` (what is in flight), `SafetyChecks`,
+`Adversary` (the Byzantine members) and `RestoreDrill` (the aimed restores)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+from quorumgate.proto.crypto import Ed25519Signer, Signer, VerifyFn, ed25519_verify
+from quorumgate.proto.membership import Member, Membership
+from quorumgate.replica.actions import (
+    Action,
+    Commit,
+    PersistSafety,
+    Send,
+    StoreBlock,
+    check_send_allowed,
+)
+from quorumgate.replica.core import Core
+from quorumgate.replica.sim.byzantine import Adversary
+from quorumgate.replica.sim.checks import SafetyChecks
+from quorumgate.replica.sim.crypto import FastKeys
+from quorumgate.replica.sim.network import InFlight, Instance, Network
+from quorumgate.replica.sim.node import SimNode, SimPool
+from quorumgate.replica.sim.options import (
+    SIM_LIMITS,
+    SIM_TICK_MS,
+    TX_BYTES,
+    SimOptions,
+    SimulationFailure,
+)
+from quorumgate.replica.sim.restores import RestoreDrill
+from quorumgate.replica.sync import build_sync_response
+from quorumgate.replica.types import (
+    Envelope,
+    Message,
+    Proposal,
+    SyncRequest,
+    Timeout,
+    Vote,
+    genesis_block,
+)
+
+
+@dataclass
+class SimResult:
+    options: SimOptions
+    ticks: int
+    committed_heights: dict[int, int]
+    views: dict[int, int]
+    dropped: Counter[str]
+    messages: int
+    liveness_views: int
+
+
+class Simulation:
+    def __init__(self, options: SimOptions) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+        n = options.n
+        chain = f"sim-{options.seed}"
+        fast = FastKeys()
+        self.verify_fn: VerifyFn = fast.verify if options.fast_crypto else ed25519_verify
+        signers: list[Signer] = []
+        for i in range(n):
+            seed = hashlib.sha256(f"{chain}/{i}".encode()).digest()
+            signers.append(fast.signer(seed) if options.fast_crypto else Ed25519Signer(seed))
+        self.membership = Membership(
+            chain, tuple(Member(i, signers[i].public_key) for i in range(n))
+        )
+        members = list(range(n))
+        self.rng.shuffle(members)
+        if options.byzantine_members:
+            members = list(options.byzantine_members)
+        self.byzantine: dict[int, str] = dict(zip(members, options.byzantine, strict=False))
+        self.honest = [i for i in range(n) if i not in self.byzantine]
+        self.clock_skew_ms = {i: self.rng.randint(-200, 200) for i in range(n)}
+        self.tick = 0
+        self.pool = SimPool()
+        self.nodes: dict[int, list[SimNode]] = {}
+        for i in range(n):
+            self.nodes[i] = [SimNode(self, i, signers[i])]
+            if self.byzantine.get(i) == "twins":
+                self.nodes[i].append(SimNode(self, i, signers[i], instance=1))
+        self.signers = signers
+        self.network = Network()
+        self.messages = 0
+        self.checks = SafetyChecks(genesis_block(chain), self.fail)
+        self.adversary = Adversary(self)
+        self.restores = RestoreDrill(self)
+        self.healed = False
+        self.quiet = False  # no more transactions (the run's last phase)
+        self.stale_restores = 0
+        self.restores_resumed = 0  # restarts of a restored member not yet past its fence
+        self.amnesiac: set[int] = set()
+
+    @property
+    def partition(self) -> dict[Instance, int] | None:
+        """Which side of the current partition each node instance is on (None: whole)."""
+        return self.network.partition
+
+    @property
+    def aimed(self) -> Counter[str]:
+        """The aimed restores done, by kind."""
+        return self.restores.aimed
+
+    @property
+    def honest_votes(self) -> dict[tuple[int, int], bytes]:
+        """(honest member, view) -> the block it voted for, as its core signed it."""
+        return self.checks.honest_votes
+
+    # ------------------------------------------------------------------ helpers
+
+    def fail(self, message: str) -> SimulationFailure:
+        return SimulationFailure(
+            f"{message}\n  at tick {self.tick}; reproduce with: "
+            f"Simulation({self.options.reproduce()}).run()"
+        )
+
+    def now_ms(self, index: int) -> int:
+        return 1_000_000 + self.tick * SIM_TICK_MS + self.clock_skew_ms[index]
+
+    def _enqueue(self, src: int, src_instance: int, to: int, envelope: Envelope) -> None:
+        opts = self.options
+        for instance, _node in enumerate(self.nodes[to]):
+            if not self.network.connected(src, src_instance, to, instance):
+                continue
+            copies = 1
+            if not self.healed:
+                if self.rng.randrange(1000) < opts.loss_permille:
+                    continue
+                if self.rng.randrange(1000) < opts.dup_permille:
+                    copies = 2
+            msg = envelope.message
+            if src not in self.byzantine:
+                self.checks.reaching_peers(src, msg, restored=src in self.amnesiac)
+            for _ in range(copies):
+                delay = self.rng.randint(0, opts.delay_ticks_max) if not self.healed else 1
+                if not self.healed and self.adversary.delays_victim(src, envelope.message):
+                    delay += opts.victim_delay_ticks
+                if src == self.restores.holding and isinstance(msg, Vote | Timeout):
+                    delay += self.restores.in_flight_ticks
+                self.network.push(self.tick + 1 + delay, to, instance, envelope)
+
+    # ------------------------------------------------------------------ actions
+
+    def _apply(self, node: SimNode, actions: list[Action], crash_cut: int | None = None) -> None:
+        """Carry out a node's actions in order, as a shell must; a crash may cut them."""
+        for i, action in enumerate(actions):
+            if crash_cut is not None and i >= crash_cut:
+                return
+            if isinstance(action, PersistSafety):
+                node.disk.safety = action.state
+                node.durable_epoch = action.state.epoch
+            elif isinstance(action, StoreBlock):
+                node.disk.blocks[action.block.hash] = action.block
+            elif isinstance(action, Send):
+                try:
+                    check_send_allowed(action, node.durable_epoch)
+                except AssertionError as err:
+                    raise self.fail(f"node {node.index}: {err}") from err
+                self._send(node, action)
+            elif isinstance(action, Commit):
+                self._commit(node, action)
+
+    def _send(self, node: SimNode, send: Send) -> None:
+        behaviour = self.byzantine.get(node.index)
+        msg = send.message
+        if behaviour is None and isinstance(msg, Vote) and node.index not in self.amnesiac:
+            self.checks.vote_sent(node.index, msg)
+        if behaviour == "malform":
+            for claimed, to, out in self.adversary.malformed(node, send):
+                self._deliver_from(node.index, to, out, node.instance, claimed)
+            return
+        if behaviour is not None:
+            for to, out in self.adversary.rewrite(node, behaviour, send):
+                self._deliver_from(node.index, to, out, node.instance)
+            return
+        self._deliver_from(node.index, send.to, msg)
+
+    def _deliver_from(
+        self,
+        src: int,
+        to: int | None,
+        msg: Message,
+        src_instance: int = 0,
+        claimed: int | None = None,
+    ) -> None:
+        """`claimed`: the sender the envelope names, when a Byzantine member lies about it
+        (on the wire the authenticated stream would give it away; the core must not
+        depend on that)."""
+        envelope = Envelope(self.membership.chain_id, src if claimed is None else claimed, msg)
+        if isinstance(msg, Proposal) and claimed is None:
+            self._keep_proposal(envelope, msg)
+        targets = [to] if to is not None else [i for i in range(self.options.n) if i != src]
+        for dst in targets:
+            self.messages += 1
+            self._enqueue(src, src_instance, dst, envelope)
+
+    def _keep_proposal(self, envelope: Envelope, proposal: Proposal) -> None:
+        """The network remembers what it carried: for the certified-block check, and to
+        hand a restored victim again."""
+        self.checks.blocks_by_hash.setdefault(proposal.block.hash, proposal.block)
+        self.restores.keep_proposal(envelope, proposal)
+
+    def _commit(self, node: SimNode, commit: Commit) -> None:
+        disk = node.disk
+        for block in commit.blocks:
+            if block.height != len(disk.committed):
+                raise self.fail(
+                    f"node {node.index} committed height {block.height} "
+                    f"after {len(disk.committed) - 1}"
+                )
+            if block.parent_hash != disk.committed[-1].hash:
+                raise self.fail(f"SAFETY: node {node.index} committed a block off its own chain")
+            if node.index not in self.byzantine:
+                self.checks.honest_commit(node.index, block)
+            disk.committed.append(block)
+            node.committed_txs.update(block.payload)
+            disk.blocks.pop(block.hash, None)
+        disk.proofs[commit.blocks[-1].height] = commit.proof
+        for h in [h for h, b in disk.blocks.items() if b.height <= len(disk.committed) - 1]:
+            del disk.blocks[h]
+
+    # ------------------------------------------------------------------ running
+
+    def _maybe_crash(self, node: SimNode) -> int | None:
+        opts = self.options
+        if self.healed or opts.crash_permille == 0 or node.index in self.byzantine:
+            return None
+        # (Other members crash in stale-restore scenarios too: a restore's fence rests on
+        # the certificates its peers persisted, not on what they remember in memory.)
+        if self.rng.randrange(1000) >= opts.crash_permille:
+            return None
+        return 1 + self.rng.randrange(opts.crash_ticks_max)
+
+    def _step_node(self, node: SimNode, actions_fn: str, envelope: Envelope | None) -> None:
+        before = self.restores.victim_state(node)
+        if envelope is not None:
+            actions = node.core.on_message(envelope)
+        elif actions_fn == "tick":
+            actions = node.core.on_tick(self.now_ms(node.index))
+        else:
+            actions = node.core.on_transactions()
+        if before is not None and self.restores.restore(node, before, actions):
+            return
+        down = self._maybe_crash(node)
+        if down is not None:
+            cut = self.rng.randrange(len(actions) + 1)
+            self._apply(node, actions, crash_cut=cut)
+            node.crash(self.tick + down)
+            return
+        self._apply(node, actions)
+        if node.restore_marker and not node.core.restoring:
+            node.restore_marker = False  # as the shell removes the file
+        if node.index not in self.byzantine:
+            self.checks.certified(node.core.high_qc)
+        if before is not None:
+            node.keep_backup()
+        if node.index in self.restores.redeliveries and node.instance == 0:
+            self.restores.redeliver(node)
+
+    def _deliver(self, item: InFlight) -> None:
+        envelope = item.envelope
+        for instance, node in enumerate(self.nodes[item.to]):
+            if item.instance is not None and instance != item.instance:
+                continue
+            if not node.up:
+                continue
+            msg = envelope.message
+            if isinstance(msg, SyncRequest):
+                # As the replica's shell does: members only, never ourselves. (On the
+                # wire the sender is the stream's authenticated one; here, as with
+                # `init --insecure`, it is whatever the envelope says.)
+                asker = envelope.sender
+                if not self.membership.is_member(asker) or asker == node.index:
+                    continue
+                response = build_sync_response(msg, node.disk, node.core, SIM_LIMITS)
+                self._deliver_from(node.index, envelope.sender, response, node.instance)
+                continue
+            self._step_node(node, "msg", envelope)
+            if self.byzantine.get(node.index) == "double_vote":
+                self.adversary.double_vote_extra(node, envelope)
+            if self.byzantine.get(node.index) == "fork_leader":
+                self.adversary.fork_watch(node, envelope)
+
+    def _all_nodes(self) -> list[SimNode]:
+        return [node for i in range(self.options.n) for node in self.nodes[i]]
+
+    def _one_tick(self) -> None:
+        self.tick += 1
+        opts = self.options
+        if not self.quiet and self.rng.randrange(1000) < opts.tx_per_tick_permille:
+            seq = len(self.pool.txs)
+            self.pool.add(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
+            for node in self._all_nodes():
+                if node.up:
+                    self._apply(node, node.core.on_transactions())
+        due = self.network.take_due(self.tick)
+        if due:
+            self.rng.shuffle(due)  # reordering among messages due in the same tick
+            for item in due:
+                self._deliver(item)
+        for node in self._all_nodes():
+            if not node.up:
+                if self.tick >= node.down_until:
+                    # Amnesia is survivable only while enough peers remember: at most one
+                    # member (the drill's stale-restore victim) ever restarts from old data.
+                    stale = node.force_stale or (
+                        node.index == self.honest[-1]
+                        and self.rng.randrange(1000) < self.options.stale_restore_permille
+                    )
+                    node.force_stale = False
+                    self._apply(node, node.restart(stale))
+                continue
+            self._step_node(node, "tick", None)
+
+    def _repartition(self) -> None:
+        instances = [(node.index, node.instance) for node in self._all_nodes()]
+        self.network.repartition(self.tick, instances, self.options, self.rng)
+
+    def heal(self) -> None:
+        self.healed = True
+        self.network.partition = None
+        for node in self._all_nodes():
+            if not node.up:
+                self._apply(node, node.restart())
+
+    def run(self) -> SimResult:
+        opts = self.options
+        for node in self._all_nodes():
+            self._apply(node, node.start())
+        while self.tick < opts.ticks:
+            self._repartition()
+            self._one_tick()
+        self.heal()
+        # Liveness: every honest replica commits a block proposed after the heal.
+        heal_view = max(self._honest_core(i).view for i in self.honest)
+        done: dict[int, int] = {}
+        deadline = self.tick + opts.liveness_ticks_max
+        while len(done) < len(self.honest) and self.tick < deadline:
+            self._one_tick()
+            for i in self.honest:
+                if i in done:
+                    continue
+                disk = self.nodes[i][0].disk
+                if disk.committed[-1].view > heal_view:
+                    done[i] = self._honest_core(i).view
+        if len(done) < len(self.honest):
+            stuck = [i for i in self.honest if i not in done]
+            views = {i: self._honest_core(i).view for i in self.honest}
+            raise self.fail(
+                f"LIVENESS: nodes {stuck} committed nothing new after the heal; views {views}"
+            )
+        liveness_views = max(done.values()) - heal_view
+        if liveness_views > opts.liveness_views_max:
+            raise self.fail(
+                f"LIVENESS: {liveness_views} views after the heal before every honest node "
+                f"committed (bound {opts.liveness_views_max})"
+            )
+        self._settle_quietly()
+        dropped: Counter[str] = Counter()
+        for i in self.honest:
+            dropped.update(self.nodes[i][0].dropped)
+        return SimResult(
+            options=opts,
+            ticks=self.tick,
+            committed_heights={i: len(self.nodes[i][0].disk.committed) - 1 for i in self.honest},
+            views={i: self._honest_core(i).view for i in self.honest},
+            dropped=dropped,
+            messages=self.messages,
+            liveness_views=liveness_views,
+        )
+
+    def _honest_core(self, index: int) -> Core:
+        return self.nodes[index][0].core
+
+    def _settle_quietly(self) -> None:
+        """After liveness, no more transactions: every honest member must end quiescent
+        (needing no ticks) at one committed height. One left behind, by a lost message, a
+        restart or a view the others ended without it, has to catch up with nothing else
+        happening, as a real cluster's last replica must when the load stops
+        (tests/consensus/test_quiescence.py has the cases one by one)."""
+        self.quiet = True
+        deadline = self.tick + self.options.liveness_ticks_max
+        while True:
+            cores = [self._honest_core(i) for i in self.honest]
+            heights = {i: self._honest_core(i).committed_height for i in self.honest}
+            if len(set(heights.values())) == 1 and not any(c.needs_ticks() for c in cores):
+                return
+            if self.tick >= deadline:
+                busy = [i for i in self.honest if self._honest_core(i).needs_ticks()]
+                raise self.fail(
+                    f"QUIET: no transactions for {self.options.liveness_ticks_max} ticks, and "
+                    f"the honest members did not settle: committed heights {heights}, "
+                    f"still needing ticks {busy}"
+                )
+            self._one_tick()

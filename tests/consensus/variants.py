@@ -1,0 +1,154 @@
+"""Deliberately broken consensus rules, to test the tester: the seeded simulator must catch
+each of them (tests/consensus/test_tester.py, scripts/catch_rates.py). They never ship.
+
+As relab/hotstuff's broken twins do, each variant overrides one method of an honest
+component (the core's safety rules, or the core itself) and plugs into the simulator as
+the core its honest members run: `SimOptions(unsafe=VARIANTS[name])`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from quorumgate.replica.core import Core
+from quorumgate.replica.safety import SafetyError, SafetyRules, Signed
+from quorumgate.replica.types import (
+    Block,
+    Proposal,
+    QuorumCert,
+    RemoteError,
+    Timeout,
+    TimeoutCert,
+    Vote,
+)
+
+
+class NoSafeToVoteRules(SafetyRules):
+    """Broken on purpose: Rule 2 (safe to vote) never refuses."""
+
+    def _check_safe_to_vote(self, block: Block, tc: TimeoutCert | None) -> None:
+        pass
+
+
+class TcIgnoresHighQcRules(SafetyRules):
+    """Broken on purpose: Rule 2's TC branch forgets the TC's highest QC — any block of the
+    view after a TC is voted for, whatever QC it extends (the classic 2-chain mistake)."""
+
+    def _check_safe_to_vote(self, block: Block, tc: TimeoutCert | None) -> None:
+        if tc is not None and tc.view + 1 == block.view:
+            return
+        super()._check_safe_to_vote(block, tc)
+
+
+class ThreeChainLockRules(SafetyRules):
+    """Broken on purpose: HotStuff's 3-chain voting rules (safeNode: a justify at least as
+    new as the lock; lock on the parent's justify) kept under the 2-chain commit count: the
+    shortcut that looks like "one round fewer" and is not (docs/consensus/simulator.md).
+    Its lock lags one view behind the 2-chain's."""
+
+    def _check_safe_to_vote(self, block: Block, tc: TimeoutCert | None) -> None:
+        if block.justify.view < self._state.locked_qc.view:
+            raise SafetyError(2, f"justify view {block.justify.view} below the lock")
+
+    def vote(
+        self,
+        block: Block,
+        parent: Block,
+        high_qc: QuorumCert | None = None,
+        high_tc: TimeoutCert | None = None,
+    ) -> Signed[Vote]:
+        before = self._state.locked_qc
+        signed = super().vote(block, parent, high_qc, high_tc)
+        lock = parent.justify if parent.justify.view > before.view else before
+        self._state = replace(self._state, locked_qc=lock)
+        return signed
+
+    def timeout(
+        self, view: int, high_qc: QuorumCert, high_tc: TimeoutCert | None
+    ) -> Signed[Timeout]:
+        before = self._state.locked_qc
+        signed = super().timeout(view, high_qc, high_tc)
+        self._state = replace(self._state, locked_qc=before)  # a 3-chain timeout locks nothing
+        return signed
+
+
+class DoubleVoteSafetyRules(SafetyRules):
+    """Broken on purpose: Rule 1 forgotten — votes again in a view it already voted in."""
+
+    def vote(
+        self,
+        block: Block,
+        parent: Block,
+        high_qc: QuorumCert | None = None,
+        high_tc: TimeoutCert | None = None,
+    ) -> Signed[Vote]:
+        state = self._state
+        if state.last_voted_view >= block.view:
+            self._state = replace(
+                state, last_vote=None, last_timeout=None, last_voted_view=block.view - 1
+            )
+        return super().vote(block, parent, high_qc, high_tc)
+
+
+class NoSafeToVoteCore(Core):
+    safety_rules_cls = NoSafeToVoteRules
+
+
+class TcIgnoresHighQcCore(Core):
+    safety_rules_cls = TcIgnoresHighQcRules
+
+
+class ThreeChainLockCore(Core):
+    safety_rules_cls = ThreeChainLockRules
+
+
+class DoubleVoteCore(Core):
+    """Broken on purpose: votes for a second block in a view (its safety rules skip Rule 1
+    and it takes a leader's second proposal for a view instead of counting it)."""
+
+    safety_rules_cls = DoubleVoteSafetyRules
+
+    def _on_proposal(self, sender: int, proposal: Proposal) -> None:
+        self._proposal_seen.pop(proposal.block.view, None)
+        super()._on_proposal(sender, proposal)
+
+
+class NoFenceCore(Core):
+    """Broken on purpose: Rule 6 forgotten — a replica restored from old data neither asks
+    its peers which views it signed in nor fences the ones its own signatures show."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["fence_on_start"] = False
+        kwargs["restored"] = False
+        super().__init__(*args, **kwargs)
+
+    def _fence_on_own_signatures(self, qc: QuorumCert, tc: TimeoutCert | None) -> None:
+        pass
+
+    def _echo_of_own(self, voter: int, view: int, kind: str) -> None:
+        if voter == self.me:
+            raise RemoteError("own_echo", f"view {view}")
+
+
+class ReportedFenceCore(Core):
+    """Broken on purpose: Rule 6 as it was — a restore is fenced as a plain start is, at the
+    highest view its peers saw it sign in (capped at the certified view + 2), and after
+    `fence_wait_ticks` on f+1 answers. A vote or timeout still in flight when they
+    answered is in no report, so the restored replica signs again in that view."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["restored"] = False
+        super().__init__(*args, **kwargs)
+
+
+# The variants by the name the scripts and the tests give them, in the order they report.
+VARIANTS: dict[str, type[Core]] = {
+    "no_safe_to_vote": NoSafeToVoteCore,
+    "tc_ignores_high_qc": TcIgnoresHighQcCore,
+    "three_chain_lock": ThreeChainLockCore,
+    "double_vote": DoubleVoteCore,
+    "no_fence": NoFenceCore,
+    "reported_fence": ReportedFenceCore,
+}
+UNSAFE_VARIANTS = tuple(VARIANTS)
