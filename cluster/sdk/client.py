@@ -60,6 +60,7 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto import tx as txlib
+from quorumgate.proto.chainversions import runs_opened_by_the_chain
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, load_cluster, read_seed
 from quorumgate.proto.model import (
     Admin,
@@ -421,7 +422,9 @@ class Client:
         client has not used yet becomes the run this transaction opens, and one it has used
         stays in its run (`run_of`). A payload under a grant already names the grant's run
         (`run_under`); a run id `n<k>` passes as it is."""
-        if self.spec.authority_version < 2 or not isinstance(payload, Proposal | Delegate):
+        if not runs_opened_by_the_chain(self.spec.authority_version) or not isinstance(
+            payload, Proposal | Delegate
+        ):
             return payload
         grant = payload.grant if isinstance(payload, Proposal) else payload.parent_grant
         if grant is not None:
@@ -430,18 +433,19 @@ class Client:
         return payload if run == payload.run_id else replace(payload, run_id=run)
 
     def run_under(self, grant: Grant | bytes | None, run_id: str) -> str:
-        """The run id a call under `grant` carries. On a chain of authority version 2 a
-        grant is for one run, which a `Grant` names: the call acts in that run, whatever
-        label `run_id` is. A plain grant id does not say its run, and a chain of version 1
-        names runs by label: then `run_id` as it is."""
-        if self.spec.authority_version < 2 or not isinstance(grant, Grant):
+        """The run id a call under `grant` carries. Where the chain opens runs
+        (`runs_opened_by_the_chain`), a grant is for one run, which a `Grant` names: the
+        call acts in that run, whatever label `run_id` is. A plain grant id does not say
+        its run, and an older chain names runs by label: then `run_id` as it is."""
+        by_chain = runs_opened_by_the_chain(self.spec.authority_version)
+        if not by_chain or not isinstance(grant, Grant):
             return run_id
         return grant.run_id or run_id
 
     def run_of(self, label: str) -> str | None:
         """The run id a label names for this client (the label itself on a chain of
         authority version 1; None before the label's first transaction)."""
-        if self.spec.authority_version < 2:
+        if not runs_opened_by_the_chain(self.spec.authority_version):
             return label
         return label if opened_run(label) is not None else self._run_labels.get(label)
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from urllib.parse import quote
 
 from quorumgate.proto import names
+from quorumgate.proto.chainversions import strict_forms
 from quorumgate.sidecar.engine.statements import target_digest
 from quorumgate.sidecar.engine.targets import (
     NO_TARGET,
@@ -105,7 +106,7 @@ def release_form(canonical: str, raw: str, *, version: int, scheme_added: str | 
         return ""
     form = canonical
     if canonical.startswith("/"):
-        path = canonical.replace("%25", "%") if version >= 2 else canonical
+        path = canonical.replace("%25", "%") if strict_forms(version) else canonical
         form = "file://" + quote(path, safe="/") if raw.strip(" ")[:5].lower() == "file:" else path
     if scheme_added and form[: len(scheme_added) + 1].lower() == scheme_added + ":":
         return form[len(scheme_added) + 1 :]
