@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate sidecar/engine/unicode_assigned.py: the code points assigned in the Unicode
-version canonical targets accept (DESIGN §4.1, "the accepted Unicode version is pinned").
+version canonical targets accept: pinned, so that sidecars on different Pythons decide alike
+(docs/engine.md, "Canonical targets").
 
     python scripts/gen_unicode_table.py            # needs the Python whose unicodedata
                                                    # has that version (3.11: 14.0.0)
