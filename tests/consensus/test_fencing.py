@@ -478,3 +478,42 @@ def test_a_plain_restart_after_proposing_can_still_time_out_in_that_view() -> No
         if sent:
             break
     assert [t.view for t in sent] == [3], f"no timeout in view 3: {dict(core.stats.refused)}"
+
+
+# Found by sweeping seeds beyond the suite's: a restore with f Byzantine members.
+SEED_20759_N4 = SimOptions(
+    seed=20759, byzantine=("malform",), ticks=900, delay_ticks_max=1, dup_permille=50,
+    crash_permille=3, crash_ticks_max=30, tx_per_tick_permille=900,
+    restores_when_leading=2, restores_when_voting=1,
+)  # fmt: skip
+TWINS_268_N4 = SimOptions(
+    seed=268, byzantine=("twins",), ticks=500, delay_ticks_max=2, byzantine_members=(0,),
+    partition_schedule=((0, 0, 1, 1, 1), (0, 1, 1, 0, 0), (0, 0, 1, 0, 0)),
+    schedule_phase_ticks=100, restores_when_leading=3, restores_when_voting=3,
+    restores_when_timing_out=3, restore_backup_views=1,
+)  # fmt: skip
+SEED_20482_N4 = SimOptions(
+    seed=20482, byzantine=("malform",), ticks=600, delay_ticks_max=0, partition_ticks=200,
+    crash_ticks_max=30, restores_when_leading=2, restores_when_voting=1,
+    restores_when_timing_out=1, restore_backup_views=4,
+)  # fmt: skip
+
+
+def test_a_restore_with_f_byzantine_members_is_held_to_liveness_once_past_its_fence() -> None:
+    """Seed 20759: the restored member was past its fence, and a plain restart of another
+    had fenced the view it proposed in: the cluster was stuck for good, a real liveness
+    bug, which the simulator must keep reporting."""
+    result = Simulation(SEED_20759_N4).run()
+    assert not result.liveness_excused
+    assert result.views and min(result.views.values()) > 12
+
+
+def test_a_restore_still_fencing_with_f_byzantine_members_is_one_fault_too_many() -> None:
+    """docs/consensus/fencing.md: a restore counts as one of the f faults until it is past
+    its fence. With f Byzantine members that do not help (twins that sit out a view while
+    fencing, a malform member whose answers to the hello are lost), the restored member
+    never gets there and the cluster owes no progress: the simulator still checks safety
+    to the end, and says that liveness was excused and why, instead of failing."""
+    for options in (TWINS_268_N4, SEED_20482_N4):
+        result = Simulation(options).run()
+        assert result.liveness_excused, options.seed
