@@ -356,11 +356,11 @@ class _Runner:
         prefix = tool + " "
         if entry is None or not reached or not verdict.canonical_target.startswith(prefix):
             return
-        target, extras = split_call(tool, verdict.canonical_target)
+        target, further = split_call(tool, verdict.canonical_target)
         if target == UNCHECKED_TARGET:
             return
         sets = self.engine.state.sets_of(agent)
-        for role, each in (("", target), *extras):  # each target: the first rule of its role
+        for role, each in (("", target), *further):  # each target: the first rule of its role
             for index, rule in enumerate(entry.targets):
                 if rule.role == role and rule_matches(rule, each, agent, sets):
                     self.fired.add((agent, f"target:{tool}:{index}"))

@@ -182,10 +182,10 @@ class Feeds:
         )  # fmt: skip
         if found is None:
             return "(refused before canonical)"
-        main, extras = found
+        main, canonical_further = found
         lines = [
             main or "-",
-            *(f"{role} {t}" for (role, _), t in zip(further, extras, strict=True)),
+            *(f"{role} {t}" for (role, _), t in zip(further, canonical_further, strict=True)),
         ]
         # shown as a card shows agent text: no character draws over or hides another
         return "\n".join(escape_for_card(line) for line in lines)

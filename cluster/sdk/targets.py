@@ -53,17 +53,19 @@ def certified_call(
     further target's canonical form, in the order given; None when they are not the
     certified ones. `principal` is the caller's agent id where a target binds to it."""
     tool = names.canonical_tool_name(tool) or tool
-    further: list[str] = []
+    canonical_further: list[str] = []
     for _, each in targets:
         try:
-            further.append(
+            canonical_further.append(
                 canonicalize_target(
                     each, principal=principal, schemes=_schemes_of(each.strip(" ")), version=version
                 )
             )
         except TargetRefused:
             return None
-    extras = tuple((role, canonical) for (role, _), canonical in zip(targets, further, strict=True))
+    further = tuple(
+        (role, canonical) for (role, _), canonical in zip(targets, canonical_further, strict=True)
+    )
     text = raw.strip(" ")
     candidates: list[tuple[tuple[str, ...], bool]] = [(_schemes_of(text), False)]
     if text == "":
@@ -75,8 +77,8 @@ def certified_call(
             )
         except TargetRefused:
             continue
-        if target_digest(canonical_call(tool, canonical, extras)) == certified_digest:
-            return ("" if canonical == NO_TARGET else canonical), tuple(further)
+        if target_digest(canonical_call(tool, canonical, further)) == certified_digest:
+            return ("" if canonical == NO_TARGET else canonical), tuple(canonical_further)
     return None
 
 
