@@ -148,11 +148,12 @@ def new_agent(
     *,
     prefix: str = "agent",
     principal: str = "",
+    key: SigningKey | None = None,
     **mandate_fields: object,
 ) -> tuple[str, SigningKey]:
-    """Register a fresh agent with a mandate, acting for `principal` (default: the owner);
-    returns (agent id, key)."""
-    key = SigningKey.generate()
+    """Register a fresh agent (with `key`, or a new one) with a mandate, acting for
+    `principal` (default: the owner); returns (agent id, key)."""
+    key = key or SigningKey.generate()
     agent_id = f"{prefix}-{next(_agent_numbers)}-{key.verify_key.encode().hex()[:6]}"
     owner.register_agent(agent_id, bytes(key.verify_key), principal=principal)
     owner.set_mandate(agent_id, mandate(tools, **mandate_fields))  # type: ignore[arg-type]

@@ -10,7 +10,9 @@ for them and for the code alike (`test_citations.py`).
 
 What the commands *do* is tested where their behaviour is: the live tests run the same
 commands against real clusters (`tests/live/test_cli.py`, `tests/client/`), and the
-policy guide's example is run by the policy test kit (`tests/engine/test_policykit.py`).
+policy guide's example is run by the policy test kit (`tests/engine/test_policykit.py`),
+and the SDK guide's example runs as written against a live cluster
+(`tests/client/test_docs_examples_live.py`).
 """
 
 from __future__ import annotations
