@@ -72,7 +72,7 @@ from quorumgate.sidecar.receipts import (
     verify_certificate,
 )
 from quorumgate.sidecar.wire import receipt_from_pb, receipt_to_pb
-from tests.client.conftest import SINK, LiveCluster, new_agent, new_principal, wait_until
+from tests.support.cluster import SINK, LiveCluster, new_agent, new_principal, wait_until
 
 RUN = "run-1"
 LIAR_POLLS_MAX = 150  # x 10 ms: well inside the client's per-call RPC timeout

@@ -28,7 +28,7 @@ from quorumgate.runtime.channels import sync_channel
 from quorumgate.sdk.certificates import load_certificate, verify
 from quorumgate.sdk.owner import owner_reader
 from quorumgate.sdk.sync import SyncClient
-from tests.client.conftest import SINK
+from tests.support.cluster import SINK
 
 SECRET = f"SECRET-{uuid.uuid4().hex}"
 PASSPHRASE = "the principal's passphrase"

@@ -20,7 +20,7 @@ from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.keys import generate_key
 from quorumgate.sdk.sync import SyncClient
-from tests.client.conftest import new_agent
+from tests.support.cluster import new_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

@@ -10,7 +10,7 @@ from quorumgate.examples.multi_agent import CARD_NUMBER, run_example
 from quorumgate.proto.clusterfile import ClusterSpec, public_key_of
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.proto.sealedkey import read_sealed
-from tests.client.conftest import cluster_text
+from tests.support.cluster import cluster_text
 
 HEX_SEED = re.compile(r"(?<![0-9a-fA-F])[0-9a-fA-F]{64}(?![0-9a-fA-F])")
 

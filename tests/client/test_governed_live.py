@@ -45,8 +45,8 @@ from quorumgate.sdk.governed import (
 )
 from quorumgate.sdk.owner import owner_reader
 from quorumgate.sdk.sync import SyncClient
-from tests.client.conftest import LiveCluster, new_agent, new_principal, wait_until
 from tests.client.test_client_live import Exhausted, _overloaded_cluster
+from tests.support.cluster import LiveCluster, new_agent, new_principal, wait_until
 
 URL = "https://example.com/page"
 SECRET = f"SECRET-{uuid.uuid4().hex}"  # never known to any code path but the caller's

@@ -10,7 +10,7 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import Mandate, RuleKind, TargetRule, ToolMode, ToolRules
 from quorumgate.sdk.client import Refused, TransactionRejected
 from quorumgate.sdk.sync import SyncClient
-from tests.client.conftest import new_agent, new_principal, wait_until
+from tests.support.cluster import new_agent, new_principal, wait_until
 
 
 def _pending_ids(client: SyncClient) -> set[bytes]:

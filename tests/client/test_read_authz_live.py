@@ -20,7 +20,7 @@ from quorumgate.proto.clusterfile import ClusterSpec, add_auditor
 from quorumgate.runtime.channels import Reader, sync_channel
 from quorumgate.sdk.polling import poll_for
 from quorumgate.sdk.sync import SyncClient
-from tests.client.conftest import new_agent, new_principal
+from tests.support.cluster import new_agent, new_principal
 
 URL = "https://example.com/authz"
 READS = ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")

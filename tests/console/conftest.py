@@ -27,7 +27,7 @@ from quorumgate.proxy.fake import ServerThread, free_port
 from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.keys import generate_principal_key
 from quorumgate.sdk.sync import SyncClient
-from tests.client.conftest import cluster, live, owner, sink_key  # noqa: F401 (fixtures)
+from tests.support.cluster import cluster, live, owner, sink_key  # noqa: F401 (fixtures)
 
 IBAN = "iban:GB82 WEST 1234 5698 7654 32"
 CANONICAL = "iban:GB82WEST12345698765432"

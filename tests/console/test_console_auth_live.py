@@ -22,8 +22,8 @@ from quorumgate.console.app import PAGE, Console
 from quorumgate.console.auth import PASSPHRASE_FAILURES_MAX, PASSPHRASE_WINDOW_S, SESSION_S_MAX
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.sdk.sync import SyncClient
-from tests.client.conftest import wait_until
 from tests.console.conftest import IBAN, PASSPHRASE, Clock, ConsolePage, Setup, serving
+from tests.support.cluster import wait_until
 
 TOKENISH = re.compile(r"[A-Za-z0-9_\-]{20,}")
 

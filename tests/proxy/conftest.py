@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.client.conftest import cluster, live, owner, sink_key  # noqa: F401 (fixtures)
+from tests.support.cluster import cluster, live, owner, sink_key  # noqa: F401 (fixtures)
 
 
 def pytest_configure(config: pytest.Config) -> None:
