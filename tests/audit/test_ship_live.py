@@ -1,0 +1,317 @@
+"""`quorumgate ship` and `quorumgate audit verify` against a live 4-node cluster and a real
+PostgreSQL server (docs/audit.md): certified verdicts, allows and denials, copied in
+idempotent batches; a resent batch is the same batch; a lying sidecar is outvoted; the copy
+checked on its own finds an edited, a deleted and a moved row."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from nacl.signing import SigningKey
+
+from quorumgate.audit import shipper as shipper_module
+from quorumgate.audit.records import SHIP_BATCH_VERDICTS_MAX
+from quorumgate.audit.shipper import ShipOptions, Shipper
+from quorumgate.audit.store import Written, read_cursor
+from quorumgate.audit.verify import TrustedHead, check_copy
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.sdk.builders import mandate
+from quorumgate.sdk.delivery import Channels
+from quorumgate.sdk.sync import SyncClient
+from quorumgate.sidecar.ledger import LedgerEntry
+from tests.support.cluster import new_agent
+
+RUN = "audit-run"
+URL = "https://example.com/a"
+ALLOWS = 6
+SHIP_WAIT_S = 30.0
+SHIP_POLL_S = 0.05
+
+
+def fresh_db(dsn: str, name: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    return dsn.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(scope="module")
+def decided(cluster: ClusterSpec, owner: SyncClient) -> str:
+    """Allows, a denial, then a new mandate and an allow under it; the agent's id."""
+    agent_id, key = new_agent(owner, ["web.get"])
+    with SyncClient(cluster, key) as qg:
+        for i in range(ALLOWS):
+            assert qg.propose("web.get", URL, {"q": str(i)}, run_id=RUN).allowed
+        assert not qg.propose("web.post", URL, run_id=RUN).allowed
+        owner.set_mandate(agent_id, mandate(["web.get", "web.post"]))
+        assert qg.propose("web.post", URL, run_id=RUN).allowed
+    return agent_id
+
+
+def owner_key(spec: ClusterSpec) -> SigningKey:
+    return SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+
+
+async def honest_status(stubs: list[Any]) -> spb.SidecarStatusReply:
+    return await stubs[0].Status(spb.SidecarStatusRequest(), timeout=5)
+
+
+async def ship_all(shipper: Shipper, stubs: list[Any]) -> spb.SidecarStatusReply:
+    """Ship until the copy holds as many entries as sidecar 0's ledger, bounded."""
+    deadline = time.monotonic() + SHIP_WAIT_S
+    while True:
+        status = await honest_status(stubs)
+        cursor = read_cursor(shipper._db(), shipper.spec.chain_id)
+        if cursor.entries == status.ledger_entries and cursor.head == status.ledger_head:
+            return status
+        found = await shipper.next_round(cursor)
+        if found.verdicts:
+            await shipper.ship_once()
+        assert time.monotonic() < deadline, f"copy at {cursor.entries}: {found.refusals}"
+        await asyncio.sleep(SHIP_POLL_S)
+
+
+@pytest.fixture
+async def channels(cluster: ClusterSpec) -> AsyncIterator[Channels]:
+    made = Channels(cluster)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def count(dsn: str, sql: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
+
+
+def metric(shipper: Shipper, name: str, **labels: str) -> float:
+    value = shipper.metrics.registry.get_sample_value(name, labels or None)
+    return value or 0.0
+
+
+# ---------------------------------------------------------------------------- shipping
+
+
+async def test_ships_every_certified_verdict_allows_too_and_verifies(
+    cluster: ClusterSpec, decided: str, channels: Channels, postgres_dsn: str
+) -> None:
+    dsn = fresh_db(postgres_dsn, "ship_all")
+    shipper = Shipper(cluster, owner_key(cluster), channels.sidecars, ShipOptions(dsn))
+    try:
+        status = await ship_all(shipper, channels.sidecars)
+    finally:
+        shipper.close()
+    assert count(dsn, "SELECT count(*) FROM qg_verdicts") == status.ledger_entries
+    assert count(dsn, "SELECT max(verdicts) FROM qg_batches") <= SHIP_BATCH_VERDICTS_MAX
+    allows = f"SELECT count(*) FROM qg_verdicts WHERE principal = '{decided}' AND outcome = "
+    assert count(dsn, allows + "'allow'") == ALLOWS + 1
+    assert count(dsn, allows + "'deny'") == 1
+    assert metric(shipper, "qg_ship_batches_total", result="written") >= 1
+    assert metric(shipper, "qg_ship_verdicts_total") == status.ledger_entries
+    assert metric(shipper, "qg_ship_lag_heights") == 0
+    with psycopg.connect(dsn) as conn:
+        report = check_copy(conn, cluster, TrustedHead())
+    assert report.problems == []
+    assert report.rows == status.ledger_entries and report.head == status.ledger_head
+    assert report.mandates[decided] == {1, 2}  # drift: a finding, not a problem
+
+
+async def test_a_batch_resent_after_a_lost_acknowledgement_is_the_same_batch(
+    cluster: ClusterSpec,
+    decided: str,
+    channels: Channels,
+    postgres_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first write commits, then its connection dies before the answer arrives (the
+    shipper killed between write and ack): the shipper sends the batch again, and the copy
+    holds it once."""
+    dsn = fresh_db(postgres_dsn, "ship_resend")
+    real_write = shipper_module.write_batch
+    lost: list[Written] = []
+
+    def commit_then_lose_the_answer(conn: psycopg.Connection[Any], batch: Any, cursor: Any):
+        result = real_write(conn, batch, cursor)
+        if not lost:
+            lost.append(result)
+            conn.close()
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    monkeypatch.setattr(shipper_module, "write_batch", commit_then_lose_the_answer)
+    shipper = Shipper(cluster, owner_key(cluster), channels.sidecars, ShipOptions(dsn))
+    try:
+        cursor = read_cursor(shipper._db(), cluster.chain_id)
+        found = await shipper.next_round(cursor)
+        batch = shipper_module.Batch(cluster.chain_id, tuple(found.verdicts))
+        assert shipper.write(batch, cursor) is Written.ALREADY  # the resend
+        # and a shipper started afresh that sends it once more (it crashed before its ack)
+        again = Shipper(cluster, owner_key(cluster), channels.sidecars, ShipOptions(dsn))
+        assert again.write(batch, cursor) is Written.ALREADY
+        again.close()
+    finally:
+        shipper.close()
+    assert lost == [Written.WRITTEN]
+    assert metric(shipper, "qg_ship_retries_total") == 1
+    assert count(dsn, "SELECT count(*) FROM qg_verdicts") == len(batch.verdicts)
+    assert count(dsn, "SELECT count(*) FROM qg_batches") == 1
+    with psycopg.connect(dsn) as conn:
+        assert read_cursor(conn, cluster.chain_id) == batch.after(cursor)
+
+
+class LyingSidecar:
+    """Sidecar 3 as a Byzantine member would answer: a ledger whose denials read as allows,
+    re-hashed so that its own chain links, and receipts with the same lie (its signature no
+    longer verifies on them). Everything else is passed to the real sidecar."""
+
+    def __init__(self, stub: Any, chain_id: str) -> None:
+        self._stub = stub
+        self._chain_id = chain_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stub, name)
+
+    async def Ledger(self, request: spb.LedgerRequest, **kwargs: Any) -> spb.LedgerReply:
+        reply = await self._stub.Ledger(request, **kwargs)
+        entries = [LedgerEntry.from_json(line) for line in reply.entries]
+        forged, prev = [], entries[0].prev_hash if entries else b""
+        for e in entries:
+            fields = {n: getattr(e, n) for n in LedgerEntry.__slots__}  # type: ignore[attr-defined]
+            fields.update(outcome="allow", reason="ok", prev_hash=prev)
+            draft = LedgerEntry(**fields)
+            fields["hash"] = draft.computed_hash(self._chain_id)
+            forged.append(LedgerEntry(**fields))
+            prev = fields["hash"]
+        out = spb.LedgerReply(executed_height=reply.executed_height)
+        out.entries.extend(e.to_json() for e in forged)
+        return out
+
+    def Receipts(self, request: spb.ReceiptsRequest, **kwargs: Any) -> Any:
+        call = self._stub.Receipts(request, **kwargs)
+
+        class Lies:
+            def cancel(self) -> None:
+                call.cancel()
+
+            async def __aiter__(self) -> AsyncIterator[spb.ReceiptBatch]:
+                async for batch in call:
+                    for receipt in batch.receipts:
+                        receipt.leaf.outcome = "allow"
+                    yield batch
+
+        return Lies()
+
+
+async def test_a_lying_sidecar_is_outvoted_not_copied(
+    cluster: ClusterSpec, decided: str, channels: Channels, postgres_dsn: str
+) -> None:
+    dsn = fresh_db(postgres_dsn, "ship_liar")
+    stubs = [*channels.sidecars[:3], LyingSidecar(channels.sidecars[3], cluster.chain_id)]
+    shipper = Shipper(cluster, owner_key(cluster), stubs, ShipOptions(dsn))
+    try:
+        status = await ship_all(shipper, stubs)
+    finally:
+        shipper.close()
+    assert metric(shipper, "qg_ship_refusals_total", reason="ledger differs") >= 1
+    deny = f"SELECT count(*) FROM qg_verdicts WHERE principal = '{decided}' AND outcome = 'deny'"
+    assert count(dsn, deny) == 1
+    with psycopg.connect(dsn) as conn:
+        assert read_cursor(conn, cluster.chain_id).head == status.ledger_head
+
+
+# ---------------------------------------------------------------------------- audit verify
+
+
+def _problems(dsn: str, spec: ClusterSpec, sql: str) -> list[str]:
+    """What `audit verify` finds with `sql` applied, rolled back afterwards."""
+    with psycopg.connect(dsn) as conn, conn.transaction(force_rollback=True):
+        conn.execute(sql)
+        return check_copy(conn, spec, TrustedHead()).problems
+
+
+def test_the_copy_checked_on_its_own_finds_edits_deletions_and_moves(
+    cluster: ClusterSpec, decided: str, postgres_dsn: str
+) -> None:
+    dsn = postgres_dsn.rsplit("/", 1)[0] + "/ship_all"  # the first test's copy
+    assert count(dsn, "SELECT count(*) FROM qg_verdicts") > ALLOWS
+    denied = f"principal = '{decided}' AND outcome = 'deny'"
+    edited = _problems(dsn, cluster, f"UPDATE qg_verdicts SET outcome = 'allow' WHERE {denied}")
+    assert any("edited" in p for p in edited), edited
+    assert any("certifies another verdict" in p for p in edited), edited
+    middle = "(SELECT height, idx FROM qg_verdicts ORDER BY height, idx OFFSET 3 LIMIT 1)"
+    deleted = _problems(dsn, cluster, f"DELETE FROM qg_verdicts WHERE (height, idx) = {middle}")
+    assert any("missing" in p for p in deleted), deleted
+    moved = _problems(
+        dsn,
+        cluster,
+        f"UPDATE qg_verdicts SET height = height + 1000000 WHERE (height, idx) = {middle}",
+    )
+    assert any("missing" in p or "moved" in p for p in moved), moved
+    a = "(SELECT height, idx FROM qg_verdicts ORDER BY height, idx OFFSET 4 LIMIT 1)"
+    b = "(SELECT height, idx FROM qg_verdicts ORDER BY height, idx OFFSET 5 LIMIT 1)"
+    swapped = _problems(
+        dsn,
+        cluster,
+        f"CREATE TEMP TABLE a AS {a[1:-1]};"
+        f"CREATE TEMP TABLE b AS {b[1:-1]};"
+        "UPDATE qg_verdicts SET idx = -1 WHERE (height, idx) = (SELECT * FROM a);"
+        "UPDATE qg_verdicts SET (height, idx) = (SELECT * FROM a)"
+        " WHERE (height, idx) = (SELECT * FROM b);"
+        "UPDATE qg_verdicts SET (height, idx) = (SELECT * FROM b) WHERE idx = -1;",
+    )
+    assert any("edited" in p for p in swapped), swapped
+    cut = _problems(
+        dsn, cluster, "DELETE FROM qg_verdicts WHERE (height, idx) = "
+        "(SELECT height, idx FROM qg_verdicts ORDER BY height DESC, idx DESC LIMIT 1)",
+    )  # fmt: skip
+    assert any("cursor" in p for p in cut), cut
+
+
+def test_the_commands_ship_and_verify_from_a_trusted_head(
+    cluster: ClusterSpec, decided: str, postgres_dsn: str
+) -> None:
+    dsn = fresh_db(postgres_dsn, "ship_cli")
+    cli = [sys.executable, "-m", "quorumgate.cli"]
+    shipped = subprocess.run(
+        [*cli, "ship", "--dir", str(cluster.directory), "--dsn", dsn, "--once"],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shipped.returncode == 0, shipped.stderr
+    assert "shipped" in shipped.stdout
+    full = subprocess.run(
+        [*cli, "audit", "verify", "--dir", str(cluster.directory), "--dsn", dsn],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert full.returncode == 0, full.stdout + full.stderr
+    assert "outcome deny:" in full.stdout and "audit verify ok" in full.stdout
+    assert f"finding: mandate drift: {decided}" in full.stdout
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT height, hash FROM qg_verdicts ORDER BY height, idx OFFSET 2 LIMIT 1"
+        ).fetchone()
+        later = conn.execute(
+            "SELECT count(*) FROM qg_verdicts WHERE height > %s",
+            (row[0],),  # type: ignore[index]
+        ).fetchone()
+    # the head of a whole height: the last entry of the height
+    with psycopg.connect(dsn) as conn:
+        last = conn.execute(
+            "SELECT height, hash FROM qg_verdicts WHERE height = %s ORDER BY idx DESC LIMIT 1",
+            (row[0],),  # type: ignore[index]
+        ).fetchone()
+    head = f"{last[0]}:{bytes(last[1]).hex()}"  # type: ignore[index]
+    partial = subprocess.run(
+        [*cli, "audit", "verify", "--dir", str(cluster.directory), "--dsn", dsn, "--head", head],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert partial.returncode == 0, partial.stdout
+    assert f"rows checked: {later[0]};" in partial.stdout  # type: ignore[index]
