@@ -22,7 +22,7 @@ from quorumgate.audit.shipper import ShipOptions, Shipper
 from quorumgate.audit.store import Written, read_cursor
 from quorumgate.audit.verify import TrustedHead, check_copy
 from quorumgate.proto import sidecar_pb2 as spb
-from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, add_auditor, read_seed
 from quorumgate.sdk.builders import mandate
 from quorumgate.sdk.delivery import Channels
 from quorumgate.sdk.sync import SyncClient
@@ -315,3 +315,46 @@ def test_the_commands_ship_and_verify_from_a_trusted_head(
     )  # fmt: skip
     assert partial.returncode == 0, partial.stdout
     assert f"rows checked: {later[0]};" in partial.stdout  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------- who reads
+
+
+async def test_the_ledger_answers_an_auditor_and_refuses_an_agent(
+    cluster: ClusterSpec, owner: SyncClient, channels: Channels
+) -> None:
+    """The shipper reads as an auditor (or the owner): every verdict's ledger row is not for
+    an agent, nor for a caller without a signed read statement."""
+    import grpc
+
+    from quorumgate.audit.follow import Reader
+
+    _, agent_key = new_agent(owner, ["web.get"])
+    stub = channels.sidecars[0]
+    request = spb.LedgerRequest(from_height=1, limit=5)
+    with pytest.raises(grpc.RpcError) as unsigned:
+        await stub.Ledger(request, timeout=5)
+    assert unsigned.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    agent = Reader(cluster, agent_key, channels.sidecars)
+    with pytest.raises(grpc.RpcError) as refused:
+        await stub.Ledger(request, timeout=5, metadata=agent.auth("/qgpb.Sidecar/Ledger"))
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    auditor_key = SigningKey.generate()
+    add_auditor(cluster.directory, "audit-shipper", bytes(auditor_key.verify_key))
+    auditor = Reader(cluster, auditor_key, channels.sidecars)
+
+    async def read() -> spb.LedgerReply | None:
+        try:
+            return await stub.Ledger(
+                request, timeout=5, metadata=auditor.auth("/qgpb.Sidecar/Ledger")
+            )
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED  # not reloaded yet
+            return None
+
+    deadline = time.monotonic() + SHIP_WAIT_S
+    while (reply := await read()) is None:
+        assert time.monotonic() < deadline, "the sidecar never took the new auditor"
+        await asyncio.sleep(SHIP_POLL_S)
+    assert 0 < len(reply.entries) <= 5
+    assert LedgerEntry.from_json(reply.entries[0]).height >= 1
