@@ -69,8 +69,13 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     except (ClusterFileError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    with contextlib.closing(psycopg.connect(args.dsn, autocommit=True)) as conn:
-        report = check_copy(conn, spec, trusted)
+    try:
+        with contextlib.closing(psycopg.connect(args.dsn, autocommit=True)) as conn:
+            report = check_copy(conn, spec, trusted)
+    except psycopg.Error as err:
+        # the message names the table or the server, never a row's values
+        print(f"error: the copy cannot be read: {type(err).__name__}", file=sys.stderr)
+        return EXIT_USAGE
     return print_report(report, sys.stdout)
 
 

@@ -161,6 +161,8 @@ class Shipper:
                 pause = self.options.idle_s
             except psycopg.Error as error:
                 log.warning("database unavailable (%s)", type(error).__name__)
+                self.close()
+                self.conn = None
                 shipped, pause = 0, min(pause * 2, SHIP_RETRY_S_MAX)
             if not shipped:
                 with contextlib.suppress(TimeoutError):
