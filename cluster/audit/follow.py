@@ -21,10 +21,12 @@ from quorumgate.runtime.readauth import read_auth_metadata
 from quorumgate.sdk.certificates import receipt_or_none, receipt_signature_ok, statement_key
 from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.receipts import (
+    PATH_HASHES_MAX,
     Certificate,
     CertificateError,
     Receipt,
     assemble_certificate,
+    root_from_path,
     verify_certificate,
 )
 
@@ -126,6 +128,9 @@ class Reader:
             if i not in ready:
                 return found
             seen: set[tuple[int, int]] = set()
+            # Every leaf of a block carries the same signed statement: its signature is
+            # checked once per block, not once per leaf.
+            signed: set[tuple[object, ...]] = set()
             call = stub.Receipts(
                 spb.ReceiptsRequest(from_height=first), metadata=self.auth(METHOD_RECEIPTS)
             )
@@ -133,8 +138,15 @@ class Reader:
                 async for batch in call:
                     for message in batch.receipts:
                         receipt = receipt_or_none(message)
-                        if receipt is None or not receipt_signature_ok(self.spec, receipt, i):
-                            raise ValueError("a receipt it did not sign")
+                        if receipt is None:
+                            raise ValueError("a receipt that cannot be")
+                        block = _block_key(receipt)
+                        if block not in signed:
+                            if not receipt_signature_ok(self.spec, receipt, i):
+                                raise ValueError("a receipt it did not sign")
+                            signed.add(block)
+                        if receipt.leaf.height != receipt.block.height:
+                            raise ValueError("a receipt for another height")
                         place = (receipt.leaf.height, receipt.leaf.index)
                         if place in wanted:
                             found.append(receipt)
@@ -148,10 +160,37 @@ class Reader:
         return await self._each(stream, refusals)
 
 
+def _block_key(receipt: Receipt) -> tuple[object, ...]:
+    b = receipt.block
+    return (b.signer, b.height, b.verdict_root, b.state_root, b.leaf_count, b.validity,
+            b.signature)  # fmt: skip
+
+
+def _verify(spec: ClusterSpec, cert: Certificate, done: set[tuple[object, ...]]) -> bool:
+    """`verify_certificate`, its signatures checked once per block statement: a further
+    leaf under a statement already verified with the same signatures needs only its path."""
+    statement = (cert.leaf.height, cert.verdict_root, cert.state_root, cert.leaf_count,
+                 cert.validity, cert.signatures)  # fmt: skip
+    try:
+        if statement in done:
+            root = root_from_path(
+                cert.leaf.hash(spec.chain_id), cert.leaf.index, cert.leaf_count, cert.path
+            )
+            return root == cert.verdict_root and len(cert.path) <= PATH_HASHES_MAX
+        verify_certificate(
+            cert, spec.chain_id, spec.receipt_keys, receipts_expire=spec.receipts_expire
+        )
+    except CertificateError:
+        return False
+    done.add(statement)
+    return True
+
+
 def certificates(
     spec: ClusterSpec, answers: dict[int, list[Receipt]]
 ) -> dict[tuple[int, int], Certificate]:
     """Per place, the statement f+1 distinct sidecars signed, as a verified certificate."""
+    done: set[tuple[object, ...]] = set()
     groups: dict[tuple[object, ...], dict[int, Receipt]] = {}
     for signer, receipts in answers.items():
         for receipt in receipts:
@@ -161,13 +200,8 @@ def certificates(
         if len(group) < spec.f + 1:
             continue
         certificate = assemble_certificate(spec.chain_id, list(group.values()))
-        try:
-            leaf = verify_certificate(
-                certificate, spec.chain_id, spec.receipt_keys, receipts_expire=spec.receipts_expire
-            )
-        except CertificateError:
-            continue
-        out[(leaf.height, leaf.index)] = certificate
+        if _verify(spec, certificate, done):
+            out[(certificate.leaf.height, certificate.leaf.index)] = certificate
     return out
 
 

@@ -25,7 +25,7 @@ from quorumgate.audit.records import (
     agreed_entries,
     linked_prefix,
 )
-from quorumgate.audit.store import Written, connect, read_cursor, write_batch
+from quorumgate.audit.store import CursorMoved, Written, connect, read_cursor, write_batch
 from quorumgate.proto.clusterfile import ClusterSpec
 
 log = logging.getLogger("quorumgate.ship")
@@ -144,7 +144,12 @@ class Shipper:
         shipped_height = cursor.height
         if found.verdicts:
             batch = Batch(self.spec.chain_id, tuple(found.verdicts))
-            self.write(batch, cursor)
+            try:
+                self.write(batch, cursor)
+            except CursorMoved:
+                # another shipper wrote first: start over from the copy's cursor
+                self.metrics.refusals.labels(reason="cursor moved").inc()
+                return 0
             shipped_height = batch.verdicts[-1].entry.height
             self.metrics.shipped_height.set(shipped_height)
         # Heights without verdicts hold no entry: the copy is whole through the executed

@@ -130,7 +130,7 @@ def check_copy(conn: psycopg.Connection[Any], spec: ClusterSpec, trusted: Truste
             walk.problem((entry.height, entry.index), bad)
         report.outcomes[entry.outcome] += 1
         report.reasons[(entry.outcome, entry.reason)] += 1
-        if entry.principal:
+        if entry.principal and entry.mandate_version:  # 0: decided under no mandate
             report.mandates.setdefault(entry.principal, set()).add(entry.mandate_version)
     report.head = walk.head
     _check_cursor(conn, spec, walk, report)

@@ -19,7 +19,7 @@ from nacl.signing import SigningKey
 from quorumgate.audit import shipper as shipper_module
 from quorumgate.audit.records import SHIP_BATCH_VERDICTS_MAX
 from quorumgate.audit.shipper import ShipOptions, Shipper
-from quorumgate.audit.store import Written, read_cursor
+from quorumgate.audit.store import CursorMoved, Written, read_cursor, write_batch
 from quorumgate.audit.verify import TrustedHead, check_copy
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, add_auditor, read_seed
@@ -157,6 +157,10 @@ async def test_a_batch_resent_after_a_lost_acknowledgement_is_the_same_batch(
         # and a shipper started afresh that sends it once more (it crashed before its ack)
         again = Shipper(cluster, owner_key(cluster), channels.sidecars, ShipOptions(dsn))
         assert again.write(batch, cursor) is Written.ALREADY
+        # another batch from the same, now stale, cursor: refused whole, nothing written
+        shorter = shipper_module.Batch(cluster.chain_id, batch.verdicts[:1])
+        with pytest.raises(CursorMoved):
+            write_batch(again._db(), shorter, cursor)
         again.close()
     finally:
         shipper.close()
@@ -170,8 +174,9 @@ async def test_a_batch_resent_after_a_lost_acknowledgement_is_the_same_batch(
 
 class LyingSidecar:
     """Sidecar 3 as a Byzantine member would answer: a ledger whose denials read as allows,
-    re-hashed so that its own chain links, and receipts with the same lie (its signature no
-    longer verifies on them). Everything else is passed to the real sidecar."""
+    re-hashed so that its own chain links, and receipts with the same lie (their leaves no
+    longer sit under the root it signed, and no other sidecar signs them). Everything else
+    is passed to the real sidecar."""
 
     def __init__(self, stub: Any, chain_id: str) -> None:
         self._stub = stub
