@@ -363,3 +363,42 @@ async def test_the_ledger_answers_an_auditor_and_refuses_an_agent(
         await asyncio.sleep(SHIP_POLL_S)
     assert 0 < len(reply.entries) <= 5
     assert LedgerEntry.from_json(reply.entries[0]).height >= 1
+
+
+def test_the_running_shipper_serves_its_metrics_and_stops_on_sigterm(
+    cluster: ClusterSpec, decided: str, postgres_dsn: str
+) -> None:
+    import signal
+    import socket
+    import urllib.request
+
+    from tests.support.cluster import wait_until
+
+    dsn = fresh_db(postgres_dsn, "ship_running")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quorumgate.cli", "ship", "--dir", str(cluster.directory),
+         "--dsn", dsn, "--metrics-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+
+        def caught_up() -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                return None
+            shipped = "qg_ship_verdicts_total 0.0" not in text
+            return text if shipped and "qg_ship_lag_heights 0.0" in text else None
+
+        text = wait_until("the shipper caught up, by its metrics", caught_up)
+        assert 'qg_ship_batches_total{result="written"}' in text
+        assert "qg_ship_retries_total 0.0" in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert count(dsn, "SELECT count(*) FROM qg_verdicts") > ALLOWS
