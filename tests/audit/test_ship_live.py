@@ -243,42 +243,75 @@ def _problems(dsn: str, spec: ClusterSpec, sql: str) -> list[str]:
         return check_copy(conn, spec, TrustedHead()).problems
 
 
-def test_the_copy_checked_on_its_own_finds_edits_deletions_and_moves(
-    cluster: ClusterSpec, decided: str, postgres_dsn: str
-) -> None:
-    dsn = postgres_dsn.rsplit("/", 1)[0] + "/ship_all"  # the first test's copy
+@pytest.fixture(scope="module")
+def copy_dsn(cluster: ClusterSpec, decided: str, postgres_dsn: str) -> str:
+    """A whole copy of the ledger, shipped once for the tamper tests."""
+    dsn = fresh_db(postgres_dsn, "audit_copy")
+
+    async def ship() -> None:
+        made = Channels(cluster)
+        shipper = Shipper(cluster, owner_key(cluster), made.sidecars, ShipOptions(dsn))
+        try:
+            await ship_all(shipper, made.sidecars)
+        finally:
+            shipper.close()
+            await made.close()
+
+    asyncio.run(ship())
     assert count(dsn, "SELECT count(*) FROM qg_verdicts") > ALLOWS
-    denied = f"principal = '{decided}' AND outcome = 'deny'"
-    edited = _problems(dsn, cluster, f"UPDATE qg_verdicts SET outcome = 'allow' WHERE {denied}")
-    assert any("edited" in p for p in edited), edited
-    assert any("certifies another verdict" in p for p in edited), edited
-    middle = "(SELECT height, idx FROM qg_verdicts ORDER BY height, idx OFFSET 3 LIMIT 1)"
-    deleted = _problems(dsn, cluster, f"DELETE FROM qg_verdicts WHERE (height, idx) = {middle}")
-    assert any("missing" in p for p in deleted), deleted
-    moved = _problems(
-        dsn,
-        cluster,
-        f"UPDATE qg_verdicts SET height = height + 1000000 WHERE (height, idx) = {middle}",
-    )
-    assert any("missing" in p or "moved" in p for p in moved), moved
-    a = "(SELECT height, idx FROM qg_verdicts ORDER BY height, idx OFFSET 4 LIMIT 1)"
-    b = "(SELECT height, idx FROM qg_verdicts ORDER BY height, idx OFFSET 5 LIMIT 1)"
-    swapped = _problems(
-        dsn,
-        cluster,
-        f"CREATE TEMP TABLE a AS {a[1:-1]};"
-        f"CREATE TEMP TABLE b AS {b[1:-1]};"
-        "UPDATE qg_verdicts SET idx = -1 WHERE (height, idx) = (SELECT * FROM a);"
-        "UPDATE qg_verdicts SET (height, idx) = (SELECT * FROM a)"
-        " WHERE (height, idx) = (SELECT * FROM b);"
-        "UPDATE qg_verdicts SET (height, idx) = (SELECT * FROM b) WHERE idx = -1;",
-    )
-    assert any("edited" in p for p in swapped), swapped
-    cut = _problems(
-        dsn, cluster, "DELETE FROM qg_verdicts WHERE (height, idx) = "
+    return dsn
+
+
+NTH = "(SELECT height, idx FROM qg_verdicts ORDER BY height, idx OFFSET {} LIMIT 1)"
+SWAP = (
+    f"CREATE TEMP TABLE a AS {NTH.format(4)[1:-1]};"
+    f"CREATE TEMP TABLE b AS {NTH.format(5)[1:-1]};"
+    "UPDATE qg_verdicts SET idx = -1 WHERE (height, idx) = (SELECT * FROM a);"
+    "UPDATE qg_verdicts SET (height, idx) = (SELECT * FROM a)"
+    " WHERE (height, idx) = (SELECT * FROM b);"
+    "UPDATE qg_verdicts SET (height, idx) = (SELECT * FROM b) WHERE idx = -1;"
+)  # fmt: skip
+TAMPERING = {
+    "edited": (
+        "UPDATE qg_verdicts SET outcome = 'allow' WHERE outcome = 'deny'",
+        ["edited", "certifies another verdict"],
+    ),
+    "deleted": (f"DELETE FROM qg_verdicts WHERE (height, idx) = {NTH.format(3)}", ["missing"]),
+    "moved": (
+        f"UPDATE qg_verdicts SET height = height + 1000000 WHERE (height, idx) = {NTH.format(3)}",
+        ["edited", "missing"],
+    ),
+    "reordered": (SWAP, ["edited"]),
+    "cut off the end": (
+        "DELETE FROM qg_verdicts WHERE (height, idx) = "
         "(SELECT height, idx FROM qg_verdicts ORDER BY height DESC, idx DESC LIMIT 1)",
-    )  # fmt: skip
-    assert any("cursor" in p for p in cut), cut
+        ["cursor"],
+    ),
+}
+
+
+def test_the_untouched_copy_verifies(cluster: ClusterSpec, copy_dsn: str) -> None:
+    assert _problems(copy_dsn, cluster, "SELECT 1") == []
+
+
+@pytest.mark.parametrize("tampering", list(TAMPERING))
+def test_the_copy_checked_on_its_own_finds_a_tampered_row(
+    cluster: ClusterSpec, copy_dsn: str, tampering: str
+) -> None:
+    sql, named = TAMPERING[tampering]
+    problems = _problems(copy_dsn, cluster, sql)
+    for word in named:
+        assert any(word in p for p in problems), (word, problems)
+
+
+def test_a_deleted_row_is_named_with_the_range_it_leaves(
+    cluster: ClusterSpec, copy_dsn: str
+) -> None:
+    with psycopg.connect(copy_dsn) as conn:
+        before = conn.execute(NTH.format(2)).fetchone()
+    problems = _problems(copy_dsn, cluster, TAMPERING["deleted"][0])
+    assert before is not None
+    assert any(f"between height {before[0]} index {before[1]}" in p for p in problems), problems
 
 
 def test_the_commands_ship_and_verify_from_a_trusted_head(
