@@ -12,6 +12,16 @@ from pathlib import Path
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterFileError, load_cluster, read_seed
 
 EXIT_USAGE = 2
+NEEDS_EXTRA = "the audit copy needs PostgreSQL's driver: pip install 'quorumgate[audit]'"
+
+
+def _has_driver() -> bool:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        print(f"error: {NEEDS_EXTRA}", file=sys.stderr)
+        return False
+    return True
 
 
 def _key_file(args: argparse.Namespace, directory: Path) -> Path:
@@ -51,6 +61,8 @@ async def _ship(args: argparse.Namespace) -> int:
 
 
 def cmd_ship(args: argparse.Namespace) -> int:
+    if not _has_driver():
+        return EXIT_USAGE
     try:
         return asyncio.run(_ship(args))
     except ClusterFileError as err:
@@ -59,6 +71,8 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
+    if not _has_driver():
+        return EXIT_USAGE
     import psycopg
 
     from quorumgate.audit.verify import TrustedHead, check_copy, print_report
