@@ -154,8 +154,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         hint = f"quorumgate status --dir {args.dir}"
         print(f"{len(indexes)} replicas serving (chain {spec.chain_id}); `{hint}`")
         return 0
-    print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
     try:
+        # Announced inside the `try`: a supervisor may send SIGTERM as soon as it reads
+        # this line, and the stop below must run however early it comes.
+        print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
         while True:
             table = status_table([query_status(spec, i) for i in range(spec.n)])
             if sys.stdout.isatty():
