@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.clusterfile import (
     CLUSTER_FILE,
@@ -37,7 +38,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.crypto import ed25519_verify
 
-TAG_READ = b"qg/read/v1"
+TAG_READ = domains.READ
 READ_AUTH_METADATA = "qg-read-auth"
 READ_AUTH_SKEW_MS_MAX = 300_000
 PUBLIC_KEY_BYTES = 32
