@@ -13,7 +13,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quorumgate.proto import names
+from quorumgate.proto import domains, names
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.model import (
     DENIAL_TEXT,
@@ -26,10 +26,10 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.tx import TxRejected, parse
 
-TAG_CARD = b"qg/card/v1"
-TAG_VERDICT = b"qg/verdict/v1"
-TAG_ARTIFACT = b"qg/artifact/v1"
-TAG_HANDLE = b"qg/handle/v1"
+TAG_CARD = domains.CARD
+TAG_VERDICT = domains.VERDICT
+TAG_ARTIFACT = domains.ARTIFACT
+TAG_HANDLE = domains.HANDLE
 
 # Stands for the owner wherever a verdict names its principal; never a valid agent id.
 OWNER_PRINCIPAL = "@owner"
