@@ -91,7 +91,14 @@ from quorumgate.proto.model import (
     canonical_tool_list,
 )
 from quorumgate.proto.runs import RunLabels, opened_run
-from quorumgate.runtime.readauth import read_auth_metadata
+from quorumgate.runtime.readauth import (
+    METHOD_ACCOUNT,
+    METHOD_GET_RECEIPT,
+    METHOD_PENDING,
+    METHOD_RECEIPTS,
+    METHOD_REGISTRY,
+    read_auth_metadata,
+)
 from quorumgate.sdk.builders import call_arguments
 from quorumgate.sdk.certificates import (
     agreed_cards,
@@ -146,11 +153,6 @@ WINDOW_WAIT_S_DEFAULT = 30.0  # submit_many: longest wait for the nonce window t
 RECEIPTS_PER_PROPOSAL_MAX = 64  # receipts held while waiting (one per sidecar is enough)
 RECEIPT_KEYS_REMEMBERED_MAX = 65_536  # (height, index) keys `certified_verdicts` holds
 OWN_NONCES_REMEMBERED_MAX = 65_536  # proposal ids this client signed, with their nonces
-METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
-METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
-METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
-METHOD_PENDING = "/qgpb.Sidecar/Pending"
-METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
 DELEGATION_TTL_S_DEFAULT = 3600.0
 NO_TARGET = ""  # what a tool that takes no target is proposed with
 
