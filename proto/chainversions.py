@@ -31,6 +31,7 @@ class Behaviour(enum.Enum):
     TARGETS_BY_ROLE = "targets_by_role"
     PINS_TOOL_DEFINITIONS = "pins_tool_definitions"
     SETTINGS_IN_LOG = "settings_in_log"
+    LINKS_IN_TEXT = "links_in_text"
     # authority_version: who may answer for a call (docs/engine.md, "Principals and
     # confirmation"; docs/architecture/0003-split-authority.md)
     SPLIT_AUTHORITY = "split_authority"
@@ -67,6 +68,10 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         3: frozenset(
             {B.IBAN_AND_TEL_FORMS, B.TARGETS_BY_ROLE, B.PINS_TOOL_DEFINITIONS, B.SETTINGS_IN_LOG}
         ),
+        # The links (http/https URIs, e-mail addresses, global phone numbers) inside
+        # arguments a tool declares as text are further targets in the `link` role: a
+        # link no rule names sends the call to the principal's card, which lists them.
+        4: frozenset({B.LINKS_IN_TEXT}),
     },
     "authority_version": {
         # The proposer, its master or the owner confirms; no reject; runs named by the
@@ -182,6 +187,12 @@ def pins_tool_definitions(canonical_version: int) -> bool:
 def settings_in_log(canonical_version: int) -> bool:
     """The owner may change limits in the log (`SetSettings`), over cluster.json's."""
     return turns_on("canonical_version", canonical_version, Behaviour.SETTINGS_IN_LOG)
+
+
+def links_in_text(canonical_version: int) -> bool:
+    """The links inside arguments declared as text are judged as targets in the `link`
+    role (sidecar/engine/links.py; docs/engine.md, "Links inside text")."""
+    return turns_on("canonical_version", canonical_version, Behaviour.LINKS_IN_TEXT)
 
 
 # ---- authority_version
