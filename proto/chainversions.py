@@ -32,6 +32,7 @@ class Behaviour(enum.Enum):
     PINS_TOOL_DEFINITIONS = "pins_tool_definitions"
     SETTINGS_IN_LOG = "settings_in_log"
     LINKS_IN_TEXT = "links_in_text"
+    ACCOUNT_FORM = "account_form"
     # authority_version: who may answer for a call (docs/engine.md, "Principals and
     # confirmation"; docs/architecture/0003-split-authority.md)
     SPLIT_AUTHORITY = "split_authority"
@@ -70,8 +71,9 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         ),
         # The links (http/https URIs, e-mail addresses, global phone numbers) inside
         # arguments a tool declares as text are further targets in the `link` role: a
-        # link no rule names sends the call to the principal's card, which lists them.
-        4: frozenset({B.LINKS_IN_TEXT}),
+        # link no rule names sends the call to the principal's card, which lists them;
+        # the `account:` form for account numbers that are not IBANs.
+        4: frozenset({B.LINKS_IN_TEXT, B.ACCOUNT_FORM}),
     },
     "authority_version": {
         # The proposer, its master or the owner confirms; no reject; runs named by the
@@ -193,6 +195,11 @@ def links_in_text(canonical_version: int) -> bool:
     """The links inside arguments declared as text are judged as targets in the `link`
     role (sidecar/engine/links.py; docs/engine.md, "Links inside text")."""
     return turns_on("canonical_version", canonical_version, Behaviour.LINKS_IN_TEXT)
+
+
+def account_form(canonical_version: int) -> bool:
+    """`account:<issuer>/<number>` targets have a form of their own (else a generic URI)."""
+    return turns_on("canonical_version", canonical_version, Behaviour.ACCOUNT_FORM)
 
 
 # ---- authority_version

@@ -44,6 +44,7 @@ from quorumgate.proto import limits, names
 from quorumgate.proto.chainversions import (
     CANONICAL_VERSION_NEW,
     CANONICAL_VERSIONS,  # noqa: F401 (importers read the versions `version` takes here)
+    account_form,
     iban_and_tel_forms,
     strict_forms,
 )
@@ -66,6 +67,15 @@ FILE_SCHEME = "file"
 MAILTO_SCHEME = "mailto"
 IBAN_SCHEME = "iban"
 TEL_SCHEME = "tel"
+ACCOUNT_SCHEME = "account"
+# `account:<issuer>/<number>` (canonical version 4): the issuer a lower-case name of ASCII
+# letters, digits, `.` and `-` (a bank code, a BIC, a domain: as the issuer writes it),
+# the number ASCII letters and digits, upper-cased, with single `-` inside. Separators
+# are not removed: an opaque number's structure is unknown, so `123-4567` and
+# `1234-567` may be two accounts and stay two targets; a space is refused.
+ACCOUNT_ISSUER_RE = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,62}[a-z0-9])?")
+ACCOUNT_NUMBER_RE = re.compile(r"[A-Z0-9]+(?:-[A-Z0-9]+)*")
+ACCOUNT_NUMBER_CHARS_MAX = 34  # the longest IBAN: no account number we know is longer
 # ISO 13616: country code, two check digits, a BBAN of 11 to 30 letters and digits (the
 # shortest IBAN in use has 15 characters, the longest allowed 34). The per-country
 # lengths are not checked: that table changes, and verdicts must not depend on its edition.
@@ -186,6 +196,8 @@ def canonicalize_target(
         return _iban(text[len(match.group(0)) :])
     if scheme == TEL_SCHEME and iban_and_tel_forms(version):
         return _tel(text[len(match.group(0)) :])
+    if scheme == ACCOUNT_SCHEME and account_form(version):
+        return _account(text[len(match.group(0)) :])
     return _uri(text, scheme, principal, strict)
 
 
@@ -434,6 +446,21 @@ def _tel(rest: str) -> str:
     if not number.isascii() or E164_RE.fullmatch(number) is None:
         raise _malformed("tel: a global number, + and 7 to 15 digits, no parameters")
     return f"{TEL_SCHEME}:{number}"
+
+
+def _account(rest: str) -> str:
+    """`account:<issuer>/<number>`: the issuer lower-cased, the number upper-cased, both
+    ASCII (ACCOUNT_ISSUER_RE, ACCOUNT_NUMBER_RE); nothing else is folded or removed, so
+    two spellings merge only when they differ in letter case."""
+    issuer, slash, number = rest.partition("/")
+    if not slash or not rest.isascii():
+        raise _malformed("account: an issuer, `/`, a number (ASCII letters and digits)")
+    issuer, number = issuer.lower(), number.upper()
+    if ACCOUNT_ISSUER_RE.fullmatch(issuer) is None or ".." in issuer:
+        raise _malformed("account: the issuer is letters, digits, `.` and `-`")
+    if len(number) > ACCOUNT_NUMBER_CHARS_MAX or ACCOUNT_NUMBER_RE.fullmatch(number) is None:
+        raise _malformed("account: the number is letters and digits, single `-` inside")
+    return f"{ACCOUNT_SCHEME}:{issuer}/{number}"
 
 
 # ----------------------------------------------------------------------- URIs
