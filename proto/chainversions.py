@@ -33,6 +33,7 @@ class Behaviour(enum.Enum):
     SETTINGS_IN_LOG = "settings_in_log"
     LINKS_IN_TEXT = "links_in_text"
     ACCOUNT_FORM = "account_form"
+    ESCAPES_CONTROLS = "escapes_controls"
     # authority_version: who may answer for a call (docs/engine.md, "Principals and
     # confirmation"; docs/architecture/0003-split-authority.md)
     SPLIT_AUTHORITY = "split_authority"
@@ -72,8 +73,9 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         # The links (http/https URIs, e-mail addresses, global phone numbers) inside
         # arguments a tool declares as text are further targets in the `link` role: a
         # link no rule names sends the call to the principal's card, which lists them;
-        # the `account:` form for account numbers that are not IBANs.
-        4: frozenset({B.LINKS_IN_TEXT, B.ACCOUNT_FORM}),
+        # the `account:` form for account numbers that are not IBANs; control and format
+        # characters in a name written as `%XX` escapes rather than refused.
+        4: frozenset({B.LINKS_IN_TEXT, B.ACCOUNT_FORM, B.ESCAPES_CONTROLS}),
     },
     "authority_version": {
         # The proposer, its master or the owner confirms; no reject; runs named by the
@@ -200,6 +202,13 @@ def links_in_text(canonical_version: int) -> bool:
 def account_form(canonical_version: int) -> bool:
     """`account:<issuer>/<number>` targets have a form of their own (else a generic URI)."""
     return turns_on("canonical_version", canonical_version, Behaviour.ACCOUNT_FORM)
+
+
+def escapes_controls(canonical_version: int) -> bool:
+    """A control, format or line-separator character in a path or a URI's path or query
+    is written as its `%XX` escape (one form, shown safely) instead of refusing the
+    target; NUL, backslash and hosts keep their refusals."""
+    return turns_on("canonical_version", canonical_version, Behaviour.ESCAPES_CONTROLS)
 
 
 # ---- authority_version
