@@ -15,7 +15,9 @@ A proposal is judged in this order; the first step that refuses decides:
    runs) -> `repeat_denied`, and the attempt that reaches the threshold -> `run_halted`;
 7. scope: outside the effective scope -> `out_of_scope` (latched) under enforce, or a
    `flag` under observe (any enforce up the chain enforces);
-8. the canonical target and the target and argument rules of every layer;
+8. the canonical target and the target and argument rules of every layer (with
+   `links_in_text`, the links inside text arguments too: a link no `link` rule matches
+   makes the call `user_confirm`, docs/engine.md "Links inside text");
 9. tier: a direct tool that requires `master` refuses a delegate;
 10. the arguments: malformed, ambient identity, raw values where envelopes are required,
     handle violations;
