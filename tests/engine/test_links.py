@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quorumgate.proto import limits
+from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.chainversions import links_in_text
 from quorumgate.proto.model import (
     ArgRole,
@@ -30,7 +32,7 @@ from quorumgate.proto.model import (
     ToolSpec,
 )
 from quorumgate.sidecar.engine.links import TooManyLinks, find_links
-from quorumgate.sidecar.engine.state import EngineState
+from quorumgate.sidecar.engine.state import EngineState, _dec_card, _Reader
 from tests.engine.harness import World, replay
 
 PHISH = "Hi Ann, the Q3 numbers are here: https://login.evil.example/sso please check."
@@ -200,3 +202,14 @@ def test_the_scanner_is_total_and_deterministic(text: str) -> None:
     except TooManyLinks:
         return
     assert find_links(text) == first
+
+
+def test_a_card_decodes_its_links_with_or_without_a_confirmer() -> None:
+    verdict = send(world(4), PHISH)
+    assert verdict.card is not None
+    for card in (verdict.card, replace(verdict.card, confirmer="")):
+        decoded = _dec_card(_Reader(bytes(Encoder().blob(card.to_bytes()))))
+        assert decoded == card
+    without = replace(verdict.card, links=())
+    assert b"login.evil.example" not in without.to_bytes()
+    assert _dec_card(_Reader(bytes(Encoder().blob(without.to_bytes())))) == without
