@@ -31,6 +31,9 @@ class Behaviour(enum.Enum):
     TARGETS_BY_ROLE = "targets_by_role"
     PINS_TOOL_DEFINITIONS = "pins_tool_definitions"
     SETTINGS_IN_LOG = "settings_in_log"
+    LINKS_IN_TEXT = "links_in_text"
+    ACCOUNT_FORM = "account_form"
+    ESCAPES_CONTROLS = "escapes_controls"
     # authority_version: who may answer for a call (docs/engine.md, "Principals and
     # confirmation"; docs/architecture/0003-split-authority.md)
     SPLIT_AUTHORITY = "split_authority"
@@ -67,6 +70,12 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         3: frozenset(
             {B.IBAN_AND_TEL_FORMS, B.TARGETS_BY_ROLE, B.PINS_TOOL_DEFINITIONS, B.SETTINGS_IN_LOG}
         ),
+        # The links (http/https URIs, e-mail addresses, global phone numbers) inside
+        # arguments a tool declares as text are further targets in the `link` role: a
+        # link no rule names sends the call to the principal's card, which lists them;
+        # the `account:` form for account numbers that are not IBANs; control and format
+        # characters in a name written as `%XX` escapes rather than refused.
+        4: frozenset({B.LINKS_IN_TEXT, B.ACCOUNT_FORM, B.ESCAPES_CONTROLS}),
     },
     "authority_version": {
         # The proposer, its master or the owner confirms; no reject; runs named by the
@@ -182,6 +191,24 @@ def pins_tool_definitions(canonical_version: int) -> bool:
 def settings_in_log(canonical_version: int) -> bool:
     """The owner may change limits in the log (`SetSettings`), over cluster.json's."""
     return turns_on("canonical_version", canonical_version, Behaviour.SETTINGS_IN_LOG)
+
+
+def links_in_text(canonical_version: int) -> bool:
+    """The links inside arguments declared as text are judged as targets in the `link`
+    role (sidecar/engine/links.py; docs/engine.md, "Links inside text")."""
+    return turns_on("canonical_version", canonical_version, Behaviour.LINKS_IN_TEXT)
+
+
+def account_form(canonical_version: int) -> bool:
+    """`account:<issuer>/<number>` targets have a form of their own (else a generic URI)."""
+    return turns_on("canonical_version", canonical_version, Behaviour.ACCOUNT_FORM)
+
+
+def escapes_controls(canonical_version: int) -> bool:
+    """A control, format or line-separator character in a path or a URI's path or query
+    is written as its `%XX` escape (one form, shown safely) instead of refusing the
+    target; NUL, backslash and hosts keep their refusals."""
+    return turns_on("canonical_version", canonical_version, Behaviour.ESCAPES_CONTROLS)
 
 
 # ---- authority_version

@@ -388,6 +388,7 @@ def _card_json(open_card: OpenCard) -> dict[str, object]:
         "card_digest": card.digest.hex(),
         "tool": card.tool,
         "target": card.canonical_target,
+        "links": list(card.links),
         "requested_by": card.principal,
         "tier": card.tier.value,
         "delegate_of": card.delegate_of,

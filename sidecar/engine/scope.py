@@ -124,6 +124,7 @@ def judge_rules(
     arguments: tuple[Argument, ...] | None,
     principal: str,
     further_targets: tuple[tuple[str, str], ...] = (),
+    links: tuple[str, ...] = (),
 ) -> tuple[bool, ToolMode]:
     """Every layer's target and argument rules: whether all permit the call, and the mode
     it runs in. Each mandate on the chain says the mode its matching rule names, or the
@@ -141,6 +142,7 @@ def judge_rules(
             env.state.sets_of(owner),
             further_targets,
             default=None if is_grant else spec.mode,
+            links=links,
         )
         if not permitted:
             return False, spec.mode

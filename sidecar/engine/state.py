@@ -885,10 +885,12 @@ def _dec_card(r: _Reader) -> ConfirmationCard:
     handles = tuple((c.text(), c.text()) for _ in range(c.u32()))
     body_digest, created_height, expires_at_ms = c.take(32), c.u64(), c.u64()
     confirmer = c.text() if c.remaining() else ""  # cards name one where only principals answer
+    links = c.texts() if c.remaining() else ()  # cards of calls with links in their text
     c.finish()
     return ConfirmationCard(
         chain_id, proposal_id, principal, tier, delegate_of, tool, mode, min_tier, target,
         argument_names, handles, body_digest, created_height, expires_at_ms, confirmer,
+        tuple(links),
     )  # fmt: skip
 
 
