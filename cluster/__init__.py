@@ -71,6 +71,9 @@ _EXPORTS: dict[str, str] = {
     "CertificateExpired": "quorumgate.sdk.executor",
     # the owner's operations
     "OwnerSession": "quorumgate.sdk.owner",
+    # policies, offline: why a call of a policy file gets its verdict
+    "explain_call": "quorumgate.sidecar.policyexplain",
+    "Explanation": "quorumgate.sidecar.policyexplain",
     # the one sentence an agent is ever told on a refusal
     "DENIAL_TEXT": "quorumgate.proto.model",
 }
@@ -90,6 +93,7 @@ __all__ = [
     "Decision",
     "Executor",
     "ExecutorRefused",
+    "Explanation",
     "Gate",
     "Handle",
     "InvalidCertificate",
@@ -108,6 +112,7 @@ __all__ = [
     "agent_context",
     "agent_context_async",
     "current_call",
+    "explain_call",
     "generate_key",
     "generate_principal_key",
     "generate_sink_key",
@@ -176,3 +181,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from quorumgate.sdk.owner import OwnerSession
     from quorumgate.sdk.sync import SyncClient
     from quorumgate.sdk.values import Decision, Handle, OpenCard, Submitted
+    from quorumgate.sidecar.policyexplain import Explanation, explain_call
