@@ -70,6 +70,8 @@ _EXPORTS: dict[str, str] = {
     "ExecutorRefused": "quorumgate.sdk.executor",
     "CertificateReused": "quorumgate.sdk.executor",
     "CertificateExpired": "quorumgate.sdk.executor",
+    # checking a card against the call a person meant
+    "card_matches": "quorumgate.sdk.cards",
     # the owner's operations
     "OwnerSession": "quorumgate.sdk.owner",
     # the owner's operations and the policy values they carry (docs/policies.md)
@@ -171,6 +173,7 @@ __all__ = [
     "TransactionRejected",
     "agent_context",
     "agent_context_async",
+    "card_matches",
     "current_call",
     "explain_call",
     "generate_key",
@@ -233,6 +236,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
         ToolSpec,
     )
     from quorumgate.sdk.builders import mandate, tool_rules, tool_spec
+    from quorumgate.sdk.cards import card_matches
     from quorumgate.sdk.client import Client
     from quorumgate.sdk.delivery import ChannelPool
     from quorumgate.sdk.errors import (
