@@ -114,6 +114,8 @@ def _layer_lines(number: int, layer: LayerExplanation) -> list[str]:
     if not step.has_rules:
         if step.is_grant:
             return [head + ": no rules for the tool, narrows nothing"]
+        if step.mode is None:
+            return [head + ": no rules for the tool, names no mode: its delegators decide"]
         return [head + f": no rules for the tool -> the tool's mode, {_mode(step.mode)}"]
     lines = [head + ":"]
     for target in step.targets:

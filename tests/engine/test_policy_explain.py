@@ -117,8 +117,10 @@ def test_a_delegate_without_rules_is_shown_pinned_at_the_tools_mode(tmp_path: Pa
     """The delegator's `known payee -> direct` does not take effect for a delegate whose
     own mandate has no rule for the tool: the explanation lists the three layers, names
     the delegate's mandate as deciding, and says how to change it."""
+    # authority version 2: a delegate's mandate without rules pins the tool's mode
+    v2 = "[settings]\nauthority_version = 2\n" + PAYMENTS
     path = tmp_path / "p.toml"
-    path.write_text(PAYMENTS)
+    path.write_text(v2)
     e = explain_call(str(path), agent="helper", tool="payments.send", target=KNOWN,
                      arguments=EUR_120, via="billing-helper")  # fmt: skip
     assert (e.outcome, e.mode) == ("pending", "user_confirm")
@@ -133,7 +135,7 @@ def test_a_delegate_without_rules_is_shown_pinned_at_the_tools_mode(tmp_path: Pa
     assert e.decided_by.startswith('agents.helper.rules."payments.send": no rules for the tool')
     assert e.notes and "has no rules" in e.notes[0]
     # with a rule of its own naming direct, the delegator's rules decide
-    path.write_text(PAYMENTS.replace(
+    path.write_text(v2.replace(
         'allowed_tools = "unrestricted"',
         'allowed_tools = "unrestricted"\n\n[agents.helper.rules."payments.send"]\n'
         'targets = [{ any = true, mode = "direct" }]',
@@ -141,6 +143,19 @@ def test_a_delegate_without_rules_is_shown_pinned_at_the_tools_mode(tmp_path: Pa
     e = explain_call(str(path), agent="helper", tool="payments.send", target=KNOWN,
                      arguments=EUR_120, via="billing-helper")  # fmt: skip
     assert (e.outcome, e.mode, e.notes) == ("allow", "direct", ())
+
+
+def test_a_delegate_without_rules_is_shown_deferring_on_a_new_chain(tmp_path: Path) -> None:
+    """Authority version 3: the delegate's mandate names no mode, the delegator's known
+    payee rule decides, and the text says so."""
+    path = tmp_path / "p.toml"
+    path.write_text(PAYMENTS)
+    e = explain_call(str(path), agent="helper", tool="payments.send", target=KNOWN,
+                     arguments=EUR_120, via="billing-helper")  # fmt: skip
+    assert (e.outcome, e.mode, e.notes) == ("allow", "direct", ())
+    assert [layer.step.mode for layer in e.layers] == [None, None, ToolMode.DIRECT]
+    assert e.decided_by == 'agents.billing.rules."payments.send".targets[0] (mode = direct)'
+    assert "names no mode: its delegators decide" in e.text()
 
 
 def test_the_command_prints_the_deciding_rule_and_never_a_value(
