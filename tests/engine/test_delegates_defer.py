@@ -19,7 +19,7 @@ from quorumgate.proto.model import (
     ToolMode,
     ToolRules,
 )
-from tests.engine.harness import World
+from tests.engine.harness import World, replay
 
 KNOWN = "https://pay.example.com/acct/77"
 NEW = "https://pay.example.com/acct/99"
@@ -105,3 +105,13 @@ def test_a_master_only_tool_run_directly_by_the_delegator_refuses_the_delegate()
 def test_chains_of_authority_version_2_keep_the_tools_mode() -> None:
     w, g = _world(authority_version=2)
     assert _pay(w, g, KNOWN) == (Outcome.PENDING, Reason.CONFIRMATION_REQUIRED)
+
+
+def test_a_replay_reaches_the_same_verdicts_and_state_on_either_version() -> None:
+    for version in (2, 3):
+        w, g = _world(authority_version=version)
+        _pay(w, g, KNOWN)
+        _pay(w, g, NEW)
+        engine, results = replay(w)
+        assert [r.verdicts for r in results] == [r.verdicts for r in w.results]
+        assert engine.state_root() == w.engine.state_root()
