@@ -43,6 +43,7 @@ class Behaviour(enum.Enum):
     LATCH_ACROSS_RUNS = "latch_across_runs"
     ARGUMENTS_BY_DECLARATION = "arguments_by_declaration"
     REGISTRATION_GATES = "registration_gates"
+    DELEGATES_DEFER_TO_DELEGATORS = "delegates_defer_to_delegators"
     # state_version: how the state root is computed (docs/sidecar.md, "The state root")
     STATE_HASH_TREE = "state_hash_tree"
     # receipt_version: what the sidecars' receipts sign
@@ -98,6 +99,10 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
                 B.REGISTRATION_GATES,
             }
         ),
+        # A delegate whose own mandate has no rules for a tool names no mode for it: its
+        # delegators' rules decide the mode, and every layer still must permit the call
+        # (docs/policies.md, "A delegate without rules defers").
+        3: frozenset({B.DELEGATES_DEFER_TO_DELEGATORS}),
     },
     "state_version": {
         # SHA-256 over the whole canonical state bytes.
@@ -258,6 +263,16 @@ def registration_gates(authority_version: int) -> bool:
     that may confirm it, and a `direct` tool that takes a recipient, an amount or a
     credential needs an explicit override (applied with reason `direct_override`)."""
     return turns_on("authority_version", authority_version, Behaviour.REGISTRATION_GATES)
+
+
+def delegates_defer_to_delegators(authority_version: int) -> bool:
+    """Under a grant, a mandate without rules for the tool names no mode (a delegator's
+    rule that runs a known payee directly then holds for its delegate); only the run
+    owner's mandate falls back to the tool's registered mode. Else every mandate on the
+    chain without rules names the tool's mode, so a delegate is pinned at it."""
+    return turns_on(
+        "authority_version", authority_version, Behaviour.DELEGATES_DEFER_TO_DELEGATORS
+    )
 
 
 # ---- state_version

@@ -85,6 +85,7 @@ from quorumgate.proto.model import (
     SetSettings,
     Suspend,
     TargetRule,
+    ToolRules,
     ToolSpec,
     TxBody,
     TxPayload,
@@ -814,18 +815,23 @@ class Client:
         ttl_s: float = DELEGATION_TTL_S_DEFAULT,
         parent_grant: Grant | bytes | None = None,
         deadline_s: float | None = None,
+        rules: Sequence[ToolRules] = (),
     ) -> Grant:
         """Grant a child agent an attenuated scope for one run (docs/engine.md, the
         `delegate` transaction); returns the `Grant` the child's proposals carry: the grant
         id and the run id the grant is for. `run_id` is a label of this client's runs (or,
         under `parent_grant`, the parent's run). Expiry is in block time, which tracks the
-        replicas' clocks."""
+        replicas' clocks. `rules`, target and argument rules per tool in any order (each
+        for a tool of `tools`, when given), narrow the grant further: every call under it
+        must also satisfy them, and a grant's rule can make a call stricter, never looser
+        (docs/policies.md)."""
         payload = Delegate(
             child=child_public_key,
             run_id=self.run_under(parent_grant, run_id),
             tools=None if tools is None else canonical_tool_list(list(tools)),
             expires_at_ms=int(time.time() * 1000 + ttl_s * 1000),
             parent_grant=None if parent_grant is None else grant_id(parent_grant),
+            rules=tuple(sorted(rules, key=lambda entry: entry.tool)),
         )
         decision = await self._applied(payload, deadline_s)
         if isinstance(parent_grant, Grant):

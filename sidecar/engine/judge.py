@@ -64,6 +64,7 @@ from quorumgate.sidecar.engine.targets import (
     canonical_call,
     canonicalize_target,
 )
+from quorumgate.sidecar.engine.trace import Trace
 
 FurtherTargets = tuple[tuple[str, str], ...]  # (role, canonical target), sorted
 
@@ -90,9 +91,16 @@ class Call:
         return canonical_call(tool, self.target, self.further_targets)
 
 
-def propose(env: Env, parsed: ParsedTx, proposal: Proposal, record: AgentRecord) -> Verdict:
+def propose(
+    env: Env,
+    parsed: ParsedTx,
+    proposal: Proposal,
+    record: AgentRecord,
+    trace: Trace | None = None,
+) -> Verdict:
     """The verdict on an agent's proposal; judging it may change the latch, the quotas
-    and the pending calls."""
+    and the pending calls. `trace`, when given, records what the judging consulted
+    (sidecar/engine/trace.py); it never changes the verdict."""
     caller = caller_of(env, record, proposal)
     call = canonical_form(env, proposal, record.agent_id)
     canonical = call.canonical
@@ -124,7 +132,7 @@ def propose(env: Env, parsed: ParsedTx, proposal: Proposal, record: AgentRecord)
         or names_opened_run(proposal.run_id, parsed.nonce)
     )
     try:
-        flagged, mode = judge(env, caller, record, proposal, call, run_opened)
+        flagged, mode = judge(env, caller, record, proposal, call, run_opened, trace)
         assert call.spec is not None and call.tool is not None
         if mode.needs_confirmation:
             card = confirm.hold(
@@ -239,9 +247,11 @@ def judge(
     proposal: Proposal,
     call: Call,
     run_opened: bool = True,
+    trace: Trace | None = None,
 ) -> tuple[bool, ToolMode]:
     """Steps 1-10 of the module docstring. Returns whether the call is flagged, and the
-    mode it runs in (the tool's, or the one its rules name); raises Refusal."""
+    mode it runs in (the tool's, or the one its rules name); raises Refusal. `trace`,
+    when given, records the scope, every rule layer's say and the mode."""
     run = _admit(env, caller, record, call.tool, run_opened)
     tool, spec = _registered(env, caller, record, proposal, call)
     mandate = record.mandate
@@ -254,6 +264,8 @@ def judge(
     )
     _refuse_latched(env, caller, record, tool, run, chain)
     flagged = False
+    if trace is not None:
+        trace.record_scope(scope, enforce, permits(scope, tool))
     if not permits(scope, tool):
         if enforce:
             latch.scope_denial(env, caller, record, tool, chain)
@@ -274,7 +286,10 @@ def judge(
         record.agent_id,
         call.further_targets,
         call.links,
+        trace,
     )
+    if trace is not None:
+        trace.record_modes(spec.mode, mode)
     if not permitted:
         if enforce:
             latch.scope_denial(env, caller, record, tool, chain)

@@ -52,6 +52,7 @@ from quorumgate.sidecar.engine.targets import (
     canonical_host,
     canonicalize_target,
 )
+from quorumgate.sidecar.engine.trace import TargetStep
 
 MAILTO = "mailto:"
 PRINCIPAL_CURRENT_USER = f"principal:{names.CURRENT_USER}"
@@ -180,6 +181,8 @@ def judge_layer(
     further_targets: tuple[tuple[str, str], ...] = (),
     default: ToolMode | None = None,
     links: tuple[str, ...] = (),
+    steps: list[TargetStep] | None = None,
+    failed: list[str] | None = None,
 ) -> tuple[bool, ToolMode | None]:
     """One layer's say on a call: (permitted, the mode it runs in for this layer).
 
@@ -194,12 +197,21 @@ def judge_layer(
     text") are judged by the rules of the `link` role, but a link no rule matches never
     puts the call out of scope: it sends the call to the principal's card
     (`user_confirm`), so a message to a known colleague carrying an unknown link is
-    confirmed by a person rather than run directly."""
+    confirmed by a person rather than run directly.
+
+    `steps` and `failed`, when given, are appended to: how each target (not the links)
+    met the rules, and the names of the argument rules that do not hold
+    (sidecar/engine/trace.py)."""
     if rules is None:
         return True, None
     mode: ToolMode | None = None
     for role, each in (("", target), *further_targets):
         rule = first_match(rules, each, principal, sets, role)
+        if steps is not None:
+            # an equal rule earlier in the list would have matched first, so `index`
+            # finds the one that did
+            index = None if rule is None else rules.targets.index(rule)
+            steps.append(TargetStep(role, each, index, rule))
         if rule is None:
             return False, None
         mode = stricter(mode, default if rule.mode is None else rule.mode)
@@ -209,7 +221,12 @@ def judge_layer(
             mode = stricter(mode, ToolMode.USER_CONFIRM)
         else:
             mode = stricter(mode, default if rule.mode is None else rule.mode)
-    if arguments is not None and not all(argument_holds(r, arguments) for r in rules.arguments):
+    if arguments is None:
+        return True, mode
+    if failed is not None:
+        failed.extend(r.name for r in rules.arguments if not argument_holds(r, arguments))
+        return (False, None) if failed else (True, mode)
+    if not all(argument_holds(r, arguments) for r in rules.arguments):
         return False, None
     return True, mode
 
