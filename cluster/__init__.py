@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "Handle": "quorumgate.sdk.values",
     "mandate": "quorumgate.sdk.builders",
     "tool_spec": "quorumgate.sdk.builders",
+    "tool_rules": "quorumgate.sdk.builders",
     "generate_key": "quorumgate.sdk.keys",
     "generate_sink_key": "quorumgate.sdk.keys",
     "load_key": "quorumgate.sdk.keys",
@@ -69,16 +70,58 @@ _EXPORTS: dict[str, str] = {
     "ExecutorRefused": "quorumgate.sdk.executor",
     "CertificateReused": "quorumgate.sdk.executor",
     "CertificateExpired": "quorumgate.sdk.executor",
+    # checking a card against the call a person meant
+    "card_matches": "quorumgate.sdk.cards",
     # the owner's operations
     "OwnerSession": "quorumgate.sdk.owner",
+    # the owner's operations and the policy values they carry (docs/policies.md)
+    "Admin": "quorumgate.proto.model",
+    "RegisterTool": "quorumgate.proto.model",
+    "RegisterAgent": "quorumgate.proto.model",
+    "RegisterPrincipal": "quorumgate.proto.model",
+    "RegisterSink": "quorumgate.proto.model",
+    "SetMandate": "quorumgate.proto.model",
+    "Suspend": "quorumgate.proto.model",
+    "Resume": "quorumgate.proto.model",
+    "SetEntries": "quorumgate.proto.model",
+    "SetSettings": "quorumgate.proto.model",
+    "Mandate": "quorumgate.proto.model",
+    "ToolSpec": "quorumgate.proto.model",
+    "ToolMode": "quorumgate.proto.model",
+    "Tier": "quorumgate.proto.model",
+    "Enforcement": "quorumgate.proto.model",
+    "DelegationPolicy": "quorumgate.proto.model",
+    "TargetRule": "quorumgate.proto.model",
+    "RuleKind": "quorumgate.proto.model",
+    "ToolRules": "quorumgate.proto.model",
+    "ArgumentRule": "quorumgate.proto.model",
+    "ArgCheck": "quorumgate.proto.model",
+    "ArgSpec": "quorumgate.proto.model",
+    "ArgRole": "quorumgate.proto.model",
+    "TargetSlot": "quorumgate.proto.model",
+    "EnvelopeArg": "quorumgate.proto.model",
+    "Argument": "quorumgate.proto.model",
+    "RoleTarget": "quorumgate.proto.model",
+    "SETTING_NAMES": "quorumgate.proto.model",
+    "Grant": "quorumgate.sdk.values",
+    # policies, offline: why a call of a policy file gets its verdict
+    "explain_call": "quorumgate.sidecar.policyexplain",
+    "Explanation": "quorumgate.sidecar.policyexplain",
     # the one sentence an agent is ever told on a refusal
     "DENIAL_TEXT": "quorumgate.proto.model",
 }
 
 __all__ = [
     "DENIAL_TEXT",
+    "SETTING_NAMES",
     "ActionDenied",
+    "Admin",
+    "ArgCheck",
+    "ArgRole",
+    "ArgSpec",
+    "Argument",
     "ArgumentMappingError",
+    "ArgumentRule",
     "CertificateExpired",
     "CertificateReused",
     "CertificateTimeout",
@@ -88,11 +131,17 @@ __all__ = [
     "ClusterUnavailable",
     "ConfirmationRequired",
     "Decision",
+    "DelegationPolicy",
+    "Enforcement",
+    "EnvelopeArg",
     "Executor",
     "ExecutorRefused",
+    "Explanation",
     "Gate",
+    "Grant",
     "Handle",
     "InvalidCertificate",
+    "Mandate",
     "OpenCard",
     "Overloaded",
     "OwnerSession",
@@ -100,14 +149,33 @@ __all__ = [
     "QuorumGateError",
     "ReadNotAuthorized",
     "Refused",
+    "RegisterAgent",
+    "RegisterPrincipal",
+    "RegisterSink",
+    "RegisterTool",
     "Replayed",
+    "Resume",
+    "RoleTarget",
+    "RuleKind",
     "RunHalted",
+    "SetEntries",
+    "SetMandate",
+    "SetSettings",
     "Submitted",
+    "Suspend",
     "SyncClient",
+    "TargetRule",
+    "TargetSlot",
+    "Tier",
+    "ToolMode",
+    "ToolRules",
+    "ToolSpec",
     "TransactionRejected",
     "agent_context",
     "agent_context_async",
+    "card_matches",
     "current_call",
+    "explain_call",
     "generate_key",
     "generate_principal_key",
     "generate_sink_key",
@@ -117,6 +185,7 @@ __all__ = [
     "load_sink_key",
     "mandate",
     "resume_confirmed",
+    "tool_rules",
     "tool_spec",
 ]
 
@@ -135,8 +204,39 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them
-    from quorumgate.proto.model import DENIAL_TEXT
-    from quorumgate.sdk.builders import mandate, tool_spec
+    from quorumgate.proto.model import (
+        DENIAL_TEXT,
+        SETTING_NAMES,
+        Admin,
+        ArgCheck,
+        ArgRole,
+        ArgSpec,
+        Argument,
+        ArgumentRule,
+        DelegationPolicy,
+        Enforcement,
+        EnvelopeArg,
+        Mandate,
+        RegisterAgent,
+        RegisterPrincipal,
+        RegisterSink,
+        RegisterTool,
+        Resume,
+        RoleTarget,
+        RuleKind,
+        SetEntries,
+        SetMandate,
+        SetSettings,
+        Suspend,
+        TargetRule,
+        TargetSlot,
+        Tier,
+        ToolMode,
+        ToolRules,
+        ToolSpec,
+    )
+    from quorumgate.sdk.builders import mandate, tool_rules, tool_spec
+    from quorumgate.sdk.cards import card_matches
     from quorumgate.sdk.client import Client
     from quorumgate.sdk.delivery import ChannelPool
     from quorumgate.sdk.errors import (
@@ -175,4 +275,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     )
     from quorumgate.sdk.owner import OwnerSession
     from quorumgate.sdk.sync import SyncClient
-    from quorumgate.sdk.values import Decision, Handle, OpenCard, Submitted
+    from quorumgate.sdk.values import Decision, Grant, Handle, OpenCard, Submitted
+    from quorumgate.sidecar.policyexplain import Explanation, explain_call

@@ -154,8 +154,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         hint = f"quorumgate status --dir {args.dir}"
         print(f"{len(indexes)} replicas serving (chain {spec.chain_id}); `{hint}`")
         return 0
-    print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
     try:
+        # Announced inside the `try`: a supervisor may send SIGTERM as soon as it reads
+        # this line, and the stop below must run however early it comes.
+        print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
         while True:
             table = status_table([query_status(spec, i) for i in range(spec.n)])
             if sys.stdout.isatty():
@@ -525,6 +527,15 @@ def _cmd_policy_test(args: argparse.Namespace) -> int:
     return run_policy_test(args.file, json_output=args.json)
 
 
+def _cmd_policy_explain(args: argparse.Namespace) -> int:
+    from quorumgate.sidecar.policyexplain import run_policy_explain
+
+    return run_policy_explain(
+        args.file, agent=args.agent, tool=args.tool, target=args.target, also=args.also,
+        arguments=args.arg, via=args.via, run=args.run, json_output=args.json,
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quorumgate",
@@ -744,6 +755,24 @@ def build_parser() -> argparse.ArgumentParser:
     ptest.add_argument("file")
     ptest.add_argument("--json", action="store_true")
     ptest.set_defaults(func=_cmd_policy_test)
+    pexplain = policy_sub.add_parser(
+        "explain", help="which rules, from which mandate, decide one call of a policy file"
+    )
+    pexplain.add_argument("file")
+    pexplain.add_argument("--agent", required=True)
+    pexplain.add_argument("--tool", required=True)
+    pexplain.add_argument("--target", default="", help="the main target (empty: none)")
+    pexplain.add_argument(
+        "--also", action="append", default=[], metavar="ROLE=TARGET", help="a further target"
+    )
+    pexplain.add_argument(
+        "--arg", action="append", default=[], metavar="NAME=VALUE",
+        help="an argument: its value is judged by the argument rules, never printed",
+    )  # fmt: skip
+    pexplain.add_argument("--via", default=None, help="act under this delegation of the file")
+    pexplain.add_argument("--run", default="run-1")
+    pexplain.add_argument("--json", action="store_true")
+    pexplain.set_defaults(func=_cmd_policy_explain)
     from quorumgate.ops.policyplan import add_policy_plan_commands
 
     add_policy_plan_commands(policy_sub)

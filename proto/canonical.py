@@ -16,19 +16,22 @@ import hashlib
 import struct
 from collections.abc import Iterable, Sequence
 
+from quorumgate.proto.domains import BLOCK, HELLO, HELLO_REPLY, PROPOSAL, QC, TIMEOUT, VOTE
+
 HASH_BYTES = 32
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
 
-# Domain tags. A vote signs its block's height too (docs/consensus/messages.md): the v1
-# statement (chain id, view, block hash) left the height to whoever relayed the vote.
-TAG_BLOCK = b"qg/block/v1"
-TAG_VOTE = b"qg/vote/v2"
-TAG_TIMEOUT = b"qg/timeout/v1"
-TAG_PROPOSAL = b"qg/proposal/v1"
-TAG_QC = b"qg/qc/v1"
-TAG_HELLO = b"qg/hello/v1"
-TAG_HELLO_REPLY = b"qg/hello-reply/v1"
+# The consensus statements' domain tags (every tag is declared in proto/domains.py). A vote
+# signs its block's height too (docs/consensus/messages.md): the v1 statement (chain id,
+# view, block hash) left the height to whoever relayed the vote.
+TAG_BLOCK = BLOCK
+TAG_VOTE = VOTE
+TAG_TIMEOUT = TIMEOUT
+TAG_PROPOSAL = PROPOSAL
+TAG_QC = QC
+TAG_HELLO = HELLO
+TAG_HELLO_REPLY = HELLO_REPLY
 
 # Precompiled packers: the encoder runs some hundred times per executed transaction.
 # Each raises struct.error for a value outside its width, so no value is ever truncated.

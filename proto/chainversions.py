@@ -31,6 +31,9 @@ class Behaviour(enum.Enum):
     TARGETS_BY_ROLE = "targets_by_role"
     PINS_TOOL_DEFINITIONS = "pins_tool_definitions"
     SETTINGS_IN_LOG = "settings_in_log"
+    LINKS_IN_TEXT = "links_in_text"
+    ACCOUNT_FORM = "account_form"
+    ESCAPES_CONTROLS = "escapes_controls"
     # authority_version: who may answer for a call (docs/engine.md, "Principals and
     # confirmation"; docs/architecture/0003-split-authority.md)
     SPLIT_AUTHORITY = "split_authority"
@@ -40,6 +43,7 @@ class Behaviour(enum.Enum):
     LATCH_ACROSS_RUNS = "latch_across_runs"
     ARGUMENTS_BY_DECLARATION = "arguments_by_declaration"
     REGISTRATION_GATES = "registration_gates"
+    DELEGATES_DEFER_TO_DELEGATORS = "delegates_defer_to_delegators"
     # state_version: how the state root is computed (docs/sidecar.md, "The state root")
     STATE_HASH_TREE = "state_hash_tree"
     # receipt_version: what the sidecars' receipts sign
@@ -67,6 +71,12 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         3: frozenset(
             {B.IBAN_AND_TEL_FORMS, B.TARGETS_BY_ROLE, B.PINS_TOOL_DEFINITIONS, B.SETTINGS_IN_LOG}
         ),
+        # The links (http/https URIs, e-mail addresses, global phone numbers) inside
+        # arguments a tool declares as text are further targets in the `link` role: a
+        # link no rule names sends the call to the principal's card, which lists them;
+        # the `account:` form for account numbers that are not IBANs; control and format
+        # characters in a name written as `%XX` escapes rather than refused.
+        4: frozenset({B.LINKS_IN_TEXT, B.ACCOUNT_FORM, B.ESCAPES_CONTROLS}),
     },
     "authority_version": {
         # The proposer, its master or the owner confirms; no reject; runs named by the
@@ -89,6 +99,10 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
                 B.REGISTRATION_GATES,
             }
         ),
+        # A delegate whose own mandate has no rules for a tool names no mode for it: its
+        # delegators' rules decide the mode, and every layer still must permit the call
+        # (docs/policies.md, "A delegate without rules defers").
+        3: frozenset({B.DELEGATES_DEFER_TO_DELEGATORS}),
     },
     "state_version": {
         # SHA-256 over the whole canonical state bytes.
@@ -184,6 +198,24 @@ def settings_in_log(canonical_version: int) -> bool:
     return turns_on("canonical_version", canonical_version, Behaviour.SETTINGS_IN_LOG)
 
 
+def links_in_text(canonical_version: int) -> bool:
+    """The links inside arguments declared as text are judged as targets in the `link`
+    role (sidecar/engine/links.py; docs/engine.md, "Links inside text")."""
+    return turns_on("canonical_version", canonical_version, Behaviour.LINKS_IN_TEXT)
+
+
+def account_form(canonical_version: int) -> bool:
+    """`account:<issuer>/<number>` targets have a form of their own (else a generic URI)."""
+    return turns_on("canonical_version", canonical_version, Behaviour.ACCOUNT_FORM)
+
+
+def escapes_controls(canonical_version: int) -> bool:
+    """A control, format or line-separator character in a path or a URI's path or query
+    is written as its `%XX` escape (one form, shown safely) instead of refusing the
+    target; NUL, backslash and hosts keep their refusals."""
+    return turns_on("canonical_version", canonical_version, Behaviour.ESCAPES_CONTROLS)
+
+
 # ---- authority_version
 
 
@@ -231,6 +263,16 @@ def registration_gates(authority_version: int) -> bool:
     that may confirm it, and a `direct` tool that takes a recipient, an amount or a
     credential needs an explicit override (applied with reason `direct_override`)."""
     return turns_on("authority_version", authority_version, Behaviour.REGISTRATION_GATES)
+
+
+def delegates_defer_to_delegators(authority_version: int) -> bool:
+    """Under a grant, a mandate without rules for the tool names no mode (a delegator's
+    rule that runs a known payee directly then holds for its delegate); only the run
+    owner's mandate falls back to the tool's registered mode. Else every mandate on the
+    chain without rules names the tool's mode, so a delegate is pinned at it."""
+    return turns_on(
+        "authority_version", authority_version, Behaviour.DELEGATES_DEFER_TO_DELEGATORS
+    )
 
 
 # ---- state_version

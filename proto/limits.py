@@ -88,6 +88,10 @@ DEPUTIES_MAX = 8  # principals one principal names to answer its cards too
 TARGET_ROLES_PER_TOOL_MAX = 8
 TARGETS_PER_ROLE_MAX = 16
 TARGETS_PER_CALL_MAX = 16  # further targets in one proposal, all roles together
+# Links found inside text arguments (docs/engine.md, "Links inside text"): past either
+# bound the call is refused (`too_many_links`), never judged on a truncated list.
+LINKS_PER_ARGUMENT_MAX = 16
+LINKS_PER_CALL_MAX = 32
 ROLE_CHARS_MAX = 32
 # Quota counters in the state (settings in the log): per agent, per
 # (agent, tool) and per run, per minute and per hour of block time.

@@ -69,6 +69,7 @@ class Reason(StrEnum):
     TIER_INSUFFICIENT = "tier_insufficient"
     MALFORMED_TARGET = "malformed_target"
     TARGET_SCHEME_NOT_ALLOWED = "target_scheme_not_allowed"
+    TOO_MANY_LINKS = "too_many_links"  # more links in text than LINKS_PER_*_MAX
     CROSS_PRINCIPAL_TARGET = "cross_principal_target"
     MALFORMED_ARGUMENT = "malformed_argument"
     AMBIENT_IDENTITY_ARGUMENT = "ambient_identity_argument"

@@ -7,9 +7,10 @@ bottom layer, below both.
 
 from __future__ import annotations
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
 
-TAG_ROOT_REPORT = b"qg/state-root/v1"
+TAG_ROOT_REPORT = domains.STATE_ROOT_REPORT
 
 
 def root_report_statement(chain_id: str, height: int, state_root: bytes) -> bytes:

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from quorumgate.proto import codec, limits
+from quorumgate.proto import codec, domains, limits
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.model import Reason, SignedTx, TxBody, TxKind, TxPayload
 
-TAG_TX = b"qg/tx/v1"
-TAG_TXID = b"qg/txid/v1"
-TAG_TXID_RAW = b"qg/txid/raw/v1"
+TAG_TX = domains.TX
+TAG_TXID = domains.TXID
+TAG_TXID_RAW = domains.TXID_RAW
 
 
 def tx_id(signer: bytes, nonce: int) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.crypto import Verifier
+from quorumgate.proto.domains import SIG_CACHE, TC_CACHE
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.types import (
     Block,
@@ -78,7 +79,7 @@ class CertificateChecker:
                 f"quorum is {self.membership.quorum}",
             )
         self.check_qc(tc.high_qc)
-        enc = Encoder(b"qg/tc-cache/v1").u64(tc.view).raw(tc.high_qc.digest())
+        enc = Encoder(TC_CACHE).u64(tc.view).raw(tc.high_qc.digest())
         for signer, hqc_view, sig in tc.signatures:
             enc.u32(signer).u64(hqc_view).raw(sig)
         digest = enc.digest()
@@ -169,4 +170,4 @@ class CertificateChecker:
 def _signature_digest(signer: int, message: bytes, signature: bytes) -> bytes:
     """The cache key of one signature found valid: who signed, exactly what, and the
     signature's bytes (a different signature over the same statement is checked anew)."""
-    return Encoder(b"qg/sig-cache/v1").u32(signer).blob(message).raw(signature).digest()
+    return Encoder(SIG_CACHE).u32(signer).blob(message).raw(signature).digest()

@@ -28,12 +28,11 @@ from quorumgate.replica.peers import PeerNetwork
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
-from quorumgate.runtime.readauth import require_reader
+from quorumgate.runtime.readauth import METHOD_COMMITTED_BLOCKS, require_reader
 from quorumgate.runtime.readwaits import READ_WAITS_PER_KEY_MAX, CallerKind, WaitSlots
 from quorumgate.runtime.tracing import Tracer, tx_prefix
 
 STREAM_BLOCKS_PER_READ = 128
-METHOD_COMMITTED_BLOCKS = "/qgpb.Replica/CommittedBlocks"
 SUBMIT_INBOX_BATCHES_MAX = 64
 
 # Refusals the sidecar's admission check may give early, and their status codes; anything

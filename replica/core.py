@@ -44,6 +44,7 @@ from typing import Protocol
 
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.crypto import Signer, Verifier
+from quorumgate.proto.domains import HELLO_NONCE_DEFAULT
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import (
     Action,
@@ -277,7 +278,7 @@ class Core:
         # Fresh at every start (the shell draws it: the core holds no randomness); a reply
         # counts only if it repeats it, so a reply to an earlier start cannot be replayed.
         # The default, derived from the start state, is for tests and the simulator only.
-        default_nonce = Encoder(b"qg/hello-nonce/default").u32(me).u64(recovered.safety.epoch)
+        default_nonce = Encoder(HELLO_NONCE_DEFAULT).u32(me).u64(recovered.safety.epoch)
         self.hello_nonce = hello_nonce or default_nonce.digest()[:HELLO_NONCE_BYTES]
         self._hello_replies: dict[int, int] = {}
         self._hello_ticks = 0

@@ -79,6 +79,7 @@ from typing import Any
 
 import aiosqlite
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import TAG_VOTE
 from quorumgate.replica.actions import Action, Commit, PersistSafety, StoreBlock
 from quorumgate.replica.config import Limits
@@ -115,7 +116,7 @@ SCHEMA_VERSION = 1
 # their block's height (`qg/vote/v1`): its certificates can be verified by no member of
 # this build, so it is refused at open rather than served (docs/consensus/messages.md).
 VOTE_STATEMENT = TAG_VOTE.decode()
-VOTE_STATEMENT_BEFORE_THE_ROW = "qg/vote/v1"
+VOTE_STATEMENT_BEFORE_THE_ROW = domains.VOTE_V1.decode()
 # The most committed blocks one `committed_range` call returns; callers page for more.
 RANGE_BLOCKS_MAX = 1024
 # The newest committed blocks, kept in memory as they commit: the sidecar's stream and

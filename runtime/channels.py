@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import grpc
 from nacl.signing import SigningKey
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.clusterfile import TLS_KEY_FILE, ClusterSpec, MemberSpec, read_private
 from quorumgate.proto.crypto import Signer, ed25519_verify
@@ -34,7 +35,7 @@ from quorumgate.proto.tls import tls_name
 from quorumgate.runtime.links import CHANNEL_OPTIONS
 from quorumgate.runtime.readauth import Sign, SyncReadAuthInterceptor, read_auth_interceptors
 
-TAG_PEER_STREAM = b"qg/peer-stream/v1"
+TAG_PEER_STREAM = domains.PEER_STREAM
 PEER_AUTH_METADATA = "qg-peer-auth"
 PEER_AUTH_SKEW_MS_MAX = 300_000  # a stream statement older or newer than this is refused
 SIGNATURE_BYTES = 64

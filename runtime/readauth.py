@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.clusterfile import (
     CLUSTER_FILE,
@@ -36,11 +37,36 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.crypto import ed25519_verify
 
-TAG_READ = b"qg/read/v1"
+TAG_READ = domains.READ
 READ_AUTH_METADATA = "qg-read-auth"
 READ_AUTH_SKEW_MS_MAX = 300_000
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
+
+# The calls that carry a read statement, by the full gRPC path the statement names. The
+# servers check a call against these and the clients sign them, so both name one method by
+# one string, and a statement signed for one method opens no other: an agent's `GetReceipt`
+# statement does not open the `Receipts` stream, a replica's `Admit` one not the registry.
+METHOD_COMMITTED_BLOCKS = "/qgpb.Replica/CommittedBlocks"
+METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
+METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
+METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
+METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
+METHOD_PENDING = "/qgpb.Sidecar/Pending"
+METHOD_ADMIT = "/qgpb.Sidecar/Admit"
+METHOD_ADMIT_BATCH = "/qgpb.Sidecar/AdmitBatch"
+METHOD_LEDGER = "/qgpb.Sidecar/Ledger"
+READ_METHODS = (
+    METHOD_COMMITTED_BLOCKS,
+    METHOD_GET_RECEIPT,
+    METHOD_RECEIPTS,
+    METHOD_ACCOUNT,
+    METHOD_REGISTRY,
+    METHOD_PENDING,
+    METHOD_ADMIT,
+    METHOD_ADMIT_BATCH,
+    METHOD_LEDGER,
+)
 
 Sign = Callable[[bytes], bytes]  # Ed25519 over the statement: the signature, 64 bytes
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import HASH_BYTES, U32_MAX, U64_MAX, Encoder, sha256
 from quorumgate.sidecar.engine.statements import Verdict
 
-TAG_LEDGER = b"qg/ledger/v1"
+TAG_LEDGER = domains.LEDGER
 GENESIS_PREV_HASH = bytes(HASH_BYTES)
 # The longest JSONL line `from_json` reads. An entry holds at most a few kilobytes
 # (a target is at most 2,048 characters, argument names at most 32 x 64 characters).

@@ -56,7 +56,19 @@ from quorumgate.runtime.channels import Reader, add_server_port, aio_channel
 from quorumgate.runtime.grpcutil import add_service
 from quorumgate.runtime.links import SERVER_OPTIONS, StreamTurns
 from quorumgate.runtime.process import FailStop, process_main
-from quorumgate.runtime.readauth import Role, caller_key, role_of
+from quorumgate.runtime.readauth import (
+    METHOD_ACCOUNT,
+    METHOD_ADMIT,
+    METHOD_ADMIT_BATCH,
+    METHOD_GET_RECEIPT,
+    METHOD_LEDGER,
+    METHOD_PENDING,
+    METHOD_RECEIPTS,
+    METHOD_REGISTRY,
+    Role,
+    caller_key,
+    role_of,
+)
 from quorumgate.runtime.readwaits import CallerKind, WaitSlots
 from quorumgate.runtime.tracing import Tracer
 from quorumgate.sidecar.audit import (
@@ -82,7 +94,6 @@ RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
 ADMIT_BATCH_TXS_MAX = 4_096
 ROOTS_RESENT_ON_CONNECT = 256
-METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 OWN_TXS_MAX = 64  # transactions a Receipts request may name as its own
 RECEIPT_WAIT_MS_MAX = 1000  # how long one GetReceipt long poll may wait (a client asks again)
 READ_REFUSAL_DETAIL = "a verdict answers the owner, members, auditors and the agent it is about"
@@ -94,13 +105,6 @@ WAITS_FULL_DETAIL = (
     "this key, or every key of its kind together, holds as many waiting reads (Receipts "
     "streams, long polls) as a server allows (runtime/readwaits.py); close one and ask again"
 )
-METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
-METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
-METHOD_ADMIT = "/qgpb.Sidecar/Admit"
-METHOD_ADMIT_BATCH = "/qgpb.Sidecar/AdmitBatch"
-METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
-METHOD_PENDING = "/qgpb.Sidecar/Pending"
-METHOD_LEDGER = "/qgpb.Sidecar/Ledger"
 # Signed proposals of open cards kept in memory (filled as blocks execute; after a restart
 # read again from the replica's committed blocks): what `Pending` shows values from.
 PENDING_TXS_KEPT_MAX = 8192

@@ -56,6 +56,7 @@ from quorumgate.sidecar.engine.core import Engine, EngineConfig
 from quorumgate.sidecar.engine.rules import rule_matches
 from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, PRINCIPAL_PREFIX, Verdict
 from quorumgate.sidecar.engine.targets import UNCHECKED_TARGET, split_call
+from quorumgate.sidecar.engine.trace import Trace
 from quorumgate.sidecar.policyfile import (
     CONFIG_FIELDS,
     STEP_MS,
@@ -187,10 +188,13 @@ class _Runner:
             run = (labels.get(payload.run_id) if labels is not None else None) or payload.run_id
         return dataclasses.replace(payload, run_id=run)
 
-    def block(self, txs: list[bytes], advance_ms: int = STEP_MS) -> list[Verdict]:
+    def block(
+        self, txs: list[bytes], advance_ms: int = STEP_MS, trace: Trace | None = None
+    ) -> list[Verdict]:
         self.height += 1
         self.time_ms += advance_ms
-        return list(self.engine.execute_block(self.height, self.time_ms, txs).verdicts)
+        result = self.engine.execute_block(self.height, self.time_ms, txs, trace=trace)
+        return list(result.verdicts)
 
     def setup(self) -> list[str]:
         p = self.policy
@@ -270,7 +274,22 @@ class _Runner:
             via = d["parent_grant"]
         return agents
 
-    def run_call(self, call: CallSpec) -> CallResult:
+    def run_call(self, call: CallSpec, trace: Trace | None = None) -> CallResult:
+        verdict = self.propose(call, trace)
+        passed = verdict.outcome.value == call.expect and (
+            call.reason is None or call.reason == verdict.reason.value
+        )
+        result = CallResult(
+            call.name, call.expect, call.reason, verdict.outcome.value, verdict.reason.value, passed
+        )
+        if call.confirm is not None and verdict.outcome is Outcome.PENDING:
+            result.confirm = self._confirm(call, verdict)
+            result.passed = result.passed and result.confirm["passed"]
+        return result
+
+    def propose(self, call: CallSpec, trace: Trace | None = None) -> Verdict:
+        """Submit the call as its agent in a block of its own, and record which rules it
+        made fire; `trace` records how the engine judged it (`policy explain`)."""
         arguments = [Argument(name=k, text=v) for k, v in sorted(call.args.items())]
         arguments += [
             Argument(name=k, handle=self.handles[v]) for k, v in sorted(call.handles.items())
@@ -284,18 +303,10 @@ class _Runner:
             payload = Proposal(call.run, call.tool, call.target, tuple(arguments), grant, further)
         except ValueError as exc:
             raise PolicyFileError(f"calls[{call.index}]: {exc}") from None
-        verdict = self.block([self._signed(self.keys[call.agent], payload)], call.advance_ms)[0]
+        signed = self._signed(self.keys[call.agent], payload)
+        verdict = self.block([signed], call.advance_ms, trace)[0]
         self._record_firing(call, verdict)
-        passed = verdict.outcome.value == call.expect and (
-            call.reason is None or call.reason == verdict.reason.value
-        )
-        result = CallResult(
-            call.name, call.expect, call.reason, verdict.outcome.value, verdict.reason.value, passed
-        )
-        if call.confirm is not None and verdict.outcome is Outcome.PENDING:
-            result.confirm = self._confirm(call, verdict)
-            result.passed = result.passed and result.confirm["passed"]
-        return result
+        return verdict
 
     def _confirm(self, call: CallSpec, pending: Verdict) -> dict[str, Any]:
         spec = call.confirm

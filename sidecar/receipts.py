@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
 from quorumgate.sidecar.engine.statements import Verdict
 
-TAG_LEAF = b"qg/receipt-leaf/v1"
-TAG_BLOCK = b"qg/receipt/v1"
-TAG_BLOCK_WITH_VALIDITY = b"qg/receipt/v2"  # a statement that also signs its Validity
+TAG_LEAF = domains.RECEIPT_LEAF
+TAG_BLOCK = domains.RECEIPT
+TAG_BLOCK_WITH_VALIDITY = domains.RECEIPT_WITH_VALIDITY  # a statement that also signs its Validity
 HASH_BYTES = 32
 LEAVES_PER_BLOCK_MAX = 1 << 20
 PATH_HASHES_MAX = 21  # ceil(log2(LEAVES_PER_BLOCK_MAX)) + 1

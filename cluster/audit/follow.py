@@ -17,7 +17,7 @@ from nacl.signing import SigningKey
 from quorumgate.audit.records import SHIP_BATCH_VERDICTS_MAX, Cursor, ShippedVerdict, leaf_matches
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.runtime.readauth import read_auth_metadata
+from quorumgate.runtime.readauth import METHOD_LEDGER, METHOD_RECEIPTS, read_auth_metadata
 from quorumgate.sdk.certificates import receipt_or_none, receipt_signature_ok, statement_key
 from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.receipts import (
@@ -30,8 +30,6 @@ from quorumgate.sidecar.receipts import (
     verify_certificate,
 )
 
-METHOD_LEDGER = "/qgpb.Sidecar/Ledger"
-METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 SIDECAR_READ_S = 5.0  # one sidecar's answer to one read, or its receipts for one page
 
 

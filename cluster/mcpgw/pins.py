@@ -23,8 +23,10 @@ from typing import Any
 import mcp_types as types
 import rfc8785
 
-DEFINITION_DOMAIN = b"qg/mcp-tool/v2"  # the whole tool object
-OLD_DEFINITION_DOMAIN = b"qg/mcp-tool/v1"  # name, description and input schema only
+from quorumgate.proto import domains
+
+DEFINITION_DOMAIN = domains.MCP_TOOL  # the whole tool object
+OLD_DEFINITION_DOMAIN = domains.MCP_TOOL_V1  # name, description and input schema only
 OLD_PINNED_FIELDS = ("name", "description", "inputSchema")
 
 

@@ -9,7 +9,8 @@
     submit     --dir D --key F --run R --tool T [--target X] [--also ROLE=X]... [--arg N=V]...
                [--handle N=H]...
     pending    --dir D [--key F]                the open cards this key alone may answer
-    confirm    --dir D [--key F] PROPOSAL_ID [--yes]
+    confirm    --dir D [--key F] PROPOSAL_ID [--yes] [--expect-tool T [--expect-target X]
+               [--expect-also ROLE=X]...]     refuses a card that is not that call
     reject     --dir D [--key F] PROPOSAL_ID [--yes]
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings ...
@@ -84,6 +85,7 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.sealedkey import is_sealed_file, read_sealed, seal, write_sealed
 from quorumgate.sdk.builders import mandate, tool_spec
+from quorumgate.sdk.cards import card_matches
 from quorumgate.sdk.client import (
     CertificateTimeout,
     Client,
@@ -388,6 +390,7 @@ def _card_json(open_card: OpenCard) -> dict[str, object]:
         "card_digest": card.digest.hex(),
         "tool": card.tool,
         "target": card.canonical_target,
+        "links": list(card.links),
         "requested_by": card.principal,
         "tier": card.tier.value,
         "delegate_of": card.delegate_of,
@@ -428,6 +431,28 @@ def _cmd_reject(args: argparse.Namespace) -> int:
     return _answer(args, reject=True)
 
 
+def card_differs(
+    args: argparse.Namespace, card: ConfirmationCard | OpenCard, canonical_version: int
+) -> str | None:
+    """`confirm --expect-tool T --expect-target X [--expect-also ROLE=X]...`: what differs
+    between the card and the call the person meant (`card_matches`), or None; None too
+    when nothing is expected."""
+    if args.expect_tool is None:
+        return None
+    try:
+        further = _pairs(args.expect_also, "--expect-also")
+    except argparse.ArgumentTypeError as err:
+        return str(err)
+    differences = card_matches(
+        card,
+        tool=args.expect_tool,
+        target=args.expect_target,
+        further_targets=further,
+        version=canonical_version,
+    )
+    return "; ".join(differences) or None
+
+
 def _answer(args: argparse.Namespace, *, reject: bool) -> int:
     """Show the card with every value, ask (unless --yes), sign the answer."""
     verb = "reject" if reject else "confirm"
@@ -465,14 +490,19 @@ def _answer(args: argparse.Namespace, *, reject: bool) -> int:
                     f"pending --dir {args.dir} --key KEY`)",
                     1,
                 )
-            card, text = mine[0].card, mine[0].render()
+            card, text, shown = mine[0].card, mine[0].render(), mine[0]
         else:
             found = await card_of_v1(client)
             if isinstance(found, int):
                 return found
-            card, text = found, found.render()
+            card, text, shown = found, found.render(), found
         if not args.json:
             print(text)
+        if not reject:
+            version = config_for_cluster(client.spec).canonical_version
+            differs = card_differs(args, shown, version)
+            if differs is not None:
+                return _fail(f"not confirmed: the card is not the call expected: {differs}", 1)
         if not args.yes:
             if not sys.stdin.isatty():
                 return _fail(f"not a terminal: pass --yes to {verb} the card shown")
@@ -1043,7 +1073,15 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         answer.add_argument("proposal_id", metavar="PROPOSAL_ID", help="hex")
         answer.add_argument("--yes", action="store_true", help=f"{what} without asking")
         _deadline(answer)
-        answer.set_defaults(func=func)
+        answer.set_defaults(func=func, expect_tool=None, expect_target="", expect_also=[])
+        if name == "confirm":
+            answer.add_argument(
+                "--expect-tool", help="refuse to confirm unless the card is this call"
+            )
+            answer.add_argument("--expect-target", default="", help="with --expect-tool")
+            answer.add_argument(
+                "--expect-also", action="append", default=[], metavar="ROLE=TARGET"
+            )
 
     admin = sub.add_parser("admin", help="owner operations (signed with DIR/owner.key)")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)

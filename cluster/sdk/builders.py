@@ -20,7 +20,7 @@ from quorumgate.proto.model import (
 )
 from quorumgate.sdk.values import Handle
 
-__all__ = ["call_arguments", "mandate", "tool_spec"]
+__all__ = ["call_arguments", "mandate", "tool_rules", "tool_spec"]
 
 
 def call_arguments(
@@ -109,3 +109,22 @@ def mandate(
         max_delegation_depth=max_delegation_depth,
         rules=tuple(sorted(rules, key=lambda entry: entry.tool)),
     )
+
+
+def tool_rules(
+    tool: str,
+    targets: Sequence[str | Mapping[str, object]],
+    args: Mapping[str, Mapping[str, object]] | None = None,
+) -> ToolRules:
+    """One tool's target and argument rules, written as a policy file writes them
+    (docs/policies.md): `tool_rules("payments.send", [{"set": "payees", "mode": "direct"},
+    "any"], {"amount": {"max": 500}})`, for `mandate(rules=...)` and `delegate(rules=...)`.
+    Read by the policy file's own reader, so the two cannot disagree; a malformed rule
+    raises ValueError naming it."""
+    from quorumgate.sidecar.policyfile import parse_tool_rules
+
+    body: dict[str, object] = {"targets": list(targets)}
+    if args:
+        body["args"] = {name: dict(check) for name, check in args.items()}
+    (entry,) = parse_tool_rules({tool: body}, "tool_rules", None)
+    return entry

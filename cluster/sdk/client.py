@@ -85,13 +85,21 @@ from quorumgate.proto.model import (
     SetSettings,
     Suspend,
     TargetRule,
+    ToolRules,
     ToolSpec,
     TxBody,
     TxPayload,
     canonical_tool_list,
 )
 from quorumgate.proto.runs import RunLabels, opened_run
-from quorumgate.runtime.readauth import read_auth_metadata
+from quorumgate.runtime.readauth import (
+    METHOD_ACCOUNT,
+    METHOD_GET_RECEIPT,
+    METHOD_PENDING,
+    METHOD_RECEIPTS,
+    METHOD_REGISTRY,
+    read_auth_metadata,
+)
 from quorumgate.sdk.builders import call_arguments
 from quorumgate.sdk.certificates import (
     agreed_cards,
@@ -146,11 +154,6 @@ WINDOW_WAIT_S_DEFAULT = 30.0  # submit_many: longest wait for the nonce window t
 RECEIPTS_PER_PROPOSAL_MAX = 64  # receipts held while waiting (one per sidecar is enough)
 RECEIPT_KEYS_REMEMBERED_MAX = 65_536  # (height, index) keys `certified_verdicts` holds
 OWN_NONCES_REMEMBERED_MAX = 65_536  # proposal ids this client signed, with their nonces
-METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
-METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
-METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
-METHOD_PENDING = "/qgpb.Sidecar/Pending"
-METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
 DELEGATION_TTL_S_DEFAULT = 3600.0
 NO_TARGET = ""  # what a tool that takes no target is proposed with
 
@@ -812,18 +815,23 @@ class Client:
         ttl_s: float = DELEGATION_TTL_S_DEFAULT,
         parent_grant: Grant | bytes | None = None,
         deadline_s: float | None = None,
+        rules: Sequence[ToolRules] = (),
     ) -> Grant:
         """Grant a child agent an attenuated scope for one run (docs/engine.md, the
         `delegate` transaction); returns the `Grant` the child's proposals carry: the grant
         id and the run id the grant is for. `run_id` is a label of this client's runs (or,
         under `parent_grant`, the parent's run). Expiry is in block time, which tracks the
-        replicas' clocks."""
+        replicas' clocks. `rules`, target and argument rules per tool in any order (each
+        for a tool of `tools`, when given), narrow the grant further: every call under it
+        must also satisfy them, and a grant's rule can make a call stricter, never looser
+        (docs/policies.md)."""
         payload = Delegate(
             child=child_public_key,
             run_id=self.run_under(parent_grant, run_id),
             tools=None if tools is None else canonical_tool_list(list(tools)),
             expires_at_ms=int(time.time() * 1000 + ttl_s * 1000),
             parent_grant=None if parent_grant is None else grant_id(parent_grant),
+            rules=tuple(sorted(rules, key=lambda entry: entry.tool)),
         )
         decision = await self._applied(payload, deadline_s)
         if isinstance(parent_grant, Grant):

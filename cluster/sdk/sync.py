@@ -23,6 +23,7 @@ from quorumgate.proto.model import (
     Argument,
     Mandate,
     TargetRule,
+    ToolRules,
     ToolSpec,
     TxPayload,
 )
@@ -241,6 +242,7 @@ class SyncClient:
         ttl_s: float = DELEGATION_TTL_S_DEFAULT,
         parent_grant: Grant | bytes | None = None,
         deadline_s: float | None = None,
+        rules: Sequence[ToolRules] = (),
     ) -> Grant:
         return self.run(
             self.aio.delegate(
@@ -250,6 +252,7 @@ class SyncClient:
                 ttl_s=ttl_s,
                 parent_grant=parent_grant,
                 deadline_s=deadline_s,
+                rules=rules,
             )
         )
 

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.crypto import Signer, Verifier, VerifyFn
+from quorumgate.proto.domains import SIM_HELLO
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import Action
 from quorumgate.replica.core import Core, Recovered
@@ -176,7 +177,7 @@ class SimNode:
         self.starts += 1
         # A fresh nonce per start, as the replica shell draws one (the default is derived
         # from the safety epoch, which a restore from old data repeats).
-        nonce = Encoder(b"qg/sim/hello").u64(sim.options.seed).u32(self.index).u32(self.starts)
+        nonce = Encoder(SIM_HELLO).u64(sim.options.seed).u32(self.index).u32(self.starts)
         core = cls(
             sim.membership,
             self.index,

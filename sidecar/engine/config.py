@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from quorumgate.proto import limits
+from quorumgate.proto import domains, limits
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.chainversions import (
     AUTHORITY_VERSION_NEW,
@@ -30,8 +30,8 @@ from quorumgate.proto.chainversions import (
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.sidecar.engine.unicode_assigned import UNICODE_VERSION
 
-TAG_CONFIG = b"qg/engine-config/v1"
-TAG_SETTINGS = b"qg/engine-settings/v1"
+TAG_CONFIG = domains.ENGINE_CONFIG
+TAG_SETTINGS = domains.ENGINE_SETTINGS
 AUTHORITY_VERSION_LATEST = AUTHORITY_VERSION_NEW
 CERTIFICATE_TTL_SETTING = "certificate_ttl_ms"
 

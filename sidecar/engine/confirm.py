@@ -52,6 +52,7 @@ def hold(
     mode: ToolMode,
     canonical: str,
     flagged: bool,
+    links: tuple[str, ...] = (),
 ) -> ConfirmationCard:
     """Keep the call pending and return its card; Refusal when too many are pending."""
     state, config = env.state, env.config
@@ -86,6 +87,7 @@ def hold(
         created_height=env.height,
         expires_at_ms=expires,
         confirmer=confirmer,
+        links=links,
     )
     pending[parsed.tx_id] = PendingCall(
         proposal_id=parsed.tx_id,
@@ -266,9 +268,7 @@ def _recheck(env: Env, pending: PendingCall, record: AgentRecord, spec: ToolSpec
         raise Refusal(Reason.NO_MANDATE)
     if record.suspended:
         raise Refusal(Reason.SUSPENDED)
-    scope, enforce, _, layers = effective_scope(
-        env, record, mandate, pending.grant, pending.run_id
-    )
+    scope, enforce, _, layers = effective_scope(env, record, mandate, pending.grant, pending.run_id)
     flagged = pending.flagged
     target, further_targets = split_call(pending.tool, pending.canonical_target)
     permitted, _ = judge_rules(env, layers, spec, target, None, record.agent_id, further_targets)

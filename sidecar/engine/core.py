@@ -65,6 +65,7 @@ from quorumgate.sidecar.engine.statements import (
     Verdict,
     build_artifacts,
 )
+from quorumgate.sidecar.engine.trace import Trace
 
 # The configuration is part of this module's API (docs/engine.md); it lives in `config`.
 __all__ = [
@@ -137,9 +138,13 @@ class Engine:
         block_time_ms: int,
         txs: Sequence[bytes],
         verify_signatures: bool = True,
+        trace: Trace | None = None,
     ) -> BlockResult:
         """Execute one committed block. `verify_signatures=False` only for blocks whose
-        transactions the replicas already verified (a certified block)."""
+        transactions the replicas already verified (a certified block). `trace`, when
+        given, records how the block's proposals were judged (sidecar/engine/trace.py:
+        `quorumgate policy explain` asks for it on a one-proposal block; a sidecar never
+        does), and changes nothing else."""
         last = self.state.last_height
         if last is not None and height != last + 1:
             raise ValueError(f"height {height} does not follow executed height {last}")
@@ -154,7 +159,7 @@ class Engine:
         self._now_ms = block_time_ms
         env = self._env()
         self._prune_expired(env)
-        verdicts = [self._execute_tx(env, data, verify_signatures) for data in txs]
+        verdicts = [self._execute_tx(env, data, verify_signatures, trace) for data in txs]
         self.state.last_height = height
         self.state.last_block_time_ms = block_time_ms
         artifacts = build_artifacts(self.config.chain_id, height, verdicts)
@@ -314,18 +319,20 @@ class Engine:
         principal_id = self.state.principal_by_key.get(signer)
         return None if principal_id is None else self.state.principals[principal_id].nonces
 
-    def _execute_tx(self, env: Env, data: bytes, verify: bool) -> Verdict:
+    def _execute_tx(
+        self, env: Env, data: bytes, verify: bool, trace: Trace | None = None
+    ) -> Verdict:
         try:
             parsed = parse(data, verify=verify)
         except TxRejected as exc:
             return Verdict(
                 tx_id=exc.tx_id, kind=exc.kind, outcome=Outcome.REJECTED, reason=exc.reason
             )
-        verdict = self._execute_parsed(env, parsed)
+        verdict = self._execute_parsed(env, parsed, trace)
         # The receipt binds the exact signed body (arguments included), not only the id.
         return replace(verdict, body_digest=sha256(parsed.signed.body))
 
-    def _execute_parsed(self, env: Env, parsed: ParsedTx) -> Verdict:
+    def _execute_parsed(self, env: Env, parsed: ParsedTx, trace: Trace | None = None) -> Verdict:
         """Check the chain, the signer and its nonce (recording it), then route by kind."""
         if parsed.body.chain_id != self.config.chain_id:
             return rejected(parsed, Reason.WRONG_CHAIN)
@@ -364,7 +371,7 @@ class Engine:
         if isinstance(payload, Delegate):
             return delegation.delegate(env, parsed, payload, record)
         assert parsed.kind is TxKind.PROPOSAL and isinstance(payload, Proposal), parsed.kind
-        return judge.propose(env, parsed, payload, record)
+        return judge.propose(env, parsed, payload, record, trace)
 
     # ------------------------------------------------------------------ housekeeping
 

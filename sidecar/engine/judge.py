@@ -15,7 +15,9 @@ A proposal is judged in this order; the first step that refuses decides:
    runs) -> `repeat_denied`, and the attempt that reaches the threshold -> `run_halted`;
 7. scope: outside the effective scope -> `out_of_scope` (latched) under enforce, or a
    `flag` under observe (any enforce up the chain enforces);
-8. the canonical target and the target and argument rules of every layer;
+8. the canonical target and the target and argument rules of every layer (with
+   `links_in_text`, the links inside text arguments too: a link no `link` rule matches
+   makes the call `user_confirm`, docs/engine.md "Links inside text");
 9. tier: a direct tool that requires `master` refuses a delegate;
 10. the arguments: malformed, ambient identity, raw values where envelopes are required,
     handle violations;
@@ -27,19 +29,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quorumgate.proto import names
+from quorumgate.proto import limits, names
 from quorumgate.proto.chainversions import (
+    links_in_text,
     probes_latch,
     refuses_plaintext_secrets,
     runs_opened_by_the_chain,
     targets_by_role,
 )
-from quorumgate.proto.model import Outcome, Proposal, Reason, Tier, ToolMode, ToolSpec, TxKind
+from quorumgate.proto.model import (
+    ArgRole,
+    Outcome,
+    Proposal,
+    Reason,
+    Tier,
+    ToolMode,
+    ToolSpec,
+    TxKind,
+)
 from quorumgate.proto.runs import names_opened_run
 from quorumgate.proto.tx import ParsedTx
 from quorumgate.sidecar.engine import confirm, latch, quotas
 from quorumgate.sidecar.engine.arguments import argument_name, check_arguments
 from quorumgate.sidecar.engine.env import Caller, Env, Refusal
+from quorumgate.sidecar.engine.links import LINK_SCHEMES, TooManyLinks, find_links
 from quorumgate.sidecar.engine.scope import effective_scope, judge_rules, permits
 from quorumgate.sidecar.engine.secrets import secret_in_target
 from quorumgate.sidecar.engine.state import AgentRecord, LatchRun
@@ -51,6 +64,7 @@ from quorumgate.sidecar.engine.targets import (
     canonical_call,
     canonicalize_target,
 )
+from quorumgate.sidecar.engine.trace import Trace
 
 FurtherTargets = tuple[tuple[str, str], ...]  # (role, canonical target), sorted
 
@@ -66,6 +80,10 @@ class Call:
     target: str
     further_targets: FurtherTargets
     target_refusal: Reason | None
+    # The canonical links inside its text arguments, sorted, each once (chains with
+    # `links_in_text`): judged in the `link` role, listed on its card; not part of the
+    # canonical call, since the signed body the certificate binds already fixes them.
+    links: tuple[str, ...] = ()
 
     @property
     def canonical(self) -> str:
@@ -73,9 +91,16 @@ class Call:
         return canonical_call(tool, self.target, self.further_targets)
 
 
-def propose(env: Env, parsed: ParsedTx, proposal: Proposal, record: AgentRecord) -> Verdict:
+def propose(
+    env: Env,
+    parsed: ParsedTx,
+    proposal: Proposal,
+    record: AgentRecord,
+    trace: Trace | None = None,
+) -> Verdict:
     """The verdict on an agent's proposal; judging it may change the latch, the quotas
-    and the pending calls."""
+    and the pending calls. `trace`, when given, records what the judging consulted
+    (sidecar/engine/trace.py); it never changes the verdict."""
     caller = caller_of(env, record, proposal)
     call = canonical_form(env, proposal, record.agent_id)
     canonical = call.canonical
@@ -107,10 +132,12 @@ def propose(env: Env, parsed: ParsedTx, proposal: Proposal, record: AgentRecord)
         or names_opened_run(proposal.run_id, parsed.nonce)
     )
     try:
-        flagged, mode = judge(env, caller, record, proposal, call, run_opened)
+        flagged, mode = judge(env, caller, record, proposal, call, run_opened, trace)
         assert call.spec is not None and call.tool is not None
         if mode.needs_confirmation:
-            card = confirm.hold(env, parsed, caller, proposal, call.spec, mode, canonical, flagged)
+            card = confirm.hold(
+                env, parsed, caller, proposal, call.spec, mode, canonical, flagged, call.links
+            )
             return verdict(Outcome.PENDING, Reason.CONFIRMATION_REQUIRED, card)
     except Refusal as refusal:
         return verdict(Outcome.DENY, refusal.reason)
@@ -150,18 +177,43 @@ def canonical_form(env: Env, proposal: Proposal, principal: str) -> Call:
             optional=spec.target_optional,
         )
         further = further_targets(env, proposal, spec, principal)
+        links = links_of(env, proposal, spec, principal)
     except TargetRefused as exc:
         return Call(tool, spec, UNCHECKED_TARGET, (), exc.reason)
     if refuses_plaintext_secrets(version) and any(
         secret_in_target(each) for each in (target, *(t for _, t in further))
     ):
         return Call(tool, spec, UNCHECKED_TARGET, (), Reason.SECRET_IN_PLAINTEXT)
-    return Call(tool, spec, target, further, None)
+    return Call(tool, spec, target, further, None, links)
 
 
-def further_targets(
-    env: Env, proposal: Proposal, spec: ToolSpec, principal: str
-) -> FurtherTargets:
+def links_of(env: Env, proposal: Proposal, spec: ToolSpec, principal: str) -> tuple[str, ...]:
+    """The canonical links inside the plain arguments `spec` declares as text, sorted and
+    each once (sidecar/engine/links.py has the grammar). More than LINKS_PER_ARGUMENT_MAX
+    in one argument or LINKS_PER_CALL_MAX in all is `too_many_links`; a link without a
+    canonical form is refused like any target. Raises TargetRefused."""
+    if not links_in_text(env.config.canonical_version):
+        return ()
+    found: list[str] = []
+    for arg in proposal.arguments:
+        declared = spec.declared_arg(names.canonical_argument_name(arg.name) or "")
+        if arg.text is None or declared is None or declared.role is not ArgRole.TEXT:
+            continue
+        try:
+            found += find_links(arg.text)
+        except TooManyLinks:
+            raise TargetRefused(Reason.TOO_MANY_LINKS, "too many links in one argument") from None
+        if len(found) > limits.LINKS_PER_CALL_MAX:
+            raise TargetRefused(Reason.TOO_MANY_LINKS, "too many links in one call")
+    version = env.config.canonical_version
+    canonical = {
+        canonicalize_target(link, principal=principal, schemes=LINK_SCHEMES, version=version)
+        for link in found
+    }
+    return tuple(sorted(canonical))
+
+
+def further_targets(env: Env, proposal: Proposal, spec: ToolSpec, principal: str) -> FurtherTargets:
     """The canonical (role, target) pairs of a call's further targets, sorted: each in a
     role the tool declares, under that role's schemes, at most its `max`, none twice.
     Raises TargetRefused."""
@@ -195,9 +247,11 @@ def judge(
     proposal: Proposal,
     call: Call,
     run_opened: bool = True,
+    trace: Trace | None = None,
 ) -> tuple[bool, ToolMode]:
     """Steps 1-10 of the module docstring. Returns whether the call is flagged, and the
-    mode it runs in (the tool's, or the one its rules name); raises Refusal."""
+    mode it runs in (the tool's, or the one its rules name); raises Refusal. `trace`,
+    when given, records the scope, every rule layer's say and the mode."""
     run = _admit(env, caller, record, call.tool, run_opened)
     tool, spec = _registered(env, caller, record, proposal, call)
     mandate = record.mandate
@@ -210,6 +264,8 @@ def judge(
     )
     _refuse_latched(env, caller, record, tool, run, chain)
     flagged = False
+    if trace is not None:
+        trace.record_scope(scope, enforce, permits(scope, tool))
     if not permits(scope, tool):
         if enforce:
             latch.scope_denial(env, caller, record, tool, chain)
@@ -222,8 +278,18 @@ def judge(
         raise Refusal(call.target_refusal)
     # the target and argument rules of every layer, on the canonical target
     permitted, mode = judge_rules(
-        env, layers, spec, call.target, proposal.arguments, record.agent_id, call.further_targets
+        env,
+        layers,
+        spec,
+        call.target,
+        proposal.arguments,
+        record.agent_id,
+        call.further_targets,
+        call.links,
+        trace,
     )
+    if trace is not None:
+        trace.record_modes(spec.mode, mode)
     if not permitted:
         if enforce:
             latch.scope_denial(env, caller, record, tool, chain)

@@ -45,12 +45,14 @@ from quorumgate.proto.model import (
     ToolMode,
     ToolRules,
 )
+from quorumgate.sidecar.engine.links import LINK_ROLE
 from quorumgate.sidecar.engine.targets import (
     CANONICAL_VERSION_LATEST,
     TargetRefused,
     canonical_host,
     canonicalize_target,
 )
+from quorumgate.sidecar.engine.trace import TargetStep
 
 MAILTO = "mailto:"
 PRINCIPAL_CURRENT_USER = f"principal:{names.CURRENT_USER}"
@@ -178,6 +180,9 @@ def judge_layer(
     sets: Sets,
     further_targets: tuple[tuple[str, str], ...] = (),
     default: ToolMode | None = None,
+    links: tuple[str, ...] = (),
+    steps: list[TargetStep] | None = None,
+    failed: list[str] | None = None,
 ) -> tuple[bool, ToolMode | None]:
     """One layer's say on a call: (permitted, the mode it runs in for this layer).
 
@@ -186,16 +191,42 @@ def judge_layer(
     its role that matches; a target no rule matches is out of scope. The mode is the
     strictest its targets' rules name, a rule without a mode counting as `default` (the
     tool's mode for a mandate, None for a grant, which never relaxes). `arguments` None
-    skips the argument rules (a confirmation re-check: values are never kept in state)."""
+    skips the argument rules (a confirmation re-check: values are never kept in state).
+
+    `links` (the canonical links inside the call's text, docs/engine.md "Links inside
+    text") are judged by the rules of the `link` role, but a link no rule matches never
+    puts the call out of scope: it sends the call to the principal's card
+    (`user_confirm`), so a message to a known colleague carrying an unknown link is
+    confirmed by a person rather than run directly.
+
+    `steps` and `failed`, when given, are appended to: how each target (not the links)
+    met the rules, and the names of the argument rules that do not hold
+    (sidecar/engine/trace.py)."""
     if rules is None:
         return True, None
     mode: ToolMode | None = None
     for role, each in (("", target), *further_targets):
         rule = first_match(rules, each, principal, sets, role)
+        if steps is not None:
+            # an equal rule earlier in the list would have matched first, so `index`
+            # finds the one that did
+            index = None if rule is None else rules.targets.index(rule)
+            steps.append(TargetStep(role, each, index, rule))
         if rule is None:
             return False, None
         mode = stricter(mode, default if rule.mode is None else rule.mode)
-    if arguments is not None and not all(argument_holds(r, arguments) for r in rules.arguments):
+    for link in links:
+        rule = first_match(rules, link, principal, sets, LINK_ROLE)
+        if rule is None:
+            mode = stricter(mode, ToolMode.USER_CONFIRM)
+        else:
+            mode = stricter(mode, default if rule.mode is None else rule.mode)
+    if arguments is None:
+        return True, mode
+    if failed is not None:
+        failed.extend(r.name for r in rules.arguments if not argument_holds(r, arguments))
+        return (False, None) if failed else (True, mode)
+    if not all(argument_holds(r, arguments) for r in rules.arguments):
         return False, None
     return True, mode
 

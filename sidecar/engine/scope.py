@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quorumgate.proto.chainversions import delegates_defer_to_delegators
 from quorumgate.proto.model import (
     Argument,
     DelegationPolicy,
@@ -25,6 +26,7 @@ from quorumgate.proto.model import (
 from quorumgate.sidecar.engine.env import Env, Refusal
 from quorumgate.sidecar.engine.rules import judge_layer, stricter
 from quorumgate.sidecar.engine.state import AgentRecord
+from quorumgate.sidecar.engine.trace import LayerStep, TargetStep, Trace
 
 Scope = tuple[str, ...] | None  # None: unrestricted; (): nothing
 # One say on a call's target and arguments: the agent whose sets its `set` rules read,
@@ -124,15 +126,27 @@ def judge_rules(
     arguments: tuple[Argument, ...] | None,
     principal: str,
     further_targets: tuple[tuple[str, str], ...] = (),
+    links: tuple[str, ...] = (),
+    trace: Trace | None = None,
 ) -> tuple[bool, ToolMode]:
     """Every layer's target and argument rules: whether all permit the call, and the mode
     it runs in. Each mandate on the chain says the mode its matching rule names, or the
     tool's; a grant only ever makes it stricter. The strictest wins, so a mandate can
     relax the tool's mode for its own agent (a known payee: direct), but no delegate runs
-    more directly than its delegator would."""
+    more directly than its delegator would. On chains where delegates defer
+    (proto/chainversions.py), a delegate's mandate without rules for the tool names no
+    mode, and the delegators' rules decide it. `trace`, when given, records each layer's
+    say (sidecar/engine/trace.py)."""
     mode: ToolMode | None = None
-    for owner, rules, is_grant in layers:
+    defer = delegates_defer_to_delegators(env.config.authority_version)
+    root = len(layers) - 1  # the run owner's mandate: the last layer of every chain
+    for index, (owner, rules, is_grant) in enumerate(layers):
         entry = rules_for(rules, spec.name)
+        # on such chains a delegate's mandate without rules for the tool names no mode:
+        # its delegators' rules decide it (docs/policies.md)
+        names_mode = not is_grant and not (defer and entry is None and index != root)
+        steps: list[TargetStep] | None = None if trace is None else []
+        failed: list[str] | None = None if trace is None else []
         permitted, chosen = judge_layer(
             entry,
             target,
@@ -141,10 +155,20 @@ def judge_rules(
             env.state.sets_of(owner),
             further_targets,
             default=None if is_grant else spec.mode,
+            links=links,
+            steps=steps,
+            failed=failed,
         )
+        if permitted and chosen is None and names_mode:
+            chosen = spec.mode
+        if trace is not None and steps is not None and failed is not None:
+            trace.layers.append(
+                LayerStep(
+                    owner, is_grant, entry is not None, tuple(steps), tuple(failed), permitted,
+                    chosen if permitted else None,
+                )
+            )  # fmt: skip
         if not permitted:
             return False, spec.mode
-        if chosen is None and not is_grant:
-            chosen = spec.mode
         mode = stricter(mode, chosen)
     return True, spec.mode if mode is None else mode

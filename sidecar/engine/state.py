@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder, sha256
 from quorumgate.proto.model import (
     ArgCheck,
@@ -53,7 +54,7 @@ from quorumgate.sidecar.engine.statetree import (
     section_root,
 )
 
-TAG_STATE = b"qg/engine-state/v1"
+TAG_STATE = domains.ENGINE_STATE
 
 RunKey = tuple[str, str]  # (run owner: the root agent of the delegation chain, run id)
 BucketKey = tuple[str, str]  # (agent, canonical tool)
@@ -653,8 +654,8 @@ ENCODERS: dict[str, Callable[[Any, Any], bytes]] = {
     "settings": lambda name, value: bytes(Encoder().text(name).u64(value)),
     "quota_counters": _encode_quota,
 }
-TAG_STATE_HEADER = b"qg/engine-state-header/v2"
-TAG_STATE_ROOT = b"qg/engine-state-root/v2"
+TAG_STATE_HEADER = domains.ENGINE_STATE_HEADER
+TAG_STATE_ROOT = domains.ENGINE_STATE_ROOT
 
 
 def _tracked(table: dict[Any, Any]) -> TrackedDict[Any, Any]:
@@ -884,10 +885,12 @@ def _dec_card(r: _Reader) -> ConfirmationCard:
     handles = tuple((c.text(), c.text()) for _ in range(c.u32()))
     body_digest, created_height, expires_at_ms = c.take(32), c.u64(), c.u64()
     confirmer = c.text() if c.remaining() else ""  # cards name one where only principals answer
+    links = c.texts() if c.remaining() else ()  # cards of calls with links in their text
     c.finish()
     return ConfirmationCard(
         chain_id, proposal_id, principal, tier, delegate_of, tool, mode, min_tier, target,
         argument_names, handles, body_digest, created_height, expires_at_ms, confirmer,
+        tuple(links),
     )  # fmt: skip
 
 

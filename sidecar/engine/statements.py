@@ -13,7 +13,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quorumgate.proto import names
+from quorumgate.proto import domains, names
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.model import (
     DENIAL_TEXT,
@@ -26,10 +26,10 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.tx import TxRejected, parse
 
-TAG_CARD = b"qg/card/v1"
-TAG_VERDICT = b"qg/verdict/v1"
-TAG_ARTIFACT = b"qg/artifact/v1"
-TAG_HANDLE = b"qg/handle/v1"
+TAG_CARD = domains.CARD
+TAG_VERDICT = domains.VERDICT
+TAG_ARTIFACT = domains.ARTIFACT
+TAG_HANDLE = domains.HANDLE
 
 # Stands for the owner wherever a verdict names its principal; never a valid agent id.
 OWNER_PRINCIPAL = "@owner"
@@ -74,6 +74,10 @@ class ConfirmationCard:
     # the store or any verdict): `body_digest` binds them, and `card_values` reads them
     # from the signed proposal for the person who answers.
     confirmer: str = ""
+    # The canonical links inside the call's text arguments (chains with `links_in_text`,
+    # docs/engine.md "Links inside text"), so the person sees where the message sends its
+    # reader. Encoded only when there are any: cards without links keep their bytes.
+    links: tuple[str, ...] = ()
 
     def to_bytes(self) -> bytes:
         enc = Encoder(TAG_CARD)
@@ -85,8 +89,10 @@ class ConfirmationCard:
         for name, handle in self.handles:
             enc.text(name).text(handle)
         enc.raw(self.body_digest).u64(self.created_height).u64(self.expires_at_ms)
-        if self.confirmer:
+        if self.confirmer or self.links:
             enc.text(self.confirmer)
+        if self.links:
+            enc.texts(self.links)
         return bytes(enc)
 
     @property
@@ -107,7 +113,7 @@ class ConfirmationCard:
             f"Tool: {self.tool}",
             *(
                 self._target_lines()
-                if "\n" in self.canonical_target
+                if "\n" in self.canonical_target or self.links
                 else [f"Target: {self.canonical_target}"]
             ),
             f"Requested by: {self.principal} ({self.tier.value})"
@@ -126,6 +132,7 @@ class ConfirmationCard:
         for line in further:
             role, _, target = line.partition(" ")
             lines.append(f"Target ({quote_for_card(role)}): {quote_for_card(target)}")
+        lines += [f"Link in the text: {quote_for_card(link)}" for link in self.links]
         return lines
 
     def _render_v2(self, values: Sequence[tuple[str, str]] | None) -> str:

@@ -29,10 +29,12 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from quorumgate.proto import domains
+
 BUCKETS = 256
-TAG_LEAF = b"qg/state-leaf/v2"
-TAG_BUCKET = b"qg/state-bucket/v2"
-TAG_SECTION = b"qg/state-section/v2"
+TAG_LEAF = domains.STATE_LEAF
+TAG_BUCKET = domains.STATE_BUCKET
+TAG_SECTION = domains.STATE_SECTION
 
 K = TypeVar("K")
 V = TypeVar("V")

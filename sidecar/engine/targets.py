@@ -14,6 +14,8 @@ target the tool takes by role, `canonical_call`). Forms, after NFKC and Unicode-
   lower case), the local part as written; header fields and address lists are refused;
 - ``iban:`` an IBAN without spaces, upper case, its check digits verified (`iban_and_tel_forms`);
 - ``tel:`` a global number in E.164, ``tel:+<digits>``, separators removed (`iban_and_tel_forms`);
+- ``account:<issuer>/<number>`` an account number that is not an IBAN, only letter case
+  folded (`account_form`);
 - any other URI (RFC 3986 §6.2): scheme and host lower-cased, IDNA host (UTS 46, A-labels),
   IPv4/IPv6 literals in their one standard spelling, default port dropped, percent-encoding
   normalized (unreserved decoded, the rest upper-case hex, non-ASCII encoded as UTF-8),
@@ -21,6 +23,9 @@ target the tool takes by role, `canonical_call`). Forms, after NFKC and Unicode-
   fragment dropped. User information is refused (it carries credentials and is the
   classic ``https://bank.example@evil.example`` disguise), as are raw characters RFC 3986
   does not allow and query keys that name a principal or recipient.
+
+On chains with `escapes_controls` a control, format or line-separator character in a path
+or a URI's path or query is written as its ``%XX`` escape instead of refused.
 
 A path segment ``CURRENT_USER`` binds to the caller as well. Anything else that cannot be
 canonicalized is refused with `malformed_target`. The library parsers (`rfc3986` for the
@@ -44,6 +49,8 @@ from quorumgate.proto import limits, names
 from quorumgate.proto.chainversions import (
     CANONICAL_VERSION_NEW,
     CANONICAL_VERSIONS,  # noqa: F401 (importers read the versions `version` takes here)
+    account_form,
+    escapes_controls,
     iban_and_tel_forms,
     strict_forms,
 )
@@ -66,6 +73,15 @@ FILE_SCHEME = "file"
 MAILTO_SCHEME = "mailto"
 IBAN_SCHEME = "iban"
 TEL_SCHEME = "tel"
+ACCOUNT_SCHEME = "account"
+# `account:<issuer>/<number>` (canonical version 4): the issuer a lower-case name of ASCII
+# letters, digits, `.` and `-` (a bank code, a BIC, a domain: as the issuer writes it),
+# the number ASCII letters and digits, upper-cased, with single `-` inside. Separators
+# are not removed: an opaque number's structure is unknown, so `123-4567` and
+# `1234-567` may be two accounts and stay two targets; a space is refused.
+ACCOUNT_ISSUER_RE = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,62}[a-z0-9])?")
+ACCOUNT_NUMBER_RE = re.compile(r"[A-Z0-9]+(?:-[A-Z0-9]+)*")
+ACCOUNT_NUMBER_CHARS_MAX = 34  # the longest IBAN: no account number we know is longer
 # ISO 13616: country code, two check digits, a BBAN of 11 to 30 letters and digits (the
 # shortest IBAN in use has 15 characters, the longest allowed 34). The per-country
 # lengths are not checked: that table changes, and verdicts must not depend on its edition.
@@ -91,6 +107,10 @@ QUERY_CHARS = PATH_CHARS | frozenset("?")
 # Control, format (zero-width and bidi overrides), surrogate, private-use, unassigned,
 # line and paragraph separators: none of them has a place in a target.
 REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+# Canonical version 4 (`escapes_controls`): in a name (a path, a URI's path or query) these
+# are written as `%XX` of their UTF-8 octets instead of refusing the target, so a channel
+# an attacker named with a newline can still be worked on; the rest stay refused.
+ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _VALIDATOR = (
     Validator()
     .require_presence_of("scheme")
@@ -145,7 +165,8 @@ def canonicalize_target(
     Raises TargetRefused with the reason code; never any other exception on any input.
     """
     strict = strict_forms(version)
-    text = _prepare_strict(raw) if strict else _prepare(raw)
+    escape = escapes_controls(version)
+    text = _prepare_strict(raw, escape) if strict else _prepare(raw)
     if binds_caller:
         # A status tool takes no identity; it is bound to the caller (the BRAH paper, §7.3).
         if text == "":
@@ -168,7 +189,7 @@ def canonicalize_target(
             raise _malformed("ambiguous: a network-path reference, not a path")
         _require_scheme(FILE_SCHEME, schemes)
         if strict:
-            return _strict_path(text, principal)
+            return _strict_path(text, principal, escape)
         return _path(text, principal)
     fast = _already_canonical_web_uri(text, schemes)
     if fast is not None:
@@ -179,14 +200,16 @@ def canonicalize_target(
     scheme = match.group(1).lower()
     _require_scheme(scheme, schemes)
     if scheme == FILE_SCHEME:
-        return _file_uri(text, principal, strict)
+        return _file_uri(text, principal, strict, escape)
     if scheme == MAILTO_SCHEME and strict:
         return _mailto(text[len(match.group(0)) :])
     if scheme == IBAN_SCHEME and iban_and_tel_forms(version):
         return _iban(text[len(match.group(0)) :])
     if scheme == TEL_SCHEME and iban_and_tel_forms(version):
         return _tel(text[len(match.group(0)) :])
-    return _uri(text, scheme, principal, strict)
+    if scheme == ACCOUNT_SCHEME and account_form(version):
+        return _account(text[len(match.group(0)) :])
+    return _uri(text, scheme, principal, strict, escape)
 
 
 # The commonest target, an http(s) URI already in canonical form: lower-case ASCII host of
@@ -237,27 +260,31 @@ def _prepare(raw: str) -> str:
     return text
 
 
-def _prepare_strict(raw: str) -> str:
+def _prepare_strict(raw: str, escape: bool = False) -> str:
     """Strict forms: nothing is folded before decoding; what is here is checked and put in
     NFC (canonical equivalents are one character), and anything compatibility
     normalization would change is refused (`_check_value`)."""
     if len(raw) > 4 * limits.TARGET_CHARS_MAX:
         raise _malformed("too long")
-    text = _check_value(raw)
+    text = _check_value(raw, escape)
     text = text.strip(" ")
     if len(text) > limits.TARGET_CHARS_MAX:
         raise _malformed("too long")
     return text
 
 
-def _check_value(text: str) -> str:
+def _check_value(text: str, escape: bool = False) -> str:
     """The strict forms' character rules for any decoded part of a target, returning its NFC:
     no control, invisible or unassigned (in the pinned Unicode version) character, no
     backslash or NUL, no compatibility character that NFKC would change (fullwidth forms,
-    ligatures, superscripts, ...) and no digit but ASCII's."""
+    ligatures, superscripts, ...) and no digit but ASCII's. With `escape`, controls, format
+    characters and line separators pass (`_escape_controls` writes them later)."""
     if "\\" in text or "\x00" in text:
         raise _malformed("backslash or NUL")
-    _refuse_controls(text)
+    if escape:
+        _refuse_unescapable(text)
+    else:
+        _refuse_controls(text)
     if text.isascii():
         return text
     for ch in text:
@@ -276,21 +303,43 @@ def _assigned(code_point: int) -> bool:
     return k >= 0 and code_point <= ASSIGNED_RANGES[k][1]
 
 
-def _strict_path(text: str, principal: str) -> str:
+def _strict_path(text: str, principal: str, escape: bool = False) -> str:
     """Strict forms: a path decoded and checked, resolved, and its `%` written `%25`, so
     that the canonical form is itself a target that canonicalizes to itself. A segment
     that begins or ends with a space is refused (`report.pdf ` is not `report.pdf`, and
     one would be taken for the other)."""
-    decoded = _decoded_value(text)
+    decoded = _check_value(_percent_decode(text), escape)
     if any(seg != seg.strip(" ") for seg in decoded.split("/")):
         raise _malformed("a path segment beginning or ending with a space")
-    return _path(decoded, principal).replace("%", "%25")
+    out = _path(decoded, principal).replace("%", "%25")
+    if not escape:
+        return out
+    out = _escape_controls(out)  # after `%` became `%25`: every other `%` is an escape
+    if len(out) > limits.TARGET_CHARS_MAX:
+        raise _malformed("too long")
+    return out
 
 
-def _decoded_value(text: str) -> str:
-    """Strict-form paths: percent-encoding decoded (UTF-8), then the character rules: a
-    plain path and its `file:` URI name one file."""
-    return _check_value(_percent_decode(text))
+def _escape_controls(text: str) -> str:
+    """Every character of ESCAPED_CATEGORIES as `%XX` of its UTF-8 octets, upper-case."""
+    if text.isprintable() and text.isascii():
+        return text
+    out: list[str] = []
+    for ch in text:
+        if unicodedata.category(ch) in ESCAPED_CATEGORIES:
+            out.append("".join(f"%{byte:02X}" for byte in ch.encode("utf-8")))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _refuse_unescapable(text: str) -> None:
+    """What no escape makes a name: surrogates, private use, unassigned code points."""
+    if text.isascii():
+        return
+    for ch in text:
+        if unicodedata.category(ch) in REFUSED_CATEGORIES - ESCAPED_CATEGORIES:
+            raise _malformed("a surrogate, private-use or unassigned character")
 
 
 def _refuse_controls(text: str) -> None:
@@ -349,7 +398,7 @@ def _path(text: str, principal: str) -> str:
     return out
 
 
-def _file_uri(text: str, principal: str, strict: bool = False) -> str:
+def _file_uri(text: str, principal: str, strict: bool = False, escape: bool = False) -> str:
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
@@ -361,7 +410,7 @@ def _file_uri(text: str, principal: str, strict: bool = False) -> str:
         raw_path = parts.group("path") or ""
         if not raw_path.startswith("/"):
             raise _malformed("file URI without an absolute path")
-        return _strict_path(raw_path, principal)
+        return _strict_path(raw_path, principal, escape)
     else:
         path = _percent_decode(parts.group("path") or "")
         path = names.ascii_digits(unicodedata.normalize("NFKC", path))
@@ -436,16 +485,34 @@ def _tel(rest: str) -> str:
     return f"{TEL_SCHEME}:{number}"
 
 
+def _account(rest: str) -> str:
+    """`account:<issuer>/<number>`: the issuer lower-cased, the number upper-cased, both
+    ASCII (ACCOUNT_ISSUER_RE, ACCOUNT_NUMBER_RE); nothing else is folded or removed, so
+    two spellings merge only when they differ in letter case."""
+    issuer, slash, number = rest.partition("/")
+    if not slash or not rest.isascii():
+        raise _malformed("account: an issuer, `/`, a number (ASCII letters and digits)")
+    issuer, number = issuer.lower(), number.upper()
+    if ACCOUNT_ISSUER_RE.fullmatch(issuer) is None or ".." in issuer:
+        raise _malformed("account: the issuer is letters, digits, `.` and `-`")
+    if len(number) > ACCOUNT_NUMBER_CHARS_MAX or ACCOUNT_NUMBER_RE.fullmatch(number) is None:
+        raise _malformed("account: the number is letters and digits, single `-` inside")
+    return f"{ACCOUNT_SCHEME}:{issuer}/{number}"
+
+
 # ----------------------------------------------------------------------- URIs
 
 
-def _uri(text: str, scheme: str, principal: str, strict: bool = False) -> str:
+def _uri(text: str, scheme: str, principal: str, strict: bool = False, escape: bool = False) -> str:
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
-    normalize = _normalize_percent_strict if strict else _normalize_percent
-    path = normalize(parts.group("path") or "", PATH_CHARS)
-    query = normalize(parts.group("query") or "", QUERY_CHARS)
+    if strict:
+        path = _normalize_percent_strict(parts.group("path") or "", PATH_CHARS, escape)
+        query = _normalize_percent_strict(parts.group("query") or "", QUERY_CHARS, escape)
+    else:
+        path = _normalize_percent(parts.group("path") or "", PATH_CHARS)
+        query = _normalize_percent(parts.group("query") or "", QUERY_CHARS)
     # the fragment never reaches the server: dropped (RFC 3986 §6.2.3)
     out = scheme + ":"
     if authority is not None:
@@ -499,19 +566,23 @@ def _normalize_percent(component: str, allowed: frozenset[str]) -> str:
     return "".join(out)
 
 
-def _normalize_percent_strict(component: str, allowed: frozenset[str]) -> str:
+def _normalize_percent_strict(component: str, allowed: frozenset[str], escape: bool = False) -> str:
     """Strict forms, one order of operations: decode what percent-encodes unreserved ASCII
     or UTF-8 text, put the text in NFC and check it (`_check_value`), then encode it again
     the one way — unreserved characters as they are, every other octet upper-case `%XX`.
     Encoded reserved ASCII (`%2F`, `%3F`, ...) stays encoded: it means something else
-    than the character itself (RFC 3986 §2.2)."""
+    than the character itself (RFC 3986 §2.2). With `escape` (canonical version 4) a
+    control character, raw or encoded, is kept as its `%XX` escape instead of refused, and
+    a format or separator character is encoded like any non-ASCII one."""
     pieces: list[str] = []  # text, with kept escapes as "%XX" (ASCII, so NFC leaves them)
     i = 0
     while i < len(component):
         ch = component[i]
         if ch != "%":
             if ch.isascii() and ch not in allowed:
-                raise _malformed("character not allowed in a URI")
+                if not (escape and _is_ascii_control(ch)):
+                    raise _malformed("character not allowed in a URI")
+                ch = f"%{ord(ch):02X}"
             pieces.append(ch)
             i += 1
             continue
@@ -528,16 +599,20 @@ def _normalize_percent_strict(component: str, allowed: frozenset[str]) -> str:
             raise _malformed("percent-encoding is not UTF-8") from None
         for dch in decoded:
             if dch.isascii() and dch not in UNRESERVED:
-                if ord(dch) < 0x20 or dch in "\x7f\\":
+                if dch in "\x00\\" or (_is_ascii_control(dch) and not escape):
                     raise _malformed("an encoded control character, NUL or backslash")
                 pieces.append(f"%{ord(dch):02X}")
             else:
                 pieces.append(dch)
-    text = _check_value("".join(pieces))
+    text = _check_value("".join(pieces), escape)
     out: list[str] = []
     for ch in text:
         out.append(ch if ch.isascii() else "".join(f"%{b:02X}" for b in ch.encode("utf-8")))
     return "".join(out)
+
+
+def _is_ascii_control(ch: str) -> bool:
+    return ch != "\x00" and (ord(ch) < 0x20 or ch == "\x7f")
 
 
 def _refuse_ambient_query_keys(query: str) -> None:

@@ -23,6 +23,7 @@ from quorumgate.audit.store import CursorMoved, Written, read_cursor, write_batc
 from quorumgate.audit.verify import TrustedHead, check_copy
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, add_auditor, read_seed
+from quorumgate.runtime.readauth import METHOD_LEDGER
 from quorumgate.sdk.builders import mandate
 from quorumgate.sdk.delivery import Channels
 from quorumgate.sdk.sync import SyncClient
@@ -375,7 +376,7 @@ async def test_the_ledger_answers_an_auditor_and_refuses_an_agent(
     assert unsigned.value.code() == grpc.StatusCode.UNAUTHENTICATED
     agent = Reader(cluster, agent_key, channels.sidecars)
     with pytest.raises(grpc.RpcError) as refused:
-        await stub.Ledger(request, timeout=5, metadata=agent.auth("/qgpb.Sidecar/Ledger"))
+        await stub.Ledger(request, timeout=5, metadata=agent.auth(METHOD_LEDGER))
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     auditor_key = SigningKey.generate()
     add_auditor(cluster.directory, "audit-shipper", bytes(auditor_key.verify_key))
@@ -383,9 +384,7 @@ async def test_the_ledger_answers_an_auditor_and_refuses_an_agent(
 
     async def read() -> spb.LedgerReply | None:
         try:
-            return await stub.Ledger(
-                request, timeout=5, metadata=auditor.auth("/qgpb.Sidecar/Ledger")
-            )
+            return await stub.Ledger(request, timeout=5, metadata=auditor.auth(METHOD_LEDGER))
         except grpc.RpcError as error:
             assert error.code() == grpc.StatusCode.PERMISSION_DENIED  # not reloaded yet
             return None

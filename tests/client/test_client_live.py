@@ -682,6 +682,33 @@ async def test_delegation_attenuates_and_revocation_stops_the_child(
     assert widen.value.reason == "delegation_widening"
 
 
+async def test_a_grant_made_with_rules_narrows_the_childs_targets(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """docs/sdk.md: `delegate(rules=...)` lets the child call the tool on the targets the
+    grant's rules name only, whatever the parent's mandate allows."""
+    from quorumgate import tool_rules
+
+    _, parent_key = new_agent(owner, ["web.get"], delegation_policy="attenuated")
+    _, child_key = new_agent(owner, None)
+    only = tool_rules("web.get", [{"prefix": "https://example.com/docs"}])
+    async with (
+        agent_client(cluster, parent_key) as parent,
+        agent_client(cluster, child_key) as child,
+    ):
+        grant = await parent.delegate(
+            bytes(child_key.verify_key), "job-10", ["web.get"], ttl_s=600, rules=[only]
+        )
+        inside = await child.propose(
+            "web.get", "https://example.com/docs/a", run_id="job-10", grant=grant
+        )
+        outside = await child.propose(
+            "web.get", "https://example.com/admin", run_id="job-10", grant=grant
+        )
+    assert inside.allowed, inside.reason
+    assert (outside.outcome.value, outside.reason) == ("deny", "out_of_scope")
+
+
 # ---------------------------------------------------------------------------- envelopes
 
 

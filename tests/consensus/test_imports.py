@@ -21,6 +21,7 @@ import pytest
 
 CORE_MODULES = (
     "quorumgate.proto.canonical",
+    "quorumgate.proto.domains",
     "quorumgate.proto.membership",
     "quorumgate.replica.types",
     "quorumgate.replica.config",

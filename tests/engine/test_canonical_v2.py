@@ -230,8 +230,8 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     assert new.fingerprint == _with_limits(new, TAG_CONFIG, _LIMIT_FIELDS)
     # split authority (authority version 2) is named in the fingerprint; version 1 adds nothing
     split = EngineConfig(
-        chain_id="c", owner_public_key=key, canonical_version=2, state_version=1,
-        receipt_version=1,
+        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=2,
+        state_version=1, receipt_version=1,
     )  # fmt: skip
     assert split.authority_version == 2
     expected = Encoder(TAG_CONFIG).text("c").raw(key)
@@ -241,15 +241,24 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     expected.text("authority_version").u64(2).text("latch_cross_run_threshold").u64(3)
     assert split.fingerprint == expected.digest() != new.fingerprint
     # the hash tree (state version 2) is named last; version 1 adds nothing
-    tree = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2, receipt_version=1)
+    tree = EngineConfig(
+        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=2,
+        receipt_version=1,
+    )  # fmt: skip
     assert tree.state_version == 2
     expected.text("state_version").u64(2)
     assert tree.fingerprint == expected.digest() != split.fingerprint
     # receipt version 2 (certificates that expire) is named last, with the certificate TTL
-    expiring = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2)
+    expiring = EngineConfig(
+        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=2
+    )
     assert expiring.receipt_version == 2 and expiring.receipts_expire
     expected.text("receipt_version").u64(2).text("certificate_ttl_ms").u64(300_000)
     assert expiring.fingerprint == expected.digest() != tree.fingerprint
+    # authority version 3 (delegates defer) is named as such, in the place version 2 was
+    deferring = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2)
+    assert deferring.authority_version == 3
+    assert deferring.fingerprint != expiring.fingerprint
 
 
 def _with_limits(config: EngineConfig, tag: bytes, fields: tuple[str, ...]) -> bytes:

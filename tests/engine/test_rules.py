@@ -298,7 +298,9 @@ def test_a_grant_only_narrows_targets_and_never_relaxes_a_mode() -> None:
 
 
 def test_a_rule_that_runs_a_master_only_tool_directly_still_refuses_a_delegate() -> None:
-    w = World()
+    # authority version 2: a delegate's mandate without rules pins the tool's mode
+    # (version 3's deferral: tests/engine/test_delegates_defer.py)
+    w = World(overrides={"authority_version": 2})
     w.add_tool("order.finalize", mode=ToolMode.USER_CONFIRM, min_tier=Tier.MASTER)
     direct = [ToolRules("order.finalize", (TargetRule(RuleKind.ANY, mode=ToolMode.DIRECT),))]
     w.add_agent("boss", ["order.finalize"], policy=DelegationPolicy.ATTENUATED, rules=direct)

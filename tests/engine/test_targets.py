@@ -169,9 +169,21 @@ CONTROLS = ["\x00", "\x01", "\x1f", "\x7f", "\u200b", "\u202e", "\u2028", "\ufef
 )
 @PROPERTY
 def test_nul_and_control_characters_are_refused_anywhere(body: str, at: int, bad: str) -> None:
+    """Refused on canonical version 3; version 4 writes them in a name as `%XX` escapes
+    (docs/engine.md, escaped names; tests/engine/test_escaped_names.py), so there a
+    control is refused or escaped, and never reaches a canonical target as itself."""
     for raw in (f"https://example.com/{body}", f"/srv/{body}", f"file:///{body}"):
         position = min(at, len(raw))
-        assert refusal(raw[:position] + bad + raw[position:]) is Reason.MALFORMED_TARGET
+        planted = raw[:position] + bad + raw[position:]
+        with pytest.raises(TargetRefused) as exc:
+            canonicalize_target(planted, principal="alice", schemes=SCHEMES, version=3)
+        assert exc.value.reason is Reason.MALFORMED_TARGET
+        try:
+            got = canon(planted)
+        except TargetRefused as refused:
+            assert refused.reason is Reason.MALFORMED_TARGET
+        else:
+            assert bad != "\x00" and bad not in got and got.isascii() and got.isprintable()
 
 
 @pytest.mark.parametrize(

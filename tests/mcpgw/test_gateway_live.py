@@ -209,13 +209,21 @@ def test_the_gateway_over_streamable_http(cluster: ClusterSpec, setup: Setup) ->
             listed = sorted(t.name for t in (await client.list_tools()).tools)
             return listed, await client.call_tool("read_file", {"path": "/notes/a.txt"})
 
+        failures: list[BaseException] = []
+
         def attempt() -> Any:
+            if process.poll() is not None:  # the gateway ended: waiting on would hide why
+                raise AssertionError(f"the gateway exited: {process.stderr.read().decode()}")
             try:
                 return asyncio.run(session(url, work))
-            except Exception:
+            except Exception as err:  # not listening yet; kept to name it if it never answers
+                failures[:] = [err]
                 return None
 
-        listed, read = polling.wait_until("gateway over HTTP", attempt, 60, 0.2)
+        def last_failure() -> str:
+            return repr(failures[-1]) if failures else "no attempt failed"
+
+        listed, read = polling.wait_until("gateway over HTTP", attempt, 60, 0.2, last_failure)
         assert listed == ["delete_file", "read_file"]
         assert text(read) == "quarterly notes"
     finally:
