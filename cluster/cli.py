@@ -723,6 +723,10 @@ def build_parser() -> argparse.ArgumentParser:
     lexport.add_argument("--node", type=int, required=True)
     lexport.set_defaults(func=_cmd_ledger)
 
+    from quorumgate.audit.command import add_parsers as add_audit_parsers
+
+    add_audit_parsers(sub)
+
     rp = sub.add_parser("replay", help="rebuild and check a sidecar's state from its log")
     rp.add_argument("--dir", required=True)
     rp.add_argument("--node", type=int, required=True)

@@ -287,3 +287,21 @@ class PendingReply(_message.Message):
     executed_height: int
     cards: _containers.RepeatedCompositeFieldContainer[PendingCard]
     def __init__(self, executed_height: _Optional[int] = ..., cards: _Optional[_Iterable[_Union[PendingCard, _Mapping]]] = ...) -> None: ...
+
+class LedgerRequest(_message.Message):
+    __slots__ = ("from_height", "from_index", "limit")
+    FROM_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    from_height: int
+    from_index: int
+    limit: int
+    def __init__(self, from_height: _Optional[int] = ..., from_index: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class LedgerReply(_message.Message):
+    __slots__ = ("entries", "executed_height")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    EXECUTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedScalarFieldContainer[str]
+    executed_height: int
+    def __init__(self, entries: _Optional[_Iterable[str]] = ..., executed_height: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,11 @@ class SidecarStub:
                 request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingRequest.SerializeToString,
                 response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingReply.FromString,
                 _registered_method=True)
+        self.Ledger = channel.unary_unary(
+                '/qgpb.Sidecar/Ledger',
+                request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerRequest.SerializeToString,
+                response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerReply.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -134,6 +139,13 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ledger(self, request, context):
+        """The verdict ledger, a page at a time (read-auth: the owner, members, auditors).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +188,11 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Pending,
                     request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingRequest.FromString,
                     response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.PendingReply.SerializeToString,
+            ),
+            'Ledger': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ledger,
+                    request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerRequest.FromString,
+                    response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +411,33 @@ class Sidecar:
             '/qgpb.Sidecar/Pending',
             quorumgate_dot_proto_dot_sidecar__pb2.PendingRequest.SerializeToString,
             quorumgate_dot_proto_dot_sidecar__pb2.PendingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ledger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Sidecar/Ledger',
+            quorumgate_dot_proto_dot_sidecar__pb2.LedgerRequest.SerializeToString,
+            quorumgate_dot_proto_dot_sidecar__pb2.LedgerReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,7 @@ METHOD_REGISTRY = "/qgpb.Sidecar/Registry"
 METHOD_PENDING = "/qgpb.Sidecar/Pending"
 METHOD_ADMIT = "/qgpb.Sidecar/Admit"
 METHOD_ADMIT_BATCH = "/qgpb.Sidecar/AdmitBatch"
+METHOD_LEDGER = "/qgpb.Sidecar/Ledger"
 READ_METHODS = (
     METHOD_COMMITTED_BLOCKS,
     METHOD_GET_RECEIPT,
@@ -64,6 +65,7 @@ READ_METHODS = (
     METHOD_PENDING,
     METHOD_ADMIT,
     METHOD_ADMIT_BATCH,
+    METHOD_LEDGER,
 )
 
 Sign = Callable[[bytes], bytes]  # Ed25519 over the statement: the signature, 64 bytes

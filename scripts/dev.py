@@ -98,6 +98,29 @@ def ensure_chromium(python: Path) -> None:
         subprocess.call([*sudo, "apt-get", *step], stdout=subprocess.DEVNULL, env=env)
 
 
+def has_postgres() -> bool:
+    """initdb on PATH, or in Debian's versioned directory (not on PATH by default)."""
+    import glob
+
+    return bool(shutil.which("initdb") or glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+
+
+def ensure_postgres() -> None:
+    """The audit tests start a real PostgreSQL server (docs/audit.md): install Debian's
+    package with apt when it is missing and this user may (root, or sudo without a
+    password); elsewhere those tests fail naming what to install."""
+    if has_postgres():
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    if not shutil.which("apt-get") or (sudo and not shutil.which("sudo")):
+        print("[dev] no PostgreSQL and no apt: the audit tests need it installed", flush=True)
+        return
+    print("[dev] installing PostgreSQL (Debian's package) for the audit tests", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["update", "-q"], ["install", "-y", "-q", "postgresql"]):
+        subprocess.call([*sudo, "apt-get", *step], stdout=subprocess.DEVNULL, env=env)
+
+
 def test_workers(args: list[str]) -> list[str]:
     """pytest-xdist options for the test job: one worker per core up to `TEST_WORKERS_MAX`,
     each test module (or class) kept whole on one worker, in its order (`loadscope`: a
@@ -142,6 +165,7 @@ def main(argv: list[str]) -> int:
         cmd = [str(python), "-m", "quorumgate.cli", "demo", *rest]
     elif job == "test":
         ensure_chromium(python)
+        ensure_postgres()
         cmd = [str(python), "-m", "pytest", *test_workers(rest), *rest]
     else:
         rc = subprocess.call([str(python), "-m", "ruff", "check", "."])

@@ -61,6 +61,7 @@ from quorumgate.runtime.readauth import (
     METHOD_ADMIT,
     METHOD_ADMIT_BATCH,
     METHOD_GET_RECEIPT,
+    METHOD_LEDGER,
     METHOD_PENDING,
     METHOD_RECEIPTS,
     METHOD_REGISTRY,
@@ -80,7 +81,12 @@ from quorumgate.sidecar.engine.core import Engine, StateCacheError, config_for_c
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
-from quorumgate.sidecar.store import DivergenceError, SidecarStore, SidecarStoreError
+from quorumgate.sidecar.store import (
+    LEDGER_PAGE_ROWS_MAX,
+    DivergenceError,
+    SidecarStore,
+    SidecarStoreError,
+)
 from quorumgate.sidecar.waits import HeightIndex
 from quorumgate.sidecar.wire import receipt_to_pb, registry_content, registry_scope
 
@@ -875,6 +881,33 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             data = txs.get(card.proposal_id)
             if data is not None:
                 reply.cards.add(card=card.to_bytes(), transaction=data)
+        return reply
+
+    async def Ledger(
+        self, request: spb.LedgerRequest, context: grpc.aio.ServicerContext
+    ) -> spb.LedgerReply:
+        """A page of the verdict ledger for the audit shipper (docs/audit.md): every verdict,
+        so only the roles that read every verdict may ask (as `Receipts` answers them)."""
+        store = self.sidecar.store
+        assert store is not None
+        await self._refuse_if_damaged(context)
+        _, role, _ = await self._caller(context, METHOD_LEDGER)
+        if role is None:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "the ledger answers the owner, members and auditors",
+            )
+        executed = store.executed_height
+        limit = min(request.limit or LEDGER_PAGE_ROWS_MAX, LEDGER_PAGE_ROWS_MAX)
+        try:
+            entries = await store.ledger(request.from_height, limit, request.from_index)
+        except SidecarStoreError:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this sidecar's ledger holds a row that is not an entry",
+            )
+        reply = spb.LedgerReply(executed_height=executed)
+        reply.entries.extend(e.to_json() for e in entries if e.height <= executed)
         return reply
 
     async def Status(

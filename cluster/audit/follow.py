@@ -1,0 +1,220 @@
+"""Reading f+1 sidecars for the shipper (docs/audit.md): their status, a page of each one's
+ledger, and the signed receipts that certify it. Every read is signed as the shipper's key
+(an auditor's or the owner's: runtime/readauth.py); what any one sidecar says counts only
+as one vote."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from nacl.signing import SigningKey
+
+from quorumgate.audit.records import SHIP_BATCH_VERDICTS_MAX, Cursor, ShippedVerdict, leaf_matches
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.runtime.readauth import METHOD_LEDGER, METHOD_RECEIPTS, read_auth_metadata
+from quorumgate.sdk.certificates import receipt_or_none, receipt_signature_ok, statement_key
+from quorumgate.sidecar.ledger import LedgerEntry
+from quorumgate.sidecar.receipts import (
+    PATH_HASHES_MAX,
+    Certificate,
+    CertificateError,
+    Receipt,
+    assemble_certificate,
+    root_from_path,
+    verify_certificate,
+)
+
+SIDECAR_READ_S = 5.0  # one sidecar's answer to one read, or its receipts for one page
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a sidecar's answer, or a verdict, was not taken."""
+
+    sidecar: int  # -1: not one sidecar's fault (no f+1 agreement)
+    reason: str  # one of a few fixed phrases: the metric's label
+    detail: str = ""
+
+
+@dataclass
+class Round:
+    """What one round of reads found: the certified verdicts to ship, in ledger order, and
+    the refusals on the way."""
+
+    verdicts: list[ShippedVerdict] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+    executed: int = 0  # the height f+1 sidecars said they executed
+    caught_up: bool = False  # these verdicts are all f+1 sidecars agreed on through it
+
+
+class Reader:
+    """Signed reads of every sidecar of one cluster. `stubs` are `SidecarStub`s by member
+    index (the shipper's own channels; a test may put a stand-in in front of one)."""
+
+    def __init__(self, spec: ClusterSpec, key: SigningKey, stubs: Sequence[Any]) -> None:
+        self.spec = spec
+        self.key = key
+        self.stubs = list(stubs)
+
+    def auth(self, method: str) -> tuple[tuple[str, str], ...]:
+        return read_auth_metadata(
+            self.spec.chain_id,
+            method,
+            bytes(self.key.verify_key),
+            lambda message: bytes(self.key.sign(message).signature),
+            int(time.time() * 1000),
+        )
+
+    async def _each(
+        self, call: Callable[[int, Any], Awaitable[Any]], refusals: list[Refusal]
+    ) -> dict[int, Any]:
+        async def one(i: int, stub: Any) -> tuple[int, Any]:
+            try:
+                return i, await asyncio.wait_for(call(i, stub), SIDECAR_READ_S)
+            except (grpc.RpcError, TimeoutError, ValueError) as error:
+                code = error.code().name if isinstance(error, grpc.RpcError) else "unanswered"
+                refusals.append(Refusal(i, "read failed", code))
+                return i, None
+
+        done = await asyncio.gather(*(one(i, s) for i, s in enumerate(self.stubs)))
+        return {i: answer for i, answer in done if answer is not None}
+
+    async def executed_heights(self, refusals: list[Refusal]) -> dict[int, int]:
+        async def status(i: int, stub: Any) -> int:
+            reply = await stub.Status(spb.SidecarStatusRequest(), timeout=SIDECAR_READ_S)
+            if reply.chain_id != self.spec.chain_id:
+                raise ValueError("another chain")
+            return int(reply.executed_height)
+
+        return await self._each(status, refusals)
+
+    async def ledger_pages(
+        self, cursor: Cursor, refusals: list[Refusal]
+    ) -> dict[int, list[LedgerEntry]]:
+        """Each sidecar's entries after `cursor`, at most a batch's worth."""
+        height, index = (cursor.height, cursor.index + 1) if cursor.started else (1, 0)
+
+        async def page(i: int, stub: Any) -> list[LedgerEntry]:
+            request = spb.LedgerRequest(
+                from_height=height, from_index=index, limit=SHIP_BATCH_VERDICTS_MAX
+            )
+            reply = await stub.Ledger(
+                request, timeout=SIDECAR_READ_S, metadata=self.auth(METHOD_LEDGER)
+            )
+            entries = [LedgerEntry.from_json(line) for line in reply.entries]
+            return entries[:SHIP_BATCH_VERDICTS_MAX]
+
+        return await self._each(page, refusals)
+
+    async def receipts(
+        self, entries: Sequence[LedgerEntry], ready: set[int], refusals: list[Refusal]
+    ) -> dict[int, list[Receipt]]:
+        """The receipts for `entries`' places of each sidecar in `ready` (those that said
+        they executed the last height: a stream to one that has not would wait), its own
+        signature checked on arrival (a sidecar cannot speak for another)."""
+        wanted = {(e.height, e.index) for e in entries}
+        first, last = entries[0].height, entries[-1].height
+
+        async def stream(i: int, stub: Any) -> list[Receipt]:
+            found: list[Receipt] = []
+            if i not in ready:
+                return found
+            seen: set[tuple[int, int]] = set()
+            # Every leaf of a block carries the same signed statement: its signature is
+            # checked once per block, not once per leaf.
+            signed: set[tuple[object, ...]] = set()
+            call = stub.Receipts(
+                spb.ReceiptsRequest(from_height=first), metadata=self.auth(METHOD_RECEIPTS)
+            )
+            try:
+                async for batch in call:
+                    for message in batch.receipts:
+                        receipt = receipt_or_none(message)
+                        if receipt is None:
+                            raise ValueError("a receipt that cannot be")
+                        block = _block_key(receipt)
+                        if block not in signed:
+                            if not receipt_signature_ok(self.spec, receipt, i):
+                                raise ValueError("a receipt it did not sign")
+                            signed.add(block)
+                        if receipt.leaf.height != receipt.block.height:
+                            raise ValueError("a receipt for another height")
+                        place = (receipt.leaf.height, receipt.leaf.index)
+                        if place in wanted:
+                            found.append(receipt)
+                            seen.add(place)
+                    if batch.height > last or seen == wanted:
+                        break
+            finally:
+                call.cancel()
+            return found
+
+        return await self._each(stream, refusals)
+
+
+def _block_key(receipt: Receipt) -> tuple[object, ...]:
+    b = receipt.block
+    return (b.signer, b.height, b.verdict_root, b.state_root, b.leaf_count, b.validity,
+            b.signature)  # fmt: skip
+
+
+def _verify(spec: ClusterSpec, cert: Certificate, done: set[tuple[object, ...]]) -> bool:
+    """`verify_certificate`, its signatures checked once per block statement: a further
+    leaf under a statement already verified with the same signatures needs only its path."""
+    statement = (cert.leaf.height, cert.verdict_root, cert.state_root, cert.leaf_count,
+                 cert.validity, cert.signatures)  # fmt: skip
+    try:
+        if statement in done:
+            root = root_from_path(
+                cert.leaf.hash(spec.chain_id), cert.leaf.index, cert.leaf_count, cert.path
+            )
+            return root == cert.verdict_root and len(cert.path) <= PATH_HASHES_MAX
+        verify_certificate(
+            cert, spec.chain_id, spec.receipt_keys, receipts_expire=spec.receipts_expire
+        )
+    except CertificateError:
+        return False
+    done.add(statement)
+    return True
+
+
+def certificates(
+    spec: ClusterSpec, answers: dict[int, list[Receipt]]
+) -> dict[tuple[int, int], Certificate]:
+    """Per place, the statement f+1 distinct sidecars signed, as a verified certificate."""
+    done: set[tuple[object, ...]] = set()
+    groups: dict[tuple[object, ...], dict[int, Receipt]] = {}
+    for signer, receipts in answers.items():
+        for receipt in receipts:
+            groups.setdefault(statement_key(receipt), {}).setdefault(signer, receipt)
+    out: dict[tuple[int, int], Certificate] = {}
+    for group in groups.values():
+        if len(group) < spec.f + 1:
+            continue
+        certificate = assemble_certificate(spec.chain_id, list(group.values()))
+        if _verify(spec, certificate, done):
+            out[(certificate.leaf.height, certificate.leaf.index)] = certificate
+    return out
+
+
+def certified(
+    entries: Sequence[LedgerEntry],
+    certs: dict[tuple[int, int], Certificate],
+    refusals: list[Refusal],
+) -> list[ShippedVerdict]:
+    """The entries, in order, up to the first without a certificate that says the same."""
+    out: list[ShippedVerdict] = []
+    for entry in entries:
+        cert = certs.get((entry.height, entry.index))
+        if cert is None or not leaf_matches(entry, cert.leaf):
+            where = f"height {entry.height} index {entry.index}"
+            refusals.append(Refusal(-1, "no certificate", where))
+            break
+        out.append(ShippedVerdict(entry, cert))
+    return out

@@ -1,0 +1,174 @@
+"""`quorumgate ship`: the verdict ledger into PostgreSQL, trusting no single sidecar
+(docs/audit.md). One round: every sidecar's executed height and a page of its ledger; the
+entries f+1 of them return identically; those that link to the copy's head; those with a
+certificate of f+1 signed receipts that says the same; then one transaction. Its own
+process, with its own Prometheus registry (as replica/metrics.py keeps one per process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from nacl.signing import SigningKey
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from quorumgate.audit.follow import Reader, Refusal, Round, certificates, certified
+from quorumgate.audit.records import (
+    SHIP_BATCH_VERDICTS_MAX,
+    Batch,
+    Cursor,
+    agreed_entries,
+    linked_prefix,
+)
+from quorumgate.audit.store import CursorMoved, Written, connect, read_cursor, write_batch
+from quorumgate.proto.clusterfile import ClusterSpec
+
+log = logging.getLogger("quorumgate.ship")
+
+SHIP_IDLE_S = 0.5  # between rounds when there was nothing new to ship
+SHIP_RETRY_S_MAX = 10.0  # the longest pause before writing a batch again after a failure
+SHIP_WRITE_ATTEMPTS_MAX = 5  # tries of one batch before the round gives up (and starts over)
+
+
+class ShipMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.lag = Gauge(
+            "qg_ship_lag_heights",
+            "Heights f+1 sidecars executed that the copy does not reach yet",
+            registry=r,
+        )
+        self.shipped_height = Gauge(
+            "qg_ship_shipped_height", "Height of the last verdict in the copy", registry=r
+        )
+        self.batches = Counter(
+            "qg_ship_batches", "Batches written, by result", ["result"], registry=r
+        )
+        self.verdicts = Counter("qg_ship_verdicts", "Verdicts written to the copy", registry=r)
+        self.retries = Counter(
+            "qg_ship_retries", "Batch writes tried again after a database failure", registry=r
+        )
+        self.refusals = Counter(
+            "qg_ship_refusals",
+            "Answers not taken, by what was wrong (a sidecar's, or no f+1 agreement)",
+            ["reason"],
+            registry=r,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ShipOptions:
+    dsn: str
+    idle_s: float = SHIP_IDLE_S
+
+
+class Shipper:
+    def __init__(
+        self, spec: ClusterSpec, key: SigningKey, stubs: Sequence[Any], options: ShipOptions
+    ) -> None:
+        self.spec = spec
+        self.reader = Reader(spec, key, stubs)
+        self.options = options
+        self.metrics = ShipMetrics()
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def _db(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed:
+            self.conn = connect(self.options.dsn)
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+    async def next_round(self, cursor: Cursor) -> Round:
+        """The certified verdicts after `cursor` (at most a batch), and the refusals."""
+        found = Round()
+        heights = await self.reader.executed_heights(found.refusals)
+        needed = self.spec.f + 1
+        ranked = sorted(heights.values(), reverse=True)
+        found.executed = ranked[needed - 1] if len(ranked) >= needed else 0
+        pages = await self.reader.ledger_pages(cursor, found.refusals)
+        agreed = agreed_entries(pages, needed)
+        found.caught_up = len(agreed) < SHIP_BATCH_VERDICTS_MAX
+        for i, page in pages.items():
+            if page[: len(agreed)] != agreed[: len(page)]:
+                found.refusals.append(Refusal(i, "ledger differs"))
+        entries, why = linked_prefix(self.spec.chain_id, cursor, agreed)
+        if why:
+            found.refusals.append(Refusal(-1, "no link", why))
+            found.caught_up = False
+        if not entries:
+            return found
+        ready = {i for i, h in heights.items() if h >= entries[-1].height}
+        receipts = await self.reader.receipts(entries, ready, found.refusals)
+        certs = certificates(self.spec, receipts)
+        found.verdicts = certified(entries, certs, found.refusals)
+        found.caught_up = found.caught_up and len(found.verdicts) == len(agreed)
+        return found
+
+    def write(self, batch: Batch, cursor: Cursor) -> Written:
+        """Write one batch, again after a failure (a lost answer included): the batch key
+        makes a resend of a batch that did commit write nothing."""
+        for attempt in range(SHIP_WRITE_ATTEMPTS_MAX):
+            try:
+                result = write_batch(self._db(), batch, cursor)
+            except psycopg.OperationalError as error:
+                self.metrics.retries.inc()
+                log.warning("batch %s not acknowledged (%s); sending it again", batch.key,
+                            type(error).__name__)  # fmt: skip
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+                if attempt + 1 == SHIP_WRITE_ATTEMPTS_MAX:
+                    raise
+                continue
+            self.metrics.batches.labels(result=result.value).inc()
+            if result is Written.WRITTEN:
+                self.metrics.verdicts.inc(len(batch.verdicts))
+            return result
+        raise AssertionError("unreachable")
+
+    async def ship_once(self) -> int:
+        """One round: read, check, write. Returns how many verdicts it shipped."""
+        cursor = read_cursor(self._db(), self.spec.chain_id)
+        found = await self.next_round(cursor)
+        for refusal in found.refusals:
+            self.metrics.refusals.labels(reason=refusal.reason).inc()
+        shipped_height = cursor.height
+        if found.verdicts:
+            batch = Batch(self.spec.chain_id, tuple(found.verdicts))
+            try:
+                self.write(batch, cursor)
+            except CursorMoved:
+                # another shipper wrote first: start over from the copy's cursor
+                self.metrics.refusals.labels(reason="cursor moved").inc()
+                return 0
+            shipped_height = batch.verdicts[-1].entry.height
+            self.metrics.shipped_height.set(shipped_height)
+        # Heights without verdicts hold no entry: the copy is whole through the executed
+        # height when the round took everything f+1 sidecars agreed on.
+        behind = 0 if found.caught_up else found.executed - shipped_height
+        self.metrics.lag.set(max(0, behind))
+        return len(found.verdicts)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        pause = self.options.idle_s
+        while not stop.is_set():
+            try:
+                shipped = await self.ship_once()
+                pause = self.options.idle_s
+            except psycopg.Error as error:
+                log.warning("database unavailable (%s)", type(error).__name__)
+                self.close()
+                self.conn = None
+                shipped, pause = 0, min(pause * 2, SHIP_RETRY_S_MAX)
+            if not shipped:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause)
