@@ -310,6 +310,8 @@ class Core:
             self._local_timeout()  # re-announce the timeout we signed before a restart
         return self._flush()
 
+    # Long on purpose: one tick's steps (pacemaker, fencing, retries, sync, propose) in the
+    # order they run; apart, that order would be spread over helpers each reading half the state.
     def on_tick(self, now_ms: int) -> list[Action]:
         """One pacemaker tick; `now_ms` is the shell's clock, used only for timestamps."""
         assert self._started, "start() first"

@@ -50,7 +50,7 @@ from quorumgate.proto.clusterfile import (
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
 from quorumgate.proto.tx import TxRejected, parse, tx_id
-from quorumgate.replica.types import RemoteError
+from quorumgate.replica.types import Block, RemoteError
 from quorumgate.replica.wire import decode_block
 from quorumgate.runtime.channels import Reader, add_server_port, aio_channel
 from quorumgate.runtime.grpcutil import add_service
@@ -84,6 +84,7 @@ from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.store import (
     LEDGER_PAGE_ROWS_MAX,
     DivergenceError,
+    ExecutedHeight,
     SidecarStore,
     SidecarStoreError,
 )
@@ -320,14 +321,7 @@ class Sidecar:
         height = committed.height
         if height <= store.executed_height:
             return  # a replay of what we executed (reconnect): exactly once
-        if height != store.executed_height + 1:
-            raise AssertionError(f"replica skipped from {store.executed_height} to {height}")
-        try:
-            block = decode_block(self.spec.chain_id, committed.block.SerializeToString())
-        except RemoteError as err:
-            raise AssertionError(f"own replica sent an undecodable block: {err}") from err
-        if block.hash != committed.hash or block.height != height:
-            raise AssertionError("own replica sent a block whose hash or height does not match")
+        block = self._committed_block(committed, store.executed_height)
         started = time.perf_counter()
         if block.state_root_height > 0:
             mine = await store.root_at(block.state_root_height)
@@ -354,6 +348,35 @@ class Sidecar:
             return
         self.metrics.execute_latency.observe(time.perf_counter() - started)
         self.tracer.event("executed", height)
+        self._keep_recent_receipts(executed)
+        self._count_executed(executed, engine)
+        if any(v.kind is TxKind.ADMIN and v.outcome is Outcome.APPLIED for v in result.verdicts):
+            self.registry_since = height
+        self._roots.append((height, result.state_root))
+        self._root_turns.notify()
+        async with self._executed:
+            self._executed.notify_all()
+        for _ in range(AUDIT_HEIGHTS_PER_EXECUTED):  # one older height in turn, bounded
+            older = self._audit_cursor.take(height - 1)
+            if older is not None:
+                await self._audit(older)
+
+    def _committed_block(self, committed: cpb.CommittedBlock, executed_height: int) -> Block:
+        """Decode the next committed block from our own replica; anything else is a bug."""
+        height = committed.height
+        if height != executed_height + 1:
+            raise AssertionError(f"replica skipped from {executed_height} to {height}")
+        try:
+            block = decode_block(self.spec.chain_id, committed.block.SerializeToString())
+        except RemoteError as err:
+            raise AssertionError(f"own replica sent an undecodable block: {err}") from err
+        if block.hash != committed.hash or block.height != height:
+            raise AssertionError("own replica sent a block whose hash or height does not match")
+        return block
+
+    def _keep_recent_receipts(self, executed: ExecutedHeight) -> None:
+        """Keep the receipts of the newest heights, bounded, for reads and waits."""
+        height = executed.height
         self._recent[height] = _RecentHeight(
             receipt_batches(
                 height,
@@ -362,10 +385,14 @@ class Sidecar:
                     for leaf, path in zip(executed.leaves, executed.paths, strict=True)
                 ],
             ),
-            HeightIndex.of(executed.leaves, [v.principal for v in result.verdicts]),
+            HeightIndex.of(executed.leaves, [v.principal for v in executed.result.verdicts]),
         )
         while len(self._recent) > RECENT_RECEIPT_HEIGHTS:
             self._recent.popitem(last=False)
+
+    def _count_executed(self, executed: ExecutedHeight, engine: Engine) -> None:
+        """Update the height, lag and verdict metrics for one executed height."""
+        height, result = executed.height, executed.result
         m = self.metrics
         m.executed_height.set(height)
         m.replica_height.set(self.replica_height)
@@ -377,16 +404,6 @@ class Sidecar:
                 m.latch_halts.inc(count)
         m.artifacts.inc(len(result.artifacts))
         m.pending.set(len(engine.state.pending))
-        if any(v.kind is TxKind.ADMIN and v.outcome is Outcome.APPLIED for v in result.verdicts):
-            self.registry_since = height
-        self._roots.append((height, result.state_root))
-        self._root_turns.notify()
-        async with self._executed:
-            self._executed.notify_all()
-        for _ in range(AUDIT_HEIGHTS_PER_EXECUTED):  # one older height in turn, bounded
-            older = self._audit_cursor.take(height - 1)
-            if older is not None:
-                await self._audit(older)
 
     def _remember_pending_tx(self, proposal_id: bytes, data: bytes) -> None:
         kept = self._pending_txs

@@ -109,6 +109,8 @@ def _presign_count(options: RunOptions, rate_guess_per_s: float) -> int:
     return min(PRESIGN_PER_CLIENT_MAX, per_client)
 
 
+# Long on purpose: one run's sequence (start the observer and clients, measure, stop)
+# reads top to bottom; its steps share the processes and timers it starts.
 def run_once(
     spec: ClusterSpec,
     options: RunOptions,

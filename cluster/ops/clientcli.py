@@ -1023,6 +1023,7 @@ def _deadline(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Long on purpose: argparse declarations for every client command, kept in one place.
 def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the client commands on the `quorumgate` subparsers."""
     keygen = sub.add_parser("keygen", help="write a new key file (agent, sink, principal), 0600")

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -366,68 +366,82 @@ def responses_stream(*items: dict[str, Any], cut_in_item: int | None = None) -> 
     emit("response.in_progress", response=response(status="in_progress"))
     for index, item in enumerate(items):
         if item["type"] == "message":
-            words = item["content"][0]["text"]
-            emit(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "content": []},
-            )
-            part = {"type": "output_text", "text": "", "annotations": []}
-            emit(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=part,
-            )
-            for piece in (words[:5], words[5:]):
-                emit(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    delta=piece,
-                    logprobs=[],
-                )
-            emit(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                text=words,
-                logprobs=[],
-            )
-            emit(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part={**part, "text": words},
-            )
-        else:
-            raw = item["arguments"]
-            emit(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
-            )
-            half = len(raw) // 2
-            for k, piece in enumerate((raw[:half], raw[half:])):
-                if cut_in_item == index and k == 1:
-                    return frames
-                emit(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    delta=piece,
-                )
-            emit(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                arguments=raw,
-                name=item["name"],
-            )
+            _message_frames(emit, index, item)
+        elif _call_frames(emit, index, item, cut_in_item):
+            return frames
         emit("response.output_item.done", output_index=index, item=item)
     emit("response.completed", response=response(*items))
     return frames  # fmt: skip
+
+
+def _message_frames(emit: Callable[..., None], index: int, item: dict[str, Any]) -> None:
+    """A message item's frames: added, its text in two deltas, done."""
+    words = item["content"][0]["text"]
+    emit(
+        "response.output_item.added",
+        output_index=index,
+        item={**item, "status": "in_progress", "content": []},
+    )
+    part = {"type": "output_text", "text": "", "annotations": []}
+    emit(
+        "response.content_part.added",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        part=part,
+    )
+    for piece in (words[:5], words[5:]):
+        emit(
+            "response.output_text.delta",
+            item_id=item["id"],
+            output_index=index,
+            content_index=0,
+            delta=piece,
+            logprobs=[],
+        )
+    emit(
+        "response.output_text.done",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        text=words,
+        logprobs=[],
+    )
+    emit(
+        "response.content_part.done",
+        item_id=item["id"],
+        output_index=index,
+        content_index=0,
+        part={**part, "text": words},
+    )
+
+
+def _call_frames(
+    emit: Callable[..., None], index: int, item: dict[str, Any], cut_in_item: int | None
+) -> bool:
+    """A function call item's frames: added, its arguments in two deltas, done; True when
+    the stream is cut in this item's arguments (`cut_in_item`)."""
+    raw = item["arguments"]
+    emit(
+        "response.output_item.added",
+        output_index=index,
+        item={**item, "status": "in_progress", "arguments": ""},
+    )
+    half = len(raw) // 2
+    for k, piece in enumerate((raw[:half], raw[half:])):
+        if cut_in_item == index and k == 1:
+            return True
+        emit(
+            "response.function_call_arguments.delta",
+            item_id=item["id"],
+            output_index=index,
+            delta=piece,
+        )
+    emit(
+        "response.function_call_arguments.done",
+        item_id=item["id"],
+        output_index=index,
+        arguments=raw,
+        name=item["name"],
+    )
+    return False
