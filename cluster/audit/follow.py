@@ -18,7 +18,12 @@ from quorumgate.audit.records import SHIP_BATCH_VERDICTS_MAX, Cursor, ShippedVer
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.runtime.readauth import METHOD_LEDGER, METHOD_RECEIPTS, read_auth_metadata
-from quorumgate.sdk.certificates import receipt_or_none, receipt_signature_ok, statement_key
+from quorumgate.sdk.certificates import (
+    certified_leaf,
+    receipt_or_none,
+    receipt_signature_ok,
+    statement_key,
+)
 from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.receipts import (
     PATH_HASHES_MAX,
@@ -27,7 +32,6 @@ from quorumgate.sidecar.receipts import (
     Receipt,
     assemble_certificate,
     root_from_path,
-    verify_certificate,
 )
 
 SIDECAR_READ_S = 5.0  # one sidecar's answer to one read, or its receipts for one page
@@ -175,9 +179,7 @@ def _verify(spec: ClusterSpec, cert: Certificate, done: set[tuple[object, ...]])
                 cert.leaf.hash(spec.chain_id), cert.leaf.index, cert.leaf_count, cert.path
             )
             return root == cert.verdict_root and len(cert.path) <= PATH_HASHES_MAX
-        verify_certificate(
-            cert, spec.chain_id, spec.receipt_keys, receipts_expire=spec.receipts_expire
-        )
+        certified_leaf(spec, cert)
     except CertificateError:
         return False
     done.add(statement)

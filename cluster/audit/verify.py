@@ -16,8 +16,9 @@ import psycopg
 from quorumgate.audit.records import leaf_matches
 from quorumgate.audit.store import certificate_of, entry_of, read_rows
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.sdk.certificates import certified_leaf
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry
-from quorumgate.sidecar.receipts import CertificateError, verify_certificate
+from quorumgate.sidecar.receipts import CertificateError
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -102,9 +103,7 @@ class _Walk:
 def _certificate(spec: ClusterSpec, entry: LedgerEntry, row: tuple[Any, ...]) -> str:
     try:
         cert = certificate_of(row)
-        leaf = verify_certificate(
-            cert, spec.chain_id, spec.receipt_keys, receipts_expire=spec.receipts_expire
-        )
+        leaf = certified_leaf(spec, cert)
     except CertificateError as err:
         return f"certificate does not verify ({err.reason})"
     if not leaf_matches(entry, leaf):

@@ -25,6 +25,7 @@ from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
     Receipt,
+    ReceiptLeaf,
     assemble_certificate,
     verify_certificate,
 )
@@ -97,19 +98,28 @@ def load_certificate(data: bytes) -> Certificate:
         raise InvalidCertificate(err.reason) from err
 
 
+def certified_leaf(
+    spec: ClusterSpec, certificate: Certificate, proposal_id: bytes | None = None
+) -> ReceiptLeaf:
+    """The leaf `certificate` certifies, checked against the cluster file: f+1 distinct
+    members' receipt keys, chain id, Merkle path, and the signed validity window's shape
+    where the chain's receipts expire. Raises `CertificateError`."""
+    return verify_certificate(
+        certificate,
+        spec.chain_id,
+        spec.receipt_keys,
+        receipts_expire=spec.receipts_expire,
+        proposal_id=proposal_id,
+    )
+
+
 def verify(
     spec: ClusterSpec, certificate: Certificate, *, proposal_id: bytes | None = None
 ) -> Decision:
     """Check a certificate offline against the cluster file (f+1 distinct members'
     receipt keys, chain id, Merkle path) and return it as a `Decision`."""
     try:
-        leaf = verify_certificate(
-            certificate,
-            spec.chain_id,
-            spec.receipt_keys,
-            receipts_expire=spec.receipts_expire,
-            proposal_id=proposal_id,
-        )
+        leaf = certified_leaf(spec, certificate, proposal_id)
     except CertificateError as err:
         raise InvalidCertificate(err.reason, proposal_id=proposal_id) from err
     return Decision(leaf.proposal_id, certificate)

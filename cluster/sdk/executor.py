@@ -79,7 +79,7 @@ from quorumgate.proto import names
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import Outcome, Proposal
 from quorumgate.proto.tx import TxRejected, parse
-from quorumgate.sdk.certificates import decode_card, load_certificate
+from quorumgate.sdk.certificates import certified_leaf, decode_card, load_certificate
 from quorumgate.sdk.errors import ClusterUnavailable
 from quorumgate.sdk.log import CommittedLog
 from quorumgate.sdk.targets import certified_call
@@ -91,7 +91,6 @@ from quorumgate.sidecar.receipts import (
     CertificateError,
     ReceiptLeaf,
     check_validity,
-    verify_certificate,
 )
 
 __all__ = [
@@ -412,15 +411,8 @@ class Executor(_ClosedOnExit):
     def _leaf(self, certificate: Certificate, proposal_id: bytes) -> ReceiptLeaf:
         """The certified leaf, once the certificate verifies and, on a chain whose receipts
         expire, its window holds by this executor's clock."""
-        spec = self.spec
         try:
-            leaf = verify_certificate(
-                certificate,
-                spec.chain_id,
-                spec.receipt_keys,
-                receipts_expire=spec.receipts_expire,
-                proposal_id=proposal_id,
-            )
+            leaf = certified_leaf(self.spec, certificate, proposal_id)
         except CertificateError as err:
             raise CertificateRejected(err.reason) from err
         if certificate.validity is not None:  # verified: present exactly when they expire
