@@ -167,8 +167,47 @@ class ClusterSpec:
         return self.members[index]
 
 
-def _free_loopback_ports(count: int) -> list[int]:
-    """Ports the kernel hands out now, all held open together so none repeats."""
+# The kernel hands out ports in this range for outgoing connections and for binds to port 0
+# (ip(7), ip_local_port_range). A port `init` picks there can be taken by any client socket
+# before `up` binds it, so `init` picks below it. When the file is absent (not Linux), the
+# IANA dynamic range starts at 49152 (RFC 6335, section 6); Linux's default starts at 32768.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+EPHEMERAL_LOW_DEFAULT = 32768
+LOCAL_PORTS_LOW = 20000  # below it lie the ports people and other services set by hand
+LOCAL_BLOCK_TRIES = 64
+
+
+def ephemeral_low(path: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """The first port of the kernel's ephemeral range (EPHEMERAL_LOW_DEFAULT if unknown)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
+
+
+def _port_is_free(port: int, stack: ExitStack) -> bool:
+    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
+def _free_loopback_ports(count: int, *, high: int | None = None) -> list[int]:
+    """`count` consecutive ports free on loopback now, in [LOCAL_PORTS_LOW, ephemeral_low()):
+    outside the range the kernel gives to client sockets, so no outgoing connection takes
+    one between `init` and `up`. The block starts at a random port, so two clusters set up
+    at once rarely try the same one. Where that range is too small (a kernel configured
+    so), ports the kernel hands out now, as a last resort."""
+    high = ephemeral_low() if high is None else high
+    span = high - LOCAL_PORTS_LOW - count
+    if span > 0:
+        for _ in range(LOCAL_BLOCK_TRIES):
+            first = LOCAL_PORTS_LOW + secrets.randbelow(span)
+            with ExitStack() as stack:  # all held together while checked
+                if all(_port_is_free(port, stack) for port in range(first, first + count)):
+                    return list(range(first, first + count))
     with ExitStack() as stack:
         ports = []
         for _ in range(count):
@@ -240,7 +279,8 @@ def init_cluster(
     """Write a new cluster file and fresh keys for `nodes` members under `directory`; with
     TLS (the default) a TLS key per member and its pinned certificate in the file.
 
-    Every member listens on `host` at ports free on this machine now; or, for members on
+    Every member listens on `host` at a block of ports free on this machine now, below the
+    kernel's range for client sockets (`_free_loopback_ports`); or, for members on
     several hosts, member I on `hosts[I]` at fixed ports from `port_base`
     (PORT_BASE_DEFAULT), the same on every host (`member_ports`)."""
     hosts = _checked_hosts(nodes, hosts)
