@@ -306,6 +306,7 @@ def _forge_allow(
 
 
 LIAR_ROUNDS_MAX = 50  # asks for the same certificate until the forgery was served
+LIAR_CATCH_UP_S = 30.0  # for the real sidecar 3 to execute the call, however loaded the host
 
 
 class LyingSidecar(spb_grpc.SidecarServicer):  # type: ignore[misc]
@@ -413,9 +414,16 @@ async def test_a_lying_sidecar_cannot_change_or_spoil_the_certified_answer(
         spec = _with_member(cluster, 3, sidecar_port=port)
         async with agent_client(spec, key) as qg:
             decisions = [await qg.propose("web.get", URL, run_id=RUN)]
-            # The client answers as soon as f+1 sidecars agree, so the liar's forgery may
-            # come too late for the first answer: ask again (each sidecar answers at once
-            # now) until the forgery has been served, checking every answer.
+            # The client answers as soon as f+1 sidecars agree and drops the slower calls,
+            # so the liar's forgery may come too late for the first answer. Under load the
+            # real sidecar 3 may still be behind: wait until it has executed the call (so
+            # the liar answers at once), then ask again until the forgery has been served,
+            # checking every answer.
+            height = decisions[0].height
+            deadline = time.monotonic() + LIAR_CATCH_UP_S
+            while (await liar.real.Status(spb.SidecarStatusRequest())).executed_height < height:
+                assert time.monotonic() < deadline, "sidecar 3 never executed the call"
+                await asyncio.sleep(0.02)
             for _ in range(LIAR_ROUNDS_MAX):
                 if liar.forged >= 1:
                     break
