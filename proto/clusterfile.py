@@ -194,7 +194,7 @@ def _port_is_free(port: int, stack: ExitStack) -> bool:
     return True
 
 
-def _free_loopback_ports(count: int, *, high: int | None = None) -> list[int]:
+def free_loopback_ports(count: int, *, high: int | None = None) -> list[int]:
     """`count` consecutive ports free on loopback now, in [LOCAL_PORTS_LOW, ephemeral_low()):
     outside the range the kernel gives to client sockets, so no outgoing connection takes
     one between `init` and `up`. The block starts at a random port, so two clusters set up
@@ -280,7 +280,7 @@ def init_cluster(
     TLS (the default) a TLS key per member and its pinned certificate in the file.
 
     Every member listens on `host` at a block of ports free on this machine now, below the
-    kernel's range for client sockets (`_free_loopback_ports`); or, for members on
+    kernel's range for client sockets (`free_loopback_ports`); or, for members on
     several hosts, member I on `hosts[I]` at fixed ports from `port_base`
     (PORT_BASE_DEFAULT), the same on every host (`member_ports`)."""
     hosts = _checked_hosts(nodes, hosts)
@@ -290,7 +290,7 @@ def init_cluster(
     _check_member_count(nodes)
     _refuse_existing_keys(directory, nodes)
     if hosts is None and port_base is None:
-        free = _free_loopback_ports(nodes * PORTS_PER_MEMBER)
+        free = free_loopback_ports(nodes * PORTS_PER_MEMBER)
         ports = [free[i * PORTS_PER_MEMBER : (i + 1) * PORTS_PER_MEMBER] for i in range(nodes)]
     else:
         ports = member_ports(hosts or [host] * nodes, port_base or PORT_BASE_DEFAULT)

@@ -29,14 +29,12 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
@@ -65,6 +63,7 @@ from quorumgate.bench.procstats import cpu_delta, sample_cpu, sample_rss
 from quorumgate.bench.report import _r, percentile
 from quorumgate.bench.stopping import BenchError, sleep_until
 from quorumgate.bench.workers import RETRY_BACKOFF_S
+from quorumgate.proto.clusterfile import free_loopback_ports
 
 VALUE_BYTES = 256  # the same request size as a QuorumGate bench proposal
 NODES = 4
@@ -128,14 +127,8 @@ def available_baselines() -> tuple[list[Baseline], list[str]]:
 
 
 def free_ports(count: int) -> list[int]:
-    """Loopback ports the kernel hands out now, all held open together so none repeats."""
-    with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((HOST, 0))
-            ports.append(sock.getsockname()[1])
-        return ports
+    """Loopback ports free now, outside the range client sockets take."""
+    return free_loopback_ports(count)
 
 
 # ---------------------------------------------------------------------------- clusters

@@ -18,7 +18,6 @@ headers and send raw chunks exactly as given."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections import deque
@@ -32,15 +31,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from quorumgate.proto.clusterfile import free_loopback_ports
+
 START_S = 20.0
 STOP_S = 20.0
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port free now, outside the range client sockets take."""
+    return free_loopback_ports(1)[0]
 
 
 class ServerThread:

@@ -10,8 +10,8 @@ from quorumgate.proto.clusterfile import (
     EPHEMERAL_LOW_DEFAULT,
     LOCAL_PORTS_LOW,
     PORT_FIELDS,
-    _free_loopback_ports,
     ephemeral_low,
+    free_loopback_ports,
     init_cluster,
 )
 
@@ -48,12 +48,12 @@ def test_a_port_in_use_is_never_picked() -> None:
                 continue  # in use already: just as good for this test
             held.append(port)
         # a range that only fits blocks overlapping the held ports, or the one just after
-        ports = _free_loopback_ports(4, high=LOCAL_PORTS_LOW + 48)
+        ports = free_loopback_ports(4, high=LOCAL_PORTS_LOW + 48)
         assert not set(ports) & set(held)
 
 
 def test_a_range_too_small_falls_back_to_ports_the_kernel_hands_out() -> None:
-    ports = _free_loopback_ports(8, high=LOCAL_PORTS_LOW + 4)
+    ports = free_loopback_ports(8, high=LOCAL_PORTS_LOW + 4)
     assert len(set(ports)) == 8
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from quorumgate.proto.clusterfile import free_loopback_ports
 
 PG_START_S = 30  # pg_ctl -w waits at most this long for the server
 PG_USER_WHEN_ROOT = "nobody"
@@ -32,9 +33,7 @@ def pg_binary(name: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_loopback_ports(1)[0]  # outside the range client sockets take
 
 
 def _as_user(cmd: list[str]) -> list[str]:
