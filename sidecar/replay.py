@@ -394,6 +394,84 @@ async def _executed(
 ProgressFn = Callable[[int, int, float], None]
 
 
+@dataclass
+class _Position:
+    """Where a replay stands: the last block it linked and the ledger head after it."""
+
+    block_hash: bytes
+    view: int
+    height: int
+    ledger_head: bytes
+    state: bytes | None  # the engine state to start from (a checkpoint's), None from genesis
+
+
+def _resume_position(
+    spec: ClusterSpec, index: int, top: int, report: ReplayReport, *, resume: bool
+) -> _Position:
+    """Genesis, or the checkpoint an interrupted replay left if it is not above the log."""
+    prev = genesis_block(spec.chain_id)
+    position = _Position(prev.hash, prev.view, prev.height, ZERO_HASH, None)
+    loaded = _load_checkpoint(spec, index) if resume else None
+    if loaded is not None:
+        checkpoint, checkpoint_state = loaded
+        if checkpoint.height <= top:
+            position = _Position(
+                bytes.fromhex(checkpoint.block_hash),
+                checkpoint.block_view,
+                checkpoint.height,
+                bytes.fromhex(checkpoint.ledger_head),
+                checkpoint_state,
+            )
+            report.resumed_from = checkpoint.height
+    return position
+
+
+async def _open_log(spec: ClusterSpec, index: int) -> tuple[int, ReplicaStore | None]:
+    """The committed top of the replica's log: asked of the running replica, or read from
+    its store when it does not answer (then the open store is returned to read blocks)."""
+    top = await _replica_top(spec, index)
+    if top is not None:
+        return top, None
+    try:
+        replica_store = await ReplicaStore.open(spec.node_dir(index) / "replica.db", spec.chain_id)
+    except Exception as err:
+        raise ReplayError(f"replica {index} neither answers nor opens: {err}") from err
+    return replica_store.committed_height, replica_store
+
+
+async def _take(
+    spec: ClusterSpec,
+    store: SidecarStore,
+    block: Block,
+    executed: ExecutedHeight,
+    position: _Position,
+    report: ReplayReport,
+) -> bool:
+    """Compare a re-executed block with what the store recorded, or record it; False when
+    it diverges from the store (the replay stops there)."""
+    report.heights_replayed += 1
+    report.verdicts += len(executed.result.verdicts)
+    if block.height <= store.executed_height:
+        # Recorded before: compare (the ledger entries are computed here only).
+        entries = LedgerEntry.chain(
+            spec.chain_id, block.height, executed.result.verdicts, position.ledger_head
+        )
+        position.ledger_head = entries[-1].hash if entries else position.ledger_head
+        if block.height >= report.from_height:
+            report.heights_compared += 1
+            await _compare(store, spec.chain_id, executed, entries, report)
+        return True
+    try:
+        await store.record(executed)
+    except DivergenceError as err:
+        report.mismatches.append({"height": block.height, "what": "artifact", "detail": str(err)})
+        return False
+    report.heights_recorded += 1
+    report.artifacts_written += len(executed.result.artifacts)
+    position.ledger_head = store.ledger_head
+    return True
+
+
 async def replay(
     spec: ClusterSpec,
     index: int,
@@ -408,7 +486,6 @@ async def replay(
     if workers not in (0, 1):
         raise ValueError("workers must be 0 or 1")
     node_dir = spec.node_dir(index)
-    config = config_for_cluster(spec)
     report = ReplayReport(node=index, from_height=max(1, from_height))
     started = time.perf_counter()
     try:
@@ -419,44 +496,25 @@ async def replay(
         ) from err
     replica_store: ReplicaStore | None = None
     try:
-        top = await _replica_top(spec, index)
-        if top is None:
-            try:
-                replica_store = await ReplicaStore.open(node_dir / "replica.db", spec.chain_id)
-            except Exception as err:
-                raise ReplayError(f"replica {index} neither answers nor opens: {err}") from err
-            top = replica_store.committed_height
+        top, replica_store = await _open_log(spec, index)
         report.top_height = top
-
-        prev = genesis_block(spec.chain_id)
-        prev_hash, prev_view, prev_height = prev.hash, prev.view, prev.height
-        ledger_head = ZERO_HASH
-        state: bytes | None = None
-        loaded = _load_checkpoint(spec, index) if resume else None
-        if loaded is not None:
-            checkpoint, checkpoint_state = loaded
-            if checkpoint.height <= top:
-                state = checkpoint_state
-                prev_hash = bytes.fromhex(checkpoint.block_hash)
-                prev_view, prev_height = checkpoint.block_view, checkpoint.height
-                ledger_head = bytes.fromhex(checkpoint.ledger_head)
-                report.resumed_from = checkpoint.height
-        start = prev_height + 1
+        at = _resume_position(spec, index, top, report, resume=resume)
+        start = at.height + 1
         blocks = (
             _blocks_from_store(replica_store, start, top)
             if replica_store is not None
             else _blocks_from_replica(spec, index, start, top)
         )
         setup = _WorkerSetup(
-            config,
+            config_for_cluster(spec),
             read_seed(node_dir / RECEIPT_KEY_FILE),
             index,
             spec.membership(),
-            state,
+            at.state,
             CHECKPOINT_HEIGHTS,
             store.executed_height,
         )
-        linked = _linked(blocks, prev_hash, prev_view, prev_height)
+        linked = _linked(blocks, at.block_hash, at.view, at.height)
         async with contextlib.aclosing(_executed(linked, setup, workers)) as outcomes:
             async for block, outcome in outcomes:
                 if isinstance(outcome, str):  # the block's certificate did not verify
@@ -466,34 +524,14 @@ async def replay(
                     break
                 report.certificates_checked += 1
                 executed, checkpoint_state = outcome
-                report.heights_replayed += 1
-                report.verdicts += len(executed.result.verdicts)
-                if block.height <= store.executed_height:
-                    # Recorded before: compare (the ledger entries are computed here only).
-                    entries = LedgerEntry.chain(
-                        spec.chain_id, block.height, executed.result.verdicts, ledger_head
-                    )
-                    ledger_head = entries[-1].hash if entries else ledger_head
-                    if block.height >= report.from_height:
-                        report.heights_compared += 1
-                        await _compare(store, spec.chain_id, executed, entries, report)
-                else:
-                    try:
-                        await store.record(executed)
-                    except DivergenceError as err:
-                        report.mismatches.append(
-                            {"height": block.height, "what": "artifact", "detail": str(err)}
-                        )
-                        break
-                    report.heights_recorded += 1
-                    report.artifacts_written += len(executed.result.artifacts)
-                    ledger_head = store.ledger_head
-                prev_height = block.height
+                if not await _take(spec, store, block, executed, at, report):
+                    break
+                at.height = block.height
                 if checkpoint_state is not None:
-                    _write_checkpoint(spec, index, block, ledger_head, checkpoint_state)
+                    _write_checkpoint(spec, index, block, at.ledger_head, checkpoint_state)
                 if progress is not None:
                     progress(block.height, top, time.perf_counter() - started)
-        if prev_height == top and not report.mismatches:
+        if at.height == top and not report.mismatches:
             _clear_checkpoint(spec, index)
     finally:
         await store.close()
