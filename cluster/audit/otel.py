@@ -45,6 +45,9 @@ EVENT_NAME = "quorumgate.verdict"
 SCOPE_NAME = "quorumgate.audit"
 SERVICE_NAME = "quorumgate-ship"
 UNCHECKED_TARGET = "!"  # sidecar/engine/targets.py: a target with no canonical form
+# Outcomes an auditor looks at (proto/model.py `Outcome`): a denial, an observe-mode
+# finding, a rejected transaction. They are WARN; the rest (allow, pending, applied) INFO.
+WARN_OUTCOMES = frozenset({"deny", "flag", "rejected"})
 
 
 class OtlpError(Exception):
@@ -239,14 +242,14 @@ class VerdictRecords:
 
     def make(self, verdicts: Sequence[ShippedVerdict]) -> list[Any]:
         """One record per verdict, in ledger order: an event (no body, as the semantic
-        conventions for events ask), WARN for a denial, INFO otherwise."""
+        conventions for events ask), WARN for `WARN_OUTCOMES`, INFO otherwise."""
         self.collect.records = []
         for verdict in verdicts:
-            denied = verdict.entry.outcome == "deny"
+            warn = verdict.entry.outcome in WARN_OUTCOMES
             self.logger.emit(
                 event_name=EVENT_NAME,
-                severity_number=self.severity.WARN if denied else self.severity.INFO,
-                severity_text="WARN" if denied else "INFO",
+                severity_number=self.severity.WARN if warn else self.severity.INFO,
+                severity_text="WARN" if warn else "INFO",
                 attributes=verdict_attributes(self.chain_id, verdict),
             )
         made, self.collect.records = self.collect.records, []

@@ -228,8 +228,8 @@ def check_record(spec: ClusterSpec, got: Received, entry: LedgerEntry) -> None:
     assert got.scope == "quorumgate.audit"
     assert got.resource["service.name"] == "quorumgate-ship"
     assert got.resource["quorumgate.chain.id"] == spec.chain_id
-    denied = entry.outcome == "deny"
-    assert (got.severity_number, got.severity_text) == ((13, "WARN") if denied else (9, "INFO"))
+    warn = entry.outcome in ("deny", "flag", "rejected")
+    assert (got.severity_number, got.severity_text) == ((13, "WARN") if warn else (9, "INFO"))
     assert (a["quorumgate.ledger.height"], a["quorumgate.ledger.index"]) == (
         entry.height, entry.index,
     )  # fmt: skip
