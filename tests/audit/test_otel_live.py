@@ -10,10 +10,13 @@ served by a gRPC server on a free loopback port in the test's own process."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -44,7 +47,8 @@ from quorumgate.sdk.delivery import Channels
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.wire import decode_certificate
-from tests.support.cluster import new_agent
+from tests.audit.test_ship_live import count, fresh_db
+from tests.support.cluster import new_agent, wait_until
 
 RECEIVER_WORKERS = 2
 RECEIVER_STOP_S = 5.0
@@ -393,3 +397,45 @@ def test_the_command_ships_over_otlp_alone(
         check=False, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert other.returncode == 2 and "another endpoint" in other.stderr
+
+
+def test_beside_postgresql_both_copies_catch_up_with_their_metrics_on_one_port(
+    cluster: ClusterSpec, decided: str, receiver: Receiver, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """The running shipper with --dsn and --otlp: each copy's rounds and cursor, both
+    registries on one metrics port, and SIGTERM ends it cleanly."""
+    dsn = fresh_db(postgres_dsn, "ship_beside_otlp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quorumgate.cli", "ship", "--dir", str(cluster.directory),
+         "--dsn", dsn, "--otlp", receiver.url, "--otlp-cursor", str(tmp_path / "cursor.json"),
+         "--metrics-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+
+        def caught_up() -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                return None
+            done = all(
+                f"{name} 0.0" not in text
+                for name in ("qg_ship_verdicts_total", "qg_ship_otlp_verdicts_total")
+            )
+            lags = ("qg_ship_lag_heights 0.0", "qg_ship_otlp_lag_heights 0.0")
+            return text if done and all(lag in text for lag in lags) else None
+
+        text = wait_until("both copies caught up, by the metrics", caught_up)
+        assert 'qg_ship_otlp_batches_total{result="exported"}' in text
+        assert "qg_ship_otlp_retries_total 0.0" in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    rows = count(dsn, "SELECT count(*) FROM qg_verdicts")
+    sent = len({r.uid for r in receiver.records()})
+    assert rows == sent > ALLOWS
