@@ -8,11 +8,13 @@ import contextlib
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterFileError, load_cluster, read_seed
 
 EXIT_USAGE = 2
 NEEDS_EXTRA = "the audit copy needs PostgreSQL's driver: pip install 'quorumgate[audit]'"
+NEEDS_OTEL = "--otlp needs the OpenTelemetry SDK: pip install 'quorumgate[otel]'"
 
 
 def _has_driver() -> bool:
@@ -24,50 +26,123 @@ def _has_driver() -> bool:
     return True
 
 
+def _has_otel() -> bool:
+    try:
+        import opentelemetry.exporter.otlp.proto.grpc
+        import opentelemetry.sdk._logs  # noqa: F401
+    except ImportError:
+        print(f"error: {NEEDS_OTEL}", file=sys.stderr)
+        return False
+    return True
+
+
+def _otlp_options(args: argparse.Namespace) -> Any:
+    """The OTLP shipper's options from `--otlp` and `--otlp-cursor` (OtlpError when the
+    endpoint is not one, docs/audit.md "OpenTelemetry")."""
+    from quorumgate.audit.otel import OTLP_CURSOR_FILE, OtlpOptions, parse_endpoint
+
+    endpoint, insecure = parse_endpoint(args.otlp)
+    cursor = Path(args.otlp_cursor) if args.otlp_cursor else Path(args.dir) / OTLP_CURSOR_FILE
+    return OtlpOptions(endpoint, insecure, cursor)
+
+
+class _Registries:
+    """Both shippers' registries behind one metrics port."""
+
+    def __init__(self, *registries: Any) -> None:
+        self.registries = registries
+
+    def collect(self) -> Any:
+        for registry in self.registries:
+            yield from registry.collect()
+
+
 def _key_file(args: argparse.Namespace, directory: Path) -> Path:
     return Path(args.key) if args.key else directory / OWNER_KEY_FILE
 
 
+def _shippers(args: argparse.Namespace, spec: Any, key: Any, stubs: Any) -> dict[str, Any]:
+    """The shippers asked for, by where they copy to."""
+    shippers: dict[str, Any] = {}
+    if args.dsn:
+        from quorumgate.audit.shipper import ShipOptions, Shipper
+
+        shippers["to PostgreSQL"] = Shipper(spec, key, stubs, ShipOptions(dsn=args.dsn))
+    if args.otlp:
+        from quorumgate.audit.otel import OtlpShipper
+
+        shippers["over OTLP"] = OtlpShipper(spec, key, stubs, args.otlp_options)
+    return shippers
+
+
+async def _ship_all_once(shippers: dict[str, Any]) -> None:
+    for where, shipper in shippers.items():
+        total = 0
+        while shipped := await shipper.ship_once():
+            total += shipped
+        print(f"shipped {total} verdicts {where}", flush=True)
+
+
 async def _ship(args: argparse.Namespace) -> int:
     from nacl.signing import SigningKey
-    from prometheus_client import start_http_server
+    from prometheus_client import CollectorRegistry, start_http_server
 
-    from quorumgate.audit.shipper import ShipOptions, Shipper
     from quorumgate.sdk.delivery import Channels
 
     directory = Path(args.dir)
     spec = load_cluster(directory)
     key = SigningKey(read_seed(_key_file(args, directory)))
     channels = Channels(spec)
-    shipper = Shipper(spec, key, channels.sidecars, ShipOptions(dsn=args.dsn))
+    shippers = _shippers(args, spec, key, channels.sidecars)
     if args.metrics_port is not None:
-        start_http_server(args.metrics_port, addr="127.0.0.1", registry=shipper.metrics.registry)
+        registry = CollectorRegistry()
+        registry.register(_Registries(*(s.metrics.registry for s in shippers.values())))
+        start_http_server(args.metrics_port, addr="127.0.0.1", registry=registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
         if args.once:
-            total = 0
-            while shipped := await shipper.ship_once():
-                total += shipped
-            print(f"shipped {total} verdicts", flush=True)
+            await _ship_all_once(shippers)
         else:
-            await shipper.run(stop)
+            # each copy keeps its own cursor: a receiver that is down does not hold the
+            # other copy back
+            await asyncio.gather(*(s.run(stop) for s in shippers.values()))
     finally:
-        shipper.close()
+        for shipper in shippers.values():
+            shipper.close()
         await channels.close()
     return 0
 
 
 def cmd_ship(args: argparse.Namespace) -> int:
-    if not _has_driver():
+    if not args.dsn and not args.otlp:
+        print("error: ship needs --dsn, --otlp or both", file=sys.stderr)
         return EXIT_USAGE
+    if args.dsn and not _has_driver():
+        return EXIT_USAGE
+    refused: tuple[type[Exception], ...] = (ClusterFileError,)
+    failed: tuple[type[Exception], ...] = ()
+    if args.otlp:
+        if not _has_otel():
+            return EXIT_USAGE
+        from quorumgate.audit.otel import ExportFailed, OtlpError
+
+        refused, failed = (ClusterFileError, OtlpError), (ExportFailed,)
+        try:
+            args.otlp_options = _otlp_options(args)
+        except OtlpError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         return asyncio.run(_ship(args))
-    except ClusterFileError as err:
+    except refused as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except failed as err:
+        print(f"error: the OTLP receiver did not take the records: {err}", file=sys.stderr)
+        return 1
 
 
 def cmd_audit_verify(args: argparse.Namespace) -> int:
@@ -94,9 +169,15 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ship = sub.add_parser("ship", help="copy certified verdicts into PostgreSQL (docs/audit.md)")
+    ship = sub.add_parser(
+        "ship", help="copy certified verdicts into PostgreSQL and/or OTLP (docs/audit.md)"
+    )
     ship.add_argument("--dir", required=True, help="the cluster directory (cluster.json)")
-    ship.add_argument("--dsn", required=True, help="postgresql://... of the copy")
+    ship.add_argument("--dsn", help="postgresql://... of the copy")
+    ship.add_argument("--otlp", help="http(s)://HOST:PORT of an OTLP/gRPC log receiver")
+    ship.add_argument(
+        "--otlp-cursor", help="the OTLP cursor file (default DIR/ship-otlp-cursor.json)"
+    )
     ship.add_argument("--key", help="the reading key file (an auditor's; default owner.key)")
     ship.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on loopback")
     ship.add_argument("--once", action="store_true", help="ship what is certified now, then exit")

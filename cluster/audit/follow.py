@@ -14,7 +14,14 @@ from typing import Any
 import grpc
 from nacl.signing import SigningKey
 
-from quorumgate.audit.records import SHIP_BATCH_VERDICTS_MAX, Cursor, ShippedVerdict, leaf_matches
+from quorumgate.audit.records import (
+    SHIP_BATCH_VERDICTS_MAX,
+    Cursor,
+    ShippedVerdict,
+    agreed_entries,
+    leaf_matches,
+    linked_prefix,
+)
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.runtime.readauth import METHOD_LEDGER, METHOD_RECEIPTS, read_auth_metadata
@@ -220,3 +227,32 @@ def certified(
             break
         out.append(ShippedVerdict(entry, cert))
     return out
+
+
+async def read_round(spec: ClusterSpec, reader: Reader, cursor: Cursor) -> Round:
+    """The certified verdicts after `cursor` (at most a batch), and the refusals: one round
+    as docs/audit.md ("What the shipper trusts") lists it, whatever the copy is (a
+    PostgreSQL table or an OTLP receiver)."""
+    found = Round()
+    heights = await reader.executed_heights(found.refusals)
+    needed = spec.f + 1
+    ranked = sorted(heights.values(), reverse=True)
+    found.executed = ranked[needed - 1] if len(ranked) >= needed else 0
+    pages = await reader.ledger_pages(cursor, found.refusals)
+    agreed = agreed_entries(pages, needed)
+    found.caught_up = len(agreed) < SHIP_BATCH_VERDICTS_MAX
+    for i, page in pages.items():
+        if page[: len(agreed)] != agreed[: len(page)]:
+            found.refusals.append(Refusal(i, "ledger differs"))
+    entries, why = linked_prefix(spec.chain_id, cursor, agreed)
+    if why:
+        found.refusals.append(Refusal(-1, "no link", why))
+        found.caught_up = False
+    if not entries:
+        return found
+    ready = {i for i, h in heights.items() if h >= entries[-1].height}
+    receipts = await reader.receipts(entries, ready, found.refusals)
+    certs = certificates(spec, receipts)
+    found.verdicts = certified(entries, certs, found.refusals)
+    found.caught_up = found.caught_up and len(found.verdicts) == len(agreed)
+    return found

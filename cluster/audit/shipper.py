@@ -17,14 +17,8 @@ import psycopg
 from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from quorumgate.audit.follow import Reader, Refusal, Round, certificates, certified
-from quorumgate.audit.records import (
-    SHIP_BATCH_VERDICTS_MAX,
-    Batch,
-    Cursor,
-    agreed_entries,
-    linked_prefix,
-)
+from quorumgate.audit.follow import Reader, Round, read_round
+from quorumgate.audit.records import Batch, Cursor
 from quorumgate.audit.store import CursorMoved, Written, connect, read_cursor, write_batch
 from quorumgate.proto.clusterfile import ClusterSpec
 
@@ -89,29 +83,7 @@ class Shipper:
 
     async def next_round(self, cursor: Cursor) -> Round:
         """The certified verdicts after `cursor` (at most a batch), and the refusals."""
-        found = Round()
-        heights = await self.reader.executed_heights(found.refusals)
-        needed = self.spec.f + 1
-        ranked = sorted(heights.values(), reverse=True)
-        found.executed = ranked[needed - 1] if len(ranked) >= needed else 0
-        pages = await self.reader.ledger_pages(cursor, found.refusals)
-        agreed = agreed_entries(pages, needed)
-        found.caught_up = len(agreed) < SHIP_BATCH_VERDICTS_MAX
-        for i, page in pages.items():
-            if page[: len(agreed)] != agreed[: len(page)]:
-                found.refusals.append(Refusal(i, "ledger differs"))
-        entries, why = linked_prefix(self.spec.chain_id, cursor, agreed)
-        if why:
-            found.refusals.append(Refusal(-1, "no link", why))
-            found.caught_up = False
-        if not entries:
-            return found
-        ready = {i for i, h in heights.items() if h >= entries[-1].height}
-        receipts = await self.reader.receipts(entries, ready, found.refusals)
-        certs = certificates(self.spec, receipts)
-        found.verdicts = certified(entries, certs, found.refusals)
-        found.caught_up = found.caught_up and len(found.verdicts) == len(agreed)
-        return found
+        return await read_round(self.spec, self.reader, cursor)
 
     def write(self, batch: Batch, cursor: Cursor) -> Written:
         """Write one batch, again after a failure (a lost answer included): the batch key
