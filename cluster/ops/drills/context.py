@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quorumgate.ops.drills.audit import SidecarView
 from quorumgate.ops.drills.bounds import (
@@ -37,6 +38,9 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.sdk.owner import OwnerError, OwnerSession, agent_ops, tool_op
 from quorumgate.sdk.owner import next_nonce as owner_next_nonce
 from quorumgate.sidecar.replay import ReplayReport
+
+if TYPE_CHECKING:
+    from quorumgate.ops.drills.ship import ShipTarget
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,16 @@ class Drill:
         seconds: float,
         rate_per_s: float,
         progress: ProgressFn | None,
+        ship: ShipTarget | None = None,
     ) -> None:
         self.name = name
+        self.ship = ship  # the `ship` drill's database
+        # What a drill adds to the checks, given the final height: run before the cluster
+        # is stopped (while it still answers) and after (its stores readable); and what
+        # it started that `close` must stop.
+        self.before_stop: list[Callable[[int], None]] = []
+        self.after_stop: list[Callable[[int], None]] = []
+        self.closers: list[Callable[[], None]] = []
         self.spec = spec
         self.n = spec.n
         self.seconds = seconds
@@ -284,6 +296,8 @@ class Drill:
     # ------------------------------------------------------------------ faults
 
     def close(self) -> None:
+        for closer in self.closers:
+            closer()
         if self.load is not None:
             self.load.close()
         self.cluster.close()
