@@ -21,9 +21,9 @@ import pytest
 
 from quorumgate.cli import main as quorumgate
 from quorumgate.ops.drills import FAULT_CYCLES_MIN, DrillError, run_drill
-from quorumgate.ops.drills.ship import SHIP_FAULTS, ShipTarget
+from quorumgate.ops.drills.ship import SHIP_FAULTS, ShipTarget, order_problems
 from quorumgate.ops.live import cluster_pids, proc_cmdlines
-from tests.support.postgres import PgServer, postgres_server  # noqa: F401 (fixture)
+from tests.support.postgres import PgServer
 
 NODES = 4
 SHORT_S = 2.0
@@ -102,3 +102,21 @@ def test_the_ship_drill_needs_its_database_and_no_other_drill_takes_one(
     with pytest.raises(DrillError):
         run_drill("ship", tmp_path / "other", nodes=NODES, seconds=SHORT_S)
     assert not (tmp_path / "other").exists()
+
+
+# ---------------------------------------------------------------------------- the checks
+
+
+LEDGER = [(1, 0, b"a"), (1, 1, b"b"), (3, 0, b"c"), (4, 0, b"d")]
+BATCHES = [("k1", 1, 0, 1, 1, 2), ("k2", 3, 0, 4, 0, 2)]
+
+
+def test_order_check_passes_the_ledger_and_names_a_gap_a_swap_and_overlapping_batches() -> None:
+    assert order_problems(LEDGER, list(LEDGER), BATCHES) == []
+    gap = order_problems(LEDGER, [LEDGER[0], LEDGER[1], LEDGER[3]], BATCHES)
+    assert any("height 4 index 0, the ledger height 3" in p for p in gap), gap
+    swapped = order_problems(LEDGER, [LEDGER[1], LEDGER[0], *LEDGER[2:]], BATCHES)
+    assert swapped and "row 0" in swapped[0]
+    overlap = [("k1", 1, 0, 3, 0, 3), ("k2", 3, 0, 4, 0, 2)]
+    assert any("starts at or before" in p for p in order_problems(LEDGER, LEDGER, overlap))
+    assert any("batches hold" in p for p in order_problems(LEDGER, LEDGER, BATCHES[:1]))

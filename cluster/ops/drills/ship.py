@@ -291,6 +291,8 @@ def kill_replica(d: Drill, run: ShipRun, k: int) -> None:
     fault.pids_after = {"replica": d.cluster.pid(victim, "replica") or 0}
     back = d.wait_replica_back(victim)
     fault.recovery_s = None if back is None else back - restarted
+    d.say(f"sigkill-replica {victim}: the copy reached height {goal} without it; back after "
+          f"{'-' if back is None else f'{back - restarted:.2f} s'}")  # fmt: skip
 
 
 def ship_drill(d: Drill) -> None:
@@ -381,7 +383,7 @@ def check_copy(d: Drill, run: ShipRun, top: int) -> None:
         f"all {len(ledger)} ledger entries, at {len({h for h, _, _ in ledger})} heights, "
         "are in the copy",
     )
-    d.check("copy_in_order", _order_problems(ledger, copied, copy_batches(run.target.dsn, chain)),
+    d.check("copy_in_order", order_problems(ledger, copied, copy_batches(run.target.dsn, chain)),
             "the copy's rows are the ledger's sequence; batches follow one another")  # fmt: skip
     acked = d.load.snapshot() if d.load is not None else []
     in_copy: dict[bytes, int] = {}
@@ -396,7 +398,7 @@ def check_copy(d: Drill, run: ShipRun, top: int) -> None:
     )  # fmt: skip
 
 
-def _order_problems(
+def order_problems(
     ledger: list[tuple[int, int, bytes]],
     copied: list[tuple[int, int, bytes]],
     batches: list[tuple[Any, ...]],
