@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from quorumgate.ops.drills import DRILLS, SECONDS_DEFAULT, DrillError, run_drill
+from quorumgate.ops.drills.database import ShipTarget
 from quorumgate.ops.drills.report import print_report
-from quorumgate.ops.drills.ship import ShipTarget
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:

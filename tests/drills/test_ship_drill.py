@@ -21,7 +21,8 @@ import pytest
 
 from quorumgate.cli import main as quorumgate
 from quorumgate.ops.drills import FAULT_CYCLES_MIN, DrillError, run_drill
-from quorumgate.ops.drills.ship import SHIP_FAULTS, ShipTarget, order_problems
+from quorumgate.ops.drills.database import ShipTarget
+from quorumgate.ops.drills.ship import SHIP_FAULTS, order_problems
 from quorumgate.ops.live import cluster_pids, proc_cmdlines
 from tests.support.postgres import PgServer
 

@@ -10,7 +10,6 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from quorumgate.ops.drills.audit import SidecarView
 from quorumgate.ops.drills.bounds import (
@@ -28,6 +27,7 @@ from quorumgate.ops.drills.bounds import (
     ProgressFn,
     poll,
 )
+from quorumgate.ops.drills.database import ShipTarget
 from quorumgate.ops.drills.report import Abort, Check, DrillReport, Fault, listed
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
 from quorumgate.ops.load import Load
@@ -38,9 +38,6 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.sdk.owner import OwnerError, OwnerSession, agent_ops, tool_op
 from quorumgate.sdk.owner import next_nonce as owner_next_nonce
 from quorumgate.sidecar.replay import ReplayReport
-
-if TYPE_CHECKING:
-    from quorumgate.ops.drills.ship import ShipTarget
 
 
 @dataclass(frozen=True)

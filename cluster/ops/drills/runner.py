@@ -21,9 +21,9 @@ from quorumgate.ops.drills.bounds import (
 )
 from quorumgate.ops.drills.checker import settle_and_check
 from quorumgate.ops.drills.context import Drill
+from quorumgate.ops.drills.database import ShipTarget
 from quorumgate.ops.drills.nemesis import FAULTS
 from quorumgate.ops.drills.report import Abort, DrillError, DrillReport
-from quorumgate.ops.drills.ship import ShipTarget
 from quorumgate.ops.load import PERSISTENT, Load
 from quorumgate.ops.nodes import log_tail, running_pid
 from quorumgate.proto.clusterfile import (

@@ -13,7 +13,6 @@ without a shell. The DSN is never printed: it may carry a password.
 from __future__ import annotations
 
 import asyncio
-import shlex
 import signal
 import socket
 import subprocess
@@ -38,7 +37,8 @@ from quorumgate.ops.drills.bounds import (
     poll,
 )
 from quorumgate.ops.drills.context import Drill
-from quorumgate.ops.drills.report import Abort, DrillError, Fault, short
+from quorumgate.ops.drills.database import ShipTarget
+from quorumgate.ops.drills.report import Abort, Fault, short
 from quorumgate.ops.live import Metrics
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.clusterfile import ClusterSpec
@@ -46,27 +46,6 @@ from quorumgate.sidecar.store import LEDGER_PAGE_ROWS_MAX, SidecarStore
 
 SHIP_FAULTS = ("sigkill-shipper", "restart-database", "sigkill-replica")
 SHIPPER_LOG = "shipper.log"
-
-
-@dataclass(frozen=True)
-class ShipTarget:
-    """The operator's PostgreSQL for the copy, and how to stop and start its server."""
-
-    dsn: str
-    db_stop: tuple[str, ...]
-    db_start: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, dsn: str | None, stop_cmd: str | None, start_cmd: str | None) -> ShipTarget:
-        if not dsn or not stop_cmd or not start_cmd:
-            raise DrillError(
-                "the ship drill needs --dsn, --db-stop-cmd and --db-start-cmd (docs/drills.md)"
-            )
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            raise DrillError("the ship drill needs pip install 'quorumgate[audit]'") from None
-        return cls(dsn, tuple(shlex.split(stop_cmd)), tuple(shlex.split(start_cmd)))
 
 
 def _free_port() -> int:
