@@ -10,7 +10,7 @@ Each run: wait until the copy has caught up with the ledger, then run the load, 
 sidecar 0's ledger entries, the copy's cursor and the shipper's lag every 0.2 s. Both rates
 are counted over the same interval, the stretch of samples in which the ledger grew (the
 agents' setup and the tail without load left out); `catch_up_s` is how long after the
-load the copy held the whole ledger again.
+load (the ledger's last growth) the copy held the whole ledger again.
 
     python scripts/bench_ship.py --dsn postgresql://qg@127.0.0.1:5432/postgres \
         [--nodes 4 | --dir D] [--seconds 10] [--runs 3] [--inflight 256] [--json]
@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quorumgate.bench.harness import open_cluster, run_bench
+from quorumgate.bench.agents import AGENT_POOL_DEFAULT
+from quorumgate.bench.harness import agent_nonces, check_serving, open_cluster, run_once
+from quorumgate.bench.load import RunOptions
 from quorumgate.bench.report import machine_info
 from quorumgate.ops.drills.ship import ShipperProcess, copy_cursor
 from quorumgate.ops.nodes import sidecar_status
@@ -59,6 +61,10 @@ class ShipRun:
     lag_p50_heights: float | None
     lag_p99_heights: float | None
     lag_max_heights: float | None
+    # verdicts certified and not yet copied (sidecar 0's ledger less the copy's cursor):
+    # a height holds a block's verdicts, many under load
+    backlog_p50_verdicts: float | None
+    backlog_p99_verdicts: float | None
     catch_up_s: float | None  # from the load's end until the copy holds the whole ledger
 
 
@@ -139,19 +145,27 @@ def loaded(samples: list[Sample]) -> list[Sample]:
     return best
 
 
-def one_run(spec: ClusterSpec, args: argparse.Namespace, shipper: ShipperProcess) -> ShipRun:
-    if poll_for(caught_up(spec, args.dsn), CATCH_UP_TIMEOUT_S, CATCH_UP_POLL_S) is None:
+def one_run(
+    spec: ClusterSpec, options: RunOptions, nonces: dict[str, int], dsn: str,
+    shipper: ShipperProcess,
+) -> ShipRun:  # fmt: skip
+    """One load, the agents already registered (their owner transactions are verdicts too,
+    a burst that is not the load's)."""
+    if poll_for(caught_up(spec, dsn), CATCH_UP_TIMEOUT_S, CATCH_UP_POLL_S) is None:
         raise SystemExit("the copy did not catch up with the ledger before the run")
-    sampler = Sampler(spec, args.dsn, shipper)
-    report = run_bench(spec, args.seconds, args.inflight, args.clients, warmup_s=args.warmup)
-    ended = time.monotonic()
-    back = poll_for(caught_up(spec, args.dsn), CATCH_UP_TIMEOUT_S, CATCH_UP_POLL_S)
-    window = loaded(sampler.stop())
+    sampler = Sampler(spec, dsn, shipper)
+    report = run_once(spec, options, nonces)
+    back = poll_for(caught_up(spec, dsn), CATCH_UP_TIMEOUT_S, CATCH_UP_POLL_S)
+    samples = sampler.stop()
+    window = loaded(samples)
     if len(window) < 2:
         raise SystemExit("the ledger did not grow during the run")
     first, last = window[0], window[-1]
+    # from the load's last growth of the ledger until the copy held the whole ledger
+    caught = next((x.at for x in samples if x.at >= last.at and x.copied >= x.ledger), back)
     span = last.at - first.at
     lags = [s.lag for s in window if s.lag is not None]
+    backlog = [float(s.ledger - s.copied) for s in window]
     return ShipRun(
         seconds=round(span, 3),
         certified=last.ledger - first.ledger,
@@ -163,7 +177,9 @@ def one_run(spec: ClusterSpec, args: argparse.Namespace, shipper: ShipperProcess
         lag_p50_heights=quantile(lags, 0.5),
         lag_p99_heights=quantile(lags, 0.99),
         lag_max_heights=max(lags, default=None),
-        catch_up_s=None if back is None else round(back - ended, 2),
+        backlog_p50_verdicts=quantile(backlog, 0.5),
+        backlog_p99_verdicts=quantile(backlog, 0.99),
+        catch_up_s=None if caught is None else round(caught - last.at, 2),
     )
 
 
@@ -174,7 +190,8 @@ def median(runs: list[ShipRun], key: str) -> float | None:
 
 def summary(runs: list[ShipRun], args: argparse.Namespace) -> dict[str, Any]:
     keys = ("certified_per_s", "shipped_per_s", "bench_certified_per_s", "lag_p50_heights",
-            "lag_p99_heights", "lag_max_heights", "catch_up_s")  # fmt: skip
+            "lag_p99_heights", "lag_max_heights", "backlog_p50_verdicts",
+            "backlog_p99_verdicts", "catch_up_s")  # fmt: skip
     medians = {k: median(runs, k) for k in keys}
     ratio = (
         medians["shipped_per_s"] / medians["certified_per_s"]
@@ -190,17 +207,22 @@ def summary(runs: list[ShipRun], args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+TABLE = (
+    ("certified/s", "certified_per_s"), ("shipped/s", "shipped_per_s"),
+    ("lag p50", "lag_p50_heights"), ("lag p99", "lag_p99_heights"),
+    ("lag max", "lag_max_heights"), ("backlog p50", "backlog_p50_verdicts"),
+    ("backlog p99", "backlog_p99_verdicts"), ("catch-up s", "catch_up_s"),
+)  # fmt: skip
+
+
 def print_table(result: dict[str, Any]) -> None:
-    print(f"shipping at W = {result['inflight']}, {result['seconds']:g} s per run")
-    print(f"{'run':>4} {'certified/s':>12} {'shipped/s':>10} {'lag p50':>8} {'lag p99':>8} "
-          f"{'lag max':>8} {'catch-up s':>10}")  # fmt: skip
+    print(f"shipping at W = {result['inflight']}, {result['seconds']:g} s per run "
+          "(lag in heights, backlog in verdicts)")  # fmt: skip
+    print(f"{'run':>4} " + " ".join(f"{title:>11}" for title, _ in TABLE))
     rows = [(str(k + 1), r) for k, r in enumerate(result["runs"])] + [("med", result["median"])]
     for name, r in rows:
-        cells = [r["certified_per_s"], r["shipped_per_s"], r["lag_p50_heights"],
-                 r["lag_p99_heights"], r["lag_max_heights"], r["catch_up_s"]]  # fmt: skip
-        text = ["-" if c is None else f"{c:g}" for c in cells]
-        print(f"{name:>4} {text[0]:>12} {text[1]:>10} {text[2]:>8} {text[3]:>8} {text[4]:>8} "
-              f"{text[5]:>10}")  # fmt: skip
+        cells = ["-" if r[key] is None else f"{r[key]:g}" for _, key in TABLE]
+        print(f"{name:>4} " + " ".join(f"{c:>11}" for c in cells))
     print(f"shipped/certified (medians): {result['median']['shipped_to_certified']}")
 
 
@@ -227,7 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if poll_for(shipper.metrics, SHIPPER_READY_TIMEOUT_S, CATCH_UP_POLL_S) is None:
                 raise SystemExit("the shipper did not serve its metrics")
-            runs = [one_run(cluster.spec, args, shipper) for _ in range(args.runs)]
+            options = RunOptions(args.seconds, args.warmup, args.inflight, 0.0, args.clients,
+                                 False)  # fmt: skip
+            check_serving(cluster.spec, True)
+            nonces = agent_nonces(cluster.spec, options, AGENT_POOL_DEFAULT)
+            runs = [one_run(cluster.spec, options, nonces, args.dsn, shipper)
+                    for _ in range(args.runs)]  # fmt: skip
         finally:
             shipper.kill(signal.SIGTERM)
     result = summary(runs, args)

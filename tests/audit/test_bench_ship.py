@@ -17,7 +17,7 @@ SCRIPT_TIMEOUT_S = 400
 RUN_KEYS = {
     "seconds", "certified", "shipped", "certified_per_s", "shipped_per_s",
     "bench_certified_per_s", "lag_samples", "lag_p50_heights", "lag_p99_heights",
-    "lag_max_heights", "catch_up_s",
+    "lag_max_heights", "backlog_p50_verdicts", "backlog_p99_verdicts", "catch_up_s",
 }  # fmt: skip
 
 
