@@ -54,6 +54,24 @@ class ShipMetrics:
             ["reason"],
             registry=r,
         )
+        # Which sidecar was outvoted or did not answer: the same refusals as above, those
+        # that are one sidecar's, by its member index (a bounded label: n members).
+        self.sidecar_refusals = Counter(
+            "qg_ship_sidecar_refusals",
+            "Refusals of one sidecar's answer, by member index and reason",
+            ["sidecar", "reason"],
+            registry=r,
+        )
+        self.certified_height = Gauge(
+            "qg_ship_certified_height",
+            "The height f+1 sidecars executed, as the shipper last read it",
+            registry=r,
+        )
+        self.database_errors = Counter(
+            "qg_ship_database_errors",
+            "Rounds given up because the database failed (the shipper waits, then resumes)",
+            registry=r,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +89,7 @@ class Shipper:
         self.options = options
         self.metrics = ShipMetrics()
         self.conn: psycopg.Connection[Any] | None = None
+        self.shipped_height = 0  # the copy's last height, as the last round read it
 
     def _db(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed:
@@ -111,9 +130,8 @@ class Shipper:
         """One round: read, check, write. Returns how many verdicts it shipped."""
         cursor = read_cursor(self._db(), self.spec.chain_id)
         found = await self.next_round(cursor)
-        for refusal in found.refusals:
-            self.metrics.refusals.labels(reason=refusal.reason).inc()
-        shipped_height = cursor.height
+        self._count(found)
+        shipped_height = self.shipped_height = cursor.height
         if found.verdicts:
             batch = Batch(self.spec.chain_id, tuple(found.verdicts))
             try:
@@ -122,13 +140,34 @@ class Shipper:
                 # another shipper wrote first: start over from the copy's cursor
                 self.metrics.refusals.labels(reason="cursor moved").inc()
                 return 0
-            shipped_height = batch.verdicts[-1].entry.height
-            self.metrics.shipped_height.set(shipped_height)
+            shipped_height = self.shipped_height = batch.verdicts[-1].entry.height
+        self.metrics.shipped_height.set(shipped_height)
         # Heights without verdicts hold no entry: the copy is whole through the executed
         # height when the round took everything f+1 sidecars agreed on.
         behind = 0 if found.caught_up else found.executed - shipped_height
         self.metrics.lag.set(max(0, behind))
         return len(found.verdicts)
+
+    def _count(self, found: Round) -> None:
+        for refusal in found.refusals:
+            self.metrics.refusals.labels(reason=refusal.reason).inc()
+            if refusal.sidecar >= 0:
+                self.metrics.sidecar_refusals.labels(
+                    sidecar=str(refusal.sidecar), reason=refusal.reason
+                ).inc()
+        self.metrics.certified_height.set(found.executed)
+
+    async def lag_without_database(self) -> None:
+        """While the database is down the copy stands still and the cluster goes on: the
+        lag is the certified height read now less the copy's last height, so that it grows
+        on a dashboard instead of freezing at its last value (docs/audit.md, "Metrics")."""
+        refusals: list[Refusal] = []
+        heights = await self.reader.executed_heights(refusals)
+        ranked = sorted(heights.values(), reverse=True)
+        if len(ranked) > self.spec.f:
+            executed = ranked[self.spec.f]
+            self.metrics.certified_height.set(executed)
+            self.metrics.lag.set(max(0, executed - self.shipped_height))
 
     async def run(self, stop: asyncio.Event) -> None:
         pause = self.options.idle_s
@@ -138,8 +177,10 @@ class Shipper:
                 pause = self.options.idle_s
             except psycopg.Error as error:
                 log.warning("database unavailable (%s)", type(error).__name__)
+                self.metrics.database_errors.inc()
                 self.close()
                 self.conn = None
+                await self.lag_without_database()
                 shipped, pause = 0, min(pause * 2, SHIP_RETRY_S_MAX)
             if not shipped:
                 with contextlib.suppress(TimeoutError):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quorumgate.ops.drills import DRILLS, SECONDS_DEFAULT, DrillError, run_drill
+from quorumgate.ops.drills.database import ShipTarget
 from quorumgate.ops.drills.report import print_report
 
 
@@ -24,6 +25,11 @@ def _cmd_drill(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr, flush=True)
 
     try:
+        ship = (
+            ShipTarget.parse(args.dsn, args.db_stop_cmd, args.db_start_cmd)
+            if args.name == "ship" or args.dsn or args.db_stop_cmd or args.db_start_cmd
+            else None
+        )
         report = run_drill(
             args.name,
             Path(args.dir),
@@ -31,6 +37,7 @@ def _cmd_drill(args: argparse.Namespace) -> int:
             seconds=args.seconds,
             rate_per_s=args.rate,
             progress=None if args.quiet else progress,
+            ship=ship,
         )
     except DrillError as err:
         print(f"quorumgate drill: {err}", file=sys.stderr)
@@ -44,7 +51,8 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
 def add_drill_command(sub: Any) -> None:
     """Register `quorumgate drill NAME --dir DIR [--nodes 4|7] [--seconds S] [--rate R]
-    [--json] [--quiet]` on the CLI's subparsers (an `argparse._SubParsersAction`)."""
+    [--json] [--quiet] [--dsn DSN --db-stop-cmd CMD --db-start-cmd CMD]` (the last three
+    for `ship` only) on the CLI's subparsers (an `argparse._SubParsersAction`)."""
     drill = sub.add_parser(
         "drill",
         help="run a recovery drill against a live cluster under load, and check it",
@@ -66,6 +74,11 @@ def add_drill_command(sub: Any) -> None:
         default=None,
         help="proposals offered per second (50 for 4 nodes, 30 for 7)",
     )
+    drill.add_argument("--dsn", help="ship: postgresql://... of the audit copy (docs/audit.md)")
+    drill.add_argument(
+        "--db-stop-cmd", help="ship: the command that stops that database's server (no shell)"
+    )
+    drill.add_argument("--db-start-cmd", help="ship: the command that starts it again (no shell)")
     drill.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     drill.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     drill.set_defaults(func=_cmd_drill)

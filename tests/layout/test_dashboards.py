@@ -1,5 +1,6 @@
 """The Grafana dashboard (docs/operating.md): valid, and every metric it names is one the
-replicas, sidecars or the proxy export (a renamed metric must not leave a blank panel)."""
+replicas, sidecars, the proxy or the audit shipper (docs/audit.md) export (a renamed metric
+must not leave a blank panel)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from prometheus_client.registry import CollectorRegistry
 
+from quorumgate.audit.shipper import ShipMetrics
 from quorumgate.proxy.app import ProxyMetrics
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.sidecar.node import SidecarMetrics
@@ -40,6 +42,7 @@ def test_every_metric_the_dashboard_names_is_exported() -> None:
         exported(ReplicaMetrics(0).registry)
         | exported(SidecarMetrics().registry)
         | exported(ProxyMetrics().registry)
+        | exported(ShipMetrics().registry)
     )
     assert named, "the dashboard names no metric"
     assert sorted(named - available) == []
@@ -50,6 +53,14 @@ def test_every_metric_the_dashboard_names_is_exported() -> None:
         "qg_replica_timeouts_total", "qg_replica_commit_latency_seconds_bucket",
         "qg_proxy_decision_seconds_bucket", "qg_replica_mempool_txs",
         "qg_replica_submissions_total", "qg_sidecar_verdicts_total", "qg_sidecar_divergence",
+    ):  # fmt: skip
+        assert wanted in named, wanted
+    # the audit shipper's operations (docs/audit.md, "Metrics"): its lag behind the
+    # certified head, batches written, retries and refusals
+    for wanted in (
+        "qg_ship_lag_heights", "qg_ship_batches_total", "qg_ship_retries_total",
+        "qg_ship_refusals_total", "qg_ship_sidecar_refusals_total",
+        "qg_ship_database_errors_total",
     ):  # fmt: skip
         assert wanted in named, wanted
     ids = [panel["id"] for panel in dashboard["panels"]]

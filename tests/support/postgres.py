@@ -5,12 +5,14 @@ finalizer whether the tests passed or not."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,8 +42,18 @@ def _as_user(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", PG_USER_WHEN_ROOT, "--", *cmd] if os.geteuid() == 0 else cmd
 
 
-@pytest.fixture(scope="module")
-def postgres_dsn() -> Iterator[str]:
+@dataclass(frozen=True)
+class PgServer:
+    """A running test server: its DSN, and the commands that stop it and start it again
+    (the `ship` drill's --db-stop-cmd and --db-start-cmd, docs/drills.md)."""
+
+    dsn: str
+    stop_cmd: tuple[str, ...]
+    start_cmd: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def running_postgres() -> Iterator[PgServer]:
     root = Path(tempfile.mkdtemp(prefix="qg-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, PG_USER_WHEN_ROOT)
@@ -53,14 +65,15 @@ def postgres_dsn() -> Iterator[str]:
     )
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
     pg_ctl = pg_binary("pg_ctl")
+    start = _as_user([pg_ctl, "-D", str(data), "-o", options, "-w", "-t", str(PG_START_S),
+                      "-l", str(root / "log"), "start"])  # fmt: skip
     try:
-        subprocess.run(
-            _as_user([pg_ctl, "-D", str(data), "-o", options, "-w", "-t", str(PG_START_S),
-                      "-l", str(root / "log"), "start"]),
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        yield f"postgresql://qg@127.0.0.1:{port}/postgres"
+        subprocess.run(start, check=True, stdout=subprocess.DEVNULL)
+        yield PgServer(
+            f"postgresql://qg@127.0.0.1:{port}/postgres",
+            tuple(_as_user([pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"])),
+            tuple(start),
+        )
     finally:
         subprocess.run(
             _as_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]),
@@ -69,3 +82,15 @@ def postgres_dsn() -> Iterator[str]:
             stderr=subprocess.DEVNULL,
         )
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_dsn() -> Iterator[str]:
+    with running_postgres() as server:
+        yield server.dsn
+
+
+@pytest.fixture(scope="module")
+def postgres_server() -> Iterator[PgServer]:
+    with running_postgres() as server:
+        yield server

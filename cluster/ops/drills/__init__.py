@@ -27,6 +27,10 @@ until `--seconds` have passed (at least `FAULT_CYCLES_MIN[drill]` times):
   the restore (docs/consensus/fencing.md) and restart it at once, in the views it signed
   in and forgot, then the f others (a restore fences only once 2f+1 others answered):
   safety Rule 6 (fencing, replica/safety.py) must keep it from signing anything twice.
+- `ship`: with `quorumgate ship` running as its own process, in turn SIGKILL the
+  shipper, stop and start the operator's database (`--db-stop-cmd`, `--db-start-cmd`),
+  SIGKILL a replica; at the end the copy must hold the ledger complete, in order, without
+  duplicates, and pass `quorumgate audit verify` (module `ship`).
 
 Then the load stops and the drill settles: it waits until every acknowledged proposal is
 committed, offering again (the same signed bytes, as a client does when no certificate
@@ -57,7 +61,8 @@ holds. `recovery_s` is the time from the last fault until the faulted member was
 
 The package's modules: `runner` (the run and its waits), `nemesis` (the fault
 injectors), `load` (the open-loop load), `checker` (settling and the checks), `audit`
-(what the checks read: chains, stores, certificates), `report` (the report and its text
+(what the checks read: chains, stores, certificates), `ship` (the audit shipper's
+drill and its checks), `report` (the report and its text
 form) and `bounds` (names and deadlines). The cluster's processes are driven through the
 controller the live tests share, `quorumgate.ops.live.LiveCluster`.
 """

@@ -18,6 +18,7 @@ DRILLS = (
     "sidecar-crash",
     "stale-restore",
     "byzantine",
+    "ship",
 )
 # Faults a drill injects however short `--seconds` is: enough to repeat what repeats,
 # and both rebuild paths of `wipe-replica`.
@@ -28,6 +29,7 @@ FAULT_CYCLES_MIN = {
     "sidecar-crash": 2,
     "stale-restore": 1,
     "byzantine": 4,  # each attack of BYZANTINE_CYCLES once
+    "ship": 3,  # the shipper, the database and a replica, each once
 }
 FAULT_CYCLES_MAX = 64
 SECONDS_DEFAULT = 20.0
@@ -51,6 +53,10 @@ LAG_WAIT_S = 2.0  # a sidecar with committed blocks left to execute
 WARMUP_ACKS_MIN = 20  # acknowledged proposals before the first fault
 WARMUP_HEIGHTS = 3  # heights committed before the first fault
 VOTING_HEIGHTS = 8  # heights a stale-restore victim commits (and votes in) before its kill
+SHIP_CATCH_UP_TIMEOUT_S = 60.0  # the audit copy reaching the ledger once the load stopped
+DB_COMMAND_TIMEOUT_S = 60.0  # the operator's command that stops or starts the database
+DB_DOWN_S = 1.0  # how long the ship drill keeps the database stopped under load
+LAG_SAMPLE_S = 0.2  # between two scrapes of the shipper's lag
 ATTACK_HEIGHTS = 5  # heights the honest members commit under each attack
 # The byzantine drill's cycles: the attacks its member runs (quorumgate.ops.byzantine) and
 # what the honest members do meanwhile — commit on their own ("commit"), restart one of

@@ -190,12 +190,16 @@ def settle_and_check(d: Drill, load: Load) -> None:
     check_chains(d, target, acked)
     check_certificates(d, acked)
     alarmed = check_live_counters(d)
+    for before in d.before_stop:
+        before(target)
     d.say("stopping the cluster; auditing its stores")
     report.details["exit_codes_at_stop"] = d.cluster.stop_all()
     check_sidecar_stores(d, target, acked, alarmed)
     check_votes(d)
     check_rebuilt(d)
     check_recovered(d)
+    for after in d.after_stop:
+        after(target)
 
 
 def check_load(d: Drill, load: Load) -> None:

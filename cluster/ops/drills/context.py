@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from quorumgate.ops.drills.audit import SidecarView
@@ -27,6 +27,7 @@ from quorumgate.ops.drills.bounds import (
     ProgressFn,
     poll,
 )
+from quorumgate.ops.drills.database import ShipTarget
 from quorumgate.ops.drills.report import Abort, Check, DrillReport, Fault, listed
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
 from quorumgate.ops.load import Load
@@ -68,8 +69,16 @@ class Drill:
         seconds: float,
         rate_per_s: float,
         progress: ProgressFn | None,
+        ship: ShipTarget | None = None,
     ) -> None:
         self.name = name
+        self.ship = ship  # the `ship` drill's database
+        # What a drill adds to the checks, given the final height: run before the cluster
+        # is stopped (while it still answers) and after (its stores readable); and what
+        # it started that `close` must stop.
+        self.before_stop: list[Callable[[int], None]] = []
+        self.after_stop: list[Callable[[int], None]] = []
+        self.closers: list[Callable[[], None]] = []
         self.spec = spec
         self.n = spec.n
         self.seconds = seconds
@@ -284,6 +293,8 @@ class Drill:
     # ------------------------------------------------------------------ faults
 
     def close(self) -> None:
+        for closer in self.closers:
+            closer()
         if self.load is not None:
             self.load.close()
         self.cluster.close()

@@ -40,6 +40,7 @@ from quorumgate.ops.drills.bounds import (
 from quorumgate.ops.drills.checker import refusals_since
 from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
 from quorumgate.ops.drills.report import Abort, Fault, listed
+from quorumgate.ops.drills.ship import ship_drill
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.replica.node import RESTORE_MARKER_FILE
@@ -551,4 +552,5 @@ FAULTS: dict[str, Callable[[Drill], None]] = {
     "sidecar-crash": sidecar_crash,
     "stale-restore": stale_restore,
     "byzantine": byzantine,
+    "ship": ship_drill,
 }

@@ -21,6 +21,7 @@ from quorumgate.ops.drills.bounds import (
 )
 from quorumgate.ops.drills.checker import settle_and_check
 from quorumgate.ops.drills.context import Drill
+from quorumgate.ops.drills.database import ShipTarget
 from quorumgate.ops.drills.nemesis import FAULTS
 from quorumgate.ops.drills.report import Abort, DrillError, DrillReport
 from quorumgate.ops.load import PERSISTENT, Load
@@ -117,19 +118,26 @@ def run_drill(
     seconds: float = SECONDS_DEFAULT,
     rate_per_s: float | None = None,
     progress: ProgressFn | None = None,
+    ship: ShipTarget | None = None,
 ) -> DrillReport:
     """Run drill `name` (one of DRILLS) against the cluster in `directory` and return its
     report. `DrillError` when it cannot run there. Every process it started is stopped
     before it returns or raises."""
     if name not in FAULTS:
         raise DrillError(f"unknown drill {name!r}; one of {', '.join(DRILLS)}")
+    if (name == "ship") != (ship is not None):
+        raise DrillError(
+            "the ship drill needs --dsn, --db-stop-cmd and --db-start-cmd"
+            if ship is None
+            else f"--dsn and the database commands are for the ship drill, not {name}"
+        )
     if seconds < SECONDS_MIN:
         raise DrillError(f"--seconds must be at least {SECONDS_MIN:g}")
     rate = RATE_PER_S_DEFAULT.get(nodes, RATE_PER_S_OTHER) if rate_per_s is None else rate_per_s
     if rate <= 0:
         raise DrillError("--rate must be positive")
     spec = prepare_cluster(Path(directory), nodes)
-    drill = Drill(name, spec, seconds, rate, progress)
+    drill = Drill(name, spec, seconds, rate, progress, ship)
     try:
         run(drill)
     finally:
