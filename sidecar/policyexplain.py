@@ -103,7 +103,8 @@ class Explanation:
                 "(its results are untrusted; docs/provenance.md)"
             )
         if self.run_targets:
-            lines.append(f"  run targets (judged as in a clean run): {', '.join(self.run_targets)}")
+            own = ", ".join(self.run_targets)
+            lines.append(f"  run targets (judged as in a clean run): {own}")
         if self.layers:
             lines.append("  rules, in the order judged:")
         for number, layer in enumerate(self.layers, 1):
@@ -142,7 +143,9 @@ def _layer_lines(number: int, layer: LayerExplanation) -> list[str]:
         if target.rule is None:
             lines.append(f"       {target.target}{role}: no rule matches -> out of scope")
         else:
-            exposed = " (its when_exposed applies: the run is exposed)" if target.by_exposure else ""
+            exposed = ""
+            if target.by_exposure:
+                exposed = " (its when_exposed applies: the run is exposed)"
             lines.append(
                 f"       {target.target}{role}: targets[{target.index}] "
                 f"{rule_text(target.rule)} matches{exposed}"
