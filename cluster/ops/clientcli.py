@@ -1189,7 +1189,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     sets.add_argument(
         "--clear", action="append", default=[], metavar="NAME", help="back to cluster.json's"
     )
-    for parser in (tool, agent, person, sink, mand, suspend, resume, sets):
+    for parser in (tool, intent, agent, person, sink, mand, suspend, resume, sets):
         _common(parser, key_help="the owner key (default DIR/owner.key)")
         _deadline(parser)
         parser.set_defaults(func=_cmd_admin)
