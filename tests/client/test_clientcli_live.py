@@ -640,5 +640,6 @@ def test_a_principal_names_its_agents_run_targets_and_the_agent_cannot(
     code, _, err = run(capsys, *intent, "--key", str(agent_key))
     assert code == 2 and "in the clear" in err
     with given(PASSPHRASE) as fd:
-        code, applied = run_json(capsys, *intent, "--key", str(principal_key), "--passphrase-fd", fd)
+        signed = [*intent, "--key", str(principal_key), "--passphrase-fd", fd]
+        code, applied = run_json(capsys, *signed)
     assert (code, applied["outcome"], applied["subject"]) == (0, "applied", "cli-agent")
