@@ -15,6 +15,7 @@ import pytest
 from quorumgate.proto.model import (
     RUN_TARGETS_MAX,
     Admin,
+    Delegate,
     DelegationPolicy,
     Mandate,
     Outcome,
@@ -313,6 +314,15 @@ def test_old_chains_refuse_the_new_fields_as_the_decoder_before_them_did() -> No
             TxKind.ADMIN, Outcome.REJECTED, Reason.MALFORMED,
         )  # fmt: skip
         assert verdict.body_digest == b""
+    # an agent's grant whose rules name `when_exposed`: a malformed delegate
+    grant = Delegate(
+        child=bytes(w.keys["helper"].verify_key), run_id="run-1", tools=None,
+        expires_at_ms=w.time_ms + 60_000, rules=(RULES[0],),
+    )  # fmt: skip
+    verdict = w.block([w.tx(w.keys["assistant"], grant)]).verdicts[0]
+    assert (verdict.kind, verdict.outcome, verdict.reason) == (
+        TxKind.DELEGATE, Outcome.REJECTED, Reason.MALFORMED,
+    )  # fmt: skip
     assert w.engine.state.runs == {} and not w.engine.state.tools["web.fetch"].untrusted_results
     # the nonce was not consumed: the owner's next transaction uses it
     assert w.admin(SetMandate("assistant", _mandate(_rules_v3()))).outcome is Outcome.APPLIED
