@@ -400,6 +400,10 @@ def _card_json(open_card: OpenCard) -> dict[str, object]:
         "values": dict(open_card.values),
         "expires_at_ms": card.expires_at_ms,
         "created_height": card.created_height,
+        # the run had read untrusted content (docs/provenance.md): by which call
+        "exposed_by": None
+        if card.exposed_by is None
+        else {"height": card.exposed_by[0], "tool": card.exposed_by[1]},
         "certified_by": list(open_card.sidecars),
         "text": open_card.render(),
     }
