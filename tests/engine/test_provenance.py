@@ -15,6 +15,9 @@ import pytest
 from quorumgate.proto.model import (
     RUN_TARGETS_MAX,
     Admin,
+    ArgRole,
+    ArgSpec,
+    Argument,
     Delegate,
     DelegationPolicy,
     Mandate,
@@ -326,3 +329,31 @@ def test_old_chains_refuse_the_new_fields_as_the_decoder_before_them_did() -> No
     assert w.engine.state.runs == {} and not w.engine.state.tools["web.fetch"].untrusted_results
     # the nonce was not consumed: the owner's next transaction uses it
     assert w.admin(SetMandate("assistant", _mandate(_rules_v3()))).outcome is Outcome.APPLIED
+
+
+def test_links_in_text_follow_their_rules_when_exposed() -> None:
+    """A link in a message's text (docs/engine.md, "Links inside text") is judged by the
+    `link` rules, and their `when_exposed` applies as for any target."""
+    post = ToolSpec(
+        name="chat.post", mode=ToolMode.DIRECT, target_schemes=("https",),
+        arguments=(ArgSpec("text", ArgRole.TEXT),),
+    )  # fmt: skip
+    rules = (
+        ToolRules("chat.post", (
+            TargetRule(RuleKind.ANY),
+            TargetRule(RuleKind.ANY, role="link", when_exposed=ToolMode.USER_CONFIRM),
+        )),
+        *RULES,
+    )  # fmt: skip
+    w = _world()
+    w.admin(RegisterTool(spec=post))
+    w.admin(SetMandate("assistant", Mandate(None, rules=rules)))
+    message = (Argument("text", text=f"see {EXFIL}"),)
+    channel = "https://chat.example/c/1"
+    clean = w.propose("assistant", "chat.post", channel, args=message)
+    assert (clean.outcome, clean.reason) == ALLOW
+    assert _call(w, "web.fetch", ATTACKER_PAGE) == ALLOW
+    exposed = w.propose("assistant", "chat.post", channel, args=message)
+    assert (exposed.outcome, exposed.reason) == CARD
+    plain = w.propose("assistant", "chat.post", channel, args=(Argument("text", text="hi"),))
+    assert (plain.outcome, plain.reason) == ALLOW  # no link: the main target's rule decides
