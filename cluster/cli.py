@@ -533,6 +533,7 @@ def _cmd_policy_explain(args: argparse.Namespace) -> int:
     return run_policy_explain(
         args.file, agent=args.agent, tool=args.tool, target=args.target, also=args.also,
         arguments=args.arg, via=args.via, run=args.run, json_output=args.json,
+        after=args.after,
     )  # fmt: skip
 
 
@@ -773,6 +774,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     pexplain.add_argument("--via", default=None, help="act under this delegation of the file")
     pexplain.add_argument("--run", default="run-1")
+    pexplain.add_argument(
+        "--after", action="append", default=[], metavar="TOOL=TARGET",
+        help="a call made first in the same run (docs/provenance.md: to explain an exposed run)",
+    )  # fmt: skip
     pexplain.add_argument("--json", action="store_true")
     pexplain.set_defaults(func=_cmd_policy_explain)
     from quorumgate.ops.policyplan import add_policy_plan_commands

@@ -44,6 +44,8 @@ class Behaviour(enum.Enum):
     ARGUMENTS_BY_DECLARATION = "arguments_by_declaration"
     REGISTRATION_GATES = "registration_gates"
     DELEGATES_DEFER_TO_DELEGATORS = "delegates_defer_to_delegators"
+    RUNS_CARRY_PROVENANCE = "runs_carry_provenance"
+    RUN_SCOPED_TARGETS = "run_scoped_targets"
     # state_version: how the state root is computed (docs/sidecar.md, "The state root")
     STATE_HASH_TREE = "state_hash_tree"
     # receipt_version: what the sidecars' receipts sign
@@ -103,6 +105,12 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         # delegators' rules decide the mode, and every layer still must permit the call
         # (docs/policies.md, "A delegate without rules defers").
         3: frozenset({B.DELEGATES_DEFER_TO_DELEGATORS}),
+        # A tool may declare that its results carry untrusted content; a run in which
+        # such a call was allowed is exposed from then on (its delegates' calls too), and
+        # a target rule may name a stricter mode for exposed runs (`when_exposed`); a
+        # principal (or the owner) may name a run's own targets, which an exposed run
+        # still calls as a clean one would (docs/provenance.md).
+        4: frozenset({B.RUNS_CARRY_PROVENANCE, B.RUN_SCOPED_TARGETS}),
     },
     "state_version": {
         # SHA-256 over the whole canonical state bytes.
@@ -270,9 +278,22 @@ def delegates_defer_to_delegators(authority_version: int) -> bool:
     rule that runs a known payee directly then holds for its delegate); only the run
     owner's mandate falls back to the tool's registered mode. Else every mandate on the
     chain without rules names the tool's mode, so a delegate is pinned at it."""
-    return turns_on(
-        "authority_version", authority_version, Behaviour.DELEGATES_DEFER_TO_DELEGATORS
-    )
+    return turns_on("authority_version", authority_version, Behaviour.DELEGATES_DEFER_TO_DELEGATORS)
+
+
+def runs_carry_provenance(authority_version: int) -> bool:
+    """A tool may be registered with `untrusted_results`; a run in which a call of such a
+    tool is allowed (or confirmed) becomes exposed, for good, and a target rule's
+    `when_exposed` mode applies to the calls of an exposed run (docs/provenance.md). Else
+    the flag and `when_exposed` are not part of the chain's transactions at all."""
+    return turns_on("authority_version", authority_version, Behaviour.RUNS_CARRY_PROVENANCE)
+
+
+def run_scoped_targets(authority_version: int) -> bool:
+    """The run owner's principal (or the owner) may name a run's own targets
+    (`SetRunTargets`): calls on them are judged as in a clean run even once the run is
+    exposed (docs/provenance.md). Else that transaction is not part of the chain's."""
+    return turns_on("authority_version", authority_version, Behaviour.RUN_SCOPED_TARGETS)
 
 
 # ---- state_version

@@ -48,6 +48,7 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetEntries,
     SetMandate,
+    SetRunTargets,
     SetSettings,
     SignedTx,
     Suspend,
@@ -233,9 +234,10 @@ def _decode_target_rule(pb: Any) -> TargetRule:
         raise ValueError("target rule kind: any, exact, prefix, host, host_suffix or set") from None
     try:
         mode = ToolMode(pb.mode) if pb.mode else None
+        exposed = ToolMode(pb.when_exposed) if pb.when_exposed else None
     except ValueError:
         raise ValueError("rule mode must be read, direct, user_confirm or owner_confirm") from None
-    return TargetRule(kind=kind, value=pb.value, mode=mode, role=pb.role)
+    return TargetRule(kind=kind, value=pb.value, mode=mode, role=pb.role, when_exposed=exposed)
 
 
 def _encode_target_rule(rule: TargetRule) -> Any:
@@ -244,6 +246,7 @@ def _encode_target_rule(rule: TargetRule) -> Any:
         value=rule.value,
         mode="" if rule.mode is None else rule.mode.value,
         role=rule.role,
+        when_exposed="" if rule.when_exposed is None else rule.when_exposed.value,
     )
 
 
@@ -413,6 +416,7 @@ def decode_tool_spec(pb: Any) -> ToolSpec:
         target_roles=tuple(slots[key] for key in sorted(slots)),
         target_optional=bool(pb.target_optional),
         definition_digest=_optional_bytes(pb.definition_digest),
+        untrusted_results=bool(pb.untrusted_results),
     )
 
 
@@ -436,6 +440,7 @@ def encode_tool_spec(spec: ToolSpec) -> Any:
         ],
         target_optional=spec.target_optional,
         definition_digest=spec.definition_digest or b"",
+        untrusted_results=spec.untrusted_results,
     )
 
 
@@ -502,6 +507,8 @@ def _decode_admin(pb: Any) -> AdminOp:
             values=tuple(sorted((s.name, int(s.value)) for s in op.values)),
             clear=tuple(sorted(op.clear)),
         )
+    if case == "set_run_targets":
+        return SetRunTargets(agent_id=op.agent_id, run_id=op.run_id, targets=tuple(op.targets))
     assert case == "resume", case
     return Resume(agent_id=op.agent_id)
 
@@ -541,6 +548,10 @@ def _encode_admin(admin: Admin) -> Any:
                 values=[tx_pb2.Setting(name=name, value=value) for name, value in op.values],
                 clear=list(op.clear),
             )
+        )
+    elif isinstance(op, SetRunTargets):
+        msg.set_run_targets.CopyFrom(
+            tx_pb2.SetRunTargets(agent_id=op.agent_id, run_id=op.run_id, targets=list(op.targets))
         )
     else:
         msg.resume.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))

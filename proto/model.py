@@ -114,6 +114,9 @@ class Reason(StrEnum):
     TOOL_DEFINITION_CHANGED = "tool_definition_changed"
     HANDLE_EXISTS = "handle_exists"
     CAPACITY_EXCEEDED = "capacity_exceeded"
+    # a run's own targets (docs/provenance.md): named by neither the run owner's
+    # principal, its deputy nor the owner
+    NOT_RUN_PRINCIPAL = "not_run_principal"
 
 
 class ToolMode(StrEnum):
@@ -417,6 +420,10 @@ class ToolSpec:
     # The pinned digest of its definition (an MCP tool's name, description and
     # input schema); calls that do not carry it are refused until the owner pins a new one.
     definition_digest: bytes | None = None
+    # Its results carry content nobody vouches for (web pages, outside mail, channel
+    # messages, uploaded files): a run in which it is allowed becomes exposed
+    # (docs/provenance.md; chains where `runs_carry_provenance`).
+    untrusted_results: bool = False
 
     def __post_init__(self) -> None:
         _require(names.canonical_tool_name(self.name) == self.name, "tool name not canonical")
@@ -493,6 +500,9 @@ class TargetRule:
     value: str = ""
     mode: ToolMode | None = None
     role: str = ""  # "": the call's main target; else its further targets in that role
+    # The mode a matching call takes instead once its run is exposed (never laxer than
+    # `mode`: the stricter of the two applies; docs/provenance.md).
+    when_exposed: ToolMode | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.kind, RuleKind), "rule kind")
@@ -686,6 +696,7 @@ class SetEntries:
         _require(len(self.entries) <= limits.SET_ENTRIES_MAX, "too many set entries")
         for entry in self.entries:
             _require(entry.kind in SET_ENTRY_KINDS and entry.mode is None, "set entry kind")
+            _require(entry.when_exposed is None, "set entries take no mode")
             _require(entry.role == "", "set entries take no role (the rule naming the set does)")
         keys = [(e.kind.value, e.value) for e in self.entries]
         _require(keys == sorted(set(keys)), "set entries: sorted by (kind, value), unique")
@@ -728,6 +739,32 @@ class SetSettings:
             _require(0 <= value < 2**63, "setting value: 0..2**63-1")
 
 
+# How many targets one run may name as its own (`SetRunTargets`, docs/provenance.md):
+# a task is about a few pages and people; a long list would be a standing set.
+RUN_TARGETS_MAX = 32
+
+
+@dataclass(frozen=True)
+class SetRunTargets:
+    """Name one run's own targets (docs/provenance.md): the pages, people and accounts the
+    task is about, as canonical targets; an exposed run still calls them as a clean run
+    would. Signed by the run owner's principal (or a deputy) or the owner, never an
+    agent; it replaces what the run had, and no targets clears them."""
+
+    agent_id: str  # the run's owner: the root agent of its delegation chain
+    run_id: str
+    targets: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _require(names.is_agent_id(self.agent_id), "agent id")
+        _require(names.is_run_id(self.run_id), "run_id must match " + names.RUN_ID_RE.pattern)
+        _require(len(self.targets) <= RUN_TARGETS_MAX, "too many run targets")
+        for target in self.targets:
+            _require(0 < len(target) <= limits.TARGET_CHARS_MAX, "run target length")
+            _require(target.isascii() and target.isprintable(), "run target: ASCII")
+        _require(list(self.targets) == sorted(set(self.targets)), "run targets sorted, unique")
+
+
 AdminOp = (
     RegisterTool
     | RegisterAgent
@@ -738,6 +775,7 @@ AdminOp = (
     | SetEntries
     | RegisterPrincipal
     | SetSettings
+    | SetRunTargets
 )
 
 

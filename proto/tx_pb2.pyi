@@ -89,16 +89,18 @@ class ToolList(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TargetRule(_message.Message):
-    __slots__ = ("kind", "value", "mode", "role")
+    __slots__ = ("kind", "value", "mode", "role", "when_exposed")
     KIND_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    WHEN_EXPOSED_FIELD_NUMBER: _ClassVar[int]
     kind: str
     value: str
     mode: str
     role: str
-    def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ..., mode: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+    when_exposed: str
+    def __init__(self, kind: _Optional[str] = ..., value: _Optional[str] = ..., mode: _Optional[str] = ..., role: _Optional[str] = ..., when_exposed: _Optional[str] = ...) -> None: ...
 
 class ArgumentRule(_message.Message):
     __slots__ = ("name", "check", "number", "values", "count")
@@ -183,7 +185,7 @@ class ArgSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class RegisterTool(_message.Message):
-    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller", "arguments", "direct_override", "target_roles", "target_optional", "definition_digest")
+    __slots__ = ("name", "mode", "sink", "target_schemes", "envelope_args", "min_tier", "binds_caller", "arguments", "direct_override", "target_roles", "target_optional", "definition_digest", "untrusted_results")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     SINK_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +198,7 @@ class RegisterTool(_message.Message):
     TARGET_ROLES_FIELD_NUMBER: _ClassVar[int]
     TARGET_OPTIONAL_FIELD_NUMBER: _ClassVar[int]
     DEFINITION_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    UNTRUSTED_RESULTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     mode: str
     sink: str
@@ -208,7 +211,8 @@ class RegisterTool(_message.Message):
     target_roles: _containers.RepeatedCompositeFieldContainer[TargetSlot]
     target_optional: bool
     definition_digest: bytes
-    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ..., arguments: _Optional[_Iterable[_Union[ArgSpec, _Mapping]]] = ..., direct_override: _Optional[bool] = ..., target_roles: _Optional[_Iterable[_Union[TargetSlot, _Mapping]]] = ..., target_optional: _Optional[bool] = ..., definition_digest: _Optional[bytes] = ...) -> None: ...
+    untrusted_results: bool
+    def __init__(self, name: _Optional[str] = ..., mode: _Optional[str] = ..., sink: _Optional[str] = ..., target_schemes: _Optional[_Iterable[str]] = ..., envelope_args: _Optional[_Iterable[_Union[EnvelopeArg, _Mapping]]] = ..., min_tier: _Optional[str] = ..., binds_caller: _Optional[bool] = ..., arguments: _Optional[_Iterable[_Union[ArgSpec, _Mapping]]] = ..., direct_override: _Optional[bool] = ..., target_roles: _Optional[_Iterable[_Union[TargetSlot, _Mapping]]] = ..., target_optional: _Optional[bool] = ..., definition_digest: _Optional[bytes] = ..., untrusted_results: _Optional[bool] = ...) -> None: ...
 
 class TargetSlot(_message.Message):
     __slots__ = ("role", "schemes", "max")
@@ -283,7 +287,7 @@ class AgentRef(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Admin(_message.Message):
-    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries", "register_principal", "set_settings")
+    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries", "register_principal", "set_settings", "set_run_targets")
     REGISTER_TOOL_FIELD_NUMBER: _ClassVar[int]
     REGISTER_AGENT_FIELD_NUMBER: _ClassVar[int]
     REGISTER_SINK_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +297,7 @@ class Admin(_message.Message):
     SET_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     REGISTER_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     SET_SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    SET_RUN_TARGETS_FIELD_NUMBER: _ClassVar[int]
     register_tool: RegisterTool
     register_agent: RegisterAgent
     register_sink: RegisterSink
@@ -302,7 +307,18 @@ class Admin(_message.Message):
     set_entries: SetEntries
     register_principal: RegisterPrincipal
     set_settings: SetSettings
-    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ..., register_principal: _Optional[_Union[RegisterPrincipal, _Mapping]] = ..., set_settings: _Optional[_Union[SetSettings, _Mapping]] = ...) -> None: ...
+    set_run_targets: SetRunTargets
+    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ..., register_principal: _Optional[_Union[RegisterPrincipal, _Mapping]] = ..., set_settings: _Optional[_Union[SetSettings, _Mapping]] = ..., set_run_targets: _Optional[_Union[SetRunTargets, _Mapping]] = ...) -> None: ...
+
+class SetRunTargets(_message.Message):
+    __slots__ = ("agent_id", "run_id", "targets")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    run_id: str
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_id: _Optional[str] = ..., run_id: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Setting(_message.Message):
     __slots__ = ("name", "value")

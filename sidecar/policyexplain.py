@@ -1,7 +1,8 @@
 """Why a call gets its verdict: every rule that applied, from which mandate or grant.
 
     quorumgate policy explain FILE --agent A --tool T [--target X] [--also ROLE=X]...
-        [--arg NAME=VALUE]... [--via DELEGATION] [--run RUN] [--json]
+        [--arg NAME=VALUE]... [--via DELEGATION] [--run RUN] [--after TOOL=TARGET]...
+        [--json]
 
 The file is set up as `quorumgate policy test` sets it up (sidecar/policykit.py: its
 tools, agents, sets, envelopes and delegations; its `[[calls]]` are not made), then the
@@ -56,6 +57,10 @@ class Explanation:
     layers: tuple[LayerExplanation, ...]
     decided_by: str
     notes: tuple[str, ...] = ()
+    # the run's provenance when judged (docs/provenance.md): the call that exposed it,
+    # (height, tool), or None for a clean run; and its own targets
+    exposed_by: tuple[int, str] | None = None
+    run_targets: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +77,10 @@ class Explanation:
             "layers": [_layer_json(layer) for layer in self.layers],
             "decided_by": self.decided_by,
             "notes": list(self.notes),
+            "exposed_by": None
+            if self.exposed_by is None
+            else {"height": self.exposed_by[0], "tool": self.exposed_by[1]},
+            "run_targets": list(self.run_targets),
         }
 
     def text(self) -> str:
@@ -87,6 +96,15 @@ class Explanation:
                 f"  scope: the tool is {scope} the effective scope"
                 f" ({'enforce' if self.enforce else 'observe'})"
             )
+        if self.exposed_by is not None:
+            height, by = self.exposed_by
+            lines.append(
+                f"  run: exposed since height {height}, by a call of {by} "
+                "(its results are untrusted; docs/provenance.md)"
+            )
+        if self.run_targets:
+            own = ", ".join(self.run_targets)
+            lines.append(f"  run targets (judged as in a clean run): {own}")
         if self.layers:
             lines.append("  rules, in the order judged:")
         for number, layer in enumerate(self.layers, 1):
@@ -105,6 +123,8 @@ def rule_text(rule: TargetRule) -> str:
         parts.append(f'mode = "{rule.mode.value}"')
     if rule.role:
         parts.append(f'role = "{rule.role}"')
+    if rule.when_exposed is not None:
+        parts.append(f'when_exposed = "{rule.when_exposed.value}"')
     return "{ " + ", ".join(parts) + " }"
 
 
@@ -123,9 +143,12 @@ def _layer_lines(number: int, layer: LayerExplanation) -> list[str]:
         if target.rule is None:
             lines.append(f"       {target.target}{role}: no rule matches -> out of scope")
         else:
+            exposed = ""
+            if target.by_exposure:
+                exposed = " (its when_exposed applies: the run is exposed)"
             lines.append(
                 f"       {target.target}{role}: targets[{target.index}] "
-                f"{rule_text(target.rule)} matches"
+                f"{rule_text(target.rule)} matches{exposed}"
             )
     for name in step.failed_arguments:
         lines.append(f"       args.{name} does not hold -> out of scope")
@@ -152,6 +175,7 @@ def _layer_json(layer: LayerExplanation) -> dict[str, Any]:
                 "target": t.target,
                 "rule": None if t.index is None else f"targets[{t.index}]",
                 "rule_text": None if t.rule is None else rule_text(t.rule),
+                "by_exposure": t.by_exposure,
             }
             for t in step.targets
         ],
@@ -204,6 +228,13 @@ def _mode_source(tool: str, mode: ToolMode, layers: Sequence[LayerExplanation]) 
         if step.mode is not mode:
             continue
         for target in step.targets:
+            rule = target.rule
+            if target.by_exposure and rule is not None and rule.when_exposed is mode:
+                return (
+                    f"{layer.where}.targets[{target.index}] (when_exposed = {mode.value}: "
+                    "the run is exposed)"
+                )
+        for target in step.targets:
             if target.rule is not None and target.rule.mode is mode:
                 return f"{layer.where}.targets[{target.index}] (mode = {mode.value})"
         if step.has_rules:
@@ -248,10 +279,13 @@ def explain_call(
     arguments: Mapping[str, str] | None = None,
     via: str | None = None,
     run: str = DEFAULT_RUN,
+    after: Sequence[tuple[str, str]] = (),
 ) -> Explanation:
     """Set up `policy` (a Policy, or a policy file's path), make one call, and explain its
-    verdict. PolicyFileError when the file is malformed or the call names an unknown agent
-    or delegation."""
+    verdict; `after` (tool, target) calls are made first, by the same agent in the same run,
+    so that a call can be explained in a run that has read untrusted content
+    (docs/provenance.md). PolicyFileError when the file is malformed or the call names an
+    unknown agent or delegation."""
     if isinstance(policy, str):
         policy = load_policy_file(policy)
     if agent not in policy.agents:
@@ -260,6 +294,8 @@ def explain_call(
         raise PolicyFileError(f"--via: no delegation {via!r} in the file")
     runner = _Runner(policy)
     runner.setup()
+    for before_tool, before_target in after:
+        runner.propose(_call_spec(agent, before_tool, before_target, (), None, via, run))
     return explain_with(runner, _call_spec(agent, tool, target, also, arguments, via, run))
 
 
@@ -286,6 +322,8 @@ def explain_with(runner: _Runner, call: CallSpec) -> Explanation:
             canonical_tool, verdict.outcome, verdict.reason.value, trace, layers
         ),
         notes=_notes(canonical_tool, layers),
+        exposed_by=trace.exposure[0] if trace.exposure else None,
+        run_targets=tuple(trace.run_targets),
     )
 
 
@@ -327,6 +365,7 @@ def run_policy_explain(
     run: str = DEFAULT_RUN,
     json_output: bool = False,
     out: TextIO | None = None,
+    after: Sequence[str] = (),
 ) -> int:
     """`quorumgate policy explain`: 0 explained (whatever the verdict), 2 malformed."""
     out = sys.stdout if out is None else out
@@ -334,6 +373,7 @@ def run_policy_explain(
         explanation = explain_call(
             path, agent=agent, tool=tool, target=target, also=_pairs(also, "--also"),
             arguments=dict(_pairs(arguments, "--arg")), via=via, run=run,
+            after=_pairs(after, "--after"),
         )  # fmt: skip
     except PolicyFileError as exc:
         if json_output:

@@ -24,6 +24,9 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
     direct_override = false         # a direct tool taking recipient/amount/credential
     status = false                  # a status tool binds to the caller, takes nothing
     target_optional = false         # true: a call may leave the main target out
+    untrusted = false               # true: its results carry untrusted content (web pages,
+                                    # outside mail...): a run that calls it is exposed
+                                    # (docs/provenance.md; authority version 4)
     roles = { grantee = { schemes = ["mailto"], max = 4 } }   # further targets by role
     envelopes = { card = { kind = "card", verified = true } }
 
@@ -46,6 +49,7 @@ File shape (see sidecar/examples/policy.toml for a complete example)::
         { host_suffix = "kb.example" },  # exact | prefix | host | host_suffix | set
         { set = "extra_sites", mode = "user_confirm" },  # mode: what a match runs as
         { any = true, role = "grantee" },  # role: judges further targets in that role
+        { any = true, when_exposed = "user_confirm" },  # the mode once the run is exposed
     ]                                    # ({ any = true, mode = "..." } for any target)
     args = { limit = { max = 50 }, lang = { one_of = ["de", "en"] }, q = { max_chars = 200 } }
 
@@ -137,7 +141,7 @@ TOP_FIELDS = (
 )  # fmt: skip
 TOOL_FIELDS = (
     "mode", "sink", "schemes", "min_tier", "status", "envelopes", "args", "direct_override",
-    "roles", "target_optional",
+    "roles", "target_optional", "untrusted",
 )  # fmt: skip
 AGENT_FIELDS = (
     "allowed_tools", "enforcement", "suspended", "delegation_policy", "max_delegation_depth",
@@ -315,28 +319,36 @@ def parse_target_rule(raw: object, where: str) -> TargetRule:
     optional `mode`."""
     if raw == RuleKind.ANY.value:
         return TargetRule(RuleKind.ANY)
-    t = _Table(raw, where, (*TARGET_RULE_KINDS, RuleKind.ANY.value, "mode", "role"))
+    t = _Table(
+        raw, where, (*TARGET_RULE_KINDS, RuleKind.ANY.value, "mode", "role", "when_exposed")
+    )
     kinds = [k for k in (*TARGET_RULE_KINDS, RuleKind.ANY.value) if k in t.data]
     if len(kinds) != 1:
         raise PolicyFileError(
             f'{where}: "any", or a table with one of any, {", ".join(TARGET_RULE_KINDS)}'
         )
-    mode_text = t.optional_text("mode")
-    modes = tuple(m.value for m in ToolMode)
-    if mode_text is not None and mode_text not in modes:
-        raise PolicyFileError(f"{where}.mode: must be one of {', '.join(modes)}")
-    mode = None if mode_text is None else ToolMode(mode_text)
+    mode = _rule_mode(t, "mode", where)
+    exposed = _rule_mode(t, "when_exposed", where)
     role = t.text("role", "")
     try:
         if kinds[0] == RuleKind.ANY.value:
             if t.get("any") is not True:
                 raise PolicyFileError(f"{where}.any: must be true")
-            return TargetRule(RuleKind.ANY, mode=mode, role=role)
-        return TargetRule(RuleKind(kinds[0]), t.text(kinds[0]), mode, role)
+            return TargetRule(RuleKind.ANY, mode=mode, role=role, when_exposed=exposed)
+        return TargetRule(RuleKind(kinds[0]), t.text(kinds[0]), mode, role, exposed)
     except ValueError as exc:
         if isinstance(exc, PolicyFileError):
             raise
         raise PolicyFileError(f"{where}: {exc}") from None
+
+
+def _rule_mode(t: _Table, key: str, where: str) -> ToolMode | None:
+    """A rule's `mode` or `when_exposed` (docs/provenance.md): a tool mode, or absent."""
+    text = t.optional_text(key)
+    modes = tuple(m.value for m in ToolMode)
+    if text is not None and text not in modes:
+        raise PolicyFileError(f"{where}.{key}: must be one of {', '.join(modes)}")
+    return None if text is None else ToolMode(text)
 
 
 def _parse_argument_rule(arg: str, raw: object, where: str) -> ArgumentRule:
@@ -529,6 +541,7 @@ def _parse_tool(raw: str, body: object) -> ToolSpec:
             min_tier_declared=tier is not None,
             target_roles=tuple(slots),
             target_optional=t.boolean("target_optional"),
+            untrusted_results=t.boolean("untrusted"),
         )
     except ValueError as exc:
         if isinstance(exc, PolicyFileError):

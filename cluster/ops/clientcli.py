@@ -13,7 +13,8 @@
                [--expect-also ROLE=X]...]     refuses a card that is not that call
     reject     --dir D [--key F] PROPOSAL_ID [--yes]
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
-               register-sink | set-mandate | suspend | resume | set-settings ...
+               register-sink | set-mandate | suspend | resume | set-settings |
+               set-run-targets ...
     agents     --dir D                          registered agents and their mandates
     settings   --dir D                          settings in effect (the log's or cluster.json's)
     tools      --dir D                          registered tools
@@ -26,8 +27,9 @@ never with `--json`). Keys are hex seed files with mode 0600, like `DIR/owner.ke
 sealed with a passphrase (`keygen --principal`, `quorumgate passphrase`): a command given
 one asks for the passphrase on the terminal, or reads it from `--passphrase-fd N`
 (ops/passphrases.py says why not an environment variable). `pending`, `confirm`, `reject`
-and a principal's `admin register-principal` refuse any other key kept in the clear than
-the owner's: an approval needs the person (docs/security/approvals.md).
+and a principal's `admin register-principal` and `admin set-run-targets` refuse any other
+key kept in the clear than the owner's: an approval needs the person
+(docs/security/approvals.md).
 
 Exit codes: 0 done (allow, flag, applied); 1 denied or rejected; 2 bad input, refused, or
 cluster unreachable; 3 pending confirmation (`submit`).
@@ -398,6 +400,10 @@ def _card_json(open_card: OpenCard) -> dict[str, object]:
         "values": dict(open_card.values),
         "expires_at_ms": card.expires_at_ms,
         "created_height": card.created_height,
+        # the run had read untrusted content (docs/provenance.md): by which call
+        "exposed_by": None
+        if card.exposed_by is None
+        else {"height": card.exposed_by[0], "tool": card.exposed_by[1]},
         "certified_by": list(open_card.sidecars),
         "text": open_card.render(),
     }
@@ -593,8 +599,15 @@ def _admin_op(args: argparse.Namespace) -> tuple[str, str, Callable[[Client], An
             direct_override=args.direct_override,
             roles=dict(_role(r) for r in args.role),
             target_optional=args.target_optional,
+            untrusted_results=args.untrusted_results,
         )
         return op, args.name, lambda c: c.register_tool(spec, args.deadline)
+    if op == "set-run-targets":
+        return (
+            op,
+            args.agent,
+            lambda c: c.set_run_targets(args.agent, args.run, args.targets, args.deadline),
+        )
     if op in ("register-agent", "register-sink", "register-principal"):
         key = _public_key_arg(
             args, sink=op == "register-sink", principal=op == "register-principal"
@@ -683,6 +696,10 @@ def _cmd_add_auditor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# The admin operations a principal may sign too (the engine checks which principal).
+_PRINCIPAL_OPS = ("register-principal", "set-run-targets")
+
+
 def _cmd_admin(args: argparse.Namespace) -> int:
     try:
         op, subject, call = _admin_op(args)
@@ -690,8 +707,9 @@ def _cmd_admin(args: argparse.Namespace) -> int:
         return _fail(str(err))
 
     async def work(client: Client) -> int:
-        # a principal may sign register-principal for itself (to name its deputies)
-        if not client.is_owner and op != "register-principal":
+        # a principal may sign register-principal for itself (to name its deputies) and
+        # the own targets of its agents' runs (docs/provenance.md)
+        if not client.is_owner and op not in _PRINCIPAL_OPS:
             return _fail("admin operations are signed with the owner key (DIR/owner.key)")
         try:
             decision = await _waiting(f"{op} {subject}", args, call(client))
@@ -718,8 +736,8 @@ def _cmd_admin(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
 
-    # a principal signing register-principal for itself is a person acting: its key sealed
-    principal = args.key is not None and op == "register-principal"
+    # a principal signing is a person acting: its key sealed
+    principal = args.key is not None and op in _PRINCIPAL_OPS
     return _run_with_client(args, owner_default=True, work=work, principal=principal)
 
 
@@ -1122,6 +1140,19 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     tool.add_argument(
         "--target-optional", action="store_true", help="a call may leave the main target out"
     )
+    tool.add_argument(
+        "--untrusted-results",
+        action="store_true",
+        help="its results carry untrusted content: a run calling it is exposed",
+    )
+    intent = admin_sub.add_parser(
+        "set-run-targets",
+        help="name a run's own targets (its principal's key, or the owner's; "
+        "docs/provenance.md)",
+    )
+    intent.add_argument("--agent", required=True, help="the run's owner")
+    intent.add_argument("--run", required=True, help="the run id (n<nonce>)")
+    intent.add_argument("targets", nargs="*", metavar="TARGET", help="none: clear them")
     agent = admin_sub.add_parser("register-agent", help="register an agent's public key")
     agent.add_argument("agent_id")
     agent.add_argument(
@@ -1162,7 +1193,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     sets.add_argument(
         "--clear", action="append", default=[], metavar="NAME", help="back to cluster.json's"
     )
-    for parser in (tool, agent, person, sink, mand, suspend, resume, sets):
+    for parser in (tool, intent, agent, person, sink, mand, suspend, resume, sets):
         _common(parser, key_help="the owner key (default DIR/owner.key)")
         _deadline(parser)
         parser.set_defaults(func=_cmd_admin)

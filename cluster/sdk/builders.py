@@ -52,6 +52,7 @@ def tool_spec(
     direct_override: bool = False,
     roles: Mapping[str, tuple[Sequence[str], int]] | None = None,
     target_optional: bool = False,
+    untrusted_results: bool = False,
 ) -> ToolSpec:
     """A `ToolSpec` from loose inputs: schemes and envelope arguments sorted for you.
 
@@ -63,7 +64,9 @@ def tool_spec(
     a `direct` tool with a recipient, amount or credential needs `direct_override=True`,
     which the ledger records. `roles` declares further targets by role, each with its
     schemes and how many one call may carry (`{"recipient": (["mailto"], 10)}`);
-    `target_optional` lets a call leave the main target out."""
+    `target_optional` lets a call leave the main target out. `untrusted_results`: its
+    results carry content nobody vouches for (web pages, outside mail), so a run that
+    calls it is exposed and rules' `when_exposed` modes apply (docs/provenance.md)."""
     from quorumgate.proto.model import ArgRole, ArgSpec, TargetSlot, Tier
 
     declared = tuple(ArgSpec(arg, ArgRole(role)) for arg, role in sorted((arguments or {}).items()))
@@ -83,6 +86,7 @@ def tool_spec(
             for role, (slot_schemes, most) in sorted((roles or {}).items())
         ),
         target_optional=target_optional,
+        untrusted_results=untrusted_results,
     )
 
 
@@ -118,7 +122,8 @@ def tool_rules(
 ) -> ToolRules:
     """One tool's target and argument rules, written as a policy file writes them
     (docs/policies.md): `tool_rules("payments.send", [{"set": "payees", "mode": "direct"},
-    "any"], {"amount": {"max": 500}})`, for `mandate(rules=...)` and `delegate(rules=...)`.
+    "any"], {"amount": {"max": 500}})`; a rule may name `when_exposed`
+    (docs/provenance.md), for `mandate(rules=...)` and `delegate(rules=...)`.
     Read by the policy file's own reader, so the two cannot disagree; a malformed rule
     raises ValueError naming it."""
     from quorumgate.sidecar.policyfile import parse_tool_rules

@@ -82,6 +82,7 @@ from quorumgate.proto.model import (
     SealEnvelope,
     SetEntries,
     SetMandate,
+    SetRunTargets,
     SetSettings,
     Suspend,
     TargetRule,
@@ -904,6 +905,21 @@ class Client:
         op = SetEntries(
             principal=agent_id, name=name, entries=tuple(unique[k] for k in sorted(unique))
         )
+        return await self._applied(Admin(op=op), deadline_s)
+
+    async def set_run_targets(
+        self,
+        agent_id: str,
+        run_id: str,
+        targets: Sequence[str],
+        deadline_s: float | None = None,
+    ) -> Decision:
+        """Name the own targets of an agent's run (docs/provenance.md): the pages, people
+        and accounts the task is about, judged as in a clean run even once the run has read
+        untrusted content. Replaces the run's list; none clears it. Signed by the principal
+        the agent acts for (or a deputy it names) or the owner, never by an agent; at most
+        RUN_TARGETS_MAX, each canonicalized by the engine (`malformed_target` otherwise)."""
+        op = SetRunTargets(agent_id=agent_id, run_id=run_id, targets=tuple(sorted(set(targets))))
         return await self._applied(Admin(op=op), deadline_s)
 
     async def set_settings(

@@ -322,6 +322,15 @@ class SyncClient:
     ) -> Decision:
         return self.run(self.aio.set_entries(agent_id, name, entries, deadline_s))
 
+    def set_run_targets(
+        self,
+        agent_id: str,
+        run_id: str,
+        targets: Sequence[str],
+        deadline_s: float | None = None,
+    ) -> Decision:
+        return self.run(self.aio.set_run_targets(agent_id, run_id, targets, deadline_s))
+
     def set_settings(
         self,
         values: Mapping[str, int] | None = None,

@@ -2,8 +2,9 @@
 
 The owner registers tools, principals, agents and sinks, sets mandates, suspends and
 resumes agents, keeps named sets and changes settings in the log (docs/engine.md,
-"Settings in the log"). A principal keeps the named sets of the agents acting for it and
-names its own deputies, nothing else.
+"Settings in the log"). A principal keeps the named sets of the agents acting for it,
+names its own deputies and (docs/provenance.md) the own targets of their runs, nothing
+else.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from quorumgate.proto.model import (
     Resume,
     SetEntries,
     SetMandate,
+    SetRunTargets,
     SetSettings,
     Suspend,
     ToolMode,
     ToolSpec,
 )
 from quorumgate.proto.tx import ParsedTx
-from quorumgate.sidecar.engine import latch
+from quorumgate.sidecar.engine import latch, provenance
 from quorumgate.sidecar.engine.config import CERTIFICATE_TTL_SETTING, effective_fingerprint
 from quorumgate.sidecar.engine.env import Env, applied, rejected
 from quorumgate.sidecar.engine.rules import rules_are_canonical, value_is_canonical
@@ -46,7 +48,9 @@ from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, PRINCIPAL_PREF
 
 def is_principal_op(payload: object) -> bool:
     """What a principal may sign besides answers: its agents' sets, its deputies."""
-    return isinstance(payload, Admin) and isinstance(payload.op, SetEntries | RegisterPrincipal)
+    return isinstance(payload, Admin) and isinstance(
+        payload.op, SetEntries | RegisterPrincipal | SetRunTargets
+    )
 
 
 def principal_admin(env: Env, parsed: ParsedTx, payload: object, principal_id: str) -> Verdict:
@@ -71,6 +75,13 @@ def principal_admin(env: Env, parsed: ParsedTx, payload: object, principal_id: s
         if reason is not None:
             return rejected(parsed, reason, principal=who, subject=principal_id)
         return applied(parsed, principal=who, subject=principal_id)
+    if isinstance(payload, Admin) and isinstance(payload.op, SetRunTargets):
+        # a run's own targets (docs/provenance.md): its owner's principal or a deputy
+        agent_id = payload.op.agent_id
+        reason = provenance.apply_run_targets(env, payload.op, principal_id)
+        if reason is not None:
+            return rejected(parsed, reason, principal=who, subject=agent_id)
+        return applied(parsed, principal=who, subject=agent_id)
     return rejected(parsed, Reason.NOT_AN_AGENT, principal=who)
 
 
@@ -103,6 +114,8 @@ def admin(env: Env, parsed: ParsedTx, op: AdminOp) -> Verdict:
         return done(op.principal, set_entries(env, op))
     if isinstance(op, SetSettings):
         return done("settings", set_settings(env, op))
+    if isinstance(op, SetRunTargets):
+        return done(op.agent_id, provenance.apply_run_targets(env, op, None))
     record = env.state.agents.get(op.agent_id)
     if record is None:
         return done(op.agent_id, Reason.UNKNOWN_AGENT)

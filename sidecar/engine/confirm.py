@@ -27,8 +27,10 @@ from quorumgate.proto.model import (
     TxKind,
 )
 from quorumgate.proto.tx import ParsedTx
+from quorumgate.sidecar.engine import provenance
 from quorumgate.sidecar.engine.arguments import argument_name, check_handle
 from quorumgate.sidecar.engine.env import Caller, Env, Refusal, principal_name, rejected
+from quorumgate.sidecar.engine.provenance import Exposure
 from quorumgate.sidecar.engine.scope import effective_scope, judge_rules, permits
 from quorumgate.sidecar.engine.state import AgentRecord, PendingCall
 from quorumgate.sidecar.engine.statements import (
@@ -53,8 +55,10 @@ def hold(
     canonical: str,
     flagged: bool,
     links: tuple[str, ...] = (),
+    exposure: Exposure | None = None,
 ) -> ConfirmationCard:
-    """Keep the call pending and return its card; Refusal when too many are pending."""
+    """Keep the call pending and return its card; Refusal when too many are pending. The
+    card says when the run is `exposure`d, and by which call (docs/provenance.md)."""
     state, config = env.state, env.config
     pending = state.pending
     if parsed.tx_id in pending:  # impossible: tx ids are unique per (signer, nonce)
@@ -88,6 +92,7 @@ def hold(
         expires_at_ms=expires,
         confirmer=confirmer,
         links=links,
+        exposed_by=None if exposure is None else (exposure.height, exposure.tool),
     )
     pending[parsed.tx_id] = PendingCall(
         proposal_id=parsed.tx_id,
@@ -223,6 +228,11 @@ def _settle(env: Env, pending: PendingCall, spec: ToolSpec | None, verdict: Answ
         flagged = _recheck(env, pending, record, spec)
     except Refusal as refusal:
         return verdict(Outcome.DENY, refusal.reason)
+    # confirmed: the call may run now, so a tool with untrusted results exposes its run
+    # from this height (docs/provenance.md)
+    provenance.mark_exposed(
+        env, (pending.run_owner, pending.run_id), pending.tool, pending.proposal_id
+    )
     if flagged:
         return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
     return verdict(Outcome.ALLOW, Reason.OK)

@@ -30,6 +30,7 @@ from quorumgate.proto.chainversions import (
     expired_cards_leave_at_once,
     probes_latch,
     refuses_plaintext_secrets,
+    runs_carry_provenance,
     state_hash_tree,
 )
 from quorumgate.proto.model import (
@@ -54,6 +55,7 @@ from quorumgate.sidecar.engine.config import (
     effective_fingerprint,
 )
 from quorumgate.sidecar.engine.env import Env, principal_name, rejected
+from quorumgate.sidecar.engine.provenance import uses_provenance
 from quorumgate.sidecar.engine.secrets import proposal_carries_secret
 from quorumgate.sidecar.engine.state import EngineState, StateDelta
 from quorumgate.sidecar.engine.statements import (
@@ -201,6 +203,8 @@ class Engine:
             parsed = parse(tx_bytes, verify=verify_signature)
         except TxRejected as exc:
             return AdmissionResult(False, exc.reason, exc.tx_id, exc.kind)
+        if self._unknown_here(parsed):
+            return AdmissionResult(False, Reason.MALFORMED, parsed.tx_id, parsed.kind)
         reason = self._admission_refusal(parsed)
         if reason is not None:
             return AdmissionResult(False, reason, parsed.tx_id, parsed.kind)
@@ -310,6 +314,13 @@ class Engine:
     def _env(self) -> Env:
         return Env(self.config, self.state, self._height, self._now_ms)
 
+    def _unknown_here(self, parsed: ParsedTx) -> bool:
+        """A transaction that uses fields this chain's version does not have: provenance
+        (docs/provenance.md) on a chain without `runs_carry_provenance`."""
+        return not runs_carry_provenance(self.config.authority_version) and (
+            uses_provenance(parsed.body.payload)
+        )
+
     def _nonce_window(self, signer: bytes) -> NonceWindow | None:
         if signer == self.config.owner_public_key:
             return self.state.owner_nonces
@@ -328,6 +339,13 @@ class Engine:
             return Verdict(
                 tx_id=exc.tx_id, kind=exc.kind, outcome=Outcome.REJECTED, reason=exc.reason
             )
+        if self._unknown_here(parsed):
+            # what the decoder of a chain without these fields made of the body: a field
+            # it did not know, so not the canonical encoding (proto/codec.py)
+            return Verdict(
+                tx_id=parsed.tx_id, kind=parsed.kind, outcome=Outcome.REJECTED,
+                reason=Reason.MALFORMED,
+            )  # fmt: skip
         verdict = self._execute_parsed(env, parsed, trace)
         # The receipt binds the exact signed body (arguments included), not only the id.
         return replace(verdict, body_digest=sha256(parsed.signed.body))

@@ -49,7 +49,7 @@ from quorumgate.proto.model import (
 )
 from quorumgate.proto.runs import names_opened_run
 from quorumgate.proto.tx import ParsedTx
-from quorumgate.sidecar.engine import confirm, latch, quotas
+from quorumgate.sidecar.engine import confirm, latch, provenance, quotas
 from quorumgate.sidecar.engine.arguments import argument_name, check_arguments
 from quorumgate.sidecar.engine.env import Caller, Env, Refusal
 from quorumgate.sidecar.engine.links import LINK_SCHEMES, TooManyLinks, find_links
@@ -136,11 +136,15 @@ def propose(
         assert call.spec is not None and call.tool is not None
         if mode.needs_confirmation:
             card = confirm.hold(
-                env, parsed, caller, proposal, call.spec, mode, canonical, flagged, call.links
-            )
+                env, parsed, caller, proposal, call.spec, mode, canonical, flagged, call.links,
+                provenance.exposure(env, caller.run_key),
+            )  # fmt: skip
             return verdict(Outcome.PENDING, Reason.CONFIRMATION_REQUIRED, card)
     except Refusal as refusal:
         return verdict(Outcome.DENY, refusal.reason)
+    # the call may run: if its results are untrusted, its run is exposed from here
+    # (docs/provenance.md, "When a run becomes exposed")
+    provenance.mark_exposed(env, caller.run_key, call.tool, parsed.tx_id)
     if flagged:
         return verdict(Outcome.FLAG, Reason.OUT_OF_SCOPE_OBSERVED)
     return verdict(Outcome.ALLOW, Reason.OK)
@@ -276,7 +280,12 @@ def judge(
         ):
             latch.probe_denial(env, caller, record, tool, chain)
         raise Refusal(call.target_refusal)
-    # the target and argument rules of every layer, on the canonical target
+    # the target and argument rules of every layer, on the canonical target, with the
+    # run's provenance (docs/provenance.md)
+    exposed = provenance.exposure(env, caller.run_key)
+    own = provenance.run_targets(env, caller.run_key)
+    if trace is not None:
+        trace.record_provenance(exposed, own)
     permitted, mode = judge_rules(
         env,
         layers,
@@ -287,6 +296,8 @@ def judge(
         call.further_targets,
         call.links,
         trace,
+        exposed is not None,
+        own,
     )
     if trace is not None:
         trace.record_modes(spec.mode, mode)

@@ -172,6 +172,21 @@ def stricter(a: ToolMode | None, b: ToolMode | None) -> ToolMode | None:
     return a if MODE_STRICTNESS[a] >= MODE_STRICTNESS[b] else b
 
 
+def _rule_mode(
+    rule: TargetRule | None, default: ToolMode | None, exposed: bool
+) -> tuple[ToolMode | None, bool]:
+    """The mode a matching rule names (None for no rule) and whether its `when_exposed`
+    mode made it stricter: in an exposed run the stricter of the two applies, so
+    `when_exposed` never relaxes a rule (docs/provenance.md)."""
+    if rule is None:
+        return None, False
+    mode = default if rule.mode is None else rule.mode
+    if not exposed or rule.when_exposed is None:
+        return mode, False
+    exposed_mode = stricter(mode, rule.when_exposed)
+    return exposed_mode, exposed_mode != mode
+
+
 def judge_layer(
     rules: ToolRules | None,
     target: str,
@@ -183,6 +198,8 @@ def judge_layer(
     links: tuple[str, ...] = (),
     steps: list[TargetStep] | None = None,
     failed: list[str] | None = None,
+    exposed: bool = False,
+    run_targets: frozenset[str] = frozenset(),
 ) -> tuple[bool, ToolMode | None]:
     """One layer's say on a call: (permitted, the mode it runs in for this layer).
 
@@ -199,6 +216,10 @@ def judge_layer(
     (`user_confirm`), so a message to a known colleague carrying an unknown link is
     confirmed by a person rather than run directly.
 
+    In an `exposed` run (docs/provenance.md) a matching rule's `when_exposed` mode applies
+    too (the stricter of it and the rule's mode), except to the run's own `run_targets`,
+    which are judged as in a clean run.
+
     `steps` and `failed`, when given, are appended to: how each target (not the links)
     met the rules, and the names of the argument rules that do not hold
     (sidecar/engine/trace.py)."""
@@ -207,20 +228,21 @@ def judge_layer(
     mode: ToolMode | None = None
     for role, each in (("", target), *further_targets):
         rule = first_match(rules, each, principal, sets, role)
+        chosen, by_exposure = _rule_mode(rule, default, exposed and each not in run_targets)
         if steps is not None:
             # an equal rule earlier in the list would have matched first, so `index`
             # finds the one that did
             index = None if rule is None else rules.targets.index(rule)
-            steps.append(TargetStep(role, each, index, rule))
+            steps.append(TargetStep(role, each, index, rule, by_exposure))
         if rule is None:
             return False, None
-        mode = stricter(mode, default if rule.mode is None else rule.mode)
+        mode = stricter(mode, chosen)
     for link in links:
         rule = first_match(rules, link, principal, sets, LINK_ROLE)
         if rule is None:
             mode = stricter(mode, ToolMode.USER_CONFIRM)
         else:
-            mode = stricter(mode, default if rule.mode is None else rule.mode)
+            mode = stricter(mode, _rule_mode(rule, default, exposed and link not in run_targets)[0])
     if arguments is None:
         return True, mode
     if failed is not None:

@@ -128,6 +128,8 @@ def judge_rules(
     further_targets: tuple[tuple[str, str], ...] = (),
     links: tuple[str, ...] = (),
     trace: Trace | None = None,
+    exposed: bool = False,
+    run_targets: frozenset[str] = frozenset(),
 ) -> tuple[bool, ToolMode]:
     """Every layer's target and argument rules: whether all permit the call, and the mode
     it runs in. Each mandate on the chain says the mode its matching rule names, or the
@@ -136,7 +138,8 @@ def judge_rules(
     more directly than its delegator would. On chains where delegates defer
     (proto/chainversions.py), a delegate's mandate without rules for the tool names no
     mode, and the delegators' rules decide it. `trace`, when given, records each layer's
-    say (sidecar/engine/trace.py)."""
+    say (sidecar/engine/trace.py). `exposed` and `run_targets` are the run's provenance
+    (sidecar/engine/provenance.py), which every layer's `when_exposed` modes read."""
     mode: ToolMode | None = None
     defer = delegates_defer_to_delegators(env.config.authority_version)
     root = len(layers) - 1  # the run owner's mandate: the last layer of every chain
@@ -158,6 +161,8 @@ def judge_rules(
             links=links,
             steps=steps,
             failed=failed,
+            exposed=exposed,
+            run_targets=run_targets,
         )
         if permitted and chosen is None and names_mode:
             chosen = spec.mode

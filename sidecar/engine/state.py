@@ -157,6 +157,21 @@ class LatchRun:
 
 
 @dataclass(frozen=True)
+class RunRecord:
+    """What a run has taken in and what its principal said it is about (docs/provenance.md):
+    the height, tool and proposal of the first allowed call whose results are untrusted
+    (`exposed_height` None: clean), and the run's own targets (`SetRunTargets`).
+    `touched_height` is the height it was last written at: when the table is full the
+    least recently written goes first (sidecar/engine/provenance.py). Frozen, as `Grant`."""
+
+    exposed_height: int | None = None
+    exposed_tool: str = ""
+    exposed_proposal: bytes = b""
+    targets: tuple[str, ...] = ()
+    touched_height: int = 0
+
+
+@dataclass(frozen=True)
 class StateDelta:
     """What one height changed in the state, for a store that writes only that
     (sidecar/store.py): the state's `header` (`EngineState.header_bytes`) and, per entry
@@ -186,8 +201,11 @@ class QuotaCounter:
 SECTIONS: tuple[str, ...] = (
     "tools", "sinks", "agents", "grants", "pending", "handles", "latch_runs", "sets",
     "principals", "agent_principal", "wrong_digests", "cross_run", "settings",
-    "quota_counters",
+    "quota_counters", "runs", "run_floors",
 )  # fmt: skip
+# The sections provenance added (docs/provenance.md): absent from the bytes and the root
+# while both are empty, so a chain that never used them keeps its bytes and roots.
+PROVENANCE_SECTIONS = ("runs", "run_floors")
 # Sections whose values are records changed in place: a read marks the entry (TrackedDict).
 MUTABLE_SECTIONS = frozenset(
     {"agents", "handles", "latch_runs", "principals", "cross_run", "quota_counters"}
@@ -225,6 +243,11 @@ class EngineState:
     # quota counters of the fixed minute and hour windows, by QuotaKey.
     settings: dict[str, int] = field(default_factory=dict)
     quota_counters: dict[QuotaKey, QuotaCounter] = field(default_factory=dict)
+    # Provenance (docs/provenance.md): per run, its exposure and its own targets; per
+    # run owner, the highest opening nonce of a run whose record was evicted (every run
+    # of that owner opened at or below it counts as exposed).
+    runs: dict[RunKey, RunRecord] = field(default_factory=dict)
+    run_floors: dict[str, int] = field(default_factory=dict)
     # derived indexes, rebuilt on load; not serialized
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     principal_by_key: dict[bytes, str] = field(default_factory=dict)
@@ -439,7 +462,7 @@ class EngineState:
         and hash-tree root, so a block rehashes only the entries it touched."""
         self._flush()
         sections = zip(self._entries, self._trees, strict=True)
-        return _tree_root(self.header_bytes(), [(len(e), t.root()) for e, t in sections])
+        return _tree_root(self.header_bytes(), _rooted([(len(e), t.root()) for e, t in sections]))
 
     def fresh_tree_root(self) -> bytes:
         """`tree_root` computed from scratch (its oracle)."""
@@ -447,7 +470,7 @@ class EngineState:
         for index, name in enumerate(SECTIONS):
             entries = _fresh_entries(self, name)
             sections.append((len(entries), section_root(index, entries)))
-        return _tree_root(self.header_bytes(), sections)
+        return _tree_root(self.header_bytes(), _rooted(sections))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> EngineState:
@@ -477,6 +500,10 @@ RULES_FOLLOW = 2
 TOOL_DECLARATIONS_FOLLOW = 2
 TOOL_TARGET_ROLES_FOLLOW = 4
 TOOL_DEFINITION_FOLLOWS = 8  # a pinned definition digest follows the roles
+TOOL_UNTRUSTED_RESULTS = 16  # its results carry untrusted content (docs/provenance.md)
+# A tool's rule count has this bit set when every rule is followed by its `when_exposed`
+# mode (after its role, when roles follow).
+RULE_EXPOSURE_FOLLOWS = 1 << 30
 # A tool's rule count has this bit set when every rule is followed by its target role.
 RULE_ROLES_FOLLOW = 1 << 31
 
@@ -498,11 +525,15 @@ def _enc_rules(enc: Encoder, rules: tuple[ToolRules, ...]) -> None:
     enc.u32(len(rules))
     for entry in rules:
         roles = any(rule.role for rule in entry.targets)
-        enc.text(entry.tool).u32(len(entry.targets) | (RULE_ROLES_FOLLOW if roles else 0))
+        exposure = any(rule.when_exposed is not None for rule in entry.targets)
+        count = len(entry.targets) | (RULE_ROLES_FOLLOW if roles else 0)
+        enc.text(entry.tool).u32(count | (RULE_EXPOSURE_FOLLOWS if exposure else 0))
         for rule in entry.targets:
             _enc_target_rule(enc, rule)
             if roles:
                 enc.text(rule.role)
+            if exposure:
+                enc.text("" if rule.when_exposed is None else rule.when_exposed.value)
         enc.u32(len(entry.arguments))
         for arg in entry.arguments:
             enc.text(arg.name).text(arg.check.value).text(arg.number).texts(arg.values)
@@ -536,6 +567,7 @@ def _enc_tool(enc: Encoder, spec: ToolSpec) -> None:
         + (TOOL_DECLARATIONS_FOLLOW if declared else 0)
         + (TOOL_TARGET_ROLES_FOLLOW if roles else 0)
         + (TOOL_DEFINITION_FOLLOWS if pinned else 0)
+        + (TOOL_UNTRUSTED_RESULTS if spec.untrusted_results else 0)
     )
     if declared:
         enc.u32(len(spec.arguments))
@@ -638,6 +670,14 @@ def _encode_quota(key: QuotaKey, counter: QuotaCounter) -> bytes:
     return bytes(Encoder().texts(key).u64(counter.window).u32(counter.count))
 
 
+def _encode_run(key: RunKey, run: RunRecord) -> bytes:
+    height = run.exposed_height
+    enc = Encoder().text(key[0]).text(key[1])
+    enc.optional_blob(None if height is None else struct.pack(">Q", height))
+    enc.text(run.exposed_tool).blob(run.exposed_proposal).texts(run.targets)
+    return bytes(enc.u64(run.touched_height))
+
+
 ENCODERS: dict[str, Callable[[Any, Any], bytes]] = {
     "tools": lambda _, spec: _encode_tool(spec),
     "sinks": _encode_sink,
@@ -653,6 +693,8 @@ ENCODERS: dict[str, Callable[[Any, Any], bytes]] = {
     "cross_run": _encode_cross_run,
     "settings": lambda name, value: bytes(Encoder().text(name).u64(value)),
     "quota_counters": _encode_quota,
+    "runs": _encode_run,
+    "run_floors": lambda owner, nonce: bytes(Encoder().text(owner).u64(nonce)),
 }
 TAG_STATE_HEADER = domains.ENGINE_STATE_HEADER
 TAG_STATE_ROOT = domains.ENGINE_STATE_ROOT
@@ -668,6 +710,15 @@ def _fresh_entries(state: EngineState, name: str) -> list[tuple[bytes, bytes]]:
     encode = ENCODERS[name]
     table = getattr(state, name)
     return [(key_bytes(key), encode(key, value)) for key, value in dict.items(table)]
+
+
+def _rooted(sections: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    """The sections the root covers: the provenance sections only when one holds
+    something, so the roots of chains that never used them are what they were."""
+    tail = len(PROVENANCE_SECTIONS)
+    if any(count for count, _ in sections[-tail:]):
+        return sections
+    return sections[:-tail]
 
 
 def _tree_root(header: bytes, sections: Sequence[tuple[int, bytes]]) -> bytes:
@@ -705,7 +756,8 @@ def assemble_state(header: bytes, sections: Sequence[Sequence[bytes]]) -> bytes:
     # Sections added later are present only once they hold something, so a state that
     # never used them keeps the bytes it had before they existed: the reader finds them by
     # there being bytes left.
-    settings = bool(by_name["settings"] or by_name["quota_counters"])
+    provenance = any(by_name[name] for name in PROVENANCE_SECTIONS)
+    settings = provenance or bool(by_name["settings"] or by_name["quota_counters"])
     authority = settings or any(
         by_name[name] for name in ("principals", "agent_principal", "wrong_digests", "cross_run")
     )
@@ -717,6 +769,9 @@ def assemble_state(header: bytes, sections: Sequence[Sequence[bytes]]) -> bytes:
     if settings:
         _section(enc, by_name["settings"])
         _section(enc, by_name["quota_counters"])
+    if provenance:
+        for name in PROVENANCE_SECTIONS:
+            _section(enc, by_name[name])
     return bytes(enc)
 
 
@@ -802,18 +857,26 @@ def _dec_target_rule(r: _Reader) -> TargetRule:
     return TargetRule(kind, value, ToolMode(mode) if mode else None)
 
 
+def _dec_rule_tail(r: _Reader, rule: TargetRule, roles: bool, exposure: bool) -> TargetRule:
+    """A mandate's or grant's rule: its role and its `when_exposed` mode, when they follow."""
+    if roles:
+        rule = replace(rule, role=r.text())
+    if exposure:
+        mode = r.text()
+        rule = replace(rule, when_exposed=ToolMode(mode) if mode else None)
+    return rule
+
+
 def _dec_rules(r: _Reader) -> tuple[ToolRules, ...]:
     out = []
     for _ in range(r.u32()):
         tool = r.text()
         count = r.u32()
-        if count & RULE_ROLES_FOLLOW:
-            targets = tuple(
-                replace(_dec_target_rule(r), role=r.text())
-                for _ in range(count & ~RULE_ROLES_FOLLOW)
-            )
-        else:
-            targets = tuple(_dec_target_rule(r) for _ in range(count))
+        roles, exposure = bool(count & RULE_ROLES_FOLLOW), bool(count & RULE_EXPOSURE_FOLLOWS)
+        targets = tuple(
+            _dec_rule_tail(r, _dec_target_rule(r), roles, exposure)
+            for _ in range(count & ~(RULE_ROLES_FOLLOW | RULE_EXPOSURE_FOLLOWS))
+        )
         arguments = tuple(
             ArgumentRule(r.text(), ArgCheck(r.text()), r.text(), r.texts(), r.u32())
             for _ in range(r.u32())
@@ -840,6 +903,8 @@ def _dec_tool(r: _Reader) -> ToolSpec:
     schemes = r.texts()
     args = tuple(EnvelopeArg(r.text(), r.text(), r.boolean()) for _ in range(r.u32()))
     tier, flag = Tier(r.text()), r.u8()
+    untrusted = bool(flag & TOOL_UNTRUSTED_RESULTS)
+    flag &= ~TOOL_UNTRUSTED_RESULTS
     most = 1 + TOOL_DECLARATIONS_FOLLOW + TOOL_TARGET_ROLES_FOLLOW + TOOL_DEFINITION_FOLLOWS
     if (
         flag > most
@@ -848,7 +913,9 @@ def _dec_tool(r: _Reader) -> ToolSpec:
     ):
         raise StateDecodeError("bad tool flag")
     if not flag & TOOL_DECLARATIONS_FOLLOW:
-        return ToolSpec(name, mode, sink, schemes, args, tier, bool(flag & 1))
+        return ToolSpec(
+            name, mode, sink, schemes, args, tier, bool(flag & 1), untrusted_results=untrusted
+        )
     declared = tuple(ArgSpec(r.text(), ArgRole(r.text())) for _ in range(r.u32()))
     override, tier_declared = r.boolean(), r.boolean()
     slots: tuple[TargetSlot, ...] = ()
@@ -871,6 +938,7 @@ def _dec_tool(r: _Reader) -> ToolSpec:
         slots,
         optional,
         pinned,
+        untrusted,
     )
 
 
@@ -886,11 +954,12 @@ def _dec_card(r: _Reader) -> ConfirmationCard:
     body_digest, created_height, expires_at_ms = c.take(32), c.u64(), c.u64()
     confirmer = c.text() if c.remaining() else ""  # cards name one where only principals answer
     links = c.texts() if c.remaining() else ()  # cards of calls with links in their text
+    exposed_by = (c.u64(), c.text()) if c.remaining() else None  # cards of exposed runs
     c.finish()
     return ConfirmationCard(
         chain_id, proposal_id, principal, tier, delegate_of, tool, mode, min_tier, target,
         argument_names, handles, body_digest, created_height, expires_at_ms, confirmer,
-        tuple(links),
+        tuple(links), exposed_by,
     )  # fmt: skip
 
 
@@ -923,7 +992,26 @@ def _decode_state(r: _Reader) -> EngineState:
         for _ in range(r.u32()):
             quota_key = r.texts()
             state.quota_counters[quota_key] = QuotaCounter(window=r.u64(), count=r.u32())
+    if r.remaining():
+        _dec_runs(r, state)
     return state
+
+
+def _dec_runs(r: _Reader, state: EngineState) -> None:
+    """The provenance sections (docs/provenance.md)."""
+    for _ in range(r.u32()):
+        key = (r.text(), r.text())
+        height = r.optional_blob()
+        state.runs[key] = RunRecord(
+            exposed_height=None if height is None else int(struct.unpack(">Q", height)[0]),
+            exposed_tool=r.text(),
+            exposed_proposal=r.blob(),
+            targets=r.texts(),
+            touched_height=r.u64(),
+        )
+    for _ in range(r.u32()):
+        owner = r.text()
+        state.run_floors[owner] = r.u64()
 
 
 def _dec_registry(r: _Reader, state: EngineState) -> None:

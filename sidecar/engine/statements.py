@@ -78,6 +78,10 @@ class ConfirmationCard:
     # docs/engine.md "Links inside text"), so the person sees where the message sends its
     # reader. Encoded only when there are any: cards without links keep their bytes.
     links: tuple[str, ...] = ()
+    # The run had taken in untrusted content when the call was held (docs/provenance.md):
+    # the height and tool of the call that exposed it (tool `-`, height 0: its record was
+    # evicted). Encoded only when set: other cards keep their bytes.
+    exposed_by: tuple[int, str] | None = None
 
     def to_bytes(self) -> bytes:
         enc = Encoder(TAG_CARD)
@@ -89,10 +93,12 @@ class ConfirmationCard:
         for name, handle in self.handles:
             enc.text(name).text(handle)
         enc.raw(self.body_digest).u64(self.created_height).u64(self.expires_at_ms)
-        if self.confirmer or self.links:
+        if self.confirmer or self.links or self.exposed_by:
             enc.text(self.confirmer)
-        if self.links:
+        if self.links or self.exposed_by:
             enc.texts(self.links)
+        if self.exposed_by is not None:
+            enc.u64(self.exposed_by[0]).text(self.exposed_by[1])
         return bytes(enc)
 
     @property
@@ -135,6 +141,15 @@ class ConfirmationCard:
         lines += [f"Link in the text: {quote_for_card(link)}" for link in self.links]
         return lines
 
+    def _exposure_lines(self) -> list[str]:
+        """Why an exposed run asks (docs/provenance.md): it has read untrusted content."""
+        if self.exposed_by is None:
+            return []
+        height, tool = self.exposed_by
+        if height == 0 and tool == "-":
+            return ["Run exposed: it has read untrusted content (call no longer on record)"]
+        return [f"Run exposed: it has read untrusted content since tool {tool} at height {height}"]
+
     def _render_v2(self, values: Sequence[tuple[str, str]] | None) -> str:
         if self.confirmer == OWNER_PRINCIPAL:
             who = "the owner"
@@ -146,6 +161,7 @@ class ConfirmationCard:
             *self._target_lines(),
             f"Requested by: agent {self.principal} ({self.tier.value})"
             + (f" on behalf of agent {self.delegate_of}" if self.delegate_of else ""),
+            *self._exposure_lines(),
         ]
         if values is None:
             names_only = ", ".join(self.argument_names) or "(none)"

@@ -11,8 +11,19 @@ nothing. The trace holds names, canonical targets and rule values, never argumen
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from quorumgate.proto.model import TargetRule, ToolMode
+
+
+class Exposed(Protocol):
+    """A run's exposure as the trace reads it (sidecar/engine/provenance.py `Exposure`)."""
+
+    @property
+    def height(self) -> int: ...
+
+    @property
+    def tool(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,8 @@ class TargetStep:
     target: str
     index: int | None
     rule: TargetRule | None
+    # the rule's `when_exposed` mode made the target stricter (docs/provenance.md)
+    by_exposure: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,9 +64,18 @@ class Trace:
     layers: list[LayerStep] = field(default_factory=list)
     scope: list[tuple[tuple[str, ...] | None, bool, bool]] = field(default_factory=list)
     modes: list[ToolMode] = field(default_factory=list)  # the tool's, then the result
+    # the run's exposure when judged (height, tool), and its own targets
+    # (docs/provenance.md); empty on a clean run or a chain without provenance
+    exposure: list[tuple[int, str]] = field(default_factory=list)
+    run_targets: list[str] = field(default_factory=list)
 
     def record_scope(self, scope: tuple[str, ...] | None, enforce: bool, permitted: bool) -> None:
         self.scope.append((scope, enforce, permitted))
+
+    def record_provenance(self, exposure: Exposed | None, run_targets: frozenset[str]) -> None:
+        if exposure is not None:
+            self.exposure.append((exposure.height, exposure.tool))
+        self.run_targets.extend(sorted(run_targets))
 
     def record_modes(self, registered: ToolMode, result: ToolMode) -> None:
         self.modes.extend((registered, result))

@@ -619,3 +619,27 @@ def test_settings_are_set_in_the_log_from_the_command_line(
     assert code == 2 and "unknown setting" in err
     code, doc = run_json(capsys, "admin", "set-settings", "latch_halt_threshold=0", "--dir", d)
     assert (code, doc["outcome"], doc["reason"]) == (1, "rejected", "invalid_spec")
+
+
+def test_a_principal_names_its_agents_run_targets_and_the_agent_cannot(
+    cluster: ClusterSpec,
+    owner: SyncClient,
+    agent_key: Path,
+    principal_key: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`quorumgate admin set-run-targets` (docs/provenance.md): signed with the principal's
+    sealed key it applies; the agent's key (in the clear) is refused before anything is
+    sent."""
+    d = str(cluster.directory)
+    submit = ["submit", "--dir", d, "--key", str(agent_key), "--run", "cli-intent"]
+    code, doc = run_json(capsys, *submit, "--tool", "web.get", "--target", "https://e.x/i")
+    assert code == 0
+    intent = ["admin", "set-run-targets", "--dir", d, "--agent", "cli-agent", "--run"]
+    intent += [doc["run_id"], "HTTPS://Docs.Example.com/report", "mailto:bob@corp.example"]
+    code, _, err = run(capsys, *intent, "--key", str(agent_key))
+    assert code == 2 and "in the clear" in err
+    with given(PASSPHRASE) as fd:
+        signed = [*intent, "--key", str(principal_key), "--passphrase-fd", fd]
+        code, applied = run_json(capsys, *signed)
+    assert (code, applied["outcome"], applied["subject"]) == (0, "applied", "cli-agent")

@@ -256,7 +256,9 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     expected.text("receipt_version").u64(2).text("certificate_ttl_ms").u64(300_000)
     assert expiring.fingerprint == expected.digest() != tree.fingerprint
     # authority version 3 (delegates defer) is named as such, in the place version 2 was
-    deferring = EngineConfig(chain_id="c", owner_public_key=key, canonical_version=2)
+    deferring = EngineConfig(
+        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=3
+    )
     assert deferring.authority_version == 3
     assert deferring.fingerprint != expiring.fingerprint
 

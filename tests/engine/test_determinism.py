@@ -28,20 +28,26 @@ from quorumgate.proto.model import (
     Mandate,
     Outcome,
     Proposal,
+    RegisterTool,
     Resume,
     Revoke,
     RoleTarget,
+    RuleKind,
     SealedValue,
     SealEnvelope,
     SetMandate,
+    SetRunTargets,
     SetSettings,
     Suspend,
+    TargetRule,
     TargetSlot,
     Tier,
     ToolMode,
+    ToolRules,
     TxPayload,
     canonical_tool_list,
 )
+from quorumgate.sidecar.engine import provenance
 from quorumgate.sidecar.engine.core import Engine, StateCacheError
 from quorumgate.sidecar.engine.state import SECTIONS, EngineState, Grant
 from quorumgate.sidecar.engine.statements import BlockResult
@@ -72,6 +78,7 @@ CHOICES = [
     "mandate",
     "suspend",
     "settings",
+    "intent",
 ]
 # settings in the log: small values, so the draws reach them
 SETTING_DRAWS = {
@@ -82,6 +89,15 @@ SETTING_DRAWS = {
     "confirmation_ttl_ms": (1_000, 20_000),
     "grants_per_agent_max": (1, 3),
 }
+# rules that read a run's exposure, and run targets (some without a canonical form)
+EXPOSED_RULES = (
+    ToolRules("kb.search", (TargetRule(RuleKind.ANY, when_exposed=ToolMode.USER_CONFIRM),)),
+    ToolRules(
+        "pay.refund",
+        (TargetRule(RuleKind.ANY, mode=ToolMode.DIRECT, when_exposed=ToolMode.OWNER_CONFIRM),),
+    ),
+)
+INTENT_TARGETS = ("https://example.com/a", "HTTPS://Example.com/a", "/srv/x", "https://h/ x")
 GOOD_TARGETS = {
     "kb.search": ("https://example.com/a", "/srv/x"),
     "tickets.open": ("CURRENT_USER", "https://example.com/t"),
@@ -117,6 +133,9 @@ def _world() -> World:
     world.add_tool("post.publish", mode=ToolMode.OWNER_CONFIRM, schemes=())
     world.add_tool("crm.status", schemes=(), sink="vault", binds_caller=True)
     world.add_tool("card.use", sink="vault", envelope_args=(EnvelopeArg(name="card", kind="card"),))
+    # provenance (docs/provenance.md): a search's results are untrusted, so runs get exposed
+    searching = world.engine.state.tools["kb.search"]
+    world.admin(RegisterTool(spec=replace(searching, untrusted_results=True)))
     for person in PRINCIPALS:
         world.add_principal(person)
     for agent, person in zip(AGENTS, ("pia", "pia", ""), strict=True):  # cyd: the owner's
@@ -199,8 +218,16 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
             suspended=data.draw(st.booleans()) and data.draw(st.booleans()),
             delegation_policy=data.draw(st.sampled_from(DelegationPolicy)),
             max_delegation_depth=data.draw(st.none() | st.integers(0, 3)),
+            rules=EXPOSED_RULES if tools is None and data.draw(st.booleans()) else (),
         )
         return "owner", Admin(op=SetMandate(agent_id=signer, mandate=mandate))
+    if choice == "intent":
+        # a run's own targets, named by anyone (only its principal or the owner applies)
+        targets = data.draw(st.lists(st.sampled_from(INTENT_TARGETS), max_size=3, unique=True))
+        run = f"n{data.draw(st.integers(1, 12))}"
+        op = SetRunTargets(agent_id=signer, run_id=run, targets=tuple(sorted(targets)))
+        who = data.draw(st.sampled_from(("owner", signer, "principal:pia", "principal:quo")))
+        return who, Admin(op=op)
     if choice == "suspend":
         op = Suspend(agent_id=signer) if data.draw(st.booleans()) else Resume(agent_id=signer)
         return "owner", Admin(op=op)
@@ -280,6 +307,7 @@ def _assert_bounded(world: World) -> None:
         len(r.buckets) <= config.latch_buckets_per_run_max for r in state.latch_runs.values()
     )
     assert len(state.pending) <= config.pending_max
+    assert len(state.runs) <= provenance.RUN_RECORDS_MAX
     for agent in state.agents.values():
         assert len(agent.nonces.executed) <= config.nonce_window
         assert len(agent.recent_proposals_ms) <= config.quota_proposals_max
