@@ -17,7 +17,7 @@ import psycopg
 from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from quorumgate.audit.follow import Reader, Round, read_round
+from quorumgate.audit.follow import Reader, Refusal, Round, read_round
 from quorumgate.audit.records import Batch, Cursor
 from quorumgate.audit.store import CursorMoved, Written, connect, read_cursor, write_batch
 from quorumgate.proto.clusterfile import ClusterSpec
