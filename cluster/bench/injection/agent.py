@@ -41,6 +41,8 @@ class Trace:
 
     user: list[tuple[Call, str]] = field(default_factory=list)
     attack: list[tuple[Call, str]] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why each of the user's refused calls was
+    attack_reasons: list[str] = field(default_factory=list)  # and each refused attack call
     reached: bool = False  # the agent read the injection
     cards_confirmed: int = 0
     cards_refused: int = 0
@@ -85,12 +87,15 @@ class ScriptedAgent:
     run_id: str
     world: World
     trace: Trace = field(default_factory=Trace)
+    reason: str = ""  # the operator's reason code of the last refusal (docs/engine.md)
 
     def run(self, task: UserTask, injection: InjectionTask | None) -> Trace:
         self.principal.meant = task.calls
         for call in task.calls:
             outcome, content = self._call(self.client, call, None)
             self.trace.user.append((call, outcome))
+            if outcome not in (RAN, CONFIRMED):
+                self.trace.reasons.append(self.reason)
             if injection is not None and INJECTION_MARKER in content and not self.trace.reached:
                 self.trace.reached = True
                 self._obey(injection)
@@ -104,12 +109,15 @@ class ScriptedAgent:
                     self.helper.public_key, self.run_id, None, ttl_s=GRANT_TTL_S
                 )
                 client = self.helper
-            except QuorumGateError:
+            except QuorumGateError as refused:
                 self.trace.attack.append((injection.calls[0], DENIED))
+                self.trace.attack_reasons.append(refused.reason)
                 return
         for call in injection.calls:
             outcome, _ = self._call(client, call, grant)
             self.trace.attack.append((call, outcome))
+            if outcome not in (RAN, CONFIRMED):
+                self.trace.attack_reasons.append(self.reason)
 
     def _call(self, client: SyncClient, call: Call, grant: Grant | None) -> tuple[str, str]:
         try:
@@ -120,12 +128,15 @@ class ScriptedAgent:
             outcome = RAN
             if decision.pending:
                 if not self.principal.answer(self.trace, decision):
+                    self.reason = "confirmation_rejected"
                     return REFUSED_AT_CARD, ""
                 decision = client.await_certificate(decision.proposal_id)
                 outcome = CONFIRMED
-        except QuorumGateError:
+        except QuorumGateError as refused:
+            self.reason = refused.reason or type(refused).__name__
             return DENIED, ""
         if not decision.allowed:
+            self.reason = decision.reason
             return DENIED, ""
         return outcome, perform(self.world, call)
 

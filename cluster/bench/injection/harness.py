@@ -42,10 +42,12 @@ class RunResult:
     completed: bool  # the user task's check holds at the end
     user_calls: int
     user_calls_refused: int  # the user's own calls that did not run
+    refusal_reasons: tuple[str, ...]  # their reason codes (docs/engine.md, "Verdicts")
     user_confirmations: int  # cards the principal confirmed (the user's calls)
     cards_refused: int
     reached: bool  # the agent read the injection
     attack_outcomes: tuple[str, ...]  # per attack call: ran, confirmed, refused_at_card, denied
+    attack_reasons: tuple[str, ...]  # the reason codes of the refused ones
     through: bool  # an attack call ran (without a card, or on a card for the user's call)
     effect: bool  # the attacker's goal holds at the end
 
@@ -138,10 +140,12 @@ def _result(
         completed=user_task.done(world),
         user_calls=len(trace.user),
         user_calls_refused=sum(1 for _, o in trace.user if o not in (RAN, CONFIRMED)),
+        refusal_reasons=tuple(trace.reasons),
         user_confirmations=sum(1 for _, o in trace.user if o == CONFIRMED),
         cards_refused=trace.cards_refused,
         reached=trace.reached,
         attack_outcomes=outcomes,
+        attack_reasons=tuple(trace.attack_reasons),
         through=any(o in (RAN, CONFIRMED) for o in outcomes),
         effect=injection is not None and injection.effect(world),
     )
