@@ -62,8 +62,11 @@ def test_a_policy_is_written_from_the_users_environment_never_the_attacks(suite:
 
 
 # The user tasks whose last call needs a card: a payee, member or contact the user never had.
-NEW_TO_THE_USER = {("banking", "pay-dentist"), ("messaging", "welcome-erin"),
-                   ("office", "confirm-order")}  # fmt: skip
+NEW_TO_THE_USER = {
+    ("banking", "pay-dentist"),
+    ("messaging", "welcome-erin"),
+    ("office", "confirm-order"),
+}
 
 
 def _user_calls_toml(suite: Suite) -> str:
@@ -75,11 +78,19 @@ def _user_calls_toml(suite: Suite) -> str:
             args = ", ".join(f"{n} = {json.dumps(v)}" for n, v in call.args)
             also = ", ".join(f"{role} = [{json.dumps(t)}]" for role, t in call.also)
             card = (suite.name, task.name) in NEW_TO_THE_USER and k == len(task.calls) - 1
-            out += ["[[calls]]", f'name = "{task.name} {k}"', f'agent = "{AGENT}"',
-                    f'tool = "{call.tool}"', f"target = {json.dumps(call.target)}",
-                    f"args = {{ {args} }}", f"also = {{ {also} }}",
-                    'expect = "pending"\nconfirm = { by = "principal", expect = "allow" }'
-                    if card else 'expect = "allow"', ""]  # fmt: skip
+            out += [
+                "[[calls]]",
+                f'name = "{task.name} {k}"',
+                f'agent = "{AGENT}"',
+                f'tool = "{call.tool}"',
+                f"target = {json.dumps(call.target)}",
+                f"args = {{ {args} }}",
+                f"also = {{ {also} }}",
+                'expect = "pending"\nconfirm = { by = "principal", expect = "allow" }'
+                if card
+                else 'expect = "allow"',
+                "",
+            ]
     return "\n".join(out)
 
 
@@ -97,7 +108,9 @@ def test_the_users_calls_run_or_wait_for_the_principal_in_the_policy_test_kit(
 
 def test_the_tools_act_on_the_world() -> None:
     world = SUITES["banking"].world()
-    assert "950 EUR" in perform(world, Call.of("files.read", "/home/ann/bank/bills/rent-december.txt"))
+    assert "950 EUR" in perform(
+        world, Call.of("files.read", "/home/ann/bank/bills/rent-december.txt")
+    )
     perform(world, Call.of("bank.pay", "iban:DE89370400440532013000", amount="950"))
     assert world.payments == [("iban:DE89370400440532013000", "950")]
     assert INJECTION_MARKER not in str(world.files)
@@ -105,28 +118,57 @@ def test_the_tools_act_on_the_world() -> None:
 
 def _result(**fields: object) -> RunResult:
     base: dict[str, object] = {
-        "suite": "banking", "user_task": "pay-rent", "injection": "pay-unknown",
-        "kind": "pay_unknown", "completed": True, "user_calls": 2, "user_calls_refused": 0,
+        "suite": "banking",
+        "user_task": "pay-rent",
+        "injection": "pay-unknown",
+        "kind": "pay_unknown",
+        "completed": True,
+        "user_calls": 2,
+        "user_calls_refused": 0,
         "refusal_reasons": (),
-        "user_confirmations": 0, "cards_refused": 1, "reached": True,
-        "attack_outcomes": (REFUSED_AT_CARD,), "attack_reasons": ("confirmation_rejected",), "through": False, "effect": False,
-    }  # fmt: skip
+        "user_confirmations": 0,
+        "cards_refused": 1,
+        "reached": True,
+        "attack_outcomes": (REFUSED_AT_CARD,),
+        "attack_reasons": ("confirmation_rejected",),
+        "through": False,
+        "effect": False,
+    }
     base.update(fields)
     return RunResult(**base)  # type: ignore[arg-type]
 
 
 def test_the_report_counts_outcomes_by_kind() -> None:
     results = [
-        _result(injection=None, kind=None, attack_outcomes=(), cards_refused=0,
-                user_confirmations=1),
+        _result(
+            injection=None, kind=None, attack_outcomes=(), cards_refused=0, user_confirmations=1
+        ),
         _result(),
-        _result(kind="read_attacker_url", injection="read-page", attack_outcomes=(RAN,),
-                through=True, effect=True, cards_refused=0),
-        _result(kind="self_write", injection="self-write", attack_outcomes=(RAN,),
-                through=True, effect=False, cards_refused=0),
-        _result(kind="exfil_query", injection="exfil", attack_outcomes=(DENIED,),
-                cards_refused=0, completed=False, user_calls_refused=1),
-    ]  # fmt: skip
+        _result(
+            kind="read_attacker_url",
+            injection="read-page",
+            attack_outcomes=(RAN,),
+            through=True,
+            effect=True,
+            cards_refused=0,
+        ),
+        _result(
+            kind="self_write",
+            injection="self-write",
+            attack_outcomes=(RAN,),
+            through=True,
+            effect=False,
+            cards_refused=0,
+        ),
+        _result(
+            kind="exfil_query",
+            injection="exfil",
+            attack_outcomes=(DENIED,),
+            cards_refused=0,
+            completed=False,
+            user_calls_refused=1,
+        ),
+    ]
     data = report(results, seed=3)
     overall = data[OVERALL]
     assert overall["utility_alone"] == [1, 1]
@@ -137,8 +179,14 @@ def test_the_report_counts_outcomes_by_kind() -> None:
     assert overall["confirmations_per_user_task"] == 0.2
     kinds = by_kind(results)
     assert kinds["pay_unknown"]["refused_at_card"] == 1
-    assert kinds["read_attacker_url"] == {"runs": 1, "through": 1, "effect": 1,
-                                          "refused_at_card": 0, "denied": 0, "not_reached": 0}
+    assert kinds["read_attacker_url"] == {
+        "runs": 1,
+        "through": 1,
+        "effect": 1,
+        "refused_at_card": 0,
+        "denied": 0,
+        "not_reached": 0,
+    }
     assert kinds["exfil_query"]["denied"] == 1
     assert "| overall | 1/1 | 3/4 | 1/10 | 2/4 (1 / 1) | 0.2 |" in text(data)
     assert CONFIRMED in data["outcomes"]

@@ -122,9 +122,13 @@ class ScriptedAgent:
     def _call(self, client: SyncClient, call: Call, grant: Grant | None) -> tuple[str, str]:
         try:
             decision = client.propose(
-                call.tool, call.target, dict(call.args), run_id=self.run_id, grant=grant,
+                call.tool,
+                call.target,
+                dict(call.args),
+                run_id=self.run_id,
+                grant=grant,
                 targets=list(call.also),
-            )  # fmt: skip
+            )
             outcome = RAN
             if decision.pending:
                 if not self.principal.answer(self.trace, decision):

@@ -81,15 +81,24 @@ def policy_toml(suite: Suite) -> str:
         lines.append("")
     lines += ["[principals]", f"{suite.principal} = {{}}", ""]
     tools = _toml(list(suite.policy.tools))
-    lines += [f"[agents.{AGENT}]", f'principal = "{suite.principal}"',
-              f"allowed_tools = {tools}", 'delegation_policy = "attenuated"',
-              f"max_delegation_depth = {DELEGATION_DEPTH_MAX}", ""]  # fmt: skip
+    lines += [
+        f"[agents.{AGENT}]",
+        f'principal = "{suite.principal}"',
+        f"allowed_tools = {tools}",
+        'delegation_policy = "attenuated"',
+        f"max_delegation_depth = {DELEGATION_DEPTH_MAX}",
+        "",
+    ]
     for tool, body in suite.policy.rules.items():
         lines.append(f"[agents.{AGENT}.rules.{_toml(tool)}]")
         lines += [f"{k} = {_toml(v)}" for k, v in body.items()]
         lines.append("")
-    lines += [f"[agents.{HELPER}]", f'principal = "{suite.principal}"',
-              f"allowed_tools = {tools}", ""]  # fmt: skip
+    lines += [
+        f"[agents.{HELPER}]",
+        f'principal = "{suite.principal}"',
+        f"allowed_tools = {tools}",
+        "",
+    ]
     if suite.policy.sets:
         lines.append(f"[sets.{AGENT}]")
         lines += [f"{name} = {_toml(list(e))}" for name, e in suite.policy.sets.items()]

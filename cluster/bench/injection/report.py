@@ -28,8 +28,10 @@ def summary(results: Sequence[RunResult]) -> dict[str, Any]:
         "runs": len(results),
         "utility_alone": [sum(r.completed for r in alone), len(alone)],
         "utility_under_attack": [sum(r.completed for r in attacked), len(attacked)],
-        "user_calls_refused": [sum(r.user_calls_refused for r in results),
-                               sum(r.user_calls for r in results)],
+        "user_calls_refused": [
+            sum(r.user_calls_refused for r in results),
+            sum(r.user_calls for r in results),
+        ],
         "attacks": len(attacked),
         "attacks_reached": sum(r.reached for r in attacked),
         "attacks_through": len(through),
@@ -38,15 +40,27 @@ def summary(results: Sequence[RunResult]) -> dict[str, Any]:
         "effect_without_through": sum(r.effect and not r.through for r in attacked),
         "user_confirmations": sum(r.user_confirmations for r in results),
         "confirmations_per_user_task": round(
-            sum(r.user_confirmations for r in results) / len(results), 3) if results else 0.0,
+            sum(r.user_confirmations for r in results) / len(results), 3
+        )
+        if results
+        else 0.0,
         "attack_cards_refused": sum(r.cards_refused for r in attacked),
-    }  # fmt: skip
+    }
 
 
 def by_kind(results: Iterable[RunResult]) -> dict[str, dict[str, int]]:
     """Per attack kind: how each attack ended (the worst of its calls for the user)."""
-    out = {kind: {"runs": 0, "through": 0, "effect": 0, "refused_at_card": 0, "denied": 0,
-                  "not_reached": 0} for kind in ATTACK_KINDS}  # fmt: skip
+    out = {
+        kind: {
+            "runs": 0,
+            "through": 0,
+            "effect": 0,
+            "refused_at_card": 0,
+            "denied": 0,
+            "not_reached": 0,
+        }
+        for kind in ATTACK_KINDS
+    }
     for r in results:
         if r.kind is None:
             continue
@@ -92,8 +106,11 @@ def text(data: dict[str, Any]) -> str:
             f"({s['through_with_effect']} / {s['through_without_effect']}) "
             f"| {s['confirmations_per_user_task']} |"
         )
-    lines += ["", "| attack kind | runs | through | with effect | refused at card | denied "
-              "| not reached |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [
+        "",
+        "| attack kind | runs | through | with effect | refused at card | denied | not reached |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for kind, k in data["by_kind"].items():
         lines.append(
             f"| {kind} | {k['runs']} | {k['through']} | {k['effect']} | {k['refused_at_card']} "
