@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from quorumgate.cli import main
+from quorumgate.sidecar.policyfile import load_policy
 from quorumgate.sidecar.policykit import EXIT_FAILED, EXIT_OK, run_policy_test
 from tests.engine.test_policykit import PAGE_CALLS, POLICIES_PAGE
 
@@ -84,3 +85,16 @@ def test_the_explanation_shown_is_the_one_policy_explain_prints(
             "--arg", "currency=EUR"]  # fmt: skip
     assert main(argv) == 0
     assert capsys.readouterr().out == shown
+
+
+def test_the_python_mandate_is_the_files_billing_mandate(tmp_path: Path) -> None:
+    """ "Policies from Python": `mandate(...)` with `tool_rules(...)` in the file's own words
+    is the mandate the policy file's reader makes of the billing block."""
+    text = POLICIES_PAGE.read_text()
+    section = text[text.index("## Policies from Python") :]
+    [source] = [b for lang, b in FENCE.findall(section) if lang == "python"][:1]
+    namespace: dict[str, object] = {}
+    exec(compile(source, "docs/policies.md", "exec"), namespace)
+    path = tmp_path / "billing.toml"
+    path.write_text(BLOCKS[0] + PAGE_CALLS)
+    assert namespace["billing"] == load_policy(str(path)).agents["billing"]

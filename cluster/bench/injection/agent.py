@@ -24,8 +24,9 @@ from quorumgate.bench.injection.model import (
 )
 from quorumgate.sdk.cards import card_matches
 from quorumgate.sdk.errors import QuorumGateError
+from quorumgate.sdk.polling import poll_for
 from quorumgate.sdk.sync import SyncClient
-from quorumgate.sdk.values import Decision, Grant
+from quorumgate.sdk.values import Decision, Grant, OpenCard
 
 # How a call ended, as the harness counts it.
 RAN = "ran"  # certified allow without a card
@@ -33,6 +34,10 @@ CONFIRMED = "confirmed"  # pending, then confirmed by the principal
 REFUSED_AT_CARD = "refused_at_card"  # pending, then refused by the principal
 DENIED = "denied"  # certified deny, or refused at submission
 GRANT_TTL_S = 600.0  # a helper's grant outlives any run of the suite
+# A certified pending verdict means f+1 sidecars hold the card; the principal's list may
+# lag by a block, so it asks again within this bound before it answers.
+CARD_WAIT_S = 10.0
+CARD_POLL_S = 0.05
 
 
 @dataclass
@@ -56,8 +61,7 @@ class Principal:
     meant: Sequence[Call] = ()
 
     def answer(self, trace: Trace, decision: Decision) -> bool:
-        cards = [c for c in self.client.pending() if c.proposal_id == decision.proposal_id]
-        card = cards[0] if cards else None
+        card = poll_for(lambda: self._open_card(decision.proposal_id), CARD_WAIT_S, CARD_POLL_S)
         if card is not None and any(_is(card, call) for call in self.meant):
             self.client.confirm(decision.proposal_id)
             trace.cards_confirmed += 1
@@ -66,10 +70,14 @@ class Principal:
         trace.cards_refused += 1
         return False
 
+    def _open_card(self, proposal_id: bytes) -> OpenCard | None:
+        """The open card, with every value, once f+1 sidecars list it."""
+        return next((c for c in self.client.pending() if c.proposal_id == proposal_id), None)
 
-def _is(card: object, call: Call) -> bool:
+
+def _is(card: OpenCard, call: Call) -> bool:
     return not card_matches(
-        card,  # type: ignore[arg-type]
+        card,
         tool=call.tool,
         target=call.target,
         further_targets=list(call.also),
@@ -134,7 +142,7 @@ class ScriptedAgent:
                 if not self.principal.answer(self.trace, decision):
                     self.reason = "confirmation_rejected"
                     return REFUSED_AT_CARD, ""
-                decision = client.await_certificate(decision.proposal_id)
+                decision = client.await_certificate(decision.proposal_id, settled=True)
                 outcome = CONFIRMED
         except QuorumGateError as refused:
             self.reason = refused.reason or type(refused).__name__
