@@ -275,9 +275,7 @@ def delegates_defer_to_delegators(authority_version: int) -> bool:
     rule that runs a known payee directly then holds for its delegate); only the run
     owner's mandate falls back to the tool's registered mode. Else every mandate on the
     chain without rules names the tool's mode, so a delegate is pinned at it."""
-    return turns_on(
-        "authority_version", authority_version, Behaviour.DELEGATES_DEFER_TO_DELEGATORS
-    )
+    return turns_on("authority_version", authority_version, Behaviour.DELEGATES_DEFER_TO_DELEGATORS)
 
 
 # ---- state_version

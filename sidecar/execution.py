@@ -68,6 +68,4 @@ def ledger_extras(
             continue  # the engine rejected it too: its verdict proposes nothing
         if isinstance(parsed.body.payload, Proposal):
             calls.setdefault(parsed.tx_id, parsed.body.payload)
-    return tuple(
-        extra_for(calls[v.tx_id]) if v.tx_id in calls else NO_EXTRA for v in verdicts
-    )
+    return tuple(extra_for(calls[v.tx_id]) if v.tx_id in calls else NO_EXTRA for v in verdicts)

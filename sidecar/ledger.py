@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from quorumgate.proto import domains
+from quorumgate.proto.canonical import HASH_BYTES, U32_MAX, U64_MAX, Encoder, sha256
 from quorumgate.proto.commitments import (
     AUDITOR_KEY_BYTES,
     COMMITMENT_BYTES,
@@ -46,7 +47,6 @@ from quorumgate.proto.commitments import (
     seal_salt,
 )
 from quorumgate.proto.model import Proposal
-from quorumgate.proto.canonical import HASH_BYTES, U32_MAX, U64_MAX, Encoder, sha256
 from quorumgate.sidecar.engine.statements import Verdict
 
 TAG_LEDGER = domains.LEDGER
@@ -290,9 +290,7 @@ class LedgerEntry:
         if self.version == VERSION_COMMITTED:
             obj["version"] = self.version
             obj["commitments"] = [[c.name, c.commitment.hex()] for c in self.commitments]
-            obj["sealed_salts"] = [
-                [s.auditor_key.hex(), s.sealed.hex()] for s in self.sealed_salts
-            ]
+            obj["sealed_salts"] = [[s.auditor_key.hex(), s.sealed.hex()] for s in self.sealed_salts]
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
 
     @classmethod
@@ -349,9 +347,7 @@ def _hex(value: object, name: str) -> bytes:
 
 
 def _pairs(value: object, name: str) -> list[tuple[object, object]]:
-    if not isinstance(value, list) or not all(
-        isinstance(p, list) and len(p) == 2 for p in value
-    ):
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
         raise ValueError(f"{name} must be a list of pairs")
     return [(p[0], p[1]) for p in value]
 
@@ -375,6 +371,24 @@ def extra_from_json(obj: dict[str, Any]) -> dict[str, Any]:
         "commitments": tuple(commitments),
         "sealed_salts": tuple(sealed),
     }
+
+
+def extra_from_column(extension: object) -> dict[str, Any]:
+    """A stored `extension` column (`extra_to_json`'s text) as the entry fields of version
+    2, none for ""; `ValueError` for text that is not one."""
+    if not isinstance(extension, str):
+        raise ValueError("extension is not text")
+    if not extension:
+        return {}
+    if len(extension) > JSON_LINE_CHARS_MAX:
+        raise ValueError(f"extension longer than {JSON_LINE_CHARS_MAX} characters")
+    try:
+        obj = json.loads(extension)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"extension is not JSON: {err.msg}") from None
+    if not isinstance(obj, dict) or set(obj) != {"version", "commitments", "sealed_salts"}:
+        raise ValueError("extension is not an object of version, commitments, sealed_salts")
+    return extra_from_json(obj)
 
 
 def extra_to_json(entry: LedgerEntry) -> str:

@@ -27,9 +27,10 @@ at write time):
   height: a store whose entries do not add up to what was signed is refused, never loaded.
 - `ledger`: the verdict ledger (sidecar/ledger.py), one row per verdict in execution order,
   every field of `LedgerEntry` in its own column (a version-2 entry's commitments and
-  sealed salts in `extension`, as one JSON object; "" for a version-1 entry). `verify_ledger` walks it in insertion
-  (rowid) order — an order no column edit can change — recomputing each hash from the
-  stored columns, so an edit to any column of any row is named at that row.
+  sealed salts in `extension`, as one JSON object; "" for a version-1 entry).
+  `verify_ledger` walks it in insertion (rowid) order — an order no column edit can
+  change — recomputing each hash from the stored columns, so an edit to any column of
+  any row is named at that row.
 - `receipts`: one row per verdict: the receipt leaf's fields and its Merkle inclusion path
   (the concatenated sibling hashes), indexed by proposal id.
 - `blocks`: this sidecar's signed statement per height (sidecar/receipts.py), with the
@@ -96,7 +97,7 @@ from quorumgate.sidecar.ledger import (
     LedgerEntry,
     LedgerExtra,
     LedgerProblem,
-    extra_from_json,
+    extra_from_column,
     extra_to_json,
 )
 from quorumgate.sidecar.receipts import (
@@ -1242,20 +1243,8 @@ def _entry_from_row(row: Sequence[Any]) -> LedgerEntry:
         argument_names=tuple(names),
         prev_hash=prev_hash,
         hash=hash_,
-        **_extension_fields(extension),
+        **extra_from_column(extension),
     )
-
-
-def _extension_fields(extension: Any) -> dict[str, Any]:
-    """A row's `extension` column as the entry fields of version 2 (none for "")."""
-    if not isinstance(extension, str):
-        raise ValueError("extension is not text")
-    if not extension:
-        return {}
-    obj = json.loads(extension)
-    if not isinstance(obj, dict):
-        raise ValueError("extension is not a JSON object")
-    return extra_from_json(obj)
 
 
 def _denials_json(artifact: RejectionArtifact) -> str:

@@ -62,8 +62,8 @@ from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto import tx as txlib
 from quorumgate.proto.chainversions import commits_arguments, runs_opened_by_the_chain
-from quorumgate.proto.commitments import SALT_BYTES
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, load_cluster, read_seed
+from quorumgate.proto.commitments import SALT_BYTES
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
