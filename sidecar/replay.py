@@ -471,7 +471,11 @@ async def replay(
                 if block.height <= store.executed_height:
                     # Recorded before: compare (the ledger entries are computed here only).
                     entries = LedgerEntry.chain(
-                        spec.chain_id, block.height, executed.result.verdicts, ledger_head
+                        spec.chain_id,
+                        block.height,
+                        executed.result.verdicts,
+                        ledger_head,
+                        executed.ledger_extras,
                     )
                     ledger_head = entries[-1].hash if entries else ledger_head
                     if block.height >= report.from_height:
