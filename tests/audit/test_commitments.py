@@ -5,13 +5,14 @@ value; version-1 entries keep their bytes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from nacl.public import SealedBox
 from nacl.signing import SigningKey
 
-from quorumgate.proto import codec
+from quorumgate.proto import codec, tx_pb2
 from quorumgate.proto.chainversions import RECEIPT_VERSION_NEW, commits_arguments
 from quorumgate.proto.commitments import (
     KIND_HANDLE,
@@ -25,6 +26,7 @@ from quorumgate.proto.model import Argument, Outcome, Proposal, Reason, TxBody, 
 from quorumgate.sidecar.engine.statements import Verdict
 from quorumgate.sidecar.ledger import (
     GENESIS_PREV_HASH,
+    NO_EXTRA,
     VERSION_COMMITTED,
     ChainVerifier,
     LedgerEntry,
@@ -145,3 +147,29 @@ def test_the_salt_and_auditor_keys_travel_in_the_signed_body() -> None:
     assert isinstance(decoded.payload, Proposal)
     assert decoded.payload.commit_salt == SALT_A
     assert decoded.payload.seal_to == (bytes(AUDITOR.verify_key),)
+
+
+@pytest.mark.parametrize(
+    "key", [bytes(32), b"\xff" * 32, bytes([1]) + bytes(31), b"short"], ids=str
+)
+def test_a_key_that_is_no_auditor_key_gets_no_seal_and_stops_no_sidecar(key: bytes) -> None:
+    """An agent names a key that is not an Ed25519 point: every sidecar must still write
+    the same record (no exception out of execution), with no seal for that key."""
+    good = bytes(AUDITOR.verify_key)
+    proposal = dataclasses.replace(call(SALT_A), seal_to=(key, good))
+    extra = extra_for(proposal)
+    assert [s.auditor_key for s in extra.sealed_salts] == [good]
+    assert len(extra.commitments) == 2
+
+
+@pytest.mark.parametrize("salt", [b"", b"\x01" * 5, b"\x01" * 33])
+def test_a_salt_of_the_wrong_size_decodes_and_commits_nothing(salt: bytes) -> None:
+    """The new fields never make a transaction undecodable: a chain from before, whose
+    build ignored them, must decide it exactly as before."""
+    pb = codec.encode_body(TxBody(chain_id=CHAIN, nonce=1, payload=call(SALT_A)))
+    body = tx_pb2.TxBody.FromString(pb)
+    body.proposal.commit_salt = salt
+    body.proposal.seal_to.append(b"\x02" * 40)
+    decoded = codec.decode_body(body.SerializeToString())
+    assert isinstance(decoded.payload, Proposal)
+    assert extra_for(decoded.payload) == NO_EXTRA
