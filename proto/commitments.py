@@ -31,6 +31,7 @@ import hmac
 from dataclasses import dataclass
 
 from nacl.exceptions import CryptoError
+from nacl.exceptions import RuntimeError as NaclRuntimeError
 from nacl.public import Box, PrivateKey, PublicKey, SealedBox
 from nacl.signing import SigningKey, VerifyKey
 
@@ -98,6 +99,18 @@ def seal_salt(salt: bytes, auditor_key: bytes) -> bytes:
     nonce = hashlib.blake2b(epk + bytes(recipient), digest_size=_NONCE_BYTES).digest()
     boxed = Box(ephemeral, recipient).encrypt(salt, nonce)
     return epk + bytes(boxed.ciphertext)
+
+
+def seal_or_none(salt: bytes, auditor_key: bytes) -> bytes | None:
+    """`seal_salt`, or None for a key that is not an Ed25519 public key of a point X25519
+    can seal to (libsodium refuses it). Deterministic: every sidecar drops the same keys,
+    and a key a proposer made up stops no sidecar."""
+    if len(auditor_key) != AUDITOR_KEY_BYTES:
+        return None
+    try:
+        return seal_salt(salt, auditor_key)
+    except (NaclRuntimeError, CryptoError, ValueError):
+        return None
 
 
 def open_salt(sealed: bytes, auditor_seed: bytes) -> bytes:

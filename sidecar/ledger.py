@@ -39,12 +39,13 @@ from quorumgate.proto.commitments import (
     COMMITMENT_BYTES,
     KIND_HANDLE,
     KIND_TEXT,
+    SALT_BYTES,
     SEAL_TO_MAX,
     SEALED_SALT_BYTES,
     Committed,
     SealedSalt,
     commitment,
-    seal_salt,
+    seal_or_none,
 )
 from quorumgate.proto.model import Proposal
 from quorumgate.sidecar.engine.statements import Verdict
@@ -93,8 +94,8 @@ def extra_for(proposal: Proposal) -> LedgerExtra:
     from the proposal it judged (deterministic: the salt and the auditor keys are in the
     signed transaction)."""
     salt = proposal.commit_salt
-    if salt is None:
-        return NO_EXTRA
+    if salt is None or len(salt) != SALT_BYTES:
+        return NO_EXTRA  # no salt, or not one: nothing to key a commitment with
     committed = tuple(
         Committed(
             arg.name,
@@ -104,7 +105,9 @@ def extra_for(proposal: Proposal) -> LedgerExtra:
         )
         for arg in proposal.arguments
     )
-    sealed = tuple(SealedSalt(key, seal_salt(salt, key)) for key in proposal.seal_to)
+    # The first SEAL_TO_MAX keys the call names; one that is no Ed25519 key gets no seal.
+    seals = ((key, seal_or_none(salt, key)) for key in proposal.seal_to[:SEAL_TO_MAX])
+    sealed = tuple(SealedSalt(key, box) for key, box in seals if box is not None)
     return LedgerExtra(committed, sealed)
 
 
