@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from quorumgate.proto.commitments import Committed, SealedSalt
 from quorumgate.proto.model import DelegationPolicy, Outcome, Reason, ToolMode
 from quorumgate.sidecar import node as sidecar_node
 from quorumgate.sidecar import store as store_module
@@ -33,7 +34,13 @@ from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import SECTIONS
 from quorumgate.sidecar.engine.statements import ArtifactDenial, RejectionArtifact
 from quorumgate.sidecar.engine.statetree import key_bytes
-from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry, ProblemKind, verify_chain
+from quorumgate.sidecar.ledger import (
+    GENESIS_PREV_HASH,
+    LedgerEntry,
+    LedgerExtra,
+    ProblemKind,
+    verify_chain,
+)
 from quorumgate.sidecar.receipts import Receipt, assemble_certificate, verify_certificate
 from quorumgate.sidecar.store import (
     DivergenceError,
@@ -1016,3 +1023,32 @@ async def test_the_loaded_state_is_the_checked_bytes_decoded_once(
     assert state.tree_root() == heights[-1].result.state_root
     assert state.take_delta().full
     await store.close()
+
+
+async def test_version_two_entries_keep_their_commitments_through_the_store(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    """A chain that commits arguments: each entry's commitments and sealed salts are
+    stored in `extension`, read back whole, and hashed (docs/audit.md)."""
+    digest = Committed("q", b"\x05" * 32)
+    sealed = SealedSalt(b"\x06" * 32, b"\x07" * 80)
+    committed = [
+        dataclasses.replace(
+            h,
+            ledger_extras=tuple(
+                LedgerExtra((digest,), (sealed,)) if i % 2 else LedgerExtra()
+                for i in range(len(h.result.verdicts))
+            ),
+        )
+        for h in heights
+    ]
+    store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
+    await record_all(store, committed)
+    assert await store.verify_ledger() is None
+    entries = await store.ledger(1, store_module.LEDGER_PAGE_ROWS_MAX)
+    assert entries and all(e.version == 2 for e in entries)
+    assert [e.commitments for e in entries if e.index % 2] == [
+        (digest,) for e in entries if e.index % 2
+    ]
+    assert all(e.sealed_salts == () for e in entries if e.index % 2 == 0)
+    assert all(LedgerEntry.from_json(e.to_json()) == e for e in entries)
