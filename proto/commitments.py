@@ -72,6 +72,15 @@ class SealedSalt:
     sealed: bytes
 
 
+def call_salt(proposer_seed: bytes, chain_id: str, nonce: int) -> bytes:
+    """The salt of the call a proposer signs at `nonce`: HMAC-SHA256 under its own key
+    seed, so that nobody without that key can predict it, and the proposer finds it again
+    for the same nonce (a confirmed call is re-signed byte for byte) without keeping it;
+    derived from the private key as RFC 6979, section 3.2, derives a signature's nonce."""
+    message = bytes(Encoder(domains.COMMIT_SALT).text(chain_id).u64(nonce))
+    return hmac.new(proposer_seed, message, hashlib.sha256).digest()
+
+
 def commitment(salt: bytes, name: str, kind: str, value: str) -> bytes:
     """The commitment to one argument; `kind` is `text` or `handle` (a secret is never
     committed to, only the handle that stands for it)."""

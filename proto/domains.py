@@ -57,6 +57,7 @@ LEDGER_WITH_COMMITMENTS = b"qg/ledger-committed/v2"
 
 # Argument commitments (proto/commitments.py; docs/audit.md, "Argument commitments").
 ARGUMENT_COMMITMENT = b"qg/argument-commitment/v1"  # HMAC'd under the salt: name, kind, value
+COMMIT_SALT = b"qg/commit-salt/v1"  # HMAC'd under the proposer's seed: a call's salt
 SALT_SEAL = b"qg/salt-seal/v1"  # hashed: the ephemeral X25519 key sealing a salt to an auditor
 
 # The governance engine (sidecar/engine/; docs/engine.md).

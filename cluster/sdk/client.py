@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -63,7 +62,7 @@ from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto import tx as txlib
 from quorumgate.proto.chainversions import commits_arguments, runs_opened_by_the_chain
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, load_cluster, read_seed
-from quorumgate.proto.commitments import SALT_BYTES
+from quorumgate.proto.commitments import call_salt
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -437,17 +436,19 @@ class Client:
         run = self._run_labels.bind(payload.run_id, nonce)
         return payload if run == payload.run_id else replace(payload, run_id=run)
 
-    def salted(self, payload: TxPayload) -> TxPayload:
-        """On a chain that commits arguments, a call carries a fresh random salt and the
-        keys of the auditors cluster.json lists, so the ledger holds a commitment to each
-        argument that only those auditors can open (docs/audit.md, "Argument
-        commitments"). A call that already carries a salt keeps it."""
+    def salted(self, payload: TxPayload, nonce: int) -> TxPayload:
+        """On a chain that commits arguments, a call signed at `nonce` carries its salt
+        (`call_salt`: secret to anyone without this client's key, and the same again for
+        the same nonce) and the keys of the auditors cluster.json lists, so the ledger
+        holds a commitment to each argument that only those auditors can open
+        (docs/audit.md, "Argument commitments"). A call that carries a salt keeps it."""
         if not commits_arguments(self.spec.receipt_version) or not isinstance(payload, Proposal):
             return payload
         if payload.commit_salt is not None:
             return payload
+        salt = call_salt(bytes(self.key), self.spec.chain_id, nonce)
         auditors = tuple(a.public_key for a in self.spec.auditors)
-        return replace(payload, commit_salt=os.urandom(SALT_BYTES), seal_to=auditors)
+        return replace(payload, commit_salt=salt, seal_to=auditors)
 
     def run_under(self, grant: Grant | bytes | None, run_id: str) -> str:
         """The run id a call under `grant` carries. Where the chain opens runs
@@ -472,7 +473,7 @@ class Client:
         kind = TxBody(chain_id=self.spec.chain_id, nonce=1, payload=payload).kind
         for _attempt in range(RESIGN_ON_REPLAY_MAX + 1):
             nonce = await self._take_nonce()
-            bound = self.salted(self.bind_run(payload, nonce))
+            bound = self.salted(self.bind_run(payload, nonce), nonce)
             data = txlib.build(self.spec.chain_id, nonce, bound, self.key)
             proposal_id = txlib.tx_id(self.public_key, nonce)
             settled = False
@@ -550,7 +551,7 @@ class Client:
         signed: list[Submitted] = []
         for payload in batch:
             nonce = await self._take_nonce()
-            bound = self.salted(self.bind_run(payload, nonce))
+            bound = self.salted(self.bind_run(payload, nonce), nonce)
             data = txlib.build(self.spec.chain_id, nonce, bound, self.key)
             kind = TxBody(chain_id=self.spec.chain_id, nonce=nonce, payload=payload).kind
             sub = Submitted(txlib.tx_id(self.public_key, nonce), nonce, kind, self.public_key, data)

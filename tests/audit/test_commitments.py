@@ -18,6 +18,7 @@ from quorumgate.proto.commitments import (
     KIND_HANDLE,
     KIND_TEXT,
     SaltError,
+    call_salt,
     confirms,
     open_salt,
     seal_salt,
@@ -173,3 +174,13 @@ def test_a_salt_of_the_wrong_size_decodes_and_commits_nothing(salt: bytes) -> No
     decoded = codec.decode_body(body.SerializeToString())
     assert isinstance(decoded.payload, Proposal)
     assert extra_for(decoded.payload) == NO_EXTRA
+
+
+def test_a_calls_salt_is_the_proposers_secret_and_the_nonces_own() -> None:
+    """The SDK's salt: the same for the same key and nonce (a confirmed call re-signed),
+    another for another nonce, and nothing anyone without the key can compute."""
+    seed, other = bytes(AUDITOR), bytes(OTHER)
+    assert call_salt(seed, CHAIN, 7) == call_salt(seed, CHAIN, 7)
+    salts = {call_salt(seed, CHAIN, 7), call_salt(seed, CHAIN, 8), call_salt(other, CHAIN, 7)}
+    assert len(salts) == 3 and all(len(s) == 32 for s in salts)
+    assert call_salt(seed, "another-chain", 7) not in salts
