@@ -26,6 +26,7 @@ already. Only the ledger and its copies drop the salt and keep the commitments.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from dataclasses import dataclass
@@ -90,6 +91,14 @@ def commitment(salt: bytes, name: str, kind: str, value: str) -> bytes:
     return hmac.new(salt, message, hashlib.sha256).digest()
 
 
+# Auditor keys converted to X25519, kept: a cluster has a few auditors and every call
+# names them, and the conversion (a point decompression and subgroup check) costs more
+# than the seal's own key agreement. A pure function of the key, so caching changes no
+# byte any sidecar writes.
+_CONVERTED_KEYS_MAX = 4 * SEAL_TO_MAX
+
+
+@functools.lru_cache(maxsize=_CONVERTED_KEYS_MAX)
 def _x25519_public(auditor_key: bytes) -> PublicKey:
     if len(auditor_key) != AUDITOR_KEY_BYTES:
         raise ValueError(f"an auditor key is {AUDITOR_KEY_BYTES} bytes")
