@@ -293,6 +293,11 @@ TAMPERING = {
         ["edited", "missing"],
     ),
     "reordered": (SWAP, ["edited"]),
+    # a version-2 row's commitments and sealed salts dropped: it reads as version 1
+    "commitments dropped": (
+        f"UPDATE qg_verdicts SET extension = '' WHERE (height, idx) = {NTH.format(3)}",
+        ["edited"],
+    ),
     "cut off the end": (
         "DELETE FROM qg_verdicts WHERE (height, idx) = "
         "(SELECT height, idx FROM qg_verdicts ORDER BY height DESC, idx DESC LIMIT 1)",
