@@ -51,6 +51,7 @@ class Behaviour(enum.Enum):
     # receipt_version: what the sidecars' receipts sign
     # (docs/security/reads-and-certificates.md)
     RECEIPTS_EXPIRE = "receipts_expire"
+    COMMITS_ARGUMENTS = "commits_arguments"
 
 
 B = Behaviour
@@ -124,6 +125,10 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         # That, the block time and the end of the certificate's validity window, which
         # executors enforce.
         2: frozenset({B.RECEIPTS_EXPIRE}),
+        # That, and ledger entries of version 2: a commitment per argument of a call and
+        # its salt sealed to the auditors the call names (docs/audit.md, "Argument
+        # commitments").
+        3: frozenset({B.COMMITS_ARGUMENTS}),
     },
 }
 del B
@@ -312,3 +317,10 @@ def receipts_expire(receipt_version: int) -> bool:
     """Whether certificates of a chain of this receipt version carry a signed validity
     window (block time and the end of the window) that executors enforce."""
     return turns_on("receipt_version", receipt_version, Behaviour.RECEIPTS_EXPIRE)
+
+
+def commits_arguments(receipt_version: int) -> bool:
+    """Whether a chain's ledger entries carry a commitment per argument of a call, keyed
+    by the call's salt, and that salt sealed to the auditors the call names
+    (proto/commitments.py), rather than argument names alone."""
+    return turns_on("receipt_version", receipt_version, Behaviour.COMMITS_ARGUMENTS)

@@ -200,6 +200,8 @@ def _decode_proposal(pb: Any) -> Proposal:
         grant=_optional_bytes(pb.grant),
         targets=tuple(RoleTarget(role=t.role, target=t.target) for t in pb.targets),
         definition=_optional_bytes(pb.definition),
+        commit_salt=_optional_bytes(pb.commit_salt),
+        seal_to=tuple(pb.seal_to),
     )
 
 
@@ -210,6 +212,8 @@ def _encode_proposal(p: Proposal) -> Any:
         target=p.target,
         grant=p.grant or b"",
         definition=p.definition or b"",
+        commit_salt=p.commit_salt or b"",
+        seal_to=list(p.seal_to),
     )
     for extra in p.targets:
         msg.targets.add(role=extra.role, target=extra.target)

@@ -51,6 +51,14 @@ RECEIPT_LEAF = b"qg/receipt-leaf/v1"  # hashed: one verdict's leaf in a block's 
 RECEIPT = b"qg/receipt/v1"  # signed: a block's receipt statement (chain, height, roots, count)
 RECEIPT_WITH_VALIDITY = b"qg/receipt/v2"  # signed: that statement and its validity window
 LEDGER = b"qg/ledger/v1"  # hashed: a ledger entry, its predecessor's hash included
+# hashed: a ledger entry with its argument commitments and sealed salts (chains whose
+# receipt version commits arguments; docs/audit.md, "Argument commitments")
+LEDGER_WITH_COMMITMENTS = b"qg/ledger-committed/v2"
+
+# Argument commitments (proto/commitments.py; docs/audit.md, "Argument commitments").
+ARGUMENT_COMMITMENT = b"qg/argument-commitment/v1"  # HMAC'd under the salt: name, kind, value
+COMMIT_SALT = b"qg/commit-salt/v1"  # HMAC'd under the proposer's seed: a call's salt
+SALT_SEAL = b"qg/salt-seal/v1"  # hashed: the ephemeral X25519 key sealing a salt to an auditor
 
 # The governance engine (sidecar/engine/; docs/engine.md).
 ENGINE_CONFIG = b"qg/engine-config/v1"  # hashed: the configuration fingerprint

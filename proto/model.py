@@ -241,6 +241,12 @@ class Proposal:
     grant: bytes | None = None  # the Delegate tx id this call acts under
     targets: tuple[RoleTarget, ...] = ()
     definition: bytes | None = None  # the tool definition's digest where it was called
+    # The key of the ledger's argument commitments and the auditors it is sealed to
+    # (proto/commitments.py); the engine never reads either. Not checked here: a build
+    # from before these fields decoded any value of them (it ignored them), so this one
+    # must decode every one too; `sidecar/ledger.py` `extra_for` takes only sound ones.
+    commit_salt: bytes | None = None
+    seal_to: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         _require(names.is_run_id(self.run_id), "run_id must match " + names.RUN_ID_RE.pattern)

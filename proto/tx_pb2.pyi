@@ -47,7 +47,7 @@ class Argument(_message.Message):
     def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ..., handle: _Optional[str] = ...) -> None: ...
 
 class CallProposal(_message.Message):
-    __slots__ = ("run_id", "tool", "target", "arguments", "grant", "targets", "definition")
+    __slots__ = ("run_id", "tool", "target", "arguments", "grant", "targets", "definition", "commit_salt", "seal_to")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,8 @@ class CallProposal(_message.Message):
     GRANT_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SALT_FIELD_NUMBER: _ClassVar[int]
+    SEAL_TO_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tool: str
     target: str
@@ -62,7 +64,9 @@ class CallProposal(_message.Message):
     grant: bytes
     targets: _containers.RepeatedCompositeFieldContainer[RoleTarget]
     definition: bytes
-    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ..., targets: _Optional[_Iterable[_Union[RoleTarget, _Mapping]]] = ..., definition: _Optional[bytes] = ...) -> None: ...
+    commit_salt: bytes
+    seal_to: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., target: _Optional[str] = ..., arguments: _Optional[_Iterable[_Union[Argument, _Mapping]]] = ..., grant: _Optional[bytes] = ..., targets: _Optional[_Iterable[_Union[RoleTarget, _Mapping]]] = ..., definition: _Optional[bytes] = ..., commit_salt: _Optional[bytes] = ..., seal_to: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class RoleTarget(_message.Message):
     __slots__ = ("role", "target")

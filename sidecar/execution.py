@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from nacl.signing import SigningKey
 
+from quorumgate.proto import tx as txlib
+from quorumgate.proto.chainversions import commits_arguments
+from quorumgate.proto.model import Proposal
 from quorumgate.replica.types import Block
 from quorumgate.sidecar.engine.core import Engine
+from quorumgate.sidecar.engine.statements import Verdict
+from quorumgate.sidecar.ledger import NO_EXTRA, LedgerExtra, extra_for
 from quorumgate.sidecar.receipts import Validity, leaf_from_verdict, root_and_paths, sign_block
 from quorumgate.sidecar.store import ExecutedHeight
 
@@ -41,4 +46,26 @@ def execute_block(
         paths=tuple(tuple(p) for p in paths),
         signed=signed,
         state_delta=engine.state_delta(),
+        ledger_extras=ledger_extras(engine, list(block.payload), result.verdicts),
     )
+
+
+def ledger_extras(
+    engine: Engine, payload: list[bytes], verdicts: list[Verdict] | tuple[Verdict, ...]
+) -> tuple[LedgerExtra, ...] | None:
+    """On a chain that commits arguments, each verdict's commitments and sealed salts
+    (docs/audit.md, "Argument commitments"): those of the call its own transaction
+    proposed, found by transaction id, and none for any other verdict (a confirmation
+    settles a call whose commitments its proposal's entry already holds). None on other
+    chains: their ledger entries stay of version 1."""
+    if not commits_arguments(engine.config.receipt_version):
+        return None
+    calls: dict[bytes, Proposal] = {}
+    for data in payload:
+        try:
+            parsed = txlib.parse(data, verify=False)
+        except txlib.TxRejected:
+            continue  # the engine rejected it too: its verdict proposes nothing
+        if isinstance(parsed.body.payload, Proposal):
+            calls.setdefault(parsed.tx_id, parsed.body.payload)
+    return tuple(extra_for(calls[v.tx_id]) if v.tx_id in calls else NO_EXTRA for v in verdicts)

@@ -16,21 +16,44 @@ and heads.
 The ledger carries argument *names*, never values: a verdict has no values to give it, and
 an operator's copy of the ledger must not become a copy of what agents sent. Reason codes
 are for operators; nothing here is shown to an agent.
+
+On a chain whose receipt version commits arguments (proto/chainversions.py
+`commits_arguments`) an entry is of version 2: it also carries, for the call its
+transaction proposed, one commitment per argument and the proposal's salt sealed to each
+auditor it names (proto/commitments.py; docs/audit.md, "Argument commitments"), hashed
+under `TAG_LEDGER_COMMITTED`. Version-1 entries keep their bytes, hash and JSON line.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from quorumgate.proto import domains
 from quorumgate.proto.canonical import HASH_BYTES, U32_MAX, U64_MAX, Encoder, sha256
+from quorumgate.proto.commitments import (
+    AUDITOR_KEY_BYTES,
+    COMMITMENT_BYTES,
+    KIND_HANDLE,
+    KIND_TEXT,
+    SALT_BYTES,
+    SEAL_TO_MAX,
+    SEALED_SALT_BYTES,
+    Committed,
+    SealedSalt,
+    commitment,
+    seal_or_none,
+)
+from quorumgate.proto.model import Proposal
 from quorumgate.sidecar.engine.statements import Verdict
 
 TAG_LEDGER = domains.LEDGER
+TAG_LEDGER_COMMITTED = domains.LEDGER_WITH_COMMITMENTS
+VERSION_NAMES_ONLY = 1
+VERSION_COMMITTED = 2
 GENESIS_PREV_HASH = bytes(HASH_BYTES)
 # The longest JSONL line `from_json` reads. An entry holds at most a few kilobytes
 # (a target is at most 2,048 characters, argument names at most 32 x 64 characters).
@@ -49,6 +72,43 @@ JSON_FIELDS = (
     "mandate_version", "principal", "canonical_target", "target_digest", "card_digest",
     "argument_names", "prev_hash", "hash",
 )  # fmt: skip
+# A version-2 line: those, then its version, commitments and sealed salts.
+JSON_FIELDS_COMMITTED = (*JSON_FIELDS, "version", "commitments", "sealed_salts")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerExtra:
+    """What a version-2 entry adds to its verdict: the commitments to the arguments of the
+    call its transaction proposed, and that proposal's salt sealed to each auditor it
+    names; both empty for any other transaction, or a call that carried no salt."""
+
+    commitments: tuple[Committed, ...] = ()
+    sealed_salts: tuple[SealedSalt, ...] = ()
+
+
+NO_EXTRA = LedgerExtra()
+
+
+def extra_for(proposal: Proposal) -> LedgerExtra:
+    """The commitments and sealed salts of one call, as every honest sidecar computes them
+    from the proposal it judged (deterministic: the salt and the auditor keys are in the
+    signed transaction)."""
+    salt = proposal.commit_salt
+    if salt is None or len(salt) != SALT_BYTES:
+        return NO_EXTRA  # no salt, or not one: nothing to key a commitment with
+    committed = tuple(
+        Committed(
+            arg.name,
+            commitment(salt, arg.name, KIND_HANDLE, arg.handle)
+            if arg.handle is not None
+            else commitment(salt, arg.name, KIND_TEXT, arg.text or ""),
+        )
+        for arg in proposal.arguments
+    )
+    # The first SEAL_TO_MAX keys the call names; one that is no Ed25519 key gets no seal.
+    seals = ((key, seal_or_none(salt, key)) for key in proposal.seal_to[:SEAL_TO_MAX])
+    sealed = tuple(SealedSalt(key, box) for key, box in seals if box is not None)
+    return LedgerExtra(committed, sealed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +131,9 @@ class LedgerEntry:
     argument_names: tuple[str, ...]  # names only: a verdict never holds a value
     prev_hash: bytes
     hash: bytes
+    version: int = VERSION_NAMES_ONLY
+    commitments: tuple[Committed, ...] = ()  # version 2: one per argument, never a value
+    sealed_salts: tuple[SealedSalt, ...] = ()  # version 2: the salt, sealed per auditor
 
     def __post_init__(self) -> None:
         # Raised as ValueError, not asserted: entries are also read back from a database
@@ -103,34 +166,45 @@ class LedgerEntry:
         for name in names:
             if type(name) is not str or len(name) > ENTRY_TEXT_CHARS_MAX:
                 raise ValueError("argument_names must hold short text")
+        self._check_extra()
+
+    def _check_extra(self) -> None:
+        if self.version not in (VERSION_NAMES_ONLY, VERSION_COMMITTED):
+            raise ValueError("version must be 1 or 2")
+        if self.version == VERSION_NAMES_ONLY and (self.commitments or self.sealed_salts):
+            raise ValueError("a version-1 entry carries no commitments")
+        if type(self.commitments) is not tuple or len(self.commitments) > ARGUMENT_NAMES_MAX:
+            raise ValueError(f"commitments must be a tuple of at most {ARGUMENT_NAMES_MAX}")
+        for c in self.commitments:
+            if type(c) is not Committed or type(c.name) is not str:
+                raise ValueError("a commitment is a name and a digest")
+            if len(c.name) > ENTRY_TEXT_CHARS_MAX or len(c.commitment) != COMMITMENT_BYTES:
+                raise ValueError(f"a commitment is {COMMITMENT_BYTES} bytes")
+        if type(self.sealed_salts) is not tuple or len(self.sealed_salts) > SEAL_TO_MAX:
+            raise ValueError(f"sealed_salts must be a tuple of at most {SEAL_TO_MAX}")
+        for sealed in self.sealed_salts:
+            if type(sealed) is not SealedSalt or len(sealed.auditor_key) != AUDITOR_KEY_BYTES:
+                raise ValueError(f"a sealed salt names a {AUDITOR_KEY_BYTES}-byte auditor key")
+            if len(sealed.sealed) != SEALED_SALT_BYTES:
+                raise ValueError(f"a sealed salt is {SEALED_SALT_BYTES} bytes")
 
     # ---------------------------------------------------------------- construction
 
     @classmethod
     def from_verdict(
-        cls, chain_id: str, height: int, index: int, verdict: Verdict, prev_hash: bytes
+        cls,
+        chain_id: str,
+        height: int,
+        index: int,
+        verdict: Verdict,
+        prev_hash: bytes,
+        extra: LedgerExtra | None = None,
     ) -> LedgerEntry:
-        """The entry for the `index`-th verdict of `height`, chained after `prev_hash`."""
+        """The entry for the `index`-th verdict of `height`, chained after `prev_hash`; of
+        version 2, with `extra`'s commitments and sealed salts, when `extra` is given."""
         if len(prev_hash) != HASH_BYTES:
             raise ValueError(f"prev_hash must be {HASH_BYTES} bytes")
-        data = _canonical_bytes(
-            chain_id,
-            height,
-            index,
-            verdict.tx_id,
-            verdict.proposal_id,
-            verdict.kind.value,
-            verdict.outcome.value,
-            verdict.reason.value,
-            verdict.mandate_version,
-            verdict.principal,
-            verdict.canonical_target,
-            verdict.target_digest,
-            verdict.card_digest,
-            verdict.argument_names,
-            prev_hash,
-        )
-        return cls(
+        fields: dict[str, Any] = dict(
             height=height,
             index=index,
             tx_id=verdict.tx_id,
@@ -145,18 +219,34 @@ class LedgerEntry:
             card_digest=verdict.card_digest,
             argument_names=verdict.argument_names,
             prev_hash=prev_hash,
-            hash=sha256(data),
         )
+        if extra is not None:
+            fields.update(
+                version=VERSION_COMMITTED,
+                commitments=extra.commitments,
+                sealed_salts=extra.sealed_salts,
+            )
+        unhashed = cls(**fields, hash=GENESIS_PREV_HASH)
+        return replace(unhashed, hash=unhashed.computed_hash(chain_id))
 
     @classmethod
     def chain(
-        cls, chain_id: str, height: int, verdicts: Sequence[Verdict], prev_hash: bytes
+        cls,
+        chain_id: str,
+        height: int,
+        verdicts: Sequence[Verdict],
+        prev_hash: bytes,
+        extras: Sequence[LedgerExtra] | None = None,
     ) -> list[LedgerEntry]:
         """The entries of one height's verdicts, in order, the first chained after
-        `prev_hash` and each after the one before (the last one's hash is the new head)."""
+        `prev_hash` and each after the one before (the last one's hash is the new head).
+        With `extras` (one per verdict) the entries are of version 2."""
+        if extras is not None and len(extras) != len(verdicts):
+            raise ValueError("one ledger extra per verdict")
         entries: list[LedgerEntry] = []
         for index, verdict in enumerate(verdicts):
-            entry = cls.from_verdict(chain_id, height, index, verdict, prev_hash)
+            extra = None if extras is None else extras[index]
+            entry = cls.from_verdict(chain_id, height, index, verdict, prev_hash, extra)
             entries.append(entry)
             prev_hash = entry.hash
         return entries
@@ -164,24 +254,23 @@ class LedgerEntry:
     # ---------------------------------------------------------------- canonical bytes
 
     def canonical_bytes(self, chain_id: str) -> bytes:
-        """What `hash` is the SHA-256 of: every field but `hash`, under `TAG_LEDGER`."""
-        return _canonical_bytes(
-            chain_id,
-            self.height,
-            self.index,
-            self.tx_id,
-            self.proposal_id,
-            self.kind,
-            self.outcome,
-            self.reason,
-            self.mandate_version,
-            self.principal,
-            self.canonical_target,
-            self.target_digest,
-            self.card_digest,
-            self.argument_names,
-            self.prev_hash,
-        )
+        """What `hash` is the SHA-256 of: every field but `hash`, under `TAG_LEDGER` (or,
+        for a version-2 entry, `TAG_LEDGER_COMMITTED` with its commitments and seals)."""
+        committed = self.version == VERSION_COMMITTED
+        enc = Encoder(TAG_LEDGER_COMMITTED if committed else TAG_LEDGER)
+        enc.text(chain_id).u64(self.height).u32(self.index)
+        enc.blob(self.tx_id).blob(self.proposal_id).text(self.kind).text(self.outcome)
+        enc.text(self.reason).u64(self.mandate_version).text(self.principal)
+        enc.text(self.canonical_target).blob(self.target_digest).blob(self.card_digest)
+        enc.texts(self.argument_names)
+        if committed:
+            enc.u32(len(self.commitments))
+            for c in self.commitments:
+                enc.text(c.name).blob(c.commitment)
+            enc.u32(len(self.sealed_salts))
+            for sealed in self.sealed_salts:
+                enc.blob(sealed.auditor_key).blob(sealed.sealed)
+        return bytes(enc.raw(self.prev_hash))
 
     def computed_hash(self, chain_id: str) -> bytes:
         return sha256(self.canonical_bytes(chain_id))
@@ -189,7 +278,9 @@ class LedgerEntry:
     # ---------------------------------------------------------------- JSON lines
 
     def to_json(self) -> str:
-        """One line of JSON (no newline inside), bytes as lower-case hex, ASCII only."""
+        """One line of JSON (no newline inside), bytes as lower-case hex, ASCII only. A
+        version-2 line adds `version`, `commitments` ([name, hex]) and `sealed_salts`
+        ([auditor key hex, sealed hex]); a version-1 line is as it always was."""
         obj: dict[str, Any] = {}
         for name in JSON_FIELDS:
             value = getattr(self, name)
@@ -199,6 +290,10 @@ class LedgerEntry:
                 obj[name] = list(value)
             else:
                 obj[name] = value
+        if self.version == VERSION_COMMITTED:
+            obj["version"] = self.version
+            obj["commitments"] = [[c.name, c.commitment.hex()] for c in self.commitments]
+            obj["sealed_salts"] = [[s.auditor_key.hex(), s.sealed.hex()] for s in self.sealed_salts]
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
 
     @classmethod
@@ -216,9 +311,10 @@ class LedgerEntry:
         if not isinstance(obj, dict):
             raise ValueError("not a JSON object")
         keys = set(obj)
-        if keys != set(JSON_FIELDS):
-            missing = sorted(set(JSON_FIELDS) - keys)
-            extra = sorted(keys - set(JSON_FIELDS))
+        expected = set(JSON_FIELDS_COMMITTED if "version" in keys else JSON_FIELDS)
+        if keys != expected:
+            missing = sorted(expected - keys)
+            extra = sorted(keys - expected)
             raise ValueError(f"wrong fields (missing {missing}, unexpected {extra[:5]})")
         values: dict[str, Any] = {}
         for name in _INT_FIELDS:
@@ -227,15 +323,7 @@ class LedgerEntry:
                 raise ValueError(f"{name} must be an integer")
             values[name] = value
         for name in _HEX_FIELDS:
-            value = obj[name]
-            if not isinstance(value, str) or len(value) > 2 * ENTRY_BLOB_BYTES_MAX:
-                raise ValueError(f"{name} must be hex text")
-            if value != value.lower():
-                raise ValueError(f"{name} must be lower-case hex")
-            try:
-                values[name] = bytes.fromhex(value)
-            except ValueError:
-                raise ValueError(f"{name} is not hex") from None
+            values[name] = _hex(obj[name], name)
         for name in _TEXT_FIELDS:
             value = obj[name]
             if not isinstance(value, str):
@@ -245,31 +333,78 @@ class LedgerEntry:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError("argument_names must be a list of text")
         values["argument_names"] = tuple(names)
+        if "version" in keys:
+            values.update(extra_from_json(obj))
         return cls(**values)
 
 
-def _canonical_bytes(
-    chain_id: str,
-    height: int,
-    index: int,
-    tx_id: bytes,
-    proposal_id: bytes,
-    kind: str,
-    outcome: str,
-    reason: str,
-    mandate_version: int,
-    principal: str,
-    canonical_target: str,
-    target_digest: bytes,
-    card_digest: bytes,
-    argument_names: Iterable[str],
-    prev_hash: bytes,
-) -> bytes:
-    enc = Encoder(TAG_LEDGER).text(chain_id).u64(height).u32(index)
-    enc.blob(tx_id).blob(proposal_id).text(kind).text(outcome).text(reason)
-    enc.u64(mandate_version).text(principal).text(canonical_target)
-    enc.blob(target_digest).blob(card_digest).texts(argument_names)
-    return bytes(enc.raw(prev_hash))
+def _hex(value: object, name: str) -> bytes:
+    if not isinstance(value, str) or len(value) > 2 * ENTRY_BLOB_BYTES_MAX:
+        raise ValueError(f"{name} must be hex text")
+    if value != value.lower():
+        raise ValueError(f"{name} must be lower-case hex")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise ValueError(f"{name} is not hex") from None
+
+
+def _pairs(value: object, name: str) -> list[tuple[object, object]]:
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
+        raise ValueError(f"{name} must be a list of pairs")
+    return [(p[0], p[1]) for p in value]
+
+
+def extra_from_json(obj: dict[str, Any]) -> dict[str, Any]:
+    """The version-2 fields of a parsed JSON object (a ledger line, or the copy's
+    `extension` column): `version`, `commitments` and `sealed_salts` as entry fields."""
+    if type(obj.get("version")) is not int:
+        raise ValueError("version must be an integer")
+    commitments = []
+    for name, digest in _pairs(obj.get("commitments"), "commitments"):
+        if not isinstance(name, str):
+            raise ValueError("a commitment's name must be text")
+        commitments.append(Committed(name, _hex(digest, "commitment")))
+    sealed = [
+        SealedSalt(_hex(key, "auditor key"), _hex(box, "sealed salt"))
+        for key, box in _pairs(obj.get("sealed_salts"), "sealed_salts")
+    ]
+    return {
+        "version": obj["version"],
+        "commitments": tuple(commitments),
+        "sealed_salts": tuple(sealed),
+    }
+
+
+def extra_from_column(extension: object) -> dict[str, Any]:
+    """A stored `extension` column (`extra_to_json`'s text) as the entry fields of version
+    2, none for ""; `ValueError` for text that is not one."""
+    if not isinstance(extension, str):
+        raise ValueError("extension is not text")
+    if not extension:
+        return {}
+    if len(extension) > JSON_LINE_CHARS_MAX:
+        raise ValueError(f"extension longer than {JSON_LINE_CHARS_MAX} characters")
+    try:
+        obj = json.loads(extension)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"extension is not JSON: {err.msg}") from None
+    if not isinstance(obj, dict) or set(obj) != {"version", "commitments", "sealed_salts"}:
+        raise ValueError("extension is not an object of version, commitments, sealed_salts")
+    return extra_from_json(obj)
+
+
+def extra_to_json(entry: LedgerEntry) -> str:
+    """The version-2 fields of `entry` as one JSON object ("" for a version-1 entry): what
+    the audit copy keeps in its `extension` column."""
+    if entry.version != VERSION_COMMITTED:
+        return ""
+    obj = json.loads(entry.to_json())
+    return json.dumps(
+        {k: obj[k] for k in ("version", "commitments", "sealed_salts")},
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
 
 
 # ==================================================================== verification

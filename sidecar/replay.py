@@ -454,7 +454,11 @@ async def _take(
     if block.height <= store.executed_height:
         # Recorded before: compare (the ledger entries are computed here only).
         entries = LedgerEntry.chain(
-            spec.chain_id, block.height, executed.result.verdicts, position.ledger_head
+            spec.chain_id,
+            block.height,
+            executed.result.verdicts,
+            position.ledger_head,
+            executed.ledger_extras,
         )
         position.ledger_head = entries[-1].hash if entries else position.ledger_head
         if block.height >= report.from_height:

@@ -26,9 +26,11 @@ at write time):
   bytes and checks them against the state root this sidecar signed for the executed
   height: a store whose entries do not add up to what was signed is refused, never loaded.
 - `ledger`: the verdict ledger (sidecar/ledger.py), one row per verdict in execution order,
-  every field of `LedgerEntry` in its own column. `verify_ledger` walks it in insertion
-  (rowid) order — an order no column edit can change — recomputing each hash from the
-  stored columns, so an edit to any column of any row is named at that row.
+  every field of `LedgerEntry` in its own column (a version-2 entry's commitments and
+  sealed salts in `extension`, as one JSON object; "" for a version-1 entry).
+  `verify_ledger` walks it in insertion (rowid) order — an order no column edit can
+  change — recomputing each hash from the stored columns, so an edit to any column of
+  any row is named at that row.
 - `receipts`: one row per verdict: the receipt leaf's fields and its Merkle inclusion path
   (the concatenated sibling hashes), indexed by proposal id.
 - `blocks`: this sidecar's signed statement per height (sidecar/receipts.py), with the
@@ -89,7 +91,15 @@ from quorumgate.sidecar.engine.state import (
     assemble_state,
 )
 from quorumgate.sidecar.engine.statements import BlockResult, RejectionArtifact
-from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, ChainVerifier, LedgerEntry, LedgerProblem
+from quorumgate.sidecar.ledger import (
+    GENESIS_PREV_HASH,
+    ChainVerifier,
+    LedgerEntry,
+    LedgerExtra,
+    LedgerProblem,
+    extra_from_column,
+    extra_to_json,
+)
 from quorumgate.sidecar.receipts import (
     PATH_HASHES_MAX,
     Receipt,
@@ -101,8 +111,8 @@ from quorumgate.sidecar.receipts import (
 
 # 2: receipts bind the signed body's digest; 3: the state in parts; 4: the state by entry;
 # 5: a block statement's validity window (chains whose receipts expire)
-SCHEMA_VERSION = 5
-SCHEMA_VERSIONS_MIGRATED = {2: 3, 3: 4, 4: 5}  # a writer upgrades these in place on open
+SCHEMA_VERSION = 6
+SCHEMA_VERSIONS_MIGRATED = {2: 3, 3: 4, 4: 5, 5: 6}  # a writer upgrades these in place on open
 # The most ledger entries one `ledger` call returns, and the page `verify_ledger` reads
 # at a time (memory stays bounded however long the ledger grows).
 LEDGER_PAGE_ROWS_MAX = 1024
@@ -163,6 +173,7 @@ _SCHEMA = (
         argument_names TEXT NOT NULL,
         prev_hash BLOB NOT NULL,
         hash BLOB NOT NULL,
+        extension TEXT NOT NULL DEFAULT '',
         UNIQUE (height, idx)
     ) STRICT
     """,
@@ -220,7 +231,7 @@ _SCHEMA = (
 OWN_TX_IDS_MAX = 64  # transactions one `heights_holding` read looks for
 _LEDGER_COLUMNS = (
     "height, idx, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal, "
-    "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash"
+    "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash, extension"
 )
 _BLOCK_COLUMNS = (
     "height, verdict_root, state_root, leaf_count, signer, signature, block_time_ms, valid_until_ms"
@@ -273,6 +284,9 @@ class ExecutedHeight:
     signed: SignedBlock
     engine_state: bytes | None = None
     state_delta: StateDelta | None = None
+    # One per verdict on a chain that commits arguments (sidecar/execution.py
+    # `ledger_extras`); None: the height's entries are of version 1.
+    ledger_extras: tuple[LedgerExtra, ...] | None = None
 
 
 class SidecarStore:
@@ -418,7 +432,8 @@ class SidecarStore:
     async def _migrate(self, version: int) -> None:
         """Upgrade an older schema in one transaction (2 -> 3: the state in parts; 3 -> 4:
         the state by entry; 4 -> 5: a column for validity windows, NULL in every row
-        recorded before, whose statements signed none). The state stays as it was stored
+        recorded before, whose statements signed none; 5 -> 6: the ledger's `extension`,
+        "" in every row recorded before, version-1 entries all). The state stays as it was stored
         until the next height is recorded: an engine loaded from it gives a full delta
         first, which replaces it."""
         conn = self._conn
@@ -441,6 +456,10 @@ class SidecarStore:
                     )
                 elif version == 4:
                     await conn.execute("ALTER TABLE blocks ADD COLUMN valid_until_ms INTEGER")
+                elif version == 5:
+                    await conn.execute(
+                        "ALTER TABLE ledger ADD COLUMN extension TEXT NOT NULL DEFAULT ''"
+                    )
                 version = SCHEMA_VERSIONS_MIGRATED[version]
             await conn.execute(
                 "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
@@ -606,7 +625,7 @@ class SidecarStore:
                     f"{self._executed_height}: a height would be skipped"
                 )
             entries = LedgerEntry.chain(
-                self._chain_id, h.height, h.result.verdicts, self._ledger_head
+                self._chain_id, h.height, h.result.verdicts, self._ledger_head, h.ledger_extras
             )
             head = entries[-1].hash if entries else self._ledger_head
             state_by_entry, total = self._state_by_entry, self._ledger_entries + len(entries)
@@ -657,7 +676,7 @@ class SidecarStore:
     ) -> None:
         conn.executemany(
             f"INSERT INTO ledger ({_LEDGER_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [_ledger_row(e) for e in entries],
         )
         conn.executemany(
@@ -1185,7 +1204,7 @@ def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.reason, entry.mandate_version, entry.principal, entry.canonical_target,
         entry.target_digest, entry.card_digest,
         json.dumps(list(entry.argument_names), ensure_ascii=False, separators=(",", ":")),
-        entry.prev_hash, entry.hash,
+        entry.prev_hash, entry.hash, extra_to_json(entry),
     )  # fmt: skip
 
 
@@ -1204,7 +1223,7 @@ def _entry_from_row(row: Sequence[Any]) -> LedgerEntry:
     entry's own checks refuse a wrong type, length or range)."""
     (height, index, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal,
      canonical_target, target_digest, card_digest, argument_names, prev_hash,
-     hash_) = row  # fmt: skip
+     hash_, extension) = row  # fmt: skip
     names = json.loads(argument_names) if isinstance(argument_names, str) else None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError("argument_names is not a JSON list of text")
@@ -1224,6 +1243,7 @@ def _entry_from_row(row: Sequence[Any]) -> LedgerEntry:
         argument_names=tuple(names),
         prev_hash=prev_hash,
         hash=hash_,
+        **extra_from_column(extension),
     )
 
 

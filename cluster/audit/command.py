@@ -1,4 +1,5 @@
-"""The `quorumgate ship` and `quorumgate audit verify` commands (docs/audit.md)."""
+"""The `quorumgate ship`, `quorumgate audit verify` and `quorumgate audit open` commands
+(docs/audit.md)."""
 
 from __future__ import annotations
 
@@ -158,14 +159,74 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     except (ClusterFileError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    from quorumgate.audit.store import CopyTooOld
+
     try:
         with contextlib.closing(psycopg.connect(args.dsn, autocommit=True)) as conn:
             report = check_copy(conn, spec, trusted)
+    except CopyTooOld as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     except psycopg.Error as err:
         # the message names the table or the server, never a row's values
         print(f"error: the copy cannot be read: {type(err).__name__}", file=sys.stderr)
         return EXIT_USAGE
     return print_report(report, sys.stdout)
+
+
+def _claimed_value(args: argparse.Namespace) -> str:
+    """The value to check: `--value`, or the whole of `--value-file` as UTF-8 (exactly,
+    a final newline included), so that a value need not sit in a shell's history."""
+    if args.value_file is not None:
+        return Path(args.value_file).read_text(encoding="utf-8")
+    return str(args.value)
+
+
+def cmd_audit_open(args: argparse.Namespace) -> int:
+    if not _has_driver():
+        return EXIT_USAGE
+    import psycopg
+
+    from quorumgate.audit.opening import Claim, open_claim
+    from quorumgate.audit.store import CopyTooOld
+
+    try:
+        spec = load_cluster(Path(args.dir))
+        seed = read_seed(Path(args.key))
+        claim = Claim(args.height, args.index, args.argument, _claimed_value(args), args.handle)
+    except (ClusterFileError, OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with contextlib.closing(psycopg.connect(args.dsn, autocommit=True)) as conn:
+            answer = open_claim(conn, spec, seed, claim)
+    except CopyTooOld as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except psycopg.Error as err:
+        print(f"error: the copy cannot be read: {type(err).__name__}", file=sys.stderr)
+        return EXIT_USAGE
+    print(answer.text, file=sys.stdout if answer.status.value < EXIT_USAGE else sys.stderr)
+    return int(answer.status)
+
+
+def _add_open_parser(audit_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    opener = audit_sub.add_parser(
+        "open", help="check a claimed argument value against its commitment (auditors)"
+    )
+    opener.add_argument("--dir", required=True, help="the cluster directory (cluster.json)")
+    opener.add_argument("--dsn", required=True, help="postgresql://... of the copy")
+    opener.add_argument("--key", required=True, help="the auditor's key file")
+    opener.add_argument("--height", required=True, type=int, help="the verdict's height")
+    opener.add_argument("--index", required=True, type=int, help="its index in the height")
+    opener.add_argument("--argument", required=True, help="the argument's name")
+    value = opener.add_mutually_exclusive_group(required=True)
+    value.add_argument("--value", help="the claimed value")
+    value.add_argument("--value-file", help="a file holding exactly the claimed value")
+    opener.add_argument(
+        "--handle", action="store_true", help="the argument was an envelope: give its handle"
+    )
+    opener.set_defaults(func=cmd_audit_open)
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -189,3 +250,4 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     verify.add_argument("--dsn", required=True, help="postgresql://... of the copy")
     verify.add_argument("--head", help="HEIGHT:HASH trusted (default: the chain's genesis)")
     verify.set_defaults(func=cmd_audit_verify)
+    _add_open_parser(audit_sub)

@@ -13,7 +13,12 @@ from typing import Any
 import psycopg
 
 from quorumgate.audit.records import Batch, Cursor, ShippedVerdict
-from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry
+from quorumgate.sidecar.ledger import (
+    GENESIS_PREV_HASH,
+    LedgerEntry,
+    extra_from_column,
+    extra_to_json,
+)
 from quorumgate.sidecar.wire import decode_certificate, encode_certificate
 
 VERIFY_PAGE_ROWS_MAX = 1000  # rows `audit verify` reads per query
@@ -58,11 +63,26 @@ CREATE TABLE IF NOT EXISTS qg_ship_cursor (
     head bytea NOT NULL,
     entries bigint NOT NULL
 );
+ALTER TABLE qg_verdicts ADD COLUMN IF NOT EXISTS extension text NOT NULL DEFAULT '';
 """
+# The one change to a copy made before argument commitments (docs/audit.md, "Argument
+# commitments"): `extension`, a version-2 entry's commitments and sealed salts as one JSON
+# object, "" for a version-1 entry. `connect` (the shipper) adds it; `audit verify` and
+# `audit open` only read, and refuse a copy without it by name.
+EXTENSION_COLUMN = "extension"
+NEEDS_MIGRATION = (
+    "the copy predates argument commitments (no qg_verdicts.extension column): run "
+    "`quorumgate ship --once` against it once, which adds the column"
+)
+
+
+class CopyTooOld(Exception):
+    """The copy's tables lack a column this build reads."""
+
 
 _COLUMNS = (
     "height, idx, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal, "
-    "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash"
+    "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash, extension"
 )
 
 
@@ -96,7 +116,7 @@ def _verdict_row(batch: Batch, verdict: ShippedVerdict) -> tuple[object, ...]:
     return (
         batch.chain_id, e.height, e.index, e.tx_id, e.proposal_id, e.kind, e.outcome, e.reason,
         e.mandate_version, e.principal, e.canonical_target, e.target_digest, e.card_digest,
-        json.dumps(list(e.argument_names)), e.prev_hash, e.hash,
+        json.dumps(list(e.argument_names)), e.prev_hash, e.hash, extra_to_json(e),
         encode_certificate(verdict.certificate), batch.key,
     )  # fmt: skip
 
@@ -129,15 +149,27 @@ def write_batch(conn: psycopg.Connection[Any], batch: Batch, cursor: Cursor) -> 
         with conn.cursor() as cur:
             cur.executemany(
                 f"INSERT INTO qg_verdicts (chain_id, {_COLUMNS}, certificate, batch_key)"
-                " VALUES (" + ", ".join(["%s"] * 18) + ")",
+                " VALUES (" + ", ".join(["%s"] * 19) + ")",
                 [_verdict_row(batch, v) for v in batch.verdicts],
             )
     return Written.WRITTEN
 
 
+def require_extension(conn: psycopg.Connection[Any]) -> None:
+    """`CopyTooOld` for a copy whose verdict table has no `extension` column yet."""
+    row = conn.execute(
+        "SELECT 1 FROM information_schema.columns WHERE table_name = 'qg_verdicts'"
+        " AND column_name = %s",
+        (EXTENSION_COLUMN,),
+    ).fetchone()
+    if row is None:
+        raise CopyTooOld(NEEDS_MIGRATION)
+
+
 def read_rows(conn: psycopg.Connection[Any], chain_id: str) -> Iterator[tuple[Any, ...]]:
     """Every verdict row of a chain in (height, idx) order, a page at a time: the entry's
     columns then the certificate bytes."""
+    require_extension(conn)
     height, index = -1, -1
     while True:
         rows = conn.execute(
@@ -161,9 +193,22 @@ def entry_of(row: tuple[Any, ...]) -> LedgerEntry:
         kind=row[4], outcome=row[5], reason=row[6], mandate_version=int(row[7]),
         principal=row[8], canonical_target=row[9], target_digest=bytes(row[10]),
         card_digest=bytes(row[11]), argument_names=tuple(names), prev_hash=bytes(row[13]),
-        hash=bytes(row[14]),
+        hash=bytes(row[14]), **extra_from_column(row[15]),
     )  # fmt: skip
 
 
+def read_row(
+    conn: psycopg.Connection[Any], chain_id: str, height: int, index: int
+) -> tuple[Any, ...] | None:
+    """One verdict row (as `read_rows` gives it), or None."""
+    require_extension(conn)
+    row = conn.execute(
+        f"SELECT {_COLUMNS}, certificate FROM qg_verdicts WHERE chain_id = %s"
+        " AND height = %s AND idx = %s",
+        (chain_id, height, index),
+    ).fetchone()
+    return None if row is None else tuple(row)
+
+
 def certificate_of(row: tuple[Any, ...]) -> Any:
-    return decode_certificate(bytes(row[15]))
+    return decode_certificate(bytes(row[16]))

@@ -17,7 +17,7 @@ from quorumgate.audit.records import leaf_matches
 from quorumgate.audit.store import certificate_of, entry_of, read_rows
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.sdk.certificates import certified_leaf
-from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry
+from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, VERSION_COMMITTED, LedgerEntry
 from quorumgate.sidecar.receipts import CertificateError
 
 EXIT_OK = 0
@@ -50,6 +50,11 @@ class Report:
     reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
     mandates: dict[str, set[int]] = field(default_factory=dict)
     head: bytes = GENESIS_PREV_HASH
+    # Version-2 entries (docs/audit.md, "Argument commitments"): verdicts whose record
+    # commits to their call's arguments, and calls with arguments whose record does not
+    # (the proposer sent no salt: nobody can check their values later).
+    committed: int = 0
+    uncommitted_calls: int = 0
 
 
 class _Walk:
@@ -131,9 +136,19 @@ def check_copy(conn: psycopg.Connection[Any], spec: ClusterSpec, trusted: Truste
         report.reasons[(entry.outcome, entry.reason)] += 1
         if entry.principal and entry.mandate_version:  # 0: decided under no mandate
             report.mandates.setdefault(entry.principal, set()).add(entry.mandate_version)
+        _count_commitments(entry, report)
     report.head = walk.head
     _check_cursor(conn, spec, walk, report)
     return report
+
+
+def _count_commitments(entry: LedgerEntry, report: Report) -> None:
+    if entry.version != VERSION_COMMITTED:
+        return
+    if entry.commitments:
+        report.committed += 1
+    elif entry.kind == "proposal" and entry.argument_names:
+        report.uncommitted_calls += 1
 
 
 def _check_cursor(
@@ -163,6 +178,11 @@ def print_report(report: Report, out: TextIO) -> int:
         if len(versions) > 1:
             out.write(f"finding: mandate drift: {principal} decided under versions "
                       f"{sorted(versions)}\n")  # fmt: skip
+    if report.committed or report.uncommitted_calls:
+        out.write(f"verdicts committing their arguments: {report.committed}\n")
+    if report.uncommitted_calls:
+        out.write(f"finding: {report.uncommitted_calls} calls with arguments carried no salt "
+                  "(their values cannot be checked)\n")  # fmt: skip
     for problem in report.problems[:PROBLEMS_SHOWN_MAX]:
         out.write(f"PROBLEM: {problem}\n")
     if report.problems:

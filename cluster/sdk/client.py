@@ -60,8 +60,9 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto import tx as txlib
-from quorumgate.proto.chainversions import runs_opened_by_the_chain
+from quorumgate.proto.chainversions import commits_arguments, runs_opened_by_the_chain
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, load_cluster, read_seed
+from quorumgate.proto.commitments import call_salt
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -436,6 +437,20 @@ class Client:
         run = self._run_labels.bind(payload.run_id, nonce)
         return payload if run == payload.run_id else replace(payload, run_id=run)
 
+    def salted(self, payload: TxPayload, nonce: int) -> TxPayload:
+        """On a chain that commits arguments, a call signed at `nonce` carries its salt
+        (`call_salt`: secret to anyone without this client's key, and the same again for
+        the same nonce) and the keys of the auditors cluster.json lists, so the ledger
+        holds a commitment to each argument that only those auditors can open
+        (docs/audit.md, "Argument commitments"). A call that carries a salt keeps it."""
+        if not commits_arguments(self.spec.receipt_version) or not isinstance(payload, Proposal):
+            return payload
+        if payload.commit_salt is not None:
+            return payload
+        salt = call_salt(bytes(self.key), self.spec.chain_id, nonce)
+        auditors = tuple(a.public_key for a in self.spec.auditors)
+        return replace(payload, commit_salt=salt, seal_to=auditors)
+
     def run_under(self, grant: Grant | bytes | None, run_id: str) -> str:
         """The run id a call under `grant` carries. Where the chain opens runs
         (`runs_opened_by_the_chain`), a grant is for one run, which a `Grant` names: the
@@ -459,7 +474,7 @@ class Client:
         kind = TxBody(chain_id=self.spec.chain_id, nonce=1, payload=payload).kind
         for _attempt in range(RESIGN_ON_REPLAY_MAX + 1):
             nonce = await self._take_nonce()
-            bound = self.bind_run(payload, nonce)
+            bound = self.salted(self.bind_run(payload, nonce), nonce)
             data = txlib.build(self.spec.chain_id, nonce, bound, self.key)
             proposal_id = txlib.tx_id(self.public_key, nonce)
             settled = False
@@ -537,7 +552,7 @@ class Client:
         signed: list[Submitted] = []
         for payload in batch:
             nonce = await self._take_nonce()
-            bound = self.bind_run(payload, nonce)
+            bound = self.salted(self.bind_run(payload, nonce), nonce)
             data = txlib.build(self.spec.chain_id, nonce, bound, self.key)
             kind = TxBody(chain_id=self.spec.chain_id, nonce=nonce, payload=payload).kind
             sub = Submitted(txlib.tx_id(self.public_key, nonce), nonce, kind, self.public_key, data)

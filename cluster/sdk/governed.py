@@ -770,7 +770,8 @@ async def _resume(
     settled certificate."""
     # the body was signed in the run its label names (docs/engine.md: runs are opened by
     # the cluster, not named by the agent): the same run here
-    bound = aio.bind_run(proposal, pending.nonce)
+    # and with the salt and auditor keys it was signed with (the salt is the nonce's)
+    bound = aio.salted(aio.bind_run(proposal, pending.nonce), pending.nonce)
     assert isinstance(bound, Proposal)
     proposal = bound
     digest = proposal_body_digest(aio.spec.chain_id, pending.nonce, proposal)

@@ -6,10 +6,13 @@ checked on its own finds an edited, a deleted and a moved row."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,7 +25,14 @@ from quorumgate.audit.shipper import ShipOptions, Shipper
 from quorumgate.audit.store import CursorMoved, Written, read_cursor, write_batch
 from quorumgate.audit.verify import TrustedHead, check_copy
 from quorumgate.proto import sidecar_pb2 as spb
-from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, add_auditor, read_seed
+from quorumgate.proto.clusterfile import (
+    OWNER_KEY_FILE,
+    AuditorSpec,
+    ClusterSpec,
+    add_auditor,
+    read_seed,
+    write_seed,
+)
 from quorumgate.runtime.readauth import METHOD_LEDGER
 from quorumgate.sdk.builders import mandate
 from quorumgate.sdk.delivery import Channels
@@ -283,6 +293,11 @@ TAMPERING = {
         ["edited", "missing"],
     ),
     "reordered": (SWAP, ["edited"]),
+    # a version-2 row's commitments and sealed salts dropped: it reads as version 1
+    "commitments dropped": (
+        f"UPDATE qg_verdicts SET extension = '' WHERE (height, idx) = {NTH.format(3)}",
+        ["edited"],
+    ),
     "cut off the end": (
         "DELETE FROM qg_verdicts WHERE (height, idx) = "
         "(SELECT height, idx FROM qg_verdicts ORDER BY height DESC, idx DESC LIMIT 1)",
@@ -434,3 +449,74 @@ def test_the_running_shipper_serves_its_metrics_and_stops_on_sigterm(
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert count(dsn, "SELECT count(*) FROM qg_verdicts") > ALLOWS
+
+
+# ---------------------------------------------------------------------------- audit open
+
+OPEN_RUN = "open-run"
+CLAIMED = "mozart-1756"  # an argument value short enough for a dictionary
+
+
+def _open(spec: ClusterSpec, dsn: str, key: Path, where: tuple[int, int], value: str) -> Any:
+    cli = [sys.executable, "-m", "quorumgate.cli", "audit", "open"]
+    return subprocess.run(
+        [*cli, "--dir", str(spec.directory), "--dsn", dsn, "--key", str(key),
+         "--height", str(where[0]), "--index", str(where[1]), "--argument", "q",
+         "--value", value],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_an_auditor_opens_the_certified_value_and_a_thief_learns_nothing(
+    cluster: ClusterSpec, owner: SyncClient, postgres_dsn: str, tmp_path: Path
+) -> None:
+    """Two calls with one short value, the salt sealed to an auditor the SDK's cluster
+    file lists: `audit open` with the auditor's key confirms the value and refuses another;
+    another key cannot tell; the copy holds no byte of the value, and the two commitments
+    differ (docs/audit.md, "Argument commitments")."""
+    auditor = SigningKey.generate()
+    listed = AuditorSpec("opener", bytes(auditor.verify_key))
+    spec = dataclasses.replace(cluster, auditors=(*cluster.auditors, listed))
+    agent_id, key = new_agent(owner, ["web.get"])
+    with SyncClient(spec, key) as qg:
+        for _ in range(2):
+            assert qg.propose("web.get", URL, {"q": CLAIMED}, run_id=OPEN_RUN).allowed
+    dsn = fresh_db(postgres_dsn, "audit_open")
+    cli = [sys.executable, "-m", "quorumgate.cli"]
+    shipped = subprocess.run(
+        [*cli, "ship", "--dir", str(cluster.directory), "--dsn", dsn, "--once"],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shipped.returncode == 0, shipped.stderr
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT height, idx, extension, qg_verdicts::text FROM qg_verdicts"
+            " WHERE principal = %s ORDER BY height, idx",
+            (agent_id,),
+        ).fetchall()
+    calls = [r for r in rows if r[2]]
+    assert len(calls) == 2
+    key_file, other_file = tmp_path / "auditor.key", tmp_path / "other.key"
+    write_seed(key_file, bytes(auditor))
+    write_seed(other_file, bytes(SigningKey.generate()))
+    where = (int(calls[0][0]), int(calls[0][1]))
+    right = _open(cluster, dsn, key_file, where, CLAIMED)
+    assert right.returncode == 0 and "confirmed" in right.stdout, right.stdout + right.stderr
+    assert CLAIMED not in right.stdout + right.stderr
+    wrong = _open(cluster, dsn, key_file, where, CLAIMED + "0")
+    assert wrong.returncode == 1 and "NOT" in wrong.stdout, wrong.stdout + wrong.stderr
+    stranger = _open(cluster, dsn, other_file, where, CLAIMED)
+    assert stranger.returncode == 2 and "no salt sealed to this key" in stranger.stderr
+    # the thief's view: every column of every row, as text
+    with psycopg.connect(dsn) as conn:
+        dump = " ".join(r[0] for r in conn.execute("SELECT qg_verdicts::text FROM qg_verdicts"))
+    for form in (CLAIMED, CLAIMED.encode().hex(), CLAIMED.encode().hex().upper()):
+        assert form not in dump
+    first, second = (json.loads(r[2])["commitments"] for r in calls)
+    assert first[0][0] == second[0][0] == "q" and first[0][1] != second[0][1]
+    verified = subprocess.run(
+        [*cli, "audit", "verify", "--dir", str(cluster.directory), "--dsn", dsn],
+        check=False, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "verdicts committing their arguments:" in verified.stdout

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.commitments import Committed, SealedSalt
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.ledger import (
     GENESIS_PREV_HASH,
@@ -87,11 +88,30 @@ def test_every_field_and_the_chain_id_change_the_hash(entries: list[LedgerEntry]
         "argument_names": (*entry.argument_names, "more"),
         "prev_hash": b"\x01" * 32,
     }
-    assert set(variants) | {"hash"} == {f.name for f in dataclasses.fields(LedgerEntry)}
+    # the fields of version 2 are varied in the test below, on a version-2 entry
+    committed = {"version", "commitments", "sealed_salts"}
+    assert set(variants) | {"hash"} | committed == {f.name for f in dataclasses.fields(LedgerEntry)}
     hashes = {entry.computed_hash(CHAIN), entry.computed_hash("another-chain")}
     for name, value in variants.items():
         hashes.add(dataclasses.replace(entry, **{name: value}).computed_hash(CHAIN))  # type: ignore[arg-type]
     assert len(hashes) == len(variants) + 2
+    # the same entry of version 2 (docs/audit.md, "Argument commitments"): its own hash,
+    # and each commitment and sealed salt in it changes the hash
+    salt = Committed("amount", b"\x05" * 32)
+    sealed = SealedSalt(b"\x06" * 32, b"\x07" * 80)
+    v2 = dataclasses.replace(entry, version=2, commitments=(salt,), sealed_salts=(sealed,))
+    more = {
+        "v1": entry,
+        "v2": v2,
+        "empty": dataclasses.replace(v2, commitments=(), sealed_salts=()),
+        "name": dataclasses.replace(v2, commitments=(Committed("amounts", salt.commitment),)),
+        "digest": dataclasses.replace(v2, commitments=(Committed("amount", b"\x08" * 32),)),
+        "key": dataclasses.replace(v2, sealed_salts=(SealedSalt(b"\x09" * 32, sealed.sealed),)),
+        "seal": dataclasses.replace(
+            v2, sealed_salts=(SealedSalt(sealed.auditor_key, b"\x01" * 80),)
+        ),
+    }
+    assert len({e.computed_hash(CHAIN) for e in more.values()}) == len(more)
 
 
 def test_the_first_entry_chains_from_32_zero_bytes_and_each_from_the_one_before(

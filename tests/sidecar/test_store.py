@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from quorumgate.proto.commitments import Committed, SealedSalt
 from quorumgate.proto.model import DelegationPolicy, Outcome, Reason, ToolMode
 from quorumgate.sidecar import node as sidecar_node
 from quorumgate.sidecar import store as store_module
@@ -33,7 +34,13 @@ from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import SECTIONS
 from quorumgate.sidecar.engine.statements import ArtifactDenial, RejectionArtifact
 from quorumgate.sidecar.engine.statetree import key_bytes
-from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry, ProblemKind, verify_chain
+from quorumgate.sidecar.ledger import (
+    GENESIS_PREV_HASH,
+    LedgerEntry,
+    LedgerExtra,
+    ProblemKind,
+    verify_chain,
+)
 from quorumgate.sidecar.receipts import Receipt, assemble_certificate, verify_certificate
 from quorumgate.sidecar.store import (
     DivergenceError,
@@ -580,6 +587,8 @@ def tampered(column: str, value: object) -> object:
         return value + 1
     if column == "argument_names":
         return '["q"]' if value == "[]" else "[]"
+    if column == "extension":  # a version-2 entry made version 1, or the other way round
+        return '{"version":2,"commitments":[],"sealed_salts":[]}' if value == "" else ""
     if isinstance(value, str):
         return value + "x"
     assert isinstance(value, bytes)
@@ -633,7 +642,7 @@ async def test_editing_any_column_of_any_row_names_exactly_that_entry(
             assert problem.kind is expected, f"{label}: {problem}"
             assert str(problem).startswith(f"entry #{position} (height {height}, index {index})")
             checked += 1
-    assert checked == 3 * len(LEDGER_COLUMNS) == 45
+    assert checked == 3 * len(LEDGER_COLUMNS) == 48
 
 
 async def test_deleted_or_unreadable_ledger_rows_are_named(
@@ -916,7 +925,9 @@ async def _older_schema(
     half = len(heights) // 2
     await record_all(store, whole[:half])
     await store.close()
-    steps = ["ALTER TABLE blocks DROP COLUMN valid_until_ms"]
+    steps = ["ALTER TABLE ledger DROP COLUMN extension"]
+    if version <= 4:
+        steps += ["ALTER TABLE blocks DROP COLUMN valid_until_ms"]
     if version <= 3:
         steps += ["ALTER TABLE head DROP COLUMN state_header", "DROP TABLE state_entries"]
     if version == 2:
@@ -931,7 +942,7 @@ async def _older_schema(
     return whole[:half]
 
 
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 async def test_an_older_store_is_upgraded_in_place_by_its_writer(
     story: Story, heights: list[ExecutedHeight], tmp_path: Path, version: int
 ) -> None:
@@ -948,7 +959,11 @@ async def test_an_older_store_is_upgraded_in_place_by_its_writer(
     assert store.executed_height == kept[-1].height
     # statements recorded before schema 5 read back as what they signed then: no window
     signed = await store.signed_block(kept[-1].height)
-    assert signed is not None and signed.validity is None
+    assert signed is not None
+    if version <= 4:
+        assert signed.validity is None
+    # ledger rows recorded before schema 6 read back as the version-1 entries they were
+    assert await store.verify_ledger() is None
     # the sidecar goes on from it: the first height writes every entry
     engine = Engine.from_state_bytes(story.world.config, state)  # type: ignore[arg-type]
     for height, time_ms, txs in story.world.log[len(kept) :]:
@@ -1008,3 +1023,32 @@ async def test_the_loaded_state_is_the_checked_bytes_decoded_once(
     assert state.tree_root() == heights[-1].result.state_root
     assert state.take_delta().full
     await store.close()
+
+
+async def test_version_two_entries_keep_their_commitments_through_the_store(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    """A chain that commits arguments: each entry's commitments and sealed salts are
+    stored in `extension`, read back whole, and hashed (docs/audit.md)."""
+    digest = Committed("q", b"\x05" * 32)
+    sealed = SealedSalt(b"\x06" * 32, b"\x07" * 80)
+    committed = [
+        dataclasses.replace(
+            h,
+            ledger_extras=tuple(
+                LedgerExtra((digest,), (sealed,)) if i % 2 else LedgerExtra()
+                for i in range(len(h.result.verdicts))
+            ),
+        )
+        for h in heights
+    ]
+    store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
+    await record_all(store, committed)
+    assert await store.verify_ledger() is None
+    entries = await store.ledger(1, store_module.LEDGER_PAGE_ROWS_MAX)
+    assert entries and all(e.version == 2 for e in entries)
+    assert [e.commitments for e in entries if e.index % 2] == [
+        (digest,) for e in entries if e.index % 2
+    ]
+    assert all(e.sealed_salts == () for e in entries if e.index % 2 == 0)
+    assert all(LedgerEntry.from_json(e.to_json()) == e for e in entries)
