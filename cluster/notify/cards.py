@@ -62,7 +62,11 @@ class Notice:
     def principal(self) -> str:
         """The principal the card waits for ('' for the owner's cards)."""
         confirmer = self.card.confirmer
-        return confirmer.removeprefix(PRINCIPAL_PREFIX) if confirmer.startswith(PRINCIPAL_PREFIX) else ""
+        return (
+            confirmer.removeprefix(PRINCIPAL_PREFIX)
+            if confirmer.startswith(PRINCIPAL_PREFIX)
+            else ""
+        )
 
     def link(self, console_url: str) -> str:
         """The console, opened on this card: it only shows it; the answer is signed there."""
@@ -187,4 +191,3 @@ class CardFollower:
             finally:
                 call.cancel()
         return None
-

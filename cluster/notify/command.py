@@ -23,8 +23,8 @@ async def _notify(args: argparse.Namespace) -> int:
     from quorumgate.sdk.client import Client
 
     directory = Path(args.dir)
-    spec = load_cluster(directory)
     config = load_config(Path(args.config), directory)
+    spec = load_cluster(directory)
     client = Client(spec, SigningKey(read_seed(config.reader_key)))
     notifier = Notifier(spec, client, config)
     if args.metrics_port is not None:

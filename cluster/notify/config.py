@@ -59,7 +59,9 @@ class Route:
     email: str = ""
 
     def __repr__(self) -> str:  # the signing key never prints
-        return f"Route(principal={self.principal!r}, webhook={self.webhook!r}, email={self.email!r})"
+        return (
+            f"Route(principal={self.principal!r}, webhook={self.webhook!r}, email={self.email!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,9 @@ def parse_config(doc: dict[str, Any], base: Path, cluster_dir: Path) -> NotifyCo
 def _no_unknown(table: dict[str, Any], known: set[str], prefix: str) -> None:
     for key in sorted(table):
         if key not in known:
-            raise NotifyConfigError(prefix + key, f"unknown field (known: {', '.join(sorted(known))})")
+            raise NotifyConfigError(
+                prefix + key, f"unknown field (known: {', '.join(sorted(known))})"
+            )
 
 
 def _text(table: dict[str, Any], key: str, field: str) -> str:
@@ -211,7 +215,9 @@ def _route(principal: str, entry: object, base: Path, smtp: SmtpConfig | None) -
         field = prefix + ".webhook_secret_file"
         if "webhook_secret_file" not in entry:
             raise NotifyConfigError(field, "required with a webhook: its signing secret")
-        key = webhook_key(read_private_text(base / _text(entry, "webhook_secret_file", field), field), field)
+        key = webhook_key(
+            read_private_text(base / _text(entry, "webhook_secret_file", field), field), field
+        )
     elif "webhook_secret_file" in entry:
         raise NotifyConfigError(prefix + ".webhook", "a secret without a webhook")
     if "email" in entry:

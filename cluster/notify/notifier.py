@@ -62,9 +62,7 @@ class NotifyMetrics:
         self.retries = Counter(
             "qg_notify_retries", "Tries after a failed one, by channel", ["channel"], registry=r
         )
-        self.queue = Gauge(
-            "qg_notify_queue_size", "Messages waiting or being sent", registry=r
-        )
+        self.queue = Gauge("qg_notify_queue_size", "Messages waiting or being sent", registry=r)
 
 
 @dataclass

@@ -110,8 +110,7 @@ def signature_ok(key: bytes, headers: dict[str, str], body: bytes) -> bool:
     signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
     expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
     return any(
-        hmac.compare_digest(f"v1,{expected}", part)
-        for part in headers["webhook-signature"].split()
+        hmac.compare_digest(f"v1,{expected}", part) for part in headers["webhook-signature"].split()
     )
 
 
@@ -158,7 +157,7 @@ async def test_a_gated_call_reaches_the_principal_once_by_webhook_and_by_mail(
     text = mail.get_payload(decode=True).decode()
     assert rcpt == [f"{person_id}@example.test"] and sender == "quorumgate@example.test"
     assert "pay" in mail["Subject"] and PAYEE in mail["Subject"]
-    assert doc["console_url"] in text and f"Target: \"{PAYEE}\"" in text
+    assert doc["console_url"] in text and f'Target: "{PAYEE}"' in text
     assert delivered(notifier, "webhook") == delivered(notifier, "email") == 1
 
 
@@ -303,4 +302,3 @@ async def test_a_lying_sidecar_alone_cannot_make_it_announce_a_card(
     ids = sorted(headers["webhook-id"] for headers, _ in receiver.posts)
     assert ids == sorted([real.card.digest.hex(), later.card.digest.hex()])
     assert not {d.hex() for d in liar.forged} & set(ids)
-
