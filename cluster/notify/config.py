@@ -24,7 +24,7 @@ PRINCIPALS_MAX = 1000
 LOOPBACK_NAMES = ("localhost",)
 
 _TOP_FIELDS = {"console_url", "reader_key", "state_file", "smtp", "principals"}
-_SMTP_FIELDS = {"host", "port", "starttls", "sender", "credentials_file"}
+_SMTP_FIELDS = {"host", "port", "starttls", "ca_file", "sender", "credentials_file"}
 _PRINCIPAL_FIELDS = {"webhook", "webhook_secret_file", "email"}
 
 
@@ -44,6 +44,7 @@ class SmtpConfig:
     sender: str
     username: str = ""
     password: str = ""
+    ca_file: Path | None = None  # the CA that signed the server's certificate; None: the system's
 
     def __repr__(self) -> str:  # the password never prints
         return f"SmtpConfig(host={self.host!r}, port={self.port}, starttls={self.starttls})"
@@ -191,6 +192,13 @@ def _smtp(table: object, base: Path) -> SmtpConfig:
     starttls = table.get("starttls", True)
     if not isinstance(starttls, bool):
         raise NotifyConfigError("smtp.starttls", "true or false")
+    ca_file = None
+    if "ca_file" in table:
+        ca_file = base / _text(table, "ca_file", "smtp.ca_file")
+        if not starttls:
+            raise NotifyConfigError("smtp.ca_file", "only with starttls = true")
+        if not ca_file.is_file():
+            raise NotifyConfigError("smtp.ca_file", f"{ca_file} is not a file")
     sender = _text(table, "sender", "smtp.sender")
     if "@" not in sender:
         raise NotifyConfigError("smtp.sender", "an e-mail address is required")
@@ -201,7 +209,10 @@ def _smtp(table: object, base: Path) -> SmtpConfig:
         username, _, password = lines.strip("\n").partition("\n")
         if not username or not password:
             raise NotifyConfigError(field, "two lines are required: the user, then the password")
-    return SmtpConfig(host, port, starttls, sender, username.strip(), password.strip("\r\n"))
+    if username and not starttls and not _is_loopback(host):
+        raise NotifyConfigError("smtp.starttls", "a password is sent only over STARTTLS")
+    password = password.strip("\r\n")
+    return SmtpConfig(host, port, starttls, sender, username.strip(), password, ca_file)
 
 
 def _route(principal: str, entry: object, base: Path, smtp: SmtpConfig | None) -> Route:

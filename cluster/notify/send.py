@@ -26,6 +26,16 @@ class SendFailed(Exception):
     """One try that did not deliver; `str()` names the cause, never a value of the card."""
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer that is not 2xx: the card goes to the configured URL only."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+
+
 def sign_webhook(key: bytes, message_id: str, timestamp: int, body: bytes) -> str:
     """The `webhook-signature` header: `v1,` and the base64 HMAC-SHA256 of
     `id.timestamp.body` (Standard Webhooks, "Signature scheme")."""
@@ -83,11 +93,12 @@ def send_mail(smtp: SmtpConfig, message: EmailMessage) -> None:
     try:
         with smtplib.SMTP(smtp.host, smtp.port, timeout=SMTP_TIMEOUT_S) as client:
             if smtp.starttls:
-                client.starttls(context=ssl.create_default_context())
+                cafile = None if smtp.ca_file is None else str(smtp.ca_file)
+                client.starttls(context=ssl.create_default_context(cafile=cafile))
             if smtp.username:
                 client.login(smtp.username, smtp.password)
             client.send_message(message)
     except smtplib.SMTPResponseException as err:
         raise SendFailed(f"smtp_{err.smtp_code}") from None
-    except (smtplib.SMTPException, OSError) as err:
+    except (smtplib.SMTPException, ssl.SSLError, OSError) as err:
         raise SendFailed(type(err).__name__) from None

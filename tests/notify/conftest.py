@@ -109,3 +109,82 @@ def new_secret(path: Path) -> bytes:
     key = os.urandom(SECRET_BYTES)
     private_file(path, "whsec_" + base64.b64encode(key).decode() + "\n")
     return key
+
+
+@dataclass
+class TlsMailbox(Mailbox):
+    """A mail server that takes mail only after STARTTLS and a login with `user`/`password`."""
+
+    ca_file: Path = Path()
+    user: str = "notifier"
+    password: str = ""
+    logins: list[str] = field(default_factory=list)
+
+    def authenticate(self, server: object, session: object, envelope: object, mechanism: str,
+                     auth_data: Any) -> Any:  # fmt: skip
+        from aiosmtpd.smtp import AuthResult
+
+        ok = auth_data.login.decode() == self.user and auth_data.password.decode() == self.password
+        if ok:
+            self.logins.append(auth_data.login.decode())
+        return AuthResult(success=ok)
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "notify test smtp")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "smtp.crt", folder / "smtp.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    private_file(key_file, "")
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture
+def tls_mailbox(tmp_path: Path) -> Iterator[TlsMailbox]:
+    import ssl
+
+    cert_file, key_file = _self_signed(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    box = TlsMailbox(free_loopback_ports(1)[0], ca_file=cert_file, password=os.urandom(9).hex())
+    controller = Controller(
+        box, hostname="127.0.0.1", port=box.port, tls_context=context, require_starttls=True,
+        authenticator=box.authenticate, auth_require_tls=True,
+    )  # fmt: skip
+    controller.start()
+    try:
+        yield box
+    finally:
+        controller.stop()

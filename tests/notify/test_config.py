@@ -127,3 +127,10 @@ def test_the_receiver_snippet_of_the_docs_verifies_a_signed_message() -> None:
     assert not verify(secret, headers, body + b" ")  # type: ignore[operator]
     stale = webhook_headers(key, "ab" * 32, int(time.time()) - 3600, body)
     assert not verify(secret, stale, body)  # type: ignore[operator]
+
+
+def test_a_password_is_not_sent_without_starttls(tmp_path: Path) -> None:
+    path = _files(tmp_path, GOOD.replace("port = 587", "port = 587\nstarttls = false"))
+    with pytest.raises(NotifyConfigError) as refused:
+        load_config(path, tmp_path)
+    assert refused.value.field == "smtp.starttls"

@@ -14,7 +14,12 @@ import email
 import hashlib
 import hmac
 import json
-from collections.abc import AsyncIterator
+import signal
+import stat
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,7 @@ from quorumgate.proto.clusterfile import (
     TLS_KEY_FILE,
     ClusterSpec,
     add_auditor,
+    free_loopback_ports,
     read_private,
     read_seed,
 )
@@ -40,13 +46,15 @@ from quorumgate.sdk.owner import owner_reader
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.receipts import Receipt, root_from_path, sign_block
 from quorumgate.sidecar.wire import receipt_from_pb, receipt_to_pb
-from tests.notify.conftest import Mailbox, Receiver, new_secret, private_file
-from tests.polling import until
+from tests.notify.conftest import Mailbox, Receiver, TlsMailbox, new_secret, private_file
+from tests.polling import until, wait_until
 from tests.support.cluster import new_agent, new_principal
 
 CONSOLE = "http://127.0.0.1:8788/"
 PAYEE = "https://bank.example/acct/7"
 WAIT_S = 60.0
+POLL_S = 0.05
+PROCESS_STOP_S = 15.0
 BODY_FIELDS = {
     "type", "chain", "card_digest", "proposal", "principal", "tool", "target",
     "requested_by", "arguments", "expires_at_ms", "text", "console_url",
@@ -302,3 +310,97 @@ async def test_a_lying_sidecar_alone_cannot_make_it_announce_a_card(
     ids = sorted(headers["webhook-id"] for headers, _ in receiver.posts)
     assert ids == sorted([real.card.digest.hex(), later.card.digest.hex()])
     assert not {d.hex() for d in liar.forged} & set(ids)
+
+
+async def test_mail_goes_over_starttls_with_the_credentials_file(
+    cluster: ClusterSpec, owner: SyncClient, reader_file: Path, tls_mailbox: TlsMailbox,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    person_id, _ = new_principal(owner)
+    _, agent_key = new_agent(owner, ["pay"], principal=person_id)
+    path, _ = write_config(tmp_path, person_id, None, tls_mailbox, reader_file)
+    private_file(tmp_path / "smtp.cred", f"{tls_mailbox.user}\n{tls_mailbox.password}\n")
+    text = path.read_text().replace(
+        "starttls = false",
+        f'starttls = true\nca_file = "{tls_mailbox.ca_file}"\ncredentials_file = "smtp.cred"',
+    )
+    path.write_text(text)
+    async with running(cluster, load_config(path, cluster.directory)) as notifier:
+        decision = await gated_call(cluster, agent_key, "9")
+        await until("the mail", lambda: delivered(notifier, "email") == 1, WAIT_S)
+    assert tls_mailbox.logins == [tls_mailbox.user]
+    [(_, _, raw)] = tls_mailbox.messages
+    mail = email.message_from_bytes(raw)
+    assert mail["Message-ID"] == f"<{decision.card.digest.hex()}@quorumgate.card>"
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+@contextlib.contextmanager
+def notify_process(spec: ClusterSpec, config: Path, metrics_port: int) -> Iterator[Any]:
+    """`quorumgate notify` as a supervisor runs it; stopped with SIGTERM, killed if it hangs."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quorumgate", "notify", "--dir", str(spec.directory),
+         "--config", str(config), "--metrics-port", str(metrics_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=PROCESS_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def metric(port: int, line_start: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_the_command_restarted_does_not_send_a_delivered_card_again(
+    cluster: ClusterSpec, owner: SyncClient, reader_file: Path, receiver: Receiver,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    person_id, _ = new_principal(owner)
+    _, agent_key = new_agent(owner, ["pay"], principal=person_id)
+    path, _ = write_config(tmp_path, person_id, receiver, None, reader_file)
+    port = free_loopback_ports(1)[0]
+    delivered_line = 'qg_notify_delivered_total{channel="webhook"}'
+    with SyncClient(cluster, agent_key) as agent:
+        with notify_process(cluster, path, port) as first:
+            one = agent.propose("pay", PAYEE, {"amount": "11"}, run_id="notify-cli")
+            wait_until("the first card's POST", lambda: receiver.count() == 1 or None,
+                       WAIT_S, POLL_S)  # fmt: skip
+            wait_until("the delivery counted", lambda: metric(port, delivered_line) == 1.0 or None,
+                       WAIT_S, POLL_S)  # fmt: skip
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(timeout=PROCESS_STOP_S) == 0
+        assert stat.S_IMODE((tmp_path / "state.json").stat().st_mode) == 0o600
+        with notify_process(cluster, path, port):
+            two = agent.propose("pay", PAYEE, {"amount": "12"}, run_id="notify-cli")
+            wait_until("the second card's POST", lambda: receiver.count() >= 2 or None,
+                       WAIT_S, POLL_S)  # fmt: skip
+            wait_until(
+                "the second delivery counted",
+                lambda: metric(port, delivered_line) == 1.0 or None,
+                WAIT_S,
+                POLL_S,
+            )
+    ids = [headers["webhook-id"] for headers, _ in receiver.posts]
+    assert ids == [one.card.digest.hex(), two.card.digest.hex()]
