@@ -12,6 +12,7 @@ sidecar or replica can withhold, never make the notifier announce a card f+1 do 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -127,11 +128,13 @@ class CardFollower:
         """(height, notice) for every certified verdict from `from_height` on, until no
         sidecar sends anything for `idle_s`: the notice when it is a card that is open now,
         else None (so the caller can advance)."""
-        async for decision in self.client.certified_verdicts(from_height, idle_s=idle_s):
-            notice = None
-            if decision.outcome is Outcome.PENDING and decision.certificate.leaf.card_digest:
-                notice = await self.open_card(decision)
-            yield decision.height, notice
+        verdicts = self.client.certified_verdicts(from_height, idle_s=idle_s)
+        async with contextlib.aclosing(verdicts):
+            async for decision in verdicts:
+                notice = None
+                if decision.outcome is Outcome.PENDING and decision.certificate.leaf.card_digest:
+                    notice = await self.open_card(decision)
+                yield decision.height, notice
 
     async def open_card(self, pending: Decision) -> Notice | None:
         """The card of a certified pending verdict, if it is still open and its proposal

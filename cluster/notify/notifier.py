@@ -15,11 +15,13 @@ drops the repeat.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,8 @@ FOLLOW_RETRY_S = 1.0  # before reading the verdict stream again after it broke
 # The verdict stream is opened anew after this long without a verdict, so a sidecar that
 # restarted (and closed its stream) is followed again.
 FOLLOW_IDLE_S = 5.0
+STOP_S_MAX = 15.0  # a stop waits this long at most for the notifier's tasks to end
+STOP_POLL_S = 0.1
 STATE_SAVE_VERDICTS = 100  # verdicts read between two writes of the state file (at most)
 STATE_VERSION = 1
 WEBHOOK, EMAIL = "webhook", "email"
@@ -130,6 +134,7 @@ class Notifier:
         self._tasks: set[asyncio.Task[None]] = set()
         self._seen_height = 0
         self._verdicts_unsaved = 0
+        self._stopping = False
 
     async def run(self, stop: asyncio.Event) -> None:
         follow = asyncio.create_task(self._follow())
@@ -137,27 +142,48 @@ class Notifier:
         try:
             await asyncio.wait({follow, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (follow, waiter, *self._tasks):
-                task.cancel()
-            await asyncio.gather(follow, waiter, *self._tasks, return_exceptions=True)
+            self._stopping = True
+            await self._cancel([follow, waiter, *self._tasks])
             self._save()
 
+    async def _cancel(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Cancel `tasks` and wait for them, STOP_S_MAX at most. A cancellation can be lost
+        in Python 3.11's `asyncio.wait_for` when its awaitable completes at the same moment,
+        so it is repeated (and `_follow` also checks `_stopping` on its own)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_S_MAX
+        pending = set(tasks)
+        while pending and loop.time() < deadline:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=STOP_POLL_S)
+        if pending:
+            log.warning("event=stop_incomplete tasks=%d", len(pending))
+
     async def _follow(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 start = self._resume_height() or await self.follower.start_height(
                     FIRST_RUN_BACK_HEIGHTS
                 )
-                async for height, notice in self.follower.follow(start, FOLLOW_IDLE_S):
-                    self._seen_height = max(self._seen_height, height)
-                    self._verdicts_unsaved += 1
-                    if notice is not None:
-                        self.announce(notice)
-                    if notice is not None or self._verdicts_unsaved >= STATE_SAVE_VERDICTS:
-                        self._save()
+                stream = self.follower.follow(start, FOLLOW_IDLE_S)
+                async with contextlib.aclosing(stream):
+                    await self._take(stream)
             except Exception:  # the stream broke (a restart of the cluster): read again
                 log.exception("event=follow_failed")
-            await asyncio.sleep(FOLLOW_RETRY_S)
+            if not self._stopping:
+                await asyncio.sleep(FOLLOW_RETRY_S)
+
+    async def _take(self, stream: AsyncIterator[tuple[int, Notice | None]]) -> None:
+        async for height, notice in stream:
+            if self._stopping:
+                return
+            self._seen_height = max(self._seen_height, height)
+            self._verdicts_unsaved += 1
+            if notice is not None:
+                self.announce(notice)
+            if notice is not None or self._verdicts_unsaved >= STATE_SAVE_VERDICTS:
+                self._save()
 
     def announce(self, notice: Notice) -> None:
         """Queue a notice's messages to its principal's channels (those not yet delivered)."""
@@ -180,28 +206,31 @@ class Notifier:
         self.metrics.queue.set(len(self._under_way))
 
     async def _deliver(self, pair: str, channel: str, route: Route, notice: Notice) -> None:
+        """Try until delivered or DELIVERY_TRIES_MAX; then the pair is done either way. A
+        stop (cancellation) leaves it under way, so the saved resume point keeps its card."""
+        if await self._tries(channel, route, notice):
+            self.metrics.delivered.labels(channel).inc()
+            self.state.mark(pair)
+        else:
+            self.metrics.failed.labels(channel).inc()
+        self._under_way.pop(pair, None)
+        self.metrics.queue.set(len(self._under_way))
+        self._save()
+
+    async def _tries(self, channel: str, route: Route, notice: Notice) -> bool:
         wait = RETRY_WAIT_S_MIN
-        try:
-            for attempt in range(1, DELIVERY_TRIES_MAX + 1):
-                try:
-                    async with self._slots:
-                        await asyncio.to_thread(self._send_once, channel, route, notice)
-                except SendFailed as err:
-                    log.info("event=send_failed channel=%s try=%d cause=%s", channel, attempt, err)
-                    if attempt == DELIVERY_TRIES_MAX:
-                        self.metrics.failed.labels(channel).inc()
-                        return
-                    self.metrics.retries.labels(channel).inc()
-                    await asyncio.sleep(wait)
-                    wait = min(wait * 2, RETRY_WAIT_S_MAX)
-                    continue
-                self.metrics.delivered.labels(channel).inc()
-                self.state.mark(pair)
-                return
-        finally:
-            self._under_way.pop(pair, None)
-            self.metrics.queue.set(len(self._under_way))
-            self._save()
+        for attempt in range(1, DELIVERY_TRIES_MAX + 1):
+            try:
+                async with self._slots:
+                    await asyncio.to_thread(self._send_once, channel, route, notice)
+                return True
+            except SendFailed as err:
+                log.info("event=send_failed channel=%s try=%d cause=%s", channel, attempt, err)
+            if attempt < DELIVERY_TRIES_MAX:
+                self.metrics.retries.labels(channel).inc()
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RETRY_WAIT_S_MAX)
+        return False
 
     def _send_once(self, channel: str, route: Route, notice: Notice) -> None:
         console = self.config.console_url

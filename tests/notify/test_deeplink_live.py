@@ -40,11 +40,13 @@ def test_the_posted_link_opens_the_console_on_that_card(
             linked = agent.propose("pay.send", IBAN, {"amount": "2"}, run_id="deeplink")
             wait_until(
                 "the linked card's POST",
-                lambda: any(
-                    json.loads(body)["proposal"] == linked.proposal_id.hex()
-                    for _, body in list(receiver.posts)
-                )
-                or None,
+                lambda: (
+                    any(
+                        json.loads(body)["proposal"] == linked.proposal_id.hex()
+                        for _, body in list(receiver.posts)
+                    )
+                    or None
+                ),
                 WAIT_S,
                 POLL_S,
             )

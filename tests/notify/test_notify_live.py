@@ -404,3 +404,46 @@ def test_the_command_restarted_does_not_send_a_delivered_card_again(
             )
     ids = [headers["webhook-id"] for headers, _ in receiver.posts]
     assert ids == [one.card.digest.hex(), two.card.digest.hex()]
+
+
+async def test_a_failing_receiver_does_not_hold_up_the_answer(
+    cluster: ClusterSpec, owner: SyncClient, reader_file: Path, receiver: Receiver,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The notifier is outside the judge: while its message is still being retried, the
+    person answers and the agent gets its certified verdict."""
+    person_id, person_key = new_principal(owner)
+    _, agent_key = new_agent(owner, ["pay"], principal=person_id)
+    receiver.fail_first = 1_000  # every try fails
+    path, _ = write_config(tmp_path, person_id, receiver, None, reader_file)
+    async with running(cluster, load_config(path, cluster.directory)) as notifier:
+        decision = await gated_call(cluster, agent_key, "8")
+        await until("a failed try", lambda: receiver.count() >= 1, WAIT_S)
+        async with Client(cluster, person_key) as person:
+            answer = await person.confirm(decision.proposal_id)
+        assert answer.outcome.value == "allow"
+        queue = notifier.metrics.registry.get_sample_value("qg_notify_queue_size")
+        assert queue == 1 and delivered(notifier, "webhook") == 0
+
+
+async def test_a_card_under_way_when_the_notifier_stops_is_sent_again_with_the_same_id(
+    cluster: ClusterSpec, owner: SyncClient, reader_file: Path, receiver: Receiver,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    person_id, _ = new_principal(owner)
+    _, agent_key = new_agent(owner, ["pay"], principal=person_id)
+    receiver.fail_first = 1_000  # every try fails while the first notifier runs
+    path, key = write_config(tmp_path, person_id, receiver, None, reader_file)
+    config = load_config(path, cluster.directory)
+    async with running(cluster, config) as notifier:
+        decision = await gated_call(cluster, agent_key, "13")
+        await until("a failed try", lambda: receiver.count() >= 1, WAIT_S)
+    assert delivered(notifier, "webhook") == 0
+    assert json.loads(config.state_file.read_text())["next_height"] <= decision.height
+    receiver.fail_first = receiver.count()  # the receiver is back
+    async with running(cluster, config) as again:
+        await until("the card sent again", lambda: delivered(again, "webhook") == 1, WAIT_S)
+    ids = {headers["webhook-id"] for headers, _ in receiver.posts}
+    assert ids == {decision.card.digest.hex()}  # one id: the receiver sees one card
+    headers, body = receiver.posts[-1]
+    assert signature_ok(key, headers, body)
