@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,16 +123,18 @@ class CardFollower:
         return max(1, agreed - back)
 
     async def follow(
-        self, from_height: int, idle_s: float
+        self, from_height: int, idle_s: float, known: Callable[[bytes], bool]
     ) -> AsyncIterator[tuple[int, Notice | None]]:
         """(height, notice) for every certified verdict from `from_height` on, until no
-        sidecar sends anything for `idle_s`: the notice when it is a card that is open now,
-        else None (so the caller can advance)."""
+        sidecar sends anything for `idle_s`: the notice when it is a card that is open now
+        and not `known` (by digest: already announced), else None (so the caller can
+        advance)."""
         verdicts = self.client.certified_verdicts(from_height, idle_s=idle_s)
         async with contextlib.aclosing(verdicts):
             async for decision in verdicts:
                 notice = None
-                if decision.outcome is Outcome.PENDING and decision.certificate.leaf.card_digest:
+                digest = decision.certificate.leaf.card_digest
+                if decision.outcome is Outcome.PENDING and digest and not known(digest):
                     notice = await self.open_card(decision)
                 yield decision.height, notice
 

@@ -166,7 +166,7 @@ class Notifier:
                 start = self._resume_height() or await self.follower.start_height(
                     FIRST_RUN_BACK_HEIGHTS
                 )
-                stream = self.follower.follow(start, FOLLOW_IDLE_S)
+                stream = self.follower.follow(start, FOLLOW_IDLE_S, self._known)
                 async with contextlib.aclosing(stream):
                     await self._take(stream)
             except Exception:  # the stream broke (a restart of the cluster): read again
@@ -241,11 +241,18 @@ class Notifier:
             assert smtp is not None  # the configuration requires it for an address
             send_mail(smtp, mail_message(smtp, route, notice, console))
 
+    def _known(self, digest: bytes) -> bool:
+        """A card announced already: a message of it delivered or under way."""
+        prefix = digest.hex() + ":"
+        pairs = (*self._under_way, *(self.state.delivered or ()))
+        return any(pair.startswith(prefix) for pair in pairs)
+
     def _resume_height(self) -> int:
-        """The oldest card still under way, else just past what was read (0: nothing yet)."""
+        """The oldest card still under way, else the newest height read, read again in
+        case the stream broke inside it (0: nothing read yet)."""
         if not self._seen_height:
             return self.state.next_height
-        return min([*self._under_way.values(), self._seen_height + 1])
+        return min([*self._under_way.values(), self._seen_height])
 
     def _save(self) -> None:
         self.state.next_height = self._resume_height()
