@@ -795,6 +795,10 @@ def build_parser() -> argparse.ArgumentParser:
     from quorumgate.console.command import add_console_command
 
     add_console_command(sub)
+
+    from quorumgate.notify.command import add_notify_command
+
+    add_notify_command(sub)
     return parser
 
 
