@@ -951,7 +951,7 @@ class SidecarStore:
             raise SidecarStoreError(
                 f"{self._path}: a ledger row at height {height}: {err}"
             ) from err
-        previous = GENESIS_PREV_HASH if not before else bytes(before[0][0])
+        previous = self._before_history(height) if not before else bytes(before[0][0])
         return signed, receipts, entries, previous
 
     async def receipt(self, proposal_id: bytes) -> Receipt | None:

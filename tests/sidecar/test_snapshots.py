@@ -24,6 +24,7 @@ from quorumgate.runtime.readauth import (
     Role,
     may_call,
 )
+from quorumgate.sidecar.audit import audit_height
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import EngineState
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry
@@ -419,6 +420,9 @@ async def test_a_store_installed_at_a_checkpoint_goes_on_and_verifies(
         assert (part.ledger_head, part.ledger_entries) == (full.ledger_head, full.ledger_entries)
         assert await part.verify_ledger() is None
         assert await part.ledger_hash_before(height + 1) == head.ledger_head
+        public = receipt_public_keys()[OWN]
+        for audited in range(part.history_from, top(log) + 1):  # the self-audit's walk
+            assert await audit_height(part, CHAIN, public, audited) is None, audited
         reloaded = await part.loaded_state()
         assert reloaded is not None and reloaded[0] == (await full.loaded_state() or (b"",))[0]
         attested = await part.attestation_at(top(log))
