@@ -87,7 +87,9 @@ class Log:
     def head(self, height: int) -> Head:
         ledger_head, entries = GENESIS_PREV_HASH, 0
         for executed in self.by_signer[0][:height]:
-            chained = LedgerEntry.chain(CHAIN, executed.height, executed.result.verdicts, ledger_head)
+            chained = LedgerEntry.chain(
+                CHAIN, executed.height, executed.result.verdicts, ledger_head
+            )
             ledger_head = chained[-1].hash if chained else ledger_head
             entries += len(chained)
         at = self.by_signer[0][height - 1]
