@@ -34,7 +34,7 @@ from quorumgate.ops.drills.bounds import (
     SIDECAR_DB_FILE,
     poll,
 )
-from quorumgate.ops.drills.context import Drill
+from quorumgate.ops.drills.context import Drill, Wiped
 from quorumgate.ops.drills.report import Abort, short
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
 from quorumgate.ops.load import Ack, Load
@@ -437,6 +437,30 @@ def check_sidecar_stores(
         )
 
 
+def rebuild_problems(d: Drill, wiped: Wiped) -> list[str]:
+    """What the rebuilt store of one wiped member does not hold as it should (see
+    `check_rebuilt`), read from its store as it is now."""
+    node, before = wiped.node, wiped.before
+    if wiped.replayed is not None and wiped.replayed.history_from:
+        return _snapshot_rebuild_problems(d, node, before, wiped.replayed)
+    problems = []
+    after = asyncio.run(read_sidecar(d.spec, node, before.height))
+    where = f"sidecar {node} height {before.height}"
+    if after.state_root != before.state_root:
+        problems.append(
+            f"{where}: state root {short(after.state_root)}, before {short(before.state_root)}"
+        )
+    if after.ledger_head != before.ledger_head:
+        problems.append(
+            f"{where}: ledger head {short(after.ledger_head)}, before {short(before.ledger_head)}"
+        )
+    if after.artifacts != before.artifacts:
+        problems.append(_artifact_difference(node, after.artifacts, before.artifacts))
+    if wiped.replayed is not None and wiped.replayed.mismatches:
+        problems += [f"sidecar {node} replay: {m}" for m in wiped.replayed.mismatches]
+    return problems
+
+
 def _rebuilt_by(replayed: ReplayReport | None) -> str:
     if replayed is None:
         return "its own re-execution"
@@ -550,30 +574,14 @@ def check_rebuilt(d: Drill) -> None:
     from a snapshot holds no history below the snapshot's height: it holds, at the first
     height both it and the store before the wipe cover, the state root and ledger head a
     peer holds there (and the one before, when that is the height before the wipe), and
-    every artifact above the snapshot."""
+    every artifact above the snapshot. A member wiped again was checked just before its
+    next wipe (`Wiped.problems`)."""
     if not d.wiped:
         return
     problems = []
     for wiped in d.wiped:
-        node, before = wiped.node, wiped.before
-        if wiped.replayed is not None and wiped.replayed.history_from:
-            problems += _snapshot_rebuild_problems(d, wiped.node, before, wiped.replayed)
-            continue
-        after = asyncio.run(read_sidecar(d.spec, node, before.height))
-        where = f"sidecar {node} height {before.height}"
-        if after.state_root != before.state_root:
-            problems.append(
-                f"{where}: state root {short(after.state_root)}, before {short(before.state_root)}"
-            )
-        if after.ledger_head != before.ledger_head:
-            problems.append(
-                f"{where}: ledger head {short(after.ledger_head)}, before "
-                f"{short(before.ledger_head)}"
-            )
-        if after.artifacts != before.artifacts:
-            problems.append(_artifact_difference(node, after.artifacts, before.artifacts))
-        if wiped.replayed is not None and wiped.replayed.mismatches:
-            problems += [f"sidecar {node} replay: {m}" for m in wiped.replayed.mismatches]
+        found = wiped.problems if wiped.problems is not None else rebuild_problems(d, wiped)
+        problems += found
     rebuilt = ", ".join(
         f"sidecar {w.node} at height {w.before.height} ({w.before.ledger_entries} verdicts, "
         f"{len(w.before.artifacts)} artifacts; "

@@ -8,6 +8,7 @@ checks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import shutil
@@ -40,7 +41,7 @@ from quorumgate.ops.drills.bounds import (
     VOTING_HEIGHTS,
     poll,
 )
-from quorumgate.ops.drills.checker import refusals_since
+from quorumgate.ops.drills.checker import rebuild_problems, refusals_since
 from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
 from quorumgate.ops.drills.report import Abort, Fault, listed
 from quorumgate.ops.nodes import sidecar_status
@@ -216,6 +217,9 @@ def _wipe_once(d: Drill, k: int, victim: int, rebuild: str) -> None:
     before = d.cluster.pids(["replica", "sidecar"], [victim])
     d.cluster.stop([("sidecar", victim), ("replica", victim)])
     sidecar_before = asyncio.run(read_sidecar(d.spec, victim))
+    for i, earlier in enumerate(d.wiped):  # its earlier rebuild, checked before it goes
+        if earlier.node == victim and earlier.problems is None:
+            d.wiped[i] = dataclasses.replace(earlier, problems=tuple(rebuild_problems(d, earlier)))
     votes_before = asyncio.run(read_replica(d.spec, victim))
     height_before, height_after = asyncio.run(wipe_replica_blocks(d.spec, victim))
     kept = asyncio.run(read_replica(d.spec, victim))
