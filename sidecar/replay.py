@@ -498,11 +498,13 @@ async def _history_base(
     index: int,
     checkpoint: Checkpoint,
     replica_store: ReplicaStore | None,
+    report: ReplayReport,
 ) -> _Position:
     """Where replay starts in a store whose local history starts at `checkpoint`: its
     block (read from the log for its view, and checked to be the checkpoint's) and the
     snapshot state it was installed from, checked again against the checkpoint's root."""
     height = checkpoint.height
+    report.history_from, report.history_ledger_head = height, checkpoint.ledger_head.hex()
     node_dir = spec.node_dir(index)
     where = (
         f"sidecar {index}'s local history starts at height {height} (ledger head "
@@ -529,6 +531,25 @@ async def _history_base(
     if block is None or block.hash != checkpoint.block_hash:
         raise ReplayError(f"{where}; the replica's block at that height is not the snapshot's")
     return _Position(block.hash, block.view, height, checkpoint.ledger_head, state)
+
+
+async def _start_position(
+    spec: ClusterSpec,
+    index: int,
+    store: SidecarStore,
+    replica_store: ReplicaStore | None,
+    top: int,
+    report: ReplayReport,
+    resume: bool,
+) -> _Position:
+    """Where this replay starts: where the store's local history starts (genesis, or its
+    checkpoint: docs/snapshots.md), or a later checkpoint of an interrupted replay."""
+    base = (
+        None
+        if store.checkpoint is None
+        else await _history_base(spec, index, store.checkpoint, replica_store, report)
+    )
+    return _resume_position(spec, index, top, report, resume=resume, base=base)
 
 
 async def _open_log(spec: ClusterSpec, index: int) -> tuple[int, ReplicaStore | None]:
@@ -607,12 +628,7 @@ async def replay(
             await _install_snapshot(spec, index, store, report)
         top, replica_store = await _open_log(spec, index)
         report.top_height = top
-        base = None
-        if store.checkpoint is not None:
-            base = await _history_base(spec, index, store.checkpoint, replica_store)
-            report.history_from = store.checkpoint.height
-            report.history_ledger_head = store.checkpoint.ledger_head.hex()
-        at = _resume_position(spec, index, top, report, resume=resume, base=base)
+        at = await _start_position(spec, index, store, replica_store, top, report, resume)
         start = at.height + 1
         blocks = (
             _blocks_from_store(replica_store, start, top)

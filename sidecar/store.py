@@ -301,9 +301,16 @@ _CHECKPOINT_KEYS = (
 )  # fmt: skip
 
 
-def _checkpoint_from_meta(meta: dict[str, str]) -> Checkpoint | None:
+def _checkpoint_from_meta(meta: dict[str, str], path: Path) -> Checkpoint | None:
     if "checkpoint_height" not in meta:
         return None
+    try:
+        return _checkpoint_fields(meta)
+    except (KeyError, ValueError) as err:
+        raise SidecarStoreError(f"{path}: an unreadable checkpoint: {err}") from err
+
+
+def _checkpoint_fields(meta: dict[str, str]) -> Checkpoint:
     return Checkpoint(
         int(meta["checkpoint_height"]),
         bytes.fromhex(meta["checkpoint_state_root"]),
@@ -440,10 +447,7 @@ class SidecarStore:
             raise SidecarStoreError(
                 f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
             )
-        try:
-            self._checkpoint = _checkpoint_from_meta(meta)
-        except (KeyError, ValueError) as err:
-            raise SidecarStoreError(f"{self._path}: an unreadable checkpoint: {err}") from err
+        self._checkpoint = _checkpoint_from_meta(meta, self._path)
         stored_chain = meta.get("chain_id")
         if stored_chain != self._chain_id:
             raise SidecarStoreError(

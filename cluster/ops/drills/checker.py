@@ -357,6 +357,22 @@ def check_certificates(d: Drill, acked: Mapping[bytes, Ack]) -> None:
     d.check("verdicts_expected", unexpected, f"verdicts {dict(sorted(verdicts.items()))}")
 
 
+def _artifact_majority(
+    views: Mapping[int, SidecarView],
+) -> tuple[tuple[tuple[tuple[int, str], bytes], ...] | None, list[int]]:
+    """The artifact set most stores hold, and the stores off it. A store installed from a
+    snapshot holds the artifacts above its checkpoint only: the set is the majority of the
+    stores holding every height, and such a store must hold exactly that set's artifacts
+    above its checkpoint."""
+    whole = {i: v for i, v in views.items() if v.history_from == 1}
+    arts, odd = majority({i: tuple(sorted(v.artifacts.items())) for i, v in whole.items()})
+    for i, v in views.items():
+        above = {k: a for k, a in arts or () if k[0] >= v.history_from}
+        if i not in whole and v.artifacts != above:
+            odd.append(i)
+    return arts, odd
+
+
 def check_sidecar_stores(
     d: Drill, target: int, acked: Mapping[bytes, Ack], alarmed: list[int]
 ) -> None:
@@ -372,16 +388,7 @@ def check_sidecar_stores(
     d.check("sidecar_stores_readable", unreadable, f"{len(views)} sidecar stores read")
     root, odd_roots = majority({i: v.state_root for i, v in views.items()})
     head, odd_heads = majority({i: v.ledger_head for i, v in views.items()})
-    # A store installed from a snapshot holds the artifacts above its checkpoint only: the
-    # set is the majority of the stores holding every height, and such a store must hold
-    # exactly that set's artifacts above its checkpoint.
-    whole = {i: v for i, v in views.items() if v.history_from == 1}
-    arts, odd_arts = majority({i: tuple(sorted(v.artifacts.items())) for i, v in whole.items()})
-    for i, v in views.items():
-        if i not in whole and v.artifacts != {
-            k: a for k, a in (arts or ()) if k[0] >= v.history_from
-        }:
-            odd_arts.append(i)
+    arts, odd_arts = _artifact_majority(views)
     d.report.diverged_nodes = sorted(set(odd_roots + odd_heads + odd_arts + alarmed))
     d.report.diverged = len(d.report.diverged_nodes)
     d.check(
