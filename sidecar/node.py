@@ -8,7 +8,9 @@ governance engine over each block. Everything a height produces — ledger entri
 artifacts, the signed block statement, the engine state — is written in one SQLite
 transaction (sidecar/store.py), so a restart resumes exactly after the last executed
 height: none twice, none skipped. After each height it reports the state root to its
-replica, signed with its receipt key; leaders carry such roots into later blocks.
+replica, signed with its receipt key; leaders carry such roots into later blocks. Every
+snapshot interval it writes its state to disk and serves it to the other members
+(`ListSnapshots`, `SnapshotChunk`: docs/snapshots.md).
 
 Divergence alarm: when a committed block carries the state root of a height this sidecar
 has executed and the two differ, this sidecar is the faulty one (a committed root had the

@@ -9,6 +9,8 @@ and the state a snapshot carries decodes to exactly the state (the same bytes an
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +26,7 @@ from quorumgate.runtime.readauth import (
     Role,
     may_call,
 )
+from quorumgate.sidecar import operator
 from quorumgate.sidecar.audit import audit_height
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import EngineState
@@ -449,3 +452,35 @@ async def test_a_checkpoint_whose_state_does_not_hash_to_its_root_is_refused_at_
             await store.loaded_state()
     finally:
         await store.close()
+
+
+def test_ledger_verify_of_a_store_from_a_checkpoint_says_where_local_history_starts(
+    tmp_path: Path, log: Log
+) -> None:
+    """Not a failure for the entries below the checkpoint: the walk starts there, and the
+    command names the checkpoint (height, ledger head, entries before it)."""
+    height = top(log) - 3
+    path = tmp_path / "part.db"
+
+    async def build() -> None:
+        store = await SidecarStore.open(path, CHAIN)
+        try:
+            state = EngineState.from_bytes(log.state(height))
+            await store.install_checkpoint(log.head(height), state)
+            engine = Engine(log.story_config, state)  # type: ignore[arg-type]
+            for executed in log.by_signer[OWN][height:]:
+                engine.execute_block(
+                    executed.height, executed.block_time_ms, log.blocks[executed.height - 1][2]
+                )
+                await store.record(replace(executed, state_delta=engine.state_delta()))
+        finally:
+            await store.close()
+
+    asyncio.run(build())
+    out = io.StringIO()
+    assert operator.ledger_verify(path, CHAIN, out) == operator.EXIT_OK, out.getvalue()
+    head = log.head(height)
+    assert (
+        f"local history starts after the checkpoint at height {height} (ledger head "
+        f"{head.ledger_head.hex()}, {head.ledger_entries} entries before it"
+    ) in out.getvalue()
