@@ -493,6 +493,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 resume=not args.no_resume,
                 progress=progress,
                 workers=0 if args.in_process else 1,
+                from_snapshot=args.from_snapshot,
             )
         )
     except ReplayError as err:
@@ -512,6 +513,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             f"{report.artifacts_written}; certificates checked {report.certificates_checked}"
             + (f"; resumed after height {report.resumed_from}" if report.resumed_from else "")
         )
+        if report.snapshot is not None:
+            snap = report.snapshot
+            print(
+                f"installed the snapshot of height {snap['height']} ({snap['bytes']} bytes, "
+                f"{snap['chunks']} chunks) attested by members {snap['attested_by']}, served "
+                f"by {snap['served_by']}, in {snap['seconds']} s"
+            )
+        if report.history_from:
+            print(
+                f"local history starts at height {report.history_from} (ledger head "
+                f"{report.history_ledger_head}): heights below it are not in this store"
+            )
         if report.mismatches:
             print(f"{len(report.mismatches)} MISMATCHES:")
             for m in report.mismatches[:20]:
@@ -735,6 +748,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--node", type=int, required=True)
     rp.add_argument("--from-height", type=int, default=1, help="compare from this height on")
     rp.add_argument("--no-resume", action="store_true", help="ignore a checkpoint, start over")
+    rp.add_argument(
+        "--from-snapshot",
+        action="store_true",
+        help="start an empty store from the newest snapshot f+1 peers attest (docs/snapshots.md)",
+    )
     rp.add_argument("--quiet", action="store_true", help="no progress bar")
     rp.add_argument(
         "--in-process",

@@ -305,3 +305,87 @@ class LedgerReply(_message.Message):
     entries: _containers.RepeatedScalarFieldContainer[str]
     executed_height: int
     def __init__(self, entries: _Optional[_Iterable[str]] = ..., executed_height: _Optional[int] = ...) -> None: ...
+
+class SnapshotManifest(_message.Message):
+    __slots__ = ("format_version", "height", "state_root", "ledger_head", "ledger_entries", "block_hash", "block_time_ms", "total_bytes", "chunk_bytes", "chunk_digests")
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_HEAD_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    format_version: int
+    height: int
+    state_root: bytes
+    ledger_head: bytes
+    ledger_entries: int
+    block_hash: bytes
+    block_time_ms: int
+    total_bytes: int
+    chunk_bytes: int
+    chunk_digests: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, format_version: _Optional[int] = ..., height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., ledger_head: _Optional[bytes] = ..., ledger_entries: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., block_time_ms: _Optional[int] = ..., total_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class SnapshotAttestation(_message.Message):
+    __slots__ = ("height", "verdict_root", "state_root", "leaf_count", "signer", "signature", "validity", "ledger_head", "ledger_entries", "block_hash", "block_time_ms")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_ROOT_FIELD_NUMBER: _ClassVar[int]
+    STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
+    LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    VALIDITY_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_HEAD_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    verdict_root: bytes
+    state_root: bytes
+    leaf_count: int
+    signer: int
+    signature: bytes
+    validity: Validity
+    ledger_head: bytes
+    ledger_entries: int
+    block_hash: bytes
+    block_time_ms: int
+    def __init__(self, height: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., leaf_count: _Optional[int] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ..., ledger_head: _Optional[bytes] = ..., ledger_entries: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., block_time_ms: _Optional[int] = ...) -> None: ...
+
+class SnapshotListRequest(_message.Message):
+    __slots__ = ("attest_heights",)
+    ATTEST_HEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    attest_heights: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, attest_heights: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SnapshotListReply(_message.Message):
+    __slots__ = ("snapshots", "attestations", "executed_height")
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    ATTESTATIONS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotManifest]
+    attestations: _containers.RepeatedCompositeFieldContainer[SnapshotAttestation]
+    executed_height: int
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[SnapshotManifest, _Mapping]]] = ..., attestations: _Optional[_Iterable[_Union[SnapshotAttestation, _Mapping]]] = ..., executed_height: _Optional[int] = ...) -> None: ...
+
+class SnapshotChunkRequest(_message.Message):
+    __slots__ = ("height", "index")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    index: int
+    def __init__(self, height: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class SnapshotChunkReply(_message.Message):
+    __slots__ = ("height", "index", "data")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    index: int
+    data: bytes
+    def __init__(self, height: _Optional[int] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

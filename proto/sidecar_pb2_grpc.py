@@ -79,6 +79,16 @@ class SidecarStub:
                 request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerRequest.SerializeToString,
                 response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerReply.FromString,
                 _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/qgpb.Sidecar/ListSnapshots',
+                request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotListRequest.SerializeToString,
+                response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotListReply.FromString,
+                _registered_method=True)
+        self.SnapshotChunk = channel.unary_unary(
+                '/qgpb.Sidecar/SnapshotChunk',
+                request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotChunkRequest.SerializeToString,
+                response_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotChunkReply.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -146,6 +156,20 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSnapshots(self, request, context):
+        """The snapshots this sidecar holds, with its attestations (read-auth: members only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotChunk(self, request, context):
+        """One chunk of a snapshot held (read-auth: members only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +217,16 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Ledger,
                     request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerRequest.FromString,
                     response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.LedgerReply.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotListRequest.FromString,
+                    response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotListReply.SerializeToString,
+            ),
+            'SnapshotChunk': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotChunk,
+                    request_deserializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotChunkRequest.FromString,
+                    response_serializer=quorumgate_dot_proto_dot_sidecar__pb2.SnapshotChunkReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +472,60 @@ class Sidecar:
             '/qgpb.Sidecar/Ledger',
             quorumgate_dot_proto_dot_sidecar__pb2.LedgerRequest.SerializeToString,
             quorumgate_dot_proto_dot_sidecar__pb2.LedgerReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Sidecar/ListSnapshots',
+            quorumgate_dot_proto_dot_sidecar__pb2.SnapshotListRequest.SerializeToString,
+            quorumgate_dot_proto_dot_sidecar__pb2.SnapshotListReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotChunk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Sidecar/SnapshotChunk',
+            quorumgate_dot_proto_dot_sidecar__pb2.SnapshotChunkRequest.SerializeToString,
+            quorumgate_dot_proto_dot_sidecar__pb2.SnapshotChunkReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,11 @@ METHOD_PENDING = "/qgpb.Sidecar/Pending"
 METHOD_ADMIT = "/qgpb.Sidecar/Admit"
 METHOD_ADMIT_BATCH = "/qgpb.Sidecar/AdmitBatch"
 METHOD_LEDGER = "/qgpb.Sidecar/Ledger"
+# Snapshots (docs/snapshots.md) carry the whole governance state, every agent's record and
+# every sealed envelope: they answer the members only (a replica's or a sidecar's key),
+# the keys that already read every committed block.
+METHOD_LIST_SNAPSHOTS = "/qgpb.Sidecar/ListSnapshots"
+METHOD_SNAPSHOT_CHUNK = "/qgpb.Sidecar/SnapshotChunk"
 READ_METHODS = (
     METHOD_COMMITTED_BLOCKS,
     METHOD_GET_RECEIPT,
@@ -66,7 +71,12 @@ READ_METHODS = (
     METHOD_ADMIT,
     METHOD_ADMIT_BATCH,
     METHOD_LEDGER,
+    METHOD_LIST_SNAPSHOTS,
+    METHOD_SNAPSHOT_CHUNK,
 )
+# Who may call each method that answers some roles only and no agent: a server checks
+# the caller's role against this table (`may_call`).
+MEMBERS_ONLY_METHODS = frozenset({METHOD_LIST_SNAPSHOTS, METHOD_SNAPSHOT_CHUNK})
 
 Sign = Callable[[bytes], bytes]  # Ed25519 over the statement: the signature, 64 bytes
 
@@ -130,6 +140,14 @@ def role_of(spec: ClusterSpec, public_key: bytes) -> Role | None:
     if any(a.public_key == public_key for a in current_auditors(spec)):
         return Role.AUDITOR
     return None
+
+
+def may_call(method: str, role: Role | None) -> bool:
+    """Whether a caller of `role` may call `method` at all: the members-only methods
+    answer a replica's or a sidecar's key, every other read method any known role."""
+    if method in MEMBERS_ONLY_METHODS:
+        return role in (Role.REPLICA, Role.SIDECAR)
+    return role is not None
 
 
 AUDITORS_RELOAD_S_MIN = 1.0  # the cluster file is looked at again at most this often

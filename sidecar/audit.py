@@ -90,16 +90,19 @@ def _entry_disagrees(entry: LedgerEntry, leaf: ReceiptLeaf, chain_id: str) -> st
 
 @dataclass
 class AuditCursor:
-    """Which older height to audit next: 1, 2, ... up to the executed height, then again
-    from 1. Deterministic, and O(1) work per executed height."""
+    """Which older height to audit next: `first_height` (1, or the first height after the
+    checkpoint of a store installed from a snapshot: nothing below it is held), then up to
+    the executed height, then again from the first. Deterministic, and O(1) work per
+    executed height."""
 
     next_height: int = 1
+    first_height: int = 1
 
     def take(self, executed_height: int) -> int | None:
-        if executed_height < 1:
+        if executed_height < self.first_height:
             return None
-        if self.next_height > executed_height:
-            self.next_height = 1
+        if not self.first_height <= self.next_height <= executed_height:
+            self.next_height = self.first_height
         height = self.next_height
         self.next_height += 1
         return height

@@ -8,7 +8,9 @@ governance engine over each block. Everything a height produces — ledger entri
 artifacts, the signed block statement, the engine state — is written in one SQLite
 transaction (sidecar/store.py), so a restart resumes exactly after the last executed
 height: none twice, none skipped. After each height it reports the state root to its
-replica, signed with its receipt key; leaders carry such roots into later blocks.
+replica, signed with its receipt key; leaders carry such roots into later blocks. Every
+snapshot interval it writes its state to disk and serves it to the other members
+(`ListSnapshots`, `SnapshotChunk`: docs/snapshots.md).
 
 Divergence alarm: when a committed block carries the state root of a height this sidecar
 has executed and the two differ, this sidecar is the faulty one (a committed root had the
@@ -62,11 +64,14 @@ from quorumgate.runtime.readauth import (
     METHOD_ADMIT_BATCH,
     METHOD_GET_RECEIPT,
     METHOD_LEDGER,
+    METHOD_LIST_SNAPSHOTS,
     METHOD_PENDING,
     METHOD_RECEIPTS,
     METHOD_REGISTRY,
+    METHOD_SNAPSHOT_CHUNK,
     Role,
     caller_key,
+    may_call,
     role_of,
 )
 from quorumgate.runtime.readwaits import CallerKind, WaitSlots
@@ -81,8 +86,17 @@ from quorumgate.sidecar.engine.core import Engine, StateCacheError, config_for_c
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.receipts import Receipt
+from quorumgate.sidecar.snapshots import (
+    SNAPSHOT_ATTEST_HEIGHTS_MAX,
+    SNAPSHOT_DIR,
+    SNAPSHOTS_LISTED_MAX,
+    Attestation,
+    SnapshotDir,
+    SnapshotOptions,
+)
 from quorumgate.sidecar.store import (
     LEDGER_PAGE_ROWS_MAX,
+    Checkpoint,
     DivergenceError,
     ExecutedHeight,
     SidecarStore,
@@ -239,6 +253,12 @@ class Sidecar:
         self._pending_fetches = asyncio.Semaphore(PENDING_FETCHES_MAX)
         self._server: grpc.aio.Server | None = None
         self.failstop = FailStop()
+        # Snapshots of the state every `interval_heights` (docs/snapshots.md), written off
+        # the event loop one at a time: a write still running when the next is due skips it.
+        node_dir = spec.node_dir(index)
+        self.snapshot_options = SnapshotOptions.read(node_dir)
+        self.snapshots = SnapshotDir(node_dir / SNAPSHOT_DIR, self.snapshot_options.kept)
+        self._snapshot_write: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         path = self.spec.node_dir(self.index) / DB_FILE
@@ -253,10 +273,16 @@ class Sidecar:
         loaded = await self.store.loaded_state()  # checked against our signed root
         self.engine = Engine(self.config, None if loaded is None else loaded[1])
         self.registry_since = self.store.executed_height
+        # A store installed from a snapshot holds nothing below its checkpoint: the audit
+        # starts after it, and the snapshot it came from is never pruned.
+        first = self.store.history_from
+        self._audit_cursor = AuditCursor(first, first)
+        if self.store.checkpoint is not None:
+            self.snapshots.pinned = self.store.checkpoint.height
         # Before serving or executing anything: does our store still say what we signed?
         # (A failed audit raises the alarm; the sidecar then serves Status, no receipts.)
         top = self.store.executed_height
-        for height in range(max(1, top - STARTUP_AUDIT_HEIGHTS + 1), top + 1):
+        for height in range(max(first, top - STARTUP_AUDIT_HEIGHTS + 1), top + 1):
             await self._audit(height)
         self.reads = await SidecarStore.open(path, self.spec.chain_id, create=False, read_only=True)
         log.info(
@@ -277,6 +303,8 @@ class Sidecar:
 
     async def stop(self) -> None:
         await self.failstop.cancel_all()
+        if self._snapshot_write is not None:
+            await asyncio.gather(self._snapshot_write, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(0.5)
         if self.reads is not None:
@@ -352,6 +380,7 @@ class Sidecar:
         self._count_executed(executed, engine)
         if any(v.kind is TxKind.ADMIN and v.outcome is Outcome.APPLIED for v in result.verdicts):
             self.registry_since = height
+        self._snapshot_if_due(executed, engine)
         self._roots.append((height, result.state_root))
         self._root_turns.notify()
         async with self._executed:
@@ -360,6 +389,35 @@ class Sidecar:
             older = self._audit_cursor.take(height - 1)
             if older is not None:
                 await self._audit(older)
+
+    def _snapshot_if_due(self, executed: ExecutedHeight, engine: Engine) -> None:
+        """After a height that is a multiple of the snapshot interval, write a snapshot of
+        the state (docs/snapshots.md) in a thread; the state bytes are taken now, before
+        the next height changes the state."""
+        interval, height = self.snapshot_options.interval_heights, executed.height
+        store = self.store
+        assert store is not None
+        if not interval or height % interval:
+            return
+        if self._snapshot_write is not None and not self._snapshot_write.done():
+            log.warning("event=snapshot_skipped height=%d cause=previous_write_running", height)
+            return
+        head = Checkpoint(
+            height, executed.result.state_root, store.ledger_head, store.ledger_entries,
+            executed.block_hash, executed.block_time_ms,
+        )  # fmt: skip
+        data = engine.state_bytes()
+
+        async def write() -> None:
+            try:
+                written = await asyncio.to_thread(self.snapshots.write, head, data)
+            except OSError as err:
+                log.error("event=snapshot_failed height=%d error=%s", height, err)
+                return
+            if written is not None:
+                log.info("event=snapshot_written height=%d bytes=%d", height, len(data))
+
+        self._snapshot_write = asyncio.create_task(write())
 
     def _committed_block(self, committed: cpb.CommittedBlock, executed_height: int) -> Block:
         """Decode the next committed block from our own replica; anything else is a bug."""
@@ -926,6 +984,47 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         reply = spb.LedgerReply(executed_height=executed)
         reply.entries.extend(e.to_json() for e in entries if e.height <= executed)
         return reply
+
+    async def _refuse_unless_member(self, context: grpc.aio.ServicerContext, method: str) -> None:
+        _, role, _ = await self._caller(context, method)
+        if not may_call(method, role):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "snapshots answer the members only (docs/snapshots.md)",
+            )
+
+    async def ListSnapshots(
+        self, request: spb.SnapshotListRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SnapshotListReply:
+        """The snapshots held, newest first, with our attestation of each one's height and
+        of the heights asked (docs/snapshots.md)."""
+        await self._refuse_unless_member(context, METHOD_LIST_SNAPSHOTS)
+        await self._refuse_if_damaged(context)
+        sidecar = self.sidecar
+        reads, store = sidecar.reads, sidecar.store
+        assert reads is not None and store is not None
+        manifests = sidecar.snapshots.manifests()[:SNAPSHOTS_LISTED_MAX]
+        heights = sorted(
+            {m.height for m in manifests}
+            | set(request.attest_heights[:SNAPSHOT_ATTEST_HEIGHTS_MAX])
+        )
+        reply = spb.SnapshotListReply(executed_height=store.executed_height)
+        reply.snapshots.extend(m.to_pb() for m in manifests)
+        for height in heights:
+            found = await reads.attestation_at(height)
+            if found is not None:
+                reply.attestations.append(Attestation(*found).to_pb())
+        return reply
+
+    async def SnapshotChunk(
+        self, request: spb.SnapshotChunkRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SnapshotChunkReply:
+        await self._refuse_unless_member(context, METHOD_SNAPSHOT_CHUNK)
+        await self._refuse_if_damaged(context)
+        data = await asyncio.to_thread(self.sidecar.snapshots.chunk, request.height, request.index)
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such snapshot chunk held")
+        return spb.SnapshotChunkReply(height=request.height, index=request.index, data=data)
 
     async def Status(
         self, request: spb.SidecarStatusRequest, context: grpc.aio.ServicerContext

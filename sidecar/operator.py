@@ -277,6 +277,13 @@ def ledger_verify(db_path: Path, chain_id: str, out: TextIO, *, err: TextIO | No
             f"ledger ok: {store.ledger_entries} entries through executed height "
             f"{store.executed_height}, head {store.ledger_head.hex()} (chain {chain_id})\n"
         )
+        base = store.checkpoint
+        if base is not None:  # installed from a snapshot (docs/snapshots.md)
+            out.write(
+                f"local history starts after the checkpoint at height {base.height} "
+                f"(ledger head {base.ledger_head.hex()}, {base.ledger_entries} entries "
+                "before it, not in this store)\n"
+            )
         return EXIT_OK
 
     return _with_store(db_path, chain_id, run, err)

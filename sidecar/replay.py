@@ -15,6 +15,12 @@ the sidecar would have.
 Replay is resumable: every `CHECKPOINT_HEIGHTS` heights it writes a checkpoint (the engine
 state, the last block and the ledger head) beside the store, and a later run continues from
 it. The sidecar must be stopped while replay writes its store.
+
+With `from_snapshot` (`quorumgate replay --from-snapshot`, docs/snapshots.md) an empty store
+is first installed from the newest snapshot f+1 members attest (sidecar/snapshots.py), and
+only the blocks after it are replayed. A store installed so starts its local history at
+that checkpoint: a later replay starts there too (from the snapshot kept in
+`DIR/node-I/snapshots/`, checked again against the checkpoint's root), and says so.
 """
 
 from __future__ import annotations
@@ -47,9 +53,19 @@ from quorumgate.replica.wire import decode_block
 from quorumgate.runtime.channels import Reader, aio_channel
 from quorumgate.runtime.process import tune_gc
 from quorumgate.sidecar.engine.core import Engine, EngineConfig, config_for_cluster
+from quorumgate.sidecar.engine.state import EngineState
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.ledger import LedgerEntry
-from quorumgate.sidecar.store import DivergenceError, ExecutedHeight, SidecarStore
+from quorumgate.sidecar.snapshots import (
+    SNAPSHOT_DIR,
+    SnapshotDir,
+    SnapshotError,
+    SnapshotOptions,
+    check_state,
+    fetch_snapshot,
+    grpc_peers,
+)
+from quorumgate.sidecar.store import Checkpoint, DivergenceError, ExecutedHeight, SidecarStore
 
 CHECKPOINT_HEIGHTS = 1_000  # a checkpoint after every height that is a multiple of it
 REPLAY_WORKERS = 1  # processes executing beside the one reading the log and the store
@@ -81,6 +97,11 @@ class ReplayReport:
     certificates_checked: int = 0
     mismatches: list[dict[str, object]] = field(default_factory=list)
     seconds: float = 0.0
+    # Where the store's local history starts (0: height 1; else a checkpoint's height,
+    # with its ledger head), and the snapshot fetched to install it, if this run did.
+    history_from: int = 0
+    history_ledger_head: str = ""
+    snapshot: dict[str, object] | None = None
 
     @property
     def ok(self) -> bool:
@@ -406,15 +427,22 @@ class _Position:
 
 
 def _resume_position(
-    spec: ClusterSpec, index: int, top: int, report: ReplayReport, *, resume: bool
+    spec: ClusterSpec,
+    index: int,
+    top: int,
+    report: ReplayReport,
+    *,
+    resume: bool,
+    base: _Position | None = None,
 ) -> _Position:
-    """Genesis, or the checkpoint an interrupted replay left if it is not above the log."""
+    """Genesis (or `base`, where the store's local history starts), or the checkpoint an
+    interrupted replay left if it is above that and not above the log."""
     prev = genesis_block(spec.chain_id)
-    position = _Position(prev.hash, prev.view, prev.height, ZERO_HASH, None)
+    position = base or _Position(prev.hash, prev.view, prev.height, ZERO_HASH, None)
     loaded = _load_checkpoint(spec, index) if resume else None
     if loaded is not None:
         checkpoint, checkpoint_state = loaded
-        if checkpoint.height <= top:
+        if position.height < checkpoint.height <= top:
             position = _Position(
                 bytes.fromhex(checkpoint.block_hash),
                 checkpoint.block_view,
@@ -424,6 +452,104 @@ def _resume_position(
             )
             report.resumed_from = checkpoint.height
     return position
+
+
+async def _install_snapshot(
+    spec: ClusterSpec, index: int, store: SidecarStore, report: ReplayReport
+) -> None:
+    """Fetch the newest snapshot f+1 members attest and install it into the empty store;
+    it is kept, pinned, among this sidecar's snapshots (the base of its local history)."""
+    if store.executed_height or store.checkpoint is not None:
+        raise ReplayError(
+            f"sidecar {index}'s store holds heights up to {store.executed_height}: a "
+            "snapshot is installed into an empty store only (move the store aside first)"
+        )
+    started = time.perf_counter()
+    node_dir = spec.node_dir(index)
+    key = SigningKey(read_seed(node_dir / RECEIPT_KEY_FILE))
+    peers = grpc_peers(spec, index, key)
+    try:
+        fetched = await fetch_snapshot(
+            spec, config_for_cluster(spec), index, [peer for peer, _ in peers]
+        )
+    except SnapshotError as err:
+        raise ReplayError(f"no snapshot to start from: {err}") from err
+    finally:
+        for _, channel in peers:
+            await channel.close()
+    manifest = fetched.manifest
+    snapshots = SnapshotDir(node_dir / SNAPSHOT_DIR, SnapshotOptions.read(node_dir).kept)
+    snapshots.pinned = manifest.height
+    await asyncio.to_thread(snapshots.write, manifest.head, fetched.data)
+    await store.install_checkpoint(manifest.head, EngineState.from_bytes(fetched.data))
+    report.snapshot = {
+        "height": manifest.height,
+        "bytes": manifest.total_bytes,
+        "chunks": len(manifest.chunk_digests),
+        "attested_by": list(fetched.attested_by),
+        "served_by": list(fetched.served_by),
+        "chunks_refused": fetched.chunks_refused,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+async def _history_base(
+    spec: ClusterSpec,
+    index: int,
+    checkpoint: Checkpoint,
+    replica_store: ReplicaStore | None,
+    report: ReplayReport,
+) -> _Position:
+    """Where replay starts in a store whose local history starts at `checkpoint`: its
+    block (read from the log for its view, and checked to be the checkpoint's) and the
+    snapshot state it was installed from, checked again against the checkpoint's root."""
+    height = checkpoint.height
+    report.history_from, report.history_ledger_head = height, checkpoint.ledger_head.hex()
+    node_dir = spec.node_dir(index)
+    where = (
+        f"sidecar {index}'s local history starts at height {height} (ledger head "
+        f"{checkpoint.ledger_head.hex()[:16]}…, a snapshot)"
+    )
+    snapshots = SnapshotDir(node_dir / SNAPSHOT_DIR)
+    state, manifest = snapshots.state(height), snapshots.manifest(height)
+    if state is None or manifest is None or manifest.head != checkpoint:
+        raise ReplayError(
+            f"{where}, and the snapshot it was installed from is not in "
+            f"{node_dir / SNAPSHOT_DIR}: move the store aside and run "
+            f"`quorumgate replay --dir {spec.directory} --node {index} --from-snapshot`"
+        )
+    problem = check_state(config_for_cluster(spec), manifest, state)
+    if problem is not None:
+        raise ReplayError(f"{where}; its snapshot on disk: {problem}")
+    source = (
+        _blocks_from_store(replica_store, height, height)
+        if replica_store is not None
+        else _blocks_from_replica(spec, index, height, height)
+    )
+    async with contextlib.aclosing(source) as blocks:
+        block = await anext(aiter(blocks), None)
+    if block is None or block.hash != checkpoint.block_hash:
+        raise ReplayError(f"{where}; the replica's block at that height is not the snapshot's")
+    return _Position(block.hash, block.view, height, checkpoint.ledger_head, state)
+
+
+async def _start_position(
+    spec: ClusterSpec,
+    index: int,
+    store: SidecarStore,
+    replica_store: ReplicaStore | None,
+    top: int,
+    report: ReplayReport,
+    resume: bool,
+) -> _Position:
+    """Where this replay starts: where the store's local history starts (genesis, or its
+    checkpoint: docs/snapshots.md), or a later checkpoint of an interrupted replay."""
+    base = (
+        None
+        if store.checkpoint is None
+        else await _history_base(spec, index, store.checkpoint, replica_store, report)
+    )
+    return _resume_position(spec, index, top, report, resume=resume, base=base)
 
 
 async def _open_log(spec: ClusterSpec, index: int) -> tuple[int, ReplicaStore | None]:
@@ -484,9 +610,11 @@ async def replay(
     resume: bool = True,
     progress: ProgressFn | None = None,
     workers: int = REPLAY_WORKERS,
+    from_snapshot: bool = False,
 ) -> ReplayReport:
     """`workers`: 1 runs the engine and the certificate checks in a second process while
-    this one reads the log and writes the store (both cores work); 0 runs all of it here."""
+    this one reads the log and writes the store (both cores work); 0 runs all of it here.
+    `from_snapshot`: install the empty store from a snapshot first (module doc)."""
     if workers not in (0, 1):
         raise ValueError("workers must be 0 or 1")
     node_dir = spec.node_dir(index)
@@ -500,9 +628,11 @@ async def replay(
         ) from err
     replica_store: ReplicaStore | None = None
     try:
+        if from_snapshot:
+            await _install_snapshot(spec, index, store, report)
         top, replica_store = await _open_log(spec, index)
         report.top_height = top
-        at = _resume_position(spec, index, top, report, resume=resume)
+        at = await _start_position(spec, index, store, replica_store, top, report, resume)
         start = at.height + 1
         blocks = (
             _blocks_from_store(replica_store, start, top)

@@ -11,7 +11,10 @@ Tables (schema version `SCHEMA_VERSION`, all STRICT so a value of the wrong type
 at write time):
 
 - `meta`: the schema version and the chain id the file belongs to (another chain's file is
-  refused at `open`).
+  refused at `open`); in a store installed from a snapshot (docs/snapshots.md), also the
+  checkpoint local history starts from (`checkpoint_*`: height, state root, ledger head
+  and entry count, block hash and time): no ledger entry, receipt or statement below it is
+  here, and the first ledger entry after it chains to its ledger head.
 - `head`: one row — the executed height, the ledger head and entry count, and the engine
   state after the executed height: either whole in `engine_state`, or (what the sidecar
   writes) as its header in `state_header` and one row per entry in `state_entries`
@@ -122,6 +125,9 @@ LEDGER_PAGE_ROWS_MAX = 1024
 RECEIPTS_PAGE_MAX = 1 << 16
 # The most artifacts one `artifacts` call returns; callers page with `offset`.
 ARTIFACTS_PAGE_MAX = 1024
+# Above every index a height can hold: the position after a checkpoint's last entry, so
+# the first entry after it is index 0 of a later height (ChainVerifier's order check).
+LEDGER_INDEX_AFTER_ALL = 1 << 32
 
 _SCHEMA = (
     """
@@ -289,6 +295,54 @@ class ExecutedHeight:
     ledger_extras: tuple[LedgerExtra, ...] | None = None
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a sidecar stands after one height, without its history: the state root f+1
+    members signed for `height`, the ledger head and entry count there, the replica's block
+    hash and time. A store installed from a snapshot starts its local history here."""
+
+    height: int
+    state_root: bytes
+    ledger_head: bytes
+    ledger_entries: int
+    block_hash: bytes
+    block_time_ms: int
+
+
+_CHECKPOINT_KEYS = (
+    "checkpoint_height", "checkpoint_state_root", "checkpoint_ledger_head",
+    "checkpoint_ledger_entries", "checkpoint_block_hash", "checkpoint_block_time_ms",
+)  # fmt: skip
+
+
+def _checkpoint_from_meta(meta: dict[str, str], path: Path) -> Checkpoint | None:
+    if "checkpoint_height" not in meta:
+        return None
+    try:
+        return _checkpoint_fields(meta)
+    except (KeyError, ValueError) as err:
+        raise SidecarStoreError(f"{path}: an unreadable checkpoint: {err}") from err
+
+
+def _checkpoint_fields(meta: dict[str, str]) -> Checkpoint:
+    return Checkpoint(
+        int(meta["checkpoint_height"]),
+        bytes.fromhex(meta["checkpoint_state_root"]),
+        bytes.fromhex(meta["checkpoint_ledger_head"]),
+        int(meta["checkpoint_ledger_entries"]),
+        bytes.fromhex(meta["checkpoint_block_hash"]),
+        int(meta["checkpoint_block_time_ms"]),
+    )
+
+
+def _checkpoint_rows(c: Checkpoint) -> list[tuple[str, str]]:
+    values = (
+        str(c.height), c.state_root.hex(), c.ledger_head.hex(), str(c.ledger_entries),
+        c.block_hash.hex(), str(c.block_time_ms),
+    )  # fmt: skip
+    return list(zip(_CHECKPOINT_KEYS, values, strict=True))
+
+
 class SidecarStore:
     """One sidecar's durable state in one SQLite file. Build it with `SidecarStore.open`."""
 
@@ -307,6 +361,7 @@ class SidecarStore:
         self._ledger_entries = 0
         self._artifact_count = 0
         self._state_by_entry = False  # the state is in state_entries (else whole, or none)
+        self._checkpoint: Checkpoint | None = None  # where local history starts, if not at 1
 
     # ================================================================== open / close
 
@@ -406,6 +461,7 @@ class SidecarStore:
             raise SidecarStoreError(
                 f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
             )
+        self._checkpoint = _checkpoint_from_meta(meta, self._path)
         stored_chain = meta.get("chain_id")
         if stored_chain != self._chain_id:
             raise SidecarStoreError(
@@ -527,6 +583,17 @@ class SidecarStore:
     def artifact_count(self) -> int:
         return self._artifact_count
 
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """Where local history starts when the store was installed from a snapshot (None:
+        it holds every height from 1)."""
+        return self._checkpoint
+
+    @property
+    def history_from(self) -> int:
+        """The first height whose ledger, receipts and statement this store holds."""
+        return 1 if self._checkpoint is None else self._checkpoint.height + 1
+
     async def engine_state(self) -> bytes | None:
         """The engine state's bytes after `executed_height` (None before the first
         height), checked against the state root this sidecar signed for that height (of
@@ -575,6 +642,9 @@ class SidecarStore:
                 return None
             height = self._executed_height
             signed = await self._scalar("SELECT state_root FROM blocks WHERE height = ?", (height,))
+            checkpoint = self._checkpoint
+            if signed is None and checkpoint is not None and checkpoint.height == height:
+                signed = checkpoint.state_root  # what f+1 members signed for the checkpoint
         try:
             decoded: EngineState | None = EngineState.from_bytes(state)
         except ValueError:  # StateDecodeError, or a field out of its range
@@ -760,6 +830,94 @@ class SidecarStore:
             (h.height, ledger_head, entries, delta.header),
         )
 
+    async def install_checkpoint(self, checkpoint: Checkpoint, state: EngineState) -> None:
+        """Start an empty store at `checkpoint` with `state` (the state after its height,
+        fetched from a snapshot and checked against the root f+1 members signed: sidecar/
+        snapshots.py), in one transaction: the state by entry, the head, the checkpoint.
+        The next height recorded is `checkpoint.height + 1`."""
+        if state.last_height != checkpoint.height:
+            raise ValueError(
+                f"a state after height {state.last_height} for a checkpoint at {checkpoint.height}"
+            )
+        state.restart_delta()
+        delta = state.take_delta()
+        state.restart_delta()  # the engine built on this state records everything first
+        async with self._lock:
+            self._check_open()
+            if self._executed_height != 0 or self._checkpoint is not None:
+                raise SidecarStoreError(
+                    f"{self._path}: holds heights up to {self._executed_height}; a snapshot "
+                    "is installed into an empty store only"
+                )
+
+            def write(c: sqlite3.Connection) -> None:
+                c.execute("DELETE FROM state_entries")
+                c.executemany(
+                    "INSERT INTO state_entries (section, key, data) VALUES (?, ?, ?)",
+                    [change for change in delta.changes if change[2] is not None],
+                )
+                c.execute(
+                    "UPDATE head SET executed_height = ?, ledger_head = ?, ledger_entries = ?, "
+                    "engine_state = NULL, state_prefix = NULL, state_suffix = NULL, "
+                    "state_header = ? WHERE id = 1",
+                    (checkpoint.height, checkpoint.ledger_head, checkpoint.ledger_entries,
+                     delta.header),
+                )  # fmt: skip
+                c.executemany(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    _checkpoint_rows(checkpoint),
+                )
+
+            await transaction(self._conn, write, "BEGIN IMMEDIATE")
+            self._executed_height = checkpoint.height
+            self._ledger_head = checkpoint.ledger_head
+            self._ledger_entries = checkpoint.ledger_entries
+            self._state_by_entry = True
+            self._checkpoint = checkpoint
+
+    async def attestation_at(self, height: int) -> tuple[SignedBlock, Checkpoint] | None:
+        """This sidecar's signed statement for an executed `height` and where it stood
+        there (ledger head and entry count, block hash and time): what it says to a peer
+        fetching a snapshot of that height (sidecar/snapshots.py). None for a height it
+        holds no statement of."""
+
+        def read(c: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
+            block = c.execute(
+                f"SELECT {_BLOCK_COLUMNS}, block_hash FROM blocks WHERE height = ?", (height,)
+            ).fetchall()
+            last = c.execute(
+                "SELECT hash FROM ledger WHERE height <= ? ORDER BY height DESC, idx DESC LIMIT 1",
+                (height,),
+            ).fetchall()
+            count = c.execute("SELECT COUNT(*) FROM ledger WHERE height <= ?", (height,)).fetchall()
+            return block, last, count
+
+        if height < 1:
+            return None
+        async with self._lock:
+            self._check_open()
+            block, last, count = await on_thread(self._conn, read)
+        if not block:
+            return None
+        signed = _signed_from_row(block[0][:-1])
+        base = self._checkpoint
+        head = (
+            bytes(last[0][0])
+            if last
+            else (base.ledger_head if base is not None else GENESIS_PREV_HASH)
+        )
+        entries = int(count[0][0]) + (base.ledger_entries if base is not None else 0)
+        time_ms = int(block[0][6])
+        return signed, Checkpoint(
+            height, signed.state_root, head, entries, bytes(block[0][-1]), time_ms
+        )
+
+    def _before_history(self, height: int) -> bytes:
+        """The ledger head below `height` when no entry below it is stored: the
+        checkpoint's above the checkpoint, else the genesis value."""
+        base = self._checkpoint
+        return base.ledger_head if base is not None and height > base.height else GENESIS_PREV_HASH
+
     # ================================================================== reading
 
     async def root_at(self, height: int) -> bytes | None:
@@ -816,7 +974,7 @@ class SidecarStore:
             raise SidecarStoreError(
                 f"{self._path}: a ledger row at height {height}: {err}"
             ) from err
-        previous = GENESIS_PREV_HASH if not before else bytes(before[0][0])
+        previous = self._before_history(height) if not before else bytes(before[0][0])
         return signed, receipts, entries, previous
 
     async def receipt(self, proposal_id: bytes) -> Receipt | None:
@@ -992,7 +1150,7 @@ class SidecarStore:
                 "SELECT hash FROM ledger WHERE height < ? ORDER BY height DESC, idx DESC LIMIT 1",
                 (height,),
             )
-        return GENESIS_PREV_HASH if value is None else bytes(value)
+        return self._before_history(height) if value is None else bytes(value)
 
     async def verify_ledger(self) -> LedgerProblem | None:
         """The first bad ledger entry, or None when the whole chain holds.
@@ -1001,8 +1159,14 @@ class SidecarStore:
         recomputing every hash from the stored columns (sidecar/ledger.py's
         `ChainVerifier`), and finally checks that the chain ends at the recorded head with
         the recorded number of entries (which catches rows cut off the end). Holds the
-        store for the whole walk, so it sees one consistent ledger."""
+        store for the whole walk, so it sees one consistent ledger. A store installed from
+        a snapshot is walked from its checkpoint: the first entry chains to the
+        checkpoint's ledger head, and its entries count after the checkpoint's."""
         verifier = ChainVerifier(self._chain_id)
+        base = self._checkpoint
+        if base is not None:
+            verifier.head, verifier.count = base.ledger_head, base.ledger_entries
+            verifier.last = (base.height, LEDGER_INDEX_AFTER_ALL)
         async with self._lock:
             self._check_open()
             after = 0
@@ -1058,6 +1222,9 @@ class SidecarStore:
                     await conn.execute(f"DELETE FROM {table}")
                 if not keep_artifacts:
                     await conn.execute("DELETE FROM artifacts")
+                await conn.executemany(
+                    "DELETE FROM meta WHERE key = ?", [(key,) for key in _CHECKPOINT_KEYS]
+                )
                 await conn.execute(
                     "UPDATE head SET executed_height = 0, ledger_head = ?, ledger_entries = 0, "
                     "engine_state = NULL, state_prefix = NULL, state_suffix = NULL, "
@@ -1072,6 +1239,7 @@ class SidecarStore:
             self._ledger_head = GENESIS_PREV_HASH
             self._ledger_entries = 0
             self._state_by_entry = False
+            self._checkpoint = None
             if not keep_artifacts:
                 self._artifact_count = 0
 

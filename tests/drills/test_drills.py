@@ -151,6 +151,16 @@ def test_wipe_replica_rebuilds_from_height_zero_by_replay_and_by_its_sidecar(
     assert replayed["certificates_checked"] == replayed["heights_replayed"]
     assert replayed["heights_replayed"] >= report.faults[0].height_at_fault
     assert _detail(report.faults[1], "sidecar_started_at_height") == 0
+    # the third rebuild starts from a snapshot its peers attest and replays only after it
+    assert rebuilt_by[:3] == ["replay", "sidecar", "snapshot"]
+    from_snapshot = _detail(report.faults[2], "replay")
+    assert isinstance(from_snapshot, dict) and from_snapshot["mismatches"] == []
+    snapshot = from_snapshot["snapshot"]
+    assert isinstance(snapshot, dict) and snapshot["height"] > 0
+    assert from_snapshot["history_from"] == snapshot["height"]
+    assert from_snapshot["heights_replayed"] == from_snapshot["top_height"] - snapshot["height"]
+    for fault in report.faults[:3]:
+        assert isinstance(_detail(fault, "sidecar_rebuilt_s"), float)
 
 
 def test_full_restart_through_the_command_line_with_a_json_report(

@@ -103,6 +103,9 @@ class SidecarView:
     verdicts_by_tx: dict[bytes, int]
     artifacts: dict[tuple[int, str], bytes]  # (height, canonical target) -> sha256 of bytes
     ledger_problem: str
+    # The first height the store holds: 1, or after the checkpoint of a store installed
+    # from a snapshot (docs/snapshots.md), whose ledger head and count it starts from.
+    history_from: int = 1
 
 
 async def read_sidecar(spec: ClusterSpec, index: int, height: int | None = None) -> SidecarView:
@@ -118,6 +121,10 @@ async def read_sidecar(spec: ClusterSpec, index: int, height: int | None = None)
         top = store.executed_height if height is None else height
         root = await store.root_at(top)
         head, entries = GENESIS_PREV_HASH, 0
+        base = store.checkpoint
+        if base is not None and base.height <= top:
+            head, entries = base.ledger_head, base.ledger_entries
+            root = base.state_root if base.height == top else root
         verdicts: Counter[bytes] = Counter()
         from_height, from_index = 1, 0
         while True:
@@ -151,6 +158,7 @@ async def read_sidecar(spec: ClusterSpec, index: int, height: int | None = None)
             verdicts_by_tx=dict(verdicts),
             artifacts=artifacts,
             ledger_problem="" if problem is None else str(problem),
+            history_from=store.history_from,
         )
     finally:
         await store.close()

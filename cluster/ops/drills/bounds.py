@@ -21,10 +21,11 @@ DRILLS = (
     "ship",
 )
 # Faults a drill injects however short `--seconds` is: enough to repeat what repeats,
-# and both rebuild paths of `wipe-replica`.
+# and the three rebuild paths of `wipe-replica` (replay from height 1, the sidecar's own
+# re-execution from height 1, a snapshot).
 FAULT_CYCLES_MIN = {
     "leader-kill": 2,
-    "wipe-replica": 2,
+    "wipe-replica": 3,
     "full-restart": 1,
     "sidecar-crash": 2,
     "stale-restore": 1,
@@ -96,6 +97,11 @@ EXPECTED_ALLOWED = ("allow", "ok")
 EXPECTED_DENIED = ("deny", "target_scheme_not_allowed")
 REPLICA_DB_FILES = ("replica.db", "replica.db-wal", "replica.db-shm")
 SIDECAR_DB_FILE = "sidecar.db"
+# `wipe-replica`'s sidecars snapshot their state this often (docs/snapshots.md), so its
+# snapshot cycle has one to start from within a short drill; that cycle waits at most
+# SNAPSHOT_WAIT_S for a peer to hold one.
+DRILL_SNAPSHOT_INTERVAL_HEIGHTS = 20
+SNAPSHOT_WAIT_S = 60.0
 SIDECAR_STORE_FILES = (
     "sidecar.db",
     "sidecar.db-wal",

@@ -31,17 +31,20 @@ from quorumgate.ops.drills.bounds import (
     POLL_S,
     REOFFER_AFTER_HEIGHTS,
     SETTLE_TIMEOUT_S,
+    SIDECAR_DB_FILE,
     poll,
 )
-from quorumgate.ops.drills.context import Drill
+from quorumgate.ops.drills.context import Drill, Wiped
 from quorumgate.ops.drills.report import Abort, short
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
 from quorumgate.ops.load import Ack, Load
 from quorumgate.ops.nodes import sidecar_status
+from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.tx import parse
 from quorumgate.replica.storage import StorageError
 from quorumgate.replica.types import Block
-from quorumgate.sidecar.store import SidecarStoreError
+from quorumgate.sidecar.replay import ReplayReport
+from quorumgate.sidecar.store import Checkpoint, SidecarStore, SidecarStoreError
 
 V = TypeVar("V")
 
@@ -358,6 +361,22 @@ def check_certificates(d: Drill, acked: Mapping[bytes, Ack]) -> None:
     d.check("verdicts_expected", unexpected, f"verdicts {dict(sorted(verdicts.items()))}")
 
 
+def _artifact_majority(
+    views: Mapping[int, SidecarView],
+) -> tuple[tuple[tuple[tuple[int, str], bytes], ...] | None, list[int]]:
+    """The artifact set most stores hold, and the stores off it. A store installed from a
+    snapshot holds the artifacts above its checkpoint only: the set is the majority of the
+    stores holding every height, and such a store must hold exactly that set's artifacts
+    above its checkpoint."""
+    whole = {i: v for i, v in views.items() if v.history_from == 1}
+    arts, odd = majority({i: tuple(sorted(v.artifacts.items())) for i, v in whole.items()})
+    for i, v in views.items():
+        above = {k: a for k, a in arts or () if k[0] >= v.history_from}
+        if i not in whole and v.artifacts != above:
+            odd.append(i)
+    return arts, odd
+
+
 def check_sidecar_stores(
     d: Drill, target: int, acked: Mapping[bytes, Ack], alarmed: list[int]
 ) -> None:
@@ -373,7 +392,7 @@ def check_sidecar_stores(
     d.check("sidecar_stores_readable", unreadable, f"{len(views)} sidecar stores read")
     root, odd_roots = majority({i: v.state_root for i, v in views.items()})
     head, odd_heads = majority({i: v.ledger_head for i, v in views.items()})
-    arts, odd_arts = majority({i: tuple(sorted(v.artifacts.items())) for i, v in views.items()})
+    arts, odd_arts = _artifact_majority(views)
     d.report.diverged_nodes = sorted(set(odd_roots + odd_heads + odd_arts + alarmed))
     d.report.diverged = len(d.report.diverged_nodes)
     d.check(
@@ -399,7 +418,14 @@ def check_sidecar_stores(
     reference = dict(arts or ())
     d.check(
         "same_artifacts",
-        [_artifact_difference(i, views[i].artifacts, reference) for i in odd_arts],
+        [
+            _artifact_difference(
+                i,
+                views[i].artifacts,
+                {k: a for k, a in reference.items() if k[0] >= views[i].history_from},
+            )
+            for i in odd_arts
+        ],
         f"{len(reference)} rejection artifacts up to height {target}, the same bytes on "
         "every sidecar",
     )
@@ -420,6 +446,84 @@ def check_sidecar_stores(
             ],
             "each acknowledged proposal has exactly one verdict in the ledger",
         )
+
+
+def rebuild_problems(d: Drill, wiped: Wiped) -> list[str]:
+    """What the rebuilt store of one wiped member does not hold as it should (see
+    `check_rebuilt`), read from its store as it is now."""
+    node, before = wiped.node, wiped.before
+    if wiped.replayed is not None and wiped.replayed.history_from:
+        return _snapshot_rebuild_problems(d, node, before, wiped.replayed)
+    problems = []
+    after = asyncio.run(read_sidecar(d.spec, node, before.height))
+    where = f"sidecar {node} height {before.height}"
+    if after.state_root != before.state_root:
+        problems.append(
+            f"{where}: state root {short(after.state_root)}, before {short(before.state_root)}"
+        )
+    if after.ledger_head != before.ledger_head:
+        problems.append(
+            f"{where}: ledger head {short(after.ledger_head)}, before {short(before.ledger_head)}"
+        )
+    if after.artifacts != before.artifacts:
+        problems.append(_artifact_difference(node, after.artifacts, before.artifacts))
+    if wiped.replayed is not None and wiped.replayed.mismatches:
+        problems += [f"sidecar {node} replay: {m}" for m in wiped.replayed.mismatches]
+    return problems
+
+
+def _rebuilt_by(replayed: ReplayReport | None) -> str:
+    if replayed is None:
+        return "its own re-execution"
+    if replayed.history_from:
+        return f"replay from the snapshot of height {replayed.history_from}"
+    return "replay"
+
+
+async def _head_at(spec: ClusterSpec, node: int, height: int) -> Checkpoint | None:
+    """Where sidecar `node` stood after `height`: its checkpoint, or what it signed and
+    recorded there (the ledger head and entry count); None when it holds neither."""
+    path = spec.node_dir(node) / SIDECAR_DB_FILE
+    try:
+        store = await SidecarStore.open(path, spec.chain_id, create=False, read_only=True)
+    except SidecarStoreError:
+        # A read-only open needs the WAL index file, which a stopped store may lack.
+        store = await SidecarStore.open(path, spec.chain_id, create=False)
+    try:
+        if store.checkpoint is not None and store.checkpoint.height == height:
+            return store.checkpoint
+        found = await store.attestation_at(height)
+        return None if found is None else found[1]
+    finally:
+        await store.close()
+
+
+def _snapshot_rebuild_problems(
+    d: Drill, node: int, before: SidecarView, replayed: ReplayReport
+) -> list[str]:
+    base = replayed.history_from
+    height = max(before.height, base)
+    peer = d.others(node)[0]
+    mine = asyncio.run(_head_at(d.spec, node, height))
+    theirs = asyncio.run(_head_at(d.spec, peer, height))
+    where = f"sidecar {node} (from the snapshot of height {base}) at height {height}"
+    if mine is None or theirs is None:
+        return [f"{where}: no head to compare (its own: {mine is not None}, peer {peer}'s: "
+                f"{theirs is not None})"]  # fmt: skip
+    problems = []
+    fields = (mine.state_root, mine.ledger_head, mine.ledger_entries)
+    if fields != (theirs.state_root, theirs.ledger_head, theirs.ledger_entries):
+        problems.append(f"{where}: state root, ledger head or entry count differs from {peer}'s")
+    if height == before.height and fields != (
+        before.state_root, before.ledger_head, before.ledger_entries
+    ):  # fmt: skip
+        problems.append(f"{where}: state root, ledger head or entry count differs from before")
+    after = asyncio.run(read_sidecar(d.spec, node, before.height))
+    kept = {key: digest for key, digest in before.artifacts.items() if key[0] > base}
+    if after.artifacts != kept:
+        problems.append(_artifact_difference(node, after.artifacts, kept))
+    problems += [f"sidecar {node} replay: {m}" for m in replayed.mismatches]
+    return problems
 
 
 def _artifact_difference(
@@ -477,31 +581,22 @@ def check_votes(d: Drill) -> None:
 
 def check_rebuilt(d: Drill) -> None:
     """A sidecar rebuilt from the committed log holds, byte for byte, the
-    state root, ledger and artifacts it held before its store was deleted."""
+    state root, ledger and artifacts it held before its store was deleted. One rebuilt
+    from a snapshot holds no history below the snapshot's height: it holds, at the first
+    height both it and the store before the wipe cover, the state root and ledger head a
+    peer holds there (and the one before, when that is the height before the wipe), and
+    every artifact above the snapshot. A member wiped again was checked just before its
+    next wipe (`Wiped.problems`)."""
     if not d.wiped:
         return
     problems = []
     for wiped in d.wiped:
-        node, before = wiped.node, wiped.before
-        after = asyncio.run(read_sidecar(d.spec, node, before.height))
-        where = f"sidecar {node} height {before.height}"
-        if after.state_root != before.state_root:
-            problems.append(
-                f"{where}: state root {short(after.state_root)}, before {short(before.state_root)}"
-            )
-        if after.ledger_head != before.ledger_head:
-            problems.append(
-                f"{where}: ledger head {short(after.ledger_head)}, before "
-                f"{short(before.ledger_head)}"
-            )
-        if after.artifacts != before.artifacts:
-            problems.append(_artifact_difference(node, after.artifacts, before.artifacts))
-        if wiped.replayed is not None and wiped.replayed.mismatches:
-            problems += [f"sidecar {node} replay: {m}" for m in wiped.replayed.mismatches]
+        found = wiped.problems if wiped.problems is not None else rebuild_problems(d, wiped)
+        problems += found
     rebuilt = ", ".join(
         f"sidecar {w.node} at height {w.before.height} ({w.before.ledger_entries} verdicts, "
         f"{len(w.before.artifacts)} artifacts; "
-        f"{'replay' if w.replayed else 'its own re-execution'})"
+        f"{_rebuilt_by(w.replayed)})"
         for w in d.wiped
     )
     d.check("rebuilt_sidecar_identical", problems, f"identical to before the wipe: {rebuilt}")

@@ -57,6 +57,9 @@ class Wiped:
     node: int
     before: SidecarView  # its sidecar's store just before the wipe
     replayed: ReplayReport | None
+    # The rebuild check's findings, when taken just before the member's next wipe (which
+    # deletes the store they are read from); None: checked at the drill's end.
+    problems: tuple[str, ...] | None = None
 
 
 class Drill:

@@ -8,7 +8,9 @@ checks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import json
 import shutil
 import signal
 import time
@@ -25,6 +27,7 @@ from quorumgate.ops.drills.bounds import (
     ATTACK_HEIGHTS,
     BYZANTINE_CYCLES,
     BYZANTINE_MODULE,
+    DRILL_SNAPSHOT_INTERVAL_HEIGHTS,
     LAG_WAIT_S,
     LEADER_POLL_S,
     LEADER_WAIT_S,
@@ -33,11 +36,12 @@ from quorumgate.ops.drills.bounds import (
     REPLICA_DB_FILES,
     RESUME_TIMEOUT_S,
     SIDECAR_STORE_FILES,
+    SNAPSHOT_WAIT_S,
     STALE_COPY_DIR,
     VOTING_HEIGHTS,
     poll,
 )
-from quorumgate.ops.drills.checker import refusals_since
+from quorumgate.ops.drills.checker import rebuild_problems, refusals_since
 from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
 from quorumgate.ops.drills.report import Abort, Fault, listed
 from quorumgate.ops.drills.ship import ship_drill
@@ -46,6 +50,12 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.replica.node import RESTORE_MARKER_FILE
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.sidecar.replay import ReplayError, ReplayReport, replay
+from quorumgate.sidecar.snapshots import MANIFEST_FILE, OPTIONS_FILE, SNAPSHOT_DIR
+
+# How `wipe-replica` rebuilds the wiped sidecar, cycle after cycle: `quorumgate replay`
+# from height 1, the sidecar re-executing from height 1 itself, and `quorumgate replay
+# --from-snapshot` (docs/snapshots.md), each timed.
+REBUILDS = ("replay", "sidecar", "snapshot")
 
 
 async def wipe_replica_blocks(spec: ClusterSpec, index: int) -> tuple[int, int]:
@@ -185,34 +195,47 @@ def full_restart(d: Drill) -> None:
         )
 
 
+def prepare_wipe_replica(d: Drill) -> None:
+    """Before the nodes start: every sidecar snapshots its state every
+    `DRILL_SNAPSHOT_INTERVAL_HEIGHTS` heights, so the snapshot cycle has one to fetch."""
+    options = json.dumps({"interval_heights": DRILL_SNAPSHOT_INTERVAL_HEIGHTS})
+    for i in range(d.n):
+        (d.spec.node_dir(i) / OPTIONS_FILE).write_text(options)
+
+
 def wipe_replica(d: Drill) -> None:
     for k in d.cycles():
-        _wipe_once(d, k, victim=(k + 1) % d.n, with_replay=k % 2 == 0)
+        _wipe_once(d, k, victim=(k + 1) % d.n, rebuild=REBUILDS[k % len(REBUILDS)])
 
 
-def _wipe_once(d: Drill, k: int, victim: int, with_replay: bool) -> None:
+def _wipe_once(d: Drill, k: int, victim: int, rebuild: str) -> None:
     """Stop member `victim`, drop its replica's blocks (its safety record and signed-vote
-    audit stay) and delete its sidecar's store; restart the replica, which fetches the
-    chain from its peers from height 0, and rebuild the sidecar."""
+    audit stay) and delete its sidecar's store and snapshots; restart the replica, which
+    fetches the chain from its peers from height 0, and rebuild the sidecar (`rebuild`,
+    one of REBUILDS)."""
     node_dir = d.spec.node_dir(victim)
     d.scrape_equivocations()
     before = d.cluster.pids(["replica", "sidecar"], [victim])
     d.cluster.stop([("sidecar", victim), ("replica", victim)])
     sidecar_before = asyncio.run(read_sidecar(d.spec, victim))
+    for i, earlier in enumerate(d.wiped):  # its earlier rebuild, checked before it goes
+        if earlier.node == victim and earlier.problems is None:
+            d.wiped[i] = dataclasses.replace(earlier, problems=tuple(rebuild_problems(d, earlier)))
     votes_before = asyncio.run(read_replica(d.spec, victim))
     height_before, height_after = asyncio.run(wipe_replica_blocks(d.spec, victim))
     kept = asyncio.run(read_replica(d.spec, victim))
     for name in SIDECAR_STORE_FILES:
         (node_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(node_dir / SNAPSHOT_DIR, ignore_errors=True)
     d.say(
         f"wipe {k + 1}: member {victim} stopped at height {height_before}; replica "
         f"blocks wiped ({len(kept.signed_votes)} signed votes kept), sidecar store "
-        f"(executed {sidecar_before.executed_height}) deleted"
+        f"(executed {sidecar_before.executed_height}) and snapshots deleted"
     )
     restarted_at = time.monotonic()
     d.start("replica", [victim])
     started = started_height(d.spec, victim, "replica")
-    if not with_replay:
+    if rebuild == "sidecar":
         d.start("sidecar", [victim])
     fault = d.fault(
         Fault(
@@ -223,7 +246,7 @@ def _wipe_once(d: Drill, k: int, victim: int, with_replay: bool) -> None:
             before,
             height_at_fault=height_before,
             details={
-                "rebuilt_by": "replay" if with_replay else "sidecar",
+                "rebuilt_by": rebuild,
                 "height_after_wipe": height_after,
                 "replica_started_at_height": started,
                 "signed_votes_before": len(votes_before.signed_votes),
@@ -241,34 +264,61 @@ def _wipe_once(d: Drill, k: int, victim: int, with_replay: bool) -> None:
         f"replica {victim} started at height {started}, caught up after "
         f"{caught - restarted_at:.2f} s"
     )
-    replayed = _rebuild_sidecar(d, victim, fault, with_replay)
+    replayed = _rebuild_sidecar(d, victim, fault, rebuild)
     fault.pids_after = d.cluster.pids(["replica", "sidecar"], [victim])
     back = d.wait_sidecar_back(victim)
     if back is None:
         raise Abort(f"rebuilt sidecar {victim} did not catch up")
     fault.recovery_s = back - restarted_at
+    # The sidecar's own part, comparable across the rebuilds: from its replica back at
+    # the cluster's height to the sidecar back at it (docs/drills.md).
+    fault.details["sidecar_rebuilt_s"] = round(back - caught, 3)
     d.wiped.append(Wiped(victim, sidecar_before, replayed))
     d.say(
-        f"member {victim} back at the cluster's height {fault.recovery_s:.2f} s after its restart"
+        f"member {victim} back at the cluster's height {fault.recovery_s:.2f} s after its "
+        f"restart; its sidecar rebuilt by {rebuild} in {back - caught:.2f} s"
     )
 
 
-def _rebuild_sidecar(d: Drill, victim: int, fault: Fault, with_replay: bool) -> ReplayReport | None:
-    """With `with_replay` rebuild the sidecar's store with `quorumgate.sidecar.replay`
-    (every certificate checked) before starting it; without, the sidecar was started at
-    once and re-executes from height 1."""
-    if not with_replay:
+def _peer_holds_snapshot(d: Drill, victim: int) -> bool | None:
+    return (
+        any(
+            any((d.spec.node_dir(i) / SNAPSHOT_DIR).glob(f"*/{MANIFEST_FILE}"))
+            for i in d.others(victim)
+        )
+        or None
+    )
+
+
+def _rebuild_sidecar(d: Drill, victim: int, fault: Fault, rebuild: str) -> ReplayReport | None:
+    """`replay`: rebuild the sidecar's store with `quorumgate.sidecar.replay` from height 1
+    (every certificate checked) before starting it; `snapshot`: the same from the newest
+    snapshot its peers attest; `sidecar`: it was started at once and re-executes from
+    height 1."""
+    if rebuild == "sidecar":
         fault.details["sidecar_started_at_height"] = started_height(d.spec, victim, "sidecar")
         return None
+    if (
+        rebuild == "snapshot"
+        and poll(lambda: _peer_holds_snapshot(d, victim), SNAPSHOT_WAIT_S) is None
+    ):
+        raise Abort(f"no peer of member {victim} wrote a snapshot in {SNAPSHOT_WAIT_S:g} s")
     try:
-        replayed = asyncio.run(replay(d.spec, victim, resume=False))
+        replayed = asyncio.run(
+            replay(d.spec, victim, resume=False, from_snapshot=rebuild == "snapshot")
+        )
     except ReplayError as err:
         raise Abort(f"replay of member {victim} failed: {err}") from err
     fault.details["replay"] = replayed.as_dict()
     d.say(
-        f"replay: {replayed.heights_replayed} heights, "
+        f"replay ({rebuild}): {replayed.heights_replayed} heights, "
         f"{replayed.certificates_checked} certificates checked, "
         f"{len(replayed.mismatches)} mismatches in {replayed.seconds:.2f} s"
+        + (
+            f", from the snapshot of height {replayed.history_from}"
+            if replayed.history_from
+            else ""
+        )
     )
     d.start("sidecar", [victim])
     return replayed
@@ -554,3 +604,5 @@ FAULTS: dict[str, Callable[[Drill], None]] = {
     "byzantine": byzantine,
     "ship": ship_drill,
 }
+# What a drill sets up in the cluster directory before its nodes start.
+PREPARE: dict[str, Callable[[Drill], None]] = {"wipe-replica": prepare_wipe_replica}

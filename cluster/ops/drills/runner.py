@@ -22,7 +22,7 @@ from quorumgate.ops.drills.bounds import (
 from quorumgate.ops.drills.checker import settle_and_check
 from quorumgate.ops.drills.context import Drill
 from quorumgate.ops.drills.database import ShipTarget
-from quorumgate.ops.drills.nemesis import FAULTS
+from quorumgate.ops.drills.nemesis import FAULTS, PREPARE
 from quorumgate.ops.drills.report import Abort, DrillError, DrillReport
 from quorumgate.ops.load import PERSISTENT, Load
 from quorumgate.ops.nodes import log_tail, running_pid
@@ -39,6 +39,8 @@ def run(d: Drill) -> None:
     """Start, load, warm up, inject the drill's faults, stop the load, settle and check;
     a step that cannot be carried out still leaves the checks to say what it left."""
     try:
+        if d.name in PREPARE:
+            PREPARE[d.name](d)
         d.say(f"starting {d.n} replicas and {d.n} sidecars in {d.spec.directory}")
         d.start("replica", range(d.n))
         d.start("sidecar", range(d.n))
