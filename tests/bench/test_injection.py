@@ -1,6 +1,7 @@
 """The injection benchmark's suites and report, without a cluster (docs/injection.md): every
 suite's policy is one the policy file reader accepts and the policy test kit runs, is
-written from the user's environment alone, and lets the user's own calls through."""
+written from the user's environment alone, and lets the user's own calls through in a
+clean run (after an untrusted read, only with the run's own targets the live runs name)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ goes on with the user's task. Every call is a signed proposal (`SyncClient.propo
 call runs on the `World` only when f+1 sidecars certified `allow` or `flag`. A pending
 call goes to the principal, who answers by one fixed rule: confirm a card only if it is
 one of the calls the user's task meant (`card_matches`, docs/policies.md, "Checking a
-card against what you meant"), refuse anything else.
+card against what you meant"), refuse anything else. Once the task's first call opened
+the run, the principal also names what the task changes as the run's own targets
+(docs/injection.md, "The user's intent").
 """
 
 from __future__ import annotations
