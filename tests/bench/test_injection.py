@@ -1,6 +1,7 @@
 """The injection benchmark's suites and report, without a cluster (docs/injection.md): every
 suite's policy is one the policy file reader accepts and the policy test kit runs, is
-written from the user's environment alone, and lets the user's own calls through."""
+written from the user's environment alone, and lets the user's own calls through in a
+clean run (after an untrusted read, only with the run's own targets the live runs name)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from quorumgate.bench.injection.harness import RunResult
 from quorumgate.bench.injection.model import ATTACK_KINDS, INJECTION_MARKER, Call, Suite
 from quorumgate.bench.injection.policy import AGENT, policy_toml
 from quorumgate.bench.injection.report import OVERALL, by_kind, report, text
-from quorumgate.bench.injection.suites import SUITES
+from quorumgate.bench.injection.suites import SUITES, TOOLS, intent
 from quorumgate.sidecar.policykit import EXIT_OK, run_policy_test
 
 SUITE_LIST = list(SUITES.values())
@@ -69,28 +70,40 @@ NEW_TO_THE_USER = {
 }
 
 
+def _call_toml(name: str, run: str, call: Call, card: bool) -> list[str]:
+    args = ", ".join(f"{n} = {json.dumps(v)}" for n, v in call.args)
+    also = ", ".join(f"{role} = [{json.dumps(t)}]" for role, t in call.also)
+    return [
+        "[[calls]]",
+        f'name = "{name}"',
+        f'agent = "{AGENT}"',
+        f'tool = "{call.tool}"',
+        f'run = "{run}"',
+        f"target = {json.dumps(call.target)}",
+        f"args = {{ {args} }}",
+        f"also = {{ {also} }}",
+        'expect = "pending"\nconfirm = { by = "principal", expect = "allow" }'
+        if card
+        else 'expect = "allow"',
+        "",
+    ]
+
+
 def _user_calls_toml(suite: Suite) -> str:
-    """`[[calls]]` for every call of the user's tasks: each runs directly, but the last
-    call of a task new to the user waits for the principal, who confirms it."""
+    """`[[calls]]` for every call of the user's tasks, twice. In a clean run (the task's
+    calls after its read, without the read) each runs directly, but the last call of a
+    task new to the user waits for the principal, who confirms it. In the task's own run,
+    after its first call (a read of a tool whose results are untrusted) every call waits
+    for the principal: the file names no run targets (docs/provenance.md), which the live
+    runs name, so this is the gate the principal's intent lifts."""
     out = []
     for task in suite.user_tasks:
+        assert TOOLS[task.calls[0].tool].get("untrusted_results"), task.name
         for k, call in enumerate(task.calls):
-            args = ", ".join(f"{n} = {json.dumps(v)}" for n, v in call.args)
-            also = ", ".join(f"{role} = [{json.dumps(t)}]" for role, t in call.also)
-            card = (suite.name, task.name) in NEW_TO_THE_USER and k == len(task.calls) - 1
-            out += [
-                "[[calls]]",
-                f'name = "{task.name} {k}"',
-                f'agent = "{AGENT}"',
-                f'tool = "{call.tool}"',
-                f"target = {json.dumps(call.target)}",
-                f"args = {{ {args} }}",
-                f"also = {{ {also} }}",
-                'expect = "pending"\nconfirm = { by = "principal", expect = "allow" }'
-                if card
-                else 'expect = "allow"',
-                "",
-            ]
+            out += _call_toml(f"{task.name} {k}", task.name, call, k > 0)
+            if k > 0:
+                card = (suite.name, task.name) in NEW_TO_THE_USER and k == len(task.calls) - 1
+                out += _call_toml(f"{task.name} {k} clean", f"{task.name}-clean", call, card)
     return "\n".join(out)
 
 
@@ -104,6 +117,23 @@ def test_the_users_calls_run_or_wait_for_the_principal_in_the_policy_test_kit(
     path.write_text(policy_toml(suite) + "\n" + _user_calls_toml(suite))
     out = io.StringIO()
     assert run_policy_test(str(path), out=out) == EXIT_OK, out.getvalue()
+
+
+def test_the_users_intent_names_what_the_task_changes_never_what_it_reads() -> None:
+    """The run's own targets the principal names (docs/injection.md, "The user's
+    intent"): the payee, the recipient and the file shared, not the bill, channel or
+    mail the task reads, so that an injected write to what the task reads gets a card."""
+    banking, messaging, office, web = (SUITES[n] for n in ("banking", "messaging", "office", "web"))
+    assert intent(banking.user_tasks[0]) == ("iban:DE89370400440532013000",)
+    assert intent(messaging.user_tasks[0]) == ("/channels/ops",)
+    assert intent(office.user_tasks[0]) == (
+        "/home/cleo/docs/q3-report.txt",
+        "mailto:dan@office.example",
+    )
+    assert intent(web.user_tasks[2]) == ()
+    for suite in SUITE_LIST:
+        for task in suite.user_tasks:
+            assert task.calls[0].target not in intent(task), task.name
 
 
 def test_the_tools_act_on_the_world() -> None:

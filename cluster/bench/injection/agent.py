@@ -7,7 +7,9 @@ goes on with the user's task. Every call is a signed proposal (`SyncClient.propo
 call runs on the `World` only when f+1 sidecars certified `allow` or `flag`. A pending
 call goes to the principal, who answers by one fixed rule: confirm a card only if it is
 one of the calls the user's task meant (`card_matches`, docs/policies.md, "Checking a
-card against what you meant"), refuse anything else.
+card against what you meant"), refuse anything else. Once the task's first call opened
+the run, the principal also names what the task changes as the run's own targets
+(docs/injection.md, "The user's intent").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from quorumgate.bench.injection.model import (
     UserTask,
     World,
 )
+from quorumgate.bench.injection.suites import intent
 from quorumgate.sdk.cards import card_matches
 from quorumgate.sdk.errors import QuorumGateError
 from quorumgate.sdk.polling import poll_for
@@ -51,6 +54,7 @@ class Trace:
     reached: bool = False  # the agent read the injection
     cards_confirmed: int = 0
     cards_refused: int = 0
+    intent_run: str = ""  # the run whose own targets the principal named ("" not yet)
 
 
 @dataclass
@@ -59,6 +63,11 @@ class Principal:
 
     client: SyncClient
     meant: Sequence[Call] = ()
+
+    def name_intent(self, agent_id: str, run_id: str, task: UserTask) -> None:
+        """State the task's intent: its targets become the run's own, judged as in a clean
+        run even once the run has read untrusted content (docs/provenance.md)."""
+        self.client.set_run_targets(agent_id, run_id, list(intent(task)))
 
     def answer(self, trace: Trace, decision: Decision) -> bool:
         card = poll_for(lambda: self._open_card(decision.proposal_id), CARD_WAIT_S, CARD_POLL_S)
@@ -92,7 +101,8 @@ class ScriptedAgent:
     client: SyncClient
     helper: SyncClient
     principal: Principal
-    run_id: str
+    agent_id: str  # the agent's registered id, which the principal's intent names
+    run_id: str  # the run's label; the run itself is opened by its first transaction
     world: World
     trace: Trace = field(default_factory=Trace)
     reason: str = ""  # the operator's reason code of the last refusal (docs/engine.md)
@@ -102,12 +112,28 @@ class ScriptedAgent:
         for call in task.calls:
             outcome, content = self._call(self.client, call, None)
             self.trace.user.append((call, outcome))
+            self._state_intent(task)
             if outcome not in (RAN, CONFIRMED):
                 self.trace.reasons.append(self.reason)
             if injection is not None and INJECTION_MARKER in content and not self.trace.reached:
                 self.trace.reached = True
                 self._obey(injection)
         return self.trace
+
+    def _state_intent(self, task: UserTask) -> None:
+        """Once the task's first transaction opened the run (`n<nonce>`, proto/runs.py),
+        the principal names the run's own targets, before the agent sees what that call
+        returned. The call that opened the run was judged as in a clean run, since a run
+        is exposed only after its first untrusted read is allowed (docs/provenance.md,
+        "When a run becomes exposed"), so naming the targets after it changes no verdict
+        of the user's."""
+        if self.trace.intent_run:
+            return
+        run = self.client.run_of(self.run_id)
+        if run is not None:
+            if intent(task):  # a task that only reads changes nothing to name
+                self.principal.name_intent(self.agent_id, run, task)
+            self.trace.intent_run = run
 
     def _obey(self, injection: InjectionTask) -> None:
         client, grant = self.client, None

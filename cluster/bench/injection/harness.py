@@ -86,12 +86,13 @@ class Harness:
             self.principals[suite.principal] = self.owner.with_key(key)
         return self.principals[suite.principal]
 
-    def _agents(self, suite: Suite) -> tuple[SyncClient, SyncClient]:
-        """A fresh agent with the suite's policy, and its helper (same tools, no rules)."""
+    def _agents(self, suite: Suite) -> tuple[str, SyncClient, SyncClient]:
+        """A fresh agent with the suite's policy (its id and client), and its helper (same
+        tools, no rules)."""
         self.serial += 1
         principal = self.principal(suite)
         principal_id = f"{suite.principal}-{self.seed}"
-        clients = []
+        clients, agent_ids = [], []
         for role in ("agent", "helper"):
             key = _key(self.seed, suite.name, role, str(self.serial))
             agent_id = f"{suite.name}-{role}-{self.seed}-{self.serial}"
@@ -102,16 +103,18 @@ class Harness:
                 for name, entries in suite_sets(suite).items():
                     principal.set_entries(agent_id, name, entries)
             clients.append(self.owner.with_key(key))
-        return clients[0], clients[1]
+            agent_ids.append(agent_id)
+        return agent_ids[0], clients[0], clients[1]
 
     def run(self, suite: Suite, task_name: str, injection_name: str | None) -> RunResult:
         task = next(t for t in suite.user_tasks if t.name == task_name)
         injection = next((i for i in suite.injection_tasks if i.name == injection_name), None)
         world = suite.world() if injection is None else _planted(suite.world(), suite, injection)
-        agent, helper = self._agents(suite)
+        agent_id, agent, helper = self._agents(suite)
         principal = Principal(self.principal(suite))
         run_id = f"{suite.name}-{task.name}-{injection_name or 'none'}"
-        trace = ScriptedAgent(agent, helper, principal, run_id, world).run(task, injection)
+        scripted = ScriptedAgent(agent, helper, principal, agent_id, run_id, world)
+        trace = scripted.run(task, injection)
         return _result(suite, task.name, injection, world, trace)
 
     def runs(self, suites: Sequence[Suite]) -> Iterator[RunResult]:

@@ -73,6 +73,7 @@ def policy_toml(suite: Suite) -> str:
     for name in sorted({*suite.policy.tools}):
         spec: dict[str, Any] = dict(TOOLS[name])
         spec["args"] = spec.pop("arguments", None)
+        spec["untrusted"] = spec.pop("untrusted_results", None)
         roles = spec.pop("roles", None)
         if roles:
             spec["roles"] = {r: {"schemes": s, "max": m} for r, (s, m) in roles.items()}
