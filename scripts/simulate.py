@@ -9,9 +9,9 @@
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
 (`twins_scenarios`, 0: all of them); with --reconfigure, `reconfiguration_scenario(seed, n)`:
-the member set changes during the run (docs/consensus/epochs.md). A failure prints the SimOptions that reproduce it, and
-the run ends with the share of scenarios that failed, by behaviour. Exit status 1 if any
-failed.
+the member set changes during the run (docs/consensus/epochs.md). A failure prints the
+SimOptions that reproduce it, and the run ends with the share of scenarios that failed, by
+behaviour. Exit status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> int:
         for base in scenarios:
             variant = ALL_VARIANTS[args.unsafe] if args.unsafe else None
             options = dataclasses.replace(base, unsafe=variant, fast_crypto=not args.real_crypto)
-            faults = sorted(set(options.byzantine)) + ["+".join(options.reconfigure)]
+            faults = [*sorted(set(options.byzantine)), "+".join(options.reconfigure)]
             family = f"n={n} " + "+".join([f for f in faults if f] or ["honest"])
             runs[family] += 1
             outcome = run(options)

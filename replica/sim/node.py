@@ -206,6 +206,11 @@ class SimNode:
     def epoch(self) -> int:
         return self.disk.membership.epoch
 
+    def left_epoch(self) -> bool:
+        """Its core ended its epoch and the disk already holds the next one."""
+        core = self._core
+        return core is not None and core.ended is not None and self.epoch > core.epoch
+
     def _make_core(self, recovered: Recovered | None, restored: bool = False) -> Core | None:
         sim = self.sim
         membership, boundary = self.disk.starts[-1]

@@ -188,8 +188,7 @@ class Simulation:
                 self._send(node, action)
             elif isinstance(action, Commit):
                 self._commit(node, action)
-        core = node._core
-        if core is not None and core.ended is not None and node.epoch > core.epoch:
+        if node.left_epoch():
             self._apply(node, node.next_epoch())  # the change block committed
 
     def _send(self, node: SimNode, send: Send) -> None:

@@ -119,8 +119,9 @@ def test_a_vote_of_one_epoch_counts_in_no_other_with_the_same_keys() -> None:
     block = chain_of([1])[0]
     vote = signed_vote(1, block)
     CertificateChecker(epoch0, new_core(0).verifier).check_vote(vote)
-    with pytest.raises(RemoteError, match="bad_signature|vote"):
+    with pytest.raises(RemoteError) as refused:
         CertificateChecker(epoch1, new_core(0).verifier).check_vote(vote)
+    assert refused.value.reason == "bad_signature"
     again = SIGNERS[1].sign(vote_bytes(epoch1.signing_id, block.view, block.height, block.hash))
     CertificateChecker(epoch1, new_core(0).verifier).check_vote(
         Vote(block.view, block.height, block.hash, 1, again)
