@@ -10,7 +10,7 @@ votes against it, the cluster file builds it, and replay checks QCs with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 PUBLIC_KEY_BYTES = 32
 CHAIN_ID_BYTES_MAX = 64
@@ -33,6 +33,9 @@ class Member:
 class Membership:
     chain_id: str
     members: tuple[Member, ...]
+    # The consensus epoch this member set signs in (docs/consensus/epochs.md): 0 until the
+    # first committed reconfiguration, then one more at each.
+    epoch: int = 0
     # Derived from `members` once: the core asks for them on every message (properties
     # were about a million calls per twenty simulated clusters).
     n: int = field(default=0, init=False, compare=False)
@@ -63,3 +66,105 @@ class Membership:
 
     def is_member(self, index: int) -> bool:
         return 0 <= index < self.n
+
+    @property
+    def signing_id(self) -> str:
+        """What every consensus signature of this epoch names as its chain: the chain id in
+        epoch 0, so that a chain that never reconfigures signs the bytes it always signed,
+        and the chain id with the epoch after, so that no vote, timeout or certificate of
+        one epoch is valid in another (docs/consensus/epochs.md, "Signatures name their
+        epoch")."""
+        return self.chain_id if self.epoch == 0 else f"{self.chain_id}{EPOCH_SEPARATOR}{self.epoch}"
+
+    def index_of(self, public_key: bytes) -> int | None:
+        """The index of the member holding `public_key` in this epoch, if any."""
+        return next((m.index for m in self.members if m.public_key == public_key), None)
+
+
+# Separates the chain id from the epoch in `Membership.signing_id`. (A chain whose own id had
+# that form would sign the same text in its epoch 0, but with its own members' keys: a
+# signature is only ever checked against one chain's member set.)
+EPOCH_SEPARATOR = "#epoch="
+
+# The reconfiguration record: an owner operation the application commits as one transaction
+# of the log, which the consensus core recognises by its tag (docs/consensus/epochs.md,
+# "The record"). Layout: tag || u8 kind || u8 count || u32 index * count || u8 count ||
+# 32-byte key * count.
+RECONFIG_TAG = b"qg/reconfig/v1\x00"
+RECONFIG_KINDS = ("replace", "rotate", "add", "remove")
+RECONFIG_STEP_MEMBERS = 3  # n = 3f+1 at every epoch: members come and go three at a time
+RECONFIG_SIZES = (4, 7)  # the cluster sizes a reconfiguration may lead to
+RECONFIG_ITEMS_MAX = 3  # indexes or keys one record names
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfiguration:
+    """One change of the member set, effective at the next epoch. `replace` gives member
+    `indexes[0]` (a new machine) the key `keys[0]`; `rotate` does the same for a member
+    that keeps its machine; `add` appends three members with `keys`; `remove` takes out the
+    three members `indexes`, the others keeping their order."""
+
+    kind: str
+    indexes: tuple[int, ...] = ()
+    keys: tuple[bytes, ...] = ()
+
+    def encode(self) -> bytes:
+        out = bytearray(RECONFIG_TAG)
+        out.append(RECONFIG_KINDS.index(self.kind))
+        out.append(len(self.indexes))
+        for index in self.indexes:
+            out += index.to_bytes(4, "big")
+        out.append(len(self.keys))
+        for key in self.keys:
+            out += key
+        return bytes(out)
+
+    @staticmethod
+    def parse(tx: bytes) -> Reconfiguration | None:
+        """The record `tx` holds, or None if it is not one (any other transaction, or a
+        record that does not parse exactly: it then changes nothing)."""
+        if not tx.startswith(RECONFIG_TAG):
+            return None
+        body = tx[len(RECONFIG_TAG) :]
+        if len(body) < 3 or body[0] >= len(RECONFIG_KINDS) or body[1] > RECONFIG_ITEMS_MAX:
+            return None
+        at = 2 + 4 * body[1]
+        indexes = tuple(int.from_bytes(body[2 + 4 * i : 6 + 4 * i], "big") for i in range(body[1]))
+        if len(body) <= at or body[at] > RECONFIG_ITEMS_MAX:
+            return None
+        keys_count = body[at]
+        if len(body) != at + 1 + PUBLIC_KEY_BYTES * keys_count:
+            return None
+        keys = tuple(
+            body[at + 1 + PUBLIC_KEY_BYTES * i : at + 1 + PUBLIC_KEY_BYTES * (i + 1)]
+            for i in range(keys_count)
+        )
+        return Reconfiguration(RECONFIG_KINDS[body[0]], indexes, keys)
+
+    def apply(self, current: Membership) -> Membership | None:
+        """The member set of the next epoch, or None if this record does not apply to
+        `current` (committed all the same, it then changes nothing)."""
+        keys = [m.public_key for m in current.members]
+        if self.kind in ("replace", "rotate"):
+            if len(self.indexes) != 1 or len(self.keys) != 1:
+                return None
+            if not current.is_member(self.indexes[0]):
+                return None
+            keys[self.indexes[0]] = self.keys[0]
+        elif self.kind == "add":
+            if self.indexes or len(self.keys) != RECONFIG_STEP_MEMBERS:
+                return None
+            keys += self.keys
+        else:
+            gone = set(self.indexes)
+            if self.keys or len(gone) != RECONFIG_STEP_MEMBERS:
+                return None
+            if not all(current.is_member(i) for i in gone):
+                return None
+            keys = [k for i, k in enumerate(keys) if i not in gone]
+        if len(keys) not in RECONFIG_SIZES or any(len(k) != PUBLIC_KEY_BYTES for k in keys):
+            return None
+        if len(set(keys)) != len(keys):
+            return None
+        members = tuple(Member(i, k) for i, k in enumerate(keys))
+        return replace(current, members=members, epoch=current.epoch + 1)

@@ -34,10 +34,14 @@ from quorumgate.replica.types import (
 class CertificateChecker:
     __slots__ = ("_genesis_qc", "membership", "verifier")
 
-    def __init__(self, membership: Membership, verifier: Verifier) -> None:
+    def __init__(
+        self, membership: Membership, verifier: Verifier, start: QuorumCert | None = None
+    ) -> None:
+        """`start`: the unsigned certificate this epoch starts from (replica/epochs.py
+        `start_qc`); the genesis QC unless the chain reconfigured."""
         self.membership = membership
         self.verifier = verifier
-        self._genesis_qc = genesis_qc(membership.chain_id)
+        self._genesis_qc = start or genesis_qc(membership.chain_id)
 
     def _signer_key(self, signer: int) -> bytes:
         if not self.membership.is_member(signer):
@@ -45,9 +49,9 @@ class CertificateChecker:
         return self.membership.key(signer)
 
     def check_qc(self, qc: QuorumCert) -> None:
-        if qc.is_genesis:
+        if not qc.signatures:
             if qc != self._genesis_qc:
-                raise RemoteError("bad_certificate", "unsigned qc that is not genesis")
+                raise RemoteError("bad_certificate", "unsigned qc that is not the epoch's start")
             return
         if len(qc.signatures) < self.membership.quorum:
             raise RemoteError(
@@ -58,7 +62,7 @@ class CertificateChecker:
         digest = qc.digest()
         if self.verifier.known(digest):
             return
-        message = vote_bytes(self.membership.chain_id, qc.view, qc.height, qc.block_hash)
+        message = vote_bytes(self.membership.signing_id, qc.view, qc.height, qc.block_hash)
         for signer, sig in qc.signatures:
             key = self._signer_key(signer)
             # Votes are broadcast, so most of a QC's signatures were checked here already,
@@ -85,7 +89,7 @@ class CertificateChecker:
         digest = enc.digest()
         if self.verifier.known(digest):
             return
-        chain = self.membership.chain_id
+        chain = self.membership.signing_id
         for signer, hqc_view, sig in tc.signatures:
             key = self._signer_key(signer)
             # A TC is made of timeouts, which are broadcast: as with a QC's votes, most of
@@ -101,14 +105,14 @@ class CertificateChecker:
 
     def check_hello(self, sender: int, hello: Hello) -> None:
         key = self._signer_key(sender)
-        message = hello_bytes(self.membership.chain_id, sender, hello.nonce)
+        message = hello_bytes(self.membership.signing_id, sender, hello.nonce)
         if not self.verifier.verify(key, message, hello.signature):
             raise RemoteError("bad_signature", f"hello from {sender}")
 
     def check_hello_reply(self, sender: int, reply: HelloReply) -> None:
         key = self._signer_key(sender)
         message = hello_reply_bytes(
-            self.membership.chain_id,
+            self.membership.signing_id,
             sender,
             reply.asker,
             reply.nonce,
@@ -120,7 +124,7 @@ class CertificateChecker:
 
     def check_vote(self, vote: Vote) -> None:
         key = self._signer_key(vote.voter)
-        message = vote_bytes(self.membership.chain_id, vote.view, vote.height, vote.block_hash)
+        message = vote_bytes(self.membership.signing_id, vote.view, vote.height, vote.block_hash)
         seen = _signature_digest(vote.voter, message, vote.signature)
         if self.verifier.known(seen):
             return  # the same vote again (re-sent), or its signature seen in a QC
@@ -132,7 +136,7 @@ class CertificateChecker:
         key = self._signer_key(timeout.voter)
         if timeout.high_qc.view >= timeout.view:
             raise RemoteError("malformed", "timeout high qc not below its view")
-        message = timeout_bytes(self.membership.chain_id, timeout.view, timeout.high_qc.view)
+        message = timeout_bytes(self.membership.signing_id, timeout.view, timeout.high_qc.view)
         seen = _signature_digest(timeout.voter, message, timeout.signature)
         if not self.verifier.known(seen):
             if not self.verifier.verify(key, message, timeout.signature):
@@ -153,7 +157,7 @@ class CertificateChecker:
                 "not_leader", f"proposer {block.proposer} does not lead view {block.view}"
             )
         key = self._signer_key(block.proposer)
-        message = proposal_bytes(self.membership.chain_id, block.view, block.hash)
+        message = proposal_bytes(self.membership.signing_id, block.view, block.hash)
         if not self.verifier.verify(key, message, proposal.signature):
             raise RemoteError("bad_signature", f"proposal for view {block.view}")
         self.check_qc(block.justify)

@@ -57,10 +57,18 @@ from quorumgate.replica.actions import (
 from quorumgate.replica.blocktree import BlockTree
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.config import Limits
+from quorumgate.replica.epochs import (
+    EpochEnd,
+    boundary_index,
+    change_in,
+    one_record_at_most,
+    start_qc,
+)
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
     Block,
+    CommitProof,
     Envelope,
     Hello,
     HelloReply,
@@ -160,6 +168,9 @@ class Recovered:
     # the committed height, and quiescence then waits for that height's root to be
     # carried once more, which an already quiet cluster never proposes.
     payload_height: int | None = None
+    # The previous epoch's change block, where the membership's epoch started (None in
+    # epoch 0: at genesis). docs/consensus/epochs.md.
+    boundary: Block | None = None
 
 
 @dataclass(slots=True)
@@ -203,14 +214,23 @@ class Core:
         fence_on_start: bool = True,
         restored: bool = False,
         hello_nonce: bytes | None = None,
+        epochs: bool = False,
     ) -> None:
+        """`epochs`: committed reconfiguration records end the epoch (docs/consensus/
+        epochs.md). Off, records are transactions like any other, as on every chain so far."""
         assert membership.is_member(me), "not a member"
         assert fence_on_start or not restored, "a restore is always fenced (safety Rule 6)"
         self.membership = membership
         self.me = me
         self.limits = limits or Limits()
         self.verifier = verifier or Verifier(self.limits.verified_cache_max)
-        self.checker = CertificateChecker(membership, self.verifier)
+        chain = membership.chain_id
+        boundary = recovered.boundary if recovered is not None else None
+        assert (boundary is None) == (membership.epoch == 0), "an epoch after 0 has a start"
+        self.epoch = membership.epoch
+        self.epochs = epochs
+        self.ended: EpochEnd | None = None  # set once the epoch's change block committed
+        self.checker = CertificateChecker(membership, self.verifier, start_qc(chain, boundary))
         self.payload: PayloadSource = payload or NoPayload()
         self.execution: ExecutionView = execution or NoExecution()
         self._out: list[Action] = []
@@ -218,7 +238,6 @@ class Core:
         self.stats = CoreStats()
         self.now_ms = now_ms
 
-        chain = membership.chain_id
         if recovered is None:
             recovered = Recovered(SafetyState.initial(chain), genesis_block(chain))
         self.safety = self.safety_rules_cls(
@@ -315,6 +334,8 @@ class Core:
     def on_tick(self, now_ms: int) -> list[Action]:
         """One pacemaker tick; `now_ms` is the shell's clock, used only for timestamps."""
         assert self._started, "start() first"
+        if self.ended is not None:
+            return self._flush()  # the shell starts the next epoch's core
         self.now_ms = now_ms
         if self.quiescent():
             self._ticks_in_view = 0  # nothing to wait for: no view can fail
@@ -391,7 +412,8 @@ class Core:
         so the block's timestamp is not the last tick's."""
         if now_ms is not None:
             self.now_ms = max(self.now_ms, now_ms)
-        self._maybe_propose()
+        if self.ended is None:
+            self._maybe_propose()
         return self._flush()
 
     def on_message(self, envelope: Envelope) -> list[Action]:
@@ -399,6 +421,7 @@ class Core:
         or counts it in `dropped` by reason; it raises nothing (a malformed sync response
         once raised out of here and silently killed the replica's core task)."""
         try:
+            self._check_epoch(envelope.epoch)
             check_envelope(envelope, self.membership, self.limits)
             sender = envelope.sender
             if not self.membership.is_member(sender) or sender == self.me:
@@ -428,6 +451,16 @@ class Core:
         except RemoteError as err:
             self.dropped[err.reason] += 1
         return self._flush()
+
+    def _check_epoch(self, epoch: int) -> None:
+        """A message of another epoch is judged by no one here: its signatures name that
+        epoch and its members (docs/consensus/epochs.md). After our own epoch ended, every
+        message waits for the next one's core."""
+        if self.ended is not None:
+            raise RemoteError("epoch_ended", f"epoch {self.epoch} ended")
+        if epoch != self.epoch:
+            reason = "stale_epoch" if epoch < self.epoch else "future_epoch"
+            raise RemoteError(reason, f"message of epoch {epoch} in epoch {self.epoch}")
 
     # ================================================================== queries
 
@@ -545,9 +578,13 @@ class Core:
     def _try_commit(self, qc: QuorumCert) -> None:
         """Apply the commit rule to a verified QC (replica/blocktree.py)."""
         committed = self.tree.two_chain(qc)
-        if committed is not None:
+        if committed is not None and self.ended is None:
             blocks, proof = committed
             assert proof.b1.parent_hash == blocks[-1].hash, "proof does not prove the commit"
+            cut = boundary_index(blocks, self.membership) if self.epochs else None
+            if cut is not None:
+                self._end_epoch(blocks, cut, (*blocks[cut + 1 :], *proof.blocks), proof.qc)
+                return
             self.tree.commit(blocks[-1])
             self.payload.on_commit(blocks)
             for block in blocks:
@@ -555,6 +592,25 @@ class Core:
                     self._payload_height = max(self._payload_height, block.height)
             self.stats.blocks_committed += len(blocks)
             self._out.append(Commit(tuple(blocks), proof))
+
+    def _end_epoch(
+        self, blocks: Sequence[Block], cut: int, suffix: tuple[Block, ...], qc: QuorumCert
+    ) -> None:
+        """The change block `blocks[cut]` committed: commit up to it and no further (the
+        blocks after it are the old epoch's suffix, empty and never committed), and end
+        the epoch (docs/consensus/epochs.md, "Where an epoch ends")."""
+        boundary = blocks[cut]
+        nxt = change_in(boundary, self.membership)
+        assert nxt is not None, "the cut is a change block"
+        done = list(blocks[: cut + 1])
+        self.tree.commit(boundary)
+        self.payload.on_commit(done)
+        self.stats.blocks_committed += len(done)
+        # The proof that the shell stores beside a commit proves the last block; this one
+        # proves a descendant of it, so the shell keeps `ended` instead.
+        proof = CommitProof.two_chain(suffix[-1], qc)
+        self.ended = EpochEnd(boundary, nxt, suffix, qc)
+        self._out.append(Commit(tuple(done), proof))
 
     def _process_certs(self, qc: QuorumCert, tc: TimeoutCert | None = None) -> None:
         """Verified certificates: raise the highest QC and TC, commit, then enter the
@@ -695,7 +751,7 @@ class Core:
         return False
 
     def _maybe_propose(self) -> None:
-        if self._fencing:
+        if self._fencing or self.ended is not None:
             return
         if self.leader != self.me or self.safety.state.last_proposed_view >= self.view:
             return
@@ -727,6 +783,10 @@ class Core:
             return
         limits = self.limits
         txs = self.payload.take(chain, limits.batch_txs_max, limits.batch_bytes_max)
+        if self.epochs and self._change_pending(chain):
+            txs = ()  # the suffix of a change block carries nothing (docs/consensus/epochs.md)
+        elif self.epochs:
+            txs = one_record_at_most(txs)
         assert len(txs) <= limits.batch_txs_max, "payload source broke the batch count limit"
         assert sum(map(len, txs)) <= limits.batch_bytes_max, "payload source broke byte limit"
         justify = self.high_qc
@@ -896,6 +956,21 @@ class Core:
         reason = self.payload.check(block)
         if reason is not None:
             raise RemoteError("invalid_payload", reason)
+        if self.epochs and block.payload:
+            self._check_changes(block, parent)
+
+    def _check_changes(self, block: Block, parent: Block) -> None:
+        """A block after an uncommitted change block carries nothing, and a block carries
+        one reconfiguration record at most (docs/consensus/epochs.md, "The record")."""
+        if self._change_pending(self.tree.uncommitted_chain(parent.hash)):
+            raise RemoteError("payload_after_change", f"block of view {block.view}")
+        if one_record_at_most(block.payload) != block.payload:
+            raise RemoteError("two_changes", f"block of view {block.view}")
+
+    def _change_pending(self, chain: Sequence[Block]) -> bool:
+        """An uncommitted block of `chain` changes the member set: blocks after it are the
+        epoch's suffix, which carries no transactions (they would never be committed)."""
+        return boundary_index(chain, self.membership) is not None
 
     def _accept_proposal(self, block: Block) -> None:
         parent = self.tree.get(block.parent_hash)
@@ -909,7 +984,7 @@ class Core:
         if self.tree.insert(block):
             self._inserted(block)
         self._proposal_seen[block.view] = block.hash
-        if self._fencing:
+        if self._fencing or self.ended is not None:
             return  # kept, but not voted for: we do not yet know which views we signed in
         try:
             signed = self.safety.vote(block, parent, self.high_qc, self.high_tc)
@@ -1003,7 +1078,7 @@ class Core:
     # ------------------------------------------------------------------ timeouts
 
     def _local_timeout(self) -> None:
-        if self._fencing:
+        if self._fencing or self.ended is not None:
             return
         try:
             signed = self.safety.timeout(self.view, self.high_qc, self.high_tc)

@@ -259,7 +259,8 @@ class SafetyRules:
         new = self._commit(
             replace(state, last_proposed_view=block.view).with_certs(block.justify, high_tc)
         )
-        sig = self._signer.sign(proposal_bytes(block.chain_id, block.view, block.hash))
+        chain = self._checker.membership.signing_id
+        sig = self._signer.sign(proposal_bytes(chain, block.view, block.hash))
         return Signed(Proposal(block, sig, high_tc), new.epoch)
 
     # ------------------------------------------------------------------ fencing
@@ -354,7 +355,7 @@ class SafetyRules:
     def _sign_vote(self, statement: Vote) -> Vote:
         # Safety state records what was voted for, unsigned; Ed25519 is deterministic, so
         # signing the recorded statement again after a restart yields the same bytes.
-        chain = self._checker.membership.chain_id
+        chain = self._checker.membership.signing_id
         statement_bytes = vote_bytes(chain, statement.view, statement.height, statement.block_hash)
         sig = self._signer.sign(statement_bytes)
         return replace(statement, signature=sig)
@@ -364,7 +365,7 @@ class SafetyRules:
     def sign_hello(self, nonce: bytes) -> Hello:
         """The start-up question of Rule 6, signed so that no one else can ask for us.
         It changes no safety state: it asks, it promises nothing."""
-        chain = self._checker.membership.chain_id
+        chain = self._checker.membership.signing_id
         return Hello(nonce, self._signer.sign(hello_bytes(chain, self._me, nonce)))
 
     def sign_hello_reply(
@@ -379,7 +380,7 @@ class SafetyRules:
         """Our answer to one start of `asker` (its nonce): the last view we saw it sign in.
         Signed, so that a forger cannot end a restored replica's fencing
         (docs/consensus/fencing.md)."""
-        chain = self._checker.membership.chain_id
+        chain = self._checker.membership.signing_id
         statement = hello_reply_bytes(chain, self._me, asker, nonce, last_signed_view, view)
         return HelloReply(
             last_signed_view, view, high_qc, high_tc, asker, nonce, self._signer.sign(statement)
@@ -442,6 +443,6 @@ class SafetyRules:
         )
 
     def _sign_timeout(self, statement: Timeout) -> Timeout:
-        chain = self._checker.membership.chain_id
+        chain = self._checker.membership.signing_id
         sig = self._signer.sign(timeout_bytes(chain, statement.view, statement.high_qc.view))
         return replace(statement, signature=sig)

@@ -328,11 +328,14 @@ Message = Proposal | Vote | Timeout | TimeoutCert | SyncRequest | SyncResponse |
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """What travels between replicas: the chain id, the claimed sender, one message."""
+    """What travels between replicas: the chain id, the claimed sender, one message, and
+    the consensus epoch the sender was in (docs/consensus/epochs.md; 0 on a chain that
+    never reconfigured)."""
 
     chain_id: str
     sender: int
     message: Message
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

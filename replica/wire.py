@@ -72,7 +72,9 @@ def block_to_pb(block: Block, out: pb.Block) -> None:
 
 
 def envelope_to_pb(envelope: Envelope) -> pb.ConsensusMessage:
-    out = pb.ConsensusMessage(chain_id=envelope.chain_id, sender=envelope.sender)
+    out = pb.ConsensusMessage(
+        chain_id=envelope.chain_id, sender=envelope.sender, epoch=envelope.epoch
+    )
     msg = envelope.message
     if isinstance(msg, Proposal):
         _block_to_pb(msg.block, out.proposal.block)
@@ -214,7 +216,8 @@ def message_from_pb(chain_id: str, msg: pb.ConsensusMessage) -> Message:
 
 def envelope_from_pb(msg: pb.ConsensusMessage) -> Envelope:
     try:
-        return Envelope(msg.chain_id, msg.sender, message_from_pb(msg.chain_id, msg))
+        message = message_from_pb(msg.chain_id, msg)
+        return Envelope(msg.chain_id, msg.sender, message, msg.epoch)
     except (ValueError, OverflowError) as err:
         raise RemoteError("malformed", type(err).__name__) from err
 

@@ -4,12 +4,14 @@
     python scripts/simulate.py --seeds 10000 --nodes 4 7
     python scripts/simulate.py --start 5000 --seeds 200 --nodes 7 --unsafe no_safe_to_vote
     python scripts/simulate.py --twins 300 --nodes 4 --unsafe double_vote
+    python scripts/simulate.py --reconfigure --seeds 300 --nodes 4 7
 
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
-(`twins_scenarios`, 0: all of them). A failure prints the SimOptions that reproduce it, and
-the run ends with the share of scenarios that failed, by behaviour. Exit status 1 if any
-failed.
+(`twins_scenarios`, 0: all of them); with --reconfigure, `reconfiguration_scenario(seed, n)`:
+the member set changes during the run (docs/consensus/epochs.md). A failure prints the
+SimOptions that reproduce it, and the run ends with the share of scenarios that failed, by
+behaviour. Exit status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from quorumgate.replica.sim import (
     SimOptions,
     Simulation,
     SimulationFailure,
+    reconfiguration_scenario,
     scenario,
     twins_scenarios,
 )
@@ -32,7 +35,9 @@ from quorumgate.replica.sim import (
 # The broken variants live with the tests, which the wheel does not install (it ships honest
 # rules only): put the repository root on the path so that `tests` imports from a checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.consensus.variants import UNSAFE_VARIANTS, VARIANTS
+from tests.consensus.variants import EPOCH_VARIANTS, VARIANTS
+
+ALL_VARIANTS = {**VARIANTS, **EPOCH_VARIANTS}
 
 
 def main() -> int:
@@ -40,9 +45,12 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=1000, help="scenarios per cluster size")
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 7])
-    parser.add_argument("--unsafe", choices=UNSAFE_VARIANTS, help="run a broken variant")
+    parser.add_argument("--unsafe", choices=tuple(ALL_VARIANTS), help="run a broken variant")
     parser.add_argument(
         "--twins", type=int, metavar="K", help="the enumerated Twins adversary, K per behaviour"
+    )
+    parser.add_argument(
+        "--reconfigure", action="store_true", help="scenarios that change the member set"
     )
     parser.add_argument("--real-crypto", action="store_true", help="Ed25519, not the stand-in")
     args = parser.parse_args()
@@ -52,14 +60,18 @@ def main() -> int:
     unsafe: Counter[str] = Counter()  # failures of a safety check (the rest: liveness)
     excused = 0  # passed safety; liveness not owed (more than f faults at the end)
     for n in args.nodes:
+        seeds = range(args.start, args.start + args.seeds)
         if args.twins is not None:
             scenarios = twins_scenarios(n, per_behaviour=args.twins or None)
+        elif args.reconfigure:
+            scenarios = [reconfiguration_scenario(seed, n) for seed in seeds]
         else:
-            scenarios = [scenario(seed, n) for seed in range(args.start, args.start + args.seeds)]
+            scenarios = [scenario(seed, n) for seed in seeds]
         for base in scenarios:
-            variant = VARIANTS[args.unsafe] if args.unsafe else None
+            variant = ALL_VARIANTS[args.unsafe] if args.unsafe else None
             options = dataclasses.replace(base, unsafe=variant, fast_crypto=not args.real_crypto)
-            family = f"n={n} " + "+".join(sorted(set(options.byzantine)) or ["honest"])
+            faults = [*sorted(set(options.byzantine)), "+".join(options.reconfigure)]
+            family = f"n={n} " + "+".join([f for f in faults if f] or ["honest"])
             runs[family] += 1
             outcome = run(options)
             excused += outcome == EXCUSED

@@ -35,8 +35,9 @@ plug in through `SimOptions.unsafe`, the core the honest members run instead of 
 The modules, one job each: `options` (what a run is given), `crypto` (a fast stand-in for
 Ed25519), `node` (a member, its disk and its stand-in mempool and sidecar), `network`
 (what is in flight, partitions), `checks` (the safety checks), `byzantine` (the Byzantine
-behaviours), `restores` (the aimed restores), `simulation` (the runner), `scenarios` (a
-seed's faults) and `twins` (the enumerated adversary).
+behaviours), `restores` (the aimed restores), `epochs` (member-set changes and the shell's
+part at an epoch boundary: docs/consensus/epochs.md), `simulation` (the runner),
+`scenarios` (a seed's faults) and `twins` (the enumerated adversary).
 """
 
 from quorumgate.replica.sim.crypto import FastKeys
@@ -48,7 +49,7 @@ from quorumgate.replica.sim.options import (
     SimOptions,
     SimulationFailure,
 )
-from quorumgate.replica.sim.scenarios import scenario
+from quorumgate.replica.sim.scenarios import reconfiguration_scenario, scenario
 from quorumgate.replica.sim.simulation import SimResult, Simulation
 from quorumgate.replica.sim.twins import TWINS_BEHAVIOURS, twins_scenarios, twins_splits
 
@@ -67,6 +68,7 @@ __all__ = [
     "SimResult",
     "Simulation",
     "SimulationFailure",
+    "reconfiguration_scenario",
     "scenario",
     "twins_scenarios",
     "twins_splits",

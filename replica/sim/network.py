@@ -7,10 +7,20 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from quorumgate.replica.epochs import EpochProof
 from quorumgate.replica.sim.options import SimOptions
 from quorumgate.replica.types import Envelope
 
 Instance = tuple[int, int]  # (member, instance): twins are two instances of one member
+
+
+@dataclass(frozen=True)
+class EpochDelivery:
+    """An epoch proof on its way from `sender` to a node still in the proof's epoch (the
+    shell's business, not the core's: docs/consensus/epochs.md, "Catching up")."""
+
+    sender: int
+    proof: EpochProof
 
 
 @dataclass(order=True)
@@ -19,7 +29,7 @@ class InFlight:
     order: int
     to: int = field(compare=False)
     instance: int | None = field(compare=False)  # None: every instance of `to`
-    envelope: Envelope = field(compare=False)
+    envelope: Envelope | EpochDelivery = field(compare=False)
 
 
 class Network:
@@ -33,7 +43,9 @@ class Network:
         self.partition: dict[Instance, int] | None = None
         self.next_partition_tick = 0
 
-    def push(self, deliver_tick: int, to: int, instance: int | None, envelope: Envelope) -> None:
+    def push(
+        self, deliver_tick: int, to: int, instance: int | None, envelope: Envelope | EpochDelivery
+    ) -> None:
         self.order += 1
         self.queue.append(InFlight(deliver_tick, self.order, to, instance, envelope))
 

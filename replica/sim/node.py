@@ -15,6 +15,7 @@ from quorumgate.proto.domains import SIM_HELLO
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import Action
 from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.epochs import EpochEnd
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim.options import RESTORE_BACKUP_VIEWS_MAX, SIM_LIMITS, SimOptions
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, CommitProof, genesis_block
@@ -28,9 +29,26 @@ class Disk:
     committed: list[Block]
     proofs: dict[int, CommitProof] = field(default_factory=dict)
     blocks: dict[bytes, Block] = field(default_factory=dict)
+    # Each epoch's member set and the change block it started after (None: genesis), and
+    # how each ended epoch ended (docs/consensus/epochs.md): made durable with the commit
+    # of the change block, in the same step.
+    starts: list[tuple[Membership, Block | None]] = field(default_factory=list)
+    ends: dict[int, EpochEnd] = field(default_factory=dict)
 
     def copy(self) -> Disk:
-        return Disk(self.safety, list(self.committed), dict(self.proofs), dict(self.blocks))
+        return Disk(
+            self.safety,
+            list(self.committed),
+            dict(self.proofs),
+            dict(self.blocks),
+            list(self.starts),
+            dict(self.ends),
+        )
+
+    @property
+    def membership(self) -> Membership:
+        """The member set of the newest epoch this node knows of."""
+        return self.starts[-1][0]
 
     def payload_height(self) -> int:
         """The highest committed height whose block carries transactions (0: none)."""
@@ -137,6 +155,7 @@ class NodeWorld(Protocol):
     byzantine: dict[int, str]
     pool: SimPool
     verify_fn: VerifyFn
+    key_signers: dict[bytes, Signer]
     restores_resumed: int
     stale_restores: int
     amnesiac: set[int]
@@ -154,6 +173,7 @@ class SimNode:
         self.signer = signer
         chain = sim.membership.chain_id
         self.disk = Disk(SafetyState.initial(chain), [genesis_block(chain)])
+        self.disk.starts.append((sim.membership, None))
         self.durable_epoch = 0
         self.committed_txs: set[bytes] = set()
         self.up = True
@@ -168,18 +188,46 @@ class SimNode:
         self.restore_marker = False
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
-        self.core = self._make_core(None)
+        self.asked_tick = -1  # when this node last asked a peer for an epoch proof
+        self._core: Core | None = self._make_core(None)
 
-    def _make_core(self, recovered: Recovered | None, restored: bool = False) -> Core:
+    @property
+    def core(self) -> Core:
+        """The consensus core of this node's epoch; only members of it have one."""
+        assert self._core is not None, f"node {self.index} is no member of its epoch"
+        return self._core
+
+    @property
+    def active(self) -> bool:
+        """A member of the newest epoch it knows of, running that epoch's core."""
+        return self._core is not None
+
+    @property
+    def epoch(self) -> int:
+        return self.disk.membership.epoch
+
+    def left_epoch(self) -> bool:
+        """Its core ended its epoch and the disk already holds the next one."""
+        core = self._core
+        return core is not None and core.ended is not None and self.epoch > core.epoch
+
+    def _make_core(self, recovered: Recovered | None, restored: bool = False) -> Core | None:
         sim = self.sim
+        membership, boundary = self.disk.starts[-1]
+        if not membership.is_member(self.index):
+            return None  # not (or no longer) a member: it only follows epoch changes
+        self.signer = sim.key_signers[membership.key(self.index)]
         # Byzantine members wrap the honest core; only honest ones run a variant under test.
         cls = Core if self.index in sim.byzantine else (sim.options.unsafe or Core)
         self.starts += 1
         # A fresh nonce per start, as the replica shell draws one (the default is derived
         # from the safety epoch, which a restore from old data repeats).
         nonce = Encoder(SIM_HELLO).u64(sim.options.seed).u32(self.index).u32(self.starts)
+        if recovered is None and boundary is not None:
+            committed = self.disk.committed[-1]
+            recovered = Recovered(self.disk.safety, committed, boundary=boundary)
         core = cls(
-            sim.membership,
+            membership,
             self.index,
             self.signer,
             limits=SIM_LIMITS,
@@ -191,11 +239,20 @@ class SimNode:
             hello_nonce=nonce.digest()[:HELLO_NONCE_BYTES],
             # An operator who puts a backup back declares it (docs/consensus/fencing.md).
             restored=restored,
+            epochs=True,
         )
         return core
 
     def start(self) -> list[Action]:
-        return self.core.start()
+        return self.core.start() if self.active else []
+
+    def next_epoch(self) -> list[Action]:
+        """The disk holds a newer epoch than the core runs (or than it last knew of, if it
+        runs none): start that epoch's core, if this node is a member of it."""
+        if self._core is not None:
+            self.dropped_before += self._core.dropped
+        self._core = self._make_core(None)
+        return self.start()
 
     def crash(self, until_tick: int) -> None:
         self.up = False
@@ -216,11 +273,18 @@ class SimNode:
         committed = disk.committed[-1]
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
         self.durable_epoch = disk.safety.epoch
-        self.dropped_before += self.core.dropped
-        recovered = Recovered(disk.safety, committed, pending, payload_height=disk.payload_height())
-        self.core = self._make_core(recovered, restored=restored)
+        if self._core is not None:
+            self.dropped_before += self._core.dropped
+        recovered = Recovered(
+            disk.safety,
+            committed,
+            pending,
+            payload_height=disk.payload_height(),
+            boundary=disk.starts[-1][1],
+        )
+        self._core = self._make_core(recovered, restored=restored)
         self.up = True
-        return self.core.start()
+        return self.start()
 
     def keep_backup(self) -> None:
         """The aimed restores' backups: the disk as it entered each of its last views."""
@@ -238,4 +302,4 @@ class SimNode:
     @property
     def dropped(self) -> Counter[str]:
         """What this member dropped, by reason, over all its starts."""
-        return self.dropped_before + self.core.dropped
+        return self.dropped_before + (self._core.dropped if self._core else Counter())

@@ -29,6 +29,7 @@ FAR_AHEAD_VIEWS = 1_000_000
 SIM_TICK_MS = 10
 TX_BYTES = 48
 RESTORE_BACKUP_VIEWS_MAX = 8  # the victim's backups kept, one per view it entered
+RECONFIGURE_KINDS = ("replace", "rotate", "add", "remove")
 # Proposals the network keeps, by view, to hand a restored victim again (the newest views).
 SENT_PROPOSAL_VIEWS_MAX = 32
 
@@ -78,6 +79,10 @@ class SimOptions:
     # The backup an aimed restore puts back: taken on entering the view it signed in (0)
     # or this many views before it (at most RESTORE_BACKUP_VIEWS_MAX).
     restore_backup_views: int = 0
+    # Owner operations that change the member set, committed in this order at random ticks
+    # before the heal (docs/consensus/epochs.md): "replace" (a member's machine and key),
+    # "rotate" (a member's key), "add" (4 -> 7), "remove" (7 -> 4).
+    reconfigure: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         f = (self.n - 1) // 3
@@ -92,6 +97,30 @@ class SimOptions:
             raise ValueError("one member index per Byzantine behaviour")
         if not 0 <= self.restore_backup_views <= RESTORE_BACKUP_VIEWS_MAX:
             raise ValueError(f"restore_backup_views above {RESTORE_BACKUP_VIEWS_MAX}")
+        self._check_reconfigure()
+
+    def _check_reconfigure(self) -> None:
+        """Each change must fit the size the ones before it leave. Byzantine members and
+        restores stay out of these runs: their behaviours know one member set."""
+        size = self.n
+        for kind in self.reconfigure:
+            if kind not in RECONFIGURE_KINDS:
+                raise ValueError(f"unknown reconfiguration {kind!r}")
+            if (kind, size) in (("add", 7), ("remove", 4)) or size not in (4, 7):
+                raise ValueError(f"{kind} does not fit a cluster of {size}")
+            size += {"add": 3, "remove": -3}.get(kind, 0)
+        stale = self.stale_restore_permille or self.aimed_restores
+        if self.reconfigure and (self.byzantine or stale):
+            raise ValueError("reconfiguration runs have no Byzantine member and no restore")
+
+    @property
+    def slots(self) -> int:
+        """Node slots the run needs: the most members any of its epochs has."""
+        size, most = self.n, self.n
+        for kind in self.reconfigure:
+            size += {"add": 3, "remove": -3}.get(kind, 0)
+            most = max(most, size)
+        return most
 
     @property
     def aimed_restores(self) -> int:

@@ -42,3 +42,30 @@ def scenario(seed: int, n: int) -> SimOptions:
     )
     withholding = sum(b in WITHHOLDING_BEHAVIOURS for b in byzantine)
     return restores if rng.randrange(2) and withholding < f else options
+
+
+# The member-set changes a reconfiguration scenario draws from, by starting size.
+RECONFIGURATIONS: dict[int, tuple[tuple[str, ...], ...]] = {
+    4: (("replace",), ("rotate",), ("add",), ("add", "remove"), ("rotate", "add")),
+    7: (("replace",), ("rotate",), ("remove",), ("remove", "add"), ("replace", "remove")),
+}
+
+
+def reconfiguration_scenario(seed: int, n: int) -> SimOptions:
+    """The scenario a seed stands for with the member set changing (docs/consensus/
+    epochs.md): one or two owner changes committed at ticks drawn from the seed, under the
+    network's faults and crashes (no Byzantine member, no restore: see `SimOptions`)."""
+    rng = random.Random(seed * 6007 + n)
+    return SimOptions(
+        seed=seed,
+        n=n,
+        ticks=rng.choice((300, 600, 900)),
+        delay_ticks_max=rng.choice((0, 1, 3, 6)),
+        loss_permille=rng.choice((0, 0, 50, 200)),
+        dup_permille=rng.choice((0, 50, 200)),
+        partition_ticks=rng.choice((0, 0, 10, 40, 200)),
+        crash_permille=rng.choice((0, 0, 1, 3)),
+        crash_ticks_max=rng.choice((30, 150)),
+        tx_per_tick_permille=rng.choice((100, 500, 900)),
+        reconfigure=rng.choice(RECONFIGURATIONS[n]),
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quorumgate.proto.crypto import Ed25519Signer, Signer, VerifyFn, ed25519_verify
@@ -24,7 +25,8 @@ from quorumgate.replica.core import Core
 from quorumgate.replica.sim.byzantine import Adversary
 from quorumgate.replica.sim.checks import SafetyChecks
 from quorumgate.replica.sim.crypto import FastKeys
-from quorumgate.replica.sim.network import InFlight, Instance, Network
+from quorumgate.replica.sim.epochs import Reconfigurer, enter_epoch, proof_for, take_proof
+from quorumgate.replica.sim.network import EpochDelivery, InFlight, Instance, Network
 from quorumgate.replica.sim.node import SimNode, SimPool
 from quorumgate.replica.sim.options import (
     SIM_LIMITS,
@@ -36,6 +38,7 @@ from quorumgate.replica.sim.options import (
 from quorumgate.replica.sim.restores import RestoreDrill
 from quorumgate.replica.sync import build_sync_response
 from quorumgate.replica.types import (
+    Block,
     Envelope,
     Message,
     Proposal,
@@ -68,10 +71,11 @@ class Simulation:
         chain = f"sim-{options.seed}"
         fast = FastKeys()
         self.verify_fn: VerifyFn = fast.verify if options.fast_crypto else ed25519_verify
+        make_signer = fast.signer if options.fast_crypto else Ed25519Signer
         signers: list[Signer] = []
-        for i in range(n):
-            seed = hashlib.sha256(f"{chain}/{i}".encode()).digest()
-            signers.append(fast.signer(seed) if options.fast_crypto else Ed25519Signer(seed))
+        for i in range(options.slots):
+            signers.append(make_signer(hashlib.sha256(f"{chain}/{i}".encode()).digest()))
+        self.key_signers: dict[bytes, Signer] = {s.public_key: s for s in signers}
         self.membership = Membership(
             chain, tuple(Member(i, signers[i].public_key) for i in range(n))
         )
@@ -80,12 +84,15 @@ class Simulation:
         if options.byzantine_members:
             members = list(options.byzantine_members)
         self.byzantine: dict[int, str] = dict(zip(members, options.byzantine, strict=False))
-        self.honest = [i for i in range(n) if i not in self.byzantine]
+        # Every honest node slot, members of the first epoch or not (`_members` are those
+        # of the newest epoch).
+        self.honest = [i for i in range(options.slots) if i not in self.byzantine]
         self.clock_skew_ms = {i: self.rng.randint(-200, 200) for i in range(n)}
+        self.clock_skew_ms.update({i: 0 for i in range(n, options.slots)})
         self.tick = 0
         self.pool = SimPool()
         self.nodes: dict[int, list[SimNode]] = {}
-        for i in range(n):
+        for i in range(options.slots):
             self.nodes[i] = [SimNode(self, i, signers[i])]
             if self.byzantine.get(i) == "twins":
                 self.nodes[i].append(SimNode(self, i, signers[i], instance=1))
@@ -100,6 +107,7 @@ class Simulation:
         self.stale_restores = 0
         self.restores_resumed = 0  # restarts of a restored member not yet past its fence
         self.amnesiac: set[int] = set()
+        self.reconfigurer = Reconfigurer(self, make_signer) if options.reconfigure else None
 
     @property
     def partition(self) -> dict[Instance, int] | None:
@@ -127,7 +135,9 @@ class Simulation:
     def now_ms(self, index: int) -> int:
         return 1_000_000 + self.tick * SIM_TICK_MS + self.clock_skew_ms[index]
 
-    def _enqueue(self, src: int, src_instance: int, to: int, envelope: Envelope) -> None:
+    def _enqueue(
+        self, src: int, src_instance: int, to: int, envelope: Envelope | EpochDelivery
+    ) -> None:
         opts = self.options
         for instance, _node in enumerate(self.nodes[to]):
             if not self.network.connected(src, src_instance, to, instance):
@@ -138,16 +148,25 @@ class Simulation:
                     continue
                 if self.rng.randrange(1000) < opts.dup_permille:
                     copies = 2
-            msg = envelope.message
-            if src not in self.byzantine:
-                self.checks.reaching_peers(src, msg, restored=src in self.amnesiac)
             for _ in range(copies):
                 delay = self.rng.randint(0, opts.delay_ticks_max) if not self.healed else 1
-                if not self.healed and self.adversary.delays_victim(src, envelope.message):
-                    delay += opts.victim_delay_ticks
-                if src == self.restores.holding and isinstance(msg, Vote | Timeout):
-                    delay += self.restores.in_flight_ticks
+                if isinstance(envelope, Envelope):
+                    delay += self._held_ticks(src, envelope)
                 self.network.push(self.tick + 1 + delay, to, instance, envelope)
+
+    def _held_ticks(self, src: int, envelope: Envelope) -> int:
+        """The checks on what reaches peers, and the extra delay the adversary or the
+        restore drill puts on it."""
+        msg = envelope.message
+        if src not in self.byzantine:
+            restored = src in self.amnesiac
+            self.checks.reaching_peers(src, msg, restored=restored, epoch=envelope.epoch)
+        delay = 0
+        if not self.healed and self.adversary.delays_victim(src, envelope.message):
+            delay += self.options.victim_delay_ticks
+        if src == self.restores.holding and isinstance(msg, Vote | Timeout):
+            delay += self.restores.in_flight_ticks
+        return delay
 
     # ------------------------------------------------------------------ actions
 
@@ -169,12 +188,14 @@ class Simulation:
                 self._send(node, action)
             elif isinstance(action, Commit):
                 self._commit(node, action)
+        if node.left_epoch():
+            self._apply(node, node.next_epoch())  # the change block committed
 
     def _send(self, node: SimNode, send: Send) -> None:
         behaviour = self.byzantine.get(node.index)
         msg = send.message
         if behaviour is None and isinstance(msg, Vote) and node.index not in self.amnesiac:
-            self.checks.vote_sent(node.index, msg)
+            self.checks.vote_sent(node.index, msg, node.core.epoch)
         if behaviour == "malform":
             for claimed, to, out in self.adversary.malformed(node, send):
                 self._deliver_from(node.index, to, out, node.instance, claimed)
@@ -184,6 +205,12 @@ class Simulation:
                 self._deliver_from(node.index, to, out, node.instance)
             return
         self._deliver_from(node.index, send.to, msg)
+
+    def _epoch_of(self, src: int, instance: int) -> int:
+        """The epoch a node's messages name: its core's (the disk's may already be the
+        next one while the actions of the step that ended the epoch go out)."""
+        node = self.nodes[src][instance]
+        return node.core.epoch if node.active else node.epoch
 
     def _deliver_from(
         self,
@@ -196,13 +223,22 @@ class Simulation:
         """`claimed`: the sender the envelope names, when a Byzantine member lies about it
         (on the wire the authenticated stream would give it away; the core must not
         depend on that)."""
-        envelope = Envelope(self.membership.chain_id, src if claimed is None else claimed, msg)
+        sender = src if claimed is None else claimed
+        epoch = self._epoch_of(src, src_instance)
+        envelope = Envelope(self.membership.chain_id, sender, msg, epoch)
         if isinstance(msg, Proposal) and claimed is None:
             self._keep_proposal(envelope, msg)
-        targets = [to] if to is not None else [i for i in range(self.options.n) if i != src]
+        self._fan_out(src, src_instance, to, envelope)
+
+    def _fan_out(
+        self, src: int, src_instance: int, to: int | None, parcel: Envelope | EpochDelivery
+    ) -> None:
+        """To `to`, or to every other node slot (members of the sender's epoch or not:
+        one that is behind learns from them that an epoch ended)."""
+        targets = [to] if to is not None else [i for i in range(self.options.slots) if i != src]
         for dst in targets:
             self.messages += 1
-            self._enqueue(src, src_instance, dst, envelope)
+            self._enqueue(src, src_instance, dst, parcel)
 
     def _keep_proposal(self, envelope: Envelope, proposal: Proposal) -> None:
         """The network remembers what it carried: for the certified-block check, and to
@@ -211,8 +247,17 @@ class Simulation:
         self.restores.keep_proposal(envelope, proposal)
 
     def _commit(self, node: SimNode, commit: Commit) -> None:
+        epoch = node.core.epoch
+        self._commit_blocks(node, commit.blocks, epoch)
+        end = node.core.ended
+        if end is not None and commit.blocks[-1].hash == end.boundary.hash:
+            enter_epoch(node, end)  # durable with the commit (its proof proves a later block)
+        else:
+            node.disk.proofs[commit.blocks[-1].height] = commit.proof
+
+    def _commit_blocks(self, node: SimNode, blocks: Sequence[Block], epoch: int) -> None:
         disk = node.disk
-        for block in commit.blocks:
+        for block in blocks:
             if block.height != len(disk.committed):
                 raise self.fail(
                     f"node {node.index} committed height {block.height} "
@@ -221,11 +266,10 @@ class Simulation:
             if block.parent_hash != disk.committed[-1].hash:
                 raise self.fail(f"SAFETY: node {node.index} committed a block off its own chain")
             if node.index not in self.byzantine:
-                self.checks.honest_commit(node.index, block)
+                self.checks.honest_commit(node.index, block, epoch)
             disk.committed.append(block)
             node.committed_txs.update(block.payload)
             disk.blocks.pop(block.hash, None)
-        disk.proofs[commit.blocks[-1].height] = commit.proof
         for h in [h for h, b in disk.blocks.items() if b.height <= len(disk.committed) - 1]:
             del disk.blocks[h]
 
@@ -260,30 +304,32 @@ class Simulation:
         self._apply(node, actions)
         if node.restore_marker and not node.core.restoring:
             node.restore_marker = False  # as the shell removes the file
-        if node.index not in self.byzantine:
-            self.checks.certified(node.core.high_qc)
+        if node.index not in self.byzantine and node.active:
+            self.checks.certified(node.core.high_qc, node.core.epoch)
         if before is not None:
             node.keep_backup()
         if node.index in self.restores.redeliveries and node.instance == 0:
             self.restores.redeliver(node)
 
     def _deliver(self, item: InFlight) -> None:
-        envelope = item.envelope
+        parcel = item.envelope
         for instance, node in enumerate(self.nodes[item.to]):
             if item.instance is not None and instance != item.instance:
                 continue
             if not node.up:
                 continue
+            if isinstance(parcel, EpochDelivery):
+                self._take_proof(node, parcel)
+                continue
+            envelope = parcel
+            if envelope.epoch > node.epoch:
+                self._ask_for_proof(node, envelope.sender)
+                continue
             msg = envelope.message
             if isinstance(msg, SyncRequest):
-                # As the replica's shell does: members only, never ourselves. (On the
-                # wire the sender is the stream's authenticated one; here, as with
-                # `init --insecure`, it is whatever the envelope says.)
-                asker = envelope.sender
-                if not self.membership.is_member(asker) or asker == node.index:
-                    continue
-                response = build_sync_response(msg, node.disk, node.core, SIM_LIMITS)
-                self._deliver_from(node.index, envelope.sender, response, node.instance)
+                self._serve_sync(node, envelope, msg)
+                continue
+            if not node.active:
                 continue
             self._step_node(node, "msg", envelope)
             if self.byzantine.get(node.index) == "double_vote":
@@ -291,18 +337,60 @@ class Simulation:
             if self.byzantine.get(node.index) == "fork_leader":
                 self.adversary.fork_watch(node, envelope)
 
+    def _serve_sync(self, node: SimNode, envelope: Envelope, msg: SyncRequest) -> None:
+        """As the replica's shell does: members only, never ourselves. (On the wire the
+        sender is the stream's authenticated one; here, as with `init --insecure`, it is
+        whatever the envelope says.) An asker still in an epoch we left gets the proof
+        that it ended instead (docs/consensus/epochs.md, "Catching up")."""
+        asker = envelope.sender
+        if not 0 <= asker < self.options.slots or asker == node.index:
+            return
+        if envelope.epoch < node.epoch:
+            proof = proof_for(node, envelope.epoch, msg.from_height)
+            if proof is not None:
+                self._fan_out(node.index, node.instance, asker, EpochDelivery(node.index, proof))
+            return
+        if node.active:
+            response = build_sync_response(msg, node.disk, node.core, SIM_LIMITS)
+            self._deliver_from(node.index, asker, response, node.instance)
+
+    def _ask_for_proof(self, node: SimNode, peer: int) -> None:
+        """A message of a later epoch: ask its sender how ours ended (at most once per
+        `sync_retry_ticks`), naming the first height we lack."""
+        if node.asked_tick >= 0 and self.tick - node.asked_tick < SIM_LIMITS.sync_retry_ticks:
+            return
+        node.asked_tick = self.tick
+        request = SyncRequest(len(node.disk.committed), SIM_LIMITS.sync_blocks_max)
+        self._deliver_from(node.index, peer, request, node.instance)
+
+    def _take_proof(self, node: SimNode, delivery: EpochDelivery) -> None:
+        """An epoch proof: if it holds, commit what it commits and enter the next epoch."""
+        taken = take_proof(node, delivery.proof)
+        if taken is None:
+            return
+        blocks, end = taken
+        self._commit_blocks(node, blocks, node.epoch)
+        enter_epoch(node, end)
+        self._apply(node, node.next_epoch())
+
     def _all_nodes(self) -> list[SimNode]:
-        return [node for i in range(self.options.n) for node in self.nodes[i]]
+        return [node for i in range(self.options.slots) for node in self.nodes[i]]
+
+    def add_transaction(self, tx: bytes) -> None:
+        """A client's (or the owner's) transaction reaches every member's mempool."""
+        self.pool.add(tx)
+        for node in self._all_nodes():
+            if node.up and node.active:
+                self._apply(node, node.core.on_transactions())
 
     def _one_tick(self) -> None:
         self.tick += 1
         opts = self.options
+        if self.reconfigurer is not None:
+            self.reconfigurer.on_tick()
         if not self.quiet and self.rng.randrange(1000) < opts.tx_per_tick_permille:
             seq = len(self.pool.txs)
-            self.pool.add(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
-            for node in self._all_nodes():
-                if node.up:
-                    self._apply(node, node.core.on_transactions())
+            self.add_transaction(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
         due = self.network.take_due(self.tick)
         if due:
             self.rng.shuffle(due)  # reordering among messages due in the same tick
@@ -320,7 +408,8 @@ class Simulation:
                     node.force_stale = False
                     self._apply(node, node.restart(stale))
                 continue
-            self._step_node(node, "tick", None)
+            if node.active:
+                self._step_node(node, "tick", None)
 
     def _repartition(self) -> None:
         instances = [(node.index, node.instance) for node in self._all_nodes()]
@@ -342,22 +431,23 @@ class Simulation:
             self._one_tick()
         self.heal()
         # Liveness: every honest replica commits a block proposed after the heal.
-        heal_view = max(self._honest_core(i).view for i in self.honest)
+        heal_view = max(self._view(i) for i in self._members())
         done: dict[int, int] = {}
         deadline = self.tick + opts.liveness_ticks_max
-        while len(done) < len(self.honest) and self.tick < deadline:
+        while not set(self._members()) <= set(done) and self.tick < deadline:
             self._one_tick()
-            for i in self.honest:
+            for i in self._members():
                 if i in done:
                     continue
                 disk = self.nodes[i][0].disk
                 if disk.committed[-1].view > heal_view:
-                    done[i] = self._honest_core(i).view
-        if len(done) < len(self.honest):
+                    done[i] = self._view(i)
+        done = {i: view for i, view in done.items() if i in self._members()}
+        if len(done) < len(self._members()):
             if self.faults_beyond_f():
                 return self._result(0, excused=True)
-            stuck = [i for i in self.honest if i not in done]
-            views = {i: self._honest_core(i).view for i in self.honest}
+            stuck = [i for i in self._members() if i not in done]
+            views = {i: self._view(i) for i in self._members()}
             raise self.fail(
                 f"LIVENESS: nodes {stuck} committed nothing new after the heal; views {views}"
             )
@@ -372,13 +462,14 @@ class Simulation:
 
     def _result(self, liveness_views: int, *, excused: bool) -> SimResult:
         dropped: Counter[str] = Counter()
-        for i in self.honest:
+        for i in self._members():
             dropped.update(self.nodes[i][0].dropped)
+        members = self._members()
         return SimResult(
             options=self.options,
             ticks=self.tick,
-            committed_heights={i: len(self.nodes[i][0].disk.committed) - 1 for i in self.honest},
-            views={i: self._honest_core(i).view for i in self.honest},
+            committed_heights={i: len(self.nodes[i][0].disk.committed) - 1 for i in members},
+            views={i: self._view(i) for i in members},
             dropped=dropped,
             messages=self.messages,
             liveness_views=liveness_views,
@@ -392,12 +483,29 @@ class Simulation:
         counts as one more fault until it is past). Safety is owed regardless, and checked
         at every step; a restore that is past its fence is held to liveness like anyone."""
         restoring = sum(
-            any(node.core.restoring for node in self.nodes[i] if node.up) for i in self.honest
+            any(node.core.restoring for node in self.nodes[i] if node.up and node.active)
+            for i in self.honest
         )
         return len(self.byzantine) + restoring > self.membership.f
 
     def _honest_core(self, index: int) -> Core:
         return self.nodes[index][0].core
+
+    def _members(self) -> list[int]:
+        """The honest members of the newest epoch an honest node reached (without
+        reconfiguration: every honest member)."""
+        newest = max((self.nodes[i][0].disk.membership for i in self.honest), key=_epoch)
+        return [i for i in self.honest if newest.is_member(i)]
+
+    def _height(self, index: int) -> int:
+        """A member's committed height as its core knows it (-1 while it has none)."""
+        node = self.nodes[index][0]
+        return node.core.committed_height if node.active else -1
+
+    def _view(self, index: int) -> int:
+        """A member's current view (0 while it has not caught up with its epoch)."""
+        node = self.nodes[index][0]
+        return node.core.view if node.active else 0
 
     def _settle_quietly(self) -> bool:
         """After liveness, no more transactions: every honest member must end quiescent
@@ -408,17 +516,24 @@ class Simulation:
         self.quiet = True
         deadline = self.tick + self.options.liveness_ticks_max
         while True:
-            cores = [self._honest_core(i) for i in self.honest]
-            heights = {i: self._honest_core(i).committed_height for i in self.honest}
-            if len(set(heights.values())) == 1 and not any(c.needs_ticks() for c in cores):
+            members = self._members()
+            nodes = [self.nodes[i][0] for i in members]
+            heights = {i: self._height(i) for i in members}
+            idle = all(node.active and not node.core.needs_ticks() for node in nodes)
+            if len(set(heights.values())) == 1 and idle:
                 return True
             if self.tick >= deadline:
                 if self.faults_beyond_f():
                     return False
-                busy = [i for i in self.honest if self._honest_core(i).needs_ticks()]
+                busy = [i for i in members if not self.nodes[i][0].active]
+                busy += [i for i in members if i not in busy and self._honest_core(i).needs_ticks()]
                 raise self.fail(
                     f"QUIET: no transactions for {self.options.liveness_ticks_max} ticks, and "
                     f"the honest members did not settle: committed heights {heights}, "
                     f"still needing ticks {busy}"
                 )
             self._one_tick()
+
+
+def _epoch(membership: Membership) -> int:
+    return membership.epoch

@@ -32,6 +32,7 @@ CORE_MODULES = (
     "quorumgate.replica.actions",
     "quorumgate.replica.validate",
     "quorumgate.replica.core",
+    "quorumgate.replica.epochs",
     "quorumgate.replica.sync",
 )
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from quorumgate.replica.core import Core
+from quorumgate.replica.epochs import boundary_index
 from quorumgate.replica.safety import SafetyError, SafetyRules, Signed
 from quorumgate.replica.types import (
     Block,
@@ -141,6 +142,25 @@ class ReportedFenceCore(Core):
         kwargs["restored"] = False
         super().__init__(*args, **kwargs)
 
+
+class EpochOnCertifiedCore(Core):
+    """Broken on purpose: starts the next epoch as soon as a QC certifies a block carrying
+    a member-set change — locked, not committed (docs/consensus/epochs.md, "Where an epoch
+    ends"). Members that missed that QC may still commit another block at that height in
+    the old epoch, and the new epoch builds on a block the old one never committed."""
+
+    def _try_commit(self, qc: QuorumCert) -> None:
+        if self.epochs and self.ended is None and qc.block_hash in self.tree:
+            chain = self.tree.uncommitted_chain(qc.block_hash)
+            cut = boundary_index(chain, self.membership)
+            if cut is not None:
+                self._end_epoch(chain, cut, (*chain[cut + 1 :], chain[-1]), qc)
+                return
+        super()._try_commit(qc)
+
+
+# Broken epoch rules: caught by the reconfiguration scenarios (tests/consensus/test_epochs.py).
+EPOCH_VARIANTS: dict[str, type[Core]] = {"epoch_on_certified": EpochOnCertifiedCore}
 
 # The variants by the name the scripts and the tests give them, in the order they report.
 VARIANTS: dict[str, type[Core]] = {

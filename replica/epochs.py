@@ -1,0 +1,138 @@
+"""Epochs: where one member set's consensus ends and the next one's starts.
+
+Pure and deterministic, like the core it serves (docs/consensus/epochs.md has the design
+and the safety argument). An epoch ends at its change block: the first committed block
+carrying a reconfiguration record (proto/membership.py `Reconfiguration`) that applies to
+the epoch's member set. Blocks the old epoch certified after it carry no transactions and
+are never committed; the next epoch's tree starts at the change block, with an unsigned
+start certificate naming it in place of the genesis QC, at the view after the change
+block's. Votes, timeouts and certificates name their epoch in what they sign
+(`Membership.signing_id`), so none of them counts in another epoch.
+
+`EpochEnd` is what a core that ended its epoch hands its shell; `EpochProof` is what a
+member that moved on hands one that did not: the old epoch's blocks up to and past the
+change block with the certificate that commits it, checked with the old members' keys
+(as Aptos' epoch-change proofs carry ledger info signed by the previous validator set).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quorumgate.proto.membership import Membership, Reconfiguration
+from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_qc
+
+# Blocks one epoch proof may carry: the asker's missing part of the old epoch, the change
+# block, and its suffix and proof. A member further behind than this catches up by the
+# ordinary sync of its epoch first (docs/consensus/epochs.md, "Catching up").
+EPOCH_PROOF_BLOCKS_MAX = 4096
+
+
+def start_qc(chain_id: str, boundary: Block | None) -> QuorumCert:
+    """The certificate an epoch starts from: the genesis QC for epoch 0, else an unsigned
+    one naming the previous epoch's change block (its commit is what proves it)."""
+    if boundary is None:
+        return genesis_qc(chain_id)
+    return QuorumCert(boundary.view, boundary.height, boundary.hash)
+
+
+def epoch_safety_state(boundary: Block, before: SafetyState) -> SafetyState:
+    """A member's safety state as a new epoch starts at `boundary`: locked on and highest at
+    the start certificate, nothing signed in the new epoch yet. The persist counter goes on
+    from `before`, so that a send is never stamped below what is already durable."""
+    qc = start_qc(boundary.chain_id, boundary)
+    return SafetyState(before.epoch + 1, boundary.view, qc, qc, boundary.view, None, None, None)
+
+
+def change_in(block: Block, membership: Membership) -> Membership | None:
+    """The member set of the next epoch if `block` carries a reconfiguration record that
+    applies to `membership` (the first such record in the block), else None."""
+    for tx in block.payload:
+        record = Reconfiguration.parse(tx)
+        if record is not None:
+            nxt = record.apply(membership)
+            if nxt is not None:
+                return nxt
+    return None
+
+
+def one_record_at_most(txs: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """`txs` up to (not with) a second reconfiguration record: a leader's batch carries one
+    at most, so that no owner change is void for sharing a block with another; the rest
+    stay in the mempool for the next block, or the next epoch."""
+    records = [i for i, tx in enumerate(txs) if Reconfiguration.parse(tx) is not None]
+    return txs if len(records) < 2 else txs[: records[1]]
+
+
+def boundary_index(blocks: Sequence[Block], membership: Membership) -> int | None:
+    """The index in `blocks` of the first one that changes `membership`, if any."""
+    return next((i for i, b in enumerate(blocks) if change_in(b, membership) is not None), None)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEnd:
+    """An epoch ended at its change block `boundary`: the next member set, and the blocks
+    past the boundary, oldest first, whose last one `qc` certifies (the 2-chain that
+    committed the boundary)."""
+
+    boundary: Block
+    membership: Membership
+    suffix: tuple[Block, ...]
+    qc: QuorumCert
+
+
+@dataclass(frozen=True, slots=True)
+class EpochProof:
+    """For a member still in epoch `epoch`: that epoch's committed blocks from some height
+    through its change block, then the change block's suffix, whose last block `qc`
+    certifies. `check_epoch_proof` says whether it proves the change."""
+
+    epoch: int
+    blocks: tuple[Block, ...]
+    qc: QuorumCert
+
+
+def epoch_proof(
+    epoch: int, committed: Sequence[Block], end: EpochEnd, from_height: int
+) -> EpochProof:
+    """The proof a member that ended epoch `epoch` at `end` gives one whose committed
+    chain stops below `from_height`. `committed` is the whole chain it committed."""
+    start = max(1, min(from_height, end.boundary.height))
+    start = max(start, end.boundary.height + 1 + len(end.suffix) - EPOCH_PROOF_BLOCKS_MAX)
+    blocks = (*committed[start : end.boundary.height + 1], *end.suffix)
+    return EpochProof(epoch, blocks, end.qc)
+
+
+def check_epoch_proof(
+    checker: CertificateChecker, tip: Block, proof: EpochProof
+) -> tuple[list[Block], Membership]:
+    """The blocks above `tip` that `proof` commits, up to and with the change block, and
+    the next member set. `checker` holds the current (old) epoch's members. Raises
+    `RemoteError` unless the proof's blocks chain from `tip`, the last two form the
+    2-chain the commit rule asks for (consecutive views, each certified by the old
+    members: replica/blocktree.py) and a change block for the current members lies
+    between `tip` and them."""
+    membership = checker.membership
+    if proof.epoch != membership.epoch or len(proof.blocks) < 2:
+        raise RemoteError("bad_epoch_proof", f"proof for epoch {proof.epoch}")
+    fresh = [b for b in proof.blocks if b.height > tip.height]
+    if not fresh or fresh[0].parent_hash != tip.hash:
+        raise RemoteError("bad_epoch_proof", "does not chain from our committed block")
+    for prev, block in itertools.pairwise(fresh):
+        if block.parent_hash != prev.hash:
+            raise RemoteError("bad_epoch_proof", f"gap at height {block.height}")
+    b0, b1 = fresh[-2], fresh[-1]
+    if b1.view != b0.view + 1:
+        raise RemoteError("bad_epoch_proof", "the last two blocks are not a 2-chain")
+    checker.check_block_certified(b0, b1.justify)
+    checker.check_block_certified(b1, proof.qc)
+    cut = boundary_index(fresh[:-1], membership)
+    if cut is None:
+        raise RemoteError("bad_epoch_proof", "no change block in the committed part")
+    nxt = change_in(fresh[cut], membership)
+    assert nxt is not None, "boundary_index found it"
+    return fresh[: cut + 1], nxt
