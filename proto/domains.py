@@ -55,6 +55,10 @@ LEDGER = b"qg/ledger/v1"  # hashed: a ledger entry, its predecessor's hash inclu
 # receipt version commits arguments; docs/audit.md, "Argument commitments")
 LEDGER_WITH_COMMITMENTS = b"qg/ledger-committed/v2"
 
+# Reconfiguration (proto/membership.py; docs/consensus/epochs.md, "The record"): opens the
+# record the consensus core recognises in a committed transaction (a NUL follows it there).
+RECONFIG_RECORD = b"qg/reconfig/v1"
+
 # Argument commitments (proto/commitments.py; docs/audit.md, "Argument commitments").
 ARGUMENT_COMMITMENT = b"qg/argument-commitment/v1"  # HMAC'd under the salt: name, kind, value
 COMMIT_SALT = b"qg/commit-salt/v1"  # HMAC'd under the proposer's seed: a call's salt
