@@ -250,17 +250,26 @@ def test_version_1_keeps_its_fingerprint_and_version_2_names_its_unicode() -> No
     assert tree.fingerprint == expected.digest() != split.fingerprint
     # receipt version 2 (certificates that expire) is named last, with the certificate TTL
     expiring = EngineConfig(
-        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=2
-    )
+        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=2,
+        receipt_version=2,
+    )  # fmt: skip
     assert expiring.receipt_version == 2 and expiring.receipts_expire
     expected.text("receipt_version").u64(2).text("certificate_ttl_ms").u64(300_000)
     assert expiring.fingerprint == expected.digest() != tree.fingerprint
     # authority version 3 (delegates defer) is named as such, in the place version 2 was
     deferring = EngineConfig(
-        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=3
-    )
+        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=3,
+        receipt_version=2,
+    )  # fmt: skip
     assert deferring.authority_version == 3
     assert deferring.fingerprint != expiring.fingerprint
+    # receipt version 3 (argument commitments) is named as such, in the place version 2 was
+    committing = EngineConfig(
+        chain_id="c", owner_public_key=key, canonical_version=2, authority_version=3,
+        receipt_version=3,
+    )  # fmt: skip
+    assert committing.receipt_version == 3
+    assert committing.fingerprint != deferring.fingerprint
 
 
 def _with_limits(config: EngineConfig, tag: bytes, fields: tuple[str, ...]) -> bytes:
