@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from quorumgate.proto import names
 from quorumgate.proto.model import Outcome, RuleKind, TargetRule, ToolMode
+from quorumgate.sidecar.engine.links import LINK_ROLE
 from quorumgate.sidecar.engine.rules import MODE_STRICTNESS
 from quorumgate.sidecar.engine.trace import LayerStep, Trace
 from quorumgate.sidecar.policyfile import DEFAULT_RUN, STEP_MS, CallSpec, Policy, PolicyFileError
@@ -140,7 +141,12 @@ def _layer_lines(number: int, layer: LayerExplanation) -> list[str]:
     lines = [head + ":"]
     for target in step.targets:
         role = f" ({target.role})" if target.role else ""
-        if target.rule is None:
+        if target.rule is None and target.role == LINK_ROLE:
+            lines.append(
+                f"       {target.target}{role}: no link rule matches -> user_confirm "
+                "(the card lists it)"
+            )
+        elif target.rule is None:
             lines.append(f"       {target.target}{role}: no rule matches -> out of scope")
         else:
             exposed = ""
@@ -213,7 +219,7 @@ def _decided_by(
         if step.permitted:
             continue
         for target in step.targets:
-            if target.rule is None:
+            if target.rule is None and target.role != LINK_ROLE:  # a link never refuses
                 return f"{layer.where}.targets: no rule matches {target.target} ({reason})"
         if step.failed_arguments:
             return f"{layer.where}.args.{step.failed_arguments[0]} ({reason})"
@@ -237,6 +243,12 @@ def _mode_source(tool: str, mode: ToolMode, layers: Sequence[LayerExplanation]) 
         for target in step.targets:
             if target.rule is not None and target.rule.mode is mode:
                 return f"{layer.where}.targets[{target.index}] (mode = {mode.value})"
+        for target in step.targets:
+            if target.rule is None and target.role == LINK_ROLE:
+                return (
+                    f"{layer.where}: no link rule matches {target.target}, so the principal's "
+                    f"card ({mode.value})"
+                )
         if step.has_rules:
             matched = next(t for t in step.targets if t.rule is not None)
             return (

@@ -220,7 +220,7 @@ def judge_layer(
     too (the stricter of it and the rule's mode), except to the run's own `run_targets`,
     which are judged as in a clean run.
 
-    `steps` and `failed`, when given, are appended to: how each target (not the links)
+    `steps` and `failed`, when given, are appended to: how each target and each link
     met the rules, and the names of the argument rules that do not hold
     (sidecar/engine/trace.py)."""
     if rules is None:
@@ -239,10 +239,15 @@ def judge_layer(
         mode = stricter(mode, chosen)
     for link in links:
         rule = first_match(rules, link, principal, sets, LINK_ROLE)
+        by_exposure = False
         if rule is None:
             mode = stricter(mode, ToolMode.USER_CONFIRM)
         else:
-            mode = stricter(mode, _rule_mode(rule, default, exposed and link not in run_targets)[0])
+            chosen, by_exposure = _rule_mode(rule, default, exposed and link not in run_targets)
+            mode = stricter(mode, chosen)
+        if steps is not None:
+            index = None if rule is None else rules.targets.index(rule)
+            steps.append(TargetStep(LINK_ROLE, link, index, rule, by_exposure))
     if arguments is None:
         return True, mode
     if failed is not None:
