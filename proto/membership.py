@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from quorumgate.proto import domains
+from quorumgate.proto.domains import RECONFIG_RECORD
 
 PUBLIC_KEY_BYTES = 32
 CHAIN_ID_BYTES_MAX = 64
@@ -92,7 +92,7 @@ EPOCH_SEPARATOR = "#epoch="
 # of the log, which the consensus core recognises by its tag (docs/consensus/epochs.md,
 # "The record"). Layout: tag || u8 kind || u8 count || u32 index * count || u8 count ||
 # 32-byte key * count.
-RECONFIG_TAG = domains.RECONFIG_RECORD + b"\x00"  # the NUL ends the tag
+RECONFIG_TAG = RECONFIG_RECORD + b"\x00"  # the NUL ends the tag
 RECONFIG_KINDS = ("replace", "rotate", "add", "remove")
 RECONFIG_STEP_MEMBERS = 3  # n = 3f+1 at every epoch: members come and go three at a time
 RECONFIG_SIZES = (4, 7)  # the cluster sizes a reconfiguration may lead to
