@@ -110,8 +110,9 @@ class Reader:
     ) -> dict[int, list[LedgerEntry]]:
         """Each sidecar's entries after `cursor`, at most a batch's worth."""
         height, index = (cursor.height, cursor.index + 1) if cursor.started else (1, 0)
-        # Honest sidecars send the same lines: each distinct line is parsed once, and a line
-        # is the same entry only when it is the same bytes (docs/audit.md, "Throughput").
+        # Honest sidecars send the same lines: each distinct line is parsed once, and a
+        # line is the same entry only when it is the same bytes (docs/audit.md, "What the
+        # shipper trusts", step 2).
         parsed: dict[str, LedgerEntry] = {}
 
         def entry(line: str) -> LedgerEntry:
@@ -277,7 +278,8 @@ async def certified_entries(
     """`entries`' certified prefix. The receipts of f+1 ready sidecars whose page held the
     entries are asked first; the other ready sidecars' only when those do not certify
     every entry (one silent or lying): a certificate needs f+1 signers whatever the
-    order, so asking fewer trusts nothing more (docs/audit.md, "Throughput")."""
+    order, so asking fewer trusts nothing more (docs/audit.md, "What the shipper
+    trusts", step 4)."""
     held = [i for i in sorted(ready) if pages.get(i, [])[: len(entries)] == entries]
     first = set(held[: spec.f + 1]) if len(held) > spec.f else set(ready)
     answers = _answered(await reader.receipts(entries, first, refusals), first)

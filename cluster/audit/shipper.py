@@ -192,9 +192,9 @@ class Shipper:
 
     async def pipelined_round(self, pipe: _Pipeline) -> int:
         """One round of `run`: the next round is read from where the batch being written
-        ends, while a thread writes it (docs/audit.md, "Throughput"). Nothing is trusted
-        the earlier for it: the round's entries are checked against that head, and its
-        batch is written only where the copy's cursor is that head (`write_batch`)."""
+        ends, while a thread writes it (docs/audit.md, "What the shipper trusts"). Nothing
+        is trusted the earlier for it: the round's entries are checked against that head,
+        and its batch is written only where the copy's cursor is that head."""
         if pipe.cursor is None:
             pipe.cursor = read_cursor(self._db(), self.spec.chain_id)
             self.shipped_height = pipe.cursor.height
