@@ -71,7 +71,11 @@ async def test_the_pipelined_shipper_writes_batch_after_batch_and_the_copy_verif
 
     def copied() -> bool:
         with psycopg.connect(dsn) as conn:
-            return read_cursor(conn, cluster.chain_id).entries >= status.ledger_entries
+            try:
+                cursor = read_cursor(conn, cluster.chain_id)
+            except psycopg.errors.UndefinedTable:
+                return False  # the shipper has not made its tables yet
+        return cursor.entries >= status.ledger_entries
 
     try:
         await until("the copy to reach the ledger", copied, COPY_WAIT_S)
