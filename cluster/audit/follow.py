@@ -110,6 +110,16 @@ class Reader:
     ) -> dict[int, list[LedgerEntry]]:
         """Each sidecar's entries after `cursor`, at most a batch's worth."""
         height, index = (cursor.height, cursor.index + 1) if cursor.started else (1, 0)
+        # Honest sidecars send the same lines: each distinct line is parsed once, and a
+        # line is the same entry only when it is the same bytes (docs/audit.md, "What the
+        # shipper trusts", step 2).
+        parsed: dict[str, LedgerEntry] = {}
+
+        def entry(line: str) -> LedgerEntry:
+            found = parsed.get(line)
+            if found is None:
+                found = parsed[line] = LedgerEntry.from_json(line)
+            return found
 
         async def page(i: int, stub: Any) -> list[LedgerEntry]:
             request = spb.LedgerRequest(
@@ -118,8 +128,7 @@ class Reader:
             reply = await stub.Ledger(
                 request, timeout=SIDECAR_READ_S, metadata=self.auth(METHOD_LEDGER)
             )
-            entries = [LedgerEntry.from_json(line) for line in reply.entries]
-            return entries[:SHIP_BATCH_VERDICTS_MAX]
+            return [entry(line) for line in reply.entries[:SHIP_BATCH_VERDICTS_MAX]]
 
         return await self._each(page, refusals)
 
@@ -234,11 +243,13 @@ async def read_round(spec: ClusterSpec, reader: Reader, cursor: Cursor) -> Round
     as docs/audit.md ("What the shipper trusts") lists it, whatever the copy is (a
     PostgreSQL table or an OTLP receiver)."""
     found = Round()
-    heights = await reader.executed_heights(found.refusals)
+    # Status and pages are asked together: one wait on the sidecars instead of two.
+    heights, pages = await asyncio.gather(
+        reader.executed_heights(found.refusals), reader.ledger_pages(cursor, found.refusals)
+    )
     needed = spec.f + 1
     ranked = sorted(heights.values(), reverse=True)
     found.executed = ranked[needed - 1] if len(ranked) >= needed else 0
-    pages = await reader.ledger_pages(cursor, found.refusals)
     agreed = agreed_entries(pages, needed)
     found.caught_up = len(agreed) < SHIP_BATCH_VERDICTS_MAX
     for i, page in pages.items():
@@ -251,8 +262,34 @@ async def read_round(spec: ClusterSpec, reader: Reader, cursor: Cursor) -> Round
     if not entries:
         return found
     ready = {i for i, h in heights.items() if h >= entries[-1].height}
-    receipts = await reader.receipts(entries, ready, found.refusals)
-    certs = certificates(spec, receipts)
-    found.verdicts = certified(entries, certs, found.refusals)
+    found.verdicts = await certified_entries(spec, reader, entries, ready, pages, found.refusals)
     found.caught_up = found.caught_up and len(found.verdicts) == len(agreed)
     return found
+
+
+async def certified_entries(
+    spec: ClusterSpec,
+    reader: Reader,
+    entries: list[LedgerEntry],
+    ready: set[int],
+    pages: dict[int, list[LedgerEntry]],
+    refusals: list[Refusal],
+) -> list[ShippedVerdict]:
+    """`entries`' certified prefix. The receipts of f+1 ready sidecars whose page held the
+    entries are asked first; the other ready sidecars' only when those do not certify
+    every entry (one silent or lying): a certificate needs f+1 signers whatever the
+    order, so asking fewer trusts nothing more (docs/audit.md, "What the shipper
+    trusts", step 4)."""
+    held = [i for i in sorted(ready) if pages.get(i, [])[: len(entries)] == entries]
+    first = set(held[: spec.f + 1]) if len(held) > spec.f else set(ready)
+    answers = _answered(await reader.receipts(entries, first, refusals), first)
+    certs = certificates(spec, answers)
+    rest = ready - first
+    if rest and len(certified(entries, certs, [])) < len(entries):
+        answers.update(_answered(await reader.receipts(entries, rest, refusals), rest))
+        certs = certificates(spec, answers)
+    return certified(entries, certs, refusals)
+
+
+def _answered(answers: dict[int, list[Receipt]], asked: set[int]) -> dict[int, list[Receipt]]:
+    return {i: receipts for i, receipts in answers.items() if i in asked}

@@ -171,13 +171,15 @@ class Shipper:
 
     async def run(self, stop: asyncio.Event) -> None:
         pause = self.options.idle_s
+        pipe = _Pipeline()
         while not stop.is_set():
             try:
-                shipped = await self.ship_once()
+                shipped = await self.pipelined_round(pipe)
                 pause = self.options.idle_s
             except psycopg.Error as error:
                 log.warning("database unavailable (%s)", type(error).__name__)
                 self.metrics.database_errors.inc()
+                pipe.reset()
                 self.close()
                 self.conn = None
                 await self.lag_without_database()
@@ -185,3 +187,63 @@ class Shipper:
             if not shipped:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), pause)
+        with contextlib.suppress(psycopg.Error, CursorMoved):
+            await self.settle(pipe)  # the batch in flight when asked to stop: let it commit
+
+    async def pipelined_round(self, pipe: _Pipeline) -> int:
+        """One round of `run`: the next round is read from where the batch being written
+        ends, while a thread writes it (docs/audit.md, "What the shipper trusts"). Nothing
+        is trusted the earlier for it: the round's entries are checked against that head,
+        and its batch is written only where the copy's cursor is that head."""
+        if pipe.cursor is None:
+            pipe.cursor = read_cursor(self._db(), self.spec.chain_id)
+            self.shipped_height = pipe.cursor.height
+        found = await self.next_round(pipe.cursor)
+        if not await self.settle(pipe):
+            return 0  # the batch before was not the copy's next: read again from the copy
+        self._count(found)
+        if found.verdicts:
+            batch = Batch(self.spec.chain_id, tuple(found.verdicts))
+            pipe.writing = asyncio.create_task(asyncio.to_thread(self.write, batch, pipe.cursor))
+            pipe.batch, pipe.cursor = batch, batch.after(pipe.cursor)
+        # The lag counts from the copy's committed height, not the batch still in flight.
+        behind = found.executed - self.shipped_height
+        self.metrics.lag.set(0 if found.caught_up and not found.verdicts else max(0, behind))
+        return len(found.verdicts)
+
+    async def settle(self, pipe: _Pipeline) -> bool:
+        """Wait for the batch in flight; False (and the cursor forgotten) when the copy did
+        not take it as its next batch. A database error propagates, the pipe emptied."""
+        writing, batch = pipe.writing, pipe.batch
+        if writing is None or batch is None:
+            return True
+        pipe.writing = pipe.batch = None
+        try:
+            result = await writing
+        except CursorMoved:
+            # another shipper wrote first: start over from the copy's cursor
+            self.metrics.refusals.labels(reason="cursor moved").inc()
+            pipe.reset()
+            return False
+        except BaseException:
+            pipe.reset()
+            raise
+        if result is not Written.WRITTEN:
+            pipe.reset()  # a resend: the copy's own cursor says where it stands
+            return False
+        self.shipped_height = batch.verdicts[-1].entry.height
+        self.metrics.shipped_height.set(self.shipped_height)
+        return True
+
+
+@dataclass
+class _Pipeline:
+    """`run`'s state between rounds: the batch a thread is writing, and the cursor the copy
+    will have once it commits (None: read it from the copy)."""
+
+    cursor: Cursor | None = None
+    batch: Batch | None = None
+    writing: asyncio.Task[Written] | None = None
+
+    def reset(self) -> None:
+        self.cursor = self.batch = self.writing = None
