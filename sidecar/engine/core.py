@@ -59,11 +59,11 @@ from quorumgate.sidecar.engine.provenance import uses_provenance
 from quorumgate.sidecar.engine.secrets import proposal_carries_secret
 from quorumgate.sidecar.engine.state import EngineState, StateDelta
 from quorumgate.sidecar.engine.statements import (
+    NO_LATCH_FACT,
     OWNER_PRINCIPAL,
     PRINCIPAL_PREFIX,
     AdmissionResult,
     BlockResult,
-    NO_LATCH_FACT,
     ConfirmationCard,
     LatchFact,
     Verdict,

@@ -14,8 +14,8 @@ from quorumgate.proto import limits
 from quorumgate.proto.chainversions import latch_across_runs
 from quorumgate.proto.model import Reason
 from quorumgate.sidecar.engine.env import Caller, Env, Refusal
-from quorumgate.sidecar.engine.statements import LatchFact
 from quorumgate.sidecar.engine.state import AgentRecord, LatchBucket, LatchRun, RunKey
+from quorumgate.sidecar.engine.statements import LatchFact
 
 
 def touch(env: Env, run_key: RunKey) -> LatchRun | None:

@@ -134,4 +134,5 @@ def test_old_chains_keep_version_1_entries() -> None:
     for _ in range(3):
         world.propose("alice", "wire.transfer")
     [result] = world.results[-1:]
-    assert ledger_extras(world.engine, world.log[-1][2], result.verdicts, result.latch_facts) is None
+    txs = world.log[-1][2]
+    assert ledger_extras(world.engine, txs, result.verdicts, result.latch_facts) is None
