@@ -136,3 +136,19 @@ def test_old_chains_keep_version_1_entries() -> None:
     [result] = world.results[-1:]
     txs = world.log[-1][2]
     assert ledger_extras(world.engine, txs, result.verdicts, result.latch_facts) is None
+
+
+def test_audit_verify_counts_halts_and_names_a_halt_that_disagrees_with_its_reason() -> None:
+    from quorumgate.audit.verify import Report, _count_commitments
+
+    world, _ = _refuse_three_times_then_call_again()
+    entries = _entries(world.engine, world)
+    report = Report()
+    for entry in entries:
+        _count_commitments(entry, report)
+    assert (report.halted, report.repeat_max, report.problems) == (3, 3, [])
+    # a row whose flag and reason disagree, hash and all recomputed by whoever forged it
+    refused = next(e for e in entries if e.reason == "out_of_scope")
+    forged = dataclasses.replace(refused, halted=True)
+    _count_commitments(dataclasses.replace(forged, hash=forged.computed_hash(CHAIN)), report)
+    assert len(report.problems) == 1 and "halted=True" in report.problems[0]
