@@ -6,6 +6,8 @@ replayed height is computed exactly as it was the first time.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nacl.signing import SigningKey
 
 from quorumgate.proto import tx as txlib
@@ -13,7 +15,7 @@ from quorumgate.proto.chainversions import commits_arguments
 from quorumgate.proto.model import Proposal
 from quorumgate.replica.types import Block
 from quorumgate.sidecar.engine.core import Engine
-from quorumgate.sidecar.engine.statements import Verdict
+from quorumgate.sidecar.engine.statements import NO_LATCH_FACT, LatchFact, Verdict
 from quorumgate.sidecar.ledger import NO_EXTRA, LedgerExtra, extra_for
 from quorumgate.sidecar.receipts import Validity, leaf_from_verdict, root_and_paths, sign_block
 from quorumgate.sidecar.store import ExecutedHeight
@@ -46,18 +48,25 @@ def execute_block(
         paths=tuple(tuple(p) for p in paths),
         signed=signed,
         state_delta=engine.state_delta(),
-        ledger_extras=ledger_extras(engine, list(block.payload), result.verdicts),
+        ledger_extras=ledger_extras(
+            engine, list(block.payload), result.verdicts, result.latch_facts
+        ),
     )
 
 
 def ledger_extras(
-    engine: Engine, payload: list[bytes], verdicts: list[Verdict] | tuple[Verdict, ...]
+    engine: Engine,
+    payload: list[bytes],
+    verdicts: list[Verdict] | tuple[Verdict, ...],
+    latch_facts: tuple[LatchFact, ...] = (),
 ) -> tuple[LedgerExtra, ...] | None:
     """On a chain that commits arguments, each verdict's commitments and sealed salts
     (docs/audit.md, "Argument commitments"): those of the call its own transaction
     proposed, found by transaction id, and none for any other verdict (a confirmation
-    settles a call whose commitments its proposal's entry already holds). None on other
-    chains: their ledger entries stay of version 1."""
+    settles a call whose commitments its proposal's entry already holds). A proposal's
+    extra also carries what the latch did with it (docs/audit.md, "Repeat counts and
+    halts"), read off the engine's side output. None on other chains: their ledger
+    entries stay of version 1."""
     if not commits_arguments(engine.config.receipt_version):
         return None
     calls: dict[bytes, Proposal] = {}
@@ -68,4 +77,14 @@ def ledger_extras(
             continue  # the engine rejected it too: its verdict proposes nothing
         if isinstance(parsed.body.payload, Proposal):
             calls.setdefault(parsed.tx_id, parsed.body.payload)
-    return tuple(extra_for(calls[v.tx_id]) if v.tx_id in calls else NO_EXTRA for v in verdicts)
+    facts = latch_facts or (NO_LATCH_FACT,) * len(verdicts)
+    if len(facts) != len(verdicts):
+        raise ValueError("one latch fact per verdict")
+    return tuple(
+        _with_fact(extra_for(calls[v.tx_id]), fact) if v.tx_id in calls else NO_EXTRA
+        for v, fact in zip(verdicts, facts, strict=True)
+    )
+
+
+def _with_fact(extra: LedgerExtra, fact: LatchFact) -> LedgerExtra:
+    return replace(extra, repeat=fact.repeat, halted=fact.halted)

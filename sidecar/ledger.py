@@ -73,17 +73,26 @@ JSON_FIELDS = (
     "argument_names", "prev_hash", "hash",
 )  # fmt: skip
 # A version-2 line: those, then its version, commitments and sealed salts.
-JSON_FIELDS_COMMITTED = (*JSON_FIELDS, "version", "commitments", "sealed_salts")
+JSON_FIELDS_COMMITTED = (
+    *JSON_FIELDS, "version", "commitments", "sealed_salts", "repeat", "halted",
+)  # fmt: skip
+# What the audit copy's `extension` column holds of a version-2 entry.
+EXTENSION_FIELDS = ("version", "commitments", "sealed_salts", "repeat", "halted")
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerExtra:
     """What a version-2 entry adds to its verdict: the commitments to the arguments of the
     call its transaction proposed, and that proposal's salt sealed to each auditor it
-    names; both empty for any other transaction, or a call that carried no salt."""
+    names; both empty for any other transaction, or a call that carried no salt. And
+    what the denial latch did with a call (docs/audit.md, "Repeat counts and halts"):
+    the refusals it had counted before, and whether the run halted; 0 and false for any
+    other transaction."""
 
     commitments: tuple[Committed, ...] = ()
     sealed_salts: tuple[SealedSalt, ...] = ()
+    repeat: int = 0
+    halted: bool = False
 
 
 NO_EXTRA = LedgerExtra()
@@ -134,6 +143,8 @@ class LedgerEntry:
     version: int = VERSION_NAMES_ONLY
     commitments: tuple[Committed, ...] = ()  # version 2: one per argument, never a value
     sealed_salts: tuple[SealedSalt, ...] = ()  # version 2: the salt, sealed per auditor
+    repeat: int = 0  # version 2: refusals the latch counted before (docs/audit.md)
+    halted: bool = False  # version 2: the run was or became halted at this verdict
 
     def __post_init__(self) -> None:
         # Raised as ValueError, not asserted: entries are also read back from a database
@@ -173,6 +184,12 @@ class LedgerEntry:
             raise ValueError("version must be 1 or 2")
         if self.version == VERSION_NAMES_ONLY and (self.commitments or self.sealed_salts):
             raise ValueError("a version-1 entry carries no commitments")
+        if type(self.repeat) is not int or not 0 <= self.repeat <= U32_MAX:
+            raise ValueError("repeat must be an integer from 0 to 2**32 - 1")
+        if type(self.halted) is not bool:
+            raise ValueError("halted must be true or false")
+        if self.version == VERSION_NAMES_ONLY and (self.repeat or self.halted):
+            raise ValueError("a version-1 entry carries no repeat count")
         if type(self.commitments) is not tuple or len(self.commitments) > ARGUMENT_NAMES_MAX:
             raise ValueError(f"commitments must be a tuple of at most {ARGUMENT_NAMES_MAX}")
         for c in self.commitments:
@@ -225,6 +242,8 @@ class LedgerEntry:
                 version=VERSION_COMMITTED,
                 commitments=extra.commitments,
                 sealed_salts=extra.sealed_salts,
+                repeat=extra.repeat,
+                halted=extra.halted,
             )
         unhashed = cls(**fields, hash=GENESIS_PREV_HASH)
         return replace(unhashed, hash=unhashed.computed_hash(chain_id))
@@ -270,6 +289,7 @@ class LedgerEntry:
             enc.u32(len(self.sealed_salts))
             for sealed in self.sealed_salts:
                 enc.blob(sealed.auditor_key).blob(sealed.sealed)
+            enc.u32(self.repeat).boolean(self.halted)
         return bytes(enc.raw(self.prev_hash))
 
     def computed_hash(self, chain_id: str) -> bytes:
@@ -294,6 +314,8 @@ class LedgerEntry:
             obj["version"] = self.version
             obj["commitments"] = [[c.name, c.commitment.hex()] for c in self.commitments]
             obj["sealed_salts"] = [[s.auditor_key.hex(), s.sealed.hex()] for s in self.sealed_salts]
+            obj["repeat"] = self.repeat
+            obj["halted"] = self.halted
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
 
     @classmethod
@@ -357,9 +379,14 @@ def _pairs(value: object, name: str) -> list[tuple[object, object]]:
 
 def extra_from_json(obj: dict[str, Any]) -> dict[str, Any]:
     """The version-2 fields of a parsed JSON object (a ledger line, or the copy's
-    `extension` column): `version`, `commitments` and `sealed_salts` as entry fields."""
+    `extension` column): `version`, `commitments`, `sealed_salts`, `repeat` and `halted`
+    as entry fields."""
     if type(obj.get("version")) is not int:
         raise ValueError("version must be an integer")
+    if type(obj.get("repeat")) is not int:
+        raise ValueError("repeat must be an integer")
+    if type(obj.get("halted")) is not bool:
+        raise ValueError("halted must be true or false")
     commitments = []
     for name, digest in _pairs(obj.get("commitments"), "commitments"):
         if not isinstance(name, str):
@@ -373,6 +400,8 @@ def extra_from_json(obj: dict[str, Any]) -> dict[str, Any]:
         "version": obj["version"],
         "commitments": tuple(commitments),
         "sealed_salts": tuple(sealed),
+        "repeat": obj["repeat"],
+        "halted": obj["halted"],
     }
 
 
@@ -389,8 +418,8 @@ def extra_from_column(extension: object) -> dict[str, Any]:
         obj = json.loads(extension)
     except json.JSONDecodeError as err:
         raise ValueError(f"extension is not JSON: {err.msg}") from None
-    if not isinstance(obj, dict) or set(obj) != {"version", "commitments", "sealed_salts"}:
-        raise ValueError("extension is not an object of version, commitments, sealed_salts")
+    if not isinstance(obj, dict) or set(obj) != set(EXTENSION_FIELDS):
+        raise ValueError(f"extension is not an object of {', '.join(EXTENSION_FIELDS)}")
     return extra_from_json(obj)
 
 
@@ -401,7 +430,7 @@ def extra_to_json(entry: LedgerEntry) -> str:
         return ""
     obj = json.loads(entry.to_json())
     return json.dumps(
-        {k: obj[k] for k in ("version", "commitments", "sealed_salts")},
+        {k: obj[k] for k in EXTENSION_FIELDS},
         separators=(",", ":"),
         ensure_ascii=True,
     )

@@ -55,6 +55,10 @@ class Report:
     # (the proposer sent no salt: nobody can check their values later).
     committed: int = 0
     uncommitted_calls: int = 0
+    # The latch's facts in version-2 entries (docs/audit.md, "Repeat counts and halts"):
+    # verdicts that halted a run or came to a halted one, and the highest repeat count.
+    halted: int = 0
+    repeat_max: int = 0
 
 
 class _Walk:
@@ -145,6 +149,15 @@ def check_copy(conn: psycopg.Connection[Any], spec: ClusterSpec, trusted: Truste
 def _count_commitments(entry: LedgerEntry, report: Report) -> None:
     if entry.version != VERSION_COMMITTED:
         return
+    report.halted += entry.halted
+    report.repeat_max = max(report.repeat_max, entry.repeat)
+    # a proposal is refused `run_halted` exactly when the latch halted its run
+    said = entry.reason == "run_halted"
+    if entry.halted != said and (entry.halted or entry.kind == "proposal"):
+        report.problems.append(
+            f"entry ({entry.height}, {entry.index}) says halted={entry.halted} but its "
+            f"reason is {entry.reason!r}"
+        )
     if entry.commitments:
         report.committed += 1
     elif entry.kind == "proposal" and entry.argument_names:
@@ -180,6 +193,9 @@ def print_report(report: Report, out: TextIO) -> int:
                       f"{sorted(versions)}\n")  # fmt: skip
     if report.committed or report.uncommitted_calls:
         out.write(f"verdicts committing their arguments: {report.committed}\n")
+    if report.halted or report.repeat_max:
+        out.write(f"verdicts in a halted run: {report.halted}; "
+                  f"highest repeat count: {report.repeat_max}\n")  # fmt: skip
     if report.uncommitted_calls:
         out.write(f"finding: {report.uncommitted_calls} calls with arguments carried no salt "
                   "(their values cannot be checked)\n")  # fmt: skip

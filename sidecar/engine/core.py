@@ -59,11 +59,13 @@ from quorumgate.sidecar.engine.provenance import uses_provenance
 from quorumgate.sidecar.engine.secrets import proposal_carries_secret
 from quorumgate.sidecar.engine.state import EngineState, StateDelta
 from quorumgate.sidecar.engine.statements import (
+    NO_LATCH_FACT,
     OWNER_PRINCIPAL,
     PRINCIPAL_PREFIX,
     AdmissionResult,
     BlockResult,
     ConfirmationCard,
+    LatchFact,
     Verdict,
     build_artifacts,
 )
@@ -161,7 +163,12 @@ class Engine:
         self._now_ms = block_time_ms
         env = self._env()
         self._prune_expired(env)
-        verdicts = [self._execute_tx(env, data, verify_signatures, trace) for data in txs]
+        verdicts: list[Verdict] = []
+        facts: list[LatchFact] = []
+        for data in txs:
+            env.notes.fact = None
+            verdicts.append(self._execute_tx(env, data, verify_signatures, trace))
+            facts.append(NO_LATCH_FACT if env.notes.fact is None else env.notes.fact)
         self.state.last_height = height
         self.state.last_block_time_ms = block_time_ms
         artifacts = build_artifacts(self.config.chain_id, height, verdicts)
@@ -178,6 +185,7 @@ class Engine:
             verdicts=tuple(verdicts),
             artifacts=tuple(artifacts),
             state_root=root,
+            latch_facts=tuple(facts),
         )
 
     def verify_state_cache(self) -> None:

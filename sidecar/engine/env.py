@@ -8,13 +8,13 @@ reason; `rejected` and `applied` are the verdicts of the kinds that are not prop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quorumgate.proto.model import Outcome, Reason, Tier
 from quorumgate.proto.tx import ParsedTx
 from quorumgate.sidecar.engine.config import EngineConfig, setting
 from quorumgate.sidecar.engine.state import AgentRecord, EngineState, RunKey
-from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, Verdict
+from quorumgate.sidecar.engine.statements import OWNER_PRINCIPAL, LatchNotes, Verdict
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Env:
     state: EngineState
     height: int
     now_ms: int
+    # the latch's side output for the transaction being judged (never state)
+    notes: LatchNotes = field(default_factory=LatchNotes, compare=False)
 
     def setting(self, name: str) -> int:
         """A setting's value: the log's, else cluster.json's."""

@@ -331,6 +331,7 @@ def _admit(
         raise Refusal(Reason.RUN_NOT_OPENED)  # not latched: there is no run to latch
     run = latch.touch(env, caller.run_key)
     if run is not None and run.halt_chain is not None:
+        latch.note_halted(env, run, record.agent_id, tool)
         raise Refusal(Reason.RUN_HALTED)
     return run
 

@@ -15,6 +15,7 @@ from quorumgate.proto.chainversions import latch_across_runs
 from quorumgate.proto.model import Reason
 from quorumgate.sidecar.engine.env import Caller, Env, Refusal
 from quorumgate.sidecar.engine.state import AgentRecord, LatchBucket, LatchRun, RunKey
+from quorumgate.sidecar.engine.statements import LatchFact
 
 
 def touch(env: Env, run_key: RunKey) -> LatchRun | None:
@@ -47,15 +48,17 @@ def first_denial(env: Env, run_key: RunKey, agent: str, tool: str, chain: tuple[
     members = tuple(sorted(set(chain)))
     if len(run.buckets) >= env.config.latch_buckets_per_run_max:
         run.halt_chain = members  # a run probing this many refused tools is halted
+        env.notes.fact = LatchFact(0, True)
         return True
     bucket = LatchBucket(count=1, chain=members)
     run.buckets[(agent, tool)] = bucket
     if latch_across_runs(env.config.authority_version) and tool in env.state.tools:
         _count_across_runs(env, agent, tool, members)
-    if bucket.count >= env.setting("latch_halt_threshold"):
+    halts = bucket.count >= env.setting("latch_halt_threshold")
+    env.notes.fact = LatchFact(0, halts)
+    if halts:
         run.halt_chain = members
-        return True
-    return False
+    return halts
 
 
 def latched_across_runs(env: Env, agent: str, tool: str) -> bool:
@@ -81,12 +84,21 @@ def _count_across_runs(env: Env, agent: str, tool: str, members: tuple[str, ...]
 
 def repeat(env: Env, run_key: RunKey, bucket: LatchBucket, chain: tuple[str, ...]) -> bool:
     """A later attempt at a latched tool. Returns True when it halts the run."""
+    before = bucket.count
     bucket.count += 1
     bucket.chain = tuple(sorted(set(bucket.chain) | set(chain)))
-    if bucket.count >= env.setting("latch_halt_threshold"):
+    halts = bucket.count >= env.setting("latch_halt_threshold")
+    env.notes.fact = LatchFact(before, halts)
+    if halts:
         env.state.latch_runs[run_key].halt_chain = bucket.chain
-        return True
-    return False
+    return halts
+
+
+def note_halted(env: Env, run: LatchRun, agent: str, tool: str | None) -> None:
+    """A call refused because its run is halted: its fact is the count the run's bucket
+    for this agent and tool holds (0 without one), and halted (docs/audit.md)."""
+    bucket = None if tool is None else run.buckets.get((agent, tool))
+    env.notes.fact = LatchFact(0 if bucket is None else bucket.count, True)
 
 
 def clear_agent(env: Env, agent: str) -> None:

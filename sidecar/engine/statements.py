@@ -354,12 +354,36 @@ def build_artifacts(chain_id: str, height: int, verdicts: list[Verdict]) -> list
 
 
 @dataclass(frozen=True)
+class LatchFact:
+    """What the denial latch did with one proposal's verdict (docs/audit.md, "Repeat
+    counts and halts"): `repeat`, the refusals of the agent's tool its run's bucket held
+    before this verdict; `halted`, whether the run was halted already or this verdict
+    halted it. A side output: it changes no verdict and no state byte."""
+
+    repeat: int = 0
+    halted: bool = False
+
+
+NO_LATCH_FACT = LatchFact()
+
+
+class LatchNotes:
+    """Where the latch notes its fact for the transaction being judged (reset by the
+    engine before each one); never part of the replicated state."""
+
+    def __init__(self) -> None:
+        self.fact: LatchFact | None = None
+
+
+@dataclass(frozen=True)
 class BlockResult:
     height: int
     block_time_ms: int
     verdicts: tuple[Verdict, ...]
     artifacts: tuple[RejectionArtifact, ...]
     state_root: bytes
+    # one per verdict, in order (a side output read by the ledger, sidecar/execution.py)
+    latch_facts: tuple[LatchFact, ...] = ()
 
 
 @dataclass(frozen=True)

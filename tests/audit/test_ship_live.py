@@ -41,6 +41,7 @@ from quorumgate.sidecar.ledger import LedgerEntry
 from tests.support.cluster import new_agent
 
 RUN = "audit-run"
+HALT_RUN = "halt-run"
 URL = "https://example.com/a"
 ALLOWS = 6
 SHIP_WAIT_S = 30.0
@@ -64,6 +65,18 @@ def decided(cluster: ClusterSpec, owner: SyncClient) -> str:
         assert not qg.propose("web.post", URL, run_id=RUN).allowed
         owner.set_mandate(agent_id, mandate(["web.get", "web.post"]))
         assert qg.propose("web.post", URL, run_id=RUN).allowed
+    return agent_id
+
+
+@pytest.fixture(scope="module")
+def halted(cluster: ClusterSpec, owner: SyncClient) -> str:
+    """An agent refused a tool three times in a run, which halts it, then calling another
+    tool of that run (docs/audit.md, "Repeat counts and halts"); the agent's id."""
+    agent_id, key = new_agent(owner, ["web.get"])
+    with SyncClient(cluster, key) as qg:
+        for _ in range(3):
+            assert not qg.propose("web.post", URL, run_id=HALT_RUN).allowed
+        assert not qg.propose("web.get", URL, run_id=HALT_RUN).allowed
     return agent_id
 
 
@@ -255,7 +268,7 @@ def _problems(dsn: str, spec: ClusterSpec, sql: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def copy_dsn(cluster: ClusterSpec, decided: str, postgres_dsn: str) -> str:
+def copy_dsn(cluster: ClusterSpec, decided: str, halted: str, postgres_dsn: str) -> str:
     """A whole copy of the ledger, shipped once for the tamper tests."""
     dsn = fresh_db(postgres_dsn, "audit_copy")
 
@@ -298,6 +311,12 @@ TAMPERING = {
         f"UPDATE qg_verdicts SET extension = '' WHERE (height, idx) = {NTH.format(3)}",
         ["edited"],
     ),
+    # the tripping verdict's repeat count made smaller: part of the entry's hash
+    "repeat count edited": (
+        "UPDATE qg_verdicts SET extension = replace(extension, '\"repeat\":2', "
+        "'\"repeat\":0') WHERE reason = 'run_halted' AND extension LIKE '%\"repeat\":2%'",
+        ["edited"],
+    ),
     "cut off the end": (
         "DELETE FROM qg_verdicts WHERE (height, idx) = "
         "(SELECT height, idx FROM qg_verdicts ORDER BY height DESC, idx DESC LIMIT 1)",
@@ -308,6 +327,27 @@ TAMPERING = {
 
 def test_the_untouched_copy_verifies(cluster: ClusterSpec, copy_dsn: str) -> None:
     assert _problems(copy_dsn, cluster, "SELECT 1") == []
+
+
+def test_the_copy_says_refused_three_times_then_the_run_stopped(
+    cluster: ClusterSpec, halted: str, copy_dsn: str
+) -> None:
+    with psycopg.connect(copy_dsn) as conn:
+        rows = conn.execute(
+            "SELECT reason, extension FROM qg_verdicts WHERE principal = %s"
+            " AND kind = 'proposal' ORDER BY height, idx",
+            (halted,),
+        ).fetchall()
+        report = check_copy(conn, cluster, TrustedHead())
+    facts = [(r[0], json.loads(r[1])["repeat"], json.loads(r[1])["halted"]) for r in rows]
+    assert facts == [
+        ("out_of_scope", 0, False),
+        ("repeat_denied", 1, False),
+        ("run_halted", 2, True),
+        ("run_halted", 0, True),
+    ]
+    assert report.problems == []
+    assert report.halted >= 2 and report.repeat_max >= 2
 
 
 @pytest.mark.parametrize("tampering", list(TAMPERING))
@@ -331,7 +371,7 @@ def test_a_deleted_row_is_named_with_the_range_it_leaves(
 
 
 def test_the_commands_ship_and_verify_from_a_trusted_head(
-    cluster: ClusterSpec, decided: str, postgres_dsn: str
+    cluster: ClusterSpec, decided: str, halted: str, postgres_dsn: str
 ) -> None:
     dsn = fresh_db(postgres_dsn, "ship_cli")
     cli = [sys.executable, "-m", "quorumgate.cli"]
@@ -347,6 +387,7 @@ def test_the_commands_ship_and_verify_from_a_trusted_head(
     )  # fmt: skip
     assert full.returncode == 0, full.stdout + full.stderr
     assert "outcome deny:" in full.stdout and "audit verify ok" in full.stdout
+    assert "verdicts in a halted run:" in full.stdout
     assert f"finding: mandate drift: {decided}" in full.stdout
     with psycopg.connect(dsn) as conn:
         row = conn.execute(

@@ -89,7 +89,7 @@ def test_every_field_and_the_chain_id_change_the_hash(entries: list[LedgerEntry]
         "prev_hash": b"\x01" * 32,
     }
     # the fields of version 2 are varied in the test below, on a version-2 entry
-    committed = {"version", "commitments", "sealed_salts"}
+    committed = {"version", "commitments", "sealed_salts", "repeat", "halted"}
     assert set(variants) | {"hash"} | committed == {f.name for f in dataclasses.fields(LedgerEntry)}
     hashes = {entry.computed_hash(CHAIN), entry.computed_hash("another-chain")}
     for name, value in variants.items():
@@ -110,6 +110,9 @@ def test_every_field_and_the_chain_id_change_the_hash(entries: list[LedgerEntry]
         "seal": dataclasses.replace(
             v2, sealed_salts=(SealedSalt(sealed.auditor_key, b"\x01" * 80),)
         ),
+        # the latch's facts (docs/audit.md, "Repeat counts and halts")
+        "repeat": dataclasses.replace(v2, repeat=1),
+        "halted": dataclasses.replace(v2, halted=True),
     }
     assert len({e.computed_hash(CHAIN) for e in more.values()}) == len(more)
 

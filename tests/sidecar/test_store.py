@@ -588,7 +588,8 @@ def tampered(column: str, value: object) -> object:
     if column == "argument_names":
         return '["q"]' if value == "[]" else "[]"
     if column == "extension":  # a version-2 entry made version 1, or the other way round
-        return '{"version":2,"commitments":[],"sealed_salts":[]}' if value == "" else ""
+        v2 = '{"version":2,"commitments":[],"sealed_salts":[],"repeat":0,"halted":false}'
+        return v2 if value == "" else ""
     if isinstance(value, str):
         return value + "x"
     assert isinstance(value, bytes)
