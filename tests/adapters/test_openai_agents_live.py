@@ -18,7 +18,7 @@ from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import agent_context_async
 from quorumgate.sdk.sync import SyncClient
-from tests.adapters.scripted import ScriptedModel, text, tool_call
+from quorumgate.examples.scripted_agents_model import ScriptedModel, text, tool_call
 from tests.support.cluster import new_agent, new_principal
 
 WAIT_S = 30.0

@@ -1,6 +1,6 @@
 """A scripted model for the OpenAI Agents SDK: the SDK's `Model` interface answering
 from a list of turns (a tool call, or a final text), recording what it was given, so a
-real `Runner` runs with no network."""
+real `Runner` runs with no model and no network (the example and the adapter's tests)."""
 
 from __future__ import annotations
 
