@@ -13,12 +13,12 @@ from typing import Any
 from agents import Agent, Runner, function_tool
 
 from quorumgate.adapters.openai_agents import AWAITING_TEXT, governed
+from quorumgate.examples.scripted_agents_model import ScriptedModel, text, tool_call
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import agent_context_async
 from quorumgate.sdk.sync import SyncClient
-from quorumgate.examples.scripted_agents_model import ScriptedModel, text, tool_call
 from tests.support.cluster import new_agent, new_principal
 
 WAIT_S = 30.0
