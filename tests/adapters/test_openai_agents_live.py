@@ -149,3 +149,25 @@ async def test_a_sub_agent_acts_under_its_grant(cluster: ClusterSpec, owner: Syn
         await Runner.run(helper, "look it up")
     assert RAN == ["fetch https://docs.example/b"]  # web.post is outside the grant
     assert model.tool_outputs() == {"c1": "page text", "c2": DENIAL_TEXT}
+
+
+async def test_a_rejected_call_is_the_fixed_sentence(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    RAN.clear()
+    person, person_key = new_principal(owner)
+    _, key = new_agent(owner, ["pay"], principal=person)
+    model = ScriptedModel(
+        [tool_call("pay", "c1", url="https://bank.example/acct", amount=900), text("no")]
+    )
+    agent = _agent(model, governed(pay, target="url", confirm_wait_s=WAIT_S))
+    async with (
+        Client(cluster, person_key) as principal,
+        Client(cluster, key) as qg,
+        agent_context_async(qg, run_id="run-oa-5"),
+    ):
+        run = asyncio.create_task(Runner.run(agent, "pay"))
+        cards = await _open_cards(principal)
+        await principal.reject(cards[0].proposal_id, cards[0].card.digest)
+        await asyncio.wait_for(run, WAIT_S)
+    assert RAN == [] and model.tool_outputs() == {"c1": DENIAL_TEXT}
