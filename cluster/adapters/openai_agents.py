@@ -16,41 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from typing import Any
 
 from agents import FunctionTool
 from agents.tool_context import ToolContext
 
+from quorumgate.adapters.judging import AWAITING_TEXT, CONFIRM_WAIT_S, Judge
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
-from quorumgate.sdk.governed import (
-    ActionDenied,
-    ConfirmationRequired,
-    Gate,
-    GovernedCall,
-    agent_context_async,
-    current_binding,
-    resume_confirmed,
-)
+from quorumgate.sdk.governed import ActionDenied, agent_context_async, current_binding
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sdk.values import Grant
 
-# How long a pending call waits for the principal before the turn goes on without it.
-CONFIRM_WAIT_S = 120.0
-# How long one wait for the confirmed certificate lasts before asking again.
-CONFIRM_POLL_S = 1.0
-AWAITING_TEXT = "This action awaits the principal's approval; it has not run."
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    tool: str
-    target: str | None
-    client: Client | SyncClient | None
-    run_id: str | None
-    grant: Grant | bytes | None
-    confirm_wait_s: float
+__all__ = ["AWAITING_TEXT", "CONFIRM_WAIT_S", "governed"]
 
 
 def governed(
@@ -67,64 +45,31 @@ def governed(
     QuorumGate tool (default: the tool's own name); `target`: the argument that is its
     target. With `client` (and `run_id`, `grant`), the calls are that agent's; without,
     the caller's `agent_context`."""
-    if confirm_wait_s < 0:
-        raise ValueError("confirm_wait_s must not be negative")
-    options = _Options(name or tool.name, target, client, run_id, grant, confirm_wait_s)
-    gate, waiter = Gate(), Gate()
-    gate.tool(options.tool, target=target)
-    waiter.tool(options.tool, target=target, deadline_s=CONFIRM_POLL_S)
+    judge = Judge.of(name or tool.name, target, confirm_wait_s)
     inner = tool.on_invoke_tool
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         parsed = json.loads(arguments or "{}")
-        if options.client is None:
-            return await _judged((gate, waiter), options, ctx, parsed, inner)
-        run_id = options.run_id or _run_label(ctx)
-        async with agent_context_async(options.client, run_id=run_id, grant=options.grant):
-            return await _judged((gate, waiter), options, ctx, parsed, inner)
+        if client is None:
+            return await _judged(judge, ctx, parsed, inner)
+        async with agent_context_async(client, run_id=run_id or _run_label(), grant=grant):
+            return await _judged(judge, ctx, parsed, inner)
 
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
 
 
-def _run_label(ctx: ToolContext[Any]) -> str:
+def _run_label() -> str:
     binding = current_binding()
     if binding is not None:
         return binding.run_id
     raise ValueError("governed(...): give run_id= or call inside agent_context")
 
 
-async def _judged(
-    gates: tuple[Gate, Gate],
-    options: _Options,
-    ctx: ToolContext[Any],
-    parsed: dict[str, Any],
-    inner: Any,
-) -> Any:
+async def _judged(judge: Judge, ctx: ToolContext[Any], parsed: dict[str, Any], inner: Any) -> Any:
     try:
-        call = await _authorize(gates, options, parsed)
+        call = await judge.authorize(parsed)
     except ActionDenied:
         return DENIAL_TEXT  # the reason is for operators (ActionDenied.reason), never the model
     if call is None:
         return AWAITING_TEXT
-    if options.target is not None and call.canonical_target is not None:
-        parsed = {**parsed, options.target: call.canonical_target}  # the certified spelling
-    return await inner(ctx, json.dumps(parsed))
-
-
-async def _authorize(
-    gates: tuple[Gate, Gate], options: _Options, parsed: dict[str, Any]
-) -> GovernedCall | None:
-    """The certified call; None when the principal did not answer within the wait (each
-    ask for the confirmed certificate lasts `CONFIRM_POLL_S`)."""
-    gate, waiter = gates
-    try:
-        return await gate.aauthorize(options.tool, parsed)
-    except ConfirmationRequired as pending:
-        stop = time.monotonic() + options.confirm_wait_s
-        while True:
-            try:
-                with resume_confirmed(pending):
-                    return await waiter.aauthorize(options.tool, parsed)
-            except ConfirmationRequired:
-                if time.monotonic() >= stop:
-                    return None
+    return await inner(ctx, json.dumps(judge.certified(parsed, call)))
