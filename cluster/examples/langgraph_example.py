@@ -25,7 +25,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from nacl.signing import SigningKey
 
 from quorumgate.adapters.langgraph import governed
-from quorumgate.examples.openai_agents_example import INJECTION, INVOICE_URL, register
+from quorumgate.examples.invoice_agent import INJECTION, INVOICE_URL, register
 from quorumgate.proto.clusterfile import ClusterSpec, load_cluster
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import agent_context_async
