@@ -1,0 +1,73 @@
+"""What every framework adapter does with a tool call (docs/frameworks/): judge it, and
+for a pending call wait a bounded time for the principal's answer. Framework-free, so an
+adapter's extra is the only thing its framework needs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quorumgate.sdk.governed import ConfirmationRequired, Gate, GovernedCall, resume_confirmed
+
+# How long a pending call waits for the principal before the turn goes on without it.
+CONFIRM_WAIT_S = 120.0
+# How long one wait for the confirmed certificate lasts before asking again.
+CONFIRM_POLL_S = 1.0
+AWAITING_TEXT = "This action awaits the principal's approval; it has not run."
+
+
+@dataclass(frozen=True)
+class Judge:
+    """One tool's gates: the first proposal, and the asks for its confirmed certificate."""
+
+    tool: str
+    target: str | None
+    confirm_wait_s: float
+    gate: Gate
+    waiter: Gate
+
+    @classmethod
+    def of(cls, tool: str, target: str | None, confirm_wait_s: float) -> Judge:
+        if confirm_wait_s < 0:
+            raise ValueError("confirm_wait_s must not be negative")
+        gate, waiter = Gate(), Gate()
+        gate.tool(tool, target=target)
+        waiter.tool(tool, target=target, deadline_s=CONFIRM_POLL_S)
+        return cls(tool, target, confirm_wait_s, gate, waiter)
+
+    async def authorize(self, arguments: Mapping[str, Any]) -> GovernedCall | None:
+        """The certified call (raises `ActionDenied`); None when the principal did not
+        answer within `confirm_wait_s`."""
+        try:
+            return await self.gate.aauthorize(self.tool, arguments)
+        except ConfirmationRequired as pending:
+            stop = time.monotonic() + self.confirm_wait_s
+            while True:
+                try:
+                    with resume_confirmed(pending):
+                        return await self.waiter.aauthorize(self.tool, arguments)
+                except ConfirmationRequired:
+                    if time.monotonic() >= stop:
+                        return None
+
+    def authorize_blocking(self, arguments: Mapping[str, Any]) -> GovernedCall | None:
+        """`authorize` for a synchronous tool (the binding's client may be a SyncClient)."""
+        try:
+            return self.gate.authorize(self.tool, arguments)
+        except ConfirmationRequired as pending:
+            stop = time.monotonic() + self.confirm_wait_s
+            while True:
+                try:
+                    with resume_confirmed(pending):
+                        return self.waiter.authorize(self.tool, arguments)
+                except ConfirmationRequired:
+                    if time.monotonic() >= stop:
+                        return None
+
+    def certified(self, arguments: Mapping[str, Any], call: GovernedCall) -> dict[str, Any]:
+        """The arguments the body runs on: the target in the certified spelling."""
+        if self.target is None or call.canonical_target is None:
+            return dict(arguments)
+        return {**arguments, self.target: call.canonical_target}
