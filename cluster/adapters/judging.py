@@ -40,17 +40,32 @@ class Judge:
     async def authorize(self, arguments: Mapping[str, Any]) -> GovernedCall | None:
         """The certified call (raises `ActionDenied`); None when the principal did not
         answer within `confirm_wait_s`."""
+        first = await self.propose(arguments)
+        if isinstance(first, ConfirmationRequired):
+            return await self.confirmed(first, arguments, self.confirm_wait_s)
+        return first
+
+    async def propose(self, arguments: Mapping[str, Any]) -> GovernedCall | ConfirmationRequired:
+        """The first proposal's outcome: the certified call, or the pending card (raises
+        `ActionDenied`)."""
         try:
             return await self.gate.aauthorize(self.tool, arguments)
         except ConfirmationRequired as pending:
-            stop = time.monotonic() + self.confirm_wait_s
-            while True:
-                try:
-                    with resume_confirmed(pending):
-                        return await self.waiter.aauthorize(self.tool, arguments)
-                except ConfirmationRequired:
-                    if time.monotonic() >= stop:
-                        return None
+            return pending
+
+    async def confirmed(
+        self, pending: ConfirmationRequired, arguments: Mapping[str, Any], wait_s: float
+    ) -> GovernedCall | None:
+        """The confirmed certificate of `pending`, asked for until `wait_s` has passed
+        (raises `ActionDenied` when the principal rejected it); None while unanswered."""
+        stop = time.monotonic() + wait_s
+        while True:
+            try:
+                with resume_confirmed(pending):
+                    return await self.waiter.aauthorize(self.tool, arguments)
+            except ConfirmationRequired:
+                if time.monotonic() >= stop:
+                    return None
 
     def authorize_blocking(self, arguments: Mapping[str, Any]) -> GovernedCall | None:
         """`authorize` for a synchronous tool (the binding's client may be a SyncClient)."""
