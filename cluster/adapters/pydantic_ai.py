@@ -118,6 +118,7 @@ def governed(
     *,
     names: Mapping[str, str] | None = None,
     targets: Mapping[str, str] | None = None,
+    envelopes: Mapping[str, tuple[str, ...]] | None = None,
     client: Client | SyncClient | None = None,
     run_id: str | None = None,
     grant: Grant | bytes | None = None,
@@ -126,15 +127,18 @@ def governed(
 ) -> GovernedToolset:
     """`toolset` with every call judged by the cluster. `names`: the registered QuorumGate
     tool of each PydanticAI tool (default: the tool's own name); `targets`: the argument
-    that is each tool's target (default: none). With `client` (and `run_id`, `grant`), the
+    that is each tool's target (default: none); `envelopes`: the arguments of each tool
+    that carry envelope handles. With `client` (and `run_id`, `grant`), the
     calls are that agent's; without, the caller's `agent_context`. `defer`: an unanswered
     pending call raises `ApprovalRequired` instead of returning the awaiting sentence."""
-    names, targets = dict(names or {}), dict(targets or {})
+    names, targets, sealed = dict(names or {}), dict(targets or {}), dict(envelopes or {})
     if confirm_wait_s < 0:
         raise ValueError("confirm_wait_s must not be negative")
     judges = {
-        tool: Judge.of(names.get(tool, tool), targets.get(tool), confirm_wait_s)
-        for tool in sorted(set(names) | set(targets))
+        tool: Judge.of(
+            names.get(tool, tool), targets.get(tool), confirm_wait_s, tuple(sealed.get(tool, ()))
+        )
+        for tool in sorted(set(names) | set(targets) | set(sealed))
     }
     return GovernedToolset(
         wrapped=toolset,

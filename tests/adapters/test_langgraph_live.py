@@ -3,7 +3,8 @@ framework's `ToolNode` and `tools_condition`) against a live 4-node cluster
 (docs/frameworks/langgraph.md): an allowed call runs; a call outside the mandate does not,
 and the model reads the fixed sentence only; a pending call runs once the principal
 confirms; a sub-agent acts under a grant; arguments the graph injects are judged like the model's,
-and the model cannot set them."""
+and the model cannot set them; an envelope argument carries a handle, and a raw value in
+it is refused before it leaves."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import BaseTool, InjectedToolCallId, tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import InjectedState, ToolNode, tools_condition
+from nacl.public import PrivateKey
 
 from quorumgate.adapters.langgraph import governed
 from quorumgate.proto.clusterfile import ClusterSpec
@@ -24,7 +26,7 @@ from quorumgate.sdk.builders import tool_rules
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import agent_context, agent_context_async
 from quorumgate.sdk.sync import SyncClient
-from tests.support.cluster import new_agent, new_principal
+from tests.support.cluster import SINK, new_agent, new_principal
 
 WAIT_S = 30.0
 RAN: list[str] = []
@@ -49,6 +51,13 @@ def pay(url: str, amount: int) -> str:
     """Pay an account."""
     RAN.append(f"pay {amount}")
     return f"paid {amount}"
+
+
+@tool
+def store(url: str, secret: str) -> str:
+    """Keep a card in the vault."""
+    RAN.append(f"store {secret}")
+    return "stored"
 
 
 class Transfer(MessagesState):
@@ -206,3 +215,22 @@ def test_a_tool_taking_the_whole_state_is_refused_at_wrapping() -> None:
 
     with pytest.raises(TypeError, match="'state' injects the whole state"):
         governed(summarize, name="web.get")
+
+
+async def test_an_envelope_argument_carries_a_handle_and_a_raw_value_is_refused(
+    cluster: ClusterSpec, owner: SyncClient, sink_key: PrivateKey
+) -> None:
+    RAN.clear()
+    _, key = new_agent(owner, ["vault.store"])
+    async with Client(cluster, key) as qg, agent_context_async(qg, run_id="run-lg-6"):
+        handle = await qg.seal_envelope("card", "4111 1111", {SINK: bytes(sink_key.public_key)})
+        graph = _graph(
+            [
+                ("store", {"url": "https://vault.example/cards", "secret": str(handle)}),
+                ("store", {"url": "https://vault.example/cards", "secret": "4111 1111"}),
+            ],
+            [governed(store, name="vault.store", target="url", envelopes=("secret",))],
+        )
+        result = await graph.ainvoke({"messages": [("user", "keep the card")]})
+    assert [f"store {handle}"] == RAN  # the handle, never the number, reaches the tool
+    assert _tool_outputs(result) == {"c1": "stored", "c2": DENIAL_TEXT}

@@ -3,7 +3,8 @@ scripted, against a live 4-node cluster (docs/frameworks/pydantic-ai.md): an all
 runs; a call outside the mandate does not, and the model reads the fixed sentence only; a
 pending call waits for the principal and runs once confirmed; with `defer=True` an
 unanswered one ends the run as `DeferredToolRequests` and runs on resumption once
-confirmed; a sub-agent, delegated to from inside a tool, acts under a grant."""
+confirmed; a sub-agent, delegated to from inside a tool, acts under a grant; an envelope
+argument carries a handle, and a raw value in it is refused before it leaves."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncio
 import time
 from typing import Any
 
+from nacl.public import PrivateKey
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.toolsets import FunctionToolset
@@ -22,7 +24,7 @@ from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import agent_context_async
 from quorumgate.sdk.sync import SyncClient
-from tests.support.cluster import new_agent, new_principal
+from tests.support.cluster import SINK, new_agent, new_principal
 
 WAIT_S = 30.0
 RAN: list[str] = []
@@ -44,6 +46,12 @@ def pay(url: str, amount: int) -> str:
     """Pay an account."""
     RAN.append(f"pay {amount}")
     return f"paid {amount}"
+
+
+def store(url: str, secret: str) -> str:
+    """Keep a card in the vault."""
+    RAN.append(f"store {secret}")
+    return "stored"
 
 
 WEB = {
@@ -194,3 +202,28 @@ async def test_a_sub_agent_delegated_to_from_a_tool_acts_under_its_grant(
     assert result.output == "ok" and model.tool_outputs() == {"p1": "found it"}
     assert RAN == ["fetch https://docs.example/b"]  # web.post is outside the grant
     assert helper_model.tool_outputs() == {"h1": "page text", "h2": DENIAL_TEXT}
+
+
+async def test_an_envelope_argument_carries_a_handle_and_a_raw_value_is_refused(
+    cluster: ClusterSpec, owner: SyncClient, sink_key: PrivateKey
+) -> None:
+    RAN.clear()
+    _, key = new_agent(owner, ["vault.store"])
+    async with Client(cluster, key) as qg, agent_context_async(qg, run_id="run-pa-6"):
+        handle = await qg.seal_envelope("card", "4111 1111", {SINK: bytes(sink_key.public_key)})
+        model = ScriptedModel(
+            [
+                tool_call("store", "c1", url="https://vault.example/cards", secret=str(handle)),
+                tool_call("store", "c2", url="https://vault.example/cards", secret="4111 1111"),
+                text("done"),
+            ]
+        )
+        tools = governed(
+            FunctionToolset([store]),
+            names={"store": "vault.store"},
+            targets={"store": "url"},
+            envelopes={"store": ("secret",)},
+        )
+        await Agent(model, toolsets=[tools]).run("keep the card")
+    assert [f"store {handle}"] == RAN  # the handle, never the number, reaches the tool
+    assert model.tool_outputs() == {"c1": "stored", "c2": DENIAL_TEXT}
