@@ -14,7 +14,7 @@ from typing import Any
 
 from nacl.public import PrivateKey
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved
 from pydantic_ai.toolsets import FunctionToolset
 
 from quorumgate.adapters.pydantic_ai import AWAITING_TEXT, PROPOSAL_METADATA, governed
@@ -166,6 +166,37 @@ async def test_a_deferred_call_ends_the_run_and_runs_on_resumption_once_confirme
         done = await agent.run(message_history=early.all_messages(), deferred_tool_results=approved)
     assert done.output == "paid" and RAN == ["pay 70"]
     assert model.tool_outputs() == {"c1": "paid 70"}
+
+
+async def test_an_approval_that_changes_the_arguments_is_refused(
+    cluster: ClusterSpec, owner: SyncClient
+) -> None:
+    """The application resumes a deferred call with other arguments than the card the
+    principal confirmed (`ToolApproved(override_args=...)`): they do not match the card's
+    body, so nothing runs and the model reads the fixed sentence."""
+    RAN.clear()
+    person, person_key = new_principal(owner)
+    _, key = new_agent(owner, ["pay"], principal=person)
+    model = ScriptedModel(
+        [tool_call("pay", "c1", url="https://bank.example/acct", amount=70), text("no")]
+    )
+    tools = governed(FunctionToolset([pay]), targets={"pay": "url"}, confirm_wait_s=0, defer=True)
+    agent = Agent(model, toolsets=[tools], output_type=[str, DeferredToolRequests])
+    changed = ToolApproved(override_args={"url": "https://bank.example/acct", "amount": 7000})
+    async with (
+        Client(cluster, person_key) as principal,
+        Client(cluster, key) as qg,
+        agent_context_async(qg, run_id="run-pa-7"),
+    ):
+        first = await agent.run("pay the plumber")
+        cards = await _open_cards(principal)
+        await principal.confirm(cards[0].proposal_id, cards[0].card.digest)
+        done = await agent.run(
+            message_history=first.all_messages(),
+            deferred_tool_results=DeferredToolResults(approvals={"c1": changed}),
+        )
+    assert done.output == "no" and RAN == []
+    assert model.tool_outputs() == {"c1": DENIAL_TEXT}
 
 
 async def test_a_sub_agent_delegated_to_from_a_tool_acts_under_its_grant(
