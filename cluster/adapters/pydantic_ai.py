@@ -1,9 +1,9 @@
 """Govern a PydanticAI agent's tools (docs/frameworks/pydantic-ai.md).
 
 `governed(toolset, names={...}, targets={...})` returns a `WrapperToolset`, PydanticAI's
-documented way to change how a toolset's tools are executed (its toolset docs, "Changing
-tool execution"): its `call_tool` first proposes the call to the cluster and calls the
-wrapped toolset only with a certificate (docs/sdk.md, "A governed tool").
+own hook for changing how a toolset's tools execute (the base of its
+`ApprovalRequiredToolset`): its `call_tool` first proposes the call to the cluster and
+calls the wrapped toolset only with a certificate (docs/sdk.md, "A governed tool").
 
 A denial is the tool's return value, the fixed sentence and nothing else: PydanticAI's
 `ToolFailed` would show the model `{"error": ...}` around it, and the sentence alone is
