@@ -42,6 +42,9 @@ __all__ = ["AWAITING_TEXT", "CONFIRM_WAIT_S", "PROPOSAL_METADATA", "GovernedTool
 
 # The key of the pending proposal's id (hex) in `DeferredToolRequests.metadata[call id]`.
 PROPOSAL_METADATA = "quorumgate_proposal"
+# Deferred cards a wrapper holds for resumption; past this the oldest is let go, and its
+# call, if resumed, is proposed again (a new card), never run unjudged.
+DEFERRED_HELD_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class GovernedToolset(WrapperToolset[Any]):
         if isinstance(outcome, ConfirmationRequired):
             if not self.defer:
                 return AWAITING_TEXT
+            while len(self.waiting) >= DEFERRED_HELD_MAX:
+                del self.waiting[next(iter(self.waiting))]
             self.waiting[call_id] = outcome
             raise ApprovalRequired(metadata={PROPOSAL_METADATA: outcome.proposal_id.hex()})
         certified = judge.certified(tool_args, outcome)
