@@ -1,6 +1,12 @@
-"""What every framework adapter does with a tool call (docs/frameworks/): judge it, and
-for a pending call wait a bounded time for the principal's answer. Framework-free, so an
-adapter's extra is the only thing its framework needs."""
+"""What every framework adapter does with a tool call (docs/frameworks/README.md): judge
+it, and for a pending call wait a bounded time for the principal's answer. Framework-free,
+so an adapter's extra is the only thing its framework needs.
+
+Arguments named in `envelopes` travel as envelope handles (docs/sdk.md). Arguments the
+call cannot carry (a raw value where a handle belongs, a value no argument can hold) are
+refused like a denial: the model chose them, and the fixed sentence is all it is told;
+nothing leaves the process (the reason, which names the argument and never its value, is
+`ActionDenied.reason` for operators)."""
 
 from __future__ import annotations
 
@@ -9,7 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quorumgate.sdk.governed import ConfirmationRequired, Gate, GovernedCall, resume_confirmed
+from quorumgate.sdk.governed import (
+    ActionDenied,
+    ArgumentMappingError,
+    ConfirmationRequired,
+    Gate,
+    GovernedCall,
+    resume_confirmed,
+)
 
 # How long a pending call waits for the principal before the turn goes on without it.
 CONFIRM_WAIT_S = 120.0
@@ -29,33 +42,58 @@ class Judge:
     waiter: Gate
 
     @classmethod
-    def of(cls, tool: str, target: str | None, confirm_wait_s: float) -> Judge:
+    def of(
+        cls,
+        tool: str,
+        target: str | None,
+        confirm_wait_s: float,
+        envelopes: tuple[str, ...] = (),
+    ) -> Judge:
         if confirm_wait_s < 0:
             raise ValueError("confirm_wait_s must not be negative")
         gate, waiter = Gate(), Gate()
-        gate.tool(tool, target=target)
-        waiter.tool(tool, target=target, deadline_s=CONFIRM_POLL_S)
+        gate.tool(tool, target=target, envelopes=envelopes)
+        waiter.tool(tool, target=target, envelopes=envelopes, deadline_s=CONFIRM_POLL_S)
         return cls(tool, target, confirm_wait_s, gate, waiter)
 
     async def authorize(self, arguments: Mapping[str, Any]) -> GovernedCall | None:
         """The certified call (raises `ActionDenied`); None when the principal did not
         answer within `confirm_wait_s`."""
+        first = await self.propose(arguments)
+        if isinstance(first, ConfirmationRequired):
+            return await self.confirmed(first, arguments, self.confirm_wait_s)
+        return first
+
+    async def propose(self, arguments: Mapping[str, Any]) -> GovernedCall | ConfirmationRequired:
+        """The first proposal's outcome: the certified call, or the pending card (raises
+        `ActionDenied`)."""
         try:
             return await self.gate.aauthorize(self.tool, arguments)
         except ConfirmationRequired as pending:
-            stop = time.monotonic() + self.confirm_wait_s
-            while True:
-                try:
-                    with resume_confirmed(pending):
-                        return await self.waiter.aauthorize(self.tool, arguments)
-                except ConfirmationRequired:
-                    if time.monotonic() >= stop:
-                        return None
+            return pending
+        except ArgumentMappingError as err:
+            raise ActionDenied(f"arguments: {err}") from None
+
+    async def confirmed(
+        self, pending: ConfirmationRequired, arguments: Mapping[str, Any], wait_s: float
+    ) -> GovernedCall | None:
+        """The confirmed certificate of `pending`, asked for until `wait_s` has passed
+        (raises `ActionDenied` when the principal rejected it); None while unanswered."""
+        stop = time.monotonic() + wait_s
+        while True:
+            try:
+                with resume_confirmed(pending):
+                    return await self.waiter.aauthorize(self.tool, arguments)
+            except ConfirmationRequired:
+                if time.monotonic() >= stop:
+                    return None
 
     def authorize_blocking(self, arguments: Mapping[str, Any]) -> GovernedCall | None:
         """`authorize` for a synchronous tool (the binding's client may be a SyncClient)."""
         try:
             return self.gate.authorize(self.tool, arguments)
+        except ArgumentMappingError as err:
+            raise ActionDenied(f"arguments: {err}") from None
         except ConfirmationRequired as pending:
             stop = time.monotonic() + self.confirm_wait_s
             while True:

@@ -40,12 +40,14 @@ def governed(
     run_id: str | None = None,
     grant: Grant | bytes | None = None,
     confirm_wait_s: float = CONFIRM_WAIT_S,
+    envelopes: tuple[str, ...] = (),
 ) -> FunctionTool:
     """A copy of `tool` judged by the cluster on each call. `name`: the registered
     QuorumGate tool (default: the tool's own name); `target`: the argument that is its
-    target. With `client` (and `run_id`, `grant`), the calls are that agent's; without,
-    the caller's `agent_context`."""
-    judge = Judge.of(name or tool.name, target, confirm_wait_s)
+    target; `envelopes`: the arguments that carry envelope handles. With `client` (and
+    `run_id`, `grant`), the calls are that agent's; without, the caller's
+    `agent_context`."""
+    judge = Judge.of(name or tool.name, target, confirm_wait_s, tuple(envelopes))
     inner = tool.on_invoke_tool
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:

@@ -2,7 +2,8 @@
 against a live 4-node cluster (docs/frameworks/openai-agents.md): an allowed call runs; a
 call outside the mandate does not, and the model is shown the fixed sentence only; a
 pending call waits for the principal and runs once confirmed; a sub-agent acts under a
-grant."""
+grant; an envelope argument carries a handle, and a raw value in it is refused before it
+leaves."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from typing import Any
 
 from agents import Agent, Runner, function_tool
+from nacl.public import PrivateKey
 
 from quorumgate.adapters.openai_agents import AWAITING_TEXT, governed
 from quorumgate.examples.scripted_agents_model import ScriptedModel, text, tool_call
@@ -19,7 +21,7 @@ from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import agent_context_async
 from quorumgate.sdk.sync import SyncClient
-from tests.support.cluster import new_agent, new_principal
+from tests.support.cluster import SINK, new_agent, new_principal
 
 WAIT_S = 30.0
 RAN: list[str] = []
@@ -44,6 +46,13 @@ def pay(url: str, amount: int) -> str:
     """Pay an account."""
     RAN.append(f"pay {amount}")
     return f"paid {amount}"
+
+
+@function_tool
+def store(url: str, secret: str) -> str:
+    """Keep a card in the vault."""
+    RAN.append(f"store {secret}")
+    return "stored"
 
 
 async def _open_cards(principal: Client) -> list[Any]:
@@ -171,3 +180,23 @@ async def test_a_rejected_call_is_the_fixed_sentence(
         await principal.reject(cards[0].proposal_id, cards[0].card.digest)
         await asyncio.wait_for(run, WAIT_S)
     assert RAN == [] and model.tool_outputs() == {"c1": DENIAL_TEXT}
+
+
+async def test_an_envelope_argument_carries_a_handle_and_a_raw_value_is_refused(
+    cluster: ClusterSpec, owner: SyncClient, sink_key: PrivateKey
+) -> None:
+    RAN.clear()
+    _, key = new_agent(owner, ["vault.store"])
+    async with Client(cluster, key) as qg, agent_context_async(qg, run_id="run-oa-6"):
+        handle = await qg.seal_envelope("card", "4111 1111", {SINK: bytes(sink_key.public_key)})
+        model = ScriptedModel(
+            [
+                tool_call("store", "c1", url="https://vault.example/cards", secret=str(handle)),
+                tool_call("store", "c2", url="https://vault.example/cards", secret="4111 1111"),
+                text("done"),
+            ]
+        )
+        tool = governed(store, name="vault.store", target="url", envelopes=("secret",))
+        await Runner.run(_agent(model, tool), "keep the card")
+    assert [f"store {handle}"] == RAN  # the handle, never the number, reaches the tool
+    assert model.tool_outputs() == {"c1": "stored", "c2": DENIAL_TEXT}
