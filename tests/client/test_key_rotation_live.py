@@ -98,9 +98,9 @@ def test_rotating_agent_and_principal_keys_with_a_card_open(
     assert not Path(str(person) + ".old").exists()
 
     # the old principal key answers nothing; the card is still open for the new one
-    with SyncClient(cluster, old_person) as stale:
-        with pytest.raises(QuorumGateError):
-            stale.confirm(proposal, bytes(32))
+    with SyncClient(cluster, old_person) as stale, pytest.raises(QuorumGateError) as refused:
+        stale.confirm(proposal, bytes(32))
+    assert refused.value.reason == "key_rotated"
     with given(PASSPHRASE) as fd:
         code, doc, text = run_json(
             capsys, "pending", "--dir", d, "--key", str(person), "--passphrase-fd", fd
@@ -163,8 +163,9 @@ def test_the_owner_rotates_its_own_key_last(
     assert (code, doc["outcome"]) == (0, "applied"), text
     code, doc, text = run_json(capsys, "agents", "--dir", d)
     assert code == 0 and agent_id in text, text
-    with pytest.raises(QuorumGateError):
+    with pytest.raises(QuorumGateError) as refused:
         owner.suspend(agent_id)
+    assert refused.value.reason == "key_rotated"
 
 
 def new_agent_by(cluster: ClusterSpec) -> tuple[str, SigningKey]:
