@@ -78,8 +78,8 @@ def _refusal(env: Env, op: RotateKey, signer: Signer) -> Reason | None:
         return Reason.NOT_KEY_HOLDER  # a stranger, or anyone but the owner for the owner
     old = _current_key(env, op)
     if old is None:
-        known = op.holder is KeyHolder.AGENT
-        return Reason.UNKNOWN_AGENT if known else Reason.UNKNOWN_PRINCIPAL
+        is_agent = op.holder is KeyHolder.AGENT
+        return Reason.UNKNOWN_AGENT if is_agent else Reason.UNKNOWN_PRINCIPAL
     new = op.new_public_key
     chain = env.config.chain_id
     statement = rotation_statement(chain, op.holder, op.subject_id, old, new)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 import pytest
 from nacl.signing import SigningKey
@@ -20,6 +21,7 @@ from quorumgate.proto.model import (
     Reason,
     RegisterAgent,
     RegisterPrincipal,
+    RegisterTool,
     RotateKey,
     Suspend,
     ToolMode,
@@ -234,6 +236,25 @@ def test_the_owner_rotates_a_lost_agent_key_and_its_grant_still_works() -> None:
     _applied(world, world.owner, KeyHolder.AGENT, "helper")  # the helper lost its key
     verdict = world.propose("helper", "kb.search", grant=grant)
     assert (verdict.outcome, verdict.reason) == (Outcome.ALLOW, Reason.OK)
+
+
+def test_a_grant_survives_its_grantors_rotation_and_runs_keep_their_records() -> None:
+    world = World()
+    world.add_tool("kb.search", mode=ToolMode.READ)
+    searching = world.engine.state.tools["kb.search"]
+    world.admin(RegisterTool(spec=replace(searching, untrusted_results=True)))
+    world.add_agent("planner", None, policy=DelegationPolicy.ATTENUATED)
+    world.add_agent("helper", None)
+    grant = world.delegate("planner", "helper", tools=["kb.search"]).tx_id
+    assert world.propose("planner", "kb.search").outcome is Outcome.ALLOW  # exposes run-1
+    runs = dict(world.engine.state.runs)
+    assert runs  # the run's provenance record (docs/provenance.md)
+    _applied(world, world.keys["planner"], KeyHolder.AGENT, "planner")
+    assert dict(world.engine.state.runs) == runs
+    verdict = world.propose("helper", "kb.search", grant=grant)
+    assert (verdict.outcome, verdict.reason) == (Outcome.ALLOW, Reason.OK)
+    # the grantor goes on in its run, with the run's record, under its new key
+    assert world.propose("planner", "kb.search").outcome is Outcome.ALLOW
 
 
 def test_the_latch_survives_a_rotation() -> None:
