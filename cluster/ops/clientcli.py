@@ -74,6 +74,7 @@ from quorumgate.proto.clusterfile import (
     add_auditor,
     load_cluster,
     read_seed,
+    write_seed,
 )
 from quorumgate.proto.model import (
     DENIAL_TEXT,
@@ -768,7 +769,12 @@ def _rotation_target(args: argparse.Namespace, spec: ClusterSpec) -> tuple[KeyHo
 def _cmd_rotate_key(args: argparse.Namespace) -> int:
     """`admin rotate-key`: the holder's key file gets a new key in place, the old one
     waits as `<name>.old`, signs the rotation, and goes once the rotation is certified (or
-    comes back if it is refused). Neither key is ever printed."""
+    comes back if it is refused). Neither key is ever printed. `--by-owner`: see
+    `_rotate_by_owner`."""
+    if args.by_owner:
+        return _rotate_by_owner(args)
+    if args.out is not None:
+        return _fail("--out is for --by-owner: the holder's own key file is rotated in place")
     try:
         spec = _spec(args)
         holder, subject, path = _rotation_target(args, spec)
@@ -819,6 +825,77 @@ def _cmd_rotate_key(args: argparse.Namespace) -> int:
         {"operation": "rotate-key", "subject": name, **decision_json(decision, with_reason=True)},
         f"applied: rotate-key {name} at height {decision.height}, certified by sidecars "
         f"{_signers(decision)}; {path} holds the new key (mode 0600), the old one is retired",
+    )
+    return EXIT_OK
+
+
+def _rotate_by_owner(args: argparse.Namespace) -> int:
+    """`admin rotate-key --agent ID | --principal ID --by-owner --out FILE`: for a lost or
+    stolen key the owner (DIR/owner.key) signs; the key it replaces is the one the
+    registry names, and the new key is written to a new FILE (a principal's sealed under a
+    new passphrase), removed again if the rotation is refused."""
+    if args.owner or args.key is not None or args.out is None:
+        return _fail("--by-owner takes --agent ID or --principal ID, --out FILE and no --key")
+    holder = KeyHolder.AGENT if args.agent else KeyHolder.PRINCIPAL
+    subject, path = args.agent or args.principal, Path(args.out)
+    try:
+        spec = _spec(args)
+        owner_key = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+        if path.exists():
+            raise ClusterFileError(f"{path} exists; keys are never overwritten")
+        new = SigningKey.generate()
+        if holder is KeyHolder.PRINCIPAL:
+            passphrase = new_passphrase(path, args.passphrase_fd, "--passphrase-fd")
+            write_sealed(path, seal(bytes(new), passphrase, kdf_cost("moderate")))
+        else:
+            write_seed(path, bytes(new))
+    except ClusterFileError as err:
+        return _fail(str(err))
+    except OSError as err:
+        return _fail(f"cannot write {path}: {err.strerror}")
+
+    async def main() -> Decision:
+        async with Client(spec, owner_key) as client:
+            registry = await client.registry(args.deadline)
+            if holder is KeyHolder.AGENT:
+                entry = registry.agent(subject)
+                old = None if entry is None else entry.public_key
+            else:
+                found = [p for p in registry.principals if p.principal_id == subject]
+                old = found[0].public_key if found else None
+            call = client.rotate_key(
+                holder, subject, new, old_public_key=old or bytes(32), deadline_s=args.deadline
+            )
+            return await _waiting(f"rotate-key {subject}", args, call)
+
+    try:
+        decision = asyncio.run(main())
+    except TransactionRejected as err:
+        path.unlink()
+        _emit(
+            args,
+            {
+                "operation": "rotate-key",
+                "subject": subject,
+                **decision_json(err.decision, with_reason=True),
+            },
+            f"rejected: rotate-key {subject} ({err.reason}); {path} removed",
+        )
+        return EXIT_DENIED
+    except QuorumGateError as err:
+        return _fail(
+            f"the rotation of {subject}'s key is not known to be certified ({err.reason}): "
+            f"{path} holds the new key; `quorumgate agents` shows the key the cluster holds"
+        )
+    _emit(
+        args,
+        {
+            "operation": "rotate-key",
+            "subject": subject,
+            **decision_json(decision, with_reason=True),
+        },
+        f"applied: rotate-key {subject} by the owner at height {decision.height}, certified by "
+        f"sidecars {_signers(decision)}; {path} holds the new key (mode 0600)",
     )
     return EXIT_OK
 
@@ -1286,6 +1363,12 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--principal", metavar="ID", help="a principal's sealed key (--key: its key file)"
     )
     whose.add_argument("--owner", action="store_true", help="the owner's key (DIR/owner.key)")
+    rotate.add_argument(
+        "--by-owner",
+        action="store_true",
+        help="a lost or stolen key: DIR/owner.key signs, the new key goes to --out FILE",
+    )
+    rotate.add_argument("--out", metavar="FILE", help="with --by-owner: the new key file")
     _common(rotate, key_help="the key file rotated in place (the old one kept as FILE.old)")
     _deadline(rotate)
     rotate.set_defaults(func=_cmd_rotate_key)

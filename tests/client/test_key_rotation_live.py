@@ -148,6 +148,27 @@ def test_the_owner_rotates_a_lost_agent_key_through_the_sdk(
         assert allowed.outcome.value == "allow"
 
 
+def test_the_owner_rotates_a_lost_key_from_the_command_line(
+    cluster: ClusterSpec, owner: SyncClient, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    d = str(cluster.directory)
+    agent_id, lost = new_agent(owner, ["web.get"])
+    out = tmp_path / "replacement.key"
+    argv = ["admin", "rotate-key", "--agent", agent_id, "--by-owner", "--out", str(out)]
+    code, doc, text = run_json(capsys, *argv, "--dir", d)
+    assert (code, doc["outcome"]) == (0, "applied"), text
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and read_seed(out).hex() not in text
+    with SyncClient(cluster, SigningKey(read_seed(out))) as agent:
+        assert agent.propose("web.get", "https://e.x/cli", run_id="r").outcome.value == "allow"
+    # refused (an unknown agent): the new file goes again
+    again = tmp_path / "nobody.key"
+    argv = ["admin", "rotate-key", "--agent", "nobody-here", "--by-owner", "--out", str(again)]
+    code, doc, text = run_json(capsys, *argv, "--dir", d)
+    assert (code, doc["reason"]) == (1, "unknown_agent"), text
+    assert not again.exists()
+    del lost
+
+
 def test_the_owner_rotates_its_own_key_last(
     cluster: ClusterSpec, owner: SyncClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
