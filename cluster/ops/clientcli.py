@@ -15,7 +15,8 @@
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings |
                set-run-targets | rotate-key (--agent ID | --principal ID) --key F |
-               rotate-key --owner ...
+               rotate-key --owner | rotate-key (--agent ID | --principal ID) --by-owner
+               --out F ...
     agents     --dir D                          registered agents and their mandates
     settings   --dir D                          settings in effect (the log's or cluster.json's)
     tools      --dir D                          registered tools
