@@ -329,7 +329,8 @@ class Engine:
 
     def _unknown_here(self, parsed: ParsedTx) -> bool:
         """A transaction that uses fields this chain's version does not have: provenance
-        (docs/provenance.md) on a chain without `runs_carry_provenance`."""
+        (docs/provenance.md) on a chain without `runs_carry_provenance`, a key rotation
+        (docs/engine.md, "Rotating keys") on a chain without `rotates_keys`."""
         authority = self.config.authority_version
         payload = parsed.body.payload
         return (not runs_carry_provenance(authority) and uses_provenance(payload)) or (
