@@ -210,12 +210,13 @@ def world_proposal(world: World) -> Proposal:
 # ------------------------------------------------------------------ what survives
 
 
-def test_a_card_opened_before_a_principals_rotation_is_answered_by_the_new_key() -> None:
+@pytest.mark.parametrize("by", ["principal", "owner"])
+def test_a_card_opened_before_a_principals_rotation_is_answered_by_the_new_key(by: str) -> None:
     world = _world()
     pending = world.propose("planner", "payments.send")
     assert pending.outcome is Outcome.PENDING
     old = world.keys["principal:pat"]
-    new = _applied(world, old, KeyHolder.PRINCIPAL, "pat")
+    new = _applied(world, old if by == "principal" else world.owner, KeyHolder.PRINCIPAL, "pat")
     assert world.engine.cards_for(bytes(old.verify_key)) == ()
     assert [c.proposal_id for c in world.engine.cards_for(bytes(new.verify_key))] == [
         pending.proposal_id
