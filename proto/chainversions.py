@@ -46,6 +46,7 @@ class Behaviour(enum.Enum):
     DELEGATES_DEFER_TO_DELEGATORS = "delegates_defer_to_delegators"
     RUNS_CARRY_PROVENANCE = "runs_carry_provenance"
     RUN_SCOPED_TARGETS = "run_scoped_targets"
+    ROTATES_KEYS = "rotates_keys"
     # state_version: how the state root is computed (docs/sidecar.md, "The state root")
     STATE_HASH_TREE = "state_hash_tree"
     # receipt_version: what the sidecars' receipts sign
@@ -112,6 +113,11 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         # principal (or the owner) may name a run's own targets, which an exposed run
         # still calls as a clean one would (docs/provenance.md).
         4: frozenset({B.RUNS_CARRY_PROVENANCE, B.RUN_SCOPED_TARGETS}),
+        # Agents, principals and the owner rotate their keys in the log (`RotateKey`):
+        # signed by the old key (or the owner), with the new key's proof of possession;
+        # the old key is refused from then on, and the owner's key lives in the state
+        # (docs/engine.md, "Rotating keys").
+        5: frozenset({B.ROTATES_KEYS}),
     },
     "state_version": {
         # SHA-256 over the whole canonical state bytes.
@@ -299,6 +305,14 @@ def run_scoped_targets(authority_version: int) -> bool:
     (`SetRunTargets`): calls on them are judged as in a clean run even once the run is
     exposed (docs/provenance.md). Else that transaction is not part of the chain's."""
     return turns_on("authority_version", authority_version, Behaviour.RUN_SCOPED_TARGETS)
+
+
+def rotates_keys(authority_version: int) -> bool:
+    """An agent, a principal or the owner may rotate its key (`RotateKey`, docs/engine.md,
+    "Rotating keys"); a retired key signs nothing and is never registered again, and the
+    owner's key is the state's (cluster.json's only seeds it). Else a `RotateKey` is a
+    field the chain's decoder does not know: `malformed`."""
+    return turns_on("authority_version", authority_version, Behaviour.ROTATES_KEYS)
 
 
 # ---- state_version

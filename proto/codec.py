@@ -34,6 +34,7 @@ from quorumgate.proto.model import (
     DelegationPolicy,
     Enforcement,
     EnvelopeArg,
+    KeyHolder,
     Mandate,
     Proposal,
     RegisterAgent,
@@ -43,6 +44,7 @@ from quorumgate.proto.model import (
     Resume,
     Revoke,
     RoleTarget,
+    RotateKey,
     RuleKind,
     SealedValue,
     SealEnvelope,
@@ -513,6 +515,16 @@ def _decode_admin(pb: Any) -> AdminOp:
         )
     if case == "set_run_targets":
         return SetRunTargets(agent_id=op.agent_id, run_id=op.run_id, targets=tuple(op.targets))
+    if case == "rotate_key":
+        holders = {holder.value: holder for holder in KeyHolder}
+        if op.holder not in holders:
+            raise ValueError("rotate_key: unknown holder")
+        return RotateKey(
+            holder=holders[op.holder],
+            subject_id=op.subject_id,
+            new_public_key=op.new_public_key,
+            proof=op.proof,
+        )
     assert case == "resume", case
     return Resume(agent_id=op.agent_id)
 
@@ -556,6 +568,15 @@ def _encode_admin(admin: Admin) -> Any:
     elif isinstance(op, SetRunTargets):
         msg.set_run_targets.CopyFrom(
             tx_pb2.SetRunTargets(agent_id=op.agent_id, run_id=op.run_id, targets=list(op.targets))
+        )
+    elif isinstance(op, RotateKey):
+        msg.rotate_key.CopyFrom(
+            tx_pb2.RotateKey(
+                holder=op.holder.value,
+                subject_id=op.subject_id,
+                new_public_key=op.new_public_key,
+                proof=op.proof,
+            )
         )
     else:
         msg.resume.CopyFrom(tx_pb2.AgentRef(agent_id=op.agent_id))

@@ -36,6 +36,7 @@ SIG_CACHE = b"qg/sig-cache/v1"  # hashed: the cache key of one signature found v
 TX = b"qg/tx/v1"  # signed: a transaction's serialized TxBody, exactly as carried
 TXID = b"qg/txid/v1"  # hashed: a transaction id (signer, nonce)
 TXID_RAW = b"qg/txid/raw/v1"  # hashed: the stand-in id of bytes with no signer or nonce
+KEY_ROTATION = b"qg/key-rotation/v1"  # signed by a new key: chain, holder, subject, both keys
 
 # Links between processes (runtime/channels.py, runtime/readauth.py;
 # docs/security/reads-and-certificates.md).

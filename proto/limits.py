@@ -84,6 +84,10 @@ LATCH_CROSS_RUN_THRESHOLD_DEFAULT = 3
 CROSS_RUN_PAIRS_MAX = 16_384
 DECLARED_ARGS_PER_TOOL_MAX = 32  # plain arguments one tool declares
 DEPUTIES_MAX = 8  # principals one principal names to answer its cards too
+# Retired keys a chain remembers (docs/engine.md, "Rotating keys"): for its whole life,
+# never evicted, since a forgotten key could be registered again and replay what it
+# signed; past this a rotation is `capacity_exceeded` (about 100 bytes each in the state).
+RETIRED_KEYS_MAX = 65536
 # Further targets of one call, in the roles its tool declares.
 TARGET_ROLES_PER_TOOL_MAX = 8
 TARGETS_PER_ROLE_MAX = 16

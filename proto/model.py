@@ -117,6 +117,12 @@ class Reason(StrEnum):
     # a run's own targets (docs/provenance.md): named by neither the run owner's
     # principal, its deputy nor the owner
     NOT_RUN_PRINCIPAL = "not_run_principal"
+    # key rotation (docs/engine.md, "Rotating keys"): a signature by a key its holder
+    # rotated away from; a rotation signed by neither the key's holder nor the owner; a
+    # rotation whose new key did not sign it
+    KEY_ROTATED = "key_rotated"
+    NOT_KEY_HOLDER = "not_key_holder"
+    BAD_KEY_PROOF = "bad_key_proof"
 
 
 class ToolMode(StrEnum):
@@ -771,6 +777,35 @@ class SetRunTargets:
         _require(list(self.targets) == sorted(set(self.targets)), "run targets sorted, unique")
 
 
+class KeyHolder(StrEnum):
+    """Whose key a `RotateKey` replaces (docs/engine.md, "Rotating keys")."""
+
+    AGENT = "agent"
+    PRINCIPAL = "principal"
+    OWNER = "owner"
+
+
+@dataclass(frozen=True)
+class RotateKey:
+    """Replace the key of an agent, a principal or the owner (docs/engine.md, "Rotating
+    keys"). `proof` is the new key's signature over `proto/tx.py` `rotation_statement`,
+    so no one rotates to a key they do not hold. Signed by the holder's current key, or
+    by the owner for an agent or a principal."""
+
+    holder: KeyHolder
+    subject_id: str  # the agent or principal id; empty for the owner
+    new_public_key: bytes
+    proof: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if self.holder is KeyHolder.OWNER:
+            _require(self.subject_id == "", "the owner's rotation names no subject")
+        else:
+            _require(names.is_agent_id(self.subject_id), "subject id")
+        _require_key(self.new_public_key, "new_public_key")
+        _require(len(self.proof) == SIGNATURE_BYTES, "proof must be 64 bytes")
+
+
 AdminOp = (
     RegisterTool
     | RegisterAgent
@@ -782,6 +817,7 @@ AdminOp = (
     | RegisterPrincipal
     | SetSettings
     | SetRunTargets
+    | RotateKey
 )
 
 

@@ -24,7 +24,15 @@ from nacl.signing import SigningKey, VerifyKey
 
 from quorumgate.proto import codec, domains, limits
 from quorumgate.proto.canonical import Encoder
-from quorumgate.proto.model import Reason, SignedTx, TxBody, TxKind, TxPayload
+from quorumgate.proto.model import (
+    KeyHolder,
+    Reason,
+    RotateKey,
+    SignedTx,
+    TxBody,
+    TxKind,
+    TxPayload,
+)
 
 TAG_TX = domains.TX
 TAG_TXID = domains.TXID
@@ -58,6 +66,26 @@ def verify_signature(tx: SignedTx) -> bool:
     except (BadSignatureError, ValueError, TypeError):
         return False
     return True
+
+
+def rotation_statement(
+    chain_id: str, holder: KeyHolder, subject_id: str, old_key: bytes, new_key: bytes
+) -> bytes:
+    """What a new key signs to prove it is held by whoever rotates to it (docs/engine.md,
+    "Rotating keys"): the chain, whose key, and both keys. Binding the old key makes the
+    proof good for this one rotation: the old key is retired by it and never held again."""
+    enc = Encoder(domains.KEY_ROTATION).text(chain_id).text(holder.value).text(subject_id)
+    return bytes(enc.raw(old_key).raw(new_key))
+
+
+def rotate_key_op(
+    chain_id: str, holder: KeyHolder, subject_id: str, old_key: bytes, new_key: SigningKey
+) -> RotateKey:
+    """A `RotateKey` to `new_key`, with the new key's proof of possession over it."""
+    new_public = bytes(new_key.verify_key)
+    statement = rotation_statement(chain_id, holder, subject_id, old_key, new_public)
+    proof = new_key.sign(statement).signature
+    return RotateKey(holder=holder, subject_id=subject_id, new_public_key=new_public, proof=proof)
 
 
 def encode_body(body: TxBody) -> bytes:

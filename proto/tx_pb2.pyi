@@ -291,7 +291,7 @@ class AgentRef(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
 
 class Admin(_message.Message):
-    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries", "register_principal", "set_settings", "set_run_targets")
+    __slots__ = ("register_tool", "register_agent", "register_sink", "set_mandate", "suspend", "resume", "set_entries", "register_principal", "set_settings", "set_run_targets", "rotate_key")
     REGISTER_TOOL_FIELD_NUMBER: _ClassVar[int]
     REGISTER_AGENT_FIELD_NUMBER: _ClassVar[int]
     REGISTER_SINK_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +302,7 @@ class Admin(_message.Message):
     REGISTER_PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     SET_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     SET_RUN_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    ROTATE_KEY_FIELD_NUMBER: _ClassVar[int]
     register_tool: RegisterTool
     register_agent: RegisterAgent
     register_sink: RegisterSink
@@ -312,7 +313,20 @@ class Admin(_message.Message):
     register_principal: RegisterPrincipal
     set_settings: SetSettings
     set_run_targets: SetRunTargets
-    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ..., register_principal: _Optional[_Union[RegisterPrincipal, _Mapping]] = ..., set_settings: _Optional[_Union[SetSettings, _Mapping]] = ..., set_run_targets: _Optional[_Union[SetRunTargets, _Mapping]] = ...) -> None: ...
+    rotate_key: RotateKey
+    def __init__(self, register_tool: _Optional[_Union[RegisterTool, _Mapping]] = ..., register_agent: _Optional[_Union[RegisterAgent, _Mapping]] = ..., register_sink: _Optional[_Union[RegisterSink, _Mapping]] = ..., set_mandate: _Optional[_Union[SetMandate, _Mapping]] = ..., suspend: _Optional[_Union[AgentRef, _Mapping]] = ..., resume: _Optional[_Union[AgentRef, _Mapping]] = ..., set_entries: _Optional[_Union[SetEntries, _Mapping]] = ..., register_principal: _Optional[_Union[RegisterPrincipal, _Mapping]] = ..., set_settings: _Optional[_Union[SetSettings, _Mapping]] = ..., set_run_targets: _Optional[_Union[SetRunTargets, _Mapping]] = ..., rotate_key: _Optional[_Union[RotateKey, _Mapping]] = ...) -> None: ...
+
+class RotateKey(_message.Message):
+    __slots__ = ("holder", "subject_id", "new_public_key", "proof")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    subject_id: str
+    new_public_key: bytes
+    proof: bytes
+    def __init__(self, holder: _Optional[str] = ..., subject_id: _Optional[str] = ..., new_public_key: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class SetRunTargets(_message.Message):
     __slots__ = ("agent_id", "run_id", "targets")

@@ -696,7 +696,15 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         assert key is not None
         engine = self.sidecar.engine
         agent = engine.state.agent_by_key.get(key) if engine is not None else None
-        return key, role_of(spec, key), agent
+        role = role_of(spec, key)
+        if engine is not None and engine.state.owner_key is not None:
+            # the owner rotated its key in the log (docs/engine.md, "Rotating keys"): the
+            # state's key reads as the owner, cluster.json's no longer does
+            if key == engine.owner_key():
+                role = Role.OWNER
+            elif role is Role.OWNER:
+                role = None
+        return key, role, agent
 
     @staticmethod
     def _kind(role: Role | None, agent: str | None) -> CallerKind:

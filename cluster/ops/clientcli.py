@@ -14,7 +14,9 @@
     reject     --dir D [--key F] PROPOSAL_ID [--yes]
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings |
-               set-run-targets ...
+               set-run-targets | rotate-key (--agent ID | --principal ID) --key F |
+               rotate-key --owner | rotate-key (--agent ID | --principal ID) --by-owner
+               --out F ...
     agents     --dir D                          registered agents and their mandates
     settings   --dir D                          settings in effect (the log's or cluster.json's)
     tools      --dir D                          registered tools
@@ -73,12 +75,14 @@ from quorumgate.proto.clusterfile import (
     add_auditor,
     load_cluster,
     read_seed,
+    write_seed,
 )
 from quorumgate.proto.model import (
     DENIAL_TEXT,
     SETTING_NAMES,
     ArgCheck,
     EnvelopeArg,
+    KeyHolder,
     Mandate,
     Outcome,
     RuleKind,
@@ -99,7 +103,15 @@ from quorumgate.sdk.client import (
     ReadNotAuthorized,
     TransactionRejected,
 )
-from quorumgate.sdk.keys import generate_key, generate_sink_key, load_principal_key
+from quorumgate.sdk.keys import (
+    abandon_rotation,
+    commit_rotation,
+    generate_key,
+    generate_sink_key,
+    load_principal_key,
+    rotating_path,
+    stage_rotation,
+)
 from quorumgate.sdk.registry import Registry
 from quorumgate.sidecar.engine.core import config_for_cluster
 from quorumgate.sidecar.engine.statements import ConfirmationCard
@@ -208,7 +220,9 @@ def _key(
     if is_sealed_file(path):
         return load_principal_key(path, ask_passphrase(path, args.passphrase_fd))
     key = SigningKey(read_seed(path))
-    if principal and bytes(key.verify_key) != spec.owner_public_key:
+    # the owner's: cluster.json's key, or DIR/owner.key itself (after `rotate-key --owner`)
+    owners = path.resolve() == (spec.directory / OWNER_KEY_FILE).resolve()
+    if principal and bytes(key.verify_key) != spec.owner_public_key and not owners:
         raise ClusterFileError(
             f"{path} holds a key in the clear: a principal's key is sealed with a "
             f"passphrase, so that only the person can answer cards (seal it with "
@@ -709,7 +723,8 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     async def work(client: Client) -> int:
         # a principal may sign register-principal for itself (to name its deputies) and
         # the own targets of its agents' runs (docs/provenance.md)
-        if not client.is_owner and op not in _PRINCIPAL_OPS:
+        # DIR/owner.key is the owner's by definition (after `rotate-key --owner` too)
+        if args.key is not None and not client.is_owner and op not in _PRINCIPAL_OPS:
             return _fail("admin operations are signed with the owner key (DIR/owner.key)")
         try:
             decision = await _waiting(f"{op} {subject}", args, call(client))
@@ -739,6 +754,153 @@ def _cmd_admin(args: argparse.Namespace) -> int:
     # a principal signing is a person acting: its key sealed
     principal = args.key is not None and op in _PRINCIPAL_OPS
     return _run_with_client(args, owner_default=True, work=work, principal=principal)
+
+
+def _rotation_target(args: argparse.Namespace, spec: ClusterSpec) -> tuple[KeyHolder, str, Path]:
+    """(whose key, its id, the key file rotated in place) for `admin rotate-key`."""
+    if args.owner:
+        if args.key is not None:
+            raise ClusterFileError("--owner rotates DIR/owner.key: give no --key")
+        return KeyHolder.OWNER, "", spec.directory / OWNER_KEY_FILE
+    if args.key is None:
+        raise ClusterFileError("--key FILE is required: the key file to rotate (its holder signs)")
+    if args.agent:
+        return KeyHolder.AGENT, args.agent, Path(args.key)
+    return KeyHolder.PRINCIPAL, args.principal, Path(args.key)
+
+
+def _cmd_rotate_key(args: argparse.Namespace) -> int:
+    """`admin rotate-key`: the holder's key file gets a new key in place, the old one
+    waits as `<name>.old`, signs the rotation, and goes once the rotation is certified (or
+    comes back if it is refused). Neither key is ever printed. `--by-owner`: see
+    `_rotate_by_owner`."""
+    if args.by_owner:
+        return _rotate_by_owner(args)
+    if args.out is not None:
+        return _fail("--out is for --by-owner: the holder's own key file is rotated in place")
+    try:
+        spec = _spec(args)
+        holder, subject, path = _rotation_target(args, spec)
+        sealed = is_sealed_file(path)
+        if holder is KeyHolder.PRINCIPAL and not sealed:
+            raise ClusterFileError(
+                f"{path} holds a key in the clear: a principal's key is sealed with a "
+                f"passphrase (`quorumgate passphrase --key {path}`)"
+            )
+        passphrase = ask_passphrase(path, args.passphrase_fd) if sealed else None
+        old, new = stage_rotation(path, passphrase)
+    except FileExistsError as err:
+        return _fail(f"{err}; put the right key back at {path} first")
+    except ClusterFileError as err:
+        return _fail(str(err))
+    except OSError as err:
+        return _fail(f"cannot rotate {path}: {err.strerror}")
+    name = subject or "owner"
+
+    async def main() -> Decision:
+        async with Client(spec, old) as client:
+            call = client.rotate_key(holder, subject, new, deadline_s=args.deadline)
+            return await _waiting(f"rotate-key {name}", args, call)
+
+    try:
+        decision = asyncio.run(main())
+    except TransactionRejected as err:
+        abandon_rotation(path)
+        _emit(
+            args,
+            {
+                "operation": "rotate-key",
+                "subject": name,
+                **decision_json(err.decision, with_reason=True),
+            },
+            f"rejected: rotate-key {name} ({err.reason}); {path} holds the old key again",
+        )
+        return EXIT_DENIED
+    except QuorumGateError as err:
+        return _fail(
+            f"the rotation of {name}'s key is not known to be certified ({err.reason}): {path} "
+            f"holds the new key, {rotating_path(path)} the old one; `quorumgate agents` shows "
+            "the key the cluster holds: keep that file at the first path, remove the other"
+        )
+    commit_rotation(path)
+    _emit(
+        args,
+        {"operation": "rotate-key", "subject": name, **decision_json(decision, with_reason=True)},
+        f"applied: rotate-key {name} at height {decision.height}, certified by sidecars "
+        f"{_signers(decision)}; {path} holds the new key (mode 0600), the old one is retired",
+    )
+    return EXIT_OK
+
+
+def _rotate_by_owner(args: argparse.Namespace) -> int:
+    """`admin rotate-key --agent ID | --principal ID --by-owner --out FILE`: for a lost or
+    stolen key the owner (DIR/owner.key) signs; the key it replaces is the one the
+    registry names, and the new key is written to a new FILE (a principal's sealed under a
+    new passphrase), removed again if the rotation is refused."""
+    if args.owner or args.key is not None or args.out is None:
+        return _fail("--by-owner takes --agent ID or --principal ID, --out FILE and no --key")
+    holder = KeyHolder.AGENT if args.agent else KeyHolder.PRINCIPAL
+    subject, path = args.agent or args.principal, Path(args.out)
+    try:
+        spec = _spec(args)
+        owner_key = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+        if path.exists():
+            raise ClusterFileError(f"{path} exists; keys are never overwritten")
+        new = SigningKey.generate()
+        if holder is KeyHolder.PRINCIPAL:
+            passphrase = new_passphrase(path, args.passphrase_fd, "--passphrase-fd")
+            write_sealed(path, seal(bytes(new), passphrase, kdf_cost("moderate")))
+        else:
+            write_seed(path, bytes(new))
+    except ClusterFileError as err:
+        return _fail(str(err))
+    except OSError as err:
+        return _fail(f"cannot write {path}: {err.strerror}")
+
+    async def main() -> Decision:
+        async with Client(spec, owner_key) as client:
+            registry = await client.registry(args.deadline)
+            if holder is KeyHolder.AGENT:
+                entry = registry.agent(subject)
+                old = None if entry is None else entry.public_key
+            else:
+                found = [p for p in registry.principals if p.principal_id == subject]
+                old = found[0].public_key if found else None
+            call = client.rotate_key(
+                holder, subject, new, old_public_key=old or bytes(32), deadline_s=args.deadline
+            )
+            return await _waiting(f"rotate-key {subject}", args, call)
+
+    try:
+        decision = asyncio.run(main())
+    except TransactionRejected as err:
+        path.unlink()
+        _emit(
+            args,
+            {
+                "operation": "rotate-key",
+                "subject": subject,
+                **decision_json(err.decision, with_reason=True),
+            },
+            f"rejected: rotate-key {subject} ({err.reason}); {path} removed",
+        )
+        return EXIT_DENIED
+    except QuorumGateError as err:
+        return _fail(
+            f"the rotation of {subject}'s key is not known to be certified ({err.reason}): "
+            f"{path} holds the new key; `quorumgate agents` shows the key the cluster holds"
+        )
+    _emit(
+        args,
+        {
+            "operation": "rotate-key",
+            "subject": subject,
+            **decision_json(decision, with_reason=True),
+        },
+        f"applied: rotate-key {subject} by the owner at height {decision.height}, certified by "
+        f"sidecars {_signers(decision)}; {path} holds the new key (mode 0600)",
+    )
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------- registry
@@ -1098,9 +1260,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                 "--expect-tool", help="refuse to confirm unless the card is this call"
             )
             answer.add_argument("--expect-target", default="", help="with --expect-tool")
-            answer.add_argument(
-                "--expect-also", action="append", default=[], metavar="ROLE=TARGET"
-            )
+            answer.add_argument("--expect-also", action="append", default=[], metavar="ROLE=TARGET")
 
     admin = sub.add_parser("admin", help="owner operations (signed with DIR/owner.key)")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
@@ -1147,8 +1307,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     intent = admin_sub.add_parser(
         "set-run-targets",
-        help="name a run's own targets (its principal's key, or the owner's; "
-        "docs/provenance.md)",
+        help="name a run's own targets (its principal's key, or the owner's; docs/provenance.md)",
     )
     intent.add_argument("--agent", required=True, help="the run's owner")
     intent.add_argument("--run", required=True, help="the run id (n<nonce>)")
@@ -1197,6 +1356,25 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         _common(parser, key_help="the owner key (default DIR/owner.key)")
         _deadline(parser)
         parser.set_defaults(func=_cmd_admin)
+    rotate = admin_sub.add_parser(
+        "rotate-key",
+        help="replace a key while the chain runs: its holder signs, the new key proves itself",
+    )
+    whose = rotate.add_mutually_exclusive_group(required=True)
+    whose.add_argument("--agent", metavar="ID", help="an agent's key (--key: its key file)")
+    whose.add_argument(
+        "--principal", metavar="ID", help="a principal's sealed key (--key: its key file)"
+    )
+    whose.add_argument("--owner", action="store_true", help="the owner's key (DIR/owner.key)")
+    rotate.add_argument(
+        "--by-owner",
+        action="store_true",
+        help="a lost or stolen key: DIR/owner.key signs, the new key goes to --out FILE",
+    )
+    rotate.add_argument("--out", metavar="FILE", help="with --by-owner: the new key file")
+    _common(rotate, key_help="the key file rotated in place (the old one kept as FILE.old)")
+    _deadline(rotate)
+    rotate.set_defaults(func=_cmd_rotate_key)
     auditor = admin_sub.add_parser(
         "add-auditor",
         help="let a key read the committed log and every verdict (edits cluster.json)",

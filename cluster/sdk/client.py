@@ -69,6 +69,7 @@ from quorumgate.proto.model import (
     Argument,
     Confirm,
     Delegate,
+    KeyHolder,
     Mandate,
     Outcome,
     Proposal,
@@ -203,6 +204,8 @@ class Client:
         self._nonce_lock: asyncio.Lock | None = None
         self._rotation = ReplicaRotation(spec.n)
         self._agent_id: str | None = None  # found by `agent_id`, then remembered
+        # the owner's key: cluster.json's, or the one this client rotated it to
+        self._owner_key = spec.owner_public_key
 
     @classmethod
     def from_files(
@@ -223,7 +226,7 @@ class Client:
 
     @property
     def is_owner(self) -> bool:
-        return self.public_key == self.spec.owner_public_key
+        return self.public_key == self._owner_key
 
     def __repr__(self) -> str:
         return f"Client(chain={self.spec.chain_id}, signer={self.public_key.hex()[:16]})"
@@ -968,6 +971,33 @@ class Client:
             deputies=tuple(sorted(set(deputies))),
         )
         return await self._applied(Admin(op=op), deadline_s)
+
+    async def rotate_key(
+        self,
+        holder: KeyHolder | str,
+        subject_id: str,
+        new_key: SigningKey,
+        *,
+        old_public_key: bytes | None = None,
+        deadline_s: float | None = None,
+    ) -> Decision:
+        """Replace the key of an agent, a principal (`holder` "agent" / "principal", its
+        id) or the owner ("owner", id "") with `new_key` (docs/engine.md, "Rotating keys";
+        authority version 5). Signed by this client: the holder itself, or the owner for
+        an agent or a principal, which then names the key it replaces in
+        `old_public_key`. `new_key` signs the proof that it is held. Once applied, a
+        client that rotated its own key signs with `new_key` from then on (its nonces
+        continue: the identity keeps its nonce window), and the old key is refused."""
+        holder = KeyHolder(holder)
+        old = self.public_key if old_public_key is None else old_public_key
+        op = txlib.rotate_key_op(self.spec.chain_id, holder, subject_id, old, new_key)
+        decision = await self._applied(Admin(op=op), deadline_s)
+        if old == self.public_key:
+            if holder is KeyHolder.OWNER:
+                self._owner_key = bytes(new_key.verify_key)
+            self.key = new_key
+            self.public_key = bytes(new_key.verify_key)
+        return decision
 
     async def register_sink(
         self, sink_id: str, public_key: bytes, deadline_s: float | None = None

@@ -97,3 +97,56 @@ def change_passphrase(
     sealed = seal(read_sealed(Path(path)).open(old), new, cost)
     replace_sealed(Path(path), sealed)
     return sealed.public_key
+
+
+# A key file being rotated keeps its old key beside it, under this suffix, until the
+# rotation is committed (docs/engine.md, "Rotating keys"): if the cluster never certifies
+# the rotation, the old key is still the one that signs.
+ROTATING_SUFFIX = ".old"
+
+
+def rotating_path(path: PathLike) -> Path:
+    """Where the old key of a key file waits while it is rotated: `<name>.old`."""
+    return Path(str(path) + ROTATING_SUFFIX)
+
+
+def stage_rotation(path: PathLike, passphrase: str | None = None) -> tuple[SigningKey, SigningKey]:
+    """Move the key file at `path` to `<name>.old` and write a new key at `path` (mode
+    0600; a sealed file sealed again under the same passphrase and Argon2id cost); return
+    (old key, new key). Refused while a `<name>.old` exists: a rotation is unfinished."""
+    path = Path(path)
+    old_path = rotating_path(path)
+    if old_path.exists():
+        raise FileExistsError(f"{old_path} exists: a rotation of {path} is unfinished")
+    sealed = None
+    if passphrase is None:
+        old = SigningKey(read_seed(path))
+    else:
+        sealed = read_sealed(path)
+        old = SigningKey(sealed.open(passphrase))
+    new = SigningKey.generate()
+    os.link(path, old_path)  # the old key stays on disk under its new name first
+    os.unlink(path)
+    try:
+        if sealed is not None:
+            assert passphrase is not None
+            cost = KdfCost("same as before", sealed.opslimit, sealed.memlimit)
+            write_sealed(path, seal(bytes(new), passphrase, cost))
+        else:
+            write_seed(path, bytes(new))
+    except BaseException:
+        abandon_rotation(path)
+        raise
+    return old, new
+
+
+def commit_rotation(path: PathLike) -> None:
+    """The rotation is certified: the old key is retired, its file goes."""
+    rotating_path(path).unlink()
+
+
+def abandon_rotation(path: PathLike) -> None:
+    """The rotation was refused: the old key is still the key, back at `path`."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    os.rename(rotating_path(path), path)

@@ -313,6 +313,21 @@ class SyncClient:
             self.aio.register_principal(principal_id, public_key, deadline_s, deputies=deputies)
         )
 
+    def rotate_key(
+        self,
+        holder: str,
+        subject_id: str,
+        new_key: SigningKey,
+        *,
+        old_public_key: bytes | None = None,
+        deadline_s: float | None = None,
+    ) -> Decision:
+        return self.run(
+            self.aio.rotate_key(
+                holder, subject_id, new_key, old_public_key=old_public_key, deadline_s=deadline_s
+            )
+        )
+
     def set_entries(
         self,
         agent_id: str,

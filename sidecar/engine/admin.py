@@ -29,6 +29,7 @@ from quorumgate.proto.model import (
     RegisterSink,
     RegisterTool,
     Resume,
+    RotateKey,
     SetEntries,
     SetMandate,
     SetRunTargets,
@@ -38,7 +39,7 @@ from quorumgate.proto.model import (
     ToolSpec,
 )
 from quorumgate.proto.tx import ParsedTx
-from quorumgate.sidecar.engine import latch, provenance
+from quorumgate.sidecar.engine import keys, latch, provenance
 from quorumgate.sidecar.engine.config import CERTIFICATE_TTL_SETTING, effective_fingerprint
 from quorumgate.sidecar.engine.env import Env, applied, rejected
 from quorumgate.sidecar.engine.rules import rules_are_canonical, value_is_canonical
@@ -116,6 +117,8 @@ def admin(env: Env, parsed: ParsedTx, op: AdminOp) -> Verdict:
         return done("settings", set_settings(env, op))
     if isinstance(op, SetRunTargets):
         return done(op.agent_id, provenance.apply_run_targets(env, op, None))
+    # a rotation never reaches here: the engine routes it to keys.rotate whoever signed
+    assert not isinstance(op, RotateKey), "RotateKey is routed by the engine"
     record = env.state.agents.get(op.agent_id)
     if record is None:
         return done(op.agent_id, Reason.UNKNOWN_AGENT)
@@ -193,12 +196,15 @@ def _registration_check(env: Env, spec: ToolSpec) -> Reason | None:
 
 
 def register_agent(env: Env, op: RegisterAgent) -> Reason | None:
-    """Register an agent (or change the principal it acts for). No key rotation: a
-    retired key's nonce memory would have to be kept forever to refuse replays; a new key
-    is a new agent id."""
+    """Register an agent (or change the principal it acts for). Its key changes only by
+    a `RotateKey` (docs/engine.md, "Rotating keys"), which keeps its nonce window; a
+    retired key is never registered again."""
     state, config = env.state, env.config
     existing = state.agent_by_key.get(op.public_key)
-    if op.public_key == config.owner_public_key or existing not in (None, op.agent_id):
+    owner = keys.owner_key(state, config.owner_public_key)
+    if op.public_key == owner or existing not in (None, op.agent_id):
+        return Reason.KEY_IN_USE
+    if op.public_key in state.retired_keys:
         return Reason.KEY_IN_USE
     if op.public_key in state.principal_by_key:
         return Reason.KEY_IN_USE  # a principal is never an agent
@@ -229,13 +235,15 @@ def _set_agent_principal(env: Env, agent_id: str, principal: str) -> None:
 
 
 def register_principal(env: Env, op: RegisterPrincipal) -> Reason | None:
-    """A principal's key is of its own class (never the owner's, an agent's or another
-    principal's), and is not rotated (a new key is a new principal id)."""
+    """A principal's key is of its own class (never the owner's, an agent's, another
+    principal's or a retired one); it changes only by a `RotateKey` (docs/engine.md,
+    "Rotating keys")."""
     state = env.state
     if not split_authority(env.config.authority_version):
         return Reason.INVALID_SPEC  # this chain has no principals
     key = op.public_key
-    if key == env.config.owner_public_key or key in state.agent_by_key:
+    owner = keys.owner_key(state, env.config.owner_public_key)
+    if key == owner or key in state.agent_by_key or key in state.retired_keys:
         return Reason.KEY_IN_USE
     if state.principal_by_key.get(key, op.principal_id) != op.principal_id:
         return Reason.KEY_IN_USE

@@ -30,6 +30,7 @@ from quorumgate.proto.chainversions import (
     expired_cards_leave_at_once,
     probes_latch,
     refuses_plaintext_secrets,
+    rotates_keys,
     runs_carry_provenance,
     state_hash_tree,
 )
@@ -37,17 +38,19 @@ from quorumgate.proto.model import (
     Admin,
     Confirm,
     Delegate,
+    KeyHolder,
     Mandate,
     Outcome,
     Proposal,
     Reason,
     Revoke,
+    RotateKey,
     SealEnvelope,
     TxKind,
 )
 from quorumgate.proto.nonces import NonceWindow
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse
-from quorumgate.sidecar.engine import admin, confirm, delegation, envelopes, judge
+from quorumgate.sidecar.engine import admin, confirm, delegation, envelopes, judge, keys
 from quorumgate.sidecar.engine.config import (
     CERTIFICATE_TTL_SETTING,
     EngineConfig,
@@ -223,11 +226,13 @@ class Engine:
             return Reason.WRONG_CHAIN
         window = self._nonce_window(parsed.signer)
         if window is None:
-            return Reason.UNKNOWN_SIGNER
+            return self._unknown_signer(parsed.signer)
         if not window.is_fresh(parsed.nonce, self.config.nonce_window):
             return Reason.REPLAYED
         payload = parsed.body.payload
-        is_owner = parsed.signer == self.config.owner_public_key
+        is_owner = parsed.signer == self.owner_key()
+        if _is_rotation(payload):
+            return None  # any holder may rotate; who may rotate whose key is execution's
         if parsed.signer in self.state.principal_by_key:
             # a principal answers cards, keeps its agents' named sets and names its
             # deputies, nothing else
@@ -273,7 +278,7 @@ class Engine:
         """The open cards that `public_key` alone may answer (on chains where
         `only_principals_answer_cards`): a principal's, or the owner's; in proposal-id
         order. Nothing for any other key."""
-        if public_key == self.config.owner_public_key:
+        if public_key == self.owner_key():
             who = OWNER_PRINCIPAL
         else:
             principal_id = self.state.principal_by_key.get(public_key)
@@ -324,13 +329,35 @@ class Engine:
 
     def _unknown_here(self, parsed: ParsedTx) -> bool:
         """A transaction that uses fields this chain's version does not have: provenance
-        (docs/provenance.md) on a chain without `runs_carry_provenance`."""
-        return not runs_carry_provenance(self.config.authority_version) and (
-            uses_provenance(parsed.body.payload)
+        (docs/provenance.md) on a chain without `runs_carry_provenance`, a key rotation
+        (docs/engine.md, "Rotating keys") on a chain without `rotates_keys`."""
+        authority = self.config.authority_version
+        payload = parsed.body.payload
+        return (not runs_carry_provenance(authority) and uses_provenance(payload)) or (
+            not rotates_keys(authority) and _is_rotation(payload)
         )
 
+    def owner_key(self) -> bytes:
+        """The owner's key now: the state's once the owner rotated it (docs/engine.md,
+        "Rotating keys"), else cluster.json's."""
+        return keys.owner_key(self.state, self.config.owner_public_key)
+
+    def _unknown_signer(self, signer: bytes) -> Reason:
+        """Why a key that holds no nonce window is refused: a retired key says so (a
+        rotation retired it); any other is unknown. Neither changes any state."""
+        return Reason.KEY_ROTATED if signer in self.state.retired_keys else Reason.UNKNOWN_SIGNER
+
+    def _signer(self, signer: bytes) -> keys.Signer:
+        """Who a verified key is, as a rotation asks."""
+        if signer == self.owner_key():
+            return (KeyHolder.OWNER, "")
+        principal_id = self.state.principal_by_key.get(signer)
+        if principal_id is not None:
+            return (KeyHolder.PRINCIPAL, principal_id)
+        return (KeyHolder.AGENT, self.state.agent_by_key[signer])
+
     def _nonce_window(self, signer: bytes) -> NonceWindow | None:
-        if signer == self.config.owner_public_key:
+        if signer == self.owner_key():
             return self.state.owner_nonces
         agent_id = self.state.agent_by_key.get(signer)
         if agent_id is not None:
@@ -362,14 +389,19 @@ class Engine:
         """Check the chain, the signer and its nonce (recording it), then route by kind."""
         if parsed.body.chain_id != self.config.chain_id:
             return rejected(parsed, Reason.WRONG_CHAIN)
-        is_owner = parsed.signer == self.config.owner_public_key
+        is_owner = parsed.signer == self.owner_key()
         window = self._nonce_window(parsed.signer)
-        if window is None:  # unknown signers hold no state
-            return rejected(parsed, Reason.UNKNOWN_SIGNER)
+        if window is None:  # unknown and retired signers hold no state
+            return rejected(parsed, self._unknown_signer(parsed.signer))
         if not window.is_fresh(parsed.nonce, self.config.nonce_window):
             return rejected(parsed, Reason.REPLAYED)
         window.record(parsed.nonce, self.config.nonce_window)
         payload = parsed.body.payload
+        if isinstance(payload, Admin) and isinstance(payload.op, RotateKey):
+            signer = self._signer(parsed.signer)
+            if signer[0] is KeyHolder.AGENT:
+                self.state.agent_changed(signer[1])  # its nonces changed
+            return keys.rotate(env, parsed, payload.op, signer)
         principal_id = self.state.principal_by_key.get(parsed.signer)
         if principal_id is not None:
             # a principal answers cards, keeps its agents' named sets and names its
@@ -416,3 +448,8 @@ class Engine:
         grants = self.state.grants
         for grant_id in self.state.expired("grants", horizon):
             del grants[grant_id]
+
+
+def _is_rotation(payload: object) -> bool:
+    """A key rotation (docs/engine.md, "Rotating keys"), whoever signed it."""
+    return isinstance(payload, Admin) and isinstance(payload.op, RotateKey)

@@ -172,6 +172,19 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class RetiredKey:
+    """A key its holder rotated away from (docs/engine.md, "Rotating keys"): whose it was
+    (`holder`, a `KeyHolder` value, and the agent or principal id, empty for the owner)
+    and the height of the rotation. Kept for the chain's life: a retired key signs
+    nothing again and is never registered again, so no transaction it signed can replay
+    under another identity's fresh nonces."""
+
+    holder: str
+    subject_id: str
+    height: int
+
+
+@dataclass(frozen=True)
 class StateDelta:
     """What one height changed in the state, for a store that writes only that
     (sidecar/store.py): the state's `header` (`EngineState.header_bytes`) and, per entry
@@ -201,11 +214,14 @@ class QuotaCounter:
 SECTIONS: tuple[str, ...] = (
     "tools", "sinks", "agents", "grants", "pending", "handles", "latch_runs", "sets",
     "principals", "agent_principal", "wrong_digests", "cross_run", "settings",
-    "quota_counters", "runs", "run_floors",
+    "quota_counters", "runs", "run_floors", "retired_keys",
 )  # fmt: skip
 # The sections provenance added (docs/provenance.md): absent from the bytes and the root
 # while both are empty, so a chain that never used them keeps its bytes and roots.
 PROVENANCE_SECTIONS = ("runs", "run_floors")
+# The section key rotation added (docs/engine.md, "Rotating keys"), likewise absent while
+# empty; the owner's key in the state is in the header, and only once rotated.
+KEY_SECTIONS = ("retired_keys",)
 # Sections whose values are records changed in place: a read marks the entry (TrackedDict).
 MUTABLE_SECTIONS = frozenset(
     {"agents", "handles", "latch_runs", "principals", "cross_run", "quota_counters"}
@@ -248,6 +264,10 @@ class EngineState:
     # of that owner opened at or below it counts as exposed).
     runs: dict[RunKey, RunRecord] = field(default_factory=dict)
     run_floors: dict[str, int] = field(default_factory=dict)
+    # Key rotation (docs/engine.md, "Rotating keys"): every retired key, and the owner's
+    # key once rotated (None: cluster.json's, `EngineConfig.owner_public_key`).
+    retired_keys: dict[bytes, RetiredKey] = field(default_factory=dict)
+    owner_key: bytes | None = None
     # derived indexes, rebuilt on load; not serialized
     agent_by_key: dict[bytes, str] = field(default_factory=dict)
     principal_by_key: dict[bytes, str] = field(default_factory=dict)
@@ -317,6 +337,8 @@ class EngineState:
         enc.u64(self.last_block_time_ms)
         _enc_nonces(enc, self.owner_nonces)
         enc.u64(self.latch_activity_seq)
+        if self.owner_key is not None:
+            enc.raw(self.owner_key)  # only once rotated: older headers keep their bytes
         return bytes(enc)
 
     def _flush(self) -> None:
@@ -695,6 +717,9 @@ ENCODERS: dict[str, Callable[[Any, Any], bytes]] = {
     "quota_counters": _encode_quota,
     "runs": _encode_run,
     "run_floors": lambda owner, nonce: bytes(Encoder().text(owner).u64(nonce)),
+    "retired_keys": lambda key, r: bytes(
+        Encoder().raw(key).text(r.holder).text(r.subject_id).u64(r.height)
+    ),
 }
 TAG_STATE_HEADER = domains.ENGINE_STATE_HEADER
 TAG_STATE_ROOT = domains.ENGINE_STATE_ROOT
@@ -713,8 +738,13 @@ def _fresh_entries(state: EngineState, name: str) -> list[tuple[bytes, bytes]]:
 
 
 def _rooted(sections: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
-    """The sections the root covers: the provenance sections only when one holds
-    something, so the roots of chains that never used them are what they were."""
+    """The sections the root covers: the provenance sections only when one of them or a
+    later one holds something, the key sections only when one holds something, so the
+    roots of chains that never used them are what they were."""
+    keys = len(KEY_SECTIONS)
+    if any(count for count, _ in sections[-keys:]):
+        return sections
+    sections = sections[:-keys]
     tail = len(PROVENANCE_SECTIONS)
     if any(count for count, _ in sections[-tail:]):
         return sections
@@ -745,6 +775,7 @@ def assemble_state(header: bytes, sections: Sequence[Sequence[bytes]]) -> bytes:
     fingerprint, height, time_ms = r.take(32), r.optional_blob(), r.u64()
     owner_nonces = _dec_nonces(r)
     latch_seq = r.u64()
+    owner_key = r.take(32) if r.remaining() else None
     r.finish()
     by_name = dict(zip(SECTIONS, sections, strict=True))
     enc = Encoder(TAG_STATE).raw(fingerprint).optional_blob(height).u64(time_ms)
@@ -756,7 +787,8 @@ def assemble_state(header: bytes, sections: Sequence[Sequence[bytes]]) -> bytes:
     # Sections added later are present only once they hold something, so a state that
     # never used them keeps the bytes it had before they existed: the reader finds them by
     # there being bytes left.
-    provenance = any(by_name[name] for name in PROVENANCE_SECTIONS)
+    keys = owner_key is not None or any(by_name[name] for name in KEY_SECTIONS)
+    provenance = keys or any(by_name[name] for name in PROVENANCE_SECTIONS)
     settings = provenance or bool(by_name["settings"] or by_name["quota_counters"])
     authority = settings or any(
         by_name[name] for name in ("principals", "agent_principal", "wrong_digests", "cross_run")
@@ -772,6 +804,10 @@ def assemble_state(header: bytes, sections: Sequence[Sequence[bytes]]) -> bytes:
     if provenance:
         for name in PROVENANCE_SECTIONS:
             _section(enc, by_name[name])
+    if keys:
+        for name in KEY_SECTIONS:
+            _section(enc, by_name[name])
+        enc.optional_blob(owner_key)
     return bytes(enc)
 
 
@@ -994,7 +1030,20 @@ def _decode_state(r: _Reader) -> EngineState:
             state.quota_counters[quota_key] = QuotaCounter(window=r.u64(), count=r.u32())
     if r.remaining():
         _dec_runs(r, state)
+    if r.remaining():
+        _dec_keys(r, state)
     return state
+
+
+def _dec_keys(r: _Reader, state: EngineState) -> None:
+    """The key rotation section and the owner's key (docs/engine.md, "Rotating keys")."""
+    for _ in range(r.u32()):
+        key = r.take(32)
+        state.retired_keys[key] = RetiredKey(holder=r.text(), subject_id=r.text(), height=r.u64())
+    owner_key = r.optional_blob()
+    if owner_key is not None and len(owner_key) != 32:
+        raise StateDecodeError("bad owner key")
+    state.owner_key = owner_key
 
 
 def _dec_runs(r: _Reader, state: EngineState) -> None:

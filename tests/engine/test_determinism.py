@@ -12,11 +12,11 @@ import hashlib
 from dataclasses import FrozenInstanceError, replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from quorumgate.proto import limits
+from quorumgate.proto import limits, tx
 from quorumgate.proto.model import (
     Admin,
     Argument,
@@ -25,6 +25,7 @@ from quorumgate.proto.model import (
     DelegationPolicy,
     Enforcement,
     EnvelopeArg,
+    KeyHolder,
     Mandate,
     Outcome,
     Proposal,
@@ -32,6 +33,7 @@ from quorumgate.proto.model import (
     Resume,
     Revoke,
     RoleTarget,
+    RotateKey,
     RuleKind,
     SealedValue,
     SealEnvelope,
@@ -79,7 +81,11 @@ CHOICES = [
     "suspend",
     "settings",
     "intent",
+    "rotate",
 ]
+ROTATION_REASONS = ("not_key_holder", "bad_key_proof", "key_rotated", "key_in_use")
+# every key a drawn rotation named, by public key: the world follows the engine to them
+ROTATED: dict[bytes, SigningKey] = {}
 # settings in the log: small values, so the draws reach them
 SETTING_DRAWS = {
     "latch_halt_threshold": (1, 4),
@@ -228,6 +234,8 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
         op = SetRunTargets(agent_id=signer, run_id=run, targets=tuple(sorted(targets)))
         who = data.draw(st.sampled_from(("owner", signer, "principal:pia", "principal:quo")))
         return who, Admin(op=op)
+    if choice == "rotate":
+        return _draw_rotation(data, world, signer)
     if choice == "suspend":
         op = Suspend(agent_id=signer) if data.draw(st.booleans()) else Resume(agent_id=signer)
         return "owner", Admin(op=op)
@@ -239,6 +247,49 @@ def _draw_payload(data: st.DataObject, world: World) -> tuple[str, TxPayload]:
         )
         return data.draw(st.sampled_from(("owner", signer))), Admin(SetSettings(values, clear[:2]))
     return signer, Proposal(run_id="r1", tool="kb.search", target="https://example.com/")
+
+
+def _draw_rotation(data: st.DataObject, world: World, agent: str) -> tuple[str, TxPayload]:
+    """A key rotation (docs/engine.md, "Rotating keys"), mostly well formed: signed by the
+    holder, the owner or an agent, its proof by the new key or a stranger, to a new key or
+    one in use."""
+    holder = data.draw(st.sampled_from(KeyHolder))
+    subject = {
+        KeyHolder.AGENT: agent, KeyHolder.PRINCIPAL: data.draw(st.sampled_from(PRINCIPALS)),
+        KeyHolder.OWNER: "",
+    }[holder]  # fmt: skip
+    name = {KeyHolder.AGENT: subject, KeyHolder.PRINCIPAL: "principal:" + subject}.get(
+        holder, "owner"
+    )
+    new = signing_key(f"rotated/{name}/{world.height}/{data.draw(st.integers(0, 2))}")
+    if data.draw(st.integers(0, 5)) == 0:
+        new = _key(world, data.draw(st.sampled_from((*AGENTS, "owner"))))  # a key in use
+    ROTATED[bytes(new.verify_key)] = new
+    old = bytes(_key(world, name).verify_key)
+    op = tx.rotate_key_op(world.config.chain_id, holder, subject, old, new)
+    if data.draw(st.integers(0, 5)) == 0:  # a stranger's proof
+        stranger = tx.rotate_key_op(world.config.chain_id, holder, subject, old, signing_key("x"))
+        op = RotateKey(holder, subject, op.new_public_key, stranger.proof)
+    return data.draw(st.sampled_from((name, name, "owner", agent))), Admin(op=op)
+
+
+def _follow_rotations(world: World) -> None:
+    """Sign with the keys the engine now holds: after an applied rotation the identity's
+    nonces continue under its new key."""
+    state = world.engine.state
+    held = {agent: state.agents[agent].public_key for agent in AGENTS}
+    held.update({"principal:" + p: state.principals[p].public_key for p in PRINCIPALS})
+    held["owner"] = world.engine.owner_key()
+    for name, key in held.items():
+        if key != bytes(_key(world, name).verify_key):
+            event(f"rotation applied: {name.split(':')[0]}")
+            if name == "owner":
+                world.owner = ROTATED[key]
+            else:
+                world.keys[name] = ROTATED[key]
+            next_nonce = world.engine.next_nonce(key)
+            assert next_nonce is not None
+            world.nonces[key] = next_nonce - 1
 
 
 def _key(world: World, name: str) -> SigningKey:
@@ -274,6 +325,10 @@ def test_random_logs_give_byte_identical_results_on_every_engine(data: st.DataOb
                 txs.append(world.tx(_key(world, signer), payload))
         result = world.block(txs, advance_ms=data.draw(st.sampled_from([0, 1, 1_000, 9_000])))
         assert len(result.verdicts) == len(txs)
+        for verdict in result.verdicts:
+            if verdict.kind.value == "admin" and verdict.reason.value in ROTATION_REASONS:
+                event(f"rotation: {verdict.reason.value}")  # --hypothesis-show-statistics
+        _follow_rotations(world)
         # the root is the tree over the state's entries (state version 2, what a reload
         # gives too), and the bytes round-trip exactly
         state = world.engine.state_bytes()
