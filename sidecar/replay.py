@@ -101,6 +101,9 @@ class ReplayReport:
     # with its ledger head), and the snapshot fetched to install it, if this run did.
     history_from: int = 0
     history_ledger_head: str = ""
+    # True when the store pruned its history at that checkpoint (docs/pruning.md), not
+    # installed from a snapshot there.
+    history_pruned: bool = False
     snapshot: dict[str, object] | None = None
 
     @property
@@ -508,7 +511,8 @@ async def _history_base(
     node_dir = spec.node_dir(index)
     where = (
         f"sidecar {index}'s local history starts at height {height} (ledger head "
-        f"{checkpoint.ledger_head.hex()[:16]}…, a snapshot)"
+        f"{checkpoint.ledger_head.hex()[:16]}…, "
+        + ("pruned below it at a snapshot)" if report.history_pruned else "a snapshot)")
     )
     snapshots = SnapshotDir(node_dir / SNAPSHOT_DIR)
     state, manifest = snapshots.state(height), snapshots.manifest(height)
@@ -544,6 +548,7 @@ async def _start_position(
 ) -> _Position:
     """Where this replay starts: where the store's local history starts (genesis, or its
     checkpoint: docs/snapshots.md), or a later checkpoint of an interrupted replay."""
+    report.history_pruned = store.checkpoint_signature is not None
     base = (
         None
         if store.checkpoint is None
