@@ -347,7 +347,12 @@ class Sidecar:
                         if self.diverged:
                             return
             except grpc.aio.AioRpcError as err:
-                log.info("event=replica_stream_closed code=%s", err.code().name)
+                if err.code() is grpc.StatusCode.OUT_OF_RANGE:
+                    # Our replica pruned the heights we lack (docs/pruning.md): its answer
+                    # names where its log starts and the way out (replay --from-snapshot).
+                    log.error("event=replica_pruned detail=%s", err.details())
+                else:
+                    log.info("event=replica_stream_closed code=%s", err.code().name)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
