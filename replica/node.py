@@ -480,7 +480,6 @@ class ReplicaNode:
         if self._pruned_peers.get(sender) == response.history_from:
             return
         self._pruned_peers[sender] = response.history_from
-        self.metrics.dropped.labels("peer_pruned").inc()
         log.warning(
             "event=sync_peer_pruned peer=%d history_from=%d committed_height=%d "
             "hint=the peer pruned the heights this replica lacks; restore this replica from "

@@ -438,6 +438,8 @@ class Sidecar:
     async def _prune(self) -> None:
         """Prune the store below the newest snapshot the bounds allow (sidecar/pruning.py);
         the audit then walks from the new start of local history."""
+        if self._snapshot_write is not None and not self._snapshot_write.done():
+            return  # the snapshot directory is being written in a thread: after it
         self._prune_due = False
         store = self.store
         assert store is not None
