@@ -78,6 +78,15 @@ def test_a_pruned_cluster_verifies_and_a_wiped_sidecar_catches_up_from_a_snapsho
         assert "(pruned below, checkpoint at height" in verified.stdout, verified.stdout
         assert f"signed by member {i}: signature good" in verified.stdout, verified.stdout
 
+    # A replay of a pruned store starts at its checkpoint, from the snapshot it pinned.
+    replayed = 1
+    assert cluster.kill(replayed, signal.SIGTERM, kind="sidecar") == 0
+    again = cli("replay", "--dir", str(spec.directory), "--node", str(replayed), "--no-resume")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "(pruned below, checkpoint at height" in again.stdout, again.stdout
+    assert "no mismatches" in again.stdout, again.stdout
+    cluster.start_sidecars([replayed])
+
     # The wiped sidecar: its store and snapshots gone.
     assert cluster.kill(WIPED, signal.SIGTERM, kind="sidecar") == 0
     node_dir = spec.node_dir(WIPED)
