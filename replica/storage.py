@@ -16,7 +16,9 @@ Tables (schema version `SCHEMA_VERSION`):
 
 - `meta`: the schema version, the chain id the file belongs to (another chain's file is
   refused at `open`) and the vote statement its certificates were signed over (a store of
-  another is refused too: `certificates_verifiable`).
+  another is refused too: `certificates_verifiable`); once pruned (`prune_below`,
+  docs/pruning.md), `keep_from_height`: no committed block or proof below it is here, and
+  a read below it raises `PrunedError` (a catch-up answer carries it as `history_from`).
 - `safety`: one row, the latest `SafetyState` (replica/wire.py's `encode_safety`) and its
   epoch. A trigger refuses any update that does not raise the epoch.
 - `signed_votes(view, block_hash)` and `signed_timeouts(view, high_qc_view)`: append-only

@@ -24,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ NODES = 4
 SETTLE_S = 3.0  # after a stretch: the last snapshot written and pruned at before measuring
 
 
-@dataclass
+@dataclass(frozen=True)
 class Point:
     """One measurement after a stretch of load."""
 
@@ -50,13 +50,13 @@ class Point:
     node_bytes: list[int]  # each node directory's bytes on disk
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     pruning: bool
-    points: list[Point] = field(default_factory=list)
-    cpu_s: float = 0.0  # replicas' and sidecars' CPU seconds over the load
-    certified: int = 0  # verdicts sidecar 0's ledger gained during the load
-    cpu_ms_per_proposal: float = 0.0
+    points: list[Point]
+    cpu_s: float  # replicas' and sidecars' CPU seconds over the load
+    certified: int  # verdicts sidecar 0's ledger gained during the load
+    cpu_ms_per_proposal: float
 
 
 def dir_bytes(path: Path) -> int:
@@ -86,7 +86,7 @@ def one_run(pruning: bool, args: argparse.Namespace) -> Run:
         options_doc["retain_heights"] = args.retain
     for i in range(NODES):
         (spec.node_dir(i) / OPTIONS_FILE).write_text(json.dumps(options_doc))
-    run = Run(pruning)
+    points: list[Point] = []
     try:
         start_cluster(spec, list(range(NODES)))
         options = RunOptions(args.seconds, 1.0, args.inflight, 0.0, args.clients, False)
@@ -97,16 +97,15 @@ def one_run(pruning: bool, args: argparse.Namespace) -> Run:
         for _ in range(args.points):
             run_once(spec, options, nonces)
             time.sleep(SETTLE_S)  # a benchmark's pause, not a test's wait
-            run.points.append(measure(spec))
-            print(f"{'A on ' if pruning else 'B off'}: {run.points[-1]}", file=sys.stderr)
-        spent = cpu_delta(before, sample_cpu(pids))
-        run.certified = run.points[-1].proposals - start.proposals
-        run.cpu_s = round(sum(spent.values()), 2)
-        run.cpu_ms_per_proposal = round(1000 * run.cpu_s / max(run.certified, 1), 3)
+            points.append(measure(spec))
+            print(f"{'A on ' if pruning else 'B off'}: {points[-1]}", file=sys.stderr)
+        cpu_s = round(sum(cpu_delta(before, sample_cpu(pids)).values()), 2)
     finally:
         stop_nodes(spec)
         shutil.rmtree(workdir, ignore_errors=True)
-    return run
+    certified = points[-1].proposals - start.proposals
+    per = round(1000 * cpu_s / max(certified, 1), 3)
+    return Run(pruning, points, cpu_s, certified, per)
 
 
 def summary(runs: list[Run], args: argparse.Namespace) -> dict[str, Any]:

@@ -14,7 +14,10 @@ at write time):
   refused at `open`); in a store installed from a snapshot (docs/snapshots.md), also the
   checkpoint local history starts from (`checkpoint_*`: height, state root, ledger head
   and entry count, block hash and time): no ledger entry, receipt or statement below it is
-  here, and the first ledger entry after it chains to its ledger head.
+  here, and the first ledger entry after it chains to its ledger head. A store that pruned
+  its history there (`prune_to`, docs/pruning.md) also holds this sidecar's signature
+  over the checkpoint (`checkpoint_signer`, `checkpoint_signature`). A new file is made
+  with incremental auto-vacuum, so pruning gives its pages back to the file system.
 - `head`: one row — the executed height, the ledger head and entry count, and the engine
   state after the executed height: either whole in `engine_state`, or (what the sidecar
   writes) as its header in `state_header` and one row per entry in `state_entries`
