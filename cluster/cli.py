@@ -433,7 +433,8 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
         return found
     db, chain = found
     if args.ledger_command == "verify":
-        return ledger_verify(db, chain, sys.stdout)
+        keys = _load(args).receipt_keys  # a pruned store's checkpoint is signed
+        return ledger_verify(db, chain, sys.stdout, receipt_keys=keys)
     return ledger_export(db, chain, sys.stdout)
 
 
@@ -520,7 +521,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 f"{snap['chunks']} chunks) attested by members {snap['attested_by']}, served "
                 f"by {snap['served_by']}, in {snap['seconds']} s"
             )
-        if report.history_from:
+        if report.history_from and report.history_pruned:
+            print(
+                f"history starts at height {report.history_from + 1} (pruned below, "
+                f"checkpoint at height {report.history_from}, ledger head "
+                f"{report.history_ledger_head})"
+            )
+        elif report.history_from:
             print(
                 f"local history starts at height {report.history_from} (ledger head "
                 f"{report.history_ledger_head}): heights below it are not in this store"

@@ -117,18 +117,20 @@ class SyncRequest(_message.Message):
     def __init__(self, from_height: _Optional[int] = ..., max_blocks: _Optional[int] = ..., target_hash: _Optional[bytes] = ...) -> None: ...
 
 class SyncResponse(_message.Message):
-    __slots__ = ("committed", "proof", "proof_qc", "pending", "committed_height")
+    __slots__ = ("committed", "proof", "proof_qc", "pending", "committed_height", "history_from")
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     PROOF_QC_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FROM_FIELD_NUMBER: _ClassVar[int]
     committed: _containers.RepeatedCompositeFieldContainer[Block]
     proof: _containers.RepeatedCompositeFieldContainer[Block]
     proof_qc: QuorumCert
     pending: _containers.RepeatedCompositeFieldContainer[Block]
     committed_height: int
-    def __init__(self, committed: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., committed_height: _Optional[int] = ...) -> None: ...
+    history_from: int
+    def __init__(self, committed: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., committed_height: _Optional[int] = ..., history_from: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("nonce", "signature")

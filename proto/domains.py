@@ -55,6 +55,10 @@ LEDGER = b"qg/ledger/v1"  # hashed: a ledger entry, its predecessor's hash inclu
 # hashed: a ledger entry with its argument commitments and sealed salts (chains whose
 # receipt version commits arguments; docs/audit.md, "Argument commitments")
 LEDGER_WITH_COMMITMENTS = b"qg/ledger-committed/v2"
+# signed: a sidecar's pruning checkpoint, where its local ledger starts after it dropped the
+# rows below (chain, height, state root, ledger head and entry count, block hash and time;
+# sidecar/pruning.py, docs/pruning.md)
+LEDGER_CHECKPOINT = b"qg/ledger-checkpoint/v1"
 
 # Reconfiguration (proto/membership.py; docs/consensus/epochs.md, "The record"): opens the
 # record the consensus core recognises in a committed transaction (a NUL follows it there).

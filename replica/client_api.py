@@ -25,6 +25,7 @@ from quorumgate.proto.tx import ParsedTx
 from quorumgate.replica.mempool import Admission, Mempool
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import PeerNetwork
+from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
@@ -277,7 +278,12 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
                     await self._wait_committed(next_height)
                     continue
                 end = min(top, next_height + STREAM_BLOCKS_PER_READ - 1)
-                for block in await store.committed_range(next_height, end):
+                try:
+                    blocks = await store.committed_range(next_height, end)
+                except PrunedError as err:
+                    # Pruned below a snapshot: said, never a crash (docs/pruning.md).
+                    await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(err))
+                for block in blocks:
                     out = cpb.CommittedBlock(height=block.height, hash=block.hash)
                     block_to_pb(block, out.block)
                     yield out

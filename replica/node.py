@@ -68,10 +68,18 @@ from quorumgate.replica.mempool import (
 )
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
+from quorumgate.replica.pruning import PruneFloor
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.sync import SyncRepeats
-from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, Envelope, RemoteError, SyncRequest
+from quorumgate.replica.types import (
+    HELLO_NONCE_BYTES,
+    Block,
+    Envelope,
+    RemoteError,
+    SyncRequest,
+    SyncResponse,
+)
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
 from quorumgate.runtime.channels import Reader, add_server_port
 from quorumgate.runtime.grpcutil import add_service
@@ -129,6 +137,9 @@ Event = Envelope | _Tick | _NewTransactions | _NewStateRoot
 
 MEMPOOL_REBUILD_TXS_MAX = 200_000
 MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
+# How often a replica reads the height its sidecar pruned at (docs/pruning.md): pruning
+# follows snapshots, thousands of heights apart, so a few seconds late costs nothing.
+PRUNE_POLL_S = 2.0
 
 
 class ReplicaNode:
@@ -171,6 +182,7 @@ class ReplicaNode:
         self._timeouts_seen = 0
         self._sync_serving: dict[int, int] = {}  # peer -> its catch-up answers running
         self._sync_repeats = SyncRepeats(self.limits.sync_retry_ticks * spec.tick_ms)
+        self._pruned_peers: dict[int, int] = {}  # peer -> the history_from it last said
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
         self._restore_marker: Path | None = None  # while a declared restore is fencing
@@ -223,6 +235,7 @@ class ReplicaNode:
         await self._execute(self.core.start())
         self.failstop.spawn(self._core_loop(), "core")
         self.failstop.spawn(self._ticker(), "ticker")
+        self.failstop.spawn(self._follow_prune_floor(), "prune")
         self._update_gauges()
         log.info(
             "event=started node=%d address=%s height=%d view=%d",
@@ -231,6 +244,28 @@ class ReplicaNode:
             self.store.committed_height,
             self.core.view,
         )
+
+    async def _follow_prune_floor(self) -> None:
+        """Drop committed blocks below the height our sidecar pruned its history at
+        (`DIR/node-I/pruned.json`, replica/pruning.py; docs/pruning.md), read every
+        `PRUNE_POLL_S`. A file that does not hold a height is logged and left alone."""
+        store = self.store
+        assert store is not None
+        node_dir = self.spec.node_dir(self.index)
+        while True:
+            await asyncio.sleep(PRUNE_POLL_S)
+            try:
+                floor = PruneFloor.read(node_dir)
+            except (OSError, ValueError) as err:
+                log.error("event=prune_floor_unreadable error=%s", err)
+                continue
+            if floor is None or floor.keep_from_height <= store.history_from:
+                continue
+            dropped, before, after = await store.prune_below(floor.keep_from_height)
+            log.info(
+                "event=pruned keep_from_height=%d blocks=%d bytes_before=%d bytes_after=%d",
+                floor.keep_from_height, dropped, before, after,
+            )  # fmt: skip
 
     async def _rebuilt_mempool(self, committed_height: int) -> Mempool:
         """A mempool whose replay windows know the committed log, so that a restarted
@@ -242,8 +277,9 @@ class ReplicaNode:
         blocks: list[Block] = []
         txs = 0
         end = committed_height
-        while end >= 1 and txs < MEMPOOL_REBUILD_TXS_MAX:
-            start = max(1, end - MEMPOOL_REBUILD_BLOCKS_PER_READ + 1)
+        floor = store.history_from  # nothing below it is held when pruned (docs/pruning.md)
+        while end >= floor and txs < MEMPOOL_REBUILD_TXS_MAX:
+            start = max(floor, end - MEMPOOL_REBUILD_BLOCKS_PER_READ + 1)
             page = await store.committed_range(start, end)
             blocks[:0] = page
             txs += sum(len(b.payload) for b in page)
@@ -418,6 +454,8 @@ class ReplicaNode:
         if not self.membership.is_member(sender) or sender == self.index:
             self.metrics.dropped.labels("non_member").inc()
             return
+        if isinstance(envelope.message, SyncResponse):
+            self._note_pruned_peer(sender, envelope.message)
         if isinstance(envelope.message, SyncRequest):
             # Catch-up answers read the store off the core loop, at most
             # SYNC_SERVING_PER_PEER_MAX at a time for each peer: a peer that floods
@@ -429,6 +467,25 @@ class ReplicaNode:
             )  # fmt: skip
             return
         self.enqueue(envelope, sender, message.ByteSize())
+
+    def _note_pruned_peer(self, sender: int, response: SyncResponse) -> None:
+        """A peer that pruned below the heights we asked answers with no blocks and its
+        `history_from` (docs/pruning.md): say so once per peer and height, for the
+        operator; the core goes on to ask the next peer as for any empty answer."""
+        store = self.store
+        if store is None or response.committed or not response.history_from:
+            return
+        if response.history_from <= store.committed_height + 1:
+            return
+        if self._pruned_peers.get(sender) == response.history_from:
+            return
+        self._pruned_peers[sender] = response.history_from
+        log.warning(
+            "event=sync_peer_pruned peer=%d history_from=%d committed_height=%d "
+            "hint=the peer pruned the heights this replica lacks; restore this replica from "
+            "a backup or a member keeping them (docs/pruning.md)",
+            sender, response.history_from, store.committed_height,
+        )  # fmt: skip
 
     def _on_gossip(self, sender: int, txs: Iterable[bytes]) -> None:
         """A peer's batch of transactions (its stream authenticated it). Each is checked

@@ -16,7 +16,9 @@ Tables (schema version `SCHEMA_VERSION`):
 
 - `meta`: the schema version, the chain id the file belongs to (another chain's file is
   refused at `open`) and the vote statement its certificates were signed over (a store of
-  another is refused too: `certificates_verifiable`).
+  another is refused too: `certificates_verifiable`); once pruned (`prune_below`,
+  docs/pruning.md), `keep_from_height`: no committed block or proof below it is here, and
+  a read below it raises `PrunedError` (a catch-up answer carries it as `history_from`).
 - `safety`: one row, the latest `SafetyState` (replica/wire.py's `encode_safety`) and its
   epoch. A trigger refuses any update that does not raise the epoch.
 - `signed_votes(view, block_hash)` and `signed_timeouts(view, high_qc_view)`: append-only
@@ -70,6 +72,7 @@ every block takes, runs its whole transaction in one trip to the connection's th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -84,6 +87,7 @@ from quorumgate.proto.canonical import TAG_VOTE
 from quorumgate.replica.actions import Action, Commit, PersistSafety, StoreBlock
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sync import (
     SYNC_PROOF_REACH_BLOCKS_MAX,
@@ -108,7 +112,7 @@ from quorumgate.replica.wire import (
     encode_proof,
     encode_safety,
 )
-from quorumgate.runtime.dbthread import transaction
+from quorumgate.runtime.dbthread import on_thread, transaction
 
 SCHEMA_VERSION = 1
 # What the votes in this store's certificates signed (meta row `vote_statement`, written
@@ -361,6 +365,9 @@ class ReplicaStore:
         self._head = genesis_block(chain_id)
         self._recent: OrderedDict[int, Block] = OrderedDict()
         self._closed = False
+        # The lowest committed height above genesis still held: 1 until the log is pruned
+        # below a snapshot (meta row `keep_from_height`; docs/pruning.md).
+        self._history_from = 1
 
     # ================================================================== open / close
 
@@ -394,6 +401,9 @@ class ReplicaStore:
     async def _initialise(self) -> None:
         conn = self._conn
         await conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        # Before any table exists, so a new store gives back the pages pruning frees
+        # (docs/pruning.md); on an existing file it changes nothing until a VACUUM.
+        await conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         # The first statement to read the file: it fails here for a file that is not SQLite
         # and for a store another process holds.
         mode = await self._scalar("PRAGMA journal_mode=WAL")
@@ -444,6 +454,8 @@ class ReplicaStore:
         epoch = await self._scalar("SELECT epoch FROM safety WHERE id = 1")
         self._durable_epoch = int(epoch) if epoch is not None else 0
         self._head = await self._read_head()
+        kept = meta.get("keep_from_height")
+        self._history_from = int(kept) if kept is not None and kept.isdigit() else 1
 
     async def _create_schema(self) -> None:
         conn = self._conn
@@ -492,6 +504,11 @@ class ReplicaStore:
     def chain_id(self) -> str:
         return self._chain_id
 
+    @property
+    def history_from(self) -> int:
+        """The lowest committed height above genesis this store holds (1 unless pruned)."""
+        return self._history_from
+
     # ================================================================== recovery
 
     async def load(self) -> Recovered:
@@ -519,7 +536,9 @@ class ReplicaStore:
         """The highest committed height with transactions above the head's state-root
         height, or that height if none above it has any (the same for quiescence); None
         if `PAYLOAD_SCAN_BLOCKS_MAX` blocks back from the head hold none."""
-        floor = max(head.state_root_height, head.height - PAYLOAD_SCAN_BLOCKS_MAX)
+        floor = max(
+            head.state_root_height, head.height - PAYLOAD_SCAN_BLOCKS_MAX, self._history_from - 1
+        )
         end = head.height
         while end > floor:
             start = max(floor + 1, end - SYNC_READ_PAGE_BLOCKS + 1)
@@ -601,6 +620,8 @@ class ReplicaStore:
         """Committed blocks with heights start..end inclusive, in height order, at most
         `RANGE_BLOCKS_MAX` of them (from `start`); page for more."""
         start = max(start, 0)
+        if 0 < start < self._history_from:
+            raise PrunedError(start, self._history_from)
         end = min(end, start + RANGE_BLOCKS_MAX - 1, self._head.height)
         recent = self._recent
         if start <= end and start in recent and end in recent:
@@ -643,9 +664,13 @@ class ReplicaStore:
         """
         async with self._lock:
             top = self._head.height
+            kept = self._history_from if self._history_from > 1 else 0
             window = sync_window(request, top, limits)
             committed: list[Block] = []
             proof: CommitProof | None = None
+            if window is not None and window.start < self._history_from:
+                # Pruned below (docs/pruning.md): no blocks, and `history_from` says why.
+                return assemble_sync_response(request, (), None, top, None, limits, kept)
             if window is not None:
                 proof = await self._read_proof(
                     "SELECT height, data FROM proofs WHERE height <= ? AND height >= ? "
@@ -680,7 +705,38 @@ class ReplicaStore:
                         )
                         keep = proof_height(proof) - window.start + 1 if proof else 0
                         committed = committed[:keep]
-        return assemble_sync_response(request, committed, proof, top, core, limits)
+        return assemble_sync_response(request, committed, proof, top, core, limits, kept)
+
+    async def prune_below(self, height: int) -> tuple[int, int, int]:
+        """Drop the committed blocks and commit proofs below `height` (genesis stays), in
+        one transaction, and give the freed pages back to the file system (docs/pruning.md).
+        `height` comes from this node's sidecar, which pruned its own history at that
+        snapshot (replica/pruning.py); the block at `height` stays, for the sidecar's
+        replay to link to. Returns (blocks dropped, file bytes before, after); nothing
+        happens for a height at or below the current start, or above the committed head."""
+        async with self._lock:
+            self._check_open()
+            if height <= self._history_from or height > self._head.height:
+                return 0, 0, 0
+            before = _file_bytes(self._path)
+
+            def write(c: sqlite3.Connection) -> int:
+                c.execute("DELETE FROM proofs WHERE height < ?", (height,))
+                dropped = c.execute(
+                    "DELETE FROM committed WHERE height > 0 AND height < ?", (height,)
+                ).rowcount
+                c.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('keep_from_height', ?)",
+                    (str(height),),
+                )
+                return int(dropped)
+
+            dropped = await transaction(self._conn, write, "BEGIN IMMEDIATE")
+            self._history_from = height
+            for old in [h for h in self._recent if h < height]:
+                del self._recent[old]
+            await on_thread(self._conn, _give_back_pages)
+            return dropped, before, _file_bytes(self._path)
 
     # ================================================================== audit and operations
 
@@ -716,12 +772,14 @@ class ReplicaStore:
                 await conn.execute("DELETE FROM proofs")
                 await conn.execute("DELETE FROM committed WHERE height > 0")
                 await conn.execute("DELETE FROM blocks")
+                await conn.execute("DELETE FROM meta WHERE key = 'keep_from_height'")
                 await conn.execute("COMMIT")
             except BaseException:
                 await self._rollback()
                 raise
             self._recent.clear()
             self._head = genesis_block(self._chain_id)
+            self._history_from = 1
 
     # ================================================================== internals
 
@@ -826,3 +884,24 @@ class ReplicaStore:
             return decode_safety(data)
         except Exception as err:  # protobuf DecodeError, or a state failing its checks
             raise StorageError(f"{self._path}: undecodable safety record: {err}") from err
+
+
+def _file_bytes(path: Path) -> int:
+    total = 0
+    for name in (path, path.with_name(path.name + "-wal")):
+        with contextlib.suppress(OSError):
+            total += name.stat().st_size
+    return total
+
+
+def _give_back_pages(c: sqlite3.Connection) -> None:
+    """Return freed pages to the file system: in place on a store made with incremental
+    vacuum, by one VACUUM on an older file (which turns it on; it rewrites the whole
+    file). Then checkpoint and truncate the write-ahead log. (On the connection's thread,
+    outside any transaction.)"""
+    if int(c.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:  # 2 = INCREMENTAL
+        c.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        c.execute("VACUUM")
+    else:
+        c.executescript("PRAGMA incremental_vacuum;")  # stepped to the end: a page a step
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()

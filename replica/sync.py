@@ -104,9 +104,11 @@ def assemble_sync_response(
     committed_height: int,
     core: Core | None,
     limits: Limits,
+    history_from: int = 0,
 ) -> SyncResponse:
     """The response for committed blocks read under a `SyncWindow`, plus pending blocks
-    from the core when the committed part reaches the server's head."""
+    from the core when the committed part reaches the server's head; `history_from` is
+    the lowest committed height the server holds (0: all), said in every answer."""
     if proof is None or not committed:
         committed, proof = (), None
     else:
@@ -126,6 +128,7 @@ def assemble_sync_response(
         proof_qc=proof.qc if proof is not None else None,
         pending=tuple(pending),
         committed_height=committed_height,
+        history_from=history_from,
     )
 
 

@@ -296,6 +296,9 @@ class SyncResponse:
     proof_qc: QuorumCert | None
     pending: tuple[Block, ...]
     committed_height: int
+    # The lowest committed height the server holds (0: all of them); a request below it
+    # gets no blocks: the server pruned them (docs/pruning.md).
+    history_from: int = 0
 
 
 HELLO_NONCE_BYTES = 16

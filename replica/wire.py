@@ -123,6 +123,7 @@ def envelope_to_pb(envelope: Envelope) -> pb.ConsensusMessage:
         for block in msg.pending:
             _block_to_pb(block, resp.pending.add())
         resp.committed_height = msg.committed_height
+        resp.history_from = msg.history_from
     else:  # pragma: no cover - the Message union is closed
         raise AssertionError(f"unknown message {type(msg).__name__}")
     return out
@@ -194,6 +195,7 @@ def message_from_pb(chain_id: str, msg: pb.ConsensusMessage) -> Message:
             proof_qc=_qc_from_pb(s.proof_qc) if s.HasField("proof_qc") else None,
             pending=tuple(_block_from_pb(chain_id, b) for b in s.pending),
             committed_height=s.committed_height,
+            history_from=s.history_from,
         )
     if kind == "hello":
         return Hello(msg.hello.nonce, msg.hello.signature)

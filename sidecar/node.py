@@ -85,6 +85,7 @@ from quorumgate.sidecar.audit import (
 from quorumgate.sidecar.engine.core import Engine, StateCacheError, config_for_cluster
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
+from quorumgate.sidecar.pruning import Pruner
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.snapshots import (
     SNAPSHOT_ATTEST_HEIGHTS_MAX,
@@ -259,6 +260,13 @@ class Sidecar:
         self.snapshot_options = SnapshotOptions.read(node_dir)
         self.snapshots = SnapshotDir(node_dir / SNAPSHOT_DIR, self.snapshot_options.kept)
         self._snapshot_write: asyncio.Task[None] | None = None
+        # Pruning below a snapshot when `retain_heights` is set (docs/pruning.md): tried
+        # after each snapshot written, between two heights, so no audit reads a height
+        # while its rows go.
+        self.pruner = Pruner(
+            self.snapshot_options, self.snapshots, node_dir, receipt_key, index, spec.chain_id
+        )
+        self._prune_due = False
 
     async def start(self) -> None:
         path = self.spec.node_dir(self.index) / DB_FILE
@@ -339,7 +347,12 @@ class Sidecar:
                         if self.diverged:
                             return
             except grpc.aio.AioRpcError as err:
-                log.info("event=replica_stream_closed code=%s", err.code().name)
+                if err.code() is grpc.StatusCode.OUT_OF_RANGE:
+                    # Our replica pruned the heights we lack (docs/pruning.md): its answer
+                    # names where its log starts and the way out (replay --from-snapshot).
+                    log.error("event=replica_pruned detail=%s", err.details())
+                else:
+                    log.info("event=replica_stream_closed code=%s", err.code().name)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
@@ -381,6 +394,8 @@ class Sidecar:
         if any(v.kind is TxKind.ADMIN and v.outcome is Outcome.APPLIED for v in result.verdicts):
             self.registry_since = height
         self._snapshot_if_due(executed, engine)
+        if self._prune_due:
+            await self._prune()
         self._roots.append((height, result.state_root))
         self._root_turns.notify()
         async with self._executed:
@@ -416,8 +431,33 @@ class Sidecar:
                 return
             if written is not None:
                 log.info("event=snapshot_written height=%d bytes=%d", height, len(data))
+                self._prune_due = self.snapshot_options.retain_heights is not None
 
         self._snapshot_write = asyncio.create_task(write())
+
+    async def _prune(self) -> None:
+        """Prune the store below the newest snapshot the bounds allow (sidecar/pruning.py);
+        the audit then walks from the new start of local history."""
+        if self._snapshot_write is not None and not self._snapshot_write.done():
+            return  # the snapshot directory is being written in a thread: after it
+        self._prune_due = False
+        store = self.store
+        assert store is not None
+        try:
+            point = self.pruner.point(store)
+            if point is None:
+                return
+            result = await self.pruner.prune(store, point)
+        except (ValueError, OSError, SidecarStoreError) as err:
+            log.error("event=prune_failed error=%s", err)
+            return
+        self._audit_cursor = AuditCursor(point + 1, point + 1)
+        log.info(
+            "event=pruned height=%d ledger_rows=%d receipts=%d artifacts=%d bytes_before=%d "
+            "bytes_after=%d vacuumed=%s",
+            point, result.ledger_rows, result.receipts, result.artifacts,
+            result.bytes_before, result.bytes_after, result.vacuumed,
+        )  # fmt: skip
 
     def _committed_block(self, committed: cpb.CommittedBlock, executed_height: int) -> Block:
         """Decode the next committed block from our own replica; anything else is a bug."""

@@ -30,11 +30,12 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from quorumgate.sidecar.ledger import JSON_LINE_CHARS_MAX, ChainVerifier, LedgerEntry
+from quorumgate.sidecar.pruning import checkpoint_signed_by
 from quorumgate.sidecar.store import (
     ARTIFACTS_PAGE_MAX,
     LEDGER_PAGE_ROWS_MAX,
@@ -261,24 +262,38 @@ def _who_and_why(denials: list[dict[str, Any]]) -> str:
 # ==================================================================== the ledger
 
 
-def ledger_verify(db_path: Path, chain_id: str, out: TextIO, *, err: TextIO | None = None) -> int:
+def ledger_verify(
+    db_path: Path,
+    chain_id: str,
+    out: TextIO,
+    *,
+    err: TextIO | None = None,
+    receipt_keys: Sequence[bytes] = (),
+) -> int:
     """Walk the store's whole ledger, recomputing every hash from the stored columns.
 
     `EXIT_OK` with one summary line (entries, executed height, head) when it holds;
     `EXIT_PROBLEM` naming the first bad entry (its position, height and index, and what
-    is wrong) when it does not."""
+    is wrong) when it does not. A pruned store's checkpoint must carry a signature that
+    verifies under its signer's receipt key in `receipt_keys` (docs/pruning.md)."""
 
     async def run(store: SidecarStore) -> int:
         problem = await store.verify_ledger()
         if problem is not None:
             out.write(f"ledger verification FAILED: {printable(str(problem))}\n")
             return EXIT_PROBLEM
+        pruned = _pruned_checkpoint(store, chain_id, receipt_keys)
+        if pruned is not None and not pruned[1]:
+            out.write(f"ledger verification FAILED: {pruned[0]}\n")
+            return EXIT_PROBLEM
         out.write(
             f"ledger ok: {store.ledger_entries} entries through executed height "
             f"{store.executed_height}, head {store.ledger_head.hex()} (chain {chain_id})\n"
         )
         base = store.checkpoint
-        if base is not None:  # installed from a snapshot (docs/snapshots.md)
+        if pruned is not None:
+            out.write(pruned[0] + "\n")
+        elif base is not None:  # installed from a snapshot (docs/snapshots.md)
             out.write(
                 f"local history starts after the checkpoint at height {base.height} "
                 f"(ledger head {base.ledger_head.hex()}, {base.ledger_entries} entries "
@@ -287,6 +302,27 @@ def ledger_verify(db_path: Path, chain_id: str, out: TextIO, *, err: TextIO | No
         return EXIT_OK
 
     return _with_store(db_path, chain_id, run, err)
+
+
+def _pruned_checkpoint(
+    store: SidecarStore, chain_id: str, receipt_keys: Sequence[bytes]
+) -> tuple[str, bool] | None:
+    """For a pruned store: the line saying where its history starts, and whether the
+    checkpoint's signature verifies under its signer's receipt key (None: not pruned)."""
+    base, signed = store.checkpoint, store.checkpoint_signature
+    if base is None or signed is None:
+        return None
+    good = 0 <= signed.signer < len(receipt_keys) and checkpoint_signed_by(
+        chain_id, base, signed.signature, receipt_keys[signed.signer]
+    )
+    verdict = "signature good" if good else "signature does NOT verify under its receipt key"
+    line = (
+        f"history starts at height {base.height + 1} (pruned below, checkpoint at height "
+        f"{base.height}: ledger head {base.ledger_head.hex()}, {base.ledger_entries} entries "
+        f"before it, state root {base.state_root.hex()[:16]}…, signed by member "
+        f"{signed.signer}: {verdict})"
+    )
+    return line, good
 
 
 def ledger_export(db_path: Path, chain_id: str, out: TextIO, *, err: TextIO | None = None) -> int:

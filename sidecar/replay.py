@@ -47,6 +47,7 @@ from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_see
 from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import Block, RemoteError, genesis_block
 from quorumgate.replica.wire import decode_block
@@ -101,6 +102,9 @@ class ReplayReport:
     # with its ledger head), and the snapshot fetched to install it, if this run did.
     history_from: int = 0
     history_ledger_head: str = ""
+    # True when the store pruned its history at that checkpoint (docs/pruning.md), not
+    # installed from a snapshot there.
+    history_pruned: bool = False
     snapshot: dict[str, object] | None = None
 
     @property
@@ -138,20 +142,28 @@ async def _blocks_from_replica(
     async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         stream = stub.CommittedBlocks(cpb.BlocksRequest(from_height=start))
-        async for committed in stream:
-            if committed.height > top:
-                stream.cancel()
-                return
-            yield decode_block(spec.chain_id, committed.block.SerializeToString())
-            if committed.height == top:
-                stream.cancel()
-                return
+        try:
+            async for committed in stream:
+                if committed.height > top:
+                    stream.cancel()
+                    return
+                yield decode_block(spec.chain_id, committed.block.SerializeToString())
+                if committed.height == top:
+                    stream.cancel()
+                    return
+        except grpc.aio.AioRpcError as err:
+            if err.code() is grpc.StatusCode.OUT_OF_RANGE:  # pruned (docs/pruning.md)
+                raise ReplayError(f"replica {index}: {err.details()}") from err
+            raise
 
 
 async def _blocks_from_store(store: ReplicaStore, start: int, top: int) -> AsyncIterator[Block]:
     height = start
     while height <= top:
-        page = await store.committed_range(height, min(top, height + READ_BLOCKS_PER_PAGE - 1))
+        try:
+            page = await store.committed_range(height, min(top, height + READ_BLOCKS_PER_PAGE - 1))
+        except PrunedError as err:  # pruned below a snapshot (docs/pruning.md)
+            raise ReplayError(str(err)) from err
         if not page:
             raise ReplayError(f"the replica's log has no block at height {height}")
         for block in page:
@@ -508,7 +520,8 @@ async def _history_base(
     node_dir = spec.node_dir(index)
     where = (
         f"sidecar {index}'s local history starts at height {height} (ledger head "
-        f"{checkpoint.ledger_head.hex()[:16]}…, a snapshot)"
+        f"{checkpoint.ledger_head.hex()[:16]}…, "
+        + ("pruned below it at a snapshot)" if report.history_pruned else "a snapshot)")
     )
     snapshots = SnapshotDir(node_dir / SNAPSHOT_DIR)
     state, manifest = snapshots.state(height), snapshots.manifest(height)
@@ -544,6 +557,7 @@ async def _start_position(
 ) -> _Position:
     """Where this replay starts: where the store's local history starts (genesis, or its
     checkpoint: docs/snapshots.md), or a later checkpoint of an interrupted replay."""
+    report.history_pruned = store.checkpoint_signature is not None
     base = (
         None
         if store.checkpoint is None

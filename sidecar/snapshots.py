@@ -52,6 +52,9 @@ SNAPSHOT_ATTEST_HEIGHTS_MAX = 4  # heights one ListSnapshots request may ask att
 SNAPSHOT_CANDIDATES_MAX = 4  # heights a fetch tries, newest first
 SNAPSHOT_CALL_TIMEOUT_S = 10.0  # one list or chunk call to a peer
 SNAPSHOT_DIR = "snapshots"
+# The fewest heights a pruning sidecar keeps below its executed height: a retention of 0
+# or less would drop the heights a lagging peer or reader is still reading.
+RETAIN_HEIGHTS_MIN = 1
 OPTIONS_FILE = "snapshots.json"  # in the node directory: this sidecar's interval and count
 MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state"
@@ -70,28 +73,51 @@ class SnapshotError(Exception):
 
 @dataclass(frozen=True)
 class SnapshotOptions:
-    """How often this sidecar writes a snapshot (0: never) and how many it keeps."""
+    """How often this sidecar writes a snapshot (0: never) and how many it keeps; and,
+    when set, how many heights of history it keeps below its executed height before it
+    prunes (`retain_heights`, None: it keeps everything) and whether an auditors' copy
+    bounds the pruning (`audit_copy`: docs/pruning.md)."""
 
     interval_heights: int = SNAPSHOT_INTERVAL_HEIGHTS
     kept: int = SNAPSHOTS_KEPT
+    retain_heights: int | None = None
+    audit_copy: bool = False
 
     @staticmethod
     def read(node_dir: Path) -> SnapshotOptions:
-        """`node_dir/snapshots.json` ({"interval_heights": N, "kept": K}, both optional),
-        or the defaults when there is none."""
+        """`node_dir/snapshots.json` ({"interval_heights": N, "kept": K, "retain_heights":
+        R, "audit_copy": true}, all optional), or the defaults when there is none."""
         path = node_dir / OPTIONS_FILE
         if not path.exists():
             return SnapshotOptions()
         try:
             doc = json.loads(path.read_text())
+            retain = doc.get("retain_heights")
+            audit_copy = doc.get("audit_copy", False)
+            if not isinstance(audit_copy, bool):
+                raise ValueError("audit_copy must be true or false")
+            if retain is not None and (not isinstance(retain, int) or isinstance(retain, bool)):
+                raise ValueError("retain_heights must be a whole number of heights")
             options = SnapshotOptions(
                 int(doc.get("interval_heights", SNAPSHOT_INTERVAL_HEIGHTS)),
                 int(doc.get("kept", SNAPSHOTS_KEPT)),
+                retain,
+                audit_copy,
             )
         except (OSError, ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: not a snapshot options file: {err}") from err
         if options.interval_heights < 0 or options.kept < 1:
             raise ValueError(f"{path}: interval_heights must be >= 0 and kept >= 1")
+        if options.retain_heights is not None and options.retain_heights < RETAIN_HEIGHTS_MIN:
+            raise ValueError(
+                f"{path}: retain_heights must be >= {RETAIN_HEIGHTS_MIN} (leave it out to "
+                "keep every height)"
+            )
+        if options.retain_heights is not None and not options.interval_heights:
+            raise ValueError(
+                f"{path}: retain_heights needs snapshots (interval_heights > 0): history is "
+                "pruned only up to a snapshot"
+            )
         return options
 
 

@@ -14,7 +14,10 @@ at write time):
   refused at `open`); in a store installed from a snapshot (docs/snapshots.md), also the
   checkpoint local history starts from (`checkpoint_*`: height, state root, ledger head
   and entry count, block hash and time): no ledger entry, receipt or statement below it is
-  here, and the first ledger entry after it chains to its ledger head.
+  here, and the first ledger entry after it chains to its ledger head. A store that pruned
+  its history there (`prune_to`, docs/pruning.md) also holds this sidecar's signature
+  over the checkpoint (`checkpoint_signer`, `checkpoint_signature`). A new file is made
+  with incremental auto-vacuum, so pruning gives its pages back to the file system.
 - `head`: one row — the executed height, the ledger head and entry count, and the engine
   state after the executed height: either whole in `engine_state`, or (what the sidecar
   writes) as its header in `state_header` and one row per entry in `state_entries`
@@ -313,6 +316,49 @@ _CHECKPOINT_KEYS = (
     "checkpoint_height", "checkpoint_state_root", "checkpoint_ledger_head",
     "checkpoint_ledger_entries", "checkpoint_block_hash", "checkpoint_block_time_ms",
 )  # fmt: skip
+# A checkpoint this sidecar pruned at carries its own signature over it (sidecar/pruning.py)
+_SIGNATURE_KEYS = ("checkpoint_signer", "checkpoint_signature")
+
+
+@dataclass(frozen=True)
+class CheckpointSignature:
+    """The signature a sidecar made over the checkpoint it pruned its history at."""
+
+    signer: int
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """One pruning of the store: the rows dropped and the file's size before and after
+    (the main file with its write-ahead log, bytes)."""
+
+    height: int
+    ledger_rows: int
+    receipts: int
+    artifacts: int
+    bytes_before: int
+    bytes_after: int
+    vacuumed: bool  # a one-time VACUUM turned an older file's incremental vacuum on
+
+
+def _signature_from_meta(meta: dict[str, str], path: Path) -> CheckpointSignature | None:
+    if "checkpoint_signature" not in meta:
+        return None
+    try:
+        return CheckpointSignature(
+            int(meta["checkpoint_signer"]), bytes.fromhex(meta["checkpoint_signature"])
+        )
+    except (KeyError, ValueError) as err:
+        raise SidecarStoreError(f"{path}: an unreadable checkpoint signature: {err}") from err
+
+
+def _file_bytes(path: Path) -> int:
+    total = 0
+    for name in (path, path.with_name(path.name + "-wal")):
+        with contextlib.suppress(OSError):
+            total += name.stat().st_size
+    return total
 
 
 def _checkpoint_from_meta(meta: dict[str, str], path: Path) -> Checkpoint | None:
@@ -362,6 +408,7 @@ class SidecarStore:
         self._artifact_count = 0
         self._state_by_entry = False  # the state is in state_entries (else whole, or none)
         self._checkpoint: Checkpoint | None = None  # where local history starts, if not at 1
+        self._checkpoint_signature: CheckpointSignature | None = None  # set when pruned
 
     # ================================================================== open / close
 
@@ -418,6 +465,10 @@ class SidecarStore:
         conn = self._conn
         if self._read_only:
             await conn.execute("PRAGMA query_only=ON")
+        if not self._read_only:
+            # Before any table exists, so a new store gives pages back when pruning frees
+            # them (docs/pruning.md); on an existing file it changes nothing until VACUUM.
+            await conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         # The first statement to read the file: it fails here for a file that is not SQLite.
         mode = await self._scalar(
             "PRAGMA journal_mode" if self._read_only else "PRAGMA journal_mode=WAL"
@@ -462,6 +513,7 @@ class SidecarStore:
                 f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
             )
         self._checkpoint = _checkpoint_from_meta(meta, self._path)
+        self._checkpoint_signature = _signature_from_meta(meta, self._path)
         stored_chain = meta.get("chain_id")
         if stored_chain != self._chain_id:
             raise SidecarStoreError(
@@ -588,6 +640,12 @@ class SidecarStore:
         """Where local history starts when the store was installed from a snapshot (None:
         it holds every height from 1)."""
         return self._checkpoint
+
+    @property
+    def checkpoint_signature(self) -> CheckpointSignature | None:
+        """Our signature over the checkpoint when we pruned at it (None: the store was
+        installed from a snapshot there, or never pruned)."""
+        return self._checkpoint_signature
 
     @property
     def history_from(self) -> int:
@@ -875,32 +933,92 @@ class SidecarStore:
             self._state_by_entry = True
             self._checkpoint = checkpoint
 
+    async def prune_to(self, checkpoint: Checkpoint, signature: CheckpointSignature) -> PruneResult:
+        """Drop the ledger rows, receipts, block statements and rejection artifacts of every
+        height at and below `checkpoint.height`, and start local history after it
+        (docs/pruning.md), in one transaction; then give the freed pages back to the file
+        system. The checkpoint must be where this store stands at that height (its ledger
+        head and entry count, its own signed state root and block): a checkpoint that
+        disagrees is refused and nothing is dropped. Pending cards stay (a card still
+        awaiting its confirmation is read by proposal id)."""
+        async with self._lock:
+            self._check_open()
+            base = self._checkpoint.height if self._checkpoint is not None else 0
+            if not base < checkpoint.height <= self._executed_height:
+                raise SidecarStoreError(
+                    f"{self._path}: cannot prune at height {checkpoint.height}: local history "
+                    f"holds heights {base + 1} to {self._executed_height}"
+                )
+            before = _file_bytes(self._path)
+            floor = self._checkpoint
+
+            def write(c: sqlite3.Connection) -> tuple[int, int, int]:
+                problem = _checkpoint_problem(c, checkpoint, floor)
+                if problem is not None:
+                    raise SidecarStoreError(f"{self._path}: {problem}; nothing pruned")
+                counts = tuple(
+                    c.execute(
+                        f"DELETE FROM {table} WHERE height <= ?", (checkpoint.height,)
+                    ).rowcount
+                    for table in ("ledger", "receipts", "artifacts")
+                )
+                c.execute("DELETE FROM blocks WHERE height <= ?", (checkpoint.height,))
+                rows = [
+                    *_checkpoint_rows(checkpoint),
+                    ("checkpoint_signer", str(signature.signer)),
+                    ("checkpoint_signature", signature.signature.hex()),
+                ]
+                c.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows)
+                return counts[0], counts[1], counts[2]
+
+            ledger_rows, receipts, artifacts = await transaction(
+                self._conn, write, "BEGIN IMMEDIATE"
+            )
+            self._checkpoint = checkpoint
+            self._checkpoint_signature = signature
+            self._artifact_count -= artifacts
+            vacuumed = await on_thread(self._conn, _give_back_pages)
+        return PruneResult(
+            checkpoint.height, ledger_rows, receipts, artifacts, before,
+            _file_bytes(self._path), vacuumed,
+        )  # fmt: skip
+
     async def attestation_at(self, height: int) -> tuple[SignedBlock, Checkpoint] | None:
         """This sidecar's signed statement for an executed `height` and where it stood
         there (ledger head and entry count, block hash and time): what it says to a peer
         fetching a snapshot of that height (sidecar/snapshots.py). None for a height it
         holds no statement of."""
 
-        def read(c: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
-            block = c.execute(
-                f"SELECT {_BLOCK_COLUMNS}, block_hash FROM blocks WHERE height = ?", (height,)
-            ).fetchall()
-            last = c.execute(
-                "SELECT hash FROM ledger WHERE height <= ? ORDER BY height DESC, idx DESC LIMIT 1",
-                (height,),
-            ).fetchall()
-            count = c.execute("SELECT COUNT(*) FROM ledger WHERE height <= ?", (height,)).fetchall()
-            return block, last, count
+        def read(c: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+            c.execute("BEGIN")  # one read snapshot: a pruning writer moves the checkpoint
+            try:
+                block = c.execute(
+                    f"SELECT {_BLOCK_COLUMNS}, block_hash FROM blocks WHERE height = ?", (height,)
+                ).fetchall()
+                last = c.execute(
+                    "SELECT hash FROM ledger WHERE height <= ? "
+                    "ORDER BY height DESC, idx DESC LIMIT 1",
+                    (height,),
+                ).fetchall()
+                count = c.execute(
+                    "SELECT COUNT(*) FROM ledger WHERE height <= ?", (height,)
+                ).fetchall()
+                meta = c.execute("SELECT key, value FROM meta").fetchall()
+            finally:
+                c.execute("COMMIT")
+            return block, last, count, meta
 
         if height < 1:
             return None
         async with self._lock:
             self._check_open()
-            block, last, count = await on_thread(self._conn, read)
+            block, last, count, meta = await on_thread(self._conn, read)
         if not block:
             return None
         signed = _signed_from_row(block[0][:-1])
-        base = self._checkpoint
+        # The checkpoint as read with the rows (a store read while its writer prunes:
+        # docs/pruning.md), not as this connection found it at open.
+        base = _checkpoint_from_meta({str(k): str(v) for k, v in meta}, self._path)
         head = (
             bytes(last[0][0])
             if last
@@ -1223,7 +1341,8 @@ class SidecarStore:
                 if not keep_artifacts:
                     await conn.execute("DELETE FROM artifacts")
                 await conn.executemany(
-                    "DELETE FROM meta WHERE key = ?", [(key,) for key in _CHECKPOINT_KEYS]
+                    "DELETE FROM meta WHERE key = ?",
+                    [(key,) for key in _CHECKPOINT_KEYS + _SIGNATURE_KEYS],
                 )
                 await conn.execute(
                     "UPDATE head SET executed_height = 0, ledger_head = ?, ledger_entries = 0, "
@@ -1240,6 +1359,7 @@ class SidecarStore:
             self._ledger_entries = 0
             self._state_by_entry = False
             self._checkpoint = None
+            self._checkpoint_signature = None
             if not keep_artifacts:
                 self._artifact_count = 0
 
@@ -1430,3 +1550,45 @@ def _denials_json(artifact: RejectionArtifact) -> str:
         ensure_ascii=False,
         separators=(",", ":"),
     )
+
+
+def _checkpoint_problem(
+    c: sqlite3.Connection, checkpoint: Checkpoint, floor: Checkpoint | None
+) -> str | None:
+    """Why `checkpoint` is not where this store stands at its height, or None. (On the
+    connection's thread, inside `prune_to`'s transaction.)"""
+    height = checkpoint.height
+    block = c.execute(
+        "SELECT state_root, block_hash, block_time_ms FROM blocks WHERE height = ?", (height,)
+    ).fetchall()
+    if not block:
+        return f"no block statement of height {height}"
+    last = c.execute(
+        "SELECT hash FROM ledger WHERE height <= ? ORDER BY height DESC, idx DESC LIMIT 1",
+        (height,),
+    ).fetchall()
+    count = int(c.execute("SELECT COUNT(*) FROM ledger WHERE height <= ?", (height,)).fetchone()[0])
+    head = bytes(last[0][0]) if last else (floor.ledger_head if floor else GENESIS_PREV_HASH)
+    count += floor.ledger_entries if floor is not None else 0
+    state_root, block_hash, time_ms = block[0]
+    stood = Checkpoint(height, bytes(state_root), head, count, bytes(block_hash), int(time_ms))
+    if stood != checkpoint:
+        return f"the checkpoint of height {height} is not where this store stands there"
+    return None
+
+
+def _give_back_pages(c: sqlite3.Connection) -> bool:
+    """Return the pages pruning freed to the file system (docs/pruning.md): a store made
+    with incremental vacuum frees them in place; an older file is rebuilt once by VACUUM,
+    which turns incremental vacuum on (it rewrites the whole file, holding the store for
+    as long). Then the write-ahead log is checkpointed and truncated. True when a VACUUM
+    ran. (On the connection's thread, outside any transaction.)"""
+    vacuumed = int(c.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2  # 2 = INCREMENTAL
+    if vacuumed:
+        c.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        c.execute("VACUUM")
+    else:
+        # Stepped to the end by executescript: one step frees one page.
+        c.executescript("PRAGMA incremental_vacuum;")
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    return vacuumed

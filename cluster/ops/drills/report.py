@@ -153,6 +153,33 @@ def listed(items: Iterable[object]) -> str:
     return text + (f" (+{more} more)" if more > 0 else "")
 
 
+# How each rebuild of a wiped sidecar is named in the report (docs/drills.md).
+REBUILD_NAMES = {
+    "replay": "replay from height 1",
+    "sidecar": "the sidecar re-executing from height 1",
+    "snapshot": "replay from a snapshot",
+}
+
+
+def rebuild_line(fault: Fault) -> str:
+    """One line per wiped member: how its sidecar was rebuilt and how long it took (from
+    its replica back at the cluster's height to its sidecar back too), with the heights
+    replayed and the snapshot's height when it came from one; "" for other faults."""
+    by = fault.details.get("rebuilt_by")
+    if fault.kind != "wipe" or not isinstance(by, str):
+        return ""
+    took = fault.details.get("sidecar_rebuilt_s")
+    took_text = "did not come back" if took is None else f"{took} s"
+    line = f"  rebuilt member {fault.node} by {REBUILD_NAMES.get(by, by)}: {took_text}"
+    replayed = fault.details.get("replay")
+    if isinstance(replayed, dict):
+        line += f" ({replayed.get('heights_replayed')} heights replayed"
+        if replayed.get("history_from"):
+            line += f" after the snapshot of height {replayed.get('history_from')}"
+        line += ")"
+    return line
+
+
 def print_report(report: DrillReport) -> None:
     print(
         f"drill {report.drill}: {report.nodes} replicas (f={report.f}), {len(report.faults)} "
@@ -167,6 +194,10 @@ def print_report(report: DrillReport) -> None:
     last = "-" if report.recovery_s is None else f"{report.recovery_s:.2f} s"
     slowest = "-" if report.recovery_s_max is None else f"{report.recovery_s_max:.2f} s"
     print(f"recovery: last {last}, slowest {slowest}; final height {report.final_height}")
+    for fault in report.faults:
+        line = rebuild_line(fault)
+        if line:
+            print(line)
     for check in report.checks:
         print(f"  {'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
     print("OK" if report.ok else "FAILED: " + ", ".join(c.name for c in report.failed()))
