@@ -64,8 +64,15 @@ def headline(report: dict[str, Any]) -> dict[str, float]:
         return {**out, "large / fresh": report["large_over_fresh_p50"]}
     if "stages" in report:
         return {row["stage"]: row["p50_ms"] for row in report["stages"]}
-    keys = ("certified_per_s", "cert_p50_ms", "cert_p99_ms", "throughput_per_s", "p50_ms")
-    return {k: report[k] for k in keys if isinstance(report.get(k), int | float)}
+    keys = ("certified_per_s", "cert_p50_ms", "cert_p99_ms", "throughput_per_s", "p50_ms",
+            "cpu_s_per_proposal", "block_txs_mean")  # fmt: skip
+    out = {k: report[k] for k in keys if isinstance(report.get(k), int | float)}
+    # the CPU by kind of process (replicas, sidecars): machine time per proposal, which a
+    # busy machine disturbs far less than the rates and latencies
+    for kind, value in (report.get("cpu_s_per_proposal_by_kind") or {}).items():
+        if isinstance(value, int | float):
+            out[f"cpu_s_per_proposal_{kind}"] = value
+    return out
 
 
 def main() -> int:
@@ -100,12 +107,20 @@ def main() -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            check=False, capture_output=True)  # fmt: skip
     names = list(figures["before"][0])
-    print(f"{'figure':45s} {'before':>10s} {'after':>10s} {'after/before':>13s}")
+    print(
+        f"{'figure':45s} {'before':>10s} {'after':>10s} {'after/before':>13s} {'pair ratios':>12s}"
+    )
     for name in names:
         b = statistics.median(f[name] for f in figures["before"] if name in f)
         a = statistics.median(f[name] for f in figures["after"] if name in f)
-        ratio = f"{a / b:.2f}x" if b else "-"
-        print(f"{name:45s} {b:10.2f} {a:10.2f} {ratio:>13s}")
+        ratio = f"{a / b:.3f}x" if b else "-"
+        # each run's pair (run k's after over run k's before), taken within the pair before
+        # the median, so a drift between pairs cancels (docs/benchmarks.md, "Method")
+        pairs = [fa[name] / fb[name] for fa, fb in zip(figures["after"], figures["before"],
+                                                      strict=True)
+                 if fb.get(name) and name in fa]  # fmt: skip
+        paired = f"{statistics.median(pairs):.3f}x" if pairs else "-"
+        print(f"{name:45s} {b:10.4g} {a:10.4g} {ratio:>13s} {paired:>12s}")
     print(f"(medians of {args.runs} interleaved runs each; reports in {out})")
     return 0
 

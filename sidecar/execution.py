@@ -10,12 +10,11 @@ from dataclasses import replace
 
 from nacl.signing import SigningKey
 
-from quorumgate.proto import tx as txlib
 from quorumgate.proto.chainversions import commits_arguments
 from quorumgate.proto.model import Proposal
 from quorumgate.replica.types import Block
 from quorumgate.sidecar.engine.core import Engine
-from quorumgate.sidecar.engine.statements import NO_LATCH_FACT, LatchFact, Verdict
+from quorumgate.sidecar.engine.statements import NO_LATCH_FACT, BlockResult, LatchFact
 from quorumgate.sidecar.ledger import NO_EXTRA, LedgerExtra, extra_for
 from quorumgate.sidecar.receipts import Validity, leaf_from_verdict, root_and_paths, sign_block
 from quorumgate.sidecar.store import ExecutedHeight
@@ -48,36 +47,26 @@ def execute_block(
         paths=tuple(tuple(p) for p in paths),
         signed=signed,
         state_delta=engine.state_delta(),
-        ledger_extras=ledger_extras(
-            engine, list(block.payload), result.verdicts, result.latch_facts
-        ),
+        ledger_extras=ledger_extras(engine, result),
     )
 
 
-def ledger_extras(
-    engine: Engine,
-    payload: list[bytes],
-    verdicts: list[Verdict] | tuple[Verdict, ...],
-    latch_facts: tuple[LatchFact, ...] = (),
-) -> tuple[LedgerExtra, ...] | None:
+def ledger_extras(engine: Engine, result: BlockResult) -> tuple[LedgerExtra, ...] | None:
     """On a chain that commits arguments, each verdict's commitments and sealed salts
     (docs/audit.md, "Argument commitments"): those of the call its own transaction
     proposed, found by transaction id, and none for any other verdict (a confirmation
-    settles a call whose commitments its proposal's entry already holds). A proposal's
-    extra also carries what the latch did with it (docs/audit.md, "Repeat counts and
-    halts"), read off the engine's side output. None on other chains: their ledger
-    entries stay of version 1."""
+    settles a call whose commitments its proposal's entry already holds). The calls come
+    from the engine's side output (`BlockResult.calls`, what it parsed while judging the
+    block), so the block is parsed once. A proposal's extra also carries what the latch
+    did with it (docs/audit.md, "Repeat counts and halts"), read off the same side
+    output. None on other chains: their ledger entries stay of version 1."""
     if not commits_arguments(engine.config.receipt_version):
         return None
     calls: dict[bytes, Proposal] = {}
-    for data in payload:
-        try:
-            parsed = txlib.parse(data, verify=False)
-        except txlib.TxRejected:
-            continue  # the engine rejected it too: its verdict proposes nothing
-        if isinstance(parsed.body.payload, Proposal):
-            calls.setdefault(parsed.tx_id, parsed.body.payload)
-    facts = latch_facts or (NO_LATCH_FACT,) * len(verdicts)
+    for tx_id, call in result.calls:
+        calls.setdefault(tx_id, call)
+    verdicts = result.verdicts
+    facts = result.latch_facts or (NO_LATCH_FACT,) * len(verdicts)
     if len(facts) != len(verdicts):
         raise ValueError("one latch fact per verdict")
     return tuple(

@@ -168,10 +168,14 @@ class Engine:
         self._prune_expired(env)
         verdicts: list[Verdict] = []
         facts: list[LatchFact] = []
+        calls: list[tuple[bytes, Proposal]] = []
         for data in txs:
             env.notes.fact = None
-            verdicts.append(self._execute_tx(env, data, verify_signatures, trace))
+            verdict, parsed = self._execute_tx(env, data, verify_signatures, trace)
+            verdicts.append(verdict)
             facts.append(NO_LATCH_FACT if env.notes.fact is None else env.notes.fact)
+            if parsed is not None and isinstance(parsed.body.payload, Proposal):
+                calls.append((parsed.tx_id, parsed.body.payload))
         self.state.last_height = height
         self.state.last_block_time_ms = block_time_ms
         artifacts = build_artifacts(self.config.chain_id, height, verdicts)
@@ -189,6 +193,7 @@ class Engine:
             artifacts=tuple(artifacts),
             state_root=root,
             latch_facts=tuple(facts),
+            calls=tuple(calls),
         )
 
     def verify_state_cache(self) -> None:
@@ -367,23 +372,25 @@ class Engine:
 
     def _execute_tx(
         self, env: Env, data: bytes, verify: bool, trace: Trace | None = None
-    ) -> Verdict:
+    ) -> tuple[Verdict, ParsedTx | None]:
+        """The transaction's verdict, and what it parsed to (None if it did not parse),
+        which the block hands out as a side output so no caller parses it again."""
         try:
             parsed = parse(data, verify=verify)
         except TxRejected as exc:
             return Verdict(
                 tx_id=exc.tx_id, kind=exc.kind, outcome=Outcome.REJECTED, reason=exc.reason
-            )
+            ), None
         if self._unknown_here(parsed):
             # what the decoder of a chain without these fields made of the body: a field
             # it did not know, so not the canonical encoding (proto/codec.py)
             return Verdict(
                 tx_id=parsed.tx_id, kind=parsed.kind, outcome=Outcome.REJECTED,
                 reason=Reason.MALFORMED,
-            )  # fmt: skip
+            ), parsed  # fmt: skip
         verdict = self._execute_parsed(env, parsed, trace)
         # The receipt binds the exact signed body (arguments included), not only the id.
-        return replace(verdict, body_digest=sha256(parsed.signed.body))
+        return replace(verdict, body_digest=sha256(parsed.signed.body)), parsed
 
     def _execute_parsed(self, env: Env, parsed: ParsedTx, trace: Trace | None = None) -> Verdict:
         """Check the chain, the signer and its nonce (recording it), then route by kind."""

@@ -384,6 +384,10 @@ class BlockResult:
     state_root: bytes
     # one per verdict, in order (a side output read by the ledger, sidecar/execution.py)
     latch_facts: tuple[LatchFact, ...] = ()
+    # (transaction id, the call it proposes) for each transaction of the block that parsed
+    # to a proposal, in block order, whatever its verdict: a side output, so the ledger's
+    # argument commitments (docs/audit.md) need not parse the block a second time
+    calls: tuple[tuple[bytes, Proposal], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ def _entries(engine: Engine, world: World) -> list[LedgerEntry]:
     sidecar/execution.py builds from the block's payload and the engine's side output."""
     entries: list[LedgerEntry] = []
     head = GENESIS_PREV_HASH
-    for (height, time_ms, txs), result in zip(world.log, _results(engine, world), strict=True):
+    for (height, time_ms, _txs), result in zip(world.log, _results(engine, world), strict=True):
         assert result.height == height and result.block_time_ms == time_ms
-        extras = ledger_extras(engine, txs, result.verdicts, result.latch_facts)
+        extras = ledger_extras(engine, result)
         chained = LedgerEntry.chain(CHAIN, height, result.verdicts, head, extras)
         entries.extend(chained)
         head = chained[-1].hash if chained else head
@@ -134,8 +134,7 @@ def test_old_chains_keep_version_1_entries() -> None:
     for _ in range(3):
         world.propose("alice", "wire.transfer")
     [result] = world.results[-1:]
-    txs = world.log[-1][2]
-    assert ledger_extras(world.engine, txs, result.verdicts, result.latch_facts) is None
+    assert ledger_extras(world.engine, result) is None
 
 
 def test_audit_verify_counts_halts_and_names_a_halt_that_disagrees_with_its_reason() -> None:
