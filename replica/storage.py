@@ -38,8 +38,12 @@ Tables (schema version `SCHEMA_VERSION`):
   written in the same transaction as the commit of the change block that started it: its
   members' consensus keys and how the epoch before ended (the change block, its suffix
   and the QC of the suffix's last block), which is what a member still in that epoch is
-  handed as proof (docs/consensus/epochs.md, "The live replica"). A store of schema 1
-  gets the empty table when it is opened, and is then schema 2.
+  handed as proof (docs/consensus/epochs.md, "The live replica").
+- `epoch_votes(epoch, view, block_hash)` and `epoch_timeouts(epoch, view, high_qc_view)`
+  (schema 2): the audit tables of the epochs after 0, append-only like those of epoch 0
+  (a view may be used in two epochs, so the epoch is part of the key).
+
+A store of schema 1 gets the three empty tables of schema 2 when it is opened.
 
 Durability settings, set on every connection:
 
@@ -146,6 +150,46 @@ PAYLOAD_SCAN_BLOCKS_MAX = 1024
 
 # What schema 2 added: a store of schema 1 gets it when opened.
 _SCHEMA_2 = (
+    """
+    CREATE TABLE epoch_votes (
+        epoch INTEGER NOT NULL,
+        view INTEGER NOT NULL,
+        block_hash BLOB NOT NULL,
+        PRIMARY KEY (epoch, view)
+    )
+    """,
+    """
+    CREATE TRIGGER epoch_votes_no_change BEFORE UPDATE ON epoch_votes
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_votes is append-only');
+    END
+    """,
+    """
+    CREATE TRIGGER epoch_votes_no_delete BEFORE DELETE ON epoch_votes
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_votes is append-only');
+    END
+    """,
+    """
+    CREATE TABLE epoch_timeouts (
+        epoch INTEGER NOT NULL,
+        view INTEGER NOT NULL,
+        high_qc_view INTEGER NOT NULL,
+        PRIMARY KEY (epoch, view)
+    )
+    """,
+    """
+    CREATE TRIGGER epoch_timeouts_no_change BEFORE UPDATE ON epoch_timeouts
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_timeouts is append-only');
+    END
+    """,
+    """
+    CREATE TRIGGER epoch_timeouts_no_delete BEFORE DELETE ON epoch_timeouts
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_timeouts is append-only');
+    END
+    """,
     """
     CREATE TABLE epochs (
         epoch INTEGER PRIMARY KEY CHECK (epoch >= 1),
@@ -370,6 +414,7 @@ class _Rows:
     proofs: list[tuple[int, bytes]]
     committed_height: int
     epoch: tuple[int, int, bytes, bytes] | None = None  # an `epochs` row
+    consensus_epoch: int = 0  # the epoch the votes and timeouts were signed in
 
     def write(self, c: sqlite3.Connection) -> None:
         if self.safety is not None:
@@ -380,14 +425,20 @@ class _Rows:
                 self.safety,
             )
         if self.votes:
-            ReplicaStore._record_votes(c, self.votes)
-        if self.timeouts:
+            ReplicaStore._record_votes(c, self.votes, self.consensus_epoch)
+        if self.timeouts and self.consensus_epoch == 0:
             # First sighting only: a timeout re-sent for the same view is the same
             # statement (replica/safety.py returns the recorded one).
             c.executemany(
                 "INSERT INTO signed_timeouts (view, high_qc_view) VALUES (?, ?) "
                 "ON CONFLICT (view) DO NOTHING",
                 list(self.timeouts.items()),
+            )
+        elif self.timeouts:
+            c.executemany(
+                "INSERT INTO epoch_timeouts (epoch, view, high_qc_view) VALUES (?, ?, ?) "
+                "ON CONFLICT (epoch, view) DO NOTHING",
+                [(self.consensus_epoch, v, h) for v, h in self.timeouts.items()],
             )
         # A block at or below the committed height can never be used again.
         if self.fresh:
@@ -587,6 +638,9 @@ class ReplicaStore:
         """The newest epoch this store started (None: still epoch 0)."""
         return self._epochs[max(self._epochs)] if self._epochs else None
 
+    def _consensus_epoch(self) -> int:
+        return max(self._epochs, default=0)
+
     def started(self, epoch: int) -> StoredEpoch | None:
         """Epoch `epoch` as stored, if this store started it (0 never is)."""
         return self._epochs.get(epoch)
@@ -687,6 +741,7 @@ class ReplicaStore:
                 proofs=proof_rows,
                 committed_height=head.height,
                 epoch=None if stored is None else _epoch_row(stored),
+                consensus_epoch=self._consensus_epoch(),
             )
             # synchronous=FULL (set at open, never changed): this transaction is fsynced
             # before apply returns, whether it carries a safety record or only commits.
@@ -704,13 +759,18 @@ class ReplicaStore:
             return batch.epoch
 
     @staticmethod
-    def _record_votes(c: sqlite3.Connection, votes: dict[int, bytes]) -> None:
-        """(On the connection's thread, inside `apply`'s transaction.)"""
+    def _record_votes(c: sqlite3.Connection, votes: dict[int, bytes], epoch: int = 0) -> None:
+        """(On the connection's thread, inside `apply`'s transaction.) Votes of epoch 0 go
+        to `signed_votes`, those of a later epoch to `epoch_votes`: a view may be used in
+        two epochs (docs/consensus/epochs.md, "How the next epoch starts")."""
         views = sorted(votes)
         marks = ",".join("?" * len(views))
-        rows = c.execute(
-            f"SELECT view, block_hash FROM signed_votes WHERE view IN ({marks})", views
-        ).fetchall()
+        if epoch == 0:
+            sql = f"SELECT view, block_hash FROM signed_votes WHERE view IN ({marks})"
+            rows = c.execute(sql, views).fetchall()
+        else:
+            sql = f"SELECT view, block_hash FROM epoch_votes WHERE epoch = ? AND view IN ({marks})"
+            rows = c.execute(sql, [epoch, *views]).fetchall()
         known = {int(view): bytes(block_hash) for view, block_hash in rows}
         for view, block_hash in known.items():
             if block_hash != votes[view]:
@@ -720,8 +780,13 @@ class ReplicaStore:
                     f"{view}, now asked to record {votes[view][:4].hex()}"
                 )
         new = [(view, votes[view]) for view in views if view not in known]
-        if new:
+        if new and epoch == 0:
             c.executemany("INSERT INTO signed_votes (view, block_hash) VALUES (?, ?)", new)
+        elif new:
+            c.executemany(
+                "INSERT INTO epoch_votes (epoch, view, block_hash) VALUES (?, ?, ?)",
+                [(epoch, view, block_hash) for view, block_hash in new],
+            )
 
     # ================================================================== the committed log
 

@@ -14,7 +14,7 @@
     reject     --dir D [--key F] PROPOSAL_ID [--yes]
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings |
-               set-run-targets ...
+               set-run-targets | rotate-key ...
     agents     --dir D                          registered agents and their mandates
     settings   --dir D                          settings in effect (the log's or cluster.json's)
     tools      --dir D                          registered tools
@@ -1197,6 +1197,9 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         _common(parser, key_help="the owner key (default DIR/owner.key)")
         _deadline(parser)
         parser.set_defaults(func=_cmd_admin)
+    from quorumgate.ops.rotate import add_parser as add_rotate_parser
+
+    add_rotate_parser(admin_sub)
     auditor = admin_sub.add_parser(
         "add-auditor",
         help="let a key read the committed log and every verdict (edits cluster.json)",

@@ -7,9 +7,20 @@ from __future__ import annotations
 
 from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import OwnerRecords, Reconfiguration, sign_record
-from quorumgate.replica.core import Core, NoPayload, PayloadSource
+from quorumgate.replica.core import Core, NoPayload, PayloadSource, Recovered
+from quorumgate.replica.epochs import epoch_safety_state, start_qc
 from quorumgate.replica.mempool import Mempool
-from quorumgate.replica.types import Block, Proposal, Vote, genesis_block
+from quorumgate.replica.safety import SafetyState
+from quorumgate.replica.types import (
+    Block,
+    Envelope,
+    Proposal,
+    Timeout,
+    Vote,
+    genesis_block,
+    timeout_bytes,
+    vote_bytes,
+)
 from tests.consensus.helpers import (
     CHAIN,
     SIGNERS,
@@ -126,3 +137,68 @@ def test_a_record_is_read_only_whole() -> None:
     assert RECORDS.read(signed + b"\x00") is None
     other_chain = OwnerRecords("qg-other", OWNER.public_key)
     assert other_chain.read(signed) is None
+
+
+# --------------------------------------------------------------------------- after the boundary
+
+
+def epoch_1_core(me: int = 0) -> tuple[Core, Block]:
+    """Member `me`'s core of epoch 1, started as the shell starts it after the rotation of
+    member 2's key committed at a change block."""
+    signed = sign_record(ROTATE, CHAIN, 0, OWNER.sign)
+    change = make_block(genesis_block(CHAIN), 1, payload=(signed,))
+    nxt = RECORDS.change(signed, membership())
+    assert nxt is not None
+    safety = epoch_safety_state(change, SafetyState.initial(CHAIN))
+    recovered = Recovered(safety, change, boundary=change)
+    core = Core(
+        nxt,
+        me,
+        SIGNERS[me],
+        limits=TEST_LIMITS,
+        now_ms=START_MS,
+        recovered=recovered,
+        fence_on_start=False,
+        epochs=True,
+        owner_records=RECORDS,
+        payload=AnyPayload(),
+    )
+    core.start()
+    return core, change
+
+
+def timeout_of(signer: Ed25519Signer, signing_id: str, view: int, change: Block) -> Timeout:
+    high_qc = start_qc(CHAIN, change)
+    return Timeout(view, high_qc, 2, signer.sign(timeout_bytes(signing_id, view, high_qc.view)))
+
+
+def test_a_timeout_signed_with_the_rotated_out_key_is_refused() -> None:
+    """The attack: whoever holds member 2's old key after the boundary (a stolen disk, the
+    reason for the rotation) signs timeouts as member 2 in the new epoch."""
+    core, change = epoch_1_core()
+    view = core.view
+    old_key, epoch_1 = SIGNERS[2], core.membership.signing_id
+    core.on_message(Envelope(CHAIN, 2, timeout_of(old_key, epoch_1, view, change), 1))
+    assert core.dropped["bad_signature"] == 1
+    # Signed as of epoch 0, where that key was member 2's: a stale epoch, not even read.
+    core.on_message(Envelope(CHAIN, 2, timeout_of(old_key, CHAIN, view, change), 0))
+    assert core.dropped["stale_epoch"] == 1
+    # The new key's timeout counts.
+    rotated = Ed25519Signer(key_seed(2, "rotated"))
+    core.on_message(Envelope(CHAIN, 2, timeout_of(rotated, epoch_1, view, change), 1))
+    assert sum(core.dropped.values()) == 2
+
+
+def test_a_vote_signed_with_the_rotated_out_key_is_refused() -> None:
+    core, change = epoch_1_core(me=collector())
+    block = make_block(change, change.view + 1, start_qc(CHAIN, change))
+    epoch_1 = core.membership.signing_id
+    sig = SIGNERS[2].sign(vote_bytes(epoch_1, block.view, block.height, block.hash))
+    core.on_message(Envelope(CHAIN, 2, Vote(block.view, block.height, block.hash, 2, sig), 1))
+    assert core.dropped["bad_signature"] == 1
+
+
+def collector() -> int:
+    """Who collects the votes for epoch 1's first block (of view 2, the one after the
+    change block's): the leader of view 3."""
+    return membership().leader(3)

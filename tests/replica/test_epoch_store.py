@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from quorumgate.replica.core import Core
 from quorumgate.replica.epochs import epoch_safety_state
 from quorumgate.replica.mempool import BAD_SIGNATURE, MALFORMED, Mempool, RecordTx
 from quorumgate.replica.storage import SCHEMA_VERSION, ReplicaStore, StorageError
-from quorumgate.replica.types import Block, genesis_block
+from quorumgate.replica.types import Block, Vote, genesis_block
 from tests.consensus.helpers import CHAIN, SIGNERS, envelope, make_block, membership, qc_for
 from tests.consensus.helpers import signed_proposal as proposal_of
 from tests.consensus.test_owner_records import NEW_KEY, OWNER, RECORDS, ROTATE, voter
@@ -103,7 +104,8 @@ def test_a_store_of_schema_1_opens_and_is_schema_2_after(tmp_path: Path) -> None
 
     asyncio.run(create())
     with contextlib.closing(sqlite3.connect(path)) as conn:  # as a build before epochs
-        conn.execute("DROP TABLE epochs")
+        for table in ("epochs", "epoch_votes", "epoch_timeouts"):
+            conn.execute(f"DROP TABLE {table}")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
         conn.commit()
     core, batches, _ = run_to_the_boundary()
@@ -119,6 +121,43 @@ def test_a_store_of_schema_1_opens_and_is_schema_2_after(tmp_path: Path) -> None
         (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         assert version == str(SCHEMA_VERSION)
         assert conn.execute("SELECT count(*) FROM epochs").fetchone() == (1,)
+
+
+def test_a_view_of_the_old_epochs_suffix_may_be_voted_again_in_the_new_epoch(
+    tmp_path: Path,
+) -> None:
+    """The first views of epoch 1 repeat the suffix's views of epoch 0 (docs/consensus/
+    epochs.md): a member that voted in the suffix votes at the same view number in epoch
+    1 for another block, which is no equivocation; two votes in one view of one epoch
+    still are."""
+    core, batches, change = run_to_the_boundary()
+    suffix_vote = core.safety.state.last_vote
+    assert suffix_vote is not None and suffix_vote.view > change.view
+
+    def vote_at(view: int, block_hash: bytes) -> Vote:
+        return Vote(view, change.height + 1, block_hash, 0, bytes(64))
+
+    async def main() -> None:
+        store = await ReplicaStore.open(tmp_path / "replica.db", CHAIN)
+        try:
+            await apply_all(store, core, batches)
+            state = (await store.load()).safety
+            again = replace(
+                state,
+                epoch=state.epoch + 1,
+                last_voted_view=suffix_vote.view,
+                last_vote=vote_at(suffix_vote.view, b"\x01" * 32),
+            )
+            await store.apply([PersistSafety(again)])
+            other = replace(
+                again, epoch=again.epoch + 1, last_vote=vote_at(suffix_vote.view, b"\x02" * 32)
+            )
+            with pytest.raises(AssertionError, match="equivocation"):
+                await store.apply([PersistSafety(other)])
+        finally:
+            await store.close()
+
+    asyncio.run(main())
 
 
 def test_a_store_past_epoch_0_is_not_wiped(tmp_path: Path) -> None:
