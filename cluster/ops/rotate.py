@@ -83,7 +83,10 @@ async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey
         seed = secrets.token_bytes(32)
         public_key = public_key_of(seed)
         path = spec.node_dir(member) / rotated_key_file(public_key)
-        write_seed(path, seed)
+        try:
+            write_seed(path, seed)
+        except OSError as err:
+            return _fail(f"cannot write the new key file {path}: {err.strerror}")
         prefix = public_key.hex()[:KEY_PREFIX_HEX_CHARS]
         _say(
             args,

@@ -116,3 +116,32 @@ def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
     assert signed_by_new_key(chain, records[0], spec.chain_id, new_key) > 0
     cluster.assert_no_equivocation_seen()
     assert cluster.metrics(0).value("qg_replica_epoch") == 1
+
+
+def test_a_replica_down_across_the_boundary_catches_up_by_the_epoch_proof(
+    live_cluster: Callable[..., LiveCluster],
+) -> None:
+    """Member 3 is stopped before the rotation and started after it: it restarts in epoch
+    0, hears epoch 1's messages, asks a peer how epoch 0 ended, checks the proof it is
+    handed with epoch 0's keys, commits through the change block and goes on in epoch 1
+    with the others (docs/consensus/epochs.md, "Catching up")."""
+    late = 3
+    cluster = live_cluster(N)
+    others = [i for i in range(N) if i != late]
+    load = Load(cluster, "late", agents=1, per_agent=300, batch=5, rate_per_s=10).start()
+    load.wait_acked(10)
+    load.avoid([late])
+    load.drain(late)
+    cluster.kill(late)
+    done = rotate(cluster)
+    assert done.returncode == 0, done.stderr
+    wait_until("the others in epoch 1", lambda: all(epochs(cluster)[i] == 1 for i in others))
+    cluster.wait_progress(2, others)
+    cluster.restart(late)
+    wait_until("the late member in epoch 1", lambda: cluster.status(late).epoch == 1)
+    goal = max(cluster.heights(others).values()) + 2
+    cluster.wait_height(goal, range(N))
+    cluster.assert_same_chain(list(range(N)), goal)
+    load.stop()
+    load.assert_clean()
+    cluster.assert_no_equivocation_seen()
