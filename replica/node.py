@@ -507,7 +507,10 @@ class ReplicaNode:
             self.metrics.dropped.labels("non_member").inc()
             return
         core = self.core
-        if core is not None and envelope.epoch > core.epoch:
+        # (Our core's epoch ended and the next one's core is about to start: its messages
+        # wait in the queue for it rather than be dropped.)
+        switching = core is not None and core.ended is not None
+        if core is not None and envelope.epoch > core.epoch + int(switching):
             self._from_later_epoch(envelope)
             return
         if isinstance(envelope.message, SyncRequest) and core and envelope.epoch < core.epoch:
