@@ -13,7 +13,7 @@ from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.sync import SyncClient
-from tests.support.cluster import new_agent
+from tests.support.cluster import cluster_text, new_agent
 from tests.support.live import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
 
 N = 4
@@ -66,7 +66,8 @@ def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
       height, each acknowledged proposal once, the record once;
     - member 2 signs epoch 1's certificates with its new key;
     - a proposal after the boundary still gets its certificate of f+1 sidecar receipts;
-    - a replica restarted after the boundary resumes in epoch 1 and catches up.
+    - a replica restarted after the boundary resumes in epoch 1 and catches up;
+    - the new key is in no log, output or database of the cluster.
     """
     cluster = live_cluster(N)
     cluster.start_sidecars()
@@ -116,6 +117,9 @@ def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
     assert signed_by_new_key(chain, records[0], spec.chain_id, new_key) > 0
     cluster.assert_no_equivocation_seen()
     assert cluster.metrics(0).value("qg_replica_epoch") == 1
+    cluster.stop_all()
+    written = cluster_text(spec)  # logs, outputs, databases: everything but key files
+    assert seed not in written and bytes.fromhex(seed).decode("latin-1") not in written
 
 
 def test_a_replica_down_across_the_boundary_catches_up_by_the_epoch_proof(
