@@ -181,6 +181,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from quorumgate.ops.nodes import query_status
+    from quorumgate.ops.output import cluster_epoch, epoch_line
     from quorumgate.proto.clusterfile import ClusterFileError
 
     try:
@@ -188,17 +189,21 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except ClusterFileError as err:
         return _fail(str(err), 2)
     statuses = [query_status(spec, i) for i in range(spec.n)]
+    epoch = cluster_epoch(spec.f, statuses)
     if args.json:
         doc = {
             "chain_id": spec.chain_id,
             "f": spec.f,
             "transport": spec.transport,
+            "epoch": epoch,
+            "consensus_version": spec.consensus_version,
             "nodes": [st.as_dict() for st in statuses],
         }
         print(json.dumps(doc))
     else:
         print(status_table(statuses))
         print(f"transport: {spec.transport}" + (f" — {INSECURE_WARNING}" if spec.insecure else ""))
+        print(epoch_line(epoch, spec.runs_epochs))
     return 0 if any(st.alive for st in statuses) else 1
 
 

@@ -53,6 +53,8 @@ class Behaviour(enum.Enum):
     # (docs/security/reads-and-certificates.md)
     RECEIPTS_EXPIRE = "receipts_expire"
     COMMITS_ARGUMENTS = "commits_arguments"
+    # consensus_version: what the replicas' consensus does (docs/consensus/epochs.md)
+    EPOCHS = "epochs"
 
 
 B = Behaviour
@@ -136,6 +138,13 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         # commitments").
         3: frozenset({B.COMMITS_ARGUMENTS}),
     },
+    "consensus_version": {
+        # One member set and its keys for the chain's whole life (the cluster file's).
+        1: frozenset(),
+        # A reconfiguration record the owner signed, once committed, ends the epoch and
+        # names the next member set (docs/consensus/epochs.md, "The live replica").
+        2: frozenset({B.EPOCHS}),
+    },
 }
 del B
 
@@ -156,11 +165,13 @@ CANONICAL_VERSIONS: Final = tuple(sorted(CHAIN_VERSIONS["canonical_version"]))
 AUTHORITY_VERSIONS: Final = tuple(sorted(CHAIN_VERSIONS["authority_version"]))
 STATE_VERSIONS: Final = tuple(sorted(CHAIN_VERSIONS["state_version"]))
 RECEIPT_VERSIONS: Final = tuple(sorted(CHAIN_VERSIONS["receipt_version"]))
+CONSENSUS_VERSIONS: Final = tuple(sorted(CHAIN_VERSIONS["consensus_version"]))
 # What `init` writes: each field's latest version.
 CANONICAL_VERSION_NEW: Final = CANONICAL_VERSIONS[-1]
 AUTHORITY_VERSION_NEW: Final = AUTHORITY_VERSIONS[-1]
 STATE_VERSION_NEW: Final = STATE_VERSIONS[-1]
 RECEIPT_VERSION_NEW: Final = RECEIPT_VERSIONS[-1]
+CONSENSUS_VERSION_NEW: Final = CONSENSUS_VERSIONS[-1]
 # A file without the field: the rules of chains made before it existed.
 VERSION_ABSENT: Final = 1
 
@@ -338,3 +349,13 @@ def commits_arguments(receipt_version: int) -> bool:
     by the call's salt, and that salt sealed to the auditors the call names
     (proto/commitments.py), rather than argument names alone."""
     return turns_on("receipt_version", receipt_version, Behaviour.COMMITS_ARGUMENTS)
+
+
+# ---- consensus_version
+
+
+def runs_epochs(consensus_version: int) -> bool:
+    """Whether the replicas end an epoch at a committed reconfiguration record signed by
+    the owner and go on with the member set it names (docs/consensus/epochs.md). Else a
+    record is not a transaction at all: refused at admission and in a block."""
+    return turns_on("consensus_version", consensus_version, Behaviour.EPOCHS)

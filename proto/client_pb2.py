@@ -26,7 +26,7 @@ from quorumgate.proto import consensus_pb2 as quorumgate_dot_proto_dot_consensus
 from quorumgate.proto import sidecar_pb2 as quorumgate_dot_proto_dot_sidecar__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dquorumgate/proto/client.proto\x12\x04qgpb\x1a quorumgate/proto/consensus.proto\x1a\x1equorumgate/proto/sidecar.proto\"/\n\rSubmitRequest\x12\n\n\x02tx\x18\x01 \x01(\x0c\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\"v\n\x0bSubmitReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x13\n\x0bproposal_id\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\r\"4\n\x0bSubmitBatch\x12%\n\x08requests\x18\x01 \x03(\x0b\x32\x13.qgpb.SubmitRequest\"6\n\x10SubmitBatchReply\x12\"\n\x07replies\x18\x01 \x03(\x0b\x32\x11.qgpb.SubmitReply\"\x0f\n\rStatusRequest\"\xfa\x01\n\x0bStatusReply\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x18\n\x10\x63ommitted_height\x18\x03 \x01(\x04\x12\x16\n\x0e\x63ommitted_hash\x18\x04 \x01(\x0c\x12\x0c\n\x04view\x18\x05 \x01(\x04\x12\x0e\n\x06leader\x18\x06 \x01(\r\x12\x17\n\x0fpeers_connected\x18\x07 \x03(\r\x12\x13\n\x0bmempool_txs\x18\x08 \x01(\r\x12\x15\n\rmempool_bytes\x18\t \x01(\x04\x12\x0f\n\x07members\x18\n \x01(\r\x12\t\n\x01\x66\x18\x0b \x01(\r\x12\x1a\n\x12sync_target_height\x18\x0c \x01(\x04\"$\n\rBlocksRequest\x12\x13\n\x0b\x66rom_height\x18\x01 \x01(\x04\"J\n\x0e\x43ommittedBlock\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12\x1a\n\x05\x62lock\x18\x03 \x01(\x0b\x32\x0b.qgpb.Block2\xaa\x02\n\x07Replica\x12\x30\n\x06Submit\x12\x13.qgpb.SubmitRequest\x1a\x11.qgpb.SubmitReply\x12=\n\x0cSubmitStream\x12\x11.qgpb.SubmitBatch\x1a\x16.qgpb.SubmitBatchReply(\x01\x30\x01\x12\x30\n\x06Status\x12\x13.qgpb.StatusRequest\x1a\x11.qgpb.StatusReply\x12>\n\x0f\x43ommittedBlocks\x12\x13.qgpb.BlocksRequest\x1a\x14.qgpb.CommittedBlock0\x01\x12<\n\x10ReportStateRoots\x12\x15.qgpb.StateRootReport\x1a\x0f.qgpb.StreamAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dquorumgate/proto/client.proto\x12\x04qgpb\x1a quorumgate/proto/consensus.proto\x1a\x1equorumgate/proto/sidecar.proto\"/\n\rSubmitRequest\x12\n\n\x02tx\x18\x01 \x01(\x0c\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\"v\n\x0bSubmitReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x13\n\x0bproposal_id\x18\x03 \x01(\x0c\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x0c\n\x04\x63ode\x18\x06 \x01(\r\"4\n\x0bSubmitBatch\x12%\n\x08requests\x18\x01 \x03(\x0b\x32\x13.qgpb.SubmitRequest\"6\n\x10SubmitBatchReply\x12\"\n\x07replies\x18\x01 \x03(\x0b\x32\x11.qgpb.SubmitReply\"\x0f\n\rStatusRequest\"\x89\x02\n\x0bStatusReply\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\r\x12\x18\n\x10\x63ommitted_height\x18\x03 \x01(\x04\x12\x16\n\x0e\x63ommitted_hash\x18\x04 \x01(\x0c\x12\x0c\n\x04view\x18\x05 \x01(\x04\x12\x0e\n\x06leader\x18\x06 \x01(\r\x12\x17\n\x0fpeers_connected\x18\x07 \x03(\r\x12\x13\n\x0bmempool_txs\x18\x08 \x01(\r\x12\x15\n\rmempool_bytes\x18\t \x01(\x04\x12\x0f\n\x07members\x18\n \x01(\r\x12\t\n\x01\x66\x18\x0b \x01(\r\x12\x1a\n\x12sync_target_height\x18\x0c \x01(\x04\x12\r\n\x05\x65poch\x18\r \x01(\x04\"$\n\rBlocksRequest\x12\x13\n\x0b\x66rom_height\x18\x01 \x01(\x04\"J\n\x0e\x43ommittedBlock\x12\x0e\n\x06height\x18\x01 \x01(\x04\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12\x1a\n\x05\x62lock\x18\x03 \x01(\x0b\x32\x0b.qgpb.Block2\xaa\x02\n\x07Replica\x12\x30\n\x06Submit\x12\x13.qgpb.SubmitRequest\x1a\x11.qgpb.SubmitReply\x12=\n\x0cSubmitStream\x12\x11.qgpb.SubmitBatch\x1a\x16.qgpb.SubmitBatchReply(\x01\x30\x01\x12\x30\n\x06Status\x12\x13.qgpb.StatusRequest\x1a\x11.qgpb.StatusReply\x12>\n\x0f\x43ommittedBlocks\x12\x13.qgpb.BlocksRequest\x1a\x14.qgpb.CommittedBlock0\x01\x12<\n\x10ReportStateRoots\x12\x15.qgpb.StateRootReport\x1a\x0f.qgpb.StreamAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,11 +44,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_start=384
   _globals['_STATUSREQUEST']._serialized_end=399
   _globals['_STATUSREPLY']._serialized_start=402
-  _globals['_STATUSREPLY']._serialized_end=652
-  _globals['_BLOCKSREQUEST']._serialized_start=654
-  _globals['_BLOCKSREQUEST']._serialized_end=690
-  _globals['_COMMITTEDBLOCK']._serialized_start=692
-  _globals['_COMMITTEDBLOCK']._serialized_end=766
-  _globals['_REPLICA']._serialized_start=769
-  _globals['_REPLICA']._serialized_end=1067
+  _globals['_STATUSREPLY']._serialized_end=667
+  _globals['_BLOCKSREQUEST']._serialized_start=669
+  _globals['_BLOCKSREQUEST']._serialized_end=705
+  _globals['_COMMITTEDBLOCK']._serialized_start=707
+  _globals['_COMMITTEDBLOCK']._serialized_end=781
+  _globals['_REPLICA']._serialized_start=784
+  _globals['_REPLICA']._serialized_end=1082
 # @@protoc_insertion_point(module_scope)

@@ -49,7 +49,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("chain_id", "node", "committed_height", "committed_hash", "view", "leader", "peers_connected", "mempool_txs", "mempool_bytes", "members", "f", "sync_target_height")
+    __slots__ = ("chain_id", "node", "committed_height", "committed_hash", "view", "leader", "peers_connected", "mempool_txs", "mempool_bytes", "members", "f", "sync_target_height", "epoch")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class StatusReply(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     F_FIELD_NUMBER: _ClassVar[int]
     SYNC_TARGET_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     node: int
     committed_height: int
@@ -74,7 +75,8 @@ class StatusReply(_message.Message):
     members: int
     f: int
     sync_target_height: int
-    def __init__(self, chain_id: _Optional[str] = ..., node: _Optional[int] = ..., committed_height: _Optional[int] = ..., committed_hash: _Optional[bytes] = ..., view: _Optional[int] = ..., leader: _Optional[int] = ..., peers_connected: _Optional[_Iterable[int]] = ..., mempool_txs: _Optional[int] = ..., mempool_bytes: _Optional[int] = ..., members: _Optional[int] = ..., f: _Optional[int] = ..., sync_target_height: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, chain_id: _Optional[str] = ..., node: _Optional[int] = ..., committed_height: _Optional[int] = ..., committed_hash: _Optional[bytes] = ..., view: _Optional[int] = ..., leader: _Optional[int] = ..., peers_connected: _Optional[_Iterable[int]] = ..., mempool_txs: _Optional[int] = ..., mempool_bytes: _Optional[int] = ..., members: _Optional[int] = ..., f: _Optional[int] = ..., sync_target_height: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class BlocksRequest(_message.Message):
     __slots__ = ("from_height",)

@@ -43,12 +43,15 @@ from quorumgate.proto.chainversions import (
     AUTHORITY_VERSIONS,
     CANONICAL_VERSION_NEW,
     CANONICAL_VERSIONS,
+    CONSENSUS_VERSION_NEW,
+    CONSENSUS_VERSIONS,
     RECEIPT_VERSION_NEW,
     RECEIPT_VERSIONS,
     STATE_VERSION_NEW,
     STATE_VERSIONS,
     VERSION_ABSENT,
     receipts_expire,
+    runs_epochs,
 )
 from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
 from quorumgate.proto.tls import check_certificate, make_node_certificate
@@ -131,10 +134,16 @@ class ClusterSpec:
     state_version: int = VERSION_ABSENT
     # What receipts sign, and whether certificates expire.
     receipt_version: int = VERSION_ABSENT
+    # Whether the member set may change at epochs (docs/consensus/epochs.md).
+    consensus_version: int = VERSION_ABSENT
 
     @property
     def receipts_expire(self) -> bool:
         return receipts_expire(self.receipt_version)
+
+    @property
+    def runs_epochs(self) -> bool:
+        return runs_epochs(self.consensus_version)
 
     @property
     def transport(self) -> str:
@@ -251,6 +260,30 @@ def public_key_of(seed: bytes) -> bytes:
     return bytes(SigningKey(seed).verify_key)
 
 
+# A member's consensus key after a rotation (docs/consensus/epochs.md, "The live replica"):
+# beside `consensus.key`, named by the start of its public key. `consensus.key` stays the
+# key the cluster file names, which authenticates the member's peer streams and its link
+# to its sidecar.
+ROTATED_KEY_PREFIX = "consensus-"
+ROTATED_KEY_NAME_HEX_CHARS = 16
+
+
+def rotated_key_file(public_key: bytes) -> str:
+    return f"{ROTATED_KEY_PREFIX}{public_key.hex()[:ROTATED_KEY_NAME_HEX_CHARS]}.key"
+
+
+def consensus_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
+    """The seed of the consensus key `public_key` from `node_dir` (the cluster file's key
+    or a rotated one), or None if the directory holds no such key."""
+    for name in (CONSENSUS_KEY_FILE, rotated_key_file(public_key)):
+        path = node_dir / name
+        if path.exists():
+            seed = read_seed(path)
+            if public_key_of(seed) == public_key:
+                return seed
+    return None
+
+
 def member_ports(hosts: Sequence[str], port_base: int) -> list[list[int]]:
     """Fixed ports for members on the given hosts: PORTS_PER_MEMBER from `port_base` on
     each host, the next block for a second member on the same host."""
@@ -316,6 +349,7 @@ def init_cluster(
             capacities=checked_capacities,
             state_version=STATE_VERSION_NEW,
             receipt_version=RECEIPT_VERSION_NEW,
+            consensus_version=CONSENSUS_VERSION_NEW,
         )
         write_cluster_file(spec)
     except OSError as err:
@@ -452,6 +486,7 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         **({"capacities": dict(spec.capacities)} if spec.capacities else {}),
         **_written("state_version", spec.state_version),
         **_written("receipt_version", spec.receipt_version),
+        **_written("consensus_version", spec.consensus_version),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -592,6 +627,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
     authority_version = _version(doc, "authority_version", AUTHORITY_VERSIONS, where)
     state_version = _version(doc, "state_version", STATE_VERSIONS, where)
     receipt_version = _version(doc, "receipt_version", RECEIPT_VERSIONS, where)
+    consensus_version = _version(doc, "consensus_version", CONSENSUS_VERSIONS, where)
     raw_capacities = doc.get("capacities", {})
     if not isinstance(raw_capacities, dict):
         raise ClusterFileError(f"{where}: capacities must be an object of name: number")
@@ -608,6 +644,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
         check_capacities(raw_capacities, f"{where}: capacities"),
         state_version,
         receipt_version,
+        consensus_version,
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

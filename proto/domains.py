@@ -63,6 +63,9 @@ LEDGER_CHECKPOINT = b"qg/ledger-checkpoint/v1"
 # Reconfiguration (proto/membership.py; docs/consensus/epochs.md, "The record"): opens the
 # record the consensus core recognises in a committed transaction (a NUL follows it there).
 RECONFIG_RECORD = b"qg/reconfig/v1"
+# signed: the owner's word for one record and the epoch it changes (chains whose consensus
+# version runs epochs: docs/consensus/epochs.md, "Who may change the member set")
+RECONFIG_OWNER = b"qg/reconfig-owner/v1"
 
 # Argument commitments (proto/commitments.py; docs/audit.md, "Argument commitments").
 ARGUMENT_COMMITMENT = b"qg/argument-commitment/v1"  # HMAC'd under the salt: name, kind, value

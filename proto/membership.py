@@ -10,9 +10,11 @@ votes against it, the cluster file builds it, and replay checks QCs with it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from quorumgate.proto.domains import RECONFIG_RECORD
+from quorumgate.proto.crypto import ed25519_verify
+from quorumgate.proto.domains import RECONFIG_OWNER, RECONFIG_RECORD
 
 PUBLIC_KEY_BYTES = 32
 CHAIN_ID_BYTES_MAX = 64
@@ -170,3 +172,74 @@ class Reconfiguration:
             return None
         members = tuple(Member(i, k) for i, k in enumerate(keys))
         return replace(current, members=members, epoch=current.epoch + 1)
+
+
+# A record the owner signed (chains whose consensus version runs epochs: proto/
+# chainversions.py `runs_epochs`): record || u64 epoch || 64-byte Ed25519 signature over
+# `record_statement`. The epoch is the one the record ends, so a record committed once
+# cannot be replayed to undo a later change (docs/consensus/epochs.md, "Who may change
+# the member set").
+RECORD_EPOCH_BYTES = 8
+RECORD_SIGNATURE_BYTES = 64
+RECORD_TRAILER_BYTES = RECORD_EPOCH_BYTES + RECORD_SIGNATURE_BYTES
+
+
+def record_statement(chain_id: str, epoch: int, record: bytes) -> bytes:
+    """What the owner signs for `record` (its encoding) to end epoch `epoch` of `chain_id`."""
+    return (
+        RECONFIG_OWNER
+        + b"\x00"
+        + chain_id.encode()
+        + b"\x00"
+        + epoch.to_bytes(RECORD_EPOCH_BYTES, "big")
+        + record
+    )
+
+
+def sign_record(
+    record: Reconfiguration, chain_id: str, epoch: int, sign: Callable[[bytes], bytes]
+) -> bytes:
+    """The transaction that carries `record`, signed by the owner for epoch `epoch`."""
+    body = record.encode()
+    signature = sign(record_statement(chain_id, epoch, body))
+    return body + epoch.to_bytes(RECORD_EPOCH_BYTES, "big") + signature
+
+
+def is_record(tx: bytes) -> bool:
+    """Whether `tx` claims to be a reconfiguration record (signed or not)."""
+    return tx.startswith(RECONFIG_TAG)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRecords:
+    """Reads records the way a chain that runs epochs does: only those the owner signed
+    count, each for the one epoch it names."""
+
+    chain_id: str
+    owner_key: bytes
+    # The kinds the live replica carries out (docs/consensus/epochs.md, "The live
+    # replica"): a record of another kind is committed and changes nothing.
+    kinds: tuple[str, ...] = ("rotate",)
+
+    def read(self, tx: bytes) -> tuple[Reconfiguration, int] | None:
+        """The record `tx` carries and the epoch it ends, if the owner signed it; None for
+        anything else (another transaction, an unsigned or badly signed record)."""
+        if not is_record(tx) or len(tx) <= RECORD_TRAILER_BYTES:
+            return None
+        body = tx[:-RECORD_TRAILER_BYTES]
+        record = Reconfiguration.parse(body)
+        if record is None:
+            return None
+        epoch = int.from_bytes(tx[-RECORD_TRAILER_BYTES:-RECORD_SIGNATURE_BYTES], "big")
+        statement = record_statement(self.chain_id, epoch, body)
+        if not ed25519_verify(self.owner_key, statement, tx[-RECORD_SIGNATURE_BYTES:]):
+            return None
+        return record, epoch
+
+    def change(self, tx: bytes, current: Membership) -> Membership | None:
+        """The next member set if `tx` is an owner-signed record for `current`'s epoch that
+        applies to it."""
+        read = self.read(tx)
+        if read is None or read[1] != current.epoch or read[0].kind not in self.kinds:
+            return None
+        return read[0].apply(current)

@@ -22,7 +22,7 @@ from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.tx import ParsedTx
-from quorumgate.replica.mempool import Admission, Mempool
+from quorumgate.replica.mempool import Admission, Mempool, RecordTx
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import PeerNetwork
 from quorumgate.replica.pruning import PrunedError
@@ -113,10 +113,18 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         the sidecar asked once for the whole batch, then the mempool takes them in."""
         replies: list[cpb.SubmitReply | None] = [None] * len(requests)
         pending: list[tuple[int, ParsedTx]] = []
+        records: list[bytes] = []
         for i, request in enumerate(requests):
             checked = self.mempool.precheck(request.tx)
             if isinstance(checked, Admission):
                 replies[i] = self._reply(request, checked)
+            elif isinstance(checked, RecordTx):
+                # An owner-signed reconfiguration record: the consensus core's business,
+                # which the sidecar's engine does not judge (docs/consensus/epochs.md).
+                admission = self.mempool.admit_checked(request.tx, checked)
+                if admission.accepted and admission.detail != "already pending":
+                    records.append(request.tx)
+                replies[i] = self._reply(request, admission)
             else:
                 pending.append((i, checked))
         txs = [requests[i].tx for i, _ in pending]
@@ -134,7 +142,7 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
             if await self.sidecar.wait_executed(committed, ADMISSION_CATCH_UP_WAIT_S):
                 answers = await self.sidecar.admission(txs, signers)
             behind = self.sidecar.executed_height < committed
-        fresh: list[bytes] = []
+        fresh: list[bytes] = records
         for (i, parsed), (accepted, reason) in zip(pending, answers, strict=True):
             request = requests[i]
             if sidecar_refuses(accepted, reason, behind):

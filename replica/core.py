@@ -45,7 +45,7 @@ from typing import Protocol
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.crypto import Signer, Verifier
 from quorumgate.proto.domains import HELLO_NONCE_DEFAULT
-from quorumgate.proto.membership import Membership
+from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.actions import (
     Action,
     Commit,
@@ -63,6 +63,7 @@ from quorumgate.replica.epochs import (
     change_in,
     one_record_at_most,
     start_qc,
+    unsigned_record_in,
 )
 from quorumgate.replica.safety import SafetyError, SafetyRules, SafetyState
 from quorumgate.replica.types import (
@@ -215,9 +216,12 @@ class Core:
         restored: bool = False,
         hello_nonce: bytes | None = None,
         epochs: bool = False,
+        owner_records: OwnerRecords | None = None,
     ) -> None:
         """`epochs`: committed reconfiguration records end the epoch (docs/consensus/
-        epochs.md). Off, records are transactions like any other, as on every chain so far."""
+        epochs.md). Off, records are transactions like any other, as on every chain so far.
+        `owner_records`: only records the owner signed count, and a block carrying an
+        unsigned one is refused (the live replica; the simulator's owner is trusted)."""
         assert membership.is_member(me), "not a member"
         assert fence_on_start or not restored, "a restore is always fenced (safety Rule 6)"
         self.membership = membership
@@ -229,6 +233,7 @@ class Core:
         assert (boundary is None) == (membership.epoch == 0), "an epoch after 0 has a start"
         self.epoch = membership.epoch
         self.epochs = epochs
+        self.owner_records = owner_records
         self.ended: EpochEnd | None = None  # set once the epoch's change block committed
         self.checker = CertificateChecker(membership, self.verifier, start_qc(chain, boundary))
         self.payload: PayloadSource = payload or NoPayload()
@@ -581,7 +586,9 @@ class Core:
         if committed is not None and self.ended is None:
             blocks, proof = committed
             assert proof.b1.parent_hash == blocks[-1].hash, "proof does not prove the commit"
-            cut = boundary_index(blocks, self.membership) if self.epochs else None
+            cut = (
+                boundary_index(blocks, self.membership, self.owner_records) if self.epochs else None
+            )
             if cut is not None:
                 self._end_epoch(blocks, cut, (*blocks[cut + 1 :], *proof.blocks), proof.qc)
                 return
@@ -600,7 +607,7 @@ class Core:
         blocks after it are the old epoch's suffix, empty and never committed), and end
         the epoch (docs/consensus/epochs.md, "Where an epoch ends")."""
         boundary = blocks[cut]
-        nxt = change_in(boundary, self.membership)
+        nxt = change_in(boundary, self.membership, self.owner_records)
         assert nxt is not None, "the cut is a change block"
         done = list(blocks[: cut + 1])
         self.tree.commit(boundary)
@@ -786,7 +793,7 @@ class Core:
         if self.epochs and self._change_pending(chain):
             txs = ()  # the suffix of a change block carries nothing (docs/consensus/epochs.md)
         elif self.epochs:
-            txs = one_record_at_most(txs)
+            txs = one_record_at_most(txs, self.owner_records)
         assert len(txs) <= limits.batch_txs_max, "payload source broke the batch count limit"
         assert sum(map(len, txs)) <= limits.batch_bytes_max, "payload source broke byte limit"
         justify = self.high_qc
@@ -961,16 +968,21 @@ class Core:
 
     def _check_changes(self, block: Block, parent: Block) -> None:
         """A block after an uncommitted change block carries nothing, and a block carries
-        one reconfiguration record at most (docs/consensus/epochs.md, "The record")."""
+        one reconfiguration record at most (docs/consensus/epochs.md, "The record"), and
+        only one the owner signed where records must be signed ("Who may change the
+        member set")."""
+        owner = self.owner_records
+        if owner is not None and unsigned_record_in(block.payload, owner):
+            raise RemoteError("unsigned_change", f"block of view {block.view}")
         if self._change_pending(self.tree.uncommitted_chain(parent.hash)):
             raise RemoteError("payload_after_change", f"block of view {block.view}")
-        if one_record_at_most(block.payload) != block.payload:
+        if one_record_at_most(block.payload, owner) != block.payload:
             raise RemoteError("two_changes", f"block of view {block.view}")
 
     def _change_pending(self, chain: Sequence[Block]) -> bool:
         """An uncommitted block of `chain` changes the member set: blocks after it are the
         epoch's suffix, which carries no transactions (they would never be committed)."""
-        return boundary_index(chain, self.membership) is not None
+        return boundary_index(chain, self.membership, self.owner_records) is not None
 
     def _accept_proposal(self, block: Block) -> None:
         parent = self.tree.get(block.parent_hash)

@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quorumgate.proto.membership import Membership, Reconfiguration
+from quorumgate.proto.membership import Membership, OwnerRecords, Reconfiguration, is_record
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_qc
@@ -48,29 +48,51 @@ def epoch_safety_state(boundary: Block, before: SafetyState) -> SafetyState:
     return SafetyState(before.epoch + 1, boundary.view, qc, qc, boundary.view, None, None, None)
 
 
-def change_in(block: Block, membership: Membership) -> Membership | None:
+def change_in(
+    block: Block, membership: Membership, owner: OwnerRecords | None = None
+) -> Membership | None:
     """The member set of the next epoch if `block` carries a reconfiguration record that
-    applies to `membership` (the first such record in the block), else None."""
+    applies to `membership` (the first such record in the block), else None. With
+    `owner` (the live replica: docs/consensus/epochs.md, "Who may change the member
+    set"), only a record the owner signed for `membership`'s epoch counts."""
     for tx in block.payload:
-        record = Reconfiguration.parse(tx)
-        if record is not None:
-            nxt = record.apply(membership)
-            if nxt is not None:
-                return nxt
+        if owner is not None:
+            nxt = owner.change(tx, membership)
+        else:
+            record = Reconfiguration.parse(tx)
+            nxt = None if record is None else record.apply(membership)
+        if nxt is not None:
+            return nxt
     return None
 
 
-def one_record_at_most(txs: tuple[bytes, ...]) -> tuple[bytes, ...]:
+def one_record_at_most(
+    txs: tuple[bytes, ...], owner: OwnerRecords | None = None
+) -> tuple[bytes, ...]:
     """`txs` up to (not with) a second reconfiguration record: a leader's batch carries one
     at most, so that no owner change is void for sharing a block with another; the rest
-    stay in the mempool for the next block, or the next epoch."""
-    records = [i for i, tx in enumerate(txs) if Reconfiguration.parse(tx) is not None]
+    stay in the mempool for the next block, or the next epoch. With `owner`, anything
+    that claims to be a record counts (an unsigned one is refused anyway)."""
+    if owner is not None:
+        records = [i for i, tx in enumerate(txs) if is_record(tx)]
+    else:
+        records = [i for i, tx in enumerate(txs) if Reconfiguration.parse(tx) is not None]
     return txs if len(records) < 2 else txs[: records[1]]
 
 
-def boundary_index(blocks: Sequence[Block], membership: Membership) -> int | None:
+def unsigned_record_in(txs: tuple[bytes, ...], owner: OwnerRecords) -> bool:
+    """Whether `txs` holds something that claims to be a record without the owner's
+    signature: voters refuse such a block (docs/consensus/epochs.md)."""
+    return any(is_record(tx) and owner.read(tx) is None for tx in txs)
+
+
+def boundary_index(
+    blocks: Sequence[Block], membership: Membership, owner: OwnerRecords | None = None
+) -> int | None:
     """The index in `blocks` of the first one that changes `membership`, if any."""
-    return next((i for i, b in enumerate(blocks) if change_in(b, membership) is not None), None)
+    return next(
+        (i for i, b in enumerate(blocks) if change_in(b, membership, owner) is not None), None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +130,7 @@ def epoch_proof(
 
 
 def check_epoch_proof(
-    checker: CertificateChecker, tip: Block, proof: EpochProof
+    checker: CertificateChecker, tip: Block, proof: EpochProof, owner: OwnerRecords | None = None
 ) -> tuple[list[Block], Membership]:
     """The blocks above `tip` that `proof` commits, up to and with the change block, and
     the next member set. `checker` holds the current (old) epoch's members. Raises
@@ -130,9 +152,9 @@ def check_epoch_proof(
         raise RemoteError("bad_epoch_proof", "the last two blocks are not a 2-chain")
     checker.check_block_certified(b0, b1.justify)
     checker.check_block_certified(b1, proof.qc)
-    cut = boundary_index(fresh[:-1], membership)
+    cut = boundary_index(fresh[:-1], membership, owner)
     if cut is None:
         raise RemoteError("bad_epoch_proof", "no change block in the committed part")
-    nxt = change_in(fresh[cut], membership)
+    nxt = change_in(fresh[cut], membership, owner)
     assert nxt is not None, "boundary_index found it"
     return fresh[: cut + 1], nxt

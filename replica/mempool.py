@@ -52,6 +52,8 @@ from itertools import islice
 
 from quorumgate.proto import limits as engine_limits
 from quorumgate.proto.canonical import sha256
+from quorumgate.proto.domains import RECONFIG_RECORD
+from quorumgate.proto.membership import OwnerRecords, is_record
 from quorumgate.proto.model import Reason
 from quorumgate.proto.nonces import NonceWindow
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse
@@ -161,6 +163,22 @@ class Admission:
     status: str
 
 
+# The signer a pending reconfiguration record is filed under: not a 32-byte key, so no
+# transaction's signer is ever it. A record's "nonce" is the epoch it ends, plus one
+# (nonces start at 1), so one record per epoch is pending at a time.
+RECORD_SIGNER = RECONFIG_RECORD
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTx:
+    """A reconfiguration record the owner signed, as the mempool files it: its id is the
+    SHA-256 of its bytes (docs/consensus/epochs.md, "Who may change the member set")."""
+
+    tx_id: bytes
+    signer: bytes
+    nonce: int
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     data: bytes
@@ -264,8 +282,12 @@ class Mempool:
         limits: MempoolLimits = MempoolLimits(),
         *,
         complete_history: bool = True,
+        owner_records: OwnerRecords | None = None,
     ) -> None:
+        """`owner_records`: the chain runs epochs, and records its owner signed are taken
+        in and voted for (else a record is malformed, as any bytes that are not a tx)."""
         self.chain_id = chain_id
+        self.owner_records = owner_records
         self.limits = limits
         self._complete_history = complete_history
         # Pending transactions: by id in arrival order (for `recent`), by exact bytes (for
@@ -299,7 +321,7 @@ class Mempool:
             return checked
         return self.admit_checked(data, checked)
 
-    def precheck(self, data: bytes) -> Admission | ParsedTx:
+    def precheck(self, data: bytes) -> Admission | ParsedTx | RecordTx:
         """Everything `admit` checks, the signature included, without taking it in: the
         parsed transaction if it may go on, else the answer. Identical bytes already
         pending are answered at once (their signature was verified on entry)."""
@@ -310,6 +332,9 @@ class Mempool:
         if known is not None:
             self.resubmitted += 1
             return Admission(True, known.tx_id, OK, "already pending", STATUS_OK)
+        if self.owner_records is not None and is_record(data):
+            record = self._read_record(data)
+            return self._refuse(BAD_SIGNATURE, None) if record is None else record
         try:
             parsed = self._parse_once(data)
         except TxRejected as exc:
@@ -318,7 +343,16 @@ class Mempool:
             return self._refuse(WRONG_CHAIN, parsed.tx_id)
         return parsed
 
-    def admit_checked(self, data: bytes, parsed: ParsedTx) -> Admission:
+    def _read_record(self, data: bytes) -> RecordTx | None:
+        """`data` as a record the owner signed, or None (unsigned, badly signed, not a
+        record that parses exactly)."""
+        assert self.owner_records is not None, "records are read on chains with epochs only"
+        read = self.owner_records.read(data)
+        if read is None:
+            return None
+        return RecordTx(sha256(data), RECORD_SIGNER, read[1] + 1)
+
+    def admit_checked(self, data: bytes, parsed: ParsedTx | RecordTx) -> Admission:
         """Take in a transaction `precheck` passed (its signature is not checked again).
         The pool may have changed since, so replay, conflict and room are checked here."""
         data = bytes(data)
@@ -435,6 +469,11 @@ class Mempool:
             entry = self._by_data.get(data)
             if entry is not None:
                 tx_id = entry.tx_id
+            elif self.owner_records is not None and is_record(data):
+                record = self._read_record(data)
+                if record is None:
+                    return BAD_SIGNATURE
+                tx_id = record.tx_id
             else:
                 try:
                     parsed = self._parse_once(data)
@@ -462,6 +501,9 @@ class Mempool:
         for block in blocks:
             self._block_ids.pop(block.hash, None)
             for data in block.payload:
+                if self.owner_records is not None and is_record(data):
+                    self._remove(sha256(data))  # a record spends no nonce
+                    continue
                 entry = self._by_data.get(data)
                 if entry is not None:
                     tx_id, signer, nonce = entry.tx_id, entry.signer, entry.nonce
@@ -556,6 +598,9 @@ class Mempool:
             entry = self._by_data.get(data)
             if entry is not None:
                 yield entry.tx_id
+                continue
+            if self.owner_records is not None and is_record(data):
+                yield sha256(data)
                 continue
             try:
                 yield parse(data, verify=False).tx_id

@@ -17,6 +17,9 @@ class ReplicaMetrics:
             "qg_replica_committed_height", "Height of the last committed block", registry=r
         )
         self.view = Gauge("qg_replica_view", "Current consensus view", registry=r)
+        self.epoch = Gauge(
+            "qg_replica_epoch", "Consensus epoch (docs/consensus/epochs.md)", registry=r
+        )
         self.leader = Gauge("qg_replica_leader", "Leader of the current view", registry=r)
         self.timeouts = Counter(
             "qg_replica_timeouts", "View timeouts this replica signed", registry=r

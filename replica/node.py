@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,13 +42,16 @@ from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
+    consensus_seed_for,
     read_seed,
 )
 from quorumgate.proto.crypto import Ed25519Signer
+from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse, raw_tx_id
 from quorumgate.replica.actions import (
     Action,
     Commit,
+    PersistSafety,
     ScheduleTimeout,
     Send,
     StoreBlock,
@@ -56,7 +59,14 @@ from quorumgate.replica.actions import (
 )
 from quorumgate.replica.client_api import ClientApi, sidecar_refuses
 from quorumgate.replica.config import Limits
-from quorumgate.replica.core import Core
+from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.epochs import (
+    EPOCH_PROOF_BLOCKS_MAX,
+    EpochEnd,
+    EpochProof,
+    check_epoch_proof,
+    epoch_safety_state,
+)
 from quorumgate.replica.inbound import LOCAL, InboundQueue
 from quorumgate.replica.mempool import (
     BAD_SIGNATURE,
@@ -65,6 +75,7 @@ from quorumgate.replica.mempool import (
     Admission,
     Mempool,
     MempoolLimits,
+    RecordTx,
 )
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
@@ -75,11 +86,13 @@ from quorumgate.replica.sync import SyncRepeats
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
     Block,
+    CommitProof,
     Envelope,
     RemoteError,
     SyncRequest,
     SyncResponse,
 )
+from quorumgate.replica.validate import check_sync_response
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
 from quorumgate.runtime.channels import Reader, add_server_port
 from quorumgate.runtime.grpcutil import add_service
@@ -133,7 +146,14 @@ class _NewStateRoot:
     pass
 
 
-Event = Envelope | _Tick | _NewTransactions | _NewStateRoot
+@dataclass(frozen=True, slots=True)
+class _EpochProofIn:
+    """A peer's proof that our epoch ended (a sync answer of a later epoch)."""
+
+    envelope: Envelope
+
+
+Event = Envelope | _Tick | _NewTransactions | _NewStateRoot | _EpochProofIn
 
 MEMPOOL_REBUILD_TXS_MAX = 200_000
 MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
@@ -148,11 +168,18 @@ class ReplicaNode:
         self.index = index
         self.signer = signer
         self.member = spec.member(index)
+        # The genesis member set (the cluster file's); the epoch's own is the core's.
         self.membership = spec.membership()
         if self.membership.key(index) != signer.public_key:
             raise ClusterFileError(
                 f"node {index}'s key file does not match its public key in the cluster file"
             )
+        # A chain that runs epochs counts only records its owner signed (docs/consensus/
+        # epochs.md, "Who may change the member set").
+        self.owner_records = (
+            OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
+        )
+        self._epoch_asked_ms = -1  # when we last asked a peer how our epoch ended
         self.limits = Limits()
         self.metrics = ReplicaMetrics(index)
         self.tracer = Tracer(f"replica-{index}")  # off unless QG_TRACE_DIR is set
@@ -199,18 +226,7 @@ class ReplicaNode:
             self._restore_marker = marker
             log.warning("event=restore_declared node=%d marker=%s", self.index, marker.name)
         self.mempool = await self._rebuilt_mempool(recovered.committed.height)
-        self.core = Core(
-            self.membership,
-            self.index,
-            self.signer,
-            limits=self.limits,
-            payload=self.mempool,
-            execution=self.sidecar.roots,
-            recovered=recovered,
-            now_ms=self._now_ms(),
-            restored=restored,
-            hello_nonce=os.urandom(HELLO_NONCE_BYTES),  # fresh at every start (Rule 6)
-        )
+        self.core = self._make_core(recovered, restored)
         client_api = ClientApi(
             spec=self.spec,
             mempool=self.mempool,
@@ -266,6 +282,41 @@ class ReplicaNode:
                 "event=pruned keep_from_height=%d blocks=%d bytes_before=%d bytes_after=%d",
                 floor.keep_from_height, dropped, before, after,
             )  # fmt: skip
+    def _make_core(self, recovered: Recovered, restored: bool) -> Core:
+        """The core of the epoch the store is in, signing with that epoch's key of ours."""
+        store = self.store
+        assert store is not None
+        stored = store.epoch
+        membership = self.membership if stored is None else stored.membership(self.membership)
+        self.metrics.epoch.set(membership.epoch)
+        return Core(
+            membership,
+            self.index,
+            self._epoch_signer(membership),
+            limits=self.limits,
+            payload=self.mempool,
+            execution=self.sidecar.roots,
+            recovered=recovered,
+            now_ms=self._now_ms(),
+            restored=restored,
+            hello_nonce=os.urandom(HELLO_NONCE_BYTES),  # fresh at every start (Rule 6)
+            epochs=self.spec.runs_epochs,
+            owner_records=self.owner_records,
+        )
+
+    def _epoch_signer(self, membership: Membership) -> Ed25519Signer:
+        """Our consensus key in `membership`: the cluster file's, or the one a rotation
+        left in our node directory (proto/clusterfile.py `consensus_seed_for`)."""
+        key = membership.key(self.index)
+        if key == self.signer.public_key:
+            return self.signer
+        seed = consensus_seed_for(self.spec.node_dir(self.index), key)
+        if seed is None:
+            raise ClusterFileError(
+                f"node {self.index} holds no key file for its consensus key of epoch "
+                f"{membership.epoch} ({key.hex()[:16]}...)"
+            )
+        return Ed25519Signer(seed)
 
     async def _rebuilt_mempool(self, committed_height: int) -> Mempool:
         """A mempool whose replay windows know the committed log, so that a restarted
@@ -284,7 +335,12 @@ class ReplicaNode:
             blocks[:0] = page
             txs += sum(len(b.payload) for b in page)
             end = start - 1
-        mempool = Mempool(self.spec.chain_id, MempoolLimits(), complete_history=end < 1)
+        mempool = Mempool(
+            self.spec.chain_id,
+            MempoolLimits(),
+            complete_history=end < 1,
+            owner_records=self.owner_records,
+        )
         mempool.on_commit(blocks)
         return mempool
 
@@ -341,14 +397,19 @@ class ReplicaNode:
                 self._tick_queued = True
 
     async def _core_loop(self) -> None:
-        core = self.core
-        assert core is not None
         while True:
             await self._events.wait()
             batch = self._events.take(EVENTS_PER_BATCH_MAX)
             actions: list[Action] = []
             ticked = False
             for event in batch:
+                core = self.core
+                assert core is not None
+                if isinstance(event, _EpochProofIn):
+                    await self._execute(actions)
+                    actions = []
+                    await self._take_epoch_proof(event.envelope)
+                    continue
                 if isinstance(event, _Tick):
                     ticked = True
                     self._tick_queued = False
@@ -364,7 +425,15 @@ class ReplicaNode:
                     actions += core.on_state_root()
                 else:
                     actions += core.on_message(event)
+                if core.ended is not None:
+                    # The change block committed: the next epoch is durable with it, and
+                    # the rest of the batch goes to that epoch's core.
+                    await self._execute(actions, core.ended)
+                    actions = []
+                    await self._next_epoch()
             await self._execute(actions)
+            core = self.core
+            assert core is not None
             if core.needs_ticks():
                 self._ticks_wanted.set()
             self.peers.flush_gossip()
@@ -373,12 +442,19 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ actions out
 
-    async def _execute(self, actions: list[Action]) -> None:
-        store = self.store
-        assert store is not None
-        if any(not isinstance(a, Send | ScheduleTimeout) for a in actions):
+    async def _execute(self, actions: list[Action], ended: EpochEnd | None = None) -> None:
+        """Perform one batch of the core's actions (replica/actions.py). `ended`: they
+        commit the change block that ended the core's epoch; the next epoch's first safety
+        state and member set are made durable in the same write."""
+        store, core = self.store, self.core
+        assert store is not None and core is not None
+        durable = actions
+        if ended is not None:
+            start = epoch_safety_state(ended.boundary, core.safety.state)
+            durable = [*actions, PersistSafety(start)]
+        if any(not isinstance(a, Send | ScheduleTimeout) for a in durable):
             started = time.perf_counter()
-            await store.apply(actions)
+            await store.apply(durable, ended)
             applied = time.perf_counter() - started
             self.metrics.store_apply_latency.observe(applied)
             self.tracer.event("apply", int(applied * 1e6))
@@ -410,8 +486,6 @@ class ReplicaNode:
                 self.tracer.event("view", action.view)
                 self.metrics.view.set(action.view)
                 self.metrics.leader.set(action.leader)
-        core = self.core
-        assert core is not None
         if self._restore_marker is not None and not core.restoring:
             # The fence is durable (the store applied it above): later starts are plain.
             self._restore_marker.unlink(missing_ok=True)
@@ -429,8 +503,14 @@ class ReplicaNode:
             async with self._commit_cond:
                 self._commit_cond.notify_all()
 
-    def _send(self, send: Send) -> None:
-        message = envelope_to_pb(Envelope(self.spec.chain_id, self.index, send.message))
+    def _send(self, send: Send, epoch: int | None = None) -> None:
+        """`send` in an envelope naming `epoch`, or our core's (docs/consensus/epochs.md,
+        "Signatures name their epoch")."""
+        if epoch is None:
+            assert self.core is not None
+            epoch = self.core.epoch
+        envelope = Envelope(self.spec.chain_id, self.index, send.message, epoch)
+        message = envelope_to_pb(envelope)
         self.peers.send(send.to, message)
         if send.to is not None and isinstance(send.message, SyncRequest):
             self.metrics.sync_requests.inc()
@@ -456,6 +536,19 @@ class ReplicaNode:
             return
         if isinstance(envelope.message, SyncResponse):
             self._note_pruned_peer(sender, envelope.message)
+        core = self.core
+        # (Our core's epoch ended and the next one's core is about to start: its messages
+        # wait in the queue for it rather than be dropped.)
+        switching = core is not None and core.ended is not None
+        if core is not None and envelope.epoch > core.epoch + int(switching):
+            self._from_later_epoch(envelope)
+            return
+        if isinstance(envelope.message, SyncRequest) and core and envelope.epoch < core.epoch:
+            self._run_for_peer(
+                self._sync_serving, SYNC_SERVING_PER_PEER_MAX, sender, "sync_busy",
+                lambda: self._answer_with_epoch_proof(envelope),
+            )  # fmt: skip
+            return
         if isinstance(envelope.message, SyncRequest):
             # Catch-up answers read the store off the core loop, at most
             # SYNC_SERVING_PER_PEER_MAX at a time for each peer: a peer that floods
@@ -494,7 +587,7 @@ class ReplicaNode:
         mempool with validly signed transactions of keys nobody registered (a fresh key
         per transaction), and honest clients' transactions were then refused as
         `mempool_full` everywhere."""
-        known: list[tuple[bytes, ParsedTx]] = []
+        known: list[tuple[bytes, ParsedTx | RecordTx]] = []
         unknown: list[tuple[bytes, ParsedTx]] = []
         for tx in txs:
             checked = self.mempool.precheck(tx)
@@ -506,6 +599,9 @@ class ReplicaNode:
                     self.metrics.dropped.labels("forged_gossip").inc()
                     break
                 continue  # already pending, or too large
+            if isinstance(checked, RecordTx):  # the owner's, checked: no sidecar judges it
+                known.append((bytes(tx), checked))
+                continue
             signer_known = self.sidecar.accepted_before(checked.signer)
             (known if signer_known else unknown).append((bytes(tx), checked))
         self._take_gossip(known)
@@ -531,7 +627,7 @@ class ReplicaNode:
             taken.append((data, parsed))
         self._take_gossip(taken)
 
-    def _take_gossip(self, checked: list[tuple[bytes, ParsedTx]]) -> None:
+    def _take_gossip(self, checked: Sequence[tuple[bytes, ParsedTx | RecordTx]]) -> None:
         fresh = False
         for data, parsed in checked:
             fresh = self.mempool.admit_checked(data, parsed).accepted or fresh
@@ -577,6 +673,95 @@ class ReplicaNode:
         response = await store.sync_response(request, core, self.limits)
         self._send(Send(envelope.sender, response))
 
+    # ------------------------------------------------------------------ epochs
+
+    def _from_later_epoch(self, envelope: Envelope) -> None:
+        """A message of an epoch after ours: our epoch ended without us. A sync answer
+        from there is the proof of it (for the core loop to check); anything else makes
+        us ask its sender for that proof, at most once per `sync_retry_ticks`
+        (docs/consensus/epochs.md, "Catching up")."""
+        if isinstance(envelope.message, SyncResponse):
+            self.enqueue(_EpochProofIn(envelope), envelope.sender)
+            return
+        self.metrics.dropped.labels("future_epoch").inc()
+        store = self.store
+        now = _monotonic_ms()
+        wait_ms = self.limits.sync_retry_ticks * self.spec.tick_ms
+        if store is None or (self._epoch_asked_ms >= 0 and now - self._epoch_asked_ms < wait_ms):
+            return
+        self._epoch_asked_ms = now
+        request = SyncRequest(store.committed_height + 1, self.limits.sync_blocks_max)
+        self._send(Send(envelope.sender, request))
+
+    async def _answer_with_epoch_proof(self, envelope: Envelope) -> None:
+        """A peer still in an epoch we left asks for blocks: hand it the proof of how that
+        epoch ended instead (replica/epochs.py `EpochProof`), as a sync answer our
+        envelope's later epoch marks as such. Bounded by the sync limits the asker checks."""
+        store = self.store
+        request = envelope.message
+        assert store is not None and isinstance(request, SyncRequest)
+        stored = store.started(envelope.epoch + 1)
+        if stored is None or envelope.chain_id != self.spec.chain_id:
+            self.metrics.dropped.labels("epoch_unknown").inc()
+            return
+        if not self._sync_repeats.admit(envelope.sender, request, _monotonic_ms()):
+            self.metrics.dropped.labels("sync_repeat").inc()
+            return
+        top = stored.boundary.height
+        reach = min(EPOCH_PROOF_BLOCKS_MAX, self.limits.sync_blocks_max)
+        start = max(1, min(request.from_height, top), top + 1 + len(stored.suffix) - reach)
+        blocks = [*await store.committed_range(start, top), *stored.suffix]
+        response = SyncResponse(tuple(blocks[:-1]), (blocks[-1],), stored.qc, (), top)
+        self._send(Send(envelope.sender, response), stored.epoch)
+
+    async def _take_epoch_proof(self, envelope: Envelope) -> None:
+        """(On the core loop.) A proof that our epoch ended: if it holds, commit what it
+        commits through the change block, with the next epoch in the same write, and go
+        on in that epoch."""
+        core, response = self.core, envelope.message
+        assert core is not None and isinstance(response, SyncResponse)
+        if core.ended is not None or envelope.epoch <= core.epoch:
+            return
+        try:
+            check_sync_response(response, core.membership, self.limits)
+            if response.proof_qc is None:
+                raise RemoteError("bad_epoch_proof", "no certificate")
+            proof = EpochProof(
+                core.epoch, (*response.committed, *response.proof), response.proof_qc
+            )
+            blocks, nxt = check_epoch_proof(core.checker, core.tree.root, proof, self.owner_records)
+        except RemoteError as err:
+            self.metrics.dropped.labels(err.reason).inc()
+            return
+        boundary = blocks[-1]
+        suffix = tuple(b for b in proof.blocks if b.height > boundary.height)
+        end = EpochEnd(boundary, nxt, suffix, proof.qc)
+        self.mempool.on_commit(blocks)
+        # (The store keeps no proof row for a change block: the epoch row holds its QC.)
+        commit = Commit(tuple(blocks), CommitProof.two_chain(suffix[-1], proof.qc))
+        await self._execute([commit], end)
+        await self._next_epoch()
+
+    async def _next_epoch(self) -> None:
+        """The store holds a newer epoch than the core runs: start that epoch's core from
+        what the store holds, exactly as a restart would."""
+        store = self.store
+        assert store is not None
+        self._update_gauges()  # the old core's counts, before its successor's start at 0
+        self._dropped_seen.clear()
+        self._refused_seen.clear()
+        self._timeouts_seen = 0
+        recovered = await store.load()
+        self.core = self._make_core(recovered, restored=False)
+        log.info(
+            "event=epoch_started node=%d epoch=%d height=%d",
+            self.index,
+            self.core.epoch,
+            store.committed_height,
+        )
+        await self._execute(self.core.start())
+        self._ticks_wanted.set()
+
     # ------------------------------------------------------------------ gossip
 
     def _regossip(self) -> None:
@@ -598,6 +783,7 @@ class ReplicaNode:
         assert core is not None and store is not None
         m.committed_height.set(store.committed_height)
         m.view.set(core.view)
+        m.epoch.set(core.epoch)
         m.leader.set(core.leader)
         m.mempool_txs.set(self.mempool.size)
         m.mempool_bytes.set(self.mempool.bytes)
@@ -641,6 +827,7 @@ class ReplicaNode:
             members=self.spec.n,
             f=self.spec.f,
             sync_target_height=core.stats.sync_target,
+            epoch=core.epoch,
         )
 
 

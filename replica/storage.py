@@ -33,7 +33,19 @@ Tables (schema version `SCHEMA_VERSION`):
 - `committed(height, hash, data)`: the committed log, height 0 (genesis) upwards, with the
   block data kept.
 - `proofs(height, data)`: the commit proof (quorumgate.replica.types.CommitProof) of the last
-  block of each `Commit`, keyed by that block's height.
+  block of each `Commit`, keyed by that block's height. The commit that ends an epoch at
+  its change block has none: the QC that committed it certifies a later block, kept in
+  `epochs` instead.
+- `epochs(epoch, boundary_height, keys, ended)` (schema 2): one row per epoch after 0,
+  written in the same transaction as the commit of the change block that started it: its
+  members' consensus keys and how the epoch before ended (the change block, its suffix
+  and the QC of the suffix's last block), which is what a member still in that epoch is
+  handed as proof (docs/consensus/epochs.md, "The live replica").
+- `epoch_votes(epoch, view, block_hash)` and `epoch_timeouts(epoch, view, high_qc_view)`
+  (schema 2): the audit tables of the epochs after 0, append-only like those of epoch 0
+  (a view may be used in two epochs, so the epoch is part of the key).
+
+A store of schema 1 gets the three empty tables of schema 2 when it is opened.
 
 Durability settings, set on every connection:
 
@@ -76,7 +88,7 @@ import contextlib
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +96,11 @@ import aiosqlite
 
 from quorumgate.proto import domains
 from quorumgate.proto.canonical import TAG_VOTE
+from quorumgate.proto.membership import PUBLIC_KEY_BYTES, Member, Membership
 from quorumgate.replica.actions import Action, Commit, PersistSafety, StoreBlock
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.epochs import EpochEnd
 from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sync import (
@@ -99,6 +113,7 @@ from quorumgate.replica.sync import (
 from quorumgate.replica.types import (
     Block,
     CommitProof,
+    QuorumCert,
     RemoteError,
     SyncRequest,
     SyncResponse,
@@ -106,15 +121,18 @@ from quorumgate.replica.types import (
 )
 from quorumgate.replica.wire import (
     decode_block,
+    decode_epoch_end,
     decode_proof,
     decode_safety,
     encode_block,
+    encode_epoch_end,
     encode_proof,
     encode_safety,
 )
 from quorumgate.runtime.dbthread import on_thread, transaction
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS_MIGRATED = ("1",)  # opened, then given the tables added since
 # What the votes in this store's certificates signed (meta row `vote_statement`, written
 # when the file is created). A store without the row was written before votes signed
 # their block's height (`qg/vote/v1`): its certificates can be verified by no member of
@@ -133,6 +151,58 @@ PENDING_BLOCKS_LOAD_MAX = 4096
 # `load` reads at most this many committed blocks back from the head for the last one
 # with transactions (quiescence needs it; replica/core.py `Recovered.payload_height`).
 PAYLOAD_SCAN_BLOCKS_MAX = 1024
+
+# What schema 2 added: a store of schema 1 gets it when opened.
+_SCHEMA_2 = (
+    """
+    CREATE TABLE epoch_votes (
+        epoch INTEGER NOT NULL,
+        view INTEGER NOT NULL,
+        block_hash BLOB NOT NULL,
+        PRIMARY KEY (epoch, view)
+    )
+    """,
+    """
+    CREATE TRIGGER epoch_votes_no_change BEFORE UPDATE ON epoch_votes
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_votes is append-only');
+    END
+    """,
+    """
+    CREATE TRIGGER epoch_votes_no_delete BEFORE DELETE ON epoch_votes
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_votes is append-only');
+    END
+    """,
+    """
+    CREATE TABLE epoch_timeouts (
+        epoch INTEGER NOT NULL,
+        view INTEGER NOT NULL,
+        high_qc_view INTEGER NOT NULL,
+        PRIMARY KEY (epoch, view)
+    )
+    """,
+    """
+    CREATE TRIGGER epoch_timeouts_no_change BEFORE UPDATE ON epoch_timeouts
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_timeouts is append-only');
+    END
+    """,
+    """
+    CREATE TRIGGER epoch_timeouts_no_delete BEFORE DELETE ON epoch_timeouts
+    BEGIN
+        SELECT RAISE(ABORT, 'epoch_timeouts is append-only');
+    END
+    """,
+    """
+    CREATE TABLE epochs (
+        epoch INTEGER PRIMARY KEY CHECK (epoch >= 1),
+        boundary_height INTEGER NOT NULL REFERENCES committed (height),
+        keys BLOB NOT NULL,
+        ended BLOB NOT NULL
+    )
+    """,
+)
 
 # One statement per string, run in order inside the transaction that creates the file.
 _SCHEMA = (
@@ -216,7 +286,13 @@ _SCHEMA = (
         data BLOB NOT NULL
     )
     """,
+    *_SCHEMA_2,
 )
+
+
+def _epoch_row(stored: StoredEpoch) -> tuple[int, int, bytes, bytes]:
+    ended = encode_epoch_end(stored.boundary, stored.suffix, stored.qc)
+    return (stored.epoch, stored.boundary.height, b"".join(stored.keys), ended)
 
 
 def certificates_verifiable(vote_statement: str) -> bool:
@@ -269,11 +345,38 @@ def _sort_actions(actions: Sequence[Action], epoch: int, chain_id: str) -> _Batc
     return batch
 
 
+@dataclass(frozen=True, slots=True)
+class StoredEpoch:
+    """An epoch after 0 as the store holds it: its members' keys and how the epoch before
+    it ended (docs/consensus/epochs.md, "The live replica")."""
+
+    epoch: int
+    keys: tuple[bytes, ...]
+    boundary: Block
+    suffix: tuple[Block, ...]
+    qc: QuorumCert
+
+    def membership(self, genesis: Membership) -> Membership:
+        """This epoch's member set: the genesis set's addresses, this epoch's keys (the
+        live replica carries out key rotations only, so the members stay the same)."""
+        members = tuple(
+            Member(m.index, key, m.address)
+            for m, key in zip(genesis.members, self.keys, strict=True)
+        )
+        return replace(genesis, members=members, epoch=self.epoch)
+
+    def end(self, genesis: Membership) -> EpochEnd:
+        """How the epoch before this one ended, as that epoch's core reported it."""
+        return EpochEnd(self.boundary, self.membership(genesis), self.suffix, self.qc)
+
+
 def _committed_rows(
-    head: Block, commits: Sequence[Commit]
+    head: Block, commits: Sequence[Commit], boundary: bytes = b""
 ) -> tuple[Block, list[tuple[int, bytes, bytes]], list[tuple[int, bytes]]]:
     """The new committed head, and the `committed` and `proofs` rows of `commits`, each of
-    which must extend the committed chain and end at the height its proof proves."""
+    which must extend the committed chain and end at the height its proof proves; the
+    commit that ends at the change block `boundary` (if any) has no proof row (its QC
+    certifies a block of the suffix: `epochs` keeps it)."""
     committed_rows: list[tuple[int, bytes, bytes]] = []
     proof_rows: list[tuple[int, bytes]] = []
     for commit in commits:
@@ -288,6 +391,8 @@ def _committed_rows(
                 )
             committed_rows.append((block.height, block.hash, encode_block(block)))
             head = block
+        if head.hash == boundary:
+            continue
         if proof_height(commit.proof) != head.height:
             raise AssertionError(
                 f"commit proof is for height {proof_height(commit.proof)}, "
@@ -312,6 +417,8 @@ class _Rows:
     committed: list[tuple[int, bytes, bytes]]
     proofs: list[tuple[int, bytes]]
     committed_height: int
+    epoch: tuple[int, int, bytes, bytes] | None = None  # an `epochs` row
+    consensus_epoch: int = 0  # the epoch the votes and timeouts were signed in
 
     def write(self, c: sqlite3.Connection) -> None:
         if self.safety is not None:
@@ -322,14 +429,20 @@ class _Rows:
                 self.safety,
             )
         if self.votes:
-            ReplicaStore._record_votes(c, self.votes)
-        if self.timeouts:
+            ReplicaStore._record_votes(c, self.votes, self.consensus_epoch)
+        if self.timeouts and self.consensus_epoch == 0:
             # First sighting only: a timeout re-sent for the same view is the same
             # statement (replica/safety.py returns the recorded one).
             c.executemany(
                 "INSERT INTO signed_timeouts (view, high_qc_view) VALUES (?, ?) "
                 "ON CONFLICT (view) DO NOTHING",
                 list(self.timeouts.items()),
+            )
+        elif self.timeouts:
+            c.executemany(
+                "INSERT INTO epoch_timeouts (epoch, view, high_qc_view) VALUES (?, ?, ?) "
+                "ON CONFLICT (epoch, view) DO NOTHING",
+                [(self.consensus_epoch, v, h) for v, h in self.timeouts.items()],
             )
         # A block at or below the committed height can never be used again.
         if self.fresh:
@@ -346,6 +459,13 @@ class _Rows:
             # The committed blocks moved to `committed`; the rest at those heights
             # are forks that can never commit.
             c.execute("DELETE FROM blocks WHERE height <= ?", (self.committed_height,))
+        if self.epoch is not None:
+            c.execute(
+                "INSERT INTO epochs (epoch, boundary_height, keys, ended) VALUES (?, ?, ?, ?)",
+                self.epoch,
+            )
+            # The old epoch's pending blocks are never committed (its suffix included).
+            c.execute("DELETE FROM blocks")
 
 
 class StorageError(Exception):
@@ -364,6 +484,7 @@ class ReplicaStore:
         self._durable_epoch = 0
         self._head = genesis_block(chain_id)
         self._recent: OrderedDict[int, Block] = OrderedDict()
+        self._epochs: dict[int, StoredEpoch] = {}  # every epoch after 0 (a handful)
         self._closed = False
         # The lowest committed height above genesis still held: 1 until the log is pruned
         # below a snapshot (meta row `keep_from_height`; docs/pruning.md).
@@ -431,6 +552,9 @@ class ReplicaStore:
             for key, value in await conn.execute_fetchall("SELECT key, value FROM meta")
         }
         version = meta.get("schema_version")
+        if version in SCHEMA_VERSIONS_MIGRATED:
+            await self._migrate()
+            version = str(SCHEMA_VERSION)
         if version != str(SCHEMA_VERSION):
             raise StorageError(
                 f"{self._path}: schema version {version!r}, this build reads {SCHEMA_VERSION}"
@@ -456,6 +580,27 @@ class ReplicaStore:
         self._head = await self._read_head()
         kept = meta.get("keep_from_height")
         self._history_from = int(kept) if kept is not None and kept.isdigit() else 1
+        for row in await conn.execute_fetchall(
+            "SELECT epoch, keys, ended FROM epochs ORDER BY epoch"
+        ):
+            stored = self._decode_epoch(int(row[0]), bytes(row[1]), bytes(row[2]))
+            self._epochs[stored.epoch] = stored
+
+    async def _migrate(self) -> None:
+        """A store of an earlier schema: add what schema `SCHEMA_VERSION` added, in one
+        transaction (its rows stay as they are)."""
+        conn = self._conn
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA_2:
+                await conn.execute(statement)
+            await conn.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+            )
+            await conn.execute("COMMIT")
+        except BaseException:
+            await self._rollback()
+            raise
 
     async def _create_schema(self) -> None:
         conn = self._conn
@@ -501,6 +646,18 @@ class ReplicaStore:
         return self._head.height
 
     @property
+    def epoch(self) -> StoredEpoch | None:
+        """The newest epoch this store started (None: still epoch 0)."""
+        return self._epochs[max(self._epochs)] if self._epochs else None
+
+    def _consensus_epoch(self) -> int:
+        return max(self._epochs, default=0)
+
+    def started(self, epoch: int) -> StoredEpoch | None:
+        """Epoch `epoch` as stored, if this store started it (0 never is)."""
+        return self._epochs.get(epoch)
+
+    @property
     def chain_id(self) -> str:
         return self._chain_id
 
@@ -528,8 +685,13 @@ class ReplicaStore:
             )
             pending = tuple(self._decode_block(bytes(h), bytes(d)) for h, d in rows)
             payload_height = await self._payload_height(head)
+        latest = self.epoch
         return Recovered(
-            safety=safety, committed=head, pending=pending, payload_height=payload_height
+            safety=safety,
+            committed=head,
+            pending=pending,
+            payload_height=payload_height,
+            boundary=None if latest is None else latest.boundary,
         )
 
     async def _payload_height(self, head: Block) -> int | None:
@@ -550,9 +712,14 @@ class ReplicaStore:
 
     # ================================================================== applying actions
 
-    async def apply(self, actions: Sequence[Action]) -> int:
+    async def apply(self, actions: Sequence[Action], ended: EpochEnd | None = None) -> int:
         """Make the durable part of one core call's actions durable, in one transaction
         committed (fsync) before this returns; return the durable safety epoch.
+
+        `ended`: the actions commit the change block of the current epoch, which ended
+        there; the next epoch (its members' keys, how this one ended) is written in the
+        same transaction, and the pending blocks are dropped. The actions must then also
+        carry the next epoch's first safety state (replica/epochs.py `epoch_safety_state`).
 
         `Send` and `ScheduleTimeout` are the caller's business and ignored here. Raises
         `AssertionError` (and rolls everything back) if the actions would break one of our
@@ -563,13 +730,25 @@ class ReplicaStore:
             return self._durable_epoch
         # Shielded: if the caller is cancelled mid-transaction the transaction still ends
         # (committed or rolled back) and the in-memory epoch and head still match the disk.
-        return await asyncio.shield(self._apply_locked(tuple(actions)))
+        return await asyncio.shield(self._apply_locked(tuple(actions), ended))
 
-    async def _apply_locked(self, actions: tuple[Action, ...]) -> int:
+    async def _apply_locked(self, actions: tuple[Action, ...], ended: EpochEnd | None) -> int:
         async with self._lock:
             self._check_open()
             batch = _sort_actions(actions, self._durable_epoch, self._chain_id)
-            head, committed_rows, proof_rows = _committed_rows(self._head, batch.commits)
+            boundary = ended.boundary.hash if ended is not None else b""
+            head, committed_rows, proof_rows = _committed_rows(self._head, batch.commits, boundary)
+            stored = None
+            if ended is not None:
+                if head.hash != boundary or batch.safety is None:
+                    raise AssertionError("an epoch ends with its change block's commit")
+                stored = StoredEpoch(
+                    ended.membership.epoch,
+                    tuple(m.public_key for m in ended.membership.members),
+                    ended.boundary,
+                    ended.suffix,
+                    ended.qc,
+                )
             fresh = [b for b in batch.stored.values() if b.height > self._head.height]
             safety = batch.safety
             rows = _Rows(
@@ -580,6 +759,8 @@ class ReplicaStore:
                 committed=committed_rows,
                 proofs=proof_rows,
                 committed_height=head.height,
+                epoch=None if stored is None else _epoch_row(stored),
+                consensus_epoch=self._consensus_epoch(),
             )
             # synchronous=FULL (set at open, never changed): this transaction is fsynced
             # before apply returns, whether it carries a safety record or only commits.
@@ -587,6 +768,8 @@ class ReplicaStore:
             await transaction(self._conn, rows.write, "BEGIN IMMEDIATE")
             self._durable_epoch = batch.epoch
             self._head = head
+            if stored is not None:
+                self._epochs[stored.epoch] = stored
             for commit in batch.commits:  # durable now: served from memory from here on
                 for block in commit.blocks:
                     self._recent[block.height] = block
@@ -595,13 +778,18 @@ class ReplicaStore:
             return batch.epoch
 
     @staticmethod
-    def _record_votes(c: sqlite3.Connection, votes: dict[int, bytes]) -> None:
-        """(On the connection's thread, inside `apply`'s transaction.)"""
+    def _record_votes(c: sqlite3.Connection, votes: dict[int, bytes], epoch: int = 0) -> None:
+        """(On the connection's thread, inside `apply`'s transaction.) Votes of epoch 0 go
+        to `signed_votes`, those of a later epoch to `epoch_votes`: a view may be used in
+        two epochs (docs/consensus/epochs.md, "How the next epoch starts")."""
         views = sorted(votes)
         marks = ",".join("?" * len(views))
-        rows = c.execute(
-            f"SELECT view, block_hash FROM signed_votes WHERE view IN ({marks})", views
-        ).fetchall()
+        if epoch == 0:
+            sql = f"SELECT view, block_hash FROM signed_votes WHERE view IN ({marks})"
+            rows = c.execute(sql, views).fetchall()
+        else:
+            sql = f"SELECT view, block_hash FROM epoch_votes WHERE epoch = ? AND view IN ({marks})"
+            rows = c.execute(sql, [epoch, *views]).fetchall()
         known = {int(view): bytes(block_hash) for view, block_hash in rows}
         for view, block_hash in known.items():
             if block_hash != votes[view]:
@@ -611,8 +799,13 @@ class ReplicaStore:
                     f"{view}, now asked to record {votes[view][:4].hex()}"
                 )
         new = [(view, votes[view]) for view in views if view not in known]
-        if new:
+        if new and epoch == 0:
             c.executemany("INSERT INTO signed_votes (view, block_hash) VALUES (?, ?)", new)
+        elif new:
+            c.executemany(
+                "INSERT INTO epoch_votes (epoch, view, block_hash) VALUES (?, ?, ?)",
+                [(epoch, view, block_hash) for view, block_hash in new],
+            )
 
     # ================================================================== the committed log
 
@@ -766,6 +959,10 @@ class ReplicaStore:
         wipe would go on extending the committed chain the store no longer has."""
         async with self._lock:
             self._check_open()
+            if self._epochs:
+                # Its catch-up would start in epoch 0, whose members may hold keys no
+                # longer in use (docs/consensus/epochs.md, "The live replica": limits).
+                raise StorageError(f"{self._path}: a store past epoch 0 is not wiped")
             conn = self._conn
             await conn.execute("BEGIN IMMEDIATE")
             try:
@@ -878,6 +1075,16 @@ class ReplicaStore:
                 f"{self._path}: committed block at {height} says height {block.height}"
             )
         return block
+
+    def _decode_epoch(self, epoch: int, keys: bytes, ended: bytes) -> StoredEpoch:
+        if not keys or len(keys) % PUBLIC_KEY_BYTES:
+            raise StorageError(f"{self._path}: the keys of epoch {epoch} are damaged")
+        try:
+            boundary, suffix, qc = decode_epoch_end(self._chain_id, ended)
+        except (RemoteError, ValueError) as err:
+            raise StorageError(f"{self._path}: undecodable end of epoch {epoch - 1}") from err
+        split = tuple(keys[i : i + PUBLIC_KEY_BYTES] for i in range(0, len(keys), PUBLIC_KEY_BYTES))
+        return StoredEpoch(epoch, split, boundary, suffix, qc)
 
     def _decode_safety(self, data: bytes) -> SafetyState:
         try:

@@ -272,6 +272,31 @@ def decode_proof(chain_id: str, data: bytes) -> CommitProof:
     )
 
 
+def encode_epoch_end(boundary: Block, suffix: tuple[Block, ...], qc: QuorumCert) -> bytes:
+    """How an epoch ended, for the store's `epochs` table: the change block, its suffix
+    and the QC certifying the suffix's last block, in a SyncResponse's fields (a local
+    record, never sent as such: docs/consensus/epochs.md, "The live replica")."""
+    out = pb.SyncResponse(committed_height=boundary.height)
+    _block_to_pb(boundary, out.committed.add())
+    for block in suffix:
+        _block_to_pb(block, out.proof.add())
+    _qc_to_pb(qc, out.proof_qc)
+    return bytes(out.SerializeToString())
+
+
+def decode_epoch_end(chain_id: str, data: bytes) -> tuple[Block, tuple[Block, ...], QuorumCert]:
+    msg = pb.SyncResponse()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as err:
+        raise RemoteError("malformed", "undecodable epoch end") from err
+    if len(msg.committed) != 1 or not msg.proof or not msg.HasField("proof_qc"):
+        raise RemoteError("malformed", "an epoch end is one change block, a suffix and a QC")
+    boundary = _block_from_pb(chain_id, msg.committed[0])
+    suffix = tuple(_block_from_pb(chain_id, b) for b in msg.proof)
+    return boundary, suffix, _qc_from_pb(msg.proof_qc)
+
+
 def encode_safety(state: SafetyState) -> bytes:
     out = pb.SafetyRecord(
         epoch=state.epoch,

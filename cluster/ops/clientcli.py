@@ -15,7 +15,8 @@
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings |
                set-run-targets | rotate-key (--agent ID | --principal ID) --key F |
-               rotate-key --owner | rotate-key (--agent ID | --principal ID) --by-owner
+               rotate-key --owner | rotate-key --member I | rotate-key (--agent ID |
+               --principal ID) --by-owner
                --out F ...
     agents     --dir D                          registered agents and their mandates
     settings   --dir D                          settings in effect (the log's or cluster.json's)
@@ -774,6 +775,12 @@ def _cmd_rotate_key(args: argparse.Namespace) -> int:
     waits as `<name>.old`, signs the rotation, and goes once the rotation is certified (or
     comes back if it is refused). Neither key is ever printed. `--by-owner`: see
     `_rotate_by_owner`."""
+    if args.member is not None:
+        if args.by_owner or args.out is not None:
+            return _fail("--by-owner and --out are for an agent's or a principal's key")
+        from quorumgate.ops.rotate import cmd_rotate_key
+
+        return cmd_rotate_key(args)  # a member's key changes at an epoch boundary
     if args.by_owner:
         return _rotate_by_owner(args)
     if args.out is not None:
@@ -1366,6 +1373,10 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--principal", metavar="ID", help="a principal's sealed key (--key: its key file)"
     )
     whose.add_argument("--owner", action="store_true", help="the owner's key (DIR/owner.key)")
+    whose.add_argument(
+        "--member", type=int, metavar="I",
+        help="member I's consensus key, from the next epoch on (--key: the owner key)",
+    )  # fmt: skip
     rotate.add_argument(
         "--by-owner",
         action="store_true",
@@ -1374,7 +1385,8 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     rotate.add_argument("--out", metavar="FILE", help="with --by-owner: the new key file")
     _common(rotate, key_help="the key file rotated in place (the old one kept as FILE.old)")
     _deadline(rotate)
-    rotate.set_defaults(func=_cmd_rotate_key)
+    # a member's new key waits for the epoch boundary: 2f+1 nodes in the next epoch
+    rotate.set_defaults(func=_cmd_rotate_key, deadline=30.0)
     auditor = admin_sub.add_parser(
         "add-auditor",
         help="let a key read the committed log and every verdict (edits cluster.json)",

@@ -51,6 +51,7 @@ class NodeStatus:
     leader: int | None = None
     peers: int | None = None
     mempool: int | None = None
+    epoch: int | None = None  # consensus epoch (docs/consensus/epochs.md)
     error: str = ""
 
     def as_dict(self) -> dict[str, object]:
@@ -64,6 +65,7 @@ class NodeStatus:
             "leader": self.leader,
             "peers_connected": self.peers,
             "mempool_txs": self.mempool,
+            "epoch": self.epoch,
             "error": self.error or None,
         }
 
@@ -194,6 +196,7 @@ def query_status(
         leader=reply.leader,
         peers=len(reply.peers_connected),
         mempool=reply.mempool_txs,
+        epoch=reply.epoch,
     )
 
 

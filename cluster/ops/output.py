@@ -28,12 +28,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def status_table(statuses: Sequence[NodeStatus]) -> str:
     return table(
-        ["node", "address", "alive", "height", "view", "leader", "peers", "mempool"],
+        ["node", "address", "alive", "epoch", "height", "view", "leader", "peers", "mempool"],
         [
             [
                 st.index,
                 st.address,
                 "yes" if st.alive else "no",
+                st.epoch,
                 st.height,
                 st.view,
                 st.leader,
@@ -43,3 +44,18 @@ def status_table(statuses: Sequence[NodeStatus]) -> str:
             for st in statuses
         ],
     )
+
+
+def cluster_epoch(f: int, statuses: Sequence[NodeStatus]) -> int | None:
+    """The newest epoch at least f+1 live replicas report (one of them is honest), if any
+    (docs/consensus/epochs.md)."""
+    epochs = [st.epoch for st in statuses if st.alive and st.epoch is not None]
+    agreed = [e for e in set(epochs) if epochs.count(e) >= f + 1]
+    return max(agreed) if agreed else None
+
+
+def epoch_line(epoch: int | None, runs_epochs: bool) -> str:
+    """The status line under the table that names the cluster's epoch."""
+    changes = "changes at owner-signed records" if runs_epochs else "fixed member set"
+    shown = "unknown (fewer than f+1 replicas agree)" if epoch is None else str(epoch)
+    return f"epoch: {shown} ({changes})"

@@ -424,6 +424,13 @@ class Client:
         (`quorumgate.sdk.delivery.deliver`)."""
         await deliver(self._ch().replicas, data, self._rotation, self.rpc_timeout_s)
 
+    async def submit_record(self, data: bytes) -> None:
+        """Offer an owner-signed reconfiguration record (proto/membership.py `sign_record`)
+        to the replicas until one admits it. It is the consensus core's: no sidecar
+        certifies a verdict for it, the next epoch is its outcome (docs/consensus/
+        epochs.md, "The live replica")."""
+        await self._deliver(data)
+
     def bind_run(self, payload: TxPayload, nonce: int) -> TxPayload:
         """Runs by label: on chains of authority version 2 a run is named after the nonce
         of its owner's transaction that opened it (`quorumgate.proto.runs`), so a label this

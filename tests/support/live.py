@@ -23,6 +23,7 @@ from quorumgate.ops import live, load
 from quorumgate.ops.live import DROPPED_METRIC, EQUIVOCATION_REASONS
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.membership import is_record
 from quorumgate.proto.tx import parse
 from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
 from quorumgate.replica.types import Block
@@ -63,8 +64,15 @@ def wait_until(
 
 
 def tx_ids_of(blocks: Iterable[Block]) -> list[bytes]:
-    """Transaction ids of every payload entry, in chain order (duplicates kept)."""
-    return [parse(tx, verify=False).tx_id for block in blocks for tx in block.payload]
+    """Transaction ids of every payload entry, in chain order (duplicates kept); an
+    owner's reconfiguration record is the consensus core's, no transaction
+    (docs/consensus/epochs.md)."""
+    return [
+        parse(tx, verify=False).tx_id
+        for block in blocks
+        for tx in block.payload
+        if not is_record(tx)
+    ]
 
 
 def assert_each_committed_once(acked: Iterable[bytes], blocks: Sequence[Block]) -> None:
@@ -72,8 +80,7 @@ def assert_each_committed_once(acked: Iterable[bytes], blocks: Sequence[Block]) 
     counts = Counter(tx_ids_of(blocks))
     twice: dict[str, list[int]] = {}
     for block in blocks:
-        for tx in block.payload:
-            tx_id = parse(tx, verify=False).tx_id
+        for tx_id in tx_ids_of([block]):
             if counts[tx_id] > 1:
                 twice.setdefault(tx_id.hex()[:16], []).append(block.height)
     by_height = {block.height: block for block in blocks}
@@ -267,8 +274,7 @@ class LiveCluster(live.LiveCluster):
             nonlocal scanned
             top = self.status(index).committed_height
             for block in self.chain(index, top)[scanned:]:
-                for tx in block.payload:
-                    tx_id = parse(tx, verify=False).tx_id
+                for tx_id in tx_ids_of([block]):
                     if tx_id in wanted:
                         found.setdefault(tx_id, block.height)
                 scanned = block.height

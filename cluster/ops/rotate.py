@@ -1,0 +1,151 @@
+"""`quorumgate admin rotate-key --dir D --member I`: give a member a new consensus key at the
+next epoch boundary (docs/consensus/epochs.md, "The live replica"; docs/operating.md,
+"Rotating a member's consensus key").
+
+What it does, in order:
+
+1. reads the epoch the replicas are in (the one at least f+1 of them report: at least one
+   honest replica is in it);
+2. writes a new Ed25519 key into the member's node directory, `node-I/consensus-<hex>.key`
+   (mode 0600, beside the key it replaces; the seed is never printed or logged);
+3. signs the `rotate` record for that epoch with the owner key and offers it to the
+   replicas, which take it only with the owner's signature;
+4. waits until a quorum (2f+1) of replicas report the next epoch, when the member signs
+   with the new key and the old one's votes count no more.
+
+A member on another host needs the new key file copied into its node directory there
+before the boundary: its replica looks for it when the epoch starts, and stops with an
+error naming the key if it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from quorumgate.proto.clusterfile import (
+    OWNER_KEY_FILE,
+    ClusterFileError,
+    ClusterSpec,
+    load_cluster,
+    public_key_of,
+    read_seed,
+    rotated_key_file,
+    write_seed,
+)
+from quorumgate.proto.membership import Reconfiguration, sign_record
+from quorumgate.sdk.client import Client
+from quorumgate.sdk.delivery import FreshReplay
+from quorumgate.sdk.errors import QuorumGateError
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+EXIT_PENDING = 3  # submitted, the boundary not reached within the deadline
+POLL_S = 0.2  # how often the replicas' epochs are read while waiting for the boundary
+KEY_PREFIX_HEX_CHARS = 16  # of a public key, in what is printed
+
+
+def _epoch_now(spec: ClusterSpec, epochs: dict[int, int]) -> int | None:
+    """The epoch f+1 of the answering replicas report (the newest such), if any."""
+    counts = Counter(epochs.values())
+    agreed = [epoch for epoch, count in counts.items() if count >= spec.f + 1]
+    return max(agreed) if agreed else None
+
+
+async def _epochs(client: Client) -> dict[int, int]:
+    return {i: int(s.epoch) for i, s in (await client.replica_status()).items()}
+
+
+def _say(args: argparse.Namespace, human: str) -> None:
+    if not args.json:
+        print(human, flush=True)
+
+
+def _fail(message: str) -> int:
+    print(f"quorumgate: {message}", file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
+async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey) -> int:
+    member = args.member
+    async with Client(spec, owner) as client:
+        epoch = _epoch_now(spec, await _epochs(client))
+        if epoch is None:
+            return _fail("fewer than f+1 replicas answer with one epoch: start the cluster")
+        seed = secrets.token_bytes(32)
+        public_key = public_key_of(seed)
+        path = spec.node_dir(member) / rotated_key_file(public_key)
+        try:
+            write_seed(path, seed)
+        except OSError as err:
+            return _fail(f"cannot write the new key file {path}: {err.strerror}")
+        prefix = public_key.hex()[:KEY_PREFIX_HEX_CHARS]
+        _say(
+            args,
+            f"member {member}: new consensus key {prefix}... in {path} (0600)\n"
+            f"takes effect at the next epoch boundary: epoch {epoch} ends at the block "
+            f"that commits this change, and from epoch {epoch + 1} on member {member} "
+            "signs with the new key; votes and timeouts of its old key are refused",
+        )
+        record = Reconfiguration("rotate", (member,), (public_key,))
+        data = sign_record(record, spec.chain_id, epoch, lambda m: bytes(owner.sign(m).signature))
+        await client.submit_record(data)
+        _say(args, f"submitted: rotate member {member} (signed by the owner for epoch {epoch})")
+        started = time.monotonic()
+        reached: list[int] = []
+        while time.monotonic() - started < args.deadline:
+            epochs = await _epochs(client)
+            reached = sorted(i for i, e in epochs.items() if e > epoch)
+            if len(reached) >= spec.n - spec.f:
+                break
+            await asyncio.sleep(POLL_S)
+        done = len(reached) >= spec.n - spec.f
+        doc = {
+            "member": member,
+            "public_key": public_key.hex(),
+            "key_file": str(path),
+            "epoch": epoch,
+            "next_epoch": epoch + 1,
+            "in_effect": done,
+            "nodes_in_next_epoch": reached,
+        }
+        if args.json:
+            print(json.dumps(doc, indent=2), flush=True)
+        elif done:
+            print(f"in effect: epoch {epoch + 1} on nodes {reached}", flush=True)
+        else:
+            print(
+                f"not yet in effect after {args.deadline:g} s (epoch {epoch + 1} on nodes "
+                f"{reached}): check `quorumgate status --dir {spec.directory}`",
+                flush=True,
+            )
+        return EXIT_OK if done else EXIT_PENDING
+
+
+def cmd_rotate_key(args: argparse.Namespace) -> int:
+    try:
+        spec = load_cluster(Path(args.dir))
+        spec.member(args.member)
+        owner = SigningKey(read_seed(Path(args.key or spec.directory / OWNER_KEY_FILE)))
+    except ClusterFileError as err:
+        return _fail(str(err))
+    if bytes(owner.verify_key) != spec.owner_public_key:
+        return _fail("a member's key is rotated with the owner key (DIR/owner.key)")
+    if not spec.runs_epochs:
+        return _fail(
+            f"this chain's consensus_version is {spec.consensus_version}: its member set and "
+            "keys are fixed for good (docs/consensus/epochs.md)"
+        )
+    try:
+        return asyncio.run(_rotate(args, spec, owner))
+    except (FreshReplay, QuorumGateError) as err:
+        return _fail(f"the record was not taken ({err}); the new key file stays unused")
+
