@@ -1280,40 +1280,54 @@ class SidecarStore:
         store for the whole walk, so it sees one consistent ledger. A store installed from
         a snapshot is walked from its checkpoint: the first entry chains to the
         checkpoint's ledger head, and its entries count after the checkpoint's."""
+        async with self._lock:
+            self._check_open()
+            # One read transaction for the walk: a reader opened beside the running sidecar
+            # (`ledger verify`, the tests) would otherwise see each page, the checkpoint and
+            # the head at different moments while the sidecar appends and prunes.
+            await self._conn.execute("BEGIN")
+            try:
+                return await self._walk_ledger()
+            finally:
+                await self._conn.execute("COMMIT")
+
+    async def _walk_ledger(self) -> LedgerProblem | None:
+        meta = {
+            str(key): str(value)
+            for key, value in await self._conn.execute_fetchall("SELECT key, value FROM meta")
+        }
+        base = _checkpoint_from_meta(meta, self._path)
         verifier = ChainVerifier(self._chain_id)
-        base = self._checkpoint
         if base is not None:
             verifier.head, verifier.count = base.ledger_head, base.ledger_entries
             verifier.last = (base.height, LEDGER_INDEX_AFTER_ALL)
-        async with self._lock:
-            self._check_open()
-            after = 0
-            while True:
-                rows = list(
-                    await self._conn.execute_fetchall(
-                        f"SELECT rowid, {_LEDGER_COLUMNS} FROM ledger WHERE rowid > ? "
-                        "ORDER BY rowid LIMIT ?",
-                        (after, LEDGER_PAGE_ROWS_MAX),
-                    )
-                )
-                for row in rows:
-                    try:
-                        entry = _entry_from_row(row[1:])
-                    except (TypeError, ValueError) as err:
-                        height = row[1] if isinstance(row[1], int) else -1
-                        index = row[2] if isinstance(row[2], int) else -1
-                        return verifier.unreadable(height, index, f"not an entry: {err}")
-                    problem = verifier.feed(entry)
-                    if problem is not None:
-                        return problem
-                if len(rows) < LEDGER_PAGE_ROWS_MAX:
-                    break
-                after = int(rows[-1][0])
+        after = 0
+        while True:
             rows = list(
                 await self._conn.execute_fetchall(
-                    "SELECT ledger_head, ledger_entries FROM head WHERE id = 1"
+                    f"SELECT rowid, {_LEDGER_COLUMNS} FROM ledger WHERE rowid > ? "
+                    "ORDER BY rowid LIMIT ?",
+                    (after, LEDGER_PAGE_ROWS_MAX),
                 )
             )
+            for row in rows:
+                try:
+                    entry = _entry_from_row(row[1:])
+                except (TypeError, ValueError) as err:
+                    height = row[1] if isinstance(row[1], int) else -1
+                    index = row[2] if isinstance(row[2], int) else -1
+                    return verifier.unreadable(height, index, f"not an entry: {err}")
+                problem = verifier.feed(entry)
+                if problem is not None:
+                    return problem
+            if len(rows) < LEDGER_PAGE_ROWS_MAX:
+                break
+            after = int(rows[-1][0])
+        rows = list(
+            await self._conn.execute_fetchall(
+                "SELECT ledger_head, ledger_entries FROM head WHERE id = 1"
+            )
+        )
         if not rows:
             raise SidecarStoreError(f"{self._path}: the head record is missing")
         head, count = rows[0]
