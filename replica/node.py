@@ -814,11 +814,14 @@ class ReplicaNode:
     def status(self) -> cpb.StatusReply:
         core, store = self.core, self.store
         assert core is not None and store is not None
+        # Height and hash of one block, the durable head: the core's root moves at a commit
+        # before the shell has made it durable.
+        head = store.committed_head
         return cpb.StatusReply(
             chain_id=self.spec.chain_id,
             node=self.index,
-            committed_height=store.committed_height,
-            committed_hash=core.tree.root.hash,
+            committed_height=head.height,
+            committed_hash=head.hash,
             view=core.view,
             leader=core.leader,
             peers_connected=self.peers.connected(),

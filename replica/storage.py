@@ -646,6 +646,11 @@ class ReplicaStore:
         return self._head.height
 
     @property
+    def committed_head(self) -> Block:
+        """The highest durable committed block (what `Status` names, height and hash)."""
+        return self._head
+
+    @property
     def epoch(self) -> StoredEpoch | None:
         """The newest epoch this store started (None: still epoch 0)."""
         return self._epochs[max(self._epochs)] if self._epochs else None
