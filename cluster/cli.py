@@ -836,6 +836,10 @@ DEBUG_ENV = "QUORUMGATE_DEBUG"  # set it to see the traceback of an unexpected e
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
+    # The first SIGTERM starts the stop; a second one (a supervisor that signals the whole
+    # process group, `timeout` among them) must not cut the stop short, and could land
+    # before the stop itself holds interrupts, leaving the nodes running.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
