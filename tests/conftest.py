@@ -16,6 +16,13 @@ from collections import OrderedDict
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests are bounded by their number of examples, never by time: Hypothesis's
+# default deadline (200 ms per example) fails a correct test when the shared machine is
+# slow, and no test here asserts a speed (docs/development.md).
+settings.register_profile("quorumgate", deadline=None)
+settings.load_profile("quorumgate")
 
 # Where a module starts real processes or runs simulations for long: its path holds one of
 # these. Such modules are handed out first, in xdist's order among themselves.
