@@ -54,7 +54,7 @@ class Behaviour(enum.Enum):
     RECEIPTS_EXPIRE = "receipts_expire"
     COMMITS_ARGUMENTS = "commits_arguments"
     # consensus_version: what the replicas' consensus does (docs/consensus/epochs.md)
-    EPOCHS = "epochs"
+    RUNS_EPOCHS = "runs_epochs"
 
 
 B = Behaviour
@@ -143,7 +143,7 @@ CHAIN_VERSIONS: Final[Mapping[str, Mapping[int, frozenset[Behaviour]]]] = {
         1: frozenset(),
         # A reconfiguration record the owner signed, once committed, ends the epoch and
         # names the next member set (docs/consensus/epochs.md, "The live replica").
-        2: frozenset({B.EPOCHS}),
+        2: frozenset({B.RUNS_EPOCHS}),
     },
 }
 del B
@@ -358,4 +358,4 @@ def runs_epochs(consensus_version: int) -> bool:
     """Whether the replicas end an epoch at a committed reconfiguration record signed by
     the owner and go on with the member set it names (docs/consensus/epochs.md). Else a
     record is not a transaction at all: refused at admission and in a block."""
-    return turns_on("consensus_version", consensus_version, Behaviour.EPOCHS)
+    return turns_on("consensus_version", consensus_version, Behaviour.RUNS_EPOCHS)

@@ -5,16 +5,20 @@ module decides behaviour by comparing a version number
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from quorumgate.proto import chainversions
 from quorumgate.proto.chainversions import CHAIN_VERSIONS, Behaviour, turns_on
-from quorumgate.sidecar.engine.config import EngineConfig
+from quorumgate.proto.clusterfile import init_cluster
+from quorumgate.sidecar.engine.config import EngineConfig, config_for_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION_FIELDS = ("canonical_version", "authority_version", "state_version", "receipt_version")
+# The replicas' field: no engine module reads it (docs/consensus/epochs.md).
+CONSENSUS_FIELD = "consensus_version"
 PREDICATES = {
     behaviour: getattr(chainversions, behaviour.value) for behaviour in Behaviour
 }  # each behaviour's predicate is named after it
@@ -37,7 +41,7 @@ def test_every_behaviour_is_turned_on_by_exactly_one_version_of_one_field() -> N
         if behaviour in added
     ]
     assert len(owners) == len(Behaviour)
-    assert set(CHAIN_VERSIONS) == set(VERSION_FIELDS)
+    assert set(CHAIN_VERSIONS) == {*VERSION_FIELDS, CONSENSUS_FIELD}
     for versions in CHAIN_VERSIONS.values():
         assert min(versions) == chainversions.VERSION_ABSENT and not versions[1]
 
@@ -53,10 +57,18 @@ def test_a_version_keeps_what_the_versions_before_it_turned_on(behaviour: Behavi
     assert not predicate(0)
 
 
-def test_init_writes_every_field_at_its_latest_version_with_everything_on() -> None:
-    config = EngineConfig(chain_id="c", owner_public_key=bytes(32))
+def test_init_writes_every_field_at_its_latest_version_with_everything_on(tmp_path: Path) -> None:
+    spec = init_cluster(tmp_path / "c", 4, port_base=20000)
+    config = config_for_cluster(spec)
+    assert config == replace(
+        EngineConfig(chain_id="c", owner_public_key=bytes(32)),
+        chain_id=spec.chain_id,
+        owner_public_key=spec.owner_public_key,
+    )
     for behaviour, predicate in PREDICATES.items():
-        assert predicate(getattr(config, _field_of(behaviour))), behaviour
+        field = _field_of(behaviour)
+        source = spec if field == CONSENSUS_FIELD else config
+        assert predicate(getattr(source, field)), behaviour
 
 
 def _version_comparisons(source: str) -> list[int]:
