@@ -10,19 +10,26 @@ nothing leaves the process (the reason, which names the argument and never its v
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import (
     ActionDenied,
     ArgumentMappingError,
     ConfirmationRequired,
     Gate,
     GovernedCall,
+    agent_context,
+    agent_context_async,
+    current_binding,
     resume_confirmed,
 )
+from quorumgate.sdk.sync import SyncClient
+from quorumgate.sdk.values import Grant
 
 # How long a pending call waits for the principal before the turn goes on without it.
 CONFIRM_WAIT_S = 120.0
@@ -109,3 +116,30 @@ class Judge:
         if self.target is None or call.canonical_target is None:
             return dict(arguments)
         return {**arguments, self.target: call.canonical_target}
+
+
+def acting_async(
+    client: Client | SyncClient | None, run_id: str | None, grant: Grant | bytes | None
+) -> contextlib.AbstractAsyncContextManager[object]:
+    """Whose calls a governed tool proposes: with `client`, that agent's, in `run_id` (or
+    the caller's run) under `grant`; without, the caller's `agent_context` as it stands."""
+    if client is None:
+        return contextlib.nullcontext()
+    return agent_context_async(client, run_id=run_id or run_label(), grant=grant)
+
+
+def acting(
+    client: Client | SyncClient | None, run_id: str | None, grant: Grant | bytes | None
+) -> contextlib.AbstractContextManager[object]:
+    """`acting_async` for a framework that calls its tools synchronously."""
+    if client is None:
+        return contextlib.nullcontext()
+    return agent_context(client, run_id=run_id or run_label(), grant=grant)
+
+
+def run_label() -> str:
+    """The run of the caller's `agent_context`, for an adapter given a client but no run."""
+    binding = current_binding()
+    if binding is not None:
+        return binding.run_id
+    raise ValueError("governed(...): give run_id= or call inside agent_context")

@@ -22,15 +22,16 @@ from typing import Any
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool
 from langgraph.prebuilt import InjectedState, InjectedStore
 
-from quorumgate.adapters.judging import AWAITING_TEXT, CONFIRM_WAIT_S, Judge
+from quorumgate.adapters.judging import (
+    AWAITING_TEXT,
+    CONFIRM_WAIT_S,
+    Judge,
+    acting,
+    acting_async,
+)
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
-from quorumgate.sdk.governed import (
-    ActionDenied,
-    agent_context,
-    agent_context_async,
-    current_binding,
-)
+from quorumgate.sdk.governed import ActionDenied
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sdk.values import Grant
 
@@ -57,15 +58,11 @@ def governed(
     call_id = _call_id_param(tool)
 
     def run(**arguments: Any) -> Any:
-        if client is None:
-            return _judged(judge, tool, arguments, call_id)
-        with agent_context(client, run_id=run_id or _run_label(), grant=grant):
+        with acting(client, run_id, grant):
             return _judged(judge, tool, arguments, call_id)
 
     async def arun(**arguments: Any) -> Any:
-        if client is None:
-            return await _ajudged(judge, tool, arguments, call_id)
-        async with agent_context_async(client, run_id=run_id or _run_label(), grant=grant):
+        async with acting_async(client, run_id, grant):
             return await _ajudged(judge, tool, arguments, call_id)
 
     return StructuredTool.from_function(
@@ -109,13 +106,6 @@ def _certified_input(
     if call_id is None:
         return certified
     return {"type": "tool_call", "name": tool.name, "args": certified, "id": arguments[call_id]}
-
-
-def _run_label() -> str:
-    binding = current_binding()
-    if binding is not None:
-        return binding.run_id
-    raise ValueError("governed(...): give run_id= or call inside agent_context")
 
 
 def _judged(judge: Judge, tool: BaseTool, arguments: dict[str, Any], call_id: str | None) -> Any:

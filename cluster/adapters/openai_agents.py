@@ -21,10 +21,10 @@ from typing import Any
 from agents import FunctionTool
 from agents.tool_context import ToolContext
 
-from quorumgate.adapters.judging import AWAITING_TEXT, CONFIRM_WAIT_S, Judge
+from quorumgate.adapters.judging import AWAITING_TEXT, CONFIRM_WAIT_S, Judge, acting_async
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
-from quorumgate.sdk.governed import ActionDenied, agent_context_async, current_binding
+from quorumgate.sdk.governed import ActionDenied
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sdk.values import Grant
 
@@ -52,19 +52,10 @@ def governed(
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         parsed = json.loads(arguments or "{}")
-        if client is None:
-            return await _judged(judge, ctx, parsed, inner)
-        async with agent_context_async(client, run_id=run_id or _run_label(), grant=grant):
+        async with acting_async(client, run_id, grant):
             return await _judged(judge, ctx, parsed, inner)
 
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
-
-
-def _run_label() -> str:
-    binding = current_binding()
-    if binding is not None:
-        return binding.run_id
-    raise ValueError("governed(...): give run_id= or call inside agent_context")
 
 
 async def _judged(judge: Judge, ctx: ToolContext[Any], parsed: dict[str, Any], inner: Any) -> Any:

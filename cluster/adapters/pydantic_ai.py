@@ -25,15 +25,13 @@ from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from quorumgate.adapters.judging import AWAITING_TEXT, CONFIRM_WAIT_S, Judge
+from quorumgate.adapters.judging import AWAITING_TEXT, CONFIRM_WAIT_S, Judge, acting_async
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.governed import (
     ActionDenied,
     ConfirmationRequired,
     GovernedCall,
-    agent_context_async,
-    current_binding,
 )
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sdk.values import Grant
@@ -74,10 +72,7 @@ class GovernedToolset(WrapperToolset[Any]):
     ) -> Any:
         judge = self.judges.get(name) or Judge.of(name, None, self.confirm_wait_s)
         bound = self.binding
-        if bound.client is None:
-            return await self._judged(judge, name, tool_args, ctx, tool)
-        run_id = bound.run_id or _run_label()
-        async with agent_context_async(bound.client, run_id=run_id, grant=bound.grant):
+        async with acting_async(bound.client, bound.run_id, bound.grant):
             return await self._judged(judge, name, tool_args, ctx, tool)
 
     async def _judged(
@@ -152,10 +147,3 @@ def governed(
         confirm_wait_s=confirm_wait_s,
         defer=defer,
     )
-
-
-def _run_label() -> str:
-    binding = current_binding()
-    if binding is not None:
-        return binding.run_id
-    raise ValueError("governed(...): give run_id= or call inside agent_context")
