@@ -62,6 +62,7 @@ from quorumgate.replica.epochs import (
     boundary_index,
     change_in,
     one_record_at_most,
+    record_of_another_epoch,
     start_qc,
     unsigned_record_in,
 )
@@ -974,6 +975,8 @@ class Core:
         owner = self.owner_records
         if owner is not None and unsigned_record_in(block.payload, owner):
             raise RemoteError("unsigned_change", f"block of view {block.view}")
+        if owner is not None and record_of_another_epoch(block.payload, owner, self.epoch):
+            raise RemoteError("stale_change", f"block of view {block.view}")
         if self._change_pending(self.tree.uncommitted_chain(parent.hash)):
             raise RemoteError("payload_after_change", f"block of view {block.view}")
         if one_record_at_most(block.payload, owner) != block.payload:

@@ -86,6 +86,19 @@ def unsigned_record_in(txs: tuple[bytes, ...], owner: OwnerRecords) -> bool:
     return any(is_record(tx) and owner.read(tx) is None for tx in txs)
 
 
+def record_of_another_epoch(txs: tuple[bytes, ...], owner: OwnerRecords, epoch: int) -> bool:
+    """Whether `txs` holds an owner-signed record for an epoch other than `epoch`. Voters
+    of `epoch` refuse such a block: a record ends only the epoch it names, so one of
+    another epoch would be committed for nothing, and a record offered again after its
+    epoch ended (a client retrying a lost acknowledgement) would be committed twice
+    (docs/consensus/epochs.md, "Who may change the member set")."""
+    for tx in txs:
+        read = owner.read(tx) if is_record(tx) else None
+        if read is not None and read[1] != epoch:
+            return True
+    return False
+
+
 def boundary_index(
     blocks: Sequence[Block], membership: Membership, owner: OwnerRecords | None = None
 ) -> int | None:

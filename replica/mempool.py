@@ -179,6 +179,11 @@ class RecordTx:
     nonce: int
 
 
+def _record_epoch(nonce: int) -> int:
+    """The epoch a pending record ends, from the nonce it is filed under."""
+    return nonce - 1
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     data: bytes
@@ -288,6 +293,9 @@ class Mempool:
         in and voted for (else a record is malformed, as any bytes that are not a tx)."""
         self.chain_id = chain_id
         self.owner_records = owner_records
+        # The epoch the replica runs (`enter_epoch`): a record is proposed only in the
+        # epoch it ends, and one for an epoch that ended is spent.
+        self.epoch = 0
         self.limits = limits
         self._complete_history = complete_history
         # Pending transactions: by id in arrival order (for `recent`), by exact bytes (for
@@ -362,6 +370,10 @@ class Mempool:
             return Admission(True, known.tx_id, OK, "already pending", STATUS_OK)
         tx_id = parsed.tx_id
         signer, nonce = parsed.signer, parsed.nonce
+        if isinstance(parsed, RecordTx) and _record_epoch(nonce) < self.epoch:
+            # Its epoch ended (with it or with another record): a copy offered again, say
+            # by a client whose acknowledgement was lost, would be committed for nothing.
+            return self._refuse(REPLAYED, tx_id)
         if self.replayed(signer, nonce):
             return self._refuse(REPLAYED, tx_id)
         if tx_id in self._by_id:
@@ -383,6 +395,17 @@ class Mempool:
         self._bytes += len(data)
         self.accepted += 1
         return Admission(True, tx_id, OK, "", STATUS_OK)
+
+    def enter_epoch(self, epoch: int) -> None:
+        """The replica runs `epoch` from now on: pending records of earlier epochs leave
+        (they would change nothing), and only a record for `epoch` is proposed."""
+        assert epoch >= self.epoch, "epochs only advance"
+        self.epoch = epoch
+        queue = self._queues.get(RECORD_SIGNER)
+        if queue is None:
+            return
+        for nonce in [n for n in queue.nonces if _record_epoch(n) < epoch]:
+            self._remove(queue.by_nonce[nonce].tx_id)
 
     def replayed(self, signer: bytes, nonce: int) -> bool:
         """Whether `admit` refuses `(signer, nonce)` as replayed (see the module docstring)."""
@@ -436,6 +459,8 @@ class Mempool:
                 entry = queue.by_nonce[queue.nonces[position]]
                 if len(entry.data) > bytes_left:
                     continue
+                if signer == RECORD_SIGNER and _record_epoch(entry.nonce) != self.epoch:
+                    continue  # a record for a later epoch waits for it
                 batch.append(entry.data)
                 bytes_left -= len(entry.data)
                 positions[signer] = position + 1

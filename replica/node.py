@@ -289,6 +289,7 @@ class ReplicaNode:
         stored = store.epoch
         membership = self.membership if stored is None else stored.membership(self.membership)
         self.metrics.epoch.set(membership.epoch)
+        self.mempool.enter_epoch(membership.epoch)
         return Core(
             membership,
             self.index,

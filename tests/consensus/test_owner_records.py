@@ -18,6 +18,7 @@ from quorumgate.replica.types import (
     Timeout,
     Vote,
     genesis_block,
+    proposal_bytes,
     timeout_bytes,
     vote_bytes,
 )
@@ -38,7 +39,8 @@ from tests.consensus.helpers import (
 OWNER = Ed25519Signer(key_seed(0, "owner"))
 STRANGER = Ed25519Signer(key_seed(1, "stranger"))
 RECORDS = OwnerRecords(CHAIN, OWNER.public_key)
-NEW_KEY = Ed25519Signer(key_seed(2, "rotated")).public_key
+ROTATED = Ed25519Signer(key_seed(2, "rotated"))
+NEW_KEY = ROTATED.public_key
 ROTATE = Reconfiguration("rotate", (2,), (NEW_KEY,))
 
 
@@ -202,3 +204,66 @@ def collector() -> int:
     """Who collects the votes for epoch 1's first block (of view 2, the one after the
     change block's): the leader of view 3."""
     return membership().leader(3)
+
+
+# --------------------------------------------------------------------------- a record offered twice
+
+
+def test_a_record_of_an_ended_epoch_is_refused_at_admission() -> None:
+    """The attack (seen live): a client whose acknowledgement was lost offers the owner's
+    record to the next replica after it committed. A record carries no nonce, so without
+    its epoch nothing would stop the second copy from being committed too."""
+    mempool = Mempool(CHAIN, owner_records=RECORDS)
+    signed = sign_record(ROTATE, CHAIN, 0, OWNER.sign)
+    assert mempool.admit(signed).accepted
+    mempool.on_commit([make_block(genesis_block(CHAIN), 1, payload=(signed,))])
+    mempool.enter_epoch(1)
+    again = mempool.admit(signed)
+    assert not again.accepted
+    assert again.reason == "replayed" and again.status == "ALREADY_EXISTS"
+    assert mempool.size == 0
+
+
+def test_a_pending_record_leaves_when_its_epoch_ends() -> None:
+    """A copy admitted before the boundary, on a replica that did not propose it, is
+    dropped when the replica enters the next epoch, not proposed there."""
+    mempool = Mempool(CHAIN, owner_records=RECORDS)
+    signed = sign_record(ROTATE, CHAIN, 0, OWNER.sign)
+    assert mempool.admit(signed).accepted
+    mempool.enter_epoch(1)
+    assert mempool.size == 0
+    assert mempool.take((), 10, 1 << 20) == ()
+
+
+def test_a_record_for_a_later_epoch_waits_for_it() -> None:
+    mempool = Mempool(CHAIN, owner_records=RECORDS)
+    later = sign_record(ROTATE, CHAIN, 1, OWNER.sign)
+    assert mempool.admit(later).accepted
+    assert mempool.take((), 10, 1 << 20) == ()
+    mempool.enter_epoch(1)
+    assert mempool.take((), 10, 1 << 20) == (later,)
+
+
+def test_a_block_carrying_a_record_of_another_epoch_gets_no_vote() -> None:
+    """A faulty leader of epoch 1 re-proposes the record that ended epoch 0: it would
+    change nothing, but a block carries records of its own epoch only."""
+    core, change = epoch_1_core()
+    stale = sign_record(ROTATE, CHAIN, 0, OWNER.sign)
+    view = change.view + 1
+    leader = core.membership.leader(view)
+    block = make_block(change, view, start_qc(CHAIN, change), payload=(stale,), proposer=leader)
+    sent = core.on_message(Envelope(CHAIN, leader, epoch_1_proposal(core, block), 1))
+    assert sent_of(sent, Vote) == []
+    assert core.dropped["stale_change"] == 1
+    # The same block without the stale record gets this member's vote.
+    clean = make_block(change, view, start_qc(CHAIN, change), proposer=leader)
+    fresh, _ = epoch_1_core()
+    sent = fresh.on_message(Envelope(CHAIN, leader, epoch_1_proposal(fresh, clean), 1))
+    assert len(sent_of(sent, Vote)) == 1
+
+
+def epoch_1_proposal(core: Core, block: Block) -> Proposal:
+    """`block` signed by its proposer's key of epoch 1 (member 2's is the rotated one)."""
+    signer = ROTATED if block.proposer == 2 else SIGNERS[block.proposer]
+    statement = proposal_bytes(core.membership.signing_id, block.view, block.hash)
+    return Proposal(block, signer.sign(statement))
