@@ -33,7 +33,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,6 +77,10 @@ READ_BLOCKS_PER_PAGE = 256
 MISMATCHES_KEPT_MAX = 1_000
 VERIFIED_CACHE_MAX = 4_096
 ZERO_HASH = bytes(32)
+# A snapshot is fetched from peers, which may be ahead of this member's replica: how long
+# a replay from a snapshot waits for the running replica's log to reach its height.
+LOG_REACHES_SNAPSHOT_WAIT_S = 30.0
+LOG_TOP_POLL_S = 0.2
 
 
 class ReplayError(Exception):
@@ -106,6 +110,13 @@ class ReplayReport:
     # installed from a snapshot there.
     history_pruned: bool = False
     snapshot: dict[str, object] | None = None
+
+    @property
+    def snapshot_height(self) -> int:
+        """The height of the snapshot this run installed (0: none)."""
+        height = (self.snapshot or {}).get("height", 0)
+        assert isinstance(height, int), "a snapshot's height is an int"
+        return height
 
     @property
     def ok(self) -> bool:
@@ -169,6 +180,26 @@ async def _blocks_from_store(store: ReplicaStore, start: int, top: int) -> Async
         for block in page:
             yield block
         height = page[-1].height + 1
+
+
+async def log_reaching(
+    top_of: Callable[[], Awaitable[int | None]],
+    top: int,
+    height: int,
+    wait_s: float = LOG_REACHES_SNAPSHOT_WAIT_S,
+) -> int:
+    """The running replica's committed top once it reaches `height` (a snapshot fetched
+    from peers ahead of it), or the last top read when `wait_s` passes first or it stops
+    answering. Replaying from a snapshot above the log's top would replay nothing and
+    report a top below the store's own height."""
+    deadline = time.monotonic() + wait_s
+    while top < height and time.monotonic() < deadline:
+        await asyncio.sleep(LOG_TOP_POLL_S)
+        now = await top_of()
+        if now is None:
+            break
+        top = max(top, now)
+    return top
 
 
 async def _replica_top(spec: ClusterSpec, index: int) -> int | None:
@@ -645,6 +676,10 @@ async def replay(
         if from_snapshot:
             await _install_snapshot(spec, index, store, report)
         top, replica_store = await _open_log(spec, index)
+        if report.snapshot is not None and replica_store is None:
+            top = await log_reaching(
+                lambda: _replica_top(spec, index), top, report.snapshot_height
+            )
         report.top_height = top
         at = await _start_position(spec, index, store, replica_store, top, report, resume)
         start = at.height + 1

@@ -1144,8 +1144,13 @@ class _ReceiptWait:
                     # Sidecars run at different heights: a newer verdict for this proposal
                     # (a confirmation after a pending one) may be certified by fewer of
                     # them yet. Wait a little for it rather than answer with the older one.
+                    # A pending verdict is the one a later transaction supersedes (the
+                    # principal's answer), and the f+1 behind may agree on it after f+1
+                    # ahead certified the answer: it waits for 2f+1 answers, among which
+                    # is one of those ahead.
                     newest = max(r.leaf.height for r in self.latest.values())
-                    if decision.height >= newest:
+                    heard = not decision.pending or len(self.latest) >= self.spec.n - self.spec.f
+                    if decision.height >= newest and heard:
                         return decision
                     if newer_deadline is None:
                         newer_deadline = min(self.deadline, loop.time() + NEWER_VERDICT_WAIT_S)
