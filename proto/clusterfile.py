@@ -262,14 +262,29 @@ def public_key_of(seed: bytes) -> bytes:
 
 # A member's consensus key after a rotation (docs/consensus/epochs.md, "The live replica"):
 # beside `consensus.key`, named by the start of its public key. `consensus.key` stays the
-# key the cluster file names, which authenticates the member's peer streams and its link
-# to its sidecar.
+# key the cluster file names, which authenticates the member's link to its sidecar; its
+# peer streams open with the key of the epoch its peers run.
 ROTATED_KEY_PREFIX = "consensus-"
 ROTATED_KEY_NAME_HEX_CHARS = 16
+ROTATED_KEYS_READ_MAX = 8  # rotated key files a node reads to sign its stream statements
 
 
 def rotated_key_file(public_key: bytes) -> str:
     return f"{ROTATED_KEY_PREFIX}{public_key.hex()[:ROTATED_KEY_NAME_HEX_CHARS]}.key"
+
+
+def held_consensus_seeds(node_dir: Path) -> list[bytes]:
+    """The consensus keys `node_dir` holds: the cluster file's, then the rotated ones by
+    name (at most `ROTATED_KEYS_READ_MAX`); a file that is not a key is skipped."""
+    paths = [node_dir / CONSENSUS_KEY_FILE]
+    paths += sorted(node_dir.glob(f"{ROTATED_KEY_PREFIX}*.key"))[:ROTATED_KEYS_READ_MAX]
+    seeds = []
+    for path in paths:
+        try:
+            seeds.append(read_seed(path))
+        except (OSError, ClusterFileError):
+            continue
+    return seeds
 
 
 def consensus_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:

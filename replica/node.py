@@ -43,9 +43,11 @@ from quorumgate.proto.clusterfile import (
     ClusterFileError,
     ClusterSpec,
     consensus_seed_for,
+    held_consensus_seeds,
+    public_key_of,
     read_seed,
 )
-from quorumgate.proto.crypto import Ed25519Signer
+from quorumgate.proto.crypto import Ed25519Signer, Signer
 from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse, raw_tx_id
 from quorumgate.replica.actions import (
@@ -94,7 +96,7 @@ from quorumgate.replica.types import (
 )
 from quorumgate.replica.validate import check_sync_response
 from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
-from quorumgate.runtime.channels import Reader, add_server_port
+from quorumgate.runtime.channels import PEER_AUTH_SIGNATURES_MAX, Reader, add_server_port
 from quorumgate.runtime.grpcutil import add_service
 from quorumgate.runtime.links import SERVER_OPTIONS
 from quorumgate.runtime.process import FailStop, process_main
@@ -167,6 +169,7 @@ class ReplicaNode:
         self.spec = spec
         self.index = index
         self.signer = signer
+        self._current_signer = signer  # our consensus key in the epoch we run
         self.member = spec.member(index)
         # The genesis member set (the cluster file's); the epoch's own is the core's.
         self.membership = spec.membership()
@@ -189,7 +192,9 @@ class ReplicaNode:
         self.sidecar = SidecarLink(
             spec, index, self.metrics, self._new_root, Reader.of_signer(signer)
         )
-        self.peers = PeerNetwork(spec, index, signer, self.metrics, self.on_peer_message)
+        self.peers = PeerNetwork(
+            spec, index, self._stream_signers, self._key_of, self.metrics, self.on_peer_message
+        )
         self._roots_queued = False
         self._events: InboundQueue[Event] = InboundQueue(
             INBOUND_EVENTS_PER_SOURCE_MAX, INBOUND_BYTES_PER_SOURCE_MAX
@@ -290,10 +295,11 @@ class ReplicaNode:
         membership = self.membership if stored is None else stored.membership(self.membership)
         self.metrics.epoch.set(membership.epoch)
         self.mempool.enter_epoch(membership.epoch)
+        self._current_signer = self._epoch_signer(membership)
         return Core(
             membership,
             self.index,
-            self._epoch_signer(membership),
+            self._current_signer,
             limits=self.limits,
             payload=self.mempool,
             execution=self.sidecar.roots,
@@ -304,6 +310,25 @@ class ReplicaNode:
             epochs=self.spec.runs_epochs,
             owner_records=self.owner_records,
         )
+
+    def _key_of(self, member: int) -> bytes:
+        """Member `member`'s consensus key in the epoch we run."""
+        membership = self.membership if self.core is None else self.core.membership
+        return membership.key(member)
+
+    def _stream_signers(self) -> tuple[Signer, ...]:
+        """The consensus keys our peer streams open with: the current epoch's, then the
+        other keys our node directory holds (the cluster file's, and keys a rotation
+        wrote beside it), so that a peer on either side of a rotation's boundary finds
+        the one it expects (runtime/channels.py `peer_auth_metadata`)."""
+        current = self._current_signer
+        held = [current]
+        for seed in held_consensus_seeds(self.spec.node_dir(self.index)):
+            if len(held) == PEER_AUTH_SIGNATURES_MAX:
+                break
+            if all(s.public_key != public_key_of(seed) for s in held):
+                held.append(Ed25519Signer(seed))
+        return tuple(held)
 
     def _epoch_signer(self, membership: Membership) -> Ed25519Signer:
         """Our consensus key in `membership`: the cluster file's, or the one a rotation
@@ -754,11 +779,15 @@ class ReplicaNode:
         self._timeouts_seen = 0
         recovered = await store.load()
         self.core = self._make_core(recovered, restored=False)
+        # A stream a member opened with a key this epoch no longer gives it ends here: a
+        # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.
+        ended = self.peers.end_streams_of_old_keys()
         log.info(
-            "event=epoch_started node=%d epoch=%d height=%d",
+            "event=epoch_started node=%d epoch=%d height=%d streams_ended=%d",
             self.index,
             self.core.epoch,
             store.committed_height,
+            ended,
         )
         await self._execute(self.core.start())
         self._ticks_wanted.set()

@@ -9,9 +9,10 @@ and receives, through `on_message`, every message a peer streams to us.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 from prometheus_client import Counter
@@ -32,17 +33,25 @@ class PeerNetwork:
         self,
         spec: ClusterSpec,
         index: int,
-        signer: Signer,
+        signers: Callable[[], Sequence[Signer]],
+        key_of: Callable[[int], bytes],
         metrics: ReplicaMetrics,
         on_message: Callable[[pb.ConsensusMessage], None],
     ) -> None:
+        """`signers`: the consensus keys we hold, the current epoch's first, to open our
+        streams with; `key_of`: a member's consensus key in our current epoch, the one its
+        streams to us must be signed with (docs/consensus/epochs.md, "The live replica")."""
         self.spec = spec
         self.index = index
-        self.signer = signer
+        self.signers = signers
+        self.key_of = key_of
         self.metrics = metrics
         self.on_message = on_message
         self._links: dict[int, PeerLink] = {}
         self._inbound: dict[int, int] = {}  # member -> inbound streams open now
+        # Inbound streams open now: the task reading each, with the member and the key
+        # that opened it, so a stream opened with a key rotated out can be ended.
+        self._streams: dict[asyncio.Task[int], tuple[int, bytes]] = {}
         self._gossip: list[bytes] = []
         self._sent_by_kind: dict[str, Counter] = {}  # metric children, looked up once
 
@@ -60,7 +69,8 @@ class PeerNetwork:
 
     def _stream_metadata(self, receiver: int) -> tuple[tuple[str, str], ...]:
         now_ms = int(time.time() * 1000)
-        return peer_auth_metadata(self.spec.chain_id, self.index, receiver, now_ms, self.signer)
+        signers = self.signers()
+        return peer_auth_metadata(self.spec.chain_id, self.index, receiver, now_ms, *signers)
 
     async def stop(self) -> None:
         for link in self._links.values():
@@ -109,11 +119,23 @@ class PeerNetwork:
         """Members holding at least one inbound stream open to us."""
         return sorted(p for p, count in self._inbound.items() if count > 0)
 
-    def stream_opened(self, member: int) -> None:
+    def stream_opened(self, member: int, key: bytes, reading: asyncio.Task[int]) -> None:
         self._inbound[member] = self._inbound.get(member, 0) + 1
+        self._streams[reading] = (member, key)
 
-    def stream_closed(self, member: int) -> None:
+    def stream_closed(self, member: int, reading: asyncio.Task[int]) -> None:
         self._inbound[member] -= 1
+        self._streams.pop(reading, None)
+
+    def end_streams_of_old_keys(self) -> int:
+        """After our epoch changed: end every inbound stream opened with a key its member
+        no longer holds in it (a rotated-out key, which may be the reason for the
+        rotation). The member's link opens a new stream, signed with its current key.
+        Returns how many were ended."""
+        stale = [t for t, (member, key) in self._streams.items() if self.key_of(member) != key]
+        for reading in stale:
+            reading.cancel()
+        return len(stale)
 
 
 class PeerService(pb_grpc.PeerServicer):  # type: ignore[misc]
@@ -132,22 +154,43 @@ class PeerService(pb_grpc.PeerServicer):  # type: ignore[misc]
         dropped and counted as spoofed."""
         network = self.network
         now_ms = int(time.time() * 1000)
-        sender = check_peer_auth(network.spec, network.index, context.invocation_metadata(), now_ms)
+        metadata = context.invocation_metadata()
+        sender = check_peer_auth(network.spec, network.index, metadata, now_ms, network.key_of)
         if sender is None:
             network.metrics.dropped.labels("unauthenticated_peer").inc()
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED, "a peer stream opens with a signed statement"
             )
         assert sender is not None
-        received = 0
-        network.stream_opened(sender)
+        # The messages are read in a task of their own, which the network cancels when
+        # the key that opened the stream is rotated out; the stream then ends with
+        # UNAUTHENTICATED, which grpc sends only from this handler (a cancelled handler
+        # would leave the caller waiting for its deadline).
+        reading = asyncio.ensure_future(self._read(sender, request_iterator))
+        network.stream_opened(sender, network.key_of(sender), reading)
         try:
-            async for message in request_iterator:
-                received += 1
-                if message.sender != sender:
-                    network.metrics.dropped.labels("spoofed_sender").inc()
-                    continue
-                network.on_message(message)
+            received = await asyncio.shield(reading)
+        except asyncio.CancelledError:
+            if not reading.cancelled():
+                reading.cancel()
+                raise  # this handler itself was cancelled (the caller went away)
+            network.metrics.dropped.labels("rotated_out_peer_key").inc()
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "the key that opened this stream was rotated out"
+            )
+            raise  # not reached: abort raises
         finally:
-            network.stream_closed(sender)
+            network.stream_closed(sender, reading)
         return pb.StreamAck(received=received)
+
+    async def _read(self, sender: int, request_iterator: AsyncIterator[pb.ConsensusMessage]) -> int:
+        """Hand each message of `sender`'s stream to the network; the count read."""
+        network = self.network
+        received = 0
+        async for message in request_iterator:
+            received += 1
+            if message.sender != sender:
+                network.metrics.dropped.labels("spoofed_sender").inc()
+                continue
+            network.on_message(message)
+        return received

@@ -7,7 +7,8 @@ certificate, or plaintext when the cluster file says `"transport": "insecure"`.
 - A member's replica and sidecar serve TLS with `DIR/node-I/tls.key` and that certificate.
 - Replicas authenticate to each other per stream: the first thing a peer stream carries
   is a statement signed with the sender's consensus key — sender, receiver, time — in the
-  call's metadata (`peer_auth_metadata`, checked by `check_peer_auth`). Inside TLS only
+  call's metadata (`peer_auth_metadata`, checked by `check_peer_auth`); on a chain that
+  runs epochs, the key of the epoch the receiver runs (docs/consensus/epochs.md). Inside TLS only
   the receiver sees it, and it names the receiver, so it cannot be replayed elsewhere.
   From then on every message on that stream must name that sender: were the sender whatever
   the envelope said, one member could speak for another (docs/consensus/messages.md, "Sender
@@ -22,6 +23,7 @@ keys the cluster already pins, on one port.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -38,6 +40,9 @@ from quorumgate.runtime.readauth import Sign, SyncReadAuthInterceptor, read_auth
 TAG_PEER_STREAM = domains.PEER_STREAM
 PEER_AUTH_METADATA = "qg-peer-auth"
 PEER_AUTH_SKEW_MS_MAX = 300_000  # a stream statement older or newer than this is refused
+# Signatures a stream statement may carry: one per consensus key its sender holds (the
+# current one and keys rotated in or out around an epoch boundary).
+PEER_AUTH_SIGNATURES_MAX = 4
 SIGNATURE_BYTES = 64
 
 
@@ -146,19 +151,29 @@ def peer_stream_statement(chain_id: str, sender: int, receiver: int, time_ms: in
 
 
 def peer_auth_metadata(
-    chain_id: str, sender: int, receiver: int, time_ms: int, signer: Signer
+    chain_id: str, sender: int, receiver: int, time_ms: int, *signers: Signer
 ) -> tuple[tuple[str, str], ...]:
-    """The metadata a replica opens a peer stream with: who it is, signed."""
+    """The metadata a replica opens a peer stream with: who it is, signed by each of the
+    consensus keys it holds (`PEER_AUTH_SIGNATURES_MAX` at most), its current one first.
+    A member whose key was rotated may not know yet whether the receiver has reached the
+    epoch of its new key: one of its signatures is under the key the receiver expects."""
+    assert 1 <= len(signers) <= PEER_AUTH_SIGNATURES_MAX, "one to a few stream signatures"
     statement = peer_stream_statement(chain_id, sender, receiver, time_ms)
-    value = f"{sender}:{time_ms}:{signer.sign(statement).hex()}"
-    return ((PEER_AUTH_METADATA, value),)
+    signatures = ",".join(signer.sign(statement).hex() for signer in signers)
+    return ((PEER_AUTH_METADATA, f"{sender}:{time_ms}:{signatures}"),)
 
 
 def check_peer_auth(
-    spec: ClusterSpec, me: int, metadata: tuple[tuple[str, str | bytes], ...] | None, now_ms: int
+    spec: ClusterSpec,
+    me: int,
+    metadata: tuple[tuple[str, str | bytes], ...] | None,
+    now_ms: int,
+    key_of: Callable[[int], bytes] | None = None,
 ) -> int | None:
     """The member a peer stream comes from, or None when its statement is missing, stale,
-    not for us, or not signed by that member."""
+    not for us, or signed by no key that member holds now. `key_of`: a member's consensus
+    key in the receiver's current epoch (docs/consensus/epochs.md, "The live replica"),
+    so a key rotated out opens no stream; without it, the cluster file's."""
     value = next((v for k, v in metadata or () if k == PEER_AUTH_METADATA), None)
     if not isinstance(value, str):
         return None
@@ -166,14 +181,20 @@ def check_peer_auth(
     if len(parts) != 3:
         return None
     try:
-        sender, time_ms, signature = int(parts[0]), int(parts[1]), bytes.fromhex(parts[2])
+        sender, time_ms = int(parts[0]), int(parts[1])
+        signatures = [bytes.fromhex(part) for part in parts[2].split(",")]
     except ValueError:
         return None
-    if not 0 <= sender < spec.n or sender == me or len(signature) != SIGNATURE_BYTES:
+    if not 0 <= sender < spec.n or sender == me:
+        return None
+    if not 1 <= len(signatures) <= PEER_AUTH_SIGNATURES_MAX:
+        return None
+    if any(len(signature) != SIGNATURE_BYTES for signature in signatures):
         return None
     if abs(now_ms - time_ms) > PEER_AUTH_SKEW_MS_MAX:
         return None
+    key = spec.member(sender).public_key if key_of is None else key_of(sender)
     statement = peer_stream_statement(spec.chain_id, sender, me, time_ms)
-    if not ed25519_verify(spec.member(sender).public_key, statement, signature):
+    if not any(ed25519_verify(key, statement, signature) for signature in signatures):
         return None
     return sender

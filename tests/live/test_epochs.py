@@ -6,21 +6,87 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 
-from quorumgate.proto.clusterfile import rotated_key_file
+import grpc
+import pytest
+
+from quorumgate.ops.live import RPC_TIMEOUT_S
+from quorumgate.proto import consensus_pb2 as pb
+from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, read_seed, rotated_key_file
+from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
+from quorumgate.runtime.channels import peer_auth_metadata
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.sync import SyncClient
 from tests.support.cluster import cluster_text, new_agent
-from tests.support.live import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
+from tests.support.live import (
+    DROPPED,
+    WAIT_S,
+    LiveCluster,
+    Load,
+    assert_each_committed_once,
+    wait_until,
+)
 
 N = 4
 MEMBER = 2  # whose key is rotated
 RESTARTED = 1  # restarted after the boundary
 URL = "https://example.com/after-the-boundary"
 CLI_TIMEOUT_S = 120.0
+LISTENER = 0  # the replica a stream is opened to as MEMBER
+
+
+class HeldStream:
+    """A peer stream to `LISTENER` opened as `MEMBER` with `signer`, held open from a
+    thread: it first sends one message naming another sender (counted as spoofed, which
+    shows the stream is open), then nothing until released."""
+
+    def __init__(self, cluster: LiveCluster, signer: Ed25519Signer) -> None:
+        self.release = threading.Event()
+        self.code: grpc.StatusCode | None = None
+        chain = cluster.chain_id
+        auth = peer_auth_metadata(chain, MEMBER, LISTENER, int(time.time() * 1000), signer)
+        before = cluster.metrics(LISTENER).by_label(DROPPED, "reason").get("spoofed_sender", 0)
+
+        def messages() -> Iterator[pb.ConsensusMessage]:
+            yield pb.ConsensusMessage(chain_id=chain, sender=MEMBER + 1)
+            self.release.wait(WAIT_S * 4)
+
+        def hold() -> None:
+            try:
+                cluster.peer(LISTENER).Stream(messages(), timeout=WAIT_S * 4, metadata=auth)
+                self.code = grpc.StatusCode.OK
+            except grpc.RpcError as err:
+                self.code = err.code()
+
+        self.thread = threading.Thread(target=hold, daemon=True)
+        self.thread.start()
+        wait_until(
+            "the held stream to be open",
+            lambda: (
+                cluster.metrics(LISTENER).by_label(DROPPED, "reason").get("spoofed_sender", 0)
+                > before
+            ),
+        )
+
+    def wait_ended(self) -> grpc.StatusCode | None:
+        wait_until("the held stream to end", lambda: not self.thread.is_alive())
+        return self.code
+
+
+def stream_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
+    """What `LISTENER` answers a stream opened as `MEMBER` with `signer`."""
+    chain = cluster.chain_id
+    auth = peer_auth_metadata(chain, MEMBER, LISTENER, int(time.time() * 1000), signer)
+    try:
+        cluster.peer(LISTENER).Stream(iter(()), timeout=RPC_TIMEOUT_S, metadata=auth)
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
 
 
 def rotate(cluster: LiveCluster) -> subprocess.CompletedProcess[str]:
@@ -79,6 +145,10 @@ def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
     cluster.register(load.agents)
     load.start()
     load.wait_acked(20)
+    # Whoever stole member 2's key (the reason for the rotation) holds a stream open as
+    # member 2 across the boundary.
+    old_key = Ed25519Signer(read_seed(spec.node_dir(MEMBER) / CONSENSUS_KEY_FILE))
+    held = HeldStream(cluster, old_key)
 
     done = rotate(cluster)
     assert done.returncode == 0, done.stderr
@@ -90,6 +160,12 @@ def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
     assert (spec.node_dir(MEMBER) / "consensus.key").exists()  # the old one stays
     wait_until("every replica in epoch 1", lambda: all(e == 1 for e in epochs(cluster).values()))
     cluster.wait_progress(3)
+    # The boundary ended the stream the old key opened; the old key opens no new one,
+    # and the new key does.
+    assert held.wait_ended() == grpc.StatusCode.UNAUTHENTICATED
+    held.release.set()
+    assert stream_code(cluster, old_key) == grpc.StatusCode.UNAUTHENTICATED
+    assert stream_code(cluster, Ed25519Signer(bytes.fromhex(seed))) == grpc.StatusCode.OK
 
     with SyncClient(spec, agent_key) as agent:
         decision = agent.propose("web.get", URL, run_id="after-boundary")
@@ -122,14 +198,16 @@ def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
     assert seed not in written and bytes.fromhex(seed).decode("latin-1") not in written
 
 
+@pytest.mark.parametrize("late", [3, MEMBER], ids=["another-member", "the-rotated-member"])
 def test_a_replica_down_across_the_boundary_catches_up_by_the_epoch_proof(
-    live_cluster: Callable[..., LiveCluster],
+    live_cluster: Callable[..., LiveCluster], late: int
 ) -> None:
-    """Member 3 is stopped before the rotation and started after it: it restarts in epoch
-    0, hears epoch 1's messages, asks a peer how epoch 0 ended, checks the proof it is
+    """A member stopped before the rotation and started after it restarts in epoch 0,
+    hears epoch 1's messages, asks a peer how epoch 0 ended, checks the proof it is
     handed with epoch 0's keys, commits through the change block and goes on in epoch 1
-    with the others (docs/consensus/epochs.md, "Catching up")."""
-    late = 3
+    with the others (docs/consensus/epochs.md, "Catching up"). The rotated member itself
+    does too: its peers in epoch 1 take its streams only under its new key, which it
+    signs with beside its epoch-0 key before it knows the epoch ended."""
     cluster = live_cluster(N)
     others = [i for i in range(N) if i != late]
     load = Load(cluster, "late", agents=1, per_agent=300, batch=5, rate_per_s=10).start()
@@ -148,6 +226,11 @@ def test_a_replica_down_across_the_boundary_catches_up_by_the_epoch_proof(
     goal = max(cluster.heights(others).values()) + 2
     cluster.wait_height(goal, range(N))
     cluster.assert_same_chain(list(range(N)), goal)
+    refused = {
+        i: cluster.metrics(i).by_label(DROPPED, "reason").get("unauthenticated_peer", 0)
+        for i in others
+    }
+    assert refused == dict.fromkeys(others, 0)  # every stream the late member opened was taken
     load.stop()
     load.assert_clean()
     cluster.assert_no_equivocation_seen()
