@@ -45,6 +45,8 @@ READ = b"qg/read/v1"  # signed: a read statement (chain, method, time, the reade
 
 # Sidecar to replica (proto/reports.py).
 STATE_ROOT_REPORT = b"qg/state-root/v1"  # signed: a sidecar's state root at a height
+# signed: that root and the owner key the sidecar's state holds after an owner rotation
+STATE_ROOT_REPORT_WITH_OWNER = b"qg/state-root/v2"
 
 # Receipts and the ledger (sidecar/receipts.py, sidecar/ledger.py;
 # docs/security/reads-and-certificates.md).

@@ -207,14 +207,16 @@ class SidecarStatusReply(_message.Message):
     def __init__(self, chain_id: _Optional[str] = ..., node: _Optional[int] = ..., executed_height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., ledger_head: _Optional[bytes] = ..., ledger_entries: _Optional[int] = ..., artifacts: _Optional[int] = ..., diverged: _Optional[bool] = ..., divergence: _Optional[str] = ..., replica_committed_height: _Optional[int] = ...) -> None: ...
 
 class StateRootReport(_message.Message):
-    __slots__ = ("height", "state_root", "signature")
+    __slots__ = ("height", "state_root", "signature", "owner_key")
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_KEY_FIELD_NUMBER: _ClassVar[int]
     height: int
     state_root: bytes
     signature: bytes
-    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    owner_key: bytes
+    def __init__(self, height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., owner_key: _Optional[bytes] = ...) -> None: ...
 
 class RegistryRequest(_message.Message):
     __slots__ = ("height",)

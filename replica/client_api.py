@@ -256,7 +256,9 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
     ) -> pb.StreamAck:
         received = 0
         async for report in request_iterator:
-            if not self.sidecar.on_state_root(report.height, report.state_root, report.signature):
+            if not self.sidecar.on_state_root(
+                report.height, report.state_root, report.signature, report.owner_key
+            ):
                 await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED, "state roots are taken from our sidecar only"
                 )
@@ -269,7 +271,16 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         """Every argument value of every call is in these blocks: they answer the owner,
         the members and auditors only (runtime/readauth.py)."""
         now_ms = int(time.time() * 1000)
-        key, _ = await require_reader(self.spec, context, METHOD_COMMITTED_BLOCKS, now_ms)
+        # A replica's consensus key reads as a member only in the epoch it signs for.
+        members = {self.peers.key_of(i) for i in range(self.spec.n)}
+        key, _ = await require_reader(
+            self.spec,
+            context,
+            METHOD_COMMITTED_BLOCKS,
+            now_ms,
+            consensus_keys=members,
+            owner_key=self.sidecar.owner_key,
+        )
         with self.waits.hold(key, CallerKind.ROLE) as held:
             if not held:
                 self.metrics.read_waits_refused.inc()

@@ -85,6 +85,10 @@ class SidecarLink:
         self.member = spec.member(index)
         self.metrics = metrics
         self.roots = SidecarRoots()
+        # The owner key our sidecar's state holds after an owner rotation, as of the
+        # height of the report that carried it (None: the cluster file's still holds).
+        self.owner_key: bytes | None = None
+        self._owner_key_height = 0
         self._on_new_root = on_new_root
         self._reader = reader  # our consensus key: the sidecar answers admission to it only
         # Signers our sidecar accepted lately (LRU): their gossip skips the admission call.
@@ -107,12 +111,17 @@ class SidecarLink:
         """The highest height the sidecar reported a root for (0 before any report)."""
         return self.roots.latest_root()[0]
 
-    def on_state_root(self, height: int, root: bytes, signature: bytes) -> bool:
-        """A report from our sidecar; False (and nothing kept) if not signed by its key."""
-        message = root_report_statement(self.chain_id, height, root)
+    def on_state_root(
+        self, height: int, root: bytes, signature: bytes, owner_key: bytes = b""
+    ) -> bool:
+        """A report from our sidecar; False (and nothing kept) if not signed by its key.
+        A rotated owner key it reports is the one our reads answer as the owner."""
+        message = root_report_statement(self.chain_id, height, root, owner_key)
         if not ed25519_verify(self.member.receipt_public_key, message, signature):
             self.metrics.dropped.labels("bad_root_report").inc()
             return False
+        if owner_key and height >= self._owner_key_height:
+            self.owner_key, self._owner_key_height = owner_key, height
         if height < self.executed_height - STATE_ROOTS_KEPT // 2:
             self.roots.forget()  # our sidecar started over (replay): heights went back
         if self.roots.add(height, root):

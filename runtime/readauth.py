@@ -4,7 +4,8 @@
 `Receipts` stream every verdict. They answer only:
 
 - the owner (`cluster.json`'s owner key);
-- the members: a replica's consensus key, a sidecar's receipt key;
+- the members: a sidecar's receipt key, and on a replica a replica's consensus key of the
+  epoch it runs (a sidecar answers no consensus key as a member);
 - auditors: keys the owner listed in `cluster.json` (`quorumgate admin add-auditor`).
 
 An agent reads its own verdicts: `GetReceipt` answers a proposal id to whoever proves it
@@ -20,7 +21,7 @@ statement itself does not verify).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from enum import StrEnum
 from pathlib import Path
 
@@ -130,10 +131,22 @@ def caller_key(
     return public_key if ed25519_verify(public_key, statement, signature) else None
 
 
-def role_of(spec: ClusterSpec, public_key: bytes) -> Role | None:
-    if public_key == spec.owner_public_key:
+def role_of(
+    spec: ClusterSpec,
+    public_key: bytes,
+    consensus_keys: Collection[bytes] | None = None,
+    owner_key: bytes | None = None,
+) -> Role | None:
+    """`consensus_keys`: the replicas' consensus keys that read as members here (on a
+    chain that runs epochs, those of the epoch this replica runs: a key rotated out, which
+    may be stolen, reads nothing); None for the cluster file's. `owner_key`: the owner's
+    key after a rotation in the log (docs/engine.md, "Rotating keys"), which then reads as
+    the owner instead of the cluster file's."""
+    if public_key == (spec.owner_public_key if owner_key is None else owner_key):
         return Role.OWNER
-    if any(m.public_key == public_key for m in spec.members):
+    if consensus_keys is None:
+        consensus_keys = [m.public_key for m in spec.members]
+    if public_key in consensus_keys:
         return Role.REPLICA
     if any(m.receipt_public_key == public_key for m in spec.members):
         return Role.SIDECAR
@@ -179,9 +192,15 @@ def current_auditors(spec: ClusterSpec) -> tuple[AuditorSpec, ...]:
 
 
 async def require_reader(
-    spec: ClusterSpec, context: grpc.aio.ServicerContext, method: str, now_ms: int
+    spec: ClusterSpec,
+    context: grpc.aio.ServicerContext,
+    method: str,
+    now_ms: int,
+    consensus_keys: Collection[bytes] | None = None,
+    owner_key: bytes | None = None,
 ) -> tuple[bytes, Role]:
-    """The caller's key and role, or the call is aborted (it never returns then)."""
+    """The caller's key and role (`role_of`), or the call is aborted (it never returns
+    then)."""
     key = caller_key(spec.chain_id, method, context.invocation_metadata(), now_ms)
     if key is None:
         await context.abort(
@@ -189,7 +208,7 @@ async def require_reader(
             f"{method} needs a signed read statement ({READ_AUTH_METADATA})",
         )
     assert key is not None
-    role = role_of(spec, key)
+    role = role_of(spec, key, consensus_keys, owner_key)
     if role is None:
         await context.abort(
             grpc.StatusCode.PERMISSION_DENIED,

@@ -673,9 +673,17 @@ class Sidecar:
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
     def _report(self, height: int, root: bytes) -> spb.StateRootReport:
-        message = root_report_statement(self.spec.chain_id, height, root)
+        """`height`'s root, and the owner key our state holds now if the owner rotated
+        it: the replica learns from us which key reads its blocks as the owner
+        (docs/security/reads-and-certificates.md)."""
+        engine = self.engine
+        rotated = engine is not None and engine.state.owner_key is not None
+        owner = engine.owner_key() if engine is not None and rotated else b""
+        message = root_report_statement(self.spec.chain_id, height, root, owner)
         signature = bytes(self.key.sign(message).signature)
-        return spb.StateRootReport(height=height, state_root=root, signature=signature)
+        return spb.StateRootReport(
+            height=height, state_root=root, signature=signature, owner_key=owner
+        )
 
 
 def _tx_id_of(data: bytes) -> bytes | None:
@@ -736,7 +744,10 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         assert key is not None
         engine = self.sidecar.engine
         agent = engine.state.agent_by_key.get(key) if engine is not None else None
-        role = role_of(spec, key)
+        # A sidecar does not follow the replicas' epochs, so no consensus key reads as a
+        # member here: none needs to (its replica's admission calls are checked by key,
+        # `_refuse_unless_own_replica`), and one rotated out would read every verdict.
+        role = role_of(spec, key, consensus_keys=())
         if engine is not None and engine.state.owner_key is not None:
             # the owner rotated its key in the log (docs/engine.md, "Rotating keys"): the
             # state's key reads as the owner, cluster.json's no longer does

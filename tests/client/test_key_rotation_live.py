@@ -14,16 +14,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from nacl.signing import SigningKey
 
 from quorumgate.ops import clientcli
+from quorumgate.ops.live import RPC_TIMEOUT_S
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec, read_seed
 from quorumgate.proto.model import Mandate
 from quorumgate.proto.sealedkey import read_sealed
+from quorumgate.runtime.channels import Reader, sync_channel
 from quorumgate.sdk.client import QuorumGateError
 from quorumgate.sdk.sync import SyncClient
 from tests.support.cluster import new_agent
+from tests.support.live import wait_until
 
 PASSPHRASE = "the rotating principal's passphrase"
 
@@ -187,6 +193,31 @@ def test_the_owner_rotates_its_own_key_last(
     with pytest.raises(QuorumGateError) as refused:
         owner.suspend(agent_id)
     assert refused.value.reason == "key_rotated"
+    # Nor does the old key read the committed blocks, every argument value of every call,
+    # from any replica (each learns the owner's key from its own sidecar's reports), while
+    # the new one does.
+    old_key, new_key = SigningKey(before), SigningKey(read_seed(owner_file))
+    for i in range(cluster.n):
+        wait_until(
+            f"replica {i} to refuse the old owner key",
+            lambda i=i: blocks_read(cluster, i, old_key) == grpc.StatusCode.PERMISSION_DENIED,
+        )
+        assert blocks_read(cluster, i, new_key) == grpc.StatusCode.OK
+
+
+def blocks_read(cluster: ClusterSpec, index: int, key: SigningKey) -> grpc.StatusCode:
+    """What replica `index` answers a `CommittedBlocks` read signed with `key`."""
+    channel = sync_channel(cluster, index, reader=Reader.of(key))
+    try:
+        stream = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
+            cpb.BlocksRequest(from_height=1), timeout=RPC_TIMEOUT_S
+        )
+        next(iter(stream))
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    finally:
+        channel.close()
+    return grpc.StatusCode.OK
 
 
 def new_agent_by(cluster: ClusterSpec) -> tuple[str, SigningKey]:

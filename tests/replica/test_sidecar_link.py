@@ -64,3 +64,27 @@ async def test_a_wait_gives_up_after_its_bound_and_waiters_are_bounded(tmp_path:
     await asyncio.sleep(0)
     assert not waiting.done()
     waiting.cancel()
+
+
+def owner_report(link: SidecarLink, key: SigningKey, height: int, owner: bytes) -> bool:
+    root = bytes([height % 256]) * 32
+    statement = root_report_statement(link.chain_id, height, root, owner)
+    return link.on_state_root(height, root, key.sign(statement).signature, owner)
+
+
+def test_the_rotated_owner_key_is_taken_from_the_sidecars_signed_report(tmp_path: Path) -> None:
+    """The replica answers the owner key its sidecar's state holds (docs/engine.md,
+    "Rotating keys"): only as signed with the root, and the newest report's."""
+    link, key = link_and_reporter(tmp_path)
+    first, second = bytes([1]) * 32, bytes([2]) * 32
+    assert report(link, key, 1) and link.owner_key is None
+    # The attack: anyone may open the report stream; an owner key added to a report
+    # whose signature covers the root alone is refused with it.
+    root = bytes([2]) * 32
+    signature = key.sign(root_report_statement(link.chain_id, 2, root)).signature
+    assert not link.on_state_root(2, root, signature, first)
+    assert link.owner_key is None
+    assert owner_report(link, key, 3, first) and link.owner_key == first
+    assert owner_report(link, key, 5, second) and link.owner_key == second
+    assert owner_report(link, key, 4, first)  # an older report after a newer one
+    assert link.owner_key == second
