@@ -31,6 +31,9 @@ until `--seconds` have passed (at least `FAULT_CYCLES_MIN[drill]` times):
   shipper, stop and start the operator's database (`--db-stop-cmd`, `--db-start-cmd`),
   SIGKILL a replica; at the end the copy must hold the ledger complete, in order, without
   duplicates, and pass `quorumgate audit verify` (module `ship`).
+- `rotate-members`: rotate every member's consensus key in turn with `quorumgate admin
+  rotate-key --member I` (each rotation ends an epoch); after each one every replica must
+  reach the new epoch and commits go on (module `rotation`).
 
 Then the load stops and the drill settles: it waits until every acknowledged proposal is
 committed, offering again (the same signed bytes, as a client does when no certificate
@@ -62,7 +65,7 @@ holds. `recovery_s` is the time from the last fault until the faulted member was
 The package's modules: `runner` (the run and its waits), `nemesis` (the fault
 injectors), `load` (the open-loop load), `checker` (settling and the checks), `audit`
 (what the checks read: chains, stores, certificates), `ship` (the audit shipper's
-drill and its checks), `report` (the report and its text
+drill and its checks), `rotation` (the key-rotation drill), `report` (the report and its text
 form) and `bounds` (names and deadlines). The cluster's processes are driven through the
 controller the live tests share, `quorumgate.ops.live.LiveCluster`.
 """

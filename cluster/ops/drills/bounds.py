@@ -19,6 +19,7 @@ DRILLS = (
     "stale-restore",
     "byzantine",
     "ship",
+    "rotate-members",
 )
 # Faults a drill injects however short `--seconds` is: enough to repeat what repeats,
 # and the three rebuild paths of `wipe-replica` (replay from height 1, the sidecar's own
@@ -31,6 +32,7 @@ FAULT_CYCLES_MIN = {
     "stale-restore": 1,
     "byzantine": 4,  # each attack of BYZANTINE_CYCLES once
     "ship": 3,  # the shipper, the database and a replica, each once
+    "rotate-members": 4,  # every member of a 4-node cluster once (of 7: all 7, see the drill)
 }
 FAULT_CYCLES_MAX = 64
 SECONDS_DEFAULT = 20.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -40,6 +41,7 @@ from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
 from quorumgate.ops.load import Ack, Load
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.membership import is_record
 from quorumgate.proto.tx import parse
 from quorumgate.replica.storage import StorageError
 from quorumgate.replica.types import Block
@@ -107,8 +109,15 @@ def placements(blocks: Iterable[Block]) -> dict[bytes, list[int]]:
     placed: dict[bytes, list[int]] = {}
     for block in blocks:
         for tx in block.payload:
-            placed.setdefault(parse(tx, verify=False).tx_id, []).append(block.height)
+            placed.setdefault(committed_id(tx), []).append(block.height)
     return placed
+
+
+def committed_id(tx: bytes) -> bytes:
+    """A committed transaction's id. An owner's reconfiguration record carries no signer
+    or nonce: its id is the SHA-256 of its bytes, as the replicas' mempools file it
+    (replica/mempool.py `RecordTx`), so one committed twice shows at two heights."""
+    return hashlib.sha256(tx).digest() if is_record(tx) else parse(tx, verify=False).tx_id
 
 
 class ChainWatch:

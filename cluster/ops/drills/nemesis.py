@@ -44,6 +44,7 @@ from quorumgate.ops.drills.bounds import (
 from quorumgate.ops.drills.checker import rebuild_problems, refusals_since
 from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
 from quorumgate.ops.drills.report import Abort, Fault, listed
+from quorumgate.ops.drills.rotation import rotate_members
 from quorumgate.ops.drills.ship import ship_drill
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.clusterfile import ClusterSpec
@@ -603,6 +604,7 @@ FAULTS: dict[str, Callable[[Drill], None]] = {
     "stale-restore": stale_restore,
     "byzantine": byzantine,
     "ship": ship_drill,
+    "rotate-members": rotate_members,
 }
 # What a drill sets up in the cluster directory before its nodes start.
 PREPARE: dict[str, Callable[[Drill], None]] = {"wipe-replica": prepare_wipe_replica}
