@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterFileError, load_cluster, read_seed
 
 EXIT_USAGE = 2
+SHIP_LOGGER = "quorumgate.ship"  # the shipper's loggers: shipper.py, otel.py, acked.py
 NEEDS_EXTRA = "the audit copy needs PostgreSQL's driver: pip install 'quorumgate[audit]'"
 NEEDS_OTEL = "--otlp needs the OpenTelemetry SDK: pip install 'quorumgate[otel]'"
 
@@ -134,10 +136,22 @@ async def _ship(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_to_stderr() -> None:
+    """The shipper's own log lines (`event=acked_written`, a batch sent again, the
+    database unavailable) on stderr, at INFO: a service unit's journal keeps them."""
+    logger = logging.getLogger(SHIP_LOGGER)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s level=%(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def cmd_ship(args: argparse.Namespace) -> int:
     if not args.dsn and not args.otlp:
         print("error: ship needs --dsn, --otlp or both", file=sys.stderr)
         return EXIT_USAGE
+    _log_to_stderr()
     if args.dsn and not _has_driver():
         return EXIT_USAGE
     refused: tuple[type[Exception], ...] = (ClusterFileError,)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -282,6 +283,47 @@ def test_a_sidecar_prunes_up_to_the_acknowledged_height_and_not_beyond(
         lambda: floors(cluster) == [below(later)] * cluster.n,
         timeout_s=PRUNE_WAIT_S,
     )
+
+
+def test_the_running_shipper_writes_each_new_height_once_and_pruning_follows(
+    cluster: ClusterSpec, agent: SyncClient, copy_dsn: str, tmp_path: Path
+) -> None:
+    """`ship` as a service runs (pipelined rounds, docs/audit.md): the file follows the
+    copy, each new height is logged once, and the sidecars prune behind it."""
+    before = read_acked(cluster.node_dir(0))
+    log_path = tmp_path / "ship.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quorumgate.cli", "ship", "--dir", str(cluster.directory),
+             "--dsn", copy_dsn],
+            stdout=log_file, stderr=log_file,
+        )  # fmt: skip
+    try:
+        drive_to(cluster, agent, executed(cluster) + 2 * INTERVAL_HEIGHTS)
+
+        def caught_up() -> int | None:
+            acked = read_acked(cluster.node_dir(0))
+            return acked if acked > before and acked == whole_through(cluster, copy_dsn) else None
+
+        acked = wait_until("the file to follow the copy", caught_up, timeout_s=PRUNE_WAIT_S)
+        drive_to(cluster, agent, acked + 2 * INTERVAL_HEIGHTS)
+        wait_until(
+            f"every sidecar pruned at {below(acked)} or above",
+            lambda: min(floors(cluster)) >= below(acked),
+            timeout_s=PRUNE_WAIT_S,
+        )
+        assert max(floors(cluster)) <= read_acked(cluster.node_dir(0))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=CLI_TIMEOUT_S)
+    assert proc.returncode == 0, log_path.read_text()
+    heights = [
+        int(line.split("event=acked_written height=")[1].split()[0])
+        for line in log_path.read_text().splitlines()
+        if "event=acked_written" in line
+    ]
+    assert heights and heights == sorted(set(heights)), heights  # once per new height
+    assert heights[0] > before and heights[-1] >= acked
 
 
 def test_with_the_option_off_nothing_is_written(
