@@ -37,10 +37,11 @@ from quorumgate.sdk.delivery import Channels
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sdk.values import Submitted
 from quorumgate.sidecar.pruning import ACKED_FILE, read_acked
-from quorumgate.sidecar.snapshots import OPTIONS_FILE
+from quorumgate.sidecar.snapshots import OPTIONS_FILE, SNAPSHOT_DIR
 from quorumgate.sidecar.store import SidecarStore
 from tests.audit.test_ship_live import fresh_db
-from tests.support.cluster import LiveCluster, new_agent, wait_until
+from tests.support.cluster import LiveCluster, new_agent
+from tests.support.live import wait_until
 
 INTERVAL_HEIGHTS = 4  # a snapshot every 4 heights
 RETAIN_HEIGHTS = 2
@@ -145,9 +146,27 @@ def floors(spec: ClusterSpec) -> list[int]:
     ]
 
 
-def below(height: int) -> int:
-    """The newest snapshot height at or below `height`."""
-    return height // INTERVAL_HEIGHTS * INTERVAL_HEIGHTS
+def seen(spec: ClusterSpec) -> str:
+    """What a wait on pruning saw: each node's floor, acknowledged height and last
+    pruning lines."""
+    out = [f"floors {floors(spec)}"]
+    for i in range(spec.n):
+        lines = (spec.node_dir(i) / "sidecar.log").read_text().splitlines()
+        pruning = [line for line in lines if "prune" in line or "snapshot" in line][-4:]
+        out.append(f"node {i}: acked {read_acked(spec.node_dir(i))}, {pruning}")
+    return "; ".join(out)
+
+
+def newest_snapshots(spec: ClusterSpec, at_most: int) -> list[int]:
+    """Each node's newest snapshot height at or below `at_most` (0: none): where it prunes
+    when that bounds it. A snapshot is written every INTERVAL_HEIGHTS heights unless the
+    one before is still being written, so the heights are read, not assumed."""
+    found = []
+    for i in range(spec.n):
+        root = spec.node_dir(i) / SNAPSHOT_DIR
+        names = [e.name for e in root.iterdir()] if root.is_dir() else []
+        found.append(max((int(n) for n in names if n.isdigit() and int(n) <= at_most), default=0))
+    return found
 
 
 # ---------------------------------------------------------------------------- mid-height
@@ -249,6 +268,7 @@ def test_the_shipper_tells_every_node_what_the_copy_holds_and_pruning_follows(
         "every sidecar to prune",
         lambda: f if min(f := floors(cluster)) > 0 else None,
         timeout_s=PRUNE_WAIT_S,
+        describe=lambda: seen(cluster),
     )
     assert max(pruned) <= acked, (pruned, acked)
 
@@ -267,21 +287,26 @@ def test_a_sidecar_prunes_up_to_the_acknowledged_height_and_not_beyond(
     # Many snapshots past the acknowledged height: the point stops at the one below it.
     drive_to(cluster, agent, acked + 4 * INTERVAL_HEIGHTS)
     wait_until(
-        f"every sidecar pruned at {below(acked)}",
-        lambda: floors(cluster) == [below(acked)] * cluster.n,
+        f"every sidecar pruned at its newest snapshot at or below {acked}",
+        lambda: floors(cluster) == newest_snapshots(cluster, acked),
         timeout_s=PRUNE_WAIT_S,
+        describe=lambda: seen(cluster),
     )
+    held = newest_snapshots(cluster, acked)
     top = drive_to(cluster, agent, executed(cluster) + 2 * INTERVAL_HEIGHTS)
-    assert floors(cluster) == [below(acked)] * cluster.n, (floors(cluster), acked, top)
+    assert floors(cluster) == held, (floors(cluster), acked, top)
+    newer = newest_snapshots(cluster, top)
+    assert all(n > h for n, h in zip(newer, held, strict=True)), (newer, held)  # not taken
     # The copy moves on: so does the point, and only as far.
     ship_once(cluster, copy_dsn)
     later = read_acked(cluster.node_dir(0))
-    assert below(later) > below(acked)
-    drive_to(cluster, agent, later + 2 * INTERVAL_HEIGHTS)
+    assert later > acked
+    drive_to(cluster, agent, later + 3 * INTERVAL_HEIGHTS)
     wait_until(
-        f"every sidecar pruned at {below(later)}",
-        lambda: floors(cluster) == [below(later)] * cluster.n,
+        f"every sidecar pruned at its newest snapshot at or below {later}",
+        lambda: floors(cluster) == newest_snapshots(cluster, later),
         timeout_s=PRUNE_WAIT_S,
+        describe=lambda: seen(cluster),
     )
 
 
@@ -306,11 +331,15 @@ def test_the_running_shipper_writes_each_new_height_once_and_pruning_follows(
             return acked if acked > before and acked == whole_through(cluster, copy_dsn) else None
 
         acked = wait_until("the file to follow the copy", caught_up, timeout_s=PRUNE_WAIT_S)
-        drive_to(cluster, agent, acked + 2 * INTERVAL_HEIGHTS)
+        drive_to(cluster, agent, acked + 3 * INTERVAL_HEIGHTS)
         wait_until(
-            f"every sidecar pruned at {below(acked)} or above",
-            lambda: min(floors(cluster)) >= below(acked),
+            f"every sidecar pruned at its newest snapshot at or below {acked}, or above",
+            lambda: all(
+                f >= h > 0
+                for f, h in zip(floors(cluster), newest_snapshots(cluster, acked), strict=True)
+            ),
             timeout_s=PRUNE_WAIT_S,
+            describe=lambda: seen(cluster),
         )
         assert max(floors(cluster)) <= read_acked(cluster.node_dir(0))
     finally:
