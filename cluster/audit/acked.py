@@ -16,6 +16,7 @@ file never goes back: a larger height already there stays.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -47,26 +48,30 @@ def write_acked(node_dir: Path, height: int) -> bool:
     """Write `{"height": height}` into `node_dir`'s acknowledged-height file unless it
     already holds that height or a larger one; True when it wrote. Replaced whole: written
     beside, synced, renamed over, the directory synced, so that a crash leaves the old
-    height or the new one and a sidecar never reads a part."""
-    try:
-        if read_acked(node_dir) >= height:
-            return False
-    except ValueError as err:
-        log.warning("event=acked_unreadable replaced=true error=%s", err)
-    path = node_dir / ACKED_FILE
-    temporary = path.with_name(path.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, ACKED_FILE_MODE)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump({"height": height}, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    height or the new one and a sidecar never reads a part. The directory is locked
+    meanwhile, so that two shippers on one host cannot lower it between the read and the
+    rename."""
     directory = os.open(node_dir, os.O_RDONLY)
     try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        try:
+            if read_acked(node_dir) >= height:
+                return False
+        except ValueError as err:
+            log.warning("event=acked_unreadable replaced=true error=%s", err)
+        path = node_dir / ACKED_FILE
+        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, ACKED_FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            os.fchmod(fd, ACKED_FILE_MODE)  # whatever the umask: a sidecar of another user reads it
+            json.dump({"height": height}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
         os.fsync(directory)
+        return True
     finally:
-        os.close(directory)
-    return True
+        os.close(directory)  # and the lock with it
 
 
 def local_node_dirs(spec: ClusterSpec) -> tuple[Path, ...]:

@@ -43,7 +43,17 @@ def test_the_file_never_goes_back(tmp_path: Path) -> None:
     assert write_acked(tmp_path, 120)
     assert json.loads((tmp_path / ACKED_FILE).read_text()) == {"height": 120}
     assert (tmp_path / ACKED_FILE).stat().st_mode & 0o777 == 0o644
-    assert not (tmp_path / (ACKED_FILE + ".tmp")).exists()
+    assert list(tmp_path.glob("*.tmp")) == []
+
+
+def test_the_file_is_readable_whatever_the_umask(tmp_path: Path) -> None:
+    """A sidecar run as another user reads it: 0644, even under a umask of 077."""
+    old = os.umask(0o077)
+    try:
+        write_acked(tmp_path, 3)
+    finally:
+        os.umask(old)
+    assert (tmp_path / ACKED_FILE).stat().st_mode & 0o777 == 0o644
 
 
 def test_a_file_that_holds_no_height_is_replaced(tmp_path: Path) -> None:
