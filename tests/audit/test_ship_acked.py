@@ -7,6 +7,10 @@ leaves every sidecar with `audit_copy` unable to prune, for ever. Then the bound
 sidecar prunes up to the height the shipper wrote and not beyond while more heights go
 by, and further once the copy moves; a batch that ends inside a height acknowledges only
 the heights below it.
+
+The tests run in file order on one cluster: the mid-height test ships into a copy of its
+own from height 1, so it comes before anything is pruned; the others share one copy
+(`copy_dsn`), shipped before the first pruning as docs/pruning.md asks.
 """
 
 from __future__ import annotations
