@@ -32,9 +32,9 @@ def pruned_message(asked: int, history_from: int) -> str:
     to go instead."""
     return (
         f"height {asked} is pruned on this replica: its committed log starts at height "
-        f"{history_from} (retain_heights in snapshots.json, docs/pruning.md); catch a "
-        "sidecar up from a snapshot (`quorumgate replay --from-snapshot`) and take older "
-        "verdicts from the auditors' copy"
+        f"{history_from} (retain_heights or retain_age_s in snapshots.json, docs/pruning.md); "
+        "catch a sidecar up from a snapshot (`quorumgate replay --from-snapshot`) and take "
+        "older verdicts from the auditors' copy"
     )
 
 

@@ -260,7 +260,7 @@ class Sidecar:
         self.snapshot_options = SnapshotOptions.read(node_dir)
         self.snapshots = SnapshotDir(node_dir / SNAPSHOT_DIR, self.snapshot_options.kept)
         self._snapshot_write: asyncio.Task[None] | None = None
-        # Pruning below a snapshot when `retain_heights` is set (docs/pruning.md): tried
+        # Pruning below a snapshot when a retention is set (docs/pruning.md): tried
         # after each snapshot written, between two heights, so no audit reads a height
         # while its rows go.
         self.pruner = Pruner(
@@ -395,7 +395,7 @@ class Sidecar:
             self.registry_since = height
         self._snapshot_if_due(executed, engine)
         if self._prune_due:
-            await self._prune()
+            await self._prune(executed.block_time_ms)
         self._roots.append((height, result.state_root))
         self._root_turns.notify()
         async with self._executed:
@@ -431,20 +431,21 @@ class Sidecar:
                 return
             if written is not None:
                 log.info("event=snapshot_written height=%d bytes=%d", height, len(data))
-                self._prune_due = self.snapshot_options.retain_heights is not None
+                self._prune_due = self.snapshot_options.prunes
 
         self._snapshot_write = asyncio.create_task(write())
 
-    async def _prune(self) -> None:
-        """Prune the store below the newest snapshot the bounds allow (sidecar/pruning.py);
-        the audit then walks from the new start of local history."""
+    async def _prune(self, executed_time_ms: int) -> None:
+        """Prune the store below the newest snapshot the bounds allow (sidecar/pruning.py),
+        the executed height's block time being `executed_time_ms`; the audit then walks
+        from the new start of local history."""
         if self._snapshot_write is not None and not self._snapshot_write.done():
             return  # the snapshot directory is being written in a thread: after it
         self._prune_due = False
         store = self.store
         assert store is not None
         try:
-            point = self.pruner.point(store)
+            point = self.pruner.point(store, executed_time_ms)
             if point is None:
                 return
             result = await self.pruner.prune(store, point)

@@ -1,15 +1,17 @@
 """Pruning a sidecar's history below a snapshot (docs/pruning.md).
 
-With `retain_heights` set in `DIR/node-I/snapshots.json`, a sidecar drops the ledger rows,
-receipts, block statements and rejection artifacts of the heights at and below a *pruning
-point*, and its replica the committed blocks and commit proofs below it. The point is
-the newest snapshot height this sidecar holds that is at most
+With `retain_heights` or `retain_age_s` set in `DIR/node-I/snapshots.json`, a sidecar drops
+the ledger rows, receipts, block statements and rejection artifacts of the heights at and
+below a *pruning point*, and its replica the committed blocks and commit proofs below it.
+The point is the newest snapshot height this sidecar holds that is at most
 
-- its executed height less `retain_heights` (the history it is told to keep), and
+- its executed height less `retain_heights` (the history it is told to keep),
+- with `retain_age_s`, the newest snapshot whose block time is at least that many seconds
+  before its executed height's block time (the history younger than that is kept), and
 - when an auditors' copy is configured (`audit_copy`), the height the copy acknowledged:
-  the shipper records that in the copy's PostgreSQL cursor (docs/audit.md), which the
-  sidecar cannot read, so the operator (or a job reading the cursor) writes it to
-  `DIR/node-I/audit-acked.json` as {"height": H}; without that file nothing is pruned.
+  the sidecar cannot read the copy, so `quorumgate ship` (cluster/audit/acked.py), or an
+  operator, writes it to `DIR/node-I/audit-acked.json` as {"height": H}; without that
+  file nothing is pruned.
 
 It is never above the newest snapshot (a wiped sidecar then always has a snapshot and the
 blocks after it) and never below the store's current checkpoint (pruning only moves
@@ -31,32 +33,50 @@ from nacl.signing import SigningKey, VerifyKey
 from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
 from quorumgate.replica.pruning import PruneFloor
-from quorumgate.sidecar.snapshots import RETAIN_HEIGHTS_MIN, SnapshotDir, SnapshotOptions
+from quorumgate.sidecar.snapshots import (
+    RETAIN_AGE_S_MIN,
+    RETAIN_HEIGHTS_MIN,
+    SnapshotDir,
+    SnapshotOptions,
+)
 from quorumgate.sidecar.store import Checkpoint, CheckpointSignature, PruneResult, SidecarStore
 
 ACKED_FILE = "audit-acked.json"  # in the node directory: {"height": H}, the copy's cursor
+MS_PER_S = 1000
 
 
 @dataclass(frozen=True)
 class PruneBounds:
-    """What bounds one pruning: the executed height, the heights to keep below it, the
-    snapshot heights held, the height the auditors' copy acknowledged (None: no copy is
-    configured) and the store's current checkpoint height (0: none)."""
+    """What bounds one pruning: the executed height, the heights to keep below it (None:
+    no retention by height), the snapshot heights held, the height the auditors' copy
+    acknowledged (None: no copy is configured), the store's current checkpoint height (0:
+    none); and for a retention by age, the seconds of block time to keep (None: none),
+    the executed height's block time and each held snapshot's (height, block time)."""
 
     executed_height: int
-    retain_heights: int
+    retain_heights: int | None
     snapshot_heights: tuple[int, ...]
     acked_height: int | None = None
     checkpoint_height: int = 0
+    retain_age_s: int | None = None
+    executed_time_ms: int = 0
+    snapshot_times_ms: tuple[tuple[int, int], ...] = ()
 
 
 def prune_point(bounds: PruneBounds) -> int | None:
     """The height to prune at and below, or None when nothing may be pruned now (module
-    doc). Raises ValueError for a retention below `RETAIN_HEIGHTS_MIN`: the options file
-    refuses one, and this refuses it again rather than drop every height."""
-    if bounds.retain_heights < RETAIN_HEIGHTS_MIN:
-        raise ValueError(f"retain_heights must be >= {RETAIN_HEIGHTS_MIN}")
-    limit = bounds.executed_height - bounds.retain_heights
+    doc). Raises ValueError for a retention below `RETAIN_HEIGHTS_MIN` or
+    `RETAIN_AGE_S_MIN`: the options file refuses one, and this refuses it again rather
+    than drop every height."""
+    if bounds.retain_heights is None and bounds.retain_age_s is None:
+        return None  # no retention: every height is kept
+    limit = bounds.executed_height
+    if bounds.retain_heights is not None:
+        if bounds.retain_heights < RETAIN_HEIGHTS_MIN:
+            raise ValueError(f"retain_heights must be >= {RETAIN_HEIGHTS_MIN}")
+        limit = bounds.executed_height - bounds.retain_heights
+    if bounds.retain_age_s is not None:
+        limit = min(limit, age_limit(bounds))
     if bounds.acked_height is not None:
         limit = min(limit, bounds.acked_height)
     candidates = [h for h in bounds.snapshot_heights if 1 <= h <= limit]
@@ -64,6 +84,21 @@ def prune_point(bounds: PruneBounds) -> int | None:
         return None
     point = max(candidates)
     return point if point > bounds.checkpoint_height else None
+
+
+def age_limit(bounds: PruneBounds) -> int:
+    """The newest held snapshot height whose block time is at least `retain_age_s` before
+    the executed height's (0: none). Block time grows with every height (a voter refuses
+    a block not later than its parent: docs/consensus/messages.md, "Block time"), so every
+    height at or below it is as old, and every height above it within the age is kept."""
+    age_s = bounds.retain_age_s
+    if age_s is None or age_s < RETAIN_AGE_S_MIN:
+        raise ValueError(f"retain_age_s must be >= {RETAIN_AGE_S_MIN}")
+    cutoff_ms = bounds.executed_time_ms - age_s * MS_PER_S
+    old = [
+        h for h, t in bounds.snapshot_times_ms if t <= cutoff_ms and h in bounds.snapshot_heights
+    ]
+    return max(old, default=0)
 
 
 def read_acked(node_dir: Path) -> int:
@@ -119,16 +154,23 @@ class Pruner:
     index: int
     chain_id: str
 
-    def point(self, store: SidecarStore) -> int | None:
-        """Where `store` may be pruned now (None: nowhere, or pruning is off). Raises
-        ValueError for an unreadable acknowledged-height file."""
-        retain = self.options.retain_heights
-        if retain is None:
+    def point(self, store: SidecarStore, executed_time_ms: int) -> int | None:
+        """Where `store` may be pruned now (None: nowhere, or pruning is off), its executed
+        height's block time being `executed_time_ms`. Raises ValueError for an unreadable
+        acknowledged-height file."""
+        options = self.options
+        if not options.prunes:
             return None
-        acked = read_acked(self.node_dir) if self.options.audit_copy else None
+        acked = read_acked(self.node_dir) if options.audit_copy else None
         base = store.checkpoint.height if store.checkpoint is not None else 0
-        held = snapshot_heights(m.height for m in self.snapshots.manifests())
-        return prune_point(PruneBounds(store.executed_height, retain, held, acked, base))
+        manifests = self.snapshots.manifests()
+        held = snapshot_heights(m.height for m in manifests)
+        times = tuple(sorted((m.height, m.block_time_ms) for m in manifests))
+        bounds = PruneBounds(
+            store.executed_height, options.retain_heights, held, acked, base,
+            options.retain_age_s, executed_time_ms, times,
+        )  # fmt: skip
+        return prune_point(bounds)
 
     async def prune(self, store: SidecarStore, point: int) -> PruneResult:
         """Prune `store` at the snapshot of `point`: sign the checkpoint, drop the rows,

@@ -28,6 +28,7 @@ import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from nacl.signing import SigningKey
@@ -55,6 +56,9 @@ SNAPSHOT_DIR = "snapshots"
 # The fewest heights a pruning sidecar keeps below its executed height: a retention of 0
 # or less would drop the heights a lagging peer or reader is still reading.
 RETAIN_HEIGHTS_MIN = 1
+# The shortest retention by age, in seconds of block time: a shorter one would keep less
+# than a lagging reader needs to catch up after a restart (docs/pruning.md).
+RETAIN_AGE_S_MIN = 60
 OPTIONS_FILE = "snapshots.json"  # in the node directory: this sidecar's interval and count
 MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state"
@@ -75,50 +79,80 @@ class SnapshotError(Exception):
 class SnapshotOptions:
     """How often this sidecar writes a snapshot (0: never) and how many it keeps; and,
     when set, how many heights of history it keeps below its executed height before it
-    prunes (`retain_heights`, None: it keeps everything) and whether an auditors' copy
-    bounds the pruning (`audit_copy`: docs/pruning.md)."""
+    prunes (`retain_heights`), how many seconds of block time it keeps before its executed
+    height's block time (`retain_age_s`; with neither it keeps everything), and whether an
+    auditors' copy bounds the pruning (`audit_copy`: docs/pruning.md)."""
 
     interval_heights: int = SNAPSHOT_INTERVAL_HEIGHTS
     kept: int = SNAPSHOTS_KEPT
     retain_heights: int | None = None
     audit_copy: bool = False
+    retain_age_s: int | None = None
+
+    @property
+    def prunes(self) -> bool:
+        """Whether a retention is set: this sidecar prunes after each snapshot."""
+        return self.retain_heights is not None or self.retain_age_s is not None
 
     @staticmethod
     def read(node_dir: Path) -> SnapshotOptions:
         """`node_dir/snapshots.json` ({"interval_heights": N, "kept": K, "retain_heights":
-        R, "audit_copy": true}, all optional), or the defaults when there is none."""
+        R, "retain_age_s": S, "audit_copy": true}, all optional), or the defaults when
+        there is none."""
         path = node_dir / OPTIONS_FILE
         if not path.exists():
             return SnapshotOptions()
         try:
             doc = json.loads(path.read_text())
-            retain = doc.get("retain_heights")
+            retain = _whole_or_none(doc, "retain_heights", "heights")
+            retain_age_s = _whole_or_none(doc, "retain_age_s", "seconds")
             audit_copy = doc.get("audit_copy", False)
             if not isinstance(audit_copy, bool):
                 raise ValueError("audit_copy must be true or false")
-            if retain is not None and (not isinstance(retain, int) or isinstance(retain, bool)):
-                raise ValueError("retain_heights must be a whole number of heights")
             options = SnapshotOptions(
                 int(doc.get("interval_heights", SNAPSHOT_INTERVAL_HEIGHTS)),
                 int(doc.get("kept", SNAPSHOTS_KEPT)),
                 retain,
                 audit_copy,
+                retain_age_s,
             )
         except (OSError, ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{path}: not a snapshot options file: {err}") from err
-        if options.interval_heights < 0 or options.kept < 1:
-            raise ValueError(f"{path}: interval_heights must be >= 0 and kept >= 1")
-        if options.retain_heights is not None and options.retain_heights < RETAIN_HEIGHTS_MIN:
-            raise ValueError(
-                f"{path}: retain_heights must be >= {RETAIN_HEIGHTS_MIN} (leave it out to "
-                "keep every height)"
-            )
-        if options.retain_heights is not None and not options.interval_heights:
-            raise ValueError(
-                f"{path}: retain_heights needs snapshots (interval_heights > 0): history is "
-                "pruned only up to a snapshot"
-            )
+        problem = options.retention_problem()
+        if problem:
+            raise ValueError(f"{path}: {problem}")
         return options
+
+    def retention_problem(self) -> str:
+        """Why these options cannot be honoured ('' when they can)."""
+        if self.interval_heights < 0 or self.kept < 1:
+            return "interval_heights must be >= 0 and kept >= 1"
+        if self.retain_heights is not None and self.retain_heights < RETAIN_HEIGHTS_MIN:
+            return (
+                f"retain_heights must be >= {RETAIN_HEIGHTS_MIN} (leave it out to keep every "
+                "height)"
+            )
+        if self.retain_age_s is not None and self.retain_age_s < RETAIN_AGE_S_MIN:
+            return (
+                f"retain_age_s must be >= {RETAIN_AGE_S_MIN} (seconds of block time; leave it "
+                "out to prune by height only)"
+            )
+        if self.prunes and not self.interval_heights:
+            name = "retain_heights" if self.retain_heights is not None else "retain_age_s"
+            return (
+                f"{name} needs snapshots (interval_heights > 0): history is pruned only up to "
+                "a snapshot"
+            )
+        return ""
+
+
+def _whole_or_none(doc: Any, key: str, unit: str) -> int | None:
+    """`doc[key]` when it is a whole number (not a bool, a float or a string), None when
+    absent; ValueError otherwise."""
+    value = doc.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{key} must be a whole number of {unit}")
+    return None if value is None else int(value)
 
 
 @dataclass(frozen=True)

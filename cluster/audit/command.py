@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterFileError, load_cluster, read_seed
 
 EXIT_USAGE = 2
+SHIP_LOGGER = "quorumgate.ship"  # the shipper's loggers: shipper.py, otel.py, acked.py
 NEEDS_EXTRA = "the audit copy needs PostgreSQL's driver: pip install 'quorumgate[audit]'"
 NEEDS_OTEL = "--otlp needs the OpenTelemetry SDK: pip install 'quorumgate[otel]'"
 
@@ -62,17 +64,32 @@ def _key_file(args: argparse.Namespace, directory: Path) -> Path:
     return Path(args.key) if args.key else directory / OWNER_KEY_FILE
 
 
-def _shippers(args: argparse.Namespace, spec: Any, key: Any, stubs: Any) -> dict[str, Any]:
+def _acked_files(args: argparse.Namespace, spec: Any) -> Any:
+    """Where the copies' acknowledged height goes for pruning (docs/pruning.md): every
+    member's node directory on this host, bounded by each copy asked for; None with
+    `--no-acked-file`."""
+    if args.no_acked_file:
+        return None
+    from quorumgate.audit import otel, shipper
+    from quorumgate.audit.acked import AckedFiles, local_node_dirs
+
+    copies = [c for c, on in ((shipper.ACKED_COPY, args.dsn), (otel.ACKED_COPY, args.otlp)) if on]
+    return AckedFiles(local_node_dirs(spec), copies)
+
+
+def _shippers(
+    args: argparse.Namespace, spec: Any, key: Any, stubs: Any, acked: Any
+) -> dict[str, Any]:
     """The shippers asked for, by where they copy to."""
     shippers: dict[str, Any] = {}
     if args.dsn:
         from quorumgate.audit.shipper import ShipOptions, Shipper
 
-        shippers["to PostgreSQL"] = Shipper(spec, key, stubs, ShipOptions(dsn=args.dsn))
+        shippers["to PostgreSQL"] = Shipper(spec, key, stubs, ShipOptions(dsn=args.dsn), acked)
     if args.otlp:
         from quorumgate.audit.otel import OtlpShipper
 
-        shippers["over OTLP"] = OtlpShipper(spec, key, stubs, args.otlp_options)
+        shippers["over OTLP"] = OtlpShipper(spec, key, stubs, args.otlp_options, acked)
     return shippers
 
 
@@ -94,10 +111,12 @@ async def _ship(args: argparse.Namespace) -> int:
     spec = load_cluster(directory)
     key = SigningKey(read_seed(_key_file(args, directory)))
     channels = Channels(spec)
-    shippers = _shippers(args, spec, key, channels.sidecars)
+    acked = _acked_files(args, spec)
+    shippers = _shippers(args, spec, key, channels.sidecars, acked)
     if args.metrics_port is not None:
+        registries = [s.metrics.registry for s in shippers.values()]
         registry = CollectorRegistry()
-        registry.register(_Registries(*(s.metrics.registry for s in shippers.values())))
+        registry.register(_Registries(*registries, *([acked.registry] if acked else [])))
         start_http_server(args.metrics_port, addr="127.0.0.1", registry=registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -117,10 +136,22 @@ async def _ship(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_to_stderr() -> None:
+    """The shipper's own log lines (`event=acked_written`, a batch sent again, the
+    database unavailable) on stderr, at INFO: a service unit's journal keeps them."""
+    logger = logging.getLogger(SHIP_LOGGER)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s level=%(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def cmd_ship(args: argparse.Namespace) -> int:
     if not args.dsn and not args.otlp:
         print("error: ship needs --dsn, --otlp or both", file=sys.stderr)
         return EXIT_USAGE
+    _log_to_stderr()
     if args.dsn and not _has_driver():
         return EXIT_USAGE
     refused: tuple[type[Exception], ...] = (ClusterFileError,)
@@ -242,6 +273,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ship.add_argument("--key", help="the reading key file (an auditor's; default owner.key)")
     ship.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on loopback")
     ship.add_argument("--once", action="store_true", help="ship what is certified now, then exit")
+    ship.add_argument(
+        "--no-acked-file",
+        action="store_true",
+        help="do not write the copy's acknowledged height into DIR/node-I/audit-acked.json "
+        "for pruning (docs/pruning.md)",
+    )
     ship.set_defaults(func=cmd_ship)
     audit = sub.add_parser("audit", help="check the PostgreSQL copy of the verdicts")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)

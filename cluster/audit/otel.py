@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from quorumgate.audit.acked import AckedFiles, acked_height
 from quorumgate.audit.follow import Reader, read_round
 from quorumgate.audit.records import Batch, Cursor, ShippedVerdict
 from quorumgate.proto.canonical import HASH_BYTES
@@ -41,6 +42,7 @@ OTLP_IDLE_S = 0.5  # between rounds when there was nothing new to send
 OTLP_RETRY_S_MAX = 10.0  # the longest pause before a round after a failed export
 OTLP_SEND_ATTEMPTS_MAX = 5  # exports of one batch before the round gives up
 OTLP_CURSOR_FILE = "ship-otlp-cursor.json"  # in the cluster directory unless named
+ACKED_COPY = "otlp"  # this copy's name among those bounding the acknowledged height
 EVENT_NAME = "quorumgate.verdict"
 SCOPE_NAME = "quorumgate.audit"
 SERVICE_NAME = "quorumgate-ship"
@@ -318,11 +320,17 @@ class OtlpShipper:
     """Rounds of certified verdicts into an OTLP receiver, one batch per export."""
 
     def __init__(
-        self, spec: ClusterSpec, key: SigningKey, stubs: Sequence[Any], options: OtlpOptions
+        self,
+        spec: ClusterSpec,
+        key: SigningKey,
+        stubs: Sequence[Any],
+        options: OtlpOptions,
+        acked: AckedFiles | None = None,
     ) -> None:
         self.spec = spec
         self.reader = Reader(spec, key, stubs)
         self.options = options
+        self.acked = acked  # where the copy's acknowledged height goes (docs/pruning.md)
         self.cursor_file = CursorFile(options.cursor_path, spec.chain_id, options.endpoint)
         self.metrics = OtlpMetrics()
         self.records = VerdictRecords(spec.chain_id)
@@ -357,12 +365,18 @@ class OtlpShipper:
         for refusal in found.refusals:
             self.metrics.refusals.labels(reason=refusal.reason).inc()
         shipped_height = cursor.height
+        # The cursor file holds no leaf count: read back alone, its height counts as
+        # unfinished; after a batch, the last verdict's certificate tells (docs/pruning.md).
+        end, count = cursor, None
         if found.verdicts:
             batch = Batch(self.spec.chain_id, tuple(found.verdicts))
             await self.send(batch)
-            self.cursor_file.write(batch.after(cursor))
+            end, count = batch.after(cursor), batch.verdicts[-1].certificate.leaf_count
+            self.cursor_file.write(end)
             shipped_height = batch.verdicts[-1].entry.height
             self.metrics.shipped_height.set(shipped_height)
+        if self.acked is not None:
+            self.acked.report(ACKED_COPY, acked_height(end, count))
         behind = 0 if found.caught_up else found.executed - shipped_height
         self.metrics.lag.set(max(0, behind))
         return len(found.verdicts)

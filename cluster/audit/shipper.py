@@ -17,9 +17,17 @@ import psycopg
 from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from quorumgate.audit.acked import AckedFiles, acked_height
 from quorumgate.audit.follow import Reader, Refusal, Round, read_round
 from quorumgate.audit.records import Batch, Cursor
-from quorumgate.audit.store import CursorMoved, Written, connect, read_cursor, write_batch
+from quorumgate.audit.store import (
+    CursorMoved,
+    Written,
+    connect,
+    cursor_leaf_count,
+    read_cursor,
+    write_batch,
+)
 from quorumgate.proto.clusterfile import ClusterSpec
 
 log = logging.getLogger("quorumgate.ship")
@@ -27,6 +35,7 @@ log = logging.getLogger("quorumgate.ship")
 SHIP_IDLE_S = 0.5  # between rounds when there was nothing new to ship
 SHIP_RETRY_S_MAX = 10.0  # the longest pause before writing a batch again after a failure
 SHIP_WRITE_ATTEMPTS_MAX = 5  # tries of one batch before the round gives up (and starts over)
+ACKED_COPY = "postgresql"  # this copy's name among those bounding the acknowledged height
 
 
 class ShipMetrics:
@@ -82,11 +91,17 @@ class ShipOptions:
 
 class Shipper:
     def __init__(
-        self, spec: ClusterSpec, key: SigningKey, stubs: Sequence[Any], options: ShipOptions
+        self,
+        spec: ClusterSpec,
+        key: SigningKey,
+        stubs: Sequence[Any],
+        options: ShipOptions,
+        acked: AckedFiles | None = None,
     ) -> None:
         self.spec = spec
         self.reader = Reader(spec, key, stubs)
         self.options = options
+        self.acked = acked  # where the copy's acknowledged height goes (docs/pruning.md)
         self.metrics = ShipMetrics()
         self.conn: psycopg.Connection[Any] | None = None
         self.shipped_height = 0  # the copy's last height, as the last round read it
@@ -126,13 +141,26 @@ class Shipper:
             return result
         raise AssertionError("unreachable")
 
+    def _acknowledged(self, cursor: Cursor, batch: Batch | None = None) -> None:
+        """Tell the acknowledged-height files where the committed copy ends: after `batch`
+        (committed after `cursor`), or at `cursor` as the copy holds it."""
+        if self.acked is None:
+            return
+        if batch is not None:
+            end, count = batch.after(cursor), batch.verdicts[-1].certificate.leaf_count
+        else:
+            end, count = cursor, cursor_leaf_count(self._db(), self.spec.chain_id, cursor)
+        self.acked.report(ACKED_COPY, acked_height(end, count))
+
     async def ship_once(self) -> int:
         """One round: read, check, write. Returns how many verdicts it shipped."""
         cursor = read_cursor(self._db(), self.spec.chain_id)
         found = await self.next_round(cursor)
         self._count(found)
         shipped_height = self.shipped_height = cursor.height
-        if found.verdicts:
+        if not found.verdicts:
+            self._acknowledged(cursor)
+        else:
             batch = Batch(self.spec.chain_id, tuple(found.verdicts))
             try:
                 self.write(batch, cursor)
@@ -140,6 +168,8 @@ class Shipper:
                 # another shipper wrote first: start over from the copy's cursor
                 self.metrics.refusals.labels(reason="cursor moved").inc()
                 return 0
+            # written now or before (a resend): committed with the cursor past it
+            self._acknowledged(cursor, batch)
             shipped_height = self.shipped_height = batch.verdicts[-1].entry.height
         self.metrics.shipped_height.set(shipped_height)
         # Heights without verdicts hold no entry: the copy is whole through the executed
@@ -198,6 +228,7 @@ class Shipper:
         if pipe.cursor is None:
             pipe.cursor = read_cursor(self._db(), self.spec.chain_id)
             self.shipped_height = pipe.cursor.height
+            self._acknowledged(pipe.cursor)
         found = await self.next_round(pipe.cursor)
         if not await self.settle(pipe):
             return 0  # the batch before was not the copy's next: read again from the copy
@@ -205,7 +236,7 @@ class Shipper:
         if found.verdicts:
             batch = Batch(self.spec.chain_id, tuple(found.verdicts))
             pipe.writing = asyncio.create_task(asyncio.to_thread(self.write, batch, pipe.cursor))
-            pipe.batch, pipe.cursor = batch, batch.after(pipe.cursor)
+            pipe.batch, pipe.before, pipe.cursor = batch, pipe.cursor, batch.after(pipe.cursor)
         # The lag counts from the copy's committed height, not the batch still in flight.
         behind = found.executed - self.shipped_height
         self.metrics.lag.set(0 if found.caught_up and not found.verdicts else max(0, behind))
@@ -214,10 +245,10 @@ class Shipper:
     async def settle(self, pipe: _Pipeline) -> bool:
         """Wait for the batch in flight; False (and the cursor forgotten) when the copy did
         not take it as its next batch. A database error propagates, the pipe emptied."""
-        writing, batch = pipe.writing, pipe.batch
-        if writing is None or batch is None:
+        writing, batch, before = pipe.writing, pipe.batch, pipe.before
+        if writing is None or batch is None or before is None:
             return True
-        pipe.writing = pipe.batch = None
+        pipe.writing = pipe.batch = pipe.before = None
         try:
             result = await writing
         except CursorMoved:
@@ -233,6 +264,7 @@ class Shipper:
             return False
         self.shipped_height = batch.verdicts[-1].entry.height
         self.metrics.shipped_height.set(self.shipped_height)
+        self._acknowledged(before, batch)
         return True
 
 
@@ -243,7 +275,8 @@ class _Pipeline:
 
     cursor: Cursor | None = None
     batch: Batch | None = None
+    before: Cursor | None = None  # where the copy stands until `batch` commits
     writing: asyncio.Task[Written] | None = None
 
     def reset(self) -> None:
-        self.cursor = self.batch = self.writing = None
+        self.cursor = self.batch = self.before = self.writing = None

@@ -212,3 +212,12 @@ def read_row(
 
 def certificate_of(row: tuple[Any, ...]) -> Any:
     return decode_certificate(bytes(row[16]))
+
+
+def cursor_leaf_count(conn: psycopg.Connection[Any], chain_id: str, cursor: Cursor) -> int | None:
+    """How many verdicts the height of the cursor's entry holds, from that row's
+    certificate (None before the first batch, or for a row that is not there)."""
+    if not cursor.started:
+        return None
+    row = read_row(conn, chain_id, cursor.height, cursor.index)
+    return None if row is None else int(certificate_of(row).leaf_count)

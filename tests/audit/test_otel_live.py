@@ -30,6 +30,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from quorumgate.audit import otel
+from quorumgate.audit.acked import AckedFiles
 from quorumgate.audit.follow import Reader
 from quorumgate.audit.otel import (
     OTLP_SEND_ATTEMPTS_MAX,
@@ -46,6 +47,7 @@ from quorumgate.sdk.certificates import certified_leaf
 from quorumgate.sdk.delivery import Channels
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.ledger import LedgerEntry
+from quorumgate.sidecar.pruning import read_acked
 from quorumgate.sidecar.wire import decode_certificate
 from tests.audit.test_ship_live import count, fresh_db
 from tests.support.cluster import new_agent, wait_until
@@ -322,6 +324,38 @@ async def test_a_restarted_shipper_resumes_from_its_cursor(
     assert metric(again, "qg_ship_otlp_verdicts_total") == len(resumed)
 
 
+async def test_the_otlp_copy_tells_pruning_the_height_it_acknowledged(
+    cluster: ClusterSpec, decided: str, channels: Channels, receiver: Receiver, tmp_path: Path
+) -> None:
+    """OTLP alone (docs/pruning.md): after the receiver acknowledged the ledger, the file
+    holds the height of its last entry, the last of its height; a shipper started again
+    reads only its cursor file, which does not say whether that height is whole, and does
+    not lower the file."""
+    node = tmp_path / "node-0"
+    node.mkdir()
+    cursor = tmp_path / "cursor.json"
+    endpoint, insecure = parse_endpoint(receiver.url)
+    options = OtlpOptions(endpoint, insecure, cursor)
+
+    def shipper() -> OtlpShipper:
+        acked = AckedFiles([node], [otel.ACKED_COPY])
+        return OtlpShipper(cluster, owner_key(cluster), channels.sidecars, options, acked)
+
+    first = shipper()
+    try:
+        await ship_all(first, channels)
+    finally:
+        first.close()
+    shipped_to = first.cursor_file.read().height
+    assert shipped_to >= 1 and read_acked(node) == shipped_to
+    again = shipper()
+    try:
+        await again.ship_once()
+    finally:
+        again.close()
+    assert read_acked(node) >= shipped_to
+
+
 async def test_a_crash_after_the_acknowledgement_resends_under_the_same_ids(
     cluster: ClusterSpec,
     decided: str,
@@ -432,6 +466,7 @@ def test_beside_postgresql_both_copies_catch_up_with_their_metrics_on_one_port(
         text = wait_until("both copies caught up, by the metrics", caught_up)
         assert 'qg_ship_otlp_batches_total{result="exported"}' in text
         assert "qg_ship_otlp_retries_total 0.0" in text
+        assert "qg_ship_acked_height" in text  # the lower of the two copies, for pruning
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

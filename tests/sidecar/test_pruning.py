@@ -30,7 +30,12 @@ from quorumgate.sidecar.pruning import (
     read_acked,
     sign_checkpoint,
 )
-from quorumgate.sidecar.snapshots import OPTIONS_FILE, SnapshotDir, SnapshotOptions
+from quorumgate.sidecar.snapshots import (
+    OPTIONS_FILE,
+    RETAIN_AGE_S_MIN,
+    SnapshotDir,
+    SnapshotOptions,
+)
 from quorumgate.sidecar.store import CheckpointSignature, SidecarStore, SidecarStoreError
 from tests.engine.harness import CHAIN
 from tests.sidecar.executed_log import (
@@ -40,6 +45,9 @@ from tests.sidecar.executed_log import (
     receipt_public_keys,
 )
 from tests.sidecar.test_snapshots import OWN, Log, log, top  # noqa: F401 (a fixture)
+
+NOW_MS = 1_700_000_000_000  # an executed height's block time
+S = 1000  # milliseconds in a second
 
 # ---------------------------------------------------------------- the bounds
 
@@ -77,6 +85,69 @@ def test_a_retention_of_zero_or_less_is_refused(retain: int) -> None:
         prune_point(PruneBounds(1000, retain, (200, 999)))
 
 
+# Snapshots 200, 600 and 900, taken 500 s, 100 s and 30 s of block time before the
+# executed height's block time.
+AGED = ((200, NOW_MS - 500 * S), (600, NOW_MS - 100 * S), (900, NOW_MS - 30 * S))
+
+
+def aged(**fields: object) -> PruneBounds:
+    bounds = PruneBounds(
+        executed_height=1000,
+        retain_heights=1,
+        snapshot_heights=(200, 600, 900),
+        retain_age_s=60,
+        executed_time_ms=NOW_MS,
+        snapshot_times_ms=AGED,
+    )
+    return replace(bounds, **fields)  # type: ignore[arg-type]
+
+
+def test_never_drops_history_younger_than_the_age() -> None:
+    """The retention by height alone would prune at 900, whose block is 30 s old: with
+    `retain_age_s` 60 the point is 600, the newest snapshot at least 60 s old."""
+    assert prune_point(aged(retain_age_s=None)) == 900
+    assert prune_point(aged()) == 600
+    assert prune_point(aged(retain_age_s=120)) == 200
+    assert prune_point(aged(retain_age_s=501)) is None  # every snapshot is younger
+
+
+def test_the_age_counts_in_block_time_to_the_millisecond() -> None:
+    """A snapshot exactly the age old may go; one a millisecond younger may not. The
+    clock is the executed height's block time, not the machine's."""
+    exactly = ((200, NOW_MS - 500 * S), (600, NOW_MS - 60 * S), (900, NOW_MS - 30 * S))
+    assert prune_point(aged(snapshot_times_ms=exactly)) == 600
+    younger = ((200, NOW_MS - 500 * S), (600, NOW_MS - 60 * S + 1), (900, NOW_MS - 30 * S))
+    assert prune_point(aged(snapshot_times_ms=younger)) == 200
+    # a cluster idle for an hour: its executed height's block time has not moved
+    assert prune_point(aged(executed_time_ms=NOW_MS - 45 * S)) == 200
+
+
+def test_the_age_alone_prunes() -> None:
+    assert prune_point(aged(retain_heights=None)) == 600
+    assert prune_point(aged(retain_heights=None, retain_age_s=None)) is None  # no retention
+
+
+def test_the_stricter_retention_wins() -> None:
+    assert prune_point(aged(retain_heights=500)) == 200  # by height: 500 and below
+    assert prune_point(aged(retain_heights=50)) == 600  # by age
+    assert prune_point(aged(acked_height=450)) == 200  # and the copy's bound still holds
+    assert prune_point(aged(checkpoint_height=600)) is None
+
+
+def test_a_snapshot_without_a_block_time_does_not_set_the_age_point() -> None:
+    unknown = ((200, NOW_MS - 500 * S),)  # 600's time not known
+    assert prune_point(aged(snapshot_times_ms=unknown)) == 200
+    assert prune_point(aged(snapshot_times_ms=())) is None
+    # a time for a height that is not held is no snapshot to prune at
+    assert prune_point(aged(snapshot_heights=(200, 900))) == 200
+
+
+@pytest.mark.parametrize("age", [0, -60, RETAIN_AGE_S_MIN - 1])
+def test_an_age_below_the_minimum_is_refused(age: int) -> None:
+    with pytest.raises(ValueError, match=f"retain_age_s must be >= {RETAIN_AGE_S_MIN}"):
+        prune_point(aged(retain_age_s=age))
+
+
 @pytest.mark.parametrize(
     ("doc", "why"),
     [
@@ -87,14 +158,26 @@ def test_a_retention_of_zero_or_less_is_refused(retain: int) -> None:
         ({"interval_heights": 10, "retain_heights": 2.5}, "whole number"),
         ({"interval_heights": 0, "retain_heights": 100}, "needs snapshots"),
         ({"interval_heights": 10, "audit_copy": "yes"}, "audit_copy"),
+        ({"interval_heights": 10, "retain_age_s": 0}, "retain_age_s must be >= 60"),
+        ({"interval_heights": 10, "retain_age_s": 59}, "retain_age_s must be >= 60"),
+        ({"interval_heights": 10, "retain_age_s": -3600}, "retain_age_s must be >= 60"),
+        ({"interval_heights": 10, "retain_age_s": "3600"}, "whole number of seconds"),
+        ({"interval_heights": 10, "retain_age_s": True}, "whole number of seconds"),
+        ({"interval_heights": 10, "retain_age_s": 90.5}, "whole number of seconds"),
+        ({"interval_heights": 0, "retain_age_s": 3600}, "retain_age_s needs snapshots"),
+        (
+            {"interval_heights": 10, "retain_heights": 100, "retain_age_s": 1},
+            "retain_age_s must be >= 60",
+        ),
     ],
 )
 def test_the_options_file_refuses_a_retention_it_cannot_honour(
     tmp_path: Path, doc: dict[str, object], why: str
 ) -> None:
     (tmp_path / OPTIONS_FILE).write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match=why):
+    with pytest.raises(ValueError, match=why) as refused:
         SnapshotOptions.read(tmp_path)
+    assert str(tmp_path / OPTIONS_FILE) in str(refused.value)  # the file is named
 
 
 def test_the_options_file_sets_the_retention(tmp_path: Path) -> None:
@@ -104,6 +187,20 @@ def test_the_options_file_sets_the_retention(tmp_path: Path) -> None:
     )
     options = SnapshotOptions.read(tmp_path)
     assert (options.retain_heights, options.audit_copy) == (200, True)
+    assert options.retain_age_s is None and options.prunes
+
+
+def test_the_options_file_sets_the_age(tmp_path: Path) -> None:
+    assert not SnapshotOptions.read(tmp_path).prunes
+    (tmp_path / OPTIONS_FILE).write_text(
+        json.dumps({"interval_heights": 50, "retain_age_s": 86400})
+    )
+    options = SnapshotOptions.read(tmp_path)
+    assert (options.retain_heights, options.retain_age_s, options.prunes) == (None, 86400, True)
+    both = {"interval_heights": 50, "retain_heights": 200, "retain_age_s": RETAIN_AGE_S_MIN}
+    (tmp_path / OPTIONS_FILE).write_text(json.dumps(both))
+    options = SnapshotOptions.read(tmp_path)
+    assert (options.retain_heights, options.retain_age_s) == (200, RETAIN_AGE_S_MIN)
 
 
 def test_the_acknowledged_height_is_read_from_its_file(tmp_path: Path) -> None:
@@ -283,14 +380,36 @@ async def test_the_pruner_prunes_at_a_held_snapshot_and_tells_the_replica(
     pruner = Pruner(options, snapshots, tmp_path, receipt_key(OWN), OWN, CHAIN)
     store = await _recorded(tmp_path / "s.db", log)
     try:
-        assert pruner.point(store) is None  # a copy is configured and acknowledged nothing
+        assert pruner.point(store, NOW_MS) is None  # a copy is configured and acknowledged nothing
         (tmp_path / ACKED_FILE).write_text('{"height": 3}')
-        assert pruner.point(store) == 2
+        assert pruner.point(store, NOW_MS) == 2
         (tmp_path / ACKED_FILE).write_text(json.dumps({"height": top(log)}))
-        assert pruner.point(store) == 4
+        assert pruner.point(store, NOW_MS) == 4
         await pruner.prune(store, 4)
         assert store.history_from == 5 and snapshots.pinned == 4
         assert PruneFloor.read(tmp_path) == PruneFloor(4)
-        assert pruner.point(store) is None  # nothing newer to prune at
+        assert pruner.point(store, NOW_MS) is None  # nothing newer to prune at
+    finally:
+        await store.close()
+
+
+async def test_the_pruner_keeps_the_heights_younger_than_the_age(
+    tmp_path: Path,
+    log: Log,  # noqa: F811
+) -> None:
+    """By age alone, with the block times the snapshots' manifests hold."""
+    snapshots = SnapshotDir(tmp_path / "snapshots", kept=2)
+    for height in (2, 4):
+        snapshots.write(log.head(height), log.state(height))
+    options = SnapshotOptions(interval_heights=2, kept=2, retain_age_s=RETAIN_AGE_S_MIN)
+    pruner = Pruner(options, snapshots, tmp_path, receipt_key(OWN), OWN, CHAIN)
+    age_ms = RETAIN_AGE_S_MIN * S
+    two, four = log.head(2).block_time_ms, log.head(4).block_time_ms
+    store = await _recorded(tmp_path / "s.db", log)
+    try:
+        assert pruner.point(store, two + age_ms - 1) is None  # nothing old enough yet
+        assert pruner.point(store, two + age_ms) == 2
+        assert pruner.point(store, four + age_ms - 1) == 2  # 4 is a millisecond too young
+        assert pruner.point(store, four + age_ms) == 4
     finally:
         await store.close()
