@@ -4,9 +4,11 @@ cluster in four Linux network namespaces, each with its own address on one bridg
 --hosts` writes it), TLS on.
 
 Cutting one member's link stalls nothing; cutting a second stops commits (two of four
-cannot form a quorum); healing both resumes them; and every member ends with the same
-chain, its sidecar with the same state root. The bridge lives in a namespace of its own
-(the "hub"); the test reaches the members through one more link from its own namespace.
+cannot form a quorum); healing both resumes them; a member whose key is rotated while its
+host is cut off follows the others into the new epoch once healed; and every member ends
+with the same chain, its sidecar with the same state root. The bridge lives in a
+namespace of its own (the "hub"); the test reaches the members through one more link from
+its own namespace.
 
 Needs root and `ip` (CI runs as root); skipped, saying so, without them.
 """
@@ -42,6 +44,8 @@ HEIGHTS = 4  # heights committed to show progress
 LOAD_AGENTS, LOAD_PER_AGENT, LOAD_RATE_PER_S = 2, 1000, 10.0
 STUCK_TIMEOUTS = 3  # timeouts each remaining replica signs while it commits nothing
 TIMEOUT_METRIC = "qg_replica_timeouts_total"
+ROTATED = 3  # the member whose key is rotated while its host is cut off
+ROTATE_TIMEOUT_S = 180.0  # the command's own wait for a quorum in the next epoch, and more
 IP = shutil.which("ip")
 
 pytestmark = pytest.mark.skipif(
@@ -214,6 +218,22 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
         cluster.assert_same_chain(everyone, top)
         cluster.assert_no_equivocation_seen(everyone)
 
+        # A member's consensus key rotated while its host is cut off: the three others
+        # cross the epoch boundary; healed, it catches up through the epoch proof and its
+        # peers take its streams under the new key (docs/consensus/epochs.md).
+        hosts.cut(ROTATED)
+        others = [i for i in everyone if i != ROTATED]
+        done = _rotate(spec, ROTATED)
+        assert done.returncode == 0, done.stderr
+        epoch = lambda i: cluster.status(i).epoch  # noqa: E731
+        wait_until("the others in epoch 1", lambda: all(epoch(i) == 1 for i in others) or None)
+        hosts.heal(ROTATED)
+        wait_until(f"member {ROTATED} in epoch 1", lambda: epoch(ROTATED) == 1 or None)
+        top = max(cluster.heights(others).values()) + HEIGHTS
+        cluster.wait_height(top, everyone)
+        cluster.assert_same_chain(everyone, top)
+        cluster.assert_no_equivocation_seen(everyone)
+
         # Each sidecar executed that chain, and none saw its state root disagree with the
         # roots its peers signed (the divergence alarm).
         _assert_sidecars_executed(spec, everyone, top)
@@ -226,6 +246,19 @@ def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) 
         if load is not None:
             load.stop()
         cluster.close()
+
+
+def _rotate(spec: ClusterSpec, member: int) -> subprocess.CompletedProcess[str]:
+    """`quorumgate admin rotate-key --member`, run as an operator runs it, from the test's
+    own namespace, which reaches every member's host."""
+    command = [sys.executable, "-m", "quorumgate", "admin", "rotate-key", "--dir"]
+    return subprocess.run(
+        [*command, str(spec.directory), "--member", str(member), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=ROTATE_TIMEOUT_S,
+        check=False,
+    )
 
 
 def _assert_stuck(cluster: NamespacedCluster, pair: list[int]) -> dict[int, int]:
