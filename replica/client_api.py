@@ -28,8 +28,12 @@ from quorumgate.replica.peers import PeerNetwork
 from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
-from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
-from quorumgate.runtime.readauth import METHOD_COMMITTED_BLOCKS, require_reader
+from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb, encode_epoch_end
+from quorumgate.runtime.readauth import (
+    METHOD_COMMITTED_BLOCKS,
+    METHOD_EPOCH_ENDS,
+    require_reader,
+)
 from quorumgate.runtime.readwaits import READ_WAITS_PER_KEY_MAX, CallerKind, WaitSlots
 from quorumgate.runtime.tracing import Tracer, tx_prefix
 
@@ -262,6 +266,23 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
                 )
             received += 1
         return pb.StreamAck(received=received)
+
+    async def EpochEnds(
+        self, request: cpb.EpochEndsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.EpochEndsReply:
+        """Every stored epoch end (a handful: one per epoch change). The change blocks
+        carry committed transactions: the roles `CommittedBlocks` answers only."""
+        await require_reader(self.spec, context, METHOD_EPOCH_ENDS, int(time.time() * 1000))
+        return cpb.EpochEndsReply(
+            ends=[
+                cpb.StoredEpochEnd(
+                    epoch=end.epoch,
+                    keys=b"".join(end.keys),
+                    ended=encode_epoch_end(end.boundary, end.suffix, end.qc),
+                )
+                for end in self.store.epoch_ends
+            ]
+        )
 
     async def CommittedBlocks(
         self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext
