@@ -3,7 +3,9 @@ epochs"; docs/consensus/epochs.md, "The live replica"): after a member's consens
 rotated, the blocks past the boundary carry certificates of the next member set, and a
 replay follows the chain of epochs as the replicas do: from height 1, with the sidecar's
 store in place (every height compared) and with it moved aside (every height rebuilt, and
-the rebuilt store is what the sidecar had signed)."""
+the rebuilt store is what the sidecar had signed); from a snapshot past the boundary (it
+starts in epoch 1, proved from genesis by the replica's stored epoch ends); and with the
+replica stopped (its store read directly)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.membership import is_record
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.sync import SyncClient
+from quorumgate.sidecar.snapshots import OPTIONS_FILE, SNAPSHOT_DIR
 from quorumgate.sidecar.store import SidecarStore
 from tests.live.test_epochs import epochs, rotate
 from tests.support.cluster import new_agent
@@ -34,6 +37,12 @@ CLI_TIMEOUT_S = 180.0
 _SCRIPT = Path(sys.executable).parent / "quorumgate"
 QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "quorumgate.cli"]
 SIDECAR_FILES = ("sidecar.db", "sidecar.db-wal", "sidecar.db-shm")
+INTERVAL_HEIGHTS = 4  # snapshots every 4 heights: some of them past the boundary
+
+
+def snapshot_heights(spec: ClusterSpec, index: int) -> list[int]:
+    manifests = (spec.node_dir(index) / SNAPSHOT_DIR).glob("*/manifest.json")
+    return sorted(int(path.parent.name) for path in manifests)
 
 
 def executed(spec: ClusterSpec, index: int) -> int:
@@ -76,9 +85,14 @@ async def _signed(path: Path, chain_id: str, top: int) -> list[tuple[object, ...
 def test_replay_follows_a_key_rotation_across_the_epoch_boundary(
     live_cluster: Callable[..., LiveCluster],
 ) -> None:
-    cluster = live_cluster(N)
-    cluster.start_sidecars()
+    cluster = live_cluster(N, start=False)
     spec = cluster.spec
+    for i in range(N):
+        (spec.node_dir(i) / OPTIONS_FILE).write_text(
+            json.dumps({"interval_heights": INTERVAL_HEIGHTS, "kept": 2})
+        )
+    cluster.start()
+    cluster.start_sidecars()
     with SyncClient.as_owner(spec.directory) as owner:
         owner.register_tool(tool_spec("web.get", "read", schemes=["https"]))
         _, agent_key = new_agent(owner, ["web.get"])
@@ -93,15 +107,15 @@ def test_replay_follows_a_key_rotation_across_the_epoch_boundary(
         for run in range(PROPOSALS_AFTER):
             decision = agent.propose("web.get", URL, run_id=f"after-{run}")
             assert decision.allowed
-    load.stop()
-    load.assert_clean()
     top = max(cluster.heights(range(N)).values())
     chain = cluster.chain(0, top)
     boundary = next(b.height for b in chain for tx in b.payload if is_record(tx))
     wait_until(
-        f"sidecar {REPLAYED} past height {boundary + 2}",
-        lambda: executed(spec, REPLAYED) > boundary + 2,
+        f"every sidecar a snapshot past height {boundary}",
+        lambda: all(max(snapshot_heights(spec, i), default=0) > boundary for i in range(N)),
     )
+    load.stop()
+    load.assert_clean()
     assert cluster.kill(REPLAYED, signal.SIGTERM, kind="sidecar") == 0
 
     # The store in place: every height it executed is compared, across the boundary.
@@ -133,3 +147,20 @@ def test_replay_follows_a_key_rotation_across_the_epoch_boundary(
     assert again["returncode"] == 0, again
     text = str(again["text"])
     assert f"epoch 1 from height {boundary + 1}" in text and "no mismatches" in text, text
+
+    # From a snapshot past the boundary: the replay starts in epoch 1.
+    for name in SIDECAR_FILES:
+        (spec.node_dir(REPLAYED) / name).unlink(missing_ok=True)
+    shutil.rmtree(spec.node_dir(REPLAYED) / SNAPSHOT_DIR, ignore_errors=True)
+    snapped = replay(spec, "--json", "--from-snapshot")
+    assert snapped["mismatches"] == [], snapped["mismatches"]
+    snapshot = snapped["snapshot"]
+    assert isinstance(snapshot, dict) and snapshot["height"] > boundary, snapshot
+    assert snapped["start_epoch"] == 1 and snapped["epochs"] == [], snapped
+
+    # The replica stopped: its store is read directly, its epoch ends with it.
+    cluster.kill(REPLAYED, signal.SIGTERM)
+    offline = replay(spec, "--json", "--no-resume")
+    assert offline["mismatches"] == [], offline["mismatches"]
+    assert offline["start_epoch"] == 1 and offline["history_from"] == snapshot["height"]
+    assert offline["heights_compared"] == snapped["top_height"] - snapshot["height"]
