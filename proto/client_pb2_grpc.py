@@ -103,7 +103,7 @@ class ReplicaServicer:
 
     def EpochEnds(self, request, context):
         """How each epoch ended, as the replica stored it (replay checks the chain of epochs
-        with it: docs/snapshots.md, "Replay across epochs"). The change blocks carry
+        with it: docs/drills.md, "Replay across epochs"). The change blocks carry
         committed transactions: it answers the roles CommittedBlocks answers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

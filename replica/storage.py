@@ -680,7 +680,7 @@ class ReplicaStore:
     @property
     def epoch_ends(self) -> tuple[StoredEpoch, ...]:
         """Every epoch this store started, oldest first (`quorumgate replay` proves the
-        chain of epochs with them: docs/snapshots.md, "Replay across epochs")."""
+        chain of epochs with them: docs/drills.md, "Replay across epochs")."""
         return tuple(self._epochs[epoch] for epoch in sorted(self._epochs))
 
     @property

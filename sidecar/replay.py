@@ -12,6 +12,11 @@ bytes re-confirm it; different bytes are a divergence naming the key. Heights th
 has not executed yet (or all of them, after its store was wiped) are recorded, exactly as
 the sidecar would have.
 
+On a chain that runs epochs, replay follows the chain of epochs as the replicas do
+(docs/drills.md, "Replay across epochs"): at a change block the replica's stored epoch end
+proves its commit with the ending epoch's keys, and the blocks after it are checked with
+the next member set (`_Epochs`).
+
 Replay is resumable: every `CHECKPOINT_HEIGHTS` heights it writes a checkpoint (the engine
 state, the last block and the ledger head) beside the store, and a later run continues from
 it. The sidecar must be stopped while replay writes its store.

@@ -1,4 +1,4 @@
-"""`quorumgate replay` on a chain that ran an epoch change (docs/snapshots.md, "Replay across
+"""`quorumgate replay` on a chain that ran an epoch change (docs/drills.md, "Replay across
 epochs"; docs/consensus/epochs.md, "The live replica"): after a member's consensus key was
 rotated, the blocks past the boundary carry certificates of the next member set, and a
 replay follows the chain of epochs as the replicas do: from height 1, with the sidecar's

@@ -1,4 +1,4 @@
-"""Replay across an epoch change (docs/snapshots.md, "Replay across epochs"): the executing
+"""Replay across an epoch change (docs/drills.md, "Replay across epochs"): the executing
 process moves to the next member set at a change block, exactly as the replica core does
 (replica/epochs.py `change_in`), once the replica's stored epoch end proves the change
 block's commit; the blocks after it are checked with the next members' keys, so a log
