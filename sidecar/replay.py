@@ -665,7 +665,7 @@ async def _epoch_rows(
     spec: ClusterSpec, index: int, replica_store: ReplicaStore | None
 ) -> tuple[StoredEpoch, ...]:
     """The epoch ends the replica stored (replica/storage.py `epochs`), oldest first: from
-    its open store, or asked of the running replica. None on a chain without epochs."""
+    its open store, or asked of the running replica. Empty on a chain without epochs."""
     if not spec.runs_epochs:
         return ()
     if replica_store is not None:
@@ -703,13 +703,15 @@ def _epochs_at(
     for row in rows:
         if row.boundary.height > height:
             break
+        problem = (
+            f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not prove itself"
+        )
         try:
-            epochs.after(row.boundary)
+            moved = epochs.after(row.boundary)
         except RemoteError as err:
-            raise ReplayError(
-                f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not "
-                f"prove itself: {err}"
-            ) from err
+            raise ReplayError(f"{problem}: {err}") from err
+        if not moved or epochs.membership.epoch != row.epoch:
+            raise ReplayError(f"{problem}: its block changes nothing of the epoch before")
         start = start_qc(spec.chain_id, row.boundary)
     report.start_epoch = epochs.membership.epoch
     return epochs.membership, start
@@ -721,6 +723,8 @@ def _crossed(
     """Count the epoch change at `block` in the report if it is the change block of the
     epoch replay is in (the executing process checked it: `_Epochs.after`). `first`: the
     member set replay started with (the genesis set when it started in epoch 0)."""
+    if not rows:
+        return  # no epoch ended (or the chain does not run epochs): the common case
     epoch = report.epochs[-1]["epoch"] if report.epochs else report.start_epoch
     assert isinstance(epoch, int)
     ends = {row.epoch: row for row in rows}

@@ -169,6 +169,10 @@ def test_a_replay_starting_past_the_boundary_starts_in_the_next_epoch() -> None:
     bad = dataclasses.replace(chain.end, qc=qc_for(chain.end.suffix[0], chain="qg-another"))
     with pytest.raises(ReplayError, match="does not prove itself"):
         _epochs_at(spec, (bad,), 6, ReplayReport(node=1, from_height=1))
+    # an end numbered for a later epoch than the one it ends: not the chain from genesis
+    skipped = dataclasses.replace(chain.end, epoch=2)
+    with pytest.raises(ReplayError, match=r"does not prove itself: .*no stored end of epoch 0"):
+        _epochs_at(spec, (skipped,), 6, ReplayReport(node=1, from_height=1))
 
 
 def test_the_report_names_each_epoch_crossed() -> None:
