@@ -150,6 +150,11 @@ class _Checkpoint:
 async def _blocks_from_replica(
     spec: ClusterSpec, index: int, start: int, top: int
 ) -> AsyncIterator[Block]:
+    if start > top:
+        # Nothing to read (a snapshot or checkpoint at the top): the stream would wait
+        # for the next commit, which an idle cluster does not make (docs/consensus/
+        # protocol.md, "An idle cluster goes quiet").
+        return
     key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))  # a member reads
     async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
