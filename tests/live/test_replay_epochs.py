@@ -42,7 +42,8 @@ INTERVAL_HEIGHTS = 4  # snapshots every 4 heights: some of them past the boundar
 
 def snapshot_heights(spec: ClusterSpec, index: int) -> list[int]:
     manifests = (spec.node_dir(index) / SNAPSHOT_DIR).glob("*/manifest.json")
-    return sorted(int(path.parent.name) for path in manifests)
+    # a snapshot being written sits in `<height>.tmp` until it is complete
+    return sorted(int(p.parent.name) for p in manifests if p.parent.name.isdigit())
 
 
 def executed(spec: ClusterSpec, index: int) -> int:
