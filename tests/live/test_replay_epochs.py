@@ -3,7 +3,8 @@ epochs"; docs/consensus/epochs.md, "The live replica"): after a member's consens
 rotated, the blocks past the boundary carry certificates of the next member set, and a
 replay follows the chain of epochs as the replicas do: from height 1, with the sidecar's
 store in place (every height compared) and with it moved aside (every height rebuilt, and
-the rebuilt store is what the sidecar had signed); from a snapshot past the boundary (it
+the rebuilt store is what the sidecar had signed); interrupted past the boundary and
+resumed from its checkpoint; from a snapshot past the boundary (it
 starts in epoch 1, proved from genesis by the replica's stored epoch ends); and with the
 replica stopped (its store read directly)."""
 
@@ -18,11 +19,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.membership import is_record
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.sync import SyncClient
+from quorumgate.sidecar import replay as replay_module
 from quorumgate.sidecar.snapshots import OPTIONS_FILE, SNAPSHOT_DIR
 from quorumgate.sidecar.store import SidecarStore
 from tests.live.test_epochs import epochs, rotate
@@ -84,7 +88,7 @@ async def _signed(path: Path, chain_id: str, top: int) -> list[tuple[object, ...
 
 
 def test_replay_follows_a_key_rotation_across_the_epoch_boundary(
-    live_cluster: Callable[..., LiveCluster],
+    live_cluster: Callable[..., LiveCluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = live_cluster(N, start=False)
     spec = cluster.spec
@@ -148,6 +152,26 @@ def test_replay_follows_a_key_rotation_across_the_epoch_boundary(
     assert again["returncode"] == 0, again
     text = str(again["text"])
     assert f"epoch 1 from height {boundary + 1}" in text and "no mismatches" in text, text
+
+    # Interrupted past the boundary, a replay resumes from its checkpoint in epoch 1.
+    monkeypatch.setattr(replay_module, "CHECKPOINT_HEIGHTS", 2)
+
+    class Interrupted(Exception):
+        """An operator's interrupt, three heights past the boundary."""
+
+    def stop_past_the_boundary(height: int, top: int, seconds: float) -> None:
+        if height == boundary + 3:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        asyncio.run(
+            replay_module.replay(
+                spec, REPLAYED, resume=False, progress=stop_past_the_boundary, workers=0
+            )
+        )
+    resumed = asyncio.run(replay_module.replay(spec, REPLAYED, workers=0))
+    assert resumed.ok, resumed.mismatches
+    assert boundary < resumed.resumed_from <= boundary + 3 and resumed.start_epoch == 1
 
     # From a snapshot past the boundary: the replay starts in epoch 1.
     for name in SIDECAR_FILES:
