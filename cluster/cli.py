@@ -537,6 +537,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 f"local history starts at height {report.history_from} (ledger head "
                 f"{report.history_ledger_head}): heights below it are not in this store"
             )
+        if report.start_epoch:
+            print(
+                f"started in epoch {report.start_epoch} (the replica's stored epoch ends, "
+                "checked from the genesis member set)"
+            )
+        for crossed in report.epochs:
+            print(
+                f"epoch {crossed['epoch']} from height {crossed['from_height']}: change block "
+                f"at height {crossed['boundary_height']}, new consensus key for members "
+                f"{crossed['rotated']}"
+            )
         if report.mismatches:
             print(f"{len(report.mismatches)} MISMATCHES:")
             for m in report.mismatches[:20]:

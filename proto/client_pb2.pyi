@@ -93,3 +93,23 @@ class CommittedBlock(_message.Message):
     hash: bytes
     block: _consensus_pb2.Block
     def __init__(self, height: _Optional[int] = ..., hash: _Optional[bytes] = ..., block: _Optional[_Union[_consensus_pb2.Block, _Mapping]] = ...) -> None: ...
+
+class StoredEpochEnd(_message.Message):
+    __slots__ = ("epoch", "keys", "ended")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: bytes
+    ended: bytes
+    def __init__(self, epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., ended: _Optional[bytes] = ...) -> None: ...
+
+class EpochEndsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EpochEndsReply(_message.Message):
+    __slots__ = ("ends",)
+    ENDS_FIELD_NUMBER: _ClassVar[int]
+    ends: _containers.RepeatedCompositeFieldContainer[StoredEpochEnd]
+    def __init__(self, ends: _Optional[_Iterable[_Union[StoredEpochEnd, _Mapping]]] = ...) -> None: ...

@@ -56,6 +56,11 @@ class ReplicaStub:
                 request_serializer=quorumgate_dot_proto_dot_client__pb2.BlocksRequest.SerializeToString,
                 response_deserializer=quorumgate_dot_proto_dot_client__pb2.CommittedBlock.FromString,
                 _registered_method=True)
+        self.EpochEnds = channel.unary_unary(
+                '/qgpb.Replica/EpochEnds',
+                request_serializer=quorumgate_dot_proto_dot_client__pb2.EpochEndsRequest.SerializeToString,
+                response_deserializer=quorumgate_dot_proto_dot_client__pb2.EpochEndsReply.FromString,
+                _registered_method=True)
         self.ReportStateRoots = channel.stream_unary(
                 '/qgpb.Replica/ReportStateRoots',
                 request_serializer=quorumgate_dot_proto_dot_sidecar__pb2.StateRootReport.SerializeToString,
@@ -96,6 +101,15 @@ class ReplicaServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EpochEnds(self, request, context):
+        """How each epoch ended, as the replica stored it (replay checks the chain of epochs
+        with it: docs/drills.md, "Replay across epochs"). The change blocks carry
+        committed transactions: it answers the roles CommittedBlocks answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportStateRoots(self, request_iterator, context):
         """The replica's own sidecar reports the state root after each executed height, signed
         with its receipt key (anyone else's reports are refused).
@@ -126,6 +140,11 @@ def add_ReplicaServicer_to_server(servicer, server):
                     servicer.CommittedBlocks,
                     request_deserializer=quorumgate_dot_proto_dot_client__pb2.BlocksRequest.FromString,
                     response_serializer=quorumgate_dot_proto_dot_client__pb2.CommittedBlock.SerializeToString,
+            ),
+            'EpochEnds': grpc.unary_unary_rpc_method_handler(
+                    servicer.EpochEnds,
+                    request_deserializer=quorumgate_dot_proto_dot_client__pb2.EpochEndsRequest.FromString,
+                    response_serializer=quorumgate_dot_proto_dot_client__pb2.EpochEndsReply.SerializeToString,
             ),
             'ReportStateRoots': grpc.stream_unary_rpc_method_handler(
                     servicer.ReportStateRoots,
@@ -241,6 +260,33 @@ class Replica:
             '/qgpb.Replica/CommittedBlocks',
             quorumgate_dot_proto_dot_client__pb2.BlocksRequest.SerializeToString,
             quorumgate_dot_proto_dot_client__pb2.CommittedBlock.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EpochEnds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qgpb.Replica/EpochEnds',
+            quorumgate_dot_proto_dot_client__pb2.EpochEndsRequest.SerializeToString,
+            quorumgate_dot_proto_dot_client__pb2.EpochEndsReply.FromString,
             options,
             channel_credentials,
             insecure,

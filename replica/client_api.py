@@ -28,8 +28,12 @@ from quorumgate.replica.peers import PeerNetwork
 from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.sidecar_link import SidecarLink
 from quorumgate.replica.storage import ReplicaStore
-from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb
-from quorumgate.runtime.readauth import METHOD_COMMITTED_BLOCKS, require_reader
+from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX, block_to_pb, encode_epoch_end
+from quorumgate.runtime.readauth import (
+    METHOD_COMMITTED_BLOCKS,
+    METHOD_EPOCH_ENDS,
+    require_reader,
+)
 from quorumgate.runtime.readwaits import READ_WAITS_PER_KEY_MAX, CallerKind, WaitSlots
 from quorumgate.runtime.tracing import Tracer, tx_prefix
 
@@ -265,22 +269,47 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
             received += 1
         return pb.StreamAck(received=received)
 
+    async def _require_block_reader(
+        self, context: grpc.aio.ServicerContext, method: str
+    ) -> bytes:
+        """The key of a caller that may read committed blocks, or the call is aborted. A
+        replica's consensus key reads as a member only in the epoch it signs for, and the
+        owner is the key our sidecar's state holds after an owner rotation
+        (docs/security/reads-and-certificates.md)."""
+        members = {self.peers.key_of(i) for i in range(self.spec.n)}
+        key, _ = await require_reader(
+            self.spec,
+            context,
+            method,
+            int(time.time() * 1000),
+            consensus_keys=members,
+            owner_key=self.sidecar.owner_key,
+        )
+        return key
+
+    async def EpochEnds(
+        self, request: cpb.EpochEndsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.EpochEndsReply:
+        """Every stored epoch end (a handful: one per epoch change). The change blocks
+        carry committed transactions: the roles `CommittedBlocks` answers only."""
+        await self._require_block_reader(context, METHOD_EPOCH_ENDS)
+        return cpb.EpochEndsReply(
+            ends=[
+                cpb.StoredEpochEnd(
+                    epoch=end.epoch,
+                    keys=b"".join(end.keys),
+                    ended=encode_epoch_end(end.boundary, end.suffix, end.qc),
+                )
+                for end in self.store.epoch_ends
+            ]
+        )
+
     async def CommittedBlocks(
         self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cpb.CommittedBlock]:
         """Every argument value of every call is in these blocks: they answer the owner,
         the members and auditors only (runtime/readauth.py)."""
-        now_ms = int(time.time() * 1000)
-        # A replica's consensus key reads as a member only in the epoch it signs for.
-        members = {self.peers.key_of(i) for i in range(self.spec.n)}
-        key, _ = await require_reader(
-            self.spec,
-            context,
-            METHOD_COMMITTED_BLOCKS,
-            now_ms,
-            consensus_keys=members,
-            owner_key=self.sidecar.owner_key,
-        )
+        key = await self._require_block_reader(context, METHOD_COMMITTED_BLOCKS)
         with self.waits.hold(key, CallerKind.ROLE) as held:
             if not held:
                 self.metrics.read_waits_refused.inc()

@@ -142,32 +142,49 @@ def epoch_proof(
     return EpochProof(epoch, blocks, end.qc)
 
 
+def check_epoch_end(
+    checker: CertificateChecker,
+    blocks: Sequence[Block],
+    qc: QuorumCert,
+    owner: OwnerRecords | None = None,
+) -> tuple[int, Membership]:
+    """The index in `blocks` of the change block they commit, and the next member set.
+    `checker` holds the ending epoch's members. Raises `RemoteError` unless `blocks`
+    chain, oldest first, the last two form the 2-chain the commit rule asks for
+    (consecutive views, each certified by those members: replica/blocktree.py; the last
+    by `qc`) and a change block for those members lies before the last. What an epoch
+    proof and a stored epoch end (replica/storage.py `epochs`) both prove."""
+    membership = checker.membership
+    if len(blocks) < 2:
+        raise RemoteError("bad_epoch_proof", "fewer than two blocks")
+    for prev, block in itertools.pairwise(blocks):
+        if block.parent_hash != prev.hash:
+            raise RemoteError("bad_epoch_proof", f"gap at height {block.height}")
+    b0, b1 = blocks[-2], blocks[-1]
+    if b1.view != b0.view + 1:
+        raise RemoteError("bad_epoch_proof", "the last two blocks are not a 2-chain")
+    checker.check_block_certified(b0, b1.justify)
+    checker.check_block_certified(b1, qc)
+    cut = boundary_index(blocks[:-1], membership, owner)
+    if cut is None:
+        raise RemoteError("bad_epoch_proof", "no change block in the committed part")
+    nxt = change_in(blocks[cut], membership, owner)
+    assert nxt is not None, "boundary_index found it"
+    return cut, nxt
+
+
 def check_epoch_proof(
     checker: CertificateChecker, tip: Block, proof: EpochProof, owner: OwnerRecords | None = None
 ) -> tuple[list[Block], Membership]:
     """The blocks above `tip` that `proof` commits, up to and with the change block, and
     the next member set. `checker` holds the current (old) epoch's members. Raises
-    `RemoteError` unless the proof's blocks chain from `tip`, the last two form the
-    2-chain the commit rule asks for (consecutive views, each certified by the old
-    members: replica/blocktree.py) and a change block for the current members lies
-    between `tip` and them."""
+    `RemoteError` unless the proof's blocks chain from `tip` and prove the change
+    (`check_epoch_end`)."""
     membership = checker.membership
     if proof.epoch != membership.epoch or len(proof.blocks) < 2:
         raise RemoteError("bad_epoch_proof", f"proof for epoch {proof.epoch}")
     fresh = [b for b in proof.blocks if b.height > tip.height]
     if not fresh or fresh[0].parent_hash != tip.hash:
         raise RemoteError("bad_epoch_proof", "does not chain from our committed block")
-    for prev, block in itertools.pairwise(fresh):
-        if block.parent_hash != prev.hash:
-            raise RemoteError("bad_epoch_proof", f"gap at height {block.height}")
-    b0, b1 = fresh[-2], fresh[-1]
-    if b1.view != b0.view + 1:
-        raise RemoteError("bad_epoch_proof", "the last two blocks are not a 2-chain")
-    checker.check_block_certified(b0, b1.justify)
-    checker.check_block_certified(b1, proof.qc)
-    cut = boundary_index(fresh[:-1], membership, owner)
-    if cut is None:
-        raise RemoteError("bad_epoch_proof", "no change block in the committed part")
-    nxt = change_in(fresh[cut], membership, owner)
-    assert nxt is not None, "boundary_index found it"
+    cut, nxt = check_epoch_end(checker, fresh, proof.qc, owner)
     return fresh[: cut + 1], nxt

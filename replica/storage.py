@@ -370,6 +370,21 @@ class StoredEpoch:
         return EpochEnd(self.boundary, self.membership(genesis), self.suffix, self.qc)
 
 
+def decode_epoch_row(
+    path: Path | str, chain_id: str, epoch: int, keys: bytes, ended: bytes
+) -> StoredEpoch:
+    """One row of `epochs`, decoded (a damaged one raises `StorageError` naming `path`,
+    where it was read: the file, or the replica that served it)."""
+    if not keys or len(keys) % PUBLIC_KEY_BYTES:
+        raise StorageError(f"{path}: the keys of epoch {epoch} are damaged")
+    try:
+        boundary, suffix, qc = decode_epoch_end(chain_id, ended)
+    except (RemoteError, ValueError) as err:
+        raise StorageError(f"{path}: undecodable end of epoch {epoch - 1}") from err
+    split = tuple(keys[i : i + PUBLIC_KEY_BYTES] for i in range(0, len(keys), PUBLIC_KEY_BYTES))
+    return StoredEpoch(epoch, split, boundary, suffix, qc)
+
+
 def _committed_rows(
     head: Block, commits: Sequence[Commit], boundary: bytes = b""
 ) -> tuple[Block, list[tuple[int, bytes, bytes]], list[tuple[int, bytes]]]:
@@ -661,6 +676,12 @@ class ReplicaStore:
     def started(self, epoch: int) -> StoredEpoch | None:
         """Epoch `epoch` as stored, if this store started it (0 never is)."""
         return self._epochs.get(epoch)
+
+    @property
+    def epoch_ends(self) -> tuple[StoredEpoch, ...]:
+        """Every epoch this store started, oldest first (`quorumgate replay` proves the
+        chain of epochs with them: docs/drills.md, "Replay across epochs")."""
+        return tuple(self._epochs[epoch] for epoch in sorted(self._epochs))
 
     @property
     def chain_id(self) -> str:
@@ -1082,14 +1103,7 @@ class ReplicaStore:
         return block
 
     def _decode_epoch(self, epoch: int, keys: bytes, ended: bytes) -> StoredEpoch:
-        if not keys or len(keys) % PUBLIC_KEY_BYTES:
-            raise StorageError(f"{self._path}: the keys of epoch {epoch} are damaged")
-        try:
-            boundary, suffix, qc = decode_epoch_end(self._chain_id, ended)
-        except (RemoteError, ValueError) as err:
-            raise StorageError(f"{self._path}: undecodable end of epoch {epoch - 1}") from err
-        split = tuple(keys[i : i + PUBLIC_KEY_BYTES] for i in range(0, len(keys), PUBLIC_KEY_BYTES))
-        return StoredEpoch(epoch, split, boundary, suffix, qc)
+        return decode_epoch_row(self._path, self._chain_id, epoch, keys, ended)
 
     def _decode_safety(self, data: bytes) -> SafetyState:
         try:

@@ -49,6 +49,8 @@ SIGNATURE_BYTES = 64
 # one string, and a statement signed for one method opens no other: an agent's `GetReceipt`
 # statement does not open the `Receipts` stream, a replica's `Admit` one not the registry.
 METHOD_COMMITTED_BLOCKS = "/qgpb.Replica/CommittedBlocks"
+# The stored epoch ends hold change blocks, with their committed transactions.
+METHOD_EPOCH_ENDS = "/qgpb.Replica/EpochEnds"
 METHOD_GET_RECEIPT = "/qgpb.Sidecar/GetReceipt"
 METHOD_RECEIPTS = "/qgpb.Sidecar/Receipts"
 METHOD_ACCOUNT = "/qgpb.Sidecar/Account"
@@ -64,6 +66,7 @@ METHOD_LIST_SNAPSHOTS = "/qgpb.Sidecar/ListSnapshots"
 METHOD_SNAPSHOT_CHUNK = "/qgpb.Sidecar/SnapshotChunk"
 READ_METHODS = (
     METHOD_COMMITTED_BLOCKS,
+    METHOD_EPOCH_ENDS,
     METHOD_GET_RECEIPT,
     METHOD_RECEIPTS,
     METHOD_ACCOUNT,

@@ -12,6 +12,11 @@ bytes re-confirm it; different bytes are a divergence naming the key. Heights th
 has not executed yet (or all of them, after its store was wiped) are recorded, exactly as
 the sidecar would have.
 
+On a chain that runs epochs, replay follows the chain of epochs as the replicas do
+(docs/drills.md, "Replay across epochs"): at a change block the replica's stored epoch end
+proves its commit with the ending epoch's keys, and the blocks after it are checked with
+the next member set (`_Epochs`).
+
 Replay is resumable: every `CHECKPOINT_HEIGHTS` heights it writes a checkpoint (the engine
 state, the last block and the ledger head) beside the store, and a later run continues from
 it. The sidecar must be stopped while replay writes its store.
@@ -45,11 +50,12 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
 from quorumgate.proto.crypto import Verifier
-from quorumgate.proto.membership import Membership
+from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.epochs import change_in, check_epoch_end, start_qc
 from quorumgate.replica.pruning import PrunedError
-from quorumgate.replica.storage import ReplicaStore
-from quorumgate.replica.types import Block, RemoteError, genesis_block
+from quorumgate.replica.storage import ReplicaStore, StorageError, StoredEpoch, decode_epoch_row
+from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_block
 from quorumgate.replica.wire import decode_block
 from quorumgate.runtime.channels import Reader, aio_channel
 from quorumgate.runtime.process import tune_gc
@@ -81,6 +87,7 @@ ZERO_HASH = bytes(32)
 # a replay from a snapshot waits for the running replica's log to reach its height.
 LOG_REACHES_SNAPSHOT_WAIT_S = 30.0
 LOG_TOP_POLL_S = 0.2
+EPOCH_ENDS_TIMEOUT_S = 10.0  # the running replica's answer with its stored epoch ends
 
 
 class ReplayError(Exception):
@@ -110,6 +117,11 @@ class ReplayReport:
     # installed from a snapshot there.
     history_pruned: bool = False
     snapshot: dict[str, object] | None = None
+    # The epoch the first replayed block was certified in (0 unless replay started past
+    # an epoch change), and each epoch change it crossed: the epoch, the change block's
+    # height, the first height of the epoch, the members whose key changed.
+    start_epoch: int = 0
+    epochs: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def snapshot_height(self) -> int:
@@ -149,6 +161,11 @@ class _Checkpoint:
 async def _blocks_from_replica(
     spec: ClusterSpec, index: int, start: int, top: int
 ) -> AsyncIterator[Block]:
+    if start > top:
+        # Nothing to read (a snapshot or checkpoint at the top): the stream would wait
+        # for the next commit, which an idle cluster does not make (docs/consensus/
+        # protocol.md, "An idle cluster goes quiet").
+        return
     key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))  # a member reads
     async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
@@ -311,6 +328,69 @@ async def _compare(
 # ------------------------------------------------------------------ the executing process
 
 
+class _Epochs:
+    """The member set that certifies the blocks replayed so far, moved on at each change
+    block exactly as the replica core moves on (replica/epochs.py `change_in`;
+    docs/consensus/epochs.md, "Where an epoch ends"): the change block's commit is proved
+    by the epoch end the replica stored (its suffix and the QC of the suffix's last block,
+    checked with the ending epoch's keys: `check_epoch_end`), and the blocks after it are
+    checked with the next member set, the first one from the unsigned start certificate
+    naming the change block. On a chain that does not run epochs (`owner` None) the
+    genesis member set certifies every block, as before."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        start: QuorumCert | None,
+        owner: OwnerRecords | None,
+        ends: tuple[StoredEpoch, ...],
+    ) -> None:
+        self.owner = owner
+        self.ends = {end.epoch: end for end in ends}
+        self.membership = membership
+        self.checker = self._checker(membership, start)
+
+    @staticmethod
+    def _checker(membership: Membership, start: QuorumCert | None) -> CertificateChecker:
+        # A cache of its own per epoch: a certificate found valid in one epoch proves
+        # nothing in another (docs/consensus/epochs.md, "Signatures name their epoch").
+        return CertificateChecker(membership, Verifier(VERIFIED_CACHE_MAX), start)
+
+    def after(self, block: Block) -> bool:
+        """Move on past `block` (whose certificate checked): True when it is a change
+        block, whose stored epoch end proved its commit. Raises `RemoteError` for a change
+        block without a valid stored end, or a stored end at a block that changes
+        nothing (the store and the blocks disagree on where the epoch ended)."""
+        if self.owner is None:
+            return False
+        epoch = self.membership.epoch
+        nxt = change_in(block, self.membership, self.owner)
+        end = self.ends.get(epoch + 1)
+        ends_here = end is not None and end.boundary.hash == block.hash
+        if nxt is None and not ends_here:
+            return False
+        if nxt is None:
+            raise RemoteError(
+                "bad_epoch_end",
+                f"the replica stores the end of epoch {epoch} at height {block.height}, "
+                "whose block changes nothing",
+            )
+        if end is None or not ends_here:
+            raise RemoteError(
+                "bad_epoch_end",
+                f"no stored end of epoch {epoch} proves the commit of the change block at "
+                f"height {block.height}",
+            )
+        _, proved = check_epoch_end(self.checker, (block, *end.suffix), end.qc, self.owner)
+        if proved != nxt or end.keys != tuple(m.public_key for m in nxt.members):
+            raise RemoteError(
+                "bad_epoch_end", f"the stored keys of epoch {epoch + 1} are not the record's"
+            )
+        self.membership = nxt
+        self.checker = self._checker(nxt, start_qc(block.chain_id, block))
+        return True
+
+
 @dataclass(frozen=True)
 class _WorkerSetup:
     """What the executing process starts from (sent to it once, pickled; the receipt key's
@@ -319,16 +399,21 @@ class _WorkerSetup:
     config: EngineConfig
     receipt_seed: bytes = field(repr=False)
     index: int
-    membership: Membership
+    membership: Membership  # the member set certifying the first block replayed
     state: bytes | None = field(repr=False)  # a checkpoint's engine state, or from height 1
     checkpoint_heights: int  # CHECKPOINT_HEIGHTS when replay started (tests lower it)
     # The store's executed height: the heights above it are recorded, the first of them
     # with the whole state (its delta full), whatever form the store held the state in.
     recorded_height: int = 0
+    # The epoch's start certificate when `membership` is not the genesis set; the owner's
+    # records on a chain that runs epochs; the replica's stored epoch ends (`_Epochs`).
+    start: QuorumCert | None = None
+    owner: OwnerRecords | None = None
+    ends: tuple[StoredEpoch, ...] = ()
 
 
 class _Worker:
-    """The engine and the certificate checker, in whichever process executes."""
+    """The engine and the certificate checks, in whichever process executes."""
 
     def __init__(self, setup: _WorkerSetup) -> None:
         config = setup.config
@@ -338,17 +423,19 @@ class _Worker:
         self.key = SigningKey(setup.receipt_seed)
         self.index = setup.index
         self.chain_id = config.chain_id
-        self.checker = CertificateChecker(setup.membership, Verifier(VERIFIED_CACHE_MAX))
+        self.epochs = _Epochs(setup.membership, setup.start, setup.owner, setup.ends)
         self.checkpoint_heights = setup.checkpoint_heights
         self.recorded_height = setup.recorded_height
 
     def run(self, blocks: list[Block]) -> list[_Outcome]:
-        """Each block's certificate checked and the block executed, in order; a block
-        whose certificate fails ends the list with the reason (nothing after it runs)."""
+        """Each block's certificate checked (and a change block's commit proof) and the
+        block executed, in order; a block whose check fails ends the list with the
+        reason (nothing after it runs)."""
         out: list[_Outcome] = []
         for block in blocks:
             try:
-                self.checker.check_qc(block.justify)
+                self.epochs.checker.check_qc(block.justify)
+                self.epochs.after(block)
             except RemoteError as err:
                 out.append(str(err))
                 break
@@ -610,6 +697,112 @@ async def _open_log(spec: ClusterSpec, index: int) -> tuple[int, ReplicaStore | 
     return replica_store.committed_height, replica_store
 
 
+async def _epoch_rows(
+    spec: ClusterSpec, index: int, replica_store: ReplicaStore | None
+) -> tuple[StoredEpoch, ...]:
+    """The epoch ends the replica stored (replica/storage.py `epochs`), oldest first: from
+    its open store, or asked of the running replica. Empty on a chain without epochs."""
+    if not spec.runs_epochs:
+        return ()
+    if replica_store is not None:
+        return replica_store.epoch_ends
+    key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))  # a member reads
+    async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
+        stub = cpb_grpc.ReplicaStub(channel)
+        try:
+            reply = await stub.EpochEnds(cpb.EpochEndsRequest(), timeout=EPOCH_ENDS_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            raise ReplayError(
+                f"replica {index} does not tell how its epochs ended: {err.details()}"
+            ) from err
+    where = f"replica {index}"
+    try:
+        return tuple(
+            decode_epoch_row(where, spec.chain_id, end.epoch, end.keys, end.ended)
+            for end in reply.ends
+        )
+    except StorageError as err:
+        raise ReplayError(str(err)) from err
+
+
+def _epochs_at(
+    spec: ClusterSpec, rows: tuple[StoredEpoch, ...], height: int, report: ReplayReport
+) -> tuple[Membership, QuorumCert | None]:
+    """The member set certifying the block after `height`, and its epoch's start
+    certificate: the genesis set moved on through every stored epoch end at or below
+    `height`, each checked as the blocks' own would be (`_Epochs.after` on its change
+    block), so a replay that starts past a boundary (a checkpoint, a snapshot) trusts no
+    key the chain of epochs from genesis does not prove."""
+    owner = OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
+    epochs = _Epochs(spec.membership(), None, owner, rows)
+    start: QuorumCert | None = None
+    for row in rows:
+        if row.boundary.height > height:
+            break
+        problem = (
+            f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not prove itself"
+        )
+        try:
+            moved = epochs.after(row.boundary)
+        except RemoteError as err:
+            raise ReplayError(f"{problem}: {err}") from err
+        if not moved or epochs.membership.epoch != row.epoch:
+            raise ReplayError(f"{problem}: its block changes nothing of the epoch before")
+        start = start_qc(spec.chain_id, row.boundary)
+    report.start_epoch = epochs.membership.epoch
+    return epochs.membership, start
+
+
+def _crossed(
+    rows: tuple[StoredEpoch, ...], block: Block, report: ReplayReport, first: Membership
+) -> None:
+    """Count the epoch change at `block` in the report if it is the change block of the
+    epoch replay is in (the executing process checked it: `_Epochs.after`). `first`: the
+    member set replay started with (the genesis set when it started in epoch 0)."""
+    if not rows:
+        return  # no epoch ended (or the chain does not run epochs): the common case
+    epoch = report.epochs[-1]["epoch"] if report.epochs else report.start_epoch
+    assert isinstance(epoch, int)
+    ends = {row.epoch: row for row in rows}
+    end = ends.get(epoch + 1)
+    if end is None or end.boundary.hash != block.hash:
+        return
+    before = ends[epoch].keys if epoch else tuple(m.public_key for m in first.members)
+    rotated = [i for i, (a, b) in enumerate(zip(before, end.keys, strict=False)) if a != b]
+    report.epochs.append(
+        {
+            "epoch": epoch + 1,
+            "boundary_height": block.height,
+            "from_height": block.height + 1,
+            "rotated": rotated,
+        }
+    )
+
+
+def _worker_setup(
+    spec: ClusterSpec,
+    index: int,
+    rows: tuple[StoredEpoch, ...],
+    at: _Position,
+    recorded_height: int,
+    report: ReplayReport,
+) -> _WorkerSetup:
+    """What the executing process starts from at `at`, in the epoch of the block after it."""
+    membership, epoch_start = _epochs_at(spec, rows, at.height, report)
+    return _WorkerSetup(
+        config_for_cluster(spec),
+        read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE),
+        index,
+        membership,
+        at.state,
+        CHECKPOINT_HEIGHTS,
+        recorded_height,
+        epoch_start,
+        OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None,
+        rows,
+    )
+
+
 async def _take(
     spec: ClusterSpec,
     store: SidecarStore,
@@ -682,20 +875,13 @@ async def replay(
             )
         report.top_height = top
         at = await _start_position(spec, index, store, replica_store, top, report, resume)
+        rows = await _epoch_rows(spec, index, replica_store)
+        setup = _worker_setup(spec, index, rows, at, store.executed_height, report)
         start = at.height + 1
         blocks = (
             _blocks_from_store(replica_store, start, top)
             if replica_store is not None
             else _blocks_from_replica(spec, index, start, top)
-        )
-        setup = _WorkerSetup(
-            config_for_cluster(spec),
-            read_seed(node_dir / RECEIPT_KEY_FILE),
-            index,
-            spec.membership(),
-            at.state,
-            CHECKPOINT_HEIGHTS,
-            store.executed_height,
         )
         linked = _linked(blocks, at.block_hash, at.view, at.height)
         async with contextlib.aclosing(_executed(linked, setup, workers)) as outcomes:
@@ -706,6 +892,7 @@ async def replay(
                     )
                     break
                 report.certificates_checked += 1
+                _crossed(rows, block, report, setup.membership)
                 executed, checkpoint_state = outcome
                 if not await _take(spec, store, block, executed, at, report):
                     break

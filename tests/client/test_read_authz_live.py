@@ -1,7 +1,7 @@
 """Reads of committed data are authorized (docs/security/reads-and-certificates.md):
-`CommittedBlocks` holds every argument value of every call, a sidecar's `Receipts` every
-verdict. They answer the owner, the members and auditors; an agent reads its own verdicts;
-an unregistered key gets nothing."""
+`CommittedBlocks` holds every argument value of every call (and `EpochEnds` the change
+blocks, with theirs), a sidecar's `Receipts` every verdict. They answer the owner, the
+members and auditors; an agent reads its own verdicts; an unregistered key gets nothing."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from quorumgate.sdk.sync import SyncClient
 from tests.support.cluster import new_agent, new_principal
 
 URL = "https://example.com/authz"
-READS = ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")
+READS = ("CommittedBlocks", "EpochEnds", "Receipts", "GetReceipt", "Registry")
 RPC_S = 5.0
 
 
@@ -36,6 +36,9 @@ def _calls(spec: ClusterSpec, proposal_id: bytes) -> dict[str, Callable[[Any], o
                     cpb.BlocksRequest(from_height=1), timeout=RPC_S
                 )
             )
+        ),
+        "EpochEnds": lambda ch: cpb_grpc.ReplicaStub(ch[0]).EpochEnds(
+            cpb.EpochEndsRequest(), timeout=RPC_S
         ),
         "Receipts": lambda ch: next(
             iter(
@@ -76,12 +79,10 @@ def test_an_unregistered_key_gets_nothing_and_an_anonymous_caller_less(
         decision = agent.propose("web.get", URL, run_id="run-authz")
     stranger = Reader.of(SigningKey.generate())
     assert _answers(cluster, stranger, decision.proposal_id) == {
-        name: "PERMISSION_DENIED"
-        for name in ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")
+        name: "PERMISSION_DENIED" for name in READS
     }
     assert _answers(cluster, None, decision.proposal_id) == {
-        name: "UNAUTHENTICATED"
-        for name in ("CommittedBlocks", "Receipts", "GetReceipt", "Registry")
+        name: "UNAUTHENTICATED" for name in READS
     }
     owner_reader = Reader.of(owner.aio.key)
     assert set(_answers(cluster, owner_reader, decision.proposal_id).values()) == {"OK"}

@@ -24,7 +24,7 @@ CHAIN = "qg-read-methods"
 def test_the_table_lists_every_method_constant_once() -> None:
     constants = {v for k, v in vars(readauth).items() if k.startswith("METHOD_")}
     assert sorted(READ_METHODS) == sorted(constants)
-    assert len(set(READ_METHODS)) == len(READ_METHODS) == 11  # with Ledger and the snapshots
+    assert len(set(READ_METHODS)) == len(READ_METHODS) == 12  # Ledger, snapshots, epoch ends
 
 
 def test_each_method_is_an_rpc_the_generated_stubs_call_by_that_path() -> None:
