@@ -426,11 +426,17 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
         from quorumgate.proto.clusterfile import ClusterFileError
 
         try:
-            chain = _load(args).chain_id
+            spec = _load(args)
         except ClusterFileError as err:
             return _fail(str(err), 2)
         head = bytes.fromhex(args.head) if args.head else None
-        return verify_ledger_file(Path(args.file), chain, sys.stdout, expected_head=head)
+        return verify_ledger_file(
+            Path(args.file),
+            spec.chain_id,
+            sys.stdout,
+            expected_head=head,
+            receipt_keys=spec.receipt_keys,  # an export of a pruned store starts signed
+        )
     if args.node is None:
         return _fail("--node is required (or --file for an exported ledger)", 2)
     found = _sidecar_db(args)

@@ -38,7 +38,10 @@ from quorumgate.sidecar.ledger import JSON_LINE_CHARS_MAX, ChainVerifier, Ledger
 from quorumgate.sidecar.pruning import checkpoint_signed_by
 from quorumgate.sidecar.store import (
     ARTIFACTS_PAGE_MAX,
+    LEDGER_INDEX_AFTER_ALL,
     LEDGER_PAGE_ROWS_MAX,
+    Checkpoint,
+    CheckpointSignature,
     SidecarStore,
     SidecarStoreError,
 )
@@ -312,6 +315,14 @@ def _pruned_checkpoint(
     base, signed = store.checkpoint, store.checkpoint_signature
     if base is None or signed is None:
         return None
+    return checkpoint_verdict(chain_id, base, signed, receipt_keys)
+
+
+def checkpoint_verdict(
+    chain_id: str, base: Checkpoint, signed: CheckpointSignature, receipt_keys: Sequence[bytes]
+) -> tuple[str, bool]:
+    """The line saying where a pruned history starts, and whether the checkpoint's
+    signature verifies under its signer's receipt key in `receipt_keys`."""
     good = 0 <= signed.signer < len(receipt_keys) and checkpoint_signed_by(
         chain_id, base, signed.signature, receipt_keys[signed.signer]
     )
@@ -325,16 +336,69 @@ def _pruned_checkpoint(
     return line, good
 
 
+def checkpoint_line(base: Checkpoint, signed: CheckpointSignature | None) -> str:
+    """The first line of the export of a store whose history starts after `base`: the
+    checkpoint, and the signature its sidecar made over it when it pruned (none for a
+    store installed from a snapshot), as `{"checkpoint": {...}}`."""
+    doc: dict[str, object] = {
+        "height": base.height,
+        "state_root": base.state_root.hex(),
+        "ledger_head": base.ledger_head.hex(),
+        "ledger_entries": base.ledger_entries,
+        "block_hash": base.block_hash.hex(),
+        "block_time_ms": base.block_time_ms,
+        "signer": None if signed is None else signed.signer,
+        "signature": None if signed is None else signed.signature.hex(),
+    }
+    return json.dumps({"checkpoint": doc}, sort_keys=True)
+
+
+def read_checkpoint_line(line: str) -> tuple[Checkpoint, CheckpointSignature | None]:
+    """`checkpoint_line` read back; ValueError for anything else, or a field of another
+    type or size."""
+    doc = json.loads(line)
+    if not isinstance(doc, dict) or set(doc) != {"checkpoint"}:
+        raise ValueError("not a checkpoint line")
+    fields = doc["checkpoint"]
+    if not isinstance(fields, dict):
+        raise ValueError("not a checkpoint line")
+
+    def whole(name: str) -> int:
+        value = fields.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"checkpoint {name} is not a whole number")
+        return value
+
+    def digest(name: str, size: int = 32) -> bytes:
+        value = fields.get(name)
+        raw = bytes.fromhex(value) if isinstance(value, str) else b""
+        if len(raw) != size:
+            raise ValueError(f"checkpoint {name} is not {size} bytes of hex")
+        return raw
+
+    base = Checkpoint(
+        whole("height"), digest("state_root"), digest("ledger_head"),
+        whole("ledger_entries"), digest("block_hash"), whole("block_time_ms"),
+    )  # fmt: skip
+    if fields.get("signer") is None and fields.get("signature") is None:
+        return base, None
+    return base, CheckpointSignature(whole("signer"), digest("signature", 64))
+
+
 def ledger_export(db_path: Path, chain_id: str, out: TextIO, *, err: TextIO | None = None) -> int:
     """Write the ledger to `out` as JSON lines, one verdict a line in ledger order
     (`LedgerEntry.to_json`: bytes as hex, ASCII only). The file verifies offline with
     `verify_ledger_file`; compare its head with another sidecar's to detect a cut.
-    A summary goes to `err`, so `out` holds nothing but entries."""
+    A summary goes to `err`, so `out` holds nothing but entries. A store whose history
+    starts after a checkpoint (pruned, or installed from a snapshot) is exported with
+    that checkpoint first (`checkpoint_line`, docs/pruning.md)."""
     errors = err if err is not None else sys.stderr
 
     async def run(store: SidecarStore) -> int:
         count = 0
         height, index = 0, 0
+        if store.checkpoint is not None:
+            out.write(checkpoint_line(store.checkpoint, store.checkpoint_signature) + "\n")
         while True:
             try:
                 page = await store.ledger(height, LEDGER_PAGE_ROWS_MAX, index)
@@ -366,15 +430,21 @@ def verify_ledger_file(
     *,
     expected_head: bytes | None = None,
     err: TextIO | None = None,
+    receipt_keys: Sequence[bytes] = (),
 ) -> int:
     """Verify an exported JSONL ledger offline (no store, no network).
 
     Reads one line at a time (at most `JSON_LINE_CHARS_MAX` characters each) through the
     same `ChainVerifier` as the store. `EXIT_PROBLEM` names the first bad line and
     entry: unreadable, hash mismatch, broken link or out of order; with `expected_head`
-    (a head from `ledger verify` of any honest sidecar), a file cut short fails too."""
+    (a head from `ledger verify` of any honest sidecar), a file cut short fails too. The
+    export of a pruned store starts with its checkpoint (`checkpoint_line`): the walk
+    starts at its ledger head only if its signature verifies under its signer's receipt
+    key in `receipt_keys` (the cluster file's), since anyone could write that line."""
     errors = err if err is not None else sys.stderr
     verifier = ChainVerifier(chain_id)
+    history = ""  # where the file's history starts, when after a checkpoint
+    lines_before = 0  # entries the checkpoint stands for, less the line it takes
     try:
         with path.open("r", encoding="utf-8", newline="\n") as f:
             line_number = 0
@@ -387,6 +457,14 @@ def verify_ledger_file(
                 if len(line) > JSON_LINE_CHARS_MAX:
                     verifier.unreadable(-1, -1, f"line longer than {JSON_LINE_CHARS_MAX}")
                     break
+                if line_number == 1 and line.startswith('{"checkpoint"'):
+                    try:
+                        history = _start_at_checkpoint(verifier, line, receipt_keys)
+                    except ValueError as error:
+                        out.write(f"ledger file FAILED: {path} line 1: {printable(str(error))}\n")
+                        return EXIT_PROBLEM
+                    lines_before = verifier.count - 1
+                    continue
                 try:
                     entry = LedgerEntry.from_json(line)
                 except ValueError as error:
@@ -399,16 +477,41 @@ def verify_ledger_file(
         return EXIT_UNUSABLE
     problem = verifier.finish(expected_head=expected_head)
     if problem is not None:
-        out.write(
-            f"ledger file FAILED: {path} line {problem.position + 1}: {printable(str(problem))}\n"
-        )
+        line_of = problem.position - lines_before + 1
+        out.write(f"ledger file FAILED: {path} line {line_of}: {printable(str(problem))}\n")
         return EXIT_PROBLEM
     matched = " (matches the expected head)" if expected_head is not None else ""
     out.write(
         f"ledger file ok: {verifier.count} entries, head {verifier.head.hex()}{matched} "
         f"(chain {chain_id})\n"
     )
+    if history:
+        out.write(history + "\n")
     return EXIT_OK
+
+
+def _start_at_checkpoint(
+    verifier: ChainVerifier, line: str, receipt_keys: Sequence[bytes]
+) -> str:
+    """Start `verifier` at the checkpoint `line` names, once its signature verifies under
+    its signer's receipt key; the line saying where the history starts. ValueError, with
+    what is wrong, for a line that is not a checkpoint, one without a signature (a store
+    installed from a snapshot signs none) or one whose signature does not verify."""
+    try:
+        base, signed = read_checkpoint_line(line)
+    except ValueError as error:
+        raise ValueError(f"unreadable checkpoint: {error}") from None
+    if signed is None:
+        raise ValueError(
+            f"the checkpoint at height {base.height} is not signed (a store installed from "
+            "a snapshot): its ledger head cannot be checked offline"
+        )
+    said, good = checkpoint_verdict(verifier.chain_id, base, signed, receipt_keys)
+    if not good:
+        raise ValueError(said)
+    verifier.head, verifier.count = base.ledger_head, base.ledger_entries
+    verifier.last = (base.height, LEDGER_INDEX_AFTER_ALL)
+    return said
 
 
 # ==================================================================== the store

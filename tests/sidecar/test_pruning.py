@@ -312,6 +312,64 @@ def test_ledger_verify_says_where_history_starts_and_checks_the_signature(
         assert "does NOT verify" in out.getvalue()
 
 
+def test_an_exported_pruned_ledger_verifies_from_its_signed_checkpoint(
+    tmp_path: Path,
+    log: Log,  # noqa: F811
+) -> None:
+    """`ledger export` of a pruned store starts with the signed checkpoint its history
+    starts after; `ledger verify --file` walks the entries from its ledger head and checks
+    its signature. Without it the first entry links to nothing the file holds, and the
+    export of every pruned store failed verification."""
+    height = top(log) - 2
+    path = tmp_path / "s.db"
+
+    async def build() -> None:
+        store = await _recorded(path, log)
+        try:
+            await store.prune_to(log.head(height), _signature(log, height))
+        finally:
+            await store.close()
+
+    asyncio.run(build())
+    exported = tmp_path / "ledger.jsonl"
+    with exported.open("w") as out:
+        assert operator.ledger_export(path, CHAIN, out, err=io.StringIO()) == operator.EXIT_OK
+    keys = receipt_public_keys()
+    head = log.head(height)
+    said = io.StringIO()
+    code = operator.verify_ledger_file(exported, CHAIN, said, receipt_keys=keys)
+    assert code == operator.EXIT_OK, said.getvalue()
+    assert f"history starts at height {height + 1}" in said.getvalue()
+    assert f"signed by member {OWN}: signature good" in said.getvalue()
+    first, *entries = exported.read_text().splitlines()
+    assert json.loads(first)["checkpoint"]["ledger_head"] == head.ledger_head.hex()
+
+    def verify(lines: list[str]) -> tuple[int, str]:
+        forged = tmp_path / "forged.jsonl"
+        forged.write_text("".join(line + "\n" for line in lines))
+        out = io.StringIO()
+        code = operator.verify_ledger_file(forged, CHAIN, out, receipt_keys=keys)
+        return code, out.getvalue()
+
+    # The attacks: the checkpoint dropped, or one naming another head (to splice in
+    # entries that chain to it), or signed by another member's key.
+    assert verify(entries)[0] == operator.EXIT_PROBLEM
+    doc = json.loads(first)
+    doc["checkpoint"]["ledger_head"] = bytes(32).hex()
+    code, text = verify([json.dumps(doc), *entries])
+    assert code == operator.EXIT_PROBLEM and "does NOT verify" in text
+    doc = json.loads(first)
+    doc["checkpoint"]["signer"] = 0
+    assert verify([json.dumps(doc), *entries])[0] == operator.EXIT_PROBLEM
+    doc = json.loads(first)
+    doc["checkpoint"]["height"] = "7"
+    code, text = verify([json.dumps(doc), *entries])
+    assert code == operator.EXIT_PROBLEM and "checkpoint" in text
+    # Without the cluster's receipt keys a checkpoint cannot be trusted at all.
+    out = io.StringIO()
+    assert operator.verify_ledger_file(exported, CHAIN, out) == operator.EXIT_PROBLEM
+
+
 def test_the_checkpoint_statement_binds_every_field(log: Log) -> None:  # noqa: F811
     head = log.head(2)
     signature = sign_checkpoint(receipt_key(OWN), CHAIN, head)
