@@ -5,27 +5,36 @@ the replica syncs forward and which it serves on as any pruned member does."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from quorumgate.proto.crypto import Verifier
+from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, init_cluster, read_seed
+from quorumgate.proto.crypto import Ed25519Signer, Verifier
 from quorumgate.proto.membership import Member, Membership
-from quorumgate.replica.actions import Commit, PersistSafety
+from quorumgate.replica.actions import Commit, PersistSafety, Send
 from quorumgate.replica.base import Base, BaseAsks, check_base
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.config import Limits
+from quorumgate.replica.node import ReplicaNode
 from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import (
+    Block,
     CommitProof,
+    Envelope,
     QuorumCert,
     RemoteError,
     SyncRequest,
     SyncResponse,
+    genesis_block,
+    genesis_qc,
+    vote_bytes,
 )
+from quorumgate.replica.wire import envelope_to_pb
 from tests.consensus.helpers import (
     CHAIN,
     OUTSIDER,
@@ -35,6 +44,7 @@ from tests.consensus.helpers import (
     membership,
     qc_for,
 )
+from tests.polling import until
 
 BLOCKS = chain_of(range(1, 16))  # genesis, B1..B15 in views 1..15
 START, TOP = 6, 10  # a peer pruned below 6; its answer from there ends at 10, proven by B11
@@ -204,3 +214,91 @@ async def test_a_base_is_refused_over_a_log_that_reaches_it(tmp_path: Path) -> N
         assert (store.history_from, store.committed_height) == (1, START - 1)
     finally:
         await store.close()
+
+
+# ============================================================================ the live shell
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[ReplicaNode]:
+    """Member 0 of a fresh 4-member cluster, started with an empty store (no peer runs),
+    stopped after."""
+    spec = init_cluster(tmp_path / "c", 4)
+    seed = read_seed(spec.node_dir(0) / CONSENSUS_KEY_FILE)
+    started = ReplicaNode(spec, 0, Ed25519Signer(seed))
+    await started.start()
+    try:
+        yield started
+    finally:
+        await started.stop()
+
+
+def _cluster_chain(node: ReplicaNode, count: int) -> tuple[list[Block], Callable[..., QuorumCert]]:
+    """Genesis and `count` blocks in consecutive views of `node`'s chain, each justified by
+    a QC its members 1, 2 and 3 signed with their consensus keys; and that QC maker."""
+    spec = node.spec
+    keys = {i: Ed25519Signer(read_seed(spec.node_dir(i) / CONSENSUS_KEY_FILE)) for i in range(4)}
+    signing_id = node.membership.signing_id
+
+    def qc(block: Block, voters: Sequence[int] = (1, 2, 3)) -> QuorumCert:
+        statement = vote_bytes(signing_id, block.view, block.height, block.hash)
+        signatures = tuple((v, keys[v].sign(statement)) for v in voters)
+        return QuorumCert(block.view, block.height, block.hash, signatures)
+
+    blocks = [genesis_block(spec.chain_id)]
+    for view in range(1, count + 1):
+        parent = blocks[-1]
+        justify = genesis_qc(spec.chain_id) if parent.height == 0 else qc(parent)
+        block = Block.create(
+            spec.chain_id, parent.hash, view, parent.height + 1, justify,
+            parent.timestamp_ms + 1, view % 4, (),
+        )  # fmt: skip
+        blocks.append(block)
+    return blocks, qc
+
+
+async def test_a_replica_refuses_a_forged_base_and_takes_the_next_peers(
+    node: ReplicaNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every peer pruned below what the empty replica lacks. The first it asks for a base
+    answers with a proof whose certificate carries a signature over another block: the
+    replica keeps its empty log and asks the next peer that says it pruned, whose genuine
+    base it installs (its log then starts there) and syncs forward from."""
+    sent: list[Send] = []
+    monkeypatch.setattr(node, "_send", lambda send, epoch=None: sent.append(send))
+    node._base_asks.wait_ms = 0  # (the shell's wait between two asks is tested above)
+    blocks, qc = _cluster_chain(node, 14)
+    chain = node.spec.chain_id
+
+    def deliver(sender: int, response: SyncResponse) -> None:
+        node.on_peer_message(envelope_to_pb(Envelope(chain, sender, response)))
+
+    def base_asks() -> list[tuple[int | None, int]]:
+        return [
+            (s.to, s.message.from_height)
+            for s in sent
+            if isinstance(s.message, SyncRequest) and s.message.from_height > 1
+        ]
+
+    pruned = SyncResponse((), (), None, (), committed_height=14, history_from=START)
+    deliver(1, pruned)
+    assert base_asks() == [(1, START)]
+    genuine = qc(blocks[TOP + 1])
+    other = qc(blocks[3]).signatures[2]
+    forged = SyncResponse(
+        tuple(blocks[START : TOP + 1]), (blocks[TOP + 1],),
+        replace(genuine, signatures=(*genuine.signatures[:2], other)), (), 14, START,
+    )  # fmt: skip
+    dropped = node.metrics.dropped.labels("bad_certificate")
+    deliver(1, forged)
+    await until("the forged base is refused", lambda: dropped._value.get() == 1)
+    assert node.store is not None and node.store.committed_height == 0
+
+    deliver(2, pruned)
+    assert base_asks() == [(1, START), (2, START)]
+    deliver(2, replace(forged, proof_qc=genuine))
+    store = node.store
+    await until("the genuine base is installed", lambda: store.committed_height == TOP)
+    assert store.history_from == START
+    assert node.core is not None and node.core.tree.committed_height == TOP
+    assert (await store.committed_range(START, TOP)) == list(blocks[START : TOP + 1])
