@@ -289,6 +289,8 @@ class ReplicaNode:
                 continue
             if floor is None or floor.keep_from_height <= store.history_from:
                 continue
+            if floor.keep_from_height > store.committed_height:
+                continue  # (a wiped log still catching up: nothing to drop yet)
             dropped, before, after = await store.prune_below(floor.keep_from_height)
             log.info(
                 "event=pruned keep_from_height=%d blocks=%d bytes_before=%d bytes_after=%d",
