@@ -101,31 +101,53 @@ def check_base(
 
 class BaseAsks:
     """The shell's one base request at a time: whom it asked, from which height, and
-    when. A peer that said it pruned below what we lack (`history_from` above our next
-    height) is asked for its log from there, at most once per `wait_ms`: the core's own
-    catch-up goes on asking each peer in turn, so a peer whose base is refused, or that
-    never answers, is followed by the next one that says it pruned."""
+    when.
 
-    __slots__ = ("_asked_ms", "_from", "_peer", "blocks_max", "wait_ms")
+    A base is asked for only once `reports_needed` (f+1) distinct peers said they pruned
+    above our next height (`history_from`): one of them at least is honest, so the
+    heights we lack really are gone from an honest member, and one faulty peer's claim
+    cannot make a replica that merely lags drop its log. Of those peers, the one that
+    said the lowest start is asked first, from its start (the lowest base leaves the
+    fewest heights our sidecar cannot read); one that was asked is skipped until every
+    other reporter was asked in turn, so a faulty peer whose answer is refused, or never
+    comes, costs one `wait_ms` per round. The core's own catch-up goes on asking each
+    peer in turn meanwhile, and brings in the reports."""
 
-    def __init__(self, wait_ms: int, blocks_max: int) -> None:
+    __slots__ = ("_asked", "_asked_ms", "_from", "_peer", "_reports", "blocks_max",
+                 "reports_needed", "wait_ms")  # fmt: skip
+
+    def __init__(self, wait_ms: int, blocks_max: int, reports_needed: int) -> None:
         self.wait_ms = wait_ms
         self.blocks_max = blocks_max
+        self.reports_needed = reports_needed
+        self._reports: dict[int, int] = {}  # peer -> the start of its log it said last
+        self._asked: set[int] = set()  # reporters asked in this round
         self._peer: int | None = None
         self._from = 0
         self._asked_ms = -1
 
     def ask(
         self, peer: int, history_from: int, committed_height: int, now_ms: int
-    ) -> SyncRequest | None:
-        """The request to send `peer`, which said its log starts at `history_from`, or
-        None: ordinary catch-up reaches it, or a request went out less than `wait_ms` ago."""
-        if history_from <= committed_height + 1:
+    ) -> tuple[int, SyncRequest] | None:
+        """Note that `peer` said its log starts at `history_from`; return whom to ask for
+        a base and the request, or None: ordinary catch-up reaches the heights, too few
+        peers said they pruned them, or a request went out less than `wait_ms` ago."""
+        self._reports[peer] = history_from
+        above = sorted(
+            (start, p) for p, start in self._reports.items() if start > committed_height + 1
+        )
+        if len(above) < self.reports_needed:
             return None
         if self._asked_ms >= 0 and now_ms - self._asked_ms < self.wait_ms:
             return None
-        self._peer, self._from, self._asked_ms = peer, history_from, now_ms
-        return SyncRequest(history_from, self.blocks_max)
+        fresh = [(start, p) for start, p in above if p not in self._asked]
+        if not fresh:
+            self._asked.clear()
+            fresh = above
+        start, chosen = fresh[0]
+        self._asked.add(chosen)
+        self._peer, self._from, self._asked_ms = chosen, start, now_ms
+        return chosen, SyncRequest(start, self.blocks_max)
 
     def answered(self, peer: int, response: SyncResponse, committed_height: int) -> int | None:
         """The height asked if `response` from `peer` answers the request out (its

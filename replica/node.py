@@ -220,7 +220,9 @@ class ReplicaNode:
         self._sync_repeats = SyncRepeats(self.limits.sync_retry_ticks * spec.tick_ms)
         self._pruned_peers: dict[int, int] = {}  # peer -> the history_from it last said
         self._base_asks = BaseAsks(
-            self.limits.sync_retry_ticks * spec.tick_ms, self.limits.sync_blocks_max
+            self.limits.sync_retry_ticks * spec.tick_ms,
+            self.limits.sync_blocks_max,
+            self.membership.f + 1,
         )
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
@@ -586,8 +588,9 @@ class ReplicaNode:
     def _note_pruned_peer(self, sender: int, response: SyncResponse) -> None:
         """A peer that pruned below the heights we asked answers with no blocks and its
         `history_from` (docs/pruning.md): say so once per peer and height, for the
-        operator, and ask it for its committed base from there (replica/base.py); the
-        core goes on to ask the next peer as for any empty answer."""
+        operator; once f+1 peers said so, ask one of them for its committed base
+        (replica/base.py `BaseAsks`). The core goes on to ask the next peer as for any
+        empty answer."""
         store = self.store
         if store is None or response.committed or not response.history_from:
             return
@@ -599,7 +602,7 @@ class ReplicaNode:
         if store.epoch is None:
             asked = self._base_asks.ask(sender, response.history_from, height, _monotonic_ms())
         if asked is not None:
-            self._send(Send(sender, asked))
+            self._send(Send(*asked))
         if self._pruned_peers.get(sender) == response.history_from:
             return
         self._pruned_peers[sender] = response.history_from

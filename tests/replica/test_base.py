@@ -136,19 +136,26 @@ def test_a_base_certified_by_other_members_is_refused() -> None:
 # ============================================================================ asking for it
 
 
-def test_a_base_is_asked_once_per_wait_and_then_of_the_next_pruned_peer() -> None:
-    asks = BaseAsks(wait_ms=400, blocks_max=64)
+def test_a_base_is_asked_of_f_plus_one_reporters_lowest_first_once_per_wait() -> None:
+    asks = BaseAsks(wait_ms=400, blocks_max=64, reports_needed=2)  # f+1 of a 4-member cluster
     assert asks.ask(1, history_from=1, committed_height=0, now_ms=0) is None  # sync reaches it
-    assert asks.ask(1, history_from=6, committed_height=0, now_ms=0) == SyncRequest(6, 64)
-    assert asks.ask(2, history_from=6, committed_height=0, now_ms=100) is None  # one at a time
+    # One peer's word is not enough: a faulty one could make a lagging replica drop its log.
+    assert asks.ask(1, history_from=8, committed_height=0, now_ms=0) is None
+    # f+1 said so: the one with the lowest start is asked, from its start.
+    assert asks.ask(2, history_from=6, committed_height=0, now_ms=0) == (2, SyncRequest(6, 64))
+    assert asks.ask(3, history_from=7, committed_height=0, now_ms=100) is None  # one at a time
     # Only the asked peer's answer from the asked height is one.
-    assert asks.answered(2, answer(), committed_height=0) is None
-    assert asks.answered(1, answer(start=7), committed_height=0) is None
-    assert asks.answered(1, answer(), committed_height=0) == START
-    assert asks.answered(1, answer(), committed_height=0) is None  # taken once
-    # Refused (or never answered): the next peer that says it pruned is asked in turn.
-    assert asks.ask(2, history_from=6, committed_height=0, now_ms=400) == SyncRequest(6, 64)
     assert asks.answered(1, answer(), committed_height=0) is None
+    assert asks.answered(2, answer(start=7), committed_height=0) is None
+    assert asks.answered(2, answer(), committed_height=0) == START
+    assert asks.answered(2, answer(), committed_height=0) is None  # taken once
+    # Refused (or never answered): the next lowest reporter not asked yet, once per wait.
+    assert asks.ask(3, history_from=7, committed_height=0, now_ms=400) == (3, SyncRequest(7, 64))
+    assert asks.ask(1, history_from=8, committed_height=0, now_ms=800) == (1, SyncRequest(8, 64))
+    # Every reporter asked: the next round starts again from the lowest.
+    assert asks.ask(1, history_from=8, committed_height=0, now_ms=1200) == (2, SyncRequest(6, 64))
+    # Caught up past what they said: nothing more to ask.
+    assert asks.ask(1, history_from=8, committed_height=20, now_ms=1600) is None
 
 
 # ============================================================================ installing it
@@ -262,7 +269,7 @@ async def test_a_replica_refuses_a_forged_base_and_takes_the_next_peers(
 ) -> None:
     """Every peer pruned below what the empty replica lacks. The first it asks for a base
     answers with a proof whose certificate carries a signature over another block: the
-    replica keeps its empty log and asks the next peer that says it pruned, whose genuine
+    replica keeps its empty log and asks the next peer that said it pruned, whose genuine
     base it installs (its log then starts there) and syncs forward from."""
     sent: list[Send] = []
     monkeypatch.setattr(node, "_send", lambda send, epoch=None: sent.append(send))
@@ -282,6 +289,8 @@ async def test_a_replica_refuses_a_forged_base_and_takes_the_next_peers(
 
     pruned = SyncResponse((), (), None, (), committed_height=14, history_from=START)
     deliver(1, pruned)
+    assert base_asks() == [], "asked on one peer's word"
+    deliver(2, pruned)  # f+1 = 2 peers said they pruned: the first of them is asked
     assert base_asks() == [(1, START)]
     genuine = qc(blocks[TOP + 1])
     other = qc(blocks[3]).signatures[2]
@@ -294,7 +303,7 @@ async def test_a_replica_refuses_a_forged_base_and_takes_the_next_peers(
     await until("the forged base is refused", lambda: dropped._value.get() == 1)
     assert node.store is not None and node.store.committed_height == 0
 
-    deliver(2, pruned)
+    deliver(3, pruned)  # the next report: the next reporter, not the refused one
     assert base_asks() == [(1, START), (2, START)]
     deliver(2, replace(forged, proof_qc=genuine))
     store = node.store
