@@ -4,16 +4,18 @@
 A replica catches up by blocks from its committed head (replica/core.py). Once its peers
 pruned below their snapshots, a replica with an empty (wiped or new) store, or one further
 behind than their retention, asks for heights nobody keeps: each peer answers with no
-blocks and the height its log starts at (`SyncResponse.history_from`). The shell then
-asks such a peer for its log from that height, an ordinary catch-up request with
-`from_height` at the peer's start, and the peer answers as for any request: committed
-blocks from there with the commit proof of the last one (replica/sync.py).
+blocks and the height its log starts at (`SyncResponse.history_from`). Once f+1 peers
+said so (`BaseAsks`), the shell asks one of them for its log from that height, an
+ordinary catch-up request with `from_height` at the peer's start, and the peer answers as
+for any request: committed blocks from there with the commit proof of the last one
+(replica/sync.py).
 
 `check_base` decides whether that answer proves what it claims: its blocks form one chain
 from the height asked, and the last of them is committed under the commit rule
-(replica/blocktree.py): its child is in the next view, certified by the child of the
-child's justify or by the proof's QC, each certificate carrying a quorum (2f+1) of valid
-signatures of the members the replica knows. Committed blocks need nothing else: a
+(replica/blocktree.py): its child is in the next view and certified (by the proof's QC,
+or, in a proof kept from the 3-chain rule, by the justify of the grandchild the QC
+certifies), each certificate carrying a quorum (2f+1) of valid signatures of the members
+the replica knows. Committed blocks need nothing else: a
 committed block's ancestors are committed, and the chain's hashes bind them to it. Each
 block's own justify is checked too, as sync checks it, so a block kept here and served on
 is one any member would take.
@@ -105,7 +107,7 @@ class BaseAsks:
 
     A base is asked for only once `reports_needed` (f+1) distinct peers said they pruned
     above our next height (`history_from`): one of them at least is honest, so the
-    heights we lack really are gone from an honest member, and one faulty peer's claim
+    heights we lack really are gone from an honest member, and faulty peers' claims alone
     cannot make a replica that merely lags drop its log. Of those peers, the one that
     said the lowest start is asked first, from its start (the lowest base leaves the
     fewest heights our sidecar cannot read); one that was asked is skipped until every
