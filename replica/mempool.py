@@ -660,6 +660,15 @@ class Mempool:
     def blocks_cached(self) -> int:
         return len(self._block_ids)
 
+    def forget_history(self) -> None:
+        """The committed log now starts at a base taken from a peer (replica/base.py,
+        docs/pruning.md): what committed below it never reached this mempool, so no
+        window can claim a signer's low-water mark, and every window from here on is
+        partial (the module docstring)."""
+        self._windows.clear()
+        self._window_nonces = 0
+        self._complete_history = False
+
     @property
     def complete_history(self) -> bool:
         """Whether absent windows still mean "never committed" (no eviction, full log)."""

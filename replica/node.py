@@ -59,6 +59,7 @@ from quorumgate.replica.actions import (
     StoreBlock,
     check_send_allowed,
 )
+from quorumgate.replica.base import BaseAsks, check_base
 from quorumgate.replica.client_api import ClientApi, sidecar_refuses
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
@@ -155,7 +156,15 @@ class _EpochProofIn:
     envelope: Envelope
 
 
-Event = Envelope | _Tick | _NewTransactions | _NewStateRoot | _EpochProofIn
+@dataclass(frozen=True, slots=True)
+class _BaseIn:
+    """A peer's answer to our request for its committed base (replica/base.py)."""
+
+    envelope: Envelope
+    from_height: int
+
+
+Event = Envelope | _Tick | _NewTransactions | _NewStateRoot | _EpochProofIn | _BaseIn
 
 MEMPOOL_REBUILD_TXS_MAX = 200_000
 MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
@@ -215,6 +224,11 @@ class ReplicaNode:
         self._sync_serving: dict[int, int] = {}  # peer -> its catch-up answers running
         self._sync_repeats = SyncRepeats(self.limits.sync_retry_ticks * spec.tick_ms)
         self._pruned_peers: dict[int, int] = {}  # peer -> the history_from it last said
+        self._base_asks = BaseAsks(
+            self.limits.sync_retry_ticks * spec.tick_ms,
+            self.limits.sync_blocks_max,
+            self.membership.f + 1,
+        )
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
         self._restore_marker: Path | None = None  # while a declared restore is fencing
@@ -282,6 +296,8 @@ class ReplicaNode:
                 continue
             if floor is None or floor.keep_from_height <= store.history_from:
                 continue
+            if floor.keep_from_height > store.committed_height:
+                continue  # (a wiped log still catching up: nothing to drop yet)
             dropped, before, after = await store.prune_below(floor.keep_from_height)
             log.info(
                 "event=pruned keep_from_height=%d blocks=%d bytes_before=%d bytes_after=%d",
@@ -436,6 +452,11 @@ class ReplicaNode:
                     actions = []
                     await self._take_epoch_proof(event.envelope)
                     continue
+                if isinstance(event, _BaseIn):
+                    await self._execute(actions)
+                    actions = []
+                    await self._take_base(event.envelope, event.from_height)
+                    continue
                 if isinstance(event, _Tick):
                     ticked = True
                     self._tick_queued = False
@@ -560,9 +581,11 @@ class ReplicaNode:
         if not self.membership.is_member(sender) or sender == self.index:
             self.metrics.dropped.labels("non_member").inc()
             return
+        core = self.core
         if isinstance(envelope.message, SyncResponse):
             self._note_pruned_peer(sender, envelope.message)
-        core = self.core
+            if self._base_answer(envelope):
+                return
         # (Our core's epoch ended and the next one's core is about to start: its messages
         # wait in the queue for it rather than be dropped.)
         switching = core is not None and core.ended is not None
@@ -590,21 +613,44 @@ class ReplicaNode:
     def _note_pruned_peer(self, sender: int, response: SyncResponse) -> None:
         """A peer that pruned below the heights we asked answers with no blocks and its
         `history_from` (docs/pruning.md): say so once per peer and height, for the
-        operator; the core goes on to ask the next peer as for any empty answer."""
+        operator; once f+1 peers said so, ask one of them for its committed base
+        (replica/base.py `BaseAsks`). The core goes on to ask the next peer as for any
+        empty answer."""
         store = self.store
         if store is None or response.committed or not response.history_from:
             return
-        if response.history_from <= store.committed_height + 1:
+        height = store.committed_height
+        if response.history_from <= height + 1:
             return
+        # (A store past epoch 0 takes no base: it is checked against the genesis members.)
+        asked = None
+        if store.epoch is None:
+            asked = self._base_asks.ask(sender, response.history_from, height, _monotonic_ms())
+        if asked is not None:
+            self._send(Send(*asked))
         if self._pruned_peers.get(sender) == response.history_from:
             return
         self._pruned_peers[sender] = response.history_from
         log.warning(
             "event=sync_peer_pruned peer=%d history_from=%d committed_height=%d "
-            "hint=the peer pruned the heights this replica lacks; restore this replica from "
-            "a backup or a member keeping them (docs/pruning.md)",
-            sender, response.history_from, store.committed_height,
+            "hint=the peer pruned the heights this replica lacks; it takes a peer's "
+            "committed base from there (docs/pruning.md)",
+            sender, response.history_from, height,
         )  # fmt: skip
+
+    def _base_answer(self, envelope: Envelope) -> bool:
+        """True if `envelope` answers our request for a base: it goes to the core loop
+        (`_take_base`), not to the core, whose log it does not continue."""
+        store, core = self.store, self.core
+        response = envelope.message
+        assert isinstance(response, SyncResponse)
+        if store is None or core is None or envelope.epoch != core.epoch:
+            return False
+        start = self._base_asks.answered(envelope.sender, response, store.committed_height)
+        if start is None:
+            return False
+        self.enqueue(_BaseIn(envelope, start), envelope.sender)
+        return True
 
     def _on_gossip(self, sender: int, txs: Iterable[bytes]) -> None:
         """A peer's batch of transactions (its stream authenticated it). Each is checked
@@ -768,29 +814,74 @@ class ReplicaNode:
         await self._execute([commit], end)
         await self._next_epoch()
 
+    async def _take_base(self, envelope: Envelope, from_height: int) -> None:
+        """(On the core loop.) A peer's committed base, asked for because every peer we
+        asked pruned below what we lack: if its proof holds, it becomes our committed log
+        (the store's history starts there, as a pruned store's), and a core started from
+        it syncs forward as after a restart (docs/pruning.md)."""
+        store, core, response = self.store, self.core, envelope.message
+        assert store is not None and core is not None and isinstance(response, SyncResponse)
+        if from_height <= store.committed_height + 1 or store.epoch is not None:
+            return  # ordinary catch-up reached it meanwhile
+        try:
+            check_sync_response(response, core.membership, self.limits)
+            base = check_base(
+                core.checker, response, from_height,
+                epochs=self.spec.runs_epochs, owner=self.owner_records,
+            )  # fmt: skip
+        except RemoteError as err:
+            self.metrics.dropped.labels(err.reason).inc()
+            log.warning(
+                "event=base_refused from_peer=%d height=%d reason=%s",
+                envelope.sender, from_height, err.reason,
+            )  # fmt: skip
+            return
+        await store.install_base(base.blocks, base.proof)
+        self.mempool.forget_history()
+        self.mempool.on_commit(base.blocks)
+        log.warning(
+            "event=installed_base height=%d top=%d from_peer=%d hint=this replica holds no "
+            "blocks below height %d: catch its sidecar up with quorumgate replay "
+            "--from-snapshot if it is behind (docs/pruning.md)",
+            base.height, base.top, envelope.sender, base.height,
+        )  # fmt: skip
+        # A restart's core, from what the store now holds; still fenced (safety Rule 6).
+        await self._restart_core(restored=self._restore_marker is not None)
+        self._update_gauges()
+        async with self._commit_cond:
+            self._commit_cond.notify_all()
+
     async def _next_epoch(self) -> None:
         """The store holds a newer epoch than the core runs: start that epoch's core from
         what the store holds, exactly as a restart would."""
         store = self.store
         assert store is not None
-        self._update_gauges()  # the old core's counts, before its successor's start at 0
-        self._dropped_seen.clear()
-        self._refused_seen.clear()
-        self._timeouts_seen = 0
-        recovered = await store.load()
-        self.core = self._make_core(recovered, restored=False)
+        core = await self._restart_core(restored=False)
         # A stream a member opened with a key this epoch no longer gives it ends here: a
         # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.
         ended = self.peers.end_streams_of_old_keys()
         log.info(
             "event=epoch_started node=%d epoch=%d height=%d streams_ended=%d",
             self.index,
-            self.core.epoch,
+            core.epoch,
             store.committed_height,
             ended,
         )
-        await self._execute(self.core.start())
+
+    async def _restart_core(self, restored: bool) -> Core:
+        """Replace the core by one started from what the store holds, exactly as a
+        restart would (fenced: safety Rule 6, docs/consensus/fencing.md)."""
+        store = self.store
+        assert store is not None
+        self._update_gauges()  # the old core's counts, before its successor's start at 0
+        self._dropped_seen.clear()
+        self._refused_seen.clear()
+        self._timeouts_seen = 0
+        core = self._make_core(await store.load(), restored=restored)
+        self.core = core
+        await self._execute(core.start())
         self._ticks_wanted.set()
+        return core
 
     # ------------------------------------------------------------------ gossip
 

@@ -957,6 +957,48 @@ class ReplicaStore:
             await on_thread(self._conn, _give_back_pages)
             return dropped, before, _file_bytes(self._path)
 
+    async def install_base(self, blocks: Sequence[Block], proof: CommitProof) -> None:
+        """Make `blocks`, a chain whose last block `proof` proves committed (checked by
+        replica/base.py `check_base`), the committed log, starting where they start, as
+        a store pruned below it (docs/pruning.md, "A wiped replica behind pruned peers").
+
+        In one transaction: what the log held (all of it below the base's first height)
+        goes, with every proof and pending block at or below the base's top; the safety
+        record and the audit tables stay, as `wipe_blocks` keeps them. Only for a log
+        whose head is below the base's parent (ordinary catch-up goes on from anything
+        else), and only in epoch 0: a base is checked against the genesis members."""
+        async with self._lock:
+            self._check_open()
+            start, top = blocks[0].height, blocks[-1].height
+            if self._epochs:
+                raise StorageError(f"{self._path}: a store past epoch 0 takes no base")
+            if start <= self._head.height + 1:
+                raise AssertionError(
+                    f"a base at height {start} over a log that reaches {self._head.height}"
+                )
+            if proof_height(proof) != top or proof.b1.parent_hash != blocks[-1].hash:
+                raise AssertionError(f"the base's proof does not prove height {top}")
+            rows = [(b.height, b.hash, encode_block(b)) for b in blocks]
+
+            def write(c: sqlite3.Connection) -> None:
+                c.execute("DELETE FROM proofs")
+                c.execute("DELETE FROM committed WHERE height > 0")
+                c.execute("DELETE FROM blocks WHERE height <= ?", (top,))
+                c.executemany("INSERT INTO committed (height, hash, data) VALUES (?, ?, ?)", rows)
+                proof_row = (top, encode_proof(proof))
+                c.execute("INSERT INTO proofs (height, data) VALUES (?, ?)", proof_row)
+                c.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('keep_from_height', ?)",
+                    (str(start),),
+                )
+
+            await transaction(self._conn, write, "BEGIN IMMEDIATE")
+            self._recent.clear()
+            for block in blocks[-RECENT_COMMITTED_MAX:]:
+                self._recent[block.height] = block
+            self._head = blocks[-1]
+            self._history_from = start
+
     # ================================================================== audit and operations
 
     async def signed_votes(self) -> dict[int, bytes]:

@@ -186,6 +186,21 @@ def test_nonce_beyond_the_window_is_refused_as_replayed_like_the_engine() -> Non
     assert pool.admit(_tx("alice", 4)).accepted
 
 
+def test_after_a_base_taken_from_a_peer_no_window_claims_what_came_before_it() -> None:
+    """A replica that took a pruned peer's committed base (docs/pruning.md) never saw the
+    commits below it: a signer it never saw may have spent nonces there, so its next one
+    is not refused as beyond a window anchored at zero."""
+    pool = Mempool(CHAIN, MempoolLimits(nonce_window=4))
+    pool.on_commit([_block(_tx("bob", 1))])
+    _refused(pool.admit(_tx("alice", 9)), "replayed", "ALREADY_EXISTS")
+    pool.forget_history()
+    assert not pool.complete_history
+    assert pool.admit(_tx("alice", 9)).accepted
+    assert pool.admit(_tx("bob", 9)).accepted  # bob's window, anchored before, is gone too
+    pool.on_commit([_block(_tx("carol", 3))])
+    _refused(pool.admit(_tx("carol", 3)), "replayed", "ALREADY_EXISTS")  # seen: still refused
+
+
 def test_same_signer_and_nonce_with_other_bytes_while_pending_is_conflicting_nonce() -> None:
     pool = Mempool(CHAIN)
     first = pool.admit(_tx("alice", 1, run="a"))
