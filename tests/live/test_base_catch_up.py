@@ -24,16 +24,14 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
 from quorumgate.replica.node import RESTORE_MARKER_FILE
 from quorumgate.runtime.channels import Reader, aio_channel
-from quorumgate.sidecar.snapshots import OPTIONS_FILE, SNAPSHOT_DIR
-from tests.live.test_pruning import cli_replay, ledger_verify
+from quorumgate.sidecar.snapshots import SNAPSHOT_DIR
+from tests.live.test_pruning import cli_replay, ledger_verify, start_pruning
 from tests.live.test_snapshot_catch_up import HEIGHTS_AFTER, SIDECAR_FILES, _heights, executed
-from tests.support.live import DB_FILES, WAIT_S, LiveCluster, Load, wait_until
+from tests.support.live import DB_FILES, WAIT_S, LiveCluster, wait_until
 
 N = 4
 WIPED = 3  # (cli_replay of tests/live/test_pruning.py replays member 3)
 OTHERS = [i for i in range(N) if i != WIPED]
-INTERVAL_HEIGHTS = 8  # a snapshot every 8 heights
-RETAIN_HEIGHTS = 8  # keep 8 heights below the executed one: prune at the snapshot below
 # Heights the others commit after the wiped replica restarts, which it must reach.
 HEIGHTS_AFTER_RESTART = 6
 HISTORY_FROM = re.compile(r"its committed log starts at height (\d+)")
@@ -50,16 +48,8 @@ LOSSES = ("wipe_blocks", "new_store")
 def test_a_wiped_replica_catches_up_from_its_pruned_peers_base(
     live_cluster: Callable[..., LiveCluster], loss: str
 ) -> None:
-    cluster = live_cluster(N, start=False)
+    cluster, load = start_pruning(live_cluster, "base")
     spec = cluster.spec
-    options = {"interval_heights": INTERVAL_HEIGHTS, "kept": 2, "retain_heights": RETAIN_HEIGHTS}
-    for i in range(N):
-        (spec.node_dir(i) / OPTIONS_FILE).write_text(json.dumps(options))
-    cluster.start()
-    load = Load(cluster, "base", agents=3, per_agent=1000, batch=5, rate_per_s=5, targets=OTHERS)
-    cluster.start_sidecars()
-    cluster.register(load.agents)
-    load.start()
     # Every other replica pruned its log above height 1: none can hand out height 1.
     starts = wait_until(
         "every other replica to have pruned its committed log",

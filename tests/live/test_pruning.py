@@ -38,6 +38,23 @@ INTERVAL_HEIGHTS = 8  # a snapshot every 8 heights
 RETAIN_HEIGHTS = 8  # keep 8 heights below the executed one: prune at the snapshot below
 
 
+def start_pruning(live_cluster: Callable[..., LiveCluster], name: str) -> tuple[LiveCluster, Load]:
+    """A cluster whose sidecars snapshot every `INTERVAL_HEIGHTS` and keep
+    `RETAIN_HEIGHTS`, its replicas and sidecars started, a trickle of proposals flowing to
+    every member but `WIPED`."""
+    cluster = live_cluster(N, start=False)
+    spec = cluster.spec
+    options = {"interval_heights": INTERVAL_HEIGHTS, "kept": 2, "retain_heights": RETAIN_HEIGHTS}
+    for i in range(N):
+        (spec.node_dir(i) / OPTIONS_FILE).write_text(json.dumps(options))
+    cluster.start()
+    load = Load(cluster, name, agents=3, per_agent=1000, batch=5, rate_per_s=5, targets=OTHERS)
+    cluster.start_sidecars()
+    cluster.register(load.agents)
+    load.start()
+    return cluster, load
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*QUORUMGATE, *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False
@@ -51,16 +68,8 @@ def ledger_verify(spec: ClusterSpec, index: int) -> subprocess.CompletedProcess[
 def test_a_pruned_cluster_verifies_and_a_wiped_sidecar_catches_up_from_a_snapshot(
     live_cluster: Callable[..., LiveCluster],
 ) -> None:
-    cluster = live_cluster(N, start=False)
+    cluster, load = start_pruning(live_cluster, "prune")
     spec = cluster.spec
-    options = {"interval_heights": INTERVAL_HEIGHTS, "kept": 2, "retain_heights": RETAIN_HEIGHTS}
-    for i in range(N):
-        (spec.node_dir(i) / OPTIONS_FILE).write_text(json.dumps(options))
-    cluster.start()
-    load = Load(cluster, "prune", agents=3, per_agent=1000, batch=5, rate_per_s=5, targets=OTHERS)
-    cluster.start_sidecars()
-    cluster.register(load.agents)
-    load.start()
     floor = 3 * INTERVAL_HEIGHTS
     wait_until(
         f"every replica told to keep from height {floor} or above",
