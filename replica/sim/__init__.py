@@ -37,7 +37,9 @@ Ed25519), `node` (a member, its disk and its stand-in mempool and sidecar), `net
 (what is in flight, partitions), `checks` (the safety checks), `byzantine` (the Byzantine
 behaviours), `restores` (the aimed restores), `epochs` (member-set changes and the shell's
 part at an epoch boundary: docs/consensus/epochs.md), `simulation` (the runner),
-`scenarios` (a seed's faults) and `twins` (the enumerated adversary).
+`scenarios` (a seed's faults) and `twins` (the enumerated adversary). With the member set
+changing, `twins`, `equivocate` and `fork_leader` members act across the boundaries
+(docs/consensus/epochs.md, "What the simulator checks").
 """
 
 from quorumgate.replica.sim.crypto import FastKeys
@@ -49,9 +51,18 @@ from quorumgate.replica.sim.options import (
     SimOptions,
     SimulationFailure,
 )
-from quorumgate.replica.sim.scenarios import reconfiguration_scenario, scenario
+from quorumgate.replica.sim.scenarios import (
+    byzantine_reconfiguration_scenario,
+    reconfiguration_scenario,
+    scenario,
+)
 from quorumgate.replica.sim.simulation import SimResult, Simulation
-from quorumgate.replica.sim.twins import TWINS_BEHAVIOURS, twins_scenarios, twins_splits
+from quorumgate.replica.sim.twins import (
+    TWINS_BEHAVIOURS,
+    twins_epoch_scenarios,
+    twins_scenarios,
+    twins_splits,
+)
 
 __all__ = [
     "BEHAVIOURS",
@@ -68,8 +79,10 @@ __all__ = [
     "SimResult",
     "Simulation",
     "SimulationFailure",
+    "byzantine_reconfiguration_scenario",
     "reconfiguration_scenario",
     "scenario",
+    "twins_epoch_scenarios",
     "twins_scenarios",
     "twins_splits",
 ]
