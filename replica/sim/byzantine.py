@@ -533,9 +533,9 @@ def retired_keys(node: SimNode, members: Membership) -> list[tuple[int, bytes]]:
             break
         for member in earlier.members:
             index, key = member.index, member.public_key
-            if members.is_member(index) and members.key(index) != key:
-                if (index, key) not in out:
-                    out.append((index, key))
+            retired = members.is_member(index) and members.key(index) != key
+            if retired and (index, key) not in out:
+                out.append((index, key))
     return out
 
 

@@ -232,10 +232,9 @@ class Simulation:
         if isinstance(msg, Proposal) and claimed is None:
             self._keep_proposal(envelope, msg)
         self._fan_out(src, src_instance, to, envelope)
-        if isinstance(msg, Proposal) and claimed is None and src in self.byzantine:
-            if self.reconfigurer is not None:
-                node = self.nodes[src][src_instance]
-                self.adversary.retired_key_votes(node, msg, epoch)
+        byzantine = src in self.byzantine and self.reconfigurer is not None
+        if isinstance(msg, Proposal) and claimed is None and byzantine:
+            self.adversary.retired_key_votes(self.nodes[src][src_instance], msg, epoch)
 
     def _fan_out(
         self, src: int, src_instance: int, to: int | None, parcel: Envelope | EpochDelivery
@@ -343,9 +342,9 @@ class Simulation:
                 self.adversary.double_vote_extra(node, envelope)
             if self.byzantine.get(node.index) == "fork_leader":
                 self.adversary.fork_watch(node, envelope)
-            if self.reconfigurer is not None and node.index in self.byzantine:
-                if isinstance(envelope.message, Proposal):
-                    self.adversary.retired_key_votes(node, envelope.message, envelope.epoch)
+            byzantine = self.reconfigurer is not None and node.index in self.byzantine
+            if byzantine and isinstance(msg, Proposal):
+                self.adversary.retired_key_votes(node, msg, envelope.epoch)
 
     def _serve_sync(self, node: SimNode, envelope: Envelope, msg: SyncRequest) -> None:
         """As the replica's shell does: members only, never ourselves. (On the wire the
