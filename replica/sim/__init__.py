@@ -10,7 +10,9 @@ checks safety:
   another);
 - every block an honest replica holds a QC for, certified in a view above the highest
   block an honest replica committed, extends that block (the lemma of replica/safety.py's
-  argument: a broken rule fails here before, or instead of, forking a commit);
+  argument: a broken rule fails here before, or instead of, forking a commit), and no two
+  QCs honest replicas hold certify different blocks in one view of one epoch (any two
+  quorums share an honest member, who votes once per view);
 - no honest replica ever signs two different votes in one view, nor a vote in a view
   after a timeout for it, across restarts too (judged on what reaches peers);
 - no `Send` leaves before the safety state it depends on is durable.

@@ -78,7 +78,10 @@ class SafetyChecks:
         commits, every block certified in a view above r extends it. Checked on each
         honest replica's highest QC against the highest block an honest replica
         committed (the last block of a commit is the B0 of its 2-chain), so a conflicting
-        certificate fails the run before any fork commits, or stalls everyone instead."""
+        certificate fails the run before any fork commits, or stalls everyone instead.
+        And before it, quorum intersection: two signed QCs of one view of one epoch
+        certify one block, since any two quorums share an honest member, who votes once
+        per view (a signature that counts for someone it is not fails here first)."""
         if qc.signatures:
             known = self.certified_in_view.setdefault((epoch, qc.view), qc.block_hash)
             if known != qc.block_hash:
