@@ -121,7 +121,9 @@ class Adversary:
 
     def _equivocate(self, node: SimNode, msg: Proposal) -> list[tuple[int | None, Message]]:
         """Two blocks for one view, each to half the others (one member shown both), and a
-        vote for the second one to everyone."""
+        vote for the second one to everyone; in an epoch where the adversary holds an
+        honest member's retired key, the split that key makes count
+        (`_split_with_retired_keys`)."""
         members = self._members(node)
         chain, sid = members.chain_id, members.signing_id
         me = node.index
