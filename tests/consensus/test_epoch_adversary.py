@@ -34,6 +34,7 @@ HONEST_SEEDS = {4: range(200 if FULL else 40), 7: range(100 if FULL else 16)}
 VARIANT_SEEDS = range(200 if FULL else 40)
 TWINS_PER_BEHAVIOUR = {4: 30 if FULL else 8, 7: 10 if FULL else 3}
 VARIANT_TWINS_PER_BEHAVIOUR = 8  # at n = 4, in every run
+RETIRED = EPOCH_VARIANTS["retired_key_counts"]
 
 
 def outcome(options: SimOptions) -> tuple[Simulation, SimResult | str]:
@@ -118,6 +119,19 @@ def test_the_honest_core_passes_byzantine_members_across_boundaries(n: int) -> N
     assert set(behaviours) == {"twins", "equivocate", "fork_leader"}, behaviours
     # The retired keys and the rotated twins' old keys were used, and refused.
     assert retired_dropped > 0
+
+
+def test_the_same_seed_runs_the_same_across_boundaries() -> None:
+    """Everything the adversary does across a boundary is drawn from the seed: two runs of
+    one scenario give the same result, and a caught variant fails the same way again."""
+    runs = [
+        byzantine_reconfiguration_scenario(1, 4),
+        twins_epoch_scenarios(4, per_behaviour=2)[0],
+        replace(byzantine_reconfiguration_scenario(1, 4), unsafe=RETIRED),
+    ]
+    for options in runs:
+        first, again = outcome(options)[1], outcome(options)[1]
+        assert first == again, options.reproduce()
 
 
 def test_a_rotated_twin_keeps_its_old_key_which_counts_nowhere() -> None:
