@@ -14,9 +14,8 @@ the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adve
 the member set changes during the run (docs/consensus/epochs.md); with --byzantine too,
 `byzantine_reconfiguration_scenario`: f Byzantine members per epoch act across the
 boundaries; with --twins K too, `twins_epoch_scenarios`: Twins schedules that cross them.
-A failure prints the
-SimOptions that reproduce it, and the run ends with the share of scenarios that failed, by
-behaviour. Exit status 1 if any failed.
+A failure prints the SimOptions that reproduce it, and the run ends with the share of
+scenarios that failed, by behaviour. Exit status 1 if any failed.
 """
 
 from __future__ import annotations
