@@ -5,13 +5,17 @@
     python scripts/simulate.py --start 5000 --seeds 200 --nodes 7 --unsafe no_safe_to_vote
     python scripts/simulate.py --twins 300 --nodes 4 --unsafe double_vote
     python scripts/simulate.py --reconfigure --seeds 300 --nodes 4 7
+    python scripts/simulate.py --reconfigure --byzantine --seeds 300 --nodes 4 7
+    python scripts/simulate.py --reconfigure --twins 20 --nodes 4 7
 
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
 (`twins_scenarios`, 0: all of them); with --reconfigure, `reconfiguration_scenario(seed, n)`:
-the member set changes during the run (docs/consensus/epochs.md). A failure prints the
-SimOptions that reproduce it, and the run ends with the share of scenarios that failed, by
-behaviour. Exit status 1 if any failed.
+the member set changes during the run (docs/consensus/epochs.md); with --byzantine too,
+`byzantine_reconfiguration_scenario`: f Byzantine members per epoch act across the
+boundaries; with --twins K too, `twins_epoch_scenarios`: Twins schedules that cross them.
+A failure prints the SimOptions that reproduce it, and the run ends with the share of
+scenarios that failed, by behaviour. Exit status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from quorumgate.replica.sim import (
     SimOptions,
     Simulation,
     SimulationFailure,
+    byzantine_reconfiguration_scenario,
     reconfiguration_scenario,
     scenario,
+    twins_epoch_scenarios,
     twins_scenarios,
 )
 
@@ -52,8 +58,15 @@ def main() -> int:
     parser.add_argument(
         "--reconfigure", action="store_true", help="scenarios that change the member set"
     )
+    parser.add_argument(
+        "--byzantine",
+        action="store_true",
+        help="with --reconfigure: Byzantine members act across the epoch boundaries",
+    )
     parser.add_argument("--real-crypto", action="store_true", help="Ed25519, not the stand-in")
     args = parser.parse_args()
+    if args.byzantine and (not args.reconfigure or args.twins is not None):
+        parser.error("--byzantine goes with --reconfigure (Twins schedules are Byzantine already)")
     started = time.perf_counter()
     runs: Counter[str] = Counter()
     failed: Counter[str] = Counter()
@@ -61,8 +74,12 @@ def main() -> int:
     excused = 0  # passed safety; liveness not owed (more than f faults at the end)
     for n in args.nodes:
         seeds = range(args.start, args.start + args.seeds)
-        if args.twins is not None:
+        if args.twins is not None and args.reconfigure:
+            scenarios = twins_epoch_scenarios(n, per_behaviour=args.twins or None)
+        elif args.twins is not None:
             scenarios = twins_scenarios(n, per_behaviour=args.twins or None)
+        elif args.reconfigure and args.byzantine:
+            scenarios = [byzantine_reconfiguration_scenario(seed, n) for seed in seeds]
         elif args.reconfigure:
             scenarios = [reconfiguration_scenario(seed, n) for seed in seeds]
         else:

@@ -10,7 +10,9 @@ checks safety:
   another);
 - every block an honest replica holds a QC for, certified in a view above the highest
   block an honest replica committed, extends that block (the lemma of replica/safety.py's
-  argument: a broken rule fails here before, or instead of, forking a commit);
+  argument: a broken rule fails here before, or instead of, forking a commit), and no two
+  QCs honest replicas hold certify different blocks in one view of one epoch (any two
+  quorums share an honest member, who votes once per view);
 - no honest replica ever signs two different votes in one view, nor a vote in a view
   after a timeout for it, across restarts too (judged on what reaches peers);
 - no `Send` leaves before the safety state it depends on is durable.
@@ -37,7 +39,9 @@ Ed25519), `node` (a member, its disk and its stand-in mempool and sidecar), `net
 (what is in flight, partitions), `checks` (the safety checks), `byzantine` (the Byzantine
 behaviours), `restores` (the aimed restores), `epochs` (member-set changes and the shell's
 part at an epoch boundary: docs/consensus/epochs.md), `simulation` (the runner),
-`scenarios` (a seed's faults) and `twins` (the enumerated adversary).
+`scenarios` (a seed's faults) and `twins` (the enumerated adversary). With the member set
+changing, `twins`, `equivocate` and `fork_leader` members act across the boundaries
+(docs/consensus/epochs.md, "What the simulator checks").
 """
 
 from quorumgate.replica.sim.crypto import FastKeys
@@ -49,9 +53,18 @@ from quorumgate.replica.sim.options import (
     SimOptions,
     SimulationFailure,
 )
-from quorumgate.replica.sim.scenarios import reconfiguration_scenario, scenario
+from quorumgate.replica.sim.scenarios import (
+    byzantine_reconfiguration_scenario,
+    reconfiguration_scenario,
+    scenario,
+)
 from quorumgate.replica.sim.simulation import SimResult, Simulation
-from quorumgate.replica.sim.twins import TWINS_BEHAVIOURS, twins_scenarios, twins_splits
+from quorumgate.replica.sim.twins import (
+    TWINS_BEHAVIOURS,
+    twins_epoch_scenarios,
+    twins_scenarios,
+    twins_splits,
+)
 
 __all__ = [
     "BEHAVIOURS",
@@ -68,8 +81,10 @@ __all__ = [
     "SimResult",
     "Simulation",
     "SimulationFailure",
+    "byzantine_reconfiguration_scenario",
     "reconfiguration_scenario",
     "scenario",
+    "twins_epoch_scenarios",
     "twins_scenarios",
     "twins_splits",
 ]

@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import replace
 from typing import Any
 
+from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import Send
 from quorumgate.replica.sim.node import SimNode
 from quorumgate.replica.sim.options import FAR_AHEAD_VIEWS, MALFORM_COPIES
@@ -49,7 +50,14 @@ class Adversary:
         self.forge_seq = 0
         self.fork_pending: dict[int, Proposal] = {}
         self.forks_made = 0
-        self.fork_timeouts: dict[int, dict[int, Timeout]] = {}
+        self.retired_voted: set[tuple[int, bytes]] = set()  # (epoch, block) voted for
+        # (epoch, view) -> the one member shown the first block of a split
+        # (`_split_with_retired_keys`), and the retired keys' votes to send it once the
+        # split's proposals are out: (claimed voter, to, vote)
+        self.split_views: dict[tuple[int, int], int] = {}
+        self.after_send: list[tuple[int, int, Message]] = []
+        # (epoch, view) -> the honest timeouts seen for it, by voter
+        self.fork_timeouts: dict[tuple[int, int], dict[int, Timeout]] = {}
         # The victim leads three views after a fork_leader, so the two views between can
         # extend a fork while the victim's word is delayed.
         self.fork_leaders = [i for i, b in sim.byzantine.items() if b == "fork_leader"]
@@ -69,6 +77,18 @@ class Adversary:
     def _sign(self, index: int, message: bytes) -> bytes:
         return self.sim.signers[index].sign(message)
 
+    @staticmethod
+    def _signed(node: SimNode, message: bytes) -> bytes:
+        """Signed with the key `node` holds in the epoch it runs (the first epoch's key
+        until the member set changes: docs/consensus/epochs.md)."""
+        return node.signer.sign(message)
+
+    @staticmethod
+    def _members(node: SimNode) -> Membership:
+        """The member set of the epoch `node` runs: whose leader order, keys and quorum
+        the boundary behaviours (`BOUNDARY_BEHAVIOURS`) follow."""
+        return node.core.membership
+
     def rewrite(
         self, node: SimNode, behaviour: str, send: Send
     ) -> list[tuple[int | None, Message]]:
@@ -85,18 +105,27 @@ class Adversary:
                 return [(send.to, replace(msg, signature=bad))]
         if behaviour == "equivocate" and isinstance(msg, Proposal):
             return self._equivocate(node, msg)
+        if behaviour == "equivocate" and isinstance(msg, Vote) and self.split_views:
+            target = self.split_views.get((self._members(node).epoch, msg.view))
+            if target is not None:  # its vote for the first block goes where that did
+                return [(target, msg)]
         if behaviour == "double_vote" and isinstance(msg, Vote):
             return [(send.to, msg)]
         if behaviour == "fork_leader":
             return self._fork_leader(node, send)
+        if behaviour == "twins" and node.instance and node.signer.public_key != node.first_key:
+            return self._old_key_twin(node, send)
         if behaviour == "forge_certs":
             return [(send.to, msg), *self._forgeries(node)]
         return [(send.to, msg)]
 
     def _equivocate(self, node: SimNode, msg: Proposal) -> list[tuple[int | None, Message]]:
         """Two blocks for one view, each to half the others (one member shown both), and a
-        vote for the second one to everyone."""
-        chain = self.sim.membership.chain_id
+        vote for the second one to everyone; in an epoch where the adversary holds an
+        honest member's retired key, the split that key makes count
+        (`_split_with_retired_keys`)."""
+        members = self._members(node)
+        chain, sid = members.chain_id, members.signing_id
         me = node.index
         block = msg.block
         alt = Block.create(
@@ -111,35 +140,61 @@ class Adversary:
             block.state_root_height,
             block.state_root,
         )
-        alt_prop = Proposal(alt, self._sign(me, proposal_bytes(chain, alt.view, alt.hash)))
-        others = [i for i in range(self.sim.options.n) if i != me]
+        alt_prop = Proposal(alt, self._signed(node, proposal_bytes(sid, alt.view, alt.hash)))
+        others = [i for i in range(members.n) if i != me]
         self.sim.rng.shuffle(others)
+        alt_vote = Vote(
+            alt.view,
+            alt.height,
+            alt.hash,
+            me,
+            self._signed(node, vote_bytes(sid, alt.view, alt.height, alt.hash)),
+        )
+        split = self._split_with_retired_keys(node, msg, alt_prop, others)
+        if split:
+            return [*split, *((i, alt_vote) for i in others if i != split[0][0])]
         half = len(others) // 2
         out: list[tuple[int | None, Message]] = [(i, msg) for i in others[:half]]
         out += [(i, alt_prop) for i in others[half:]]
         # One member of the first half sees both: a replica must vote for one only.
         out += [(others[0], alt_prop)] if half else []
         # and vote for the alternative too
-        out += [
-            (
-                None,
-                Vote(
-                    alt.view,
-                    alt.height,
-                    alt.hash,
-                    me,
-                    self._sign(me, vote_bytes(chain, alt.view, alt.height, alt.hash)),
-                ),
-            )
-        ]
+        out += [(None, alt_vote)]
         return out
+
+    def _split_with_retired_keys(
+        self, node: SimNode, msg: Proposal, alt: Proposal, others: list[int]
+    ) -> list[tuple[int | None, Message]]:
+        """With the retired key of an honest member (`retired_key_votes`), equivocate
+        where it tells: the first block to one honest member that holds no retired key,
+        with this member's vote and the retired keys' votes for it (to that member only),
+        and the second to everyone else, with this member's vote for it. Counting a
+        retired key then certifies both blocks of one view; counting only the epoch's
+        keys, the first gathers too few votes. Empty: no such key in this epoch."""
+        members = self._members(node)
+        byzantine = self.sim.byzantine
+        retired = [(i, k) for i, k in retired_keys(node, members) if i not in byzantine]
+        holders = {i for i, _ in retired}
+        targets = [i for i in others if i not in holders and i not in byzantine]
+        if not retired or not targets:
+            return []
+        target, block = targets[0], msg.block
+        self.split_views[(members.epoch, block.view)] = target
+        self.retired_voted.update({(members.epoch, block.hash), (members.epoch, alt.block.hash)})
+        statement = vote_bytes(members.signing_id, block.view, block.height, block.hash)
+        for index, key in retired:
+            sig = self.sim.key_signers[key].sign(statement)
+            vote = Vote(block.view, block.height, block.hash, index, sig)
+            self.after_send.append((index, target, vote))
+        return [(target, msg), *((i, alt) for i in others if i != target)]
 
     def _fork_leader(self, node: SimNode, send: Send) -> list[tuple[int | None, Message]]:
         """Lead a fork in the views the team forks, and keep the victim alone able to
         certify the block just before one."""
         msg = send.message
         me = node.index
-        if isinstance(msg, Proposal) and not self._forks_in(msg.block.view):
+        members = self._members(node)
+        if isinstance(msg, Proposal) and not self._forks_in(members, msg.block.view):
             return [(send.to, msg)]  # a teammate forked the view before: extend it
         if isinstance(msg, Proposal):
             fork = self._fork_block(node, msg)
@@ -149,13 +204,34 @@ class Adversary:
             return []
         if isinstance(msg, Timeout | TimeoutCert):
             return []  # its certificates would tell the others what the victim knows
-        if isinstance(msg, Vote) and self._forks_in(msg.view):
+        if isinstance(msg, Vote) and self._forks_in(members, msg.view):
             return []  # its vote goes to the fork, not to the block it replaced
         # Withhold the vote for the block just before a view the team forks from all but
         # the victim: only the victim can then certify it (and commit). Every member of the
         # team does, or the others' votes certify it anyway.
-        if isinstance(msg, Vote) and self._forks_in(msg.view + 1):
+        if isinstance(msg, Vote) and self._forks_in(members, msg.view + 1):
             return [(self.fork_victim, msg)]
+        return [(send.to, msg)]
+
+    def _old_key_twin(self, node: SimNode, send: Send) -> list[tuple[int | None, Message]]:
+        """Twins across a boundary: instance 0 of a rotated or replaced member takes its
+        new key, instance 1 (its old machine) keeps the key it first held and signs what
+        its core asks for with that one. What it cannot sign without the new key (hellos,
+        and certificates that carry its own signature) it does not send."""
+        msg = send.message
+        sid = self._members(node).signing_id
+        old = self.sim.key_signers[node.first_key or node.signer.public_key]
+        if isinstance(msg, Vote):
+            statement = vote_bytes(sid, msg.view, msg.height, msg.block_hash)
+            return [(send.to, replace(msg, signature=old.sign(statement)))]
+        if isinstance(msg, Timeout):
+            statement = timeout_bytes(sid, msg.view, msg.high_qc.view)
+            return [(send.to, replace(msg, signature=old.sign(statement)))]
+        if isinstance(msg, Proposal):
+            statement = proposal_bytes(sid, msg.block.view, msg.block.hash)
+            return [(send.to, replace(msg, signature=old.sign(statement)))]
+        if isinstance(msg, Hello | HelloReply | TimeoutCert):
+            return []
         return [(send.to, msg)]
 
     def malformed(self, node: SimNode, send: Send) -> list[tuple[int, int | None, Message]]:
@@ -316,18 +392,20 @@ class Adversary:
             out.append((None, Proposal(block, sig)))
         return out
 
-    def _forks_in(self, view: int) -> bool:
+    def _forks_in(self, members: Membership, view: int) -> bool:
         """The `fork_leader` members act as one team: a view one of them leads is forked
         unless a teammate led the view before it (then it extends that fork, which needs a
-        child in the next view to commit)."""
-        leader = self.sim.membership.leader
+        child in the next view to commit). `members`: the epoch's, whose leader order
+        counts."""
+        leader = members.leader
         return leader(view) in self.fork_leaders and leader(view - 1) not in self.fork_leaders
 
     def _fork_block(self, node: SimNode, honest: Proposal) -> Proposal | None:
         """The same view, but extending the QC three (or, every other time, two) blocks
         below the highest: a sibling of the block the victim alone has seen committed (or
         would have, under a 2-chain commit rule)."""
-        chain = self.sim.membership.chain_id
+        members = self._members(node)
+        chain = members.chain_id
         tree = node.core.tree
         qc = honest.block.justify
         disk = node.disk
@@ -361,7 +439,7 @@ class Adversary:
             parent.state_root_height,
             parent.state_root,
         )
-        sig = self._sign(me, proposal_bytes(chain, view, block.hash))
+        sig = self._signed(node, proposal_bytes(members.signing_id, view, block.hash))
         return Proposal(block, sig, honest.high_tc)
 
     def fork_watch(self, node: SimNode, envelope: Envelope) -> None:
@@ -369,28 +447,33 @@ class Adversary:
         pending fork, sign a timeout too and send the fork with the TC that admits it."""
         msg = envelope.message
         me = node.index
-        chain = self.sim.membership.chain_id
+        if not node.active:
+            return  # the message ended its epoch, and it is no member of the next
+        members = self._members(node)
+        chain = members.signing_id
         if isinstance(msg, Proposal):
             block = msg.block
-            sig = self._sign(me, vote_bytes(chain, block.view, block.height, block.hash))
+            sig = self._signed(node, vote_bytes(chain, block.view, block.height, block.hash))
             vote = Vote(block.view, block.height, block.hash, me, sig)
-            to = self.fork_victim if self._forks_in(block.view + 1) else None
+            to = self.fork_victim if self._forks_in(members, block.view + 1) else None
             self.sim._deliver_from(me, to, vote, node.instance)
             return
         fork = self.fork_pending.get(me)
         if not isinstance(msg, Timeout) or fork is None or msg.view != fork.block.view - 1:
             return
         statement = timeout_bytes(chain, msg.view, msg.high_qc.view)
-        if not self.sim.verify_fn(self.sim.membership.key(msg.voter), statement, msg.signature):
-            return  # another Byzantine member's forgery: a TC built on it would be forged too
-        seen = self.fork_timeouts.setdefault(msg.view, {})
-        seen[msg.voter] = msg
-        if len(seen) + 1 < self.sim.membership.quorum:
+        if not members.is_member(msg.voter):
             return
-        timeouts = list(seen.values())[: self.sim.membership.quorum - 1]
+        if not self.sim.verify_fn(members.key(msg.voter), statement, msg.signature):
+            return  # another Byzantine member's forgery: a TC built on it would be forged too
+        seen = self.fork_timeouts.setdefault((members.epoch, msg.view), {})
+        seen[msg.voter] = msg
+        if len(seen) + 1 < members.quorum:
+            return
+        timeouts = list(seen.values())[: members.quorum - 1]
         high = max((t.high_qc for t in timeouts), key=lambda q: q.view)
         mine = Timeout(
-            msg.view, high, me, self._sign(me, timeout_bytes(chain, msg.view, high.view))
+            msg.view, high, me, self._signed(node, timeout_bytes(chain, msg.view, high.view))
         )
         signers = sorted([*timeouts, mine], key=lambda t: t.voter)
         tc = TimeoutCert(
@@ -402,8 +485,34 @@ class Adversary:
         del self.fork_pending[me]
         self.sim._deliver_from(me, None, Proposal(block, fork.signature, tc), node.instance)
         # and vote for it, to everyone
-        sig = self._sign(me, vote_bytes(chain, block.view, block.height, block.hash))
+        sig = self._signed(node, vote_bytes(chain, block.view, block.height, block.hash))
         self.sim._deliver_from(me, None, Vote(block.view, block.height, block.hash, me, sig))
+
+    def retired_key_votes(self, node: SimNode, proposal: Proposal, epoch: int) -> None:
+        """The keys honest members were rotated or replaced away from are the
+        adversary's (the reason to rotate a key is that it may have leaked): for every
+        block of a later epoch that a Byzantine member proposes or receives, a vote signed
+        with each of them in the name of the member that held it, in that epoch, once.
+        Only the keys of the epoch a signature names count (docs/consensus/epochs.md,
+        "Signatures name their epoch"), so honest members drop these; a core that still
+        counted a retired key would take them as the votes of one more faulty member
+        than f."""
+        block = proposal.block
+        if not node.active or epoch != node.core.epoch or epoch == 0:
+            return
+        if (epoch, block.hash) in self.retired_voted:
+            return
+        self.retired_voted.add((epoch, block.hash))
+        members = self._members(node)
+        statement = vote_bytes(members.signing_id, block.view, block.height, block.hash)
+        for index, key in retired_keys(node, members):
+            if index in self.sim.byzantine:
+                continue  # a Byzantine member's votes are its own already
+            sig = self.sim.key_signers[key].sign(statement)
+            vote = Vote(block.view, block.height, block.hash, index, sig)
+            for to in range(members.n):
+                if to not in (index, node.index):  # its holder would see its own name
+                    self.sim._deliver_from(node.index, to, vote, node.instance, claimed=index)
 
     def double_vote_extra(self, node: SimNode, envelope: Envelope) -> None:
         """A `double_vote` member also signs every proposal it receives, rules or not."""
@@ -415,6 +524,21 @@ class Adversary:
         sig = self._sign(node.index, vote_bytes(chain, block.view, block.height, block.hash))
         vote = Vote(block.view, block.height, block.hash, node.index, sig)
         self.sim._deliver_from(node.index, None, vote, node.instance)
+
+
+def retired_keys(node: SimNode, members: Membership) -> list[tuple[int, bytes]]:
+    """(member, key) for each key a member of `members` held in an epoch before it, by
+    the member sets `node` made durable, oldest first."""
+    out: list[tuple[int, bytes]] = []
+    for earlier, _ in node.disk.starts:
+        if earlier.epoch >= members.epoch:
+            break
+        for member in earlier.members:
+            index, key = member.index, member.public_key
+            retired = members.is_member(index) and members.key(index) != key
+            if retired and (index, key) not in out:
+                out.append((index, key))
+    return out
 
 
 def _mutated_qc(qc: QuorumCert, pick: int, garbage: bytes) -> QuorumCert:

@@ -21,6 +21,8 @@ class SafetyChecks:
         # The same, per epoch (docs/consensus/epochs.md): the lemma holds within one.
         self.epoch_tips: dict[int, Block] = {0: genesis}
         self.blocks_by_hash: dict[bytes, Block] = {genesis.hash: genesis}
+        # (epoch, view) -> the block an honest replica's QC of that view certifies
+        self.certified_in_view: dict[tuple[int, int], bytes] = {}
         self.honest_votes: dict[tuple[int, int], bytes] = {}
         self.delivered_votes: dict[tuple[int, int], bytes] = {}
         self.delivered_timeouts: set[tuple[int, int]] = set()  # (honest member, view)
@@ -76,7 +78,17 @@ class SafetyChecks:
         commits, every block certified in a view above r extends it. Checked on each
         honest replica's highest QC against the highest block an honest replica
         committed (the last block of a commit is the B0 of its 2-chain), so a conflicting
-        certificate fails the run before any fork commits, or stalls everyone instead."""
+        certificate fails the run before any fork commits, or stalls everyone instead.
+        And before it, quorum intersection: two signed QCs of one view of one epoch
+        certify one block, since any two quorums share an honest member, who votes once
+        per view (a signature that counts for someone it is not fails here first)."""
+        if qc.signatures:
+            known = self.certified_in_view.setdefault((epoch, qc.view), qc.block_hash)
+            if known != qc.block_hash:
+                raise self._fail(
+                    f"SAFETY: two blocks certified in view {qc.view} of epoch {epoch} "
+                    f"({known[:4].hex()} and {qc.block_hash[:4].hex()})"
+                )
         tip = self.epoch_tips[max(e for e in self.epoch_tips if e <= epoch)]
         if qc.view <= tip.view:
             return

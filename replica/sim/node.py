@@ -189,6 +189,7 @@ class SimNode:
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
         self.asked_tick = -1  # when this node last asked a peer for an epoch proof
+        self.first_key: bytes | None = None  # the key it held in its first epoch as a member
         self._core: Core | None = self._make_core(None)
 
     @property
@@ -217,6 +218,7 @@ class SimNode:
         if not membership.is_member(self.index):
             return None  # not (or no longer) a member: it only follows epoch changes
         self.signer = sim.key_signers[membership.key(self.index)]
+        self.first_key = self.first_key or self.signer.public_key
         # Byzantine members wrap the honest core; only honest ones run a variant under test.
         cls = Core if self.index in sim.byzantine else (sim.options.unsafe or Core)
         self.starts += 1

@@ -30,6 +30,10 @@ SIM_TICK_MS = 10
 TX_BYTES = 48
 RESTORE_BACKUP_VIEWS_MAX = 8  # the victim's backups kept, one per view it entered
 RECONFIGURE_KINDS = ("replace", "rotate", "add", "remove")
+# The behaviours a Byzantine member may have in a run that changes the member set: those
+# that sign with the member's key of the epoch they run (docs/consensus/epochs.md, "What
+# the simulator checks"); the others know one member set.
+BOUNDARY_BEHAVIOURS = ("twins", "equivocate", "fork_leader")
 # Proposals the network keeps, by view, to hand a restored victim again (the newest views).
 SENT_PROPOSAL_VIEWS_MAX = 32
 
@@ -85,7 +89,7 @@ class SimOptions:
     reconfigure: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        f = (self.n - 1) // 3
+        f = (max(self.epoch_sizes) - 1) // 3 if self.reconfigure else (self.n - 1) // 3
         if len(self.byzantine) > f:
             raise ValueError(f"{len(self.byzantine)} Byzantine members but f = {f}")
         for b in self.byzantine:
@@ -100,8 +104,9 @@ class SimOptions:
         self._check_reconfigure()
 
     def _check_reconfigure(self) -> None:
-        """Each change must fit the size the ones before it leave. Byzantine members and
-        restores stay out of these runs: their behaviours know one member set."""
+        """Each change must fit the size the ones before it leave. Restores stay out of
+        these runs (the drill knows one member set); Byzantine members are named, have a
+        behaviour of `BOUNDARY_BEHAVIOURS`, and are at most f of every epoch's members."""
         size = self.n
         for kind in self.reconfigure:
             if kind not in RECONFIGURE_KINDS:
@@ -109,18 +114,42 @@ class SimOptions:
             if (kind, size) in (("add", 7), ("remove", 4)) or size not in (4, 7):
                 raise ValueError(f"{kind} does not fit a cluster of {size}")
             size += {"add": 3, "remove": -3}.get(kind, 0)
-        stale = self.stale_restore_permille or self.aimed_restores
-        if self.reconfigure and (self.byzantine or stale):
-            raise ValueError("reconfiguration runs have no Byzantine member and no restore")
+        if not self.reconfigure:
+            return
+        if self.stale_restore_permille or self.aimed_restores:
+            raise ValueError("reconfiguration runs have no restore")
+        if self.byzantine:
+            self._check_epoch_faults()
+
+    def _check_epoch_faults(self) -> None:
+        """f per epoch: a member added may be Byzantine only if the new epoch's f allows
+        it, and a remove must leave at most f of the rest Byzantine (members come and go
+        at the top of the index range: proto/membership.py `Reconfiguration`)."""
+        if len(self.byzantine_members) != len(self.byzantine):
+            raise ValueError("a reconfiguration run names its Byzantine members")
+        if any(b not in BOUNDARY_BEHAVIOURS for b in self.byzantine):
+            raise ValueError(f"across an epoch boundary only {BOUNDARY_BEHAVIOURS} act")
+        if len(set(self.byzantine_members)) != len(self.byzantine_members):
+            raise ValueError("one behaviour per Byzantine member")
+        for size in self.epoch_sizes:
+            inside = sum(0 <= m < size for m in self.byzantine_members)
+            if inside > (size - 1) // 3:
+                raise ValueError(f"{inside} Byzantine members of an epoch of {size}")
+        if any(not 0 <= m < self.slots for m in self.byzantine_members):
+            raise ValueError("a Byzantine member outside every epoch")
+
+    @property
+    def epoch_sizes(self) -> tuple[int, ...]:
+        """The number of members of each epoch, the first one's first."""
+        sizes = [self.n]
+        for kind in self.reconfigure:
+            sizes.append(sizes[-1] + {"add": 3, "remove": -3}.get(kind, 0))
+        return tuple(sizes)
 
     @property
     def slots(self) -> int:
         """Node slots the run needs: the most members any of its epochs has."""
-        size, most = self.n, self.n
-        for kind in self.reconfigure:
-            size += {"add": 3, "remove": -3}.get(kind, 0)
-            most = max(most, size)
-        return most
+        return max(self.epoch_sizes)
 
     @property
     def aimed_restores(self) -> int:

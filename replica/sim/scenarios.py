@@ -5,7 +5,12 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from quorumgate.replica.sim.options import BEHAVIOURS, WITHHOLDING_BEHAVIOURS, SimOptions
+from quorumgate.replica.sim.options import (
+    BEHAVIOURS,
+    BOUNDARY_BEHAVIOURS,
+    WITHHOLDING_BEHAVIOURS,
+    SimOptions,
+)
 
 
 def scenario(seed: int, n: int) -> SimOptions:
@@ -68,4 +73,30 @@ def reconfiguration_scenario(seed: int, n: int) -> SimOptions:
         crash_ticks_max=rng.choice((30, 150)),
         tx_per_tick_permille=rng.choice((100, 500, 900)),
         reconfigure=rng.choice(RECONFIGURATIONS[n]),
+    )
+
+
+BYZANTINE_RECONFIG_SALT = 7_307  # the Byzantine draws use their own generator
+
+
+def byzantine_reconfiguration_scenario(seed: int, n: int) -> SimOptions:
+    """`reconfiguration_scenario(seed, n)` with Byzantine members acting across the
+    boundaries (docs/consensus/epochs.md, "What the simulator checks"): as many as every
+    epoch's f allows, in slots drawn from the seed (a member added may be one if the new
+    epoch's f has room, and a remove leaves at most f of the rest), each with a behaviour
+    of `BOUNDARY_BEHAVIOURS`. The network's faults and the changes are those of the
+    honest scenario of the same seed."""
+    base = reconfiguration_scenario(seed, n)
+    rng = random.Random(seed * BYZANTINE_RECONFIG_SALT + n)
+    slots = list(range(base.slots))
+    rng.shuffle(slots)
+    chosen: list[int] = []
+    for slot in slots:
+        trial = [*chosen, slot]
+        if all(sum(m < size for m in trial) <= (size - 1) // 3 for size in base.epoch_sizes):
+            chosen = trial
+    behaviours = tuple(rng.choice(BOUNDARY_BEHAVIOURS) for _ in chosen)
+    delay = rng.choice((0, 30, 60)) if "fork_leader" in behaviours else 0
+    return replace(
+        base, byzantine=behaviours, byzantine_members=tuple(chosen), victim_delay_ticks=delay
     )

@@ -203,6 +203,9 @@ class Simulation:
         if behaviour is not None:
             for to, out in self.adversary.rewrite(node, behaviour, send):
                 self._deliver_from(node.index, to, out, node.instance)
+            while self.adversary.after_send:
+                claimed, to, out = self.adversary.after_send.pop(0)
+                self._deliver_from(node.index, to, out, node.instance, claimed)
             return
         self._deliver_from(node.index, send.to, msg)
 
@@ -229,6 +232,9 @@ class Simulation:
         if isinstance(msg, Proposal) and claimed is None:
             self._keep_proposal(envelope, msg)
         self._fan_out(src, src_instance, to, envelope)
+        byzantine = src in self.byzantine and self.reconfigurer is not None
+        if isinstance(msg, Proposal) and claimed is None and byzantine:
+            self.adversary.retired_key_votes(self.nodes[src][src_instance], msg, epoch)
 
     def _fan_out(
         self, src: int, src_instance: int, to: int | None, parcel: Envelope | EpochDelivery
@@ -336,6 +342,9 @@ class Simulation:
                 self.adversary.double_vote_extra(node, envelope)
             if self.byzantine.get(node.index) == "fork_leader":
                 self.adversary.fork_watch(node, envelope)
+            byzantine = self.reconfigurer is not None and node.index in self.byzantine
+            if byzantine and isinstance(msg, Proposal):
+                self.adversary.retired_key_votes(node, msg, envelope.epoch)
 
     def _serve_sync(self, node: SimNode, envelope: Envelope, msg: SyncRequest) -> None:
         """As the replica's shell does: members only, never ourselves. (On the wire the
@@ -486,7 +495,9 @@ class Simulation:
             any(node.core.restoring for node in self.nodes[i] if node.up and node.active)
             for i in self.honest
         )
-        return len(self.byzantine) + restoring > self.membership.f
+        newest = self._newest()
+        byzantine = sum(newest.is_member(i) for i in self.byzantine)
+        return byzantine + restoring > newest.f
 
     def _honest_core(self, index: int) -> Core:
         return self.nodes[index][0].core
@@ -494,8 +505,12 @@ class Simulation:
     def _members(self) -> list[int]:
         """The honest members of the newest epoch an honest node reached (without
         reconfiguration: every honest member)."""
-        newest = max((self.nodes[i][0].disk.membership for i in self.honest), key=_epoch)
+        newest = self._newest()
         return [i for i in self.honest if newest.is_member(i)]
+
+    def _newest(self) -> Membership:
+        """The member set of the newest epoch an honest node reached."""
+        return max((self.nodes[i][0].disk.membership for i in self.honest), key=_epoch)
 
     def _height(self, index: int) -> int:
         """A member's committed height as its core knows it (-1 while it has none)."""

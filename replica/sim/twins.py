@@ -3,6 +3,8 @@ in the leader order times every partition schedule, per behaviour (docs/consensu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from quorumgate.replica.sim.options import SimOptions
 
 TWINS_PHASES = 3  # phases of enumerated partitions before the network heals
@@ -19,6 +21,22 @@ def twins_splits(instances: int) -> list[tuple[int, ...]]:
         if any(sides):
             out.append(sides)
     return out
+
+
+def _enumerated(
+    n: int, instances: int, per_behaviour: int | None
+) -> Iterator[tuple[int, int, int, tuple[tuple[int, ...], ...]]]:
+    """(case, place, schedule index, schedule) for each (place in the leader order,
+    partition schedule) pair of a behaviour, or `per_behaviour` of them evenly spaced."""
+    splits = twins_splits(instances)
+    total = n * len(splits) ** TWINS_PHASES  # (place, schedule) pairs, by index
+    step = max(1, total // per_behaviour) if per_behaviour else 1
+    for case in range(0, total, step)[:per_behaviour]:
+        place, k = case % n, case // n
+        schedule = tuple(
+            splits[(k // len(splits) ** phase) % len(splits)] for phase in range(TWINS_PHASES)
+        )
+        yield case, place, k, schedule
 
 
 def twins_scenarios(
@@ -40,14 +58,7 @@ def twins_scenarios(
     out = []
     for behaviour in TWINS_BEHAVIOURS:
         instances = n + f if behaviour == "twins" else n
-        splits = twins_splits(instances)
-        total = n * len(splits) ** TWINS_PHASES  # (place, schedule) pairs, by index
-        step = max(1, total // per_behaviour) if per_behaviour else 1
-        for case in range(0, total, step)[:per_behaviour]:
-            place, k = case % n, case // n
-            schedule = tuple(
-                splits[(k // len(splits) ** phase) % len(splits)] for phase in range(TWINS_PHASES)
-            )
+        for case, place, k, schedule in _enumerated(n, instances, per_behaviour):
             out.append(
                 SimOptions(
                     seed=k,
@@ -64,6 +75,45 @@ def twins_scenarios(
                     restores_when_voting=0 if behaviour == "fork_leader" else restores,
                     restores_when_timing_out=0 if behaviour == "fork_leader" else restores,
                     restore_backup_views=case % 3,
+                )
+            )
+    return out
+
+
+# The member-set changes a Twins schedule crosses, by starting size: a member's key rotated
+# (a twin's old machine keeps the old key) and, from 4, three members added.
+TWINS_RECONFIGURATIONS: dict[int, tuple[str, ...]] = {4: ("rotate", "add"), 7: ("rotate",)}
+
+
+def twins_epoch_scenarios(n: int = 4, *, per_behaviour: int | None = None) -> list[SimOptions]:
+    """The enumerated adversary across epoch boundaries: as `twins_scenarios` (every
+    place of the f Byzantine members in the first epoch's leader order times every
+    partition schedule, per behaviour; no restores), while the owner commits
+    `TWINS_RECONFIGURATIONS[n]` at ticks drawn from the scenario's seed, within the first
+    70 % of the adversarial ticks: during the partition phases or between the last of
+    them and the heal. The schedules split every node instance, those of members to come
+    too. Which member a rotation picks is drawn from the seed: the Byzantine one (whose
+    old machine, a twin, keeps its old key) or an honest one (whose old key the adversary
+    then holds: docs/consensus/epochs.md, "What the simulator checks")."""
+    f = (n - 1) // 3
+    reconfigure = TWINS_RECONFIGURATIONS[n]
+    slots = SimOptions(seed=0, n=n, reconfigure=reconfigure).slots
+    out = []
+    for behaviour in TWINS_BEHAVIOURS:
+        instances = slots + f if behaviour == "twins" else slots
+        for _, place, k, schedule in _enumerated(n, instances, per_behaviour):
+            out.append(
+                SimOptions(
+                    seed=k,
+                    n=n,
+                    byzantine=(behaviour,) * f,
+                    byzantine_members=tuple((place + j) % n for j in range(f)),
+                    partition_schedule=schedule,
+                    schedule_phase_ticks=TWINS_PHASE_TICKS,
+                    ticks=(TWINS_PHASES + 2) * TWINS_PHASE_TICKS,
+                    delay_ticks_max=2,
+                    victim_delay_ticks=60 if behaviour == "fork_leader" else 0,
+                    reconfigure=reconfigure,
                 )
             )
     return out

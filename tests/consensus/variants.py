@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from quorumgate.proto.crypto import Signer, Verifier
+from quorumgate.proto.membership import Membership
 from quorumgate.replica.core import Core
 from quorumgate.replica.epochs import boundary_index
 from quorumgate.replica.safety import SafetyError, SafetyRules, Signed
@@ -159,8 +161,57 @@ class EpochOnCertifiedCore(Core):
         super()._try_commit(qc)
 
 
-# Broken epoch rules: caught by the reconfiguration scenarios (tests/consensus/test_epochs.py).
-EPOCH_VARIANTS: dict[str, type[Core]] = {"epoch_on_certified": EpochOnCertifiedCore}
+class RetiredKeyVerifier(Verifier):
+    """A verifier that, when a signature does not hold under a member's key, tries the
+    key that member held at genesis (`aliases`: current key -> genesis key)."""
+
+    __slots__ = ("_aliases",)
+
+    def __init__(self, verifier: Verifier, aliases: dict[bytes, bytes]) -> None:
+        super().__init__(verifier._cache_max, verifier._verify)
+        self._aliases = aliases
+
+    def verify(self, public_key: bytes, message: bytes, signature: bytes) -> bool:
+        if super().verify(public_key, message, signature):
+            return True
+        old = self._aliases.get(public_key)
+        return old is not None and super().verify(old, message, signature)
+
+
+# chain id -> member -> the key it held in epoch 0, as the first core of each chain saw it
+# (the same for every run of one seed: genesis keys are drawn from the chain id).
+GENESIS_KEYS: dict[str, dict[int, bytes]] = {}
+
+
+class RetiredKeyCountsCore(Core):
+    """Broken on purpose: keeps the key table it was configured with at genesis beside the
+    one of the epoch it runs, so a signature by a key a member was rotated or replaced
+    away from still counts as that member's (docs/consensus/epochs.md, "Signatures name
+    their epoch"). Whoever holds the retired key — the rotated member's old machine, or
+    whoever it leaked to — votes as one more member than f. Only a Byzantine schedule
+    across a boundary can show it: without a change there is no retired key, and
+    without an adversary nobody signs with one."""
+
+    def __init__(self, membership: Membership, me: int, signer: Signer, **kwargs: Any) -> None:
+        genesis = GENESIS_KEYS.setdefault(membership.chain_id, {})
+        if membership.epoch == 0:
+            for member in membership.members:
+                genesis.setdefault(member.index, member.public_key)
+        aliases = {
+            m.public_key: genesis[m.index]
+            for m in membership.members
+            if genesis.get(m.index, m.public_key) != m.public_key
+        }
+        kwargs["verifier"] = RetiredKeyVerifier(kwargs["verifier"], aliases)
+        super().__init__(membership, me, signer, **kwargs)
+
+
+# Broken epoch rules: caught by the reconfiguration scenarios (tests/consensus/test_epochs.py;
+# the retired key by those with Byzantine members, tests/consensus/test_epoch_adversary.py).
+EPOCH_VARIANTS: dict[str, type[Core]] = {
+    "epoch_on_certified": EpochOnCertifiedCore,
+    "retired_key_counts": RetiredKeyCountsCore,
+}
 
 # The variants by the name the scripts and the tests give them, in the order they report.
 VARIANTS: dict[str, type[Core]] = {
