@@ -4,6 +4,7 @@ in the leader order times every partition schedule, per behaviour (docs/consensu
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from quorumgate.replica.sim.options import SimOptions
 
@@ -58,26 +59,48 @@ def twins_scenarios(
     out = []
     for behaviour in TWINS_BEHAVIOURS:
         instances = n + f if behaviour == "twins" else n
+        # The forking leader's victim is the restore drill's too: one at a time.
+        victim_restores = 0 if behaviour == "fork_leader" else restores
         for case, place, k, schedule in _enumerated(n, instances, per_behaviour):
             out.append(
-                SimOptions(
-                    seed=k,
-                    n=n,
-                    byzantine=(behaviour,) * f,
-                    byzantine_members=tuple((place + j) % n for j in range(f)),
-                    partition_schedule=schedule,
-                    schedule_phase_ticks=TWINS_PHASE_TICKS,
-                    ticks=(TWINS_PHASES + 2) * TWINS_PHASE_TICKS,
-                    delay_ticks_max=2,
-                    victim_delay_ticks=60 if behaviour == "fork_leader" else 0,
-                    # The forking leader's victim is the restore drill's too: one at a time.
-                    restores_when_leading=0 if behaviour == "fork_leader" else restores,
-                    restores_when_voting=0 if behaviour == "fork_leader" else restores,
-                    restores_when_timing_out=0 if behaviour == "fork_leader" else restores,
+                _twins_options(
+                    n,
+                    behaviour,
+                    place,
+                    k,
+                    schedule,
+                    restores_when_leading=victim_restores,
+                    restores_when_voting=victim_restores,
+                    restores_when_timing_out=victim_restores,
                     restore_backup_views=case % 3,
                 )
             )
     return out
+
+
+def _twins_options(
+    n: int,
+    behaviour: str,
+    place: int,
+    seed: int,
+    schedule: tuple[tuple[int, ...], ...],
+    **extra: Any,
+) -> SimOptions:
+    """One Twins scenario: f members of `behaviour` from `place` in the leader order,
+    under the partition `schedule`, then `extra` (restores, or reconfigurations)."""
+    f = (n - 1) // 3
+    return SimOptions(
+        seed=seed,
+        n=n,
+        byzantine=(behaviour,) * f,
+        byzantine_members=tuple((place + j) % n for j in range(f)),
+        partition_schedule=schedule,
+        schedule_phase_ticks=TWINS_PHASE_TICKS,
+        ticks=(TWINS_PHASES + 2) * TWINS_PHASE_TICKS,
+        delay_ticks_max=2,
+        victim_delay_ticks=60 if behaviour == "fork_leader" else 0,
+        **extra,
+    )
 
 
 # The member-set changes a Twins schedule crosses, by starting size: a member's key rotated
@@ -102,18 +125,5 @@ def twins_epoch_scenarios(n: int = 4, *, per_behaviour: int | None = None) -> li
     for behaviour in TWINS_BEHAVIOURS:
         instances = slots + f if behaviour == "twins" else slots
         for _, place, k, schedule in _enumerated(n, instances, per_behaviour):
-            out.append(
-                SimOptions(
-                    seed=k,
-                    n=n,
-                    byzantine=(behaviour,) * f,
-                    byzantine_members=tuple((place + j) % n for j in range(f)),
-                    partition_schedule=schedule,
-                    schedule_phase_ticks=TWINS_PHASE_TICKS,
-                    ticks=(TWINS_PHASES + 2) * TWINS_PHASE_TICKS,
-                    delay_ticks_max=2,
-                    victim_delay_ticks=60 if behaviour == "fork_leader" else 0,
-                    reconfigure=reconfigure,
-                )
-            )
+            out.append(_twins_options(n, behaviour, place, k, schedule, reconfigure=reconfigure))
     return out
