@@ -51,6 +51,23 @@ class OwnerError(Exception):
 
 def next_nonce(spec: ClusterSpec, signer: bytes) -> tuple[bool, int]:
     """(known, next nonce) for `signer`, the highest that f+1 sidecars agree is at least."""
+    answers = _accounts(spec, signer)
+    # f+1 answers include an honest one; an honest sidecar never reports a nonce lower
+    # than it executed, so the highest answer is safe to count up from.
+    known = sum(1 for k, _ in answers if k) >= spec.f + 1
+    return known, max(n for _, n in answers) if known else 1
+
+
+def executed_by_f_plus_one(answers: Sequence[tuple[bool, int]], f: int, nonce: int) -> bool:
+    """Whether at least f+1 of the sidecars' `answers` (known, next nonce) executed the
+    transaction signed at `nonce`: then an honest one did, and every read that asks f+1
+    sidecars to agree finds its effect. One sidecar ahead is not enough: the f+1 that
+    answer a later read first may all be behind it."""
+    return sum(1 for _, next_nonce in answers if next_nonce > nonce) >= f + 1
+
+
+def _accounts(spec: ClusterSpec, signer: bytes) -> list[tuple[bool, int]]:
+    """Every answering sidecar's (known, next nonce) for `signer`; at least f+1 of them."""
     answers: list[tuple[bool, int]] = []
     reader = owner_reader(spec)  # an account answers its own key and the cluster's roles
     for m in spec.members:
@@ -63,10 +80,7 @@ def next_nonce(spec: ClusterSpec, signer: bytes) -> tuple[bool, int]:
         answers.append((reply.known, reply.next_nonce))
     if len(answers) < spec.f + 1:
         raise OwnerError(f"only {len(answers)} sidecars answered; {spec.f + 1} needed")
-    # f+1 answers include an honest one; an honest sidecar never reports a nonce lower
-    # than it executed, so the highest answer is safe to count up from.
-    known = sum(1 for k, _ in answers if k) >= spec.f + 1
-    return known, max(n for _, n in answers) if known else 1
+    return answers
 
 
 class OwnerSession:
@@ -76,7 +90,8 @@ class OwnerSession:
         _, self._nonce = next_nonce(spec, bytes(self.key.verify_key))
 
     def submit(self, ops: Sequence[AdminOp]) -> None:
-        """Submit owner transactions, in order, and wait until all are executed."""
+        """Submit owner transactions, in order, and wait until f+1 sidecars executed them
+    all (`executed_by_f_plus_one`)."""
         requests = []
         last_nonce = self._nonce
         for op in ops:
@@ -95,7 +110,12 @@ class OwnerSession:
                     if not reply.accepted:
                         raise OwnerError(f"owner transaction refused: {reply.reason}")
         signer = bytes(self.key.verify_key)
-        if poll_for(lambda: next_nonce(self.spec, signer)[1] > last_nonce, APPLY_WAIT_S, POLL_S):
+        f = self.spec.f
+
+        def executed() -> bool:
+            return executed_by_f_plus_one(_accounts(self.spec, signer), f, last_nonce)
+
+        if poll_for(executed, APPLY_WAIT_S, POLL_S):
             return
         raise OwnerError(f"owner transactions not executed within {APPLY_WAIT_S:.0f} s")
 
