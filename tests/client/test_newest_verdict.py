@@ -41,10 +41,17 @@ PENDING = leaf(PENDING_HEIGHT, "pending", "confirmation_required", PROPOSAL)
 DENIED = leaf(DENY_HEIGHT, "deny", "confirmation_rejected", REJECT_TX)
 
 
+# The block time every receipt's validity window starts at: one for all sidecars, as the
+# block's own time is (receipts made each at its own clock reading would sign different
+# statements, and no f+1 of them would agree).
+BLOCK_TIME_MS = int(time.time() * 1000)
+VALIDITY_MS = 600_000
+
+
 def receipt(spec: ClusterSpec, signer: int, of: ReceiptLeaf) -> spb.Receipt:
     key = SigningKey(read_seed(spec.node_dir(signer) / RECEIPT_KEY_FILE))
-    now_ms = int(time.time() * 1000)
-    validity = Validity(now_ms, now_ms + 600_000) if spec.receipts_expire else None
+    window = Validity(BLOCK_TIME_MS, BLOCK_TIME_MS + VALIDITY_MS)
+    validity = window if spec.receipts_expire else None
     root = merkle_root([of.hash(spec.chain_id)])
     block = sign_block(key, signer, spec.chain_id, of.height, root, bytes(32), 1, validity)
     return receipt_to_pb(Receipt(of, (), block))
@@ -87,9 +94,9 @@ def test_a_superseded_pending_verdict_is_not_returned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The attack's order: the two sidecars that lag answer first, both pending. The
-    bound on the wait for more answers is lifted here (it is a liveness fallback, tested
-    below): on a loaded machine the answers `LAG_S` apart could otherwise arrive further
-    apart than the bound, and the test would measure the machine, not the rule."""
+    bound on the wait for more answers (a liveness fallback, tested below) is lifted, so
+    that what decides is the rule, not how far apart a loaded machine spreads answers
+    `LAG_S` apart."""
     monkeypatch.setattr(client_module, "NEWER_VERDICT_WAIT_S", WAIT_UNBOUNDED_S)
     spec = init_cluster(tmp_path / "c", 4)
     sidecars = [
