@@ -14,18 +14,13 @@ import signal
 import time
 from collections.abc import Callable
 
-import grpc
 import pytest
-from nacl.signing import SigningKey
 
 from quorumgate.ops.drills.nemesis import wipe_replica_blocks
-from quorumgate.proto import client_pb2 as cpb
-from quorumgate.proto import client_pb2_grpc as cpb_grpc
-from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.replica.node import RESTORE_MARKER_FILE
-from quorumgate.runtime.channels import Reader, aio_channel
 from quorumgate.sidecar.snapshots import SNAPSHOT_DIR
-from tests.live.test_pruning import cli_replay, ledger_verify, start_pruning
+from tests.live.test_pruning import ask_height_one, cli_replay, ledger_verify, start_pruning
 from tests.live.test_snapshot_catch_up import HEIGHTS_AFTER, SIDECAR_FILES, _heights, executed
 from tests.support.live import DB_FILES, WAIT_S, LiveCluster, wait_until
 
@@ -84,7 +79,7 @@ def test_a_wiped_replica_catches_up_from_its_pruned_peers_base(
     base, peer = int(installed.group(1)), int(installed.group(3))
     assert peer in OTHERS and base >= min(starts.values()), (base, starts)
     # Its log starts at the base, as a pruned one does.
-    said = asyncio.run(_ask_height_one(spec, WIPED))
+    said = asyncio.run(ask_height_one(spec, WIPED))
     assert said is not None and f"starts at height {base} " in said, said
     # Above the base, the same blocks as each other member still holds.
     top = min(cluster.heights(range(N)).values())
@@ -132,22 +127,6 @@ def _all_pruned(spec: ClusterSpec, indexes: list[int]) -> dict[int, int] | None:
 
 
 def _history_from(spec: ClusterSpec, index: int) -> int:
-    said = asyncio.run(_ask_height_one(spec, index))
+    said = asyncio.run(ask_height_one(spec, index))
     found = HISTORY_FROM.search(said or "")
     return int(found.group(1)) if found else 1
-
-
-async def _ask_height_one(spec: ClusterSpec, index: int) -> str | None:
-    """What replica `index` answers a member reading from height 1: None while it serves
-    that height, else its OUT_OF_RANGE message."""
-    key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))
-    async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
-        stream = cpb_grpc.ReplicaStub(channel).CommittedBlocks(cpb.BlocksRequest(from_height=1))
-        try:
-            async for _ in stream:
-                stream.cancel()
-                return None
-        except grpc.aio.AioRpcError as err:
-            assert err.code() is grpc.StatusCode.OUT_OF_RANGE, err
-            return str(err.details())
-    return None

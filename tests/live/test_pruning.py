@@ -106,9 +106,9 @@ def test_a_pruned_cluster_verifies_and_a_wiped_sidecar_catches_up_from_a_snapsho
     # A reader asking the pruned replica for height 1 is told so, by name.
     wait_until(
         "the wiped member's replica to have pruned its log",
-        lambda: asyncio.run(_ask_height_one(spec)) is not None,
+        lambda: asyncio.run(ask_height_one(spec, WIPED)) is not None,
     )
-    refused = asyncio.run(_ask_height_one(spec))
+    refused = asyncio.run(ask_height_one(spec, WIPED))
     assert refused is not None and "is pruned on this replica" in refused, refused
     # A replay from height 1 stops there with the same words, and names the way out.
     from_one = cli_replay(spec)
@@ -149,11 +149,11 @@ def test_a_pruned_cluster_verifies_and_a_wiped_sidecar_catches_up_from_a_snapsho
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-async def _ask_height_one(spec: ClusterSpec) -> str | None:
-    """What the wiped member's replica answers a member reading from height 1: None while
-    it still serves that height, else its OUT_OF_RANGE message."""
-    key = SigningKey(read_seed(spec.node_dir(WIPED) / RECEIPT_KEY_FILE))
-    async with aio_channel(spec, WIPED, reader=Reader.of(key)) as channel:
+async def ask_height_one(spec: ClusterSpec, index: int) -> str | None:
+    """What replica `index` answers a member reading from height 1: None while it still
+    serves that height, else its OUT_OF_RANGE message."""
+    key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))
+    async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
         stream = cpb_grpc.ReplicaStub(channel).CommittedBlocks(cpb.BlocksRequest(from_height=1))
         try:
             async for _ in stream:
