@@ -12,7 +12,7 @@ drift falls on both; the medians of the CPU per proposal and the last point's di
 printed side by side.
 
     python scripts/bench_prune.py [--runs 2] [--points 5] [--seconds 30] \
-        [--interval 200] [--retain 200] [--json]
+        [--interval 200] [--retain 200] [--only on|off] [--json]
 """
 
 from __future__ import annotations
@@ -154,13 +154,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--retain", type=int, default=200, help="heights kept (pruning on)")
     parser.add_argument("--inflight", type=int, default=256, help="closed loop: in flight")
     parser.add_argument("--clients", type=int, default=2, help="load client processes")
+    parser.add_argument(
+        "--only",
+        choices=("on", "off"),
+        help="run one side only, --runs times (a long run with pruning on, say)",
+    )
     parser.add_argument("--json", action="store_true", help="the result as JSON on stdout")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    runs = [one_run(k % 2 == 0, args) for k in range(2 * args.runs)]  # A B A B
+    if args.only is not None:
+        runs = [one_run(args.only == "on", args) for _ in range(args.runs)]
+    else:
+        runs = [one_run(k % 2 == 0, args) for k in range(2 * args.runs)]  # A B A B
     result = summary(runs, args)
     if args.json:
         print(json.dumps(result, indent=2))
