@@ -12,7 +12,7 @@ drift falls on both; the medians of the CPU per proposal and the last point's di
 printed side by side.
 
     python scripts/bench_prune.py [--runs 2] [--points 5] [--seconds 30] \
-        [--interval 200] [--retain 200] [--only on|off] [--json]
+        [--interval 200] [--retain 200] [--only on|off] [--until N] [--json]
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ def one_run(pruning: bool, args: argparse.Namespace) -> Run:
         nonces = agent_nonces(spec, options, AGENT_POOL_DEFAULT)
         pids = cluster_pids(spec)
         before, start = sample_cpu(pids), measure(spec)
-        for _ in range(args.points):
+        while len(points) < args.points or (
+            args.until and (not points or points[-1].proposals < args.until)
+        ):
             run_once(spec, options, nonces)
             time.sleep(SETTLE_S)  # a benchmark's pause, not a test's wait
             points.append(measure(spec))
@@ -154,6 +156,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--retain", type=int, default=200, help="heights kept (pruning on)")
     parser.add_argument("--inflight", type=int, default=256, help="closed loop: in flight")
     parser.add_argument("--clients", type=int, default=2, help="load client processes")
+    parser.add_argument(
+        "--until",
+        type=int,
+        default=0,
+        help="go on past --points until the ledger holds this many proposals",
+    )
     parser.add_argument(
         "--only",
         choices=("on", "off"),
