@@ -1009,6 +1009,17 @@ class ReplicaStore:
             )
         return {int(view): bytes(block_hash) for view, block_hash in rows}
 
+    async def votes_of_every_epoch(self) -> dict[tuple[int, int], bytes]:
+        """Every vote this replica recorded as signed, in every epoch it ran: (epoch, view)
+        -> block hash. Views start again in each epoch (docs/consensus/epochs.md), so a
+        view alone does not name a vote once the member set changed."""
+        async with self._lock:
+            rows = await self._conn.execute_fetchall(
+                "SELECT 0, view, block_hash FROM signed_votes "
+                "UNION ALL SELECT epoch, view, block_hash FROM epoch_votes ORDER BY 1, 2"
+            )
+        return {(int(epoch), int(view)): bytes(block_hash) for epoch, view, block_hash in rows}
+
     async def signed_timeouts(self) -> dict[int, int]:
         """Every timeout this replica recorded as signed: view -> its high QC's view."""
         async with self._lock:

@@ -18,10 +18,12 @@ deselect them with `-m "not live"`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,9 +44,11 @@ from quorumgate.ops.drills import (
     run_drill,
     vote_splits,
 )
+from quorumgate.ops.drills.audit import read_replica
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
+from quorumgate.replica.storage import ReplicaStore
 
 pytestmark = pytest.mark.live
 
@@ -226,6 +230,10 @@ def test_rotate_members_rotates_every_members_key_under_load(drill_dir: Path) ->
             )
         )
         assert fault.recovery_s is not None
+    # Each epoch committed blocks (the next rotation's record, or the load after the
+    # last), and the vote audit read every one of them, not only epoch 0's table.
+    epochs = len(report.faults) + 1
+    assert f"of {epochs} epochs" in report.check("votes_consistent").detail
     spec = prepare_cluster(drill_dir, NODES)
     for member in range(NODES):  # each member holds its key file of every rotation
         held = list(spec.node_dir(member).glob("consensus-*.key"))
@@ -328,6 +336,34 @@ def test_vote_splits_finds_a_view_with_votes_for_two_blocks() -> None:
     votes = {0: {5: b"x", 6: b"y"}, 1: {5: b"x", 6: b"z"}, 2: {6: b"y"}}
     assert vote_splits(votes) == {6: {b"y": [0, 2], b"z": [1]}}
     assert vote_splits({0: {5: b"x"}, 1: {5: b"x"}}) == {}
+
+
+async def _created(path: Path, chain_id: str) -> None:
+    store = await ReplicaStore.open(path, chain_id)  # the schema, as a replica makes it
+    await store.close()
+
+
+def test_the_vote_audit_reads_the_votes_of_every_epoch(tmp_path: Path) -> None:
+    """Two members voted for different blocks in view 5 of epoch 1 (after a rotation
+    views start again). The epoch-0 table alone (`signed_votes`) shows nothing; the
+    audit the drills check names the split by epoch and view."""
+    spec = prepare_cluster(tmp_path / "c4", NODES)
+    same = bytes(32)
+    for node, epoch_one_vote in ((0, b"\x01" * 32), (1, b"\x02" * 32)):
+        path = spec.node_dir(node) / "replica.db"
+        asyncio.run(_created(path, spec.chain_id))
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("INSERT INTO signed_votes (view, block_hash) VALUES (5, ?)", (same,))
+            db.execute(
+                "INSERT INTO epoch_votes (epoch, view, block_hash) VALUES (1, 5, ?)",
+                (epoch_one_vote,),
+            )
+    audits = {node: asyncio.run(read_replica(spec, node)) for node in (0, 1)}
+    assert vote_splits({n: a.signed_votes for n, a in audits.items()}) == {}
+    assert vote_splits({n: a.votes for n, a in audits.items()}) == {
+        (1, 5): {b"\x01" * 32: [0], b"\x02" * 32: [1]}
+    }
+    assert audits[0].votes == {(0, 5): same, (1, 5): b"\x01" * 32}
 
 
 def test_rollback_conflicts_finds_a_forgotten_vote_contradicted_after_the_restore() -> None:

@@ -171,8 +171,9 @@ class ReplicaAudit:
     committed_height: int
     last_voted_view: int
     last_proposed_view: int
-    signed_votes: dict[int, bytes]
+    signed_votes: dict[int, bytes]  # epoch 0: view -> block hash
     signed_timeouts: dict[int, int]
+    votes: dict[tuple[int, int], bytes]  # every epoch: (epoch, view) -> block hash
 
 
 async def read_replica(spec: ClusterSpec, index: int) -> ReplicaAudit:
@@ -187,6 +188,7 @@ async def read_replica(spec: ClusterSpec, index: int) -> ReplicaAudit:
             safety.last_proposed_view,
             await store.signed_votes(),
             await store.signed_timeouts(),
+            await store.votes_of_every_epoch(),
         )
     finally:
         await store.close()

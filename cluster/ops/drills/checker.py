@@ -49,6 +49,7 @@ from quorumgate.sidecar.replay import ReplayReport
 from quorumgate.sidecar.store import Checkpoint, SidecarStore, SidecarStoreError
 
 V = TypeVar("V")
+VoteKey = TypeVar("VoteKey", int, tuple[int, int])  # a view, or (epoch, view)
 
 # ---------------------------------------------------------------------------- pure checks
 
@@ -65,11 +66,14 @@ def majority(values: Mapping[int, V]) -> tuple[V | None, list[int]]:
     return value, sorted(i for i, v in values.items() if v != value)
 
 
-def vote_splits(votes: Mapping[int, Mapping[int, bytes]]) -> dict[int, dict[bytes, list[int]]]:
-    """From each member's signed-vote table (view -> block hash): the views in which votes
-    went to more than one block, with the members behind each. With honest leaders, who
-    propose one block per view (Rule 5), there are none."""
-    by_view: dict[int, dict[bytes, list[int]]] = {}
+def vote_splits(
+    votes: Mapping[int, Mapping[VoteKey, bytes]],
+) -> dict[VoteKey, dict[bytes, list[int]]]:
+    """From each member's signed-vote table (view, or (epoch, view) once the member set
+    may have changed, -> block hash): the views in which votes went to more than one
+    block, with the members behind each. With honest leaders, who propose one block per
+    view (Rule 5), there are none."""
+    by_view: dict[VoteKey, dict[bytes, list[int]]] = {}
     for node, table in sorted(votes.items()):
         for view, block_hash in table.items():
             by_view.setdefault(view, {}).setdefault(block_hash, []).append(node)
@@ -562,10 +566,13 @@ def check_votes(d: Drill) -> None:
             audits[i] = asyncio.run(read_replica(d.spec, i))
         except StorageError as err:
             problems.append(f"replica {i}: {err}")
-    splits = vote_splits({i: a.signed_votes for i, a in audits.items()})
+    # Every epoch's votes: a rotation starts the views again (docs/consensus/epochs.md),
+    # and an equivocation in a later epoch is one all the same.
+    splits = vote_splits({i: a.votes for i, a in audits.items()})
     problems += [
-        f"view {view}: " + ", ".join(f"{short(h)} by replicas {ns}" for h, ns in hashes.items())
-        for view, hashes in splits.items()
+        f"epoch {epoch} view {view}: "
+        + ", ".join(f"{short(h)} by replicas {ns}" for h, ns in hashes.items())
+        for (epoch, view), hashes in splits.items()
     ]
     conflicts = 0
     for run in d.stale_runs:
@@ -580,9 +587,12 @@ def check_votes(d: Drill) -> None:
         run.fault.details["first_vote_view_after_restore"] = after[0] if after else None
         run.fault.details["votes_after_restore"] = len(after)
     d.report.equivocations += conflicts + len(splits)
-    votes = sum(len(a.signed_votes) for a in audits.values())
-    views = len({v for a in audits.values() for v in a.signed_votes})
-    passed = f"{votes} recorded votes in {views} views, one block per view"
+    votes = sum(len(a.votes) for a in audits.values())
+    views = len({v for a in audits.values() for v in a.votes})
+    epochs = len({e for a in audits.values() for e, _ in a.votes})
+    passed = f"{votes} recorded votes in {views} views"
+    passed += f" of {epochs} epochs" if epochs > 1 else ""
+    passed += ", one block per view"
     if d.stale_runs:
         passed += f"; no vote after {len(d.stale_runs)} stale restores contradicts a forgotten one"
     d.check("votes_consistent", problems, passed)
