@@ -8,6 +8,7 @@ rotated, then member 1's)."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -42,6 +43,7 @@ KEYS_0 = tuple(s.public_key for s in SIGNERS[:4])
 SIGNERS_1 = (SIGNERS[0], SIGNERS[1], ROTATED_2, SIGNERS[3])
 KEYS_1 = tuple(s.public_key for s in SIGNERS_1)
 KEYS_2 = (KEYS_1[0], ROTATED_1.public_key, KEYS_1[2], KEYS_1[3])
+FLIPS = 200  # one-byte flips tried, about 4 ms each
 
 
 def _qc(
@@ -254,3 +256,30 @@ def test_genesis_must_be_epoch_zero() -> None:
     with pytest.raises(ValueError):
         EpochChain.genesis(dataclasses.replace(membership(), epoch=1))
     assert genesis_block(CHAIN).height == 0
+
+
+def test_no_single_flipped_byte_yields_another_chain() -> None:
+    """Any one byte of the answer flipped (keys or encoded ends, positions drawn from a
+    fixed seed): the answer is refused, or it proves the very same chain (a flip in a
+    part nothing depends on). Never another member set."""
+    built = _build()
+    honest = extend_epoch_chain(GENESIS, [built.end_1, built.end_2], RECORDS)
+    rng = random.Random(7)
+    refused = 0
+    for _ in range(FLIPS):
+        which = rng.randrange(2)
+        end = (built.end_1, built.end_2)[which]
+        field = rng.choice(("keys", "ended"))
+        data = bytearray(getattr(end, field))
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        ends = [built.end_1, built.end_2]
+        ends[which] = dataclasses.replace(end, **{field: bytes(data)})
+        try:
+            got = extend_epoch_chain(GENESIS, ends, RECORDS)
+        except EpochChainError:
+            refused += 1
+            continue
+        assert [(e.keys, e.boundary_height) for e in got.epochs] == [
+            (e.keys, e.boundary_height) for e in honest.epochs
+        ]
+    assert refused > FLIPS * 9 // 10

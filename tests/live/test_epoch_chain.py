@@ -13,11 +13,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+from nacl.signing import SigningKey
+
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto.clusterfile import load_cluster
 from quorumgate.runtime.readauth import METHOD_EPOCH_ENDS
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.epochs import Epochs, key_fingerprint
+from quorumgate.sdk.errors import ReadNotAuthorized
 from tests.consensus.helpers import OUTSIDER
 from tests.support.live import WAIT_S, LiveCluster, wait_until
 
@@ -100,6 +104,13 @@ def test_a_client_with_the_first_cluster_file_learns_epoch_2(
     assert list(lied.refused) == [LIAR]
     assert "epoch 2" in lied.refused[LIAR] and "keys_differ" in lied.refused[LIAR]
     assert LIAR not in lied.current.checked_by
+
+    async def as_stranger() -> None:
+        async with Client(first, SigningKey.generate()) as client:
+            await client.epochs()
+
+    with pytest.raises(ReadNotAuthorized):  # the change blocks are committed transactions
+        asyncio.run(as_stranger())
 
     shown = _quorumgate("epochs", "--dir", str(directory), "--json")
     assert shown.returncode == 0, shown.stderr
