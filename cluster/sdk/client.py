@@ -209,12 +209,9 @@ class Client:
         self._agent_id: str | None = None  # found by `agent_id`, then remembered
         # the owner's key: cluster.json's, or the one this client rotated it to
         self._owner_key = spec.owner_public_key
-        # The chain of epochs checked so far, from cluster.json's members (`epochs`). The
-        # records are checked with cluster.json's owner key, as the replicas check them.
-        self._epochs = EpochFollower(
-            spec.membership(),
-            OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None,
-        )
+        # The chain of epochs checked so far, from cluster.json's members (`epochs`, made
+        # on first use).
+        self._epochs: EpochFollower | None = None
 
     @classmethod
     def from_files(
@@ -377,6 +374,12 @@ class Client:
             if len(codes) >= needed:
                 raise ReadNotAuthorized("read_refused", codes[0].name)
             raise ClusterUnavailable("replicas_unreachable")
+        if self._epochs is None:
+            # The records are checked with cluster.json's owner key, as the replicas check
+            # them (docs/consensus/epochs.md, "Followers: the chain of epochs").
+            spec = self.spec
+            owner = OwnerRecords(spec.chain_id, spec.owner_public_key)
+            self._epochs = EpochFollower(spec.membership(), owner if spec.runs_epochs else None)
         found = self._epochs.take(answers, unanswered)
         for replica, why in sorted(found.refused.items()):
             log.warning("replica %d's chain of epochs does not check: %s", replica, why)
