@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "Overloaded": "quorumgate.sdk.errors",
     "ReadNotAuthorized": "quorumgate.sdk.errors",
     "ClusterUnavailable": "quorumgate.sdk.errors",
+    "EpochsUnverified": "quorumgate.sdk.errors",
     "CertificateTimeout": "quorumgate.sdk.errors",
     "InvalidCertificate": "quorumgate.sdk.errors",
     "TransactionRejected": "quorumgate.sdk.errors",
@@ -134,6 +135,7 @@ __all__ = [
     "DelegationPolicy",
     "Enforcement",
     "EnvelopeArg",
+    "EpochsUnverified",
     "Executor",
     "ExecutorRefused",
     "Explanation",
@@ -242,6 +244,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from quorumgate.sdk.errors import (
         CertificateTimeout,
         ClusterUnavailable,
+        EpochsUnverified,
         InvalidCertificate,
         Overloaded,
         QuorumGateError,

@@ -207,6 +207,74 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0 if any(st.alive for st in statuses) else 1
 
 
+def _cmd_epochs(args: argparse.Namespace) -> int:
+    """Every epoch's member set, checked link by link from cluster.json (docs/consensus/
+    epochs.md, "Followers: the chain of epochs"); exit 1 when no replica's answer checks."""
+    import asyncio
+
+    from nacl.signing import SigningKey
+
+    from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterFileError, read_seed
+    from quorumgate.sdk.client import Client
+    from quorumgate.sdk.epochs import Epochs, key_fingerprint
+    from quorumgate.sdk.errors import ClusterUnavailable, EpochsUnverified, ReadNotAuthorized
+
+    try:
+        spec = _load(args)
+        key_path = Path(args.key) if args.key else spec.directory / OWNER_KEY_FILE
+        if not key_path.exists():
+            return _fail(
+                f"no key to read with: {key_path} is missing; give --key FILE (the owner's, an "
+                "auditor's, or a member's node-I/receipt.key)",
+                2,
+            )
+        key = SigningKey(read_seed(key_path))
+    except ClusterFileError as err:
+        return _fail(str(err), 2)
+
+    async def ask() -> Epochs:
+        async with Client(spec, key) as client:
+            return await client.epochs()
+
+    try:
+        found = asyncio.run(ask())
+    except EpochsUnverified as err:
+        why = "; ".join(f"replica {i}: {w}" for i, w in sorted(err.refused.items()))
+        if err.reason == "fork":
+            return _fail(f"two replicas' chains of epochs check and disagree ({why})")
+        return _fail(f"no replica's chain of epochs checks ({why or 'no answer'})")
+    except ReadNotAuthorized:
+        return _fail(
+            "the replicas refused this key the read: use the owner's, an auditor's "
+            "or a member's key (--key FILE)"
+        )
+    except ClusterUnavailable:
+        return _fail(
+            f"fewer than f+1 = {spec.f + 1} replicas answered; check that the cluster runs "
+            f"with `quorumgate status --dir {args.dir}`"
+        )
+    if args.json:
+        print(json.dumps({"chain_id": spec.chain_id, **found.as_dict()}))
+        return 0
+    for epoch in found.epochs:
+        where = (
+            "genesis (cluster.json)"
+            if epoch.epoch == 0
+            else f"change block at height {epoch.boundary_height}"
+        )
+        checked = ",".join(str(i) for i in epoch.checked_by) or "none this time (checked before)"
+        print(
+            f"epoch {epoch.epoch}: {where}, {epoch.members} members, checked by replicas {checked}"
+        )
+        for index, public_key in enumerate(epoch.keys):
+            print(f"  member {index}: {key_fingerprint(public_key)}")
+    for replica, why in sorted(found.refused.items()):
+        print(f"replica {replica}: its answer does not check: {why}")
+    if found.unanswered:
+        print(f"no answer from replicas {','.join(str(i) for i in found.unanswered)}")
+    return 0
+
+
 def _cmd_down(args: argparse.Namespace) -> int:
     from quorumgate.ops.nodes import stop_nodes
     from quorumgate.proto.clusterfile import ClusterFileError
@@ -655,6 +723,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--dir", required=True)
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=_cmd_status)
+
+    epochs = sub.add_parser(
+        "epochs", help="every epoch's member keys, checked link by link from cluster.json"
+    )
+    epochs.add_argument("--dir", required=True)
+    epochs.add_argument("--json", action="store_true")
+    epochs.add_argument(
+        "--key", help="key file to read with (default DIR/owner.key; an auditor's or a member's)"
+    )
+    epochs.set_defaults(func=_cmd_epochs)
 
     down = sub.add_parser("down", help="stop what `up` started for this directory")
     down.add_argument("--dir", required=True)

@@ -63,6 +63,7 @@ from quorumgate.proto import tx as txlib
 from quorumgate.proto.chainversions import commits_arguments, runs_opened_by_the_chain
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, load_cluster, read_seed
 from quorumgate.proto.commitments import call_salt
+from quorumgate.proto.membership import OwnerRecords
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -97,6 +98,7 @@ from quorumgate.proto.model import (
 from quorumgate.proto.runs import RunLabels, opened_run
 from quorumgate.runtime.readauth import (
     METHOD_ACCOUNT,
+    METHOD_EPOCH_ENDS,
     METHOD_GET_RECEIPT,
     METHOD_PENDING,
     METHOD_RECEIPTS,
@@ -123,6 +125,7 @@ from quorumgate.sdk.delivery import (
     raise_if_read_refused,
     raise_if_refused,
 )
+from quorumgate.sdk.epochs import EpochFollower, Epochs
 from quorumgate.sdk.errors import (
     CertificateTimeout,
     ClusterUnavailable,
@@ -206,6 +209,9 @@ class Client:
         self._agent_id: str | None = None  # found by `agent_id`, then remembered
         # the owner's key: cluster.json's, or the one this client rotated it to
         self._owner_key = spec.owner_public_key
+        # The chain of epochs checked so far, from cluster.json's members (`epochs`, made
+        # on first use).
+        self._epochs: EpochFollower | None = None
 
     @classmethod
     def from_files(
@@ -332,6 +338,52 @@ class Client:
 
         results = await asyncio.gather(*(one(s) for s in stubs), return_exceptions=True)
         return {i: r for i, r in enumerate(results) if isinstance(r, cpb.StatusReply)}
+
+    async def epochs(self) -> Epochs:
+        """The member set of every epoch up to the newest one a replica proves, checked
+        link by link from cluster.json's members (`quorumgate.sdk.epochs`; docs/consensus/
+        epochs.md, "Followers: the chain of epochs"). Every replica is asked for its stored
+        epoch ends; at least f+1 must answer (at least one honest replica among them).
+        Each answer is checked from the chain this client checked before, so a later call
+        checks only the new links; the longest that checks is kept, and one that does not
+        is named in `Epochs.refused`. The epoch ends carry committed blocks: they answer
+        the owner, the members and auditors only (`ReadNotAuthorized` otherwise).
+        Raises `EpochsUnverified` when no answer checks."""
+        stubs = self._ch().replicas
+
+        async def ask(stub: cpb_grpc.ReplicaStub) -> cpb.EpochEndsReply:
+            reply: cpb.EpochEndsReply = await stub.EpochEnds(
+                cpb.EpochEndsRequest(),
+                timeout=self.rpc_timeout_s,
+                metadata=self._read_auth(METHOD_EPOCH_ENDS),
+            )
+            return reply
+
+        results = await asyncio.gather(*(ask(s) for s in stubs), return_exceptions=True)
+        answers = {
+            i: tuple(r.ends) for i, r in enumerate(results) if isinstance(r, cpb.EpochEndsReply)
+        }
+        unanswered = [i for i in range(len(results)) if i not in answers]
+        needed = self.spec.f + 1
+        if len(answers) < needed:
+            codes = [
+                r.code()
+                for r in results
+                if isinstance(r, grpc.aio.AioRpcError) and r.code() in READ_REFUSAL_CODES
+            ]
+            if len(codes) >= needed:
+                raise ReadNotAuthorized("read_refused", codes[0].name)
+            raise ClusterUnavailable("replicas_unreachable")
+        if self._epochs is None:
+            # The records are checked with cluster.json's owner key, as the replicas check
+            # them (docs/consensus/epochs.md, "Followers: the chain of epochs").
+            spec = self.spec
+            owner = OwnerRecords(spec.chain_id, spec.owner_public_key)
+            self._epochs = EpochFollower(spec.membership(), owner if spec.runs_epochs else None)
+        found = self._epochs.take(answers, unanswered)
+        for replica, why in sorted(found.refused.items()):
+            log.warning("replica %d's chain of epochs does not check: %s", replica, why)
+        return found
 
     async def sidecar_status(self) -> dict[int, spb.SidecarStatusReply]:
         """Status of every sidecar that answers, by member index."""

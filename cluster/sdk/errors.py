@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CertificateTimeout",
     "ClusterUnavailable",
+    "EpochsUnverified",
     "InvalidCertificate",
     "Overloaded",
     "QuorumGateError",
@@ -87,6 +88,19 @@ class ClusterUnavailable(QuorumGateError):
     """Not enough replicas or sidecars answered in time."""
 
     message = "The cluster could not be reached."
+
+
+class EpochsUnverified(QuorumGateError):
+    """No replica's chain of epochs checked from the cluster file (`reason`: `none_checked`),
+    or two answers that each checked disagree on an epoch (`fork`: more than f faulty
+    members in it). `refused` names each replica whose answer did not check, with why
+    (replica/epochchain.py `EpochChainError`: the epoch and a sentence, never a key)."""
+
+    message = "No replica's chain of epochs checks."
+
+    def __init__(self, reason: str, refused: dict[int, str]) -> None:
+        super().__init__(reason)
+        self.refused = refused
 
 
 class CertificateTimeout(QuorumGateError):

@@ -28,6 +28,7 @@ from quorumgate.proto.model import (
     TxPayload,
 )
 from quorumgate.sdk.client import DELEGATION_TTL_S_DEFAULT, NO_TARGET, Client, required_key
+from quorumgate.sdk.epochs import Epochs
 from quorumgate.sdk.errors import ClusterUnavailable, QuorumGateError
 from quorumgate.sdk.registry import Registry
 from quorumgate.sdk.values import Decision, Grant, Handle, OpenCard, Submitted
@@ -216,6 +217,9 @@ class SyncClient:
 
     def registry(self, deadline_s: float | None = None) -> Registry:
         return self.run(self.aio.registry(deadline_s))
+
+    def epochs(self) -> Epochs:
+        return self.run(self.aio.epochs())
 
     def pending_card(self, proposal_id: bytes, deadline_s: float | None = None) -> ConfirmationCard:
         return self.run(self.aio.pending_card(proposal_id, deadline_s))

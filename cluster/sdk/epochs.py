@@ -1,0 +1,166 @@
+"""The member set of every epoch, as a client learns and checks it (`Client.epochs`;
+docs/consensus/epochs.md, "Followers: the chain of epochs").
+
+A client knows epoch 0's members from the cluster file. It asks the replicas for the
+epoch ends they stored (`EpochEnds`) and checks every answer link by link from what it
+already trusts (replica/epochchain.py `extend_epoch_chain`): each change is taken only if
+a quorum of the previous member set certified its commit and the owner signed its record.
+Of the answers that check it keeps the longest, so a replica that withholds newer epochs
+cannot hold the client back; one whose answer does not check is named with the reason.
+`EpochFollower` keeps the chain it checked, so the next call checks only the new links.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from quorumgate.proto.membership import Membership, OwnerRecords
+from quorumgate.replica.epochchain import (
+    EPOCH_CHAIN_BYTES_MAX,
+    EPOCH_CHAIN_EPOCHS_MAX,
+    ChainedEpoch,
+    EpochChain,
+    EpochChainError,
+    RawEpochEnd,
+    extend_epoch_chain,
+)
+from quorumgate.sdk.errors import EpochsUnverified
+
+__all__ = ["CheckedEpoch", "EpochFollower", "Epochs", "key_fingerprint"]
+
+KEY_FINGERPRINT_HEX_CHARS = 16  # of a public key, in what is shown (never a private key)
+
+
+def key_fingerprint(public_key: bytes) -> str:
+    """A member's public key as shown: its first 8 bytes in hex."""
+    return public_key.hex()[:KEY_FINGERPRINT_HEX_CHARS]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedEpoch:
+    """One epoch of the checked chain: its number, the height of the change block that
+    ended the epoch before (0 for epoch 0), its members' consensus keys in member order,
+    and the replicas whose answer this call proved it (their chain reached it and checked)."""
+
+    epoch: int
+    boundary_height: int
+    boundary_hash: bytes
+    keys: tuple[bytes, ...]
+    checked_by: tuple[int, ...]
+
+    @property
+    def members(self) -> int:
+        return len(self.keys)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "change_height": self.boundary_height,
+            "change_block": self.boundary_hash.hex(),
+            "members": self.members,
+            "keys": [key_fingerprint(k) for k in self.keys],
+            "checked_by": list(self.checked_by),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Epochs:
+    """What one `Client.epochs` call found: every epoch from 0, the replicas whose answer
+    did not check (with why) and those that did not answer."""
+
+    epochs: tuple[CheckedEpoch, ...]
+    refused: Mapping[int, str]
+    unanswered: tuple[int, ...]
+    chain: EpochChain
+
+    @property
+    def current(self) -> CheckedEpoch:
+        return self.epochs[-1]
+
+    @property
+    def membership(self) -> Membership:
+        """The current epoch's member set (the one its consensus signatures name)."""
+        return self.chain.current.membership
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.current.epoch,
+            "epochs": [e.as_dict() for e in self.epochs],
+            "refused": {str(i): why for i, why in sorted(self.refused.items())},
+            "unanswered": list(self.unanswered),
+        }
+
+
+def _same(a: ChainedEpoch, b: ChainedEpoch) -> bool:
+    ha = a.boundary.hash if a.boundary is not None else b""
+    hb = b.boundary.hash if b.boundary is not None else b""
+    return a.epoch == b.epoch and ha == hb and a.keys == b.keys
+
+
+class EpochFollower:
+    """The chain of epochs one client checked, from the cluster file's epoch 0. Not shared
+    between event loops; `take` is synchronous, so concurrent calls in one loop each
+    extend whatever the other left."""
+
+    def __init__(
+        self,
+        genesis: Membership,
+        owner: OwnerRecords | None,
+        *,
+        epochs_max: int = EPOCH_CHAIN_EPOCHS_MAX,
+        bytes_max: int = EPOCH_CHAIN_BYTES_MAX,
+    ) -> None:
+        """`owner`: the records' signer on a chain that runs epochs; None on a chain that
+        does not, where any epoch end is refused."""
+        self.chain = EpochChain.genesis(genesis)
+        self.owner = owner
+        self.epochs_max = epochs_max
+        self.bytes_max = bytes_max
+
+    def take(
+        self, answers: Mapping[int, Sequence[RawEpochEnd]], unanswered: Sequence[int] = ()
+    ) -> Epochs:
+        """Check each replica's answer from the chain checked so far, keep the longest that
+        checks, and say which replicas proved which epoch. Raises `EpochsUnverified` when
+        no answer checks, or when two that check disagree on an epoch."""
+        checked: dict[int, EpochChain] = {}
+        reach: dict[int, int] = {}  # replica -> the newest epoch its answer vouches for
+        refused: dict[int, str] = {}
+        for replica, ends in sorted(answers.items()):
+            if self.owner is None and ends:
+                refused[replica] = "epoch 1: this chain runs no epochs (no_epochs)"
+                continue
+            try:
+                checked[replica] = extend_epoch_chain(
+                    self.chain,
+                    ends,
+                    self.owner,
+                    epochs_max=self.epochs_max,
+                    bytes_max=self.bytes_max,
+                )
+            except EpochChainError as err:
+                refused[replica] = str(err)
+                continue
+            reach[replica] = len(ends)
+        if not checked:
+            raise EpochsUnverified("none_checked", refused)
+        longest = max(checked.values(), key=len)
+        for replica, chain in checked.items():
+            if not all(_same(a, b) for a, b in zip(chain.epochs, longest.epochs, strict=False)):
+                raise EpochsUnverified(
+                    "fork", {**refused, replica: "two answers that check disagree on an epoch"}
+                )
+        self.chain = longest
+        epochs = tuple(
+            CheckedEpoch(
+                e.epoch,
+                e.boundary_height,
+                e.boundary.hash if e.boundary is not None else b"",
+                e.keys,
+                tuple(r for r in sorted(reach) if reach[r] >= e.epoch),
+            )
+            for e in longest.epochs
+        )
+        return Epochs(epochs, refused, tuple(sorted(unanswered)), longest)
