@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from quorumgate.proto.membership import Membership, OwnerRecords, Reconfiguration, is_record
 from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.config import Limits
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_qc
 
@@ -131,13 +132,24 @@ class EpochProof:
     qc: QuorumCert
 
 
+def epoch_proof_reach(limits: Limits) -> int:
+    """Blocks one epoch proof may carry under `limits`: it travels as a sync answer, which
+    the asker bounds by its page (`Limits.sync_blocks_max`)."""
+    return min(EPOCH_PROOF_BLOCKS_MAX, limits.sync_blocks_max)
+
+
 def epoch_proof(
-    epoch: int, committed: Sequence[Block], end: EpochEnd, from_height: int
+    epoch: int,
+    committed: Sequence[Block],
+    end: EpochEnd,
+    from_height: int,
+    reach: int = EPOCH_PROOF_BLOCKS_MAX,
 ) -> EpochProof:
     """The proof a member that ended epoch `epoch` at `end` gives one whose committed
-    chain stops below `from_height`. `committed` is the whole chain it committed."""
+    chain stops below `from_height`, `reach` blocks at most. `committed` is the whole
+    chain it committed."""
     start = max(1, min(from_height, end.boundary.height))
-    start = max(start, end.boundary.height + 1 + len(end.suffix) - EPOCH_PROOF_BLOCKS_MAX)
+    start = max(start, end.boundary.height + 1 + len(end.suffix) - reach)
     blocks = (*committed[start : end.boundary.height + 1], *end.suffix)
     return EpochProof(epoch, blocks, end.qc)
 

@@ -18,6 +18,7 @@ from quorumgate.replica.epochs import (
     EpochProof,
     check_epoch_proof,
     epoch_proof,
+    epoch_proof_reach,
     epoch_safety_state,
     start_qc,
 )
@@ -69,7 +70,9 @@ def proof_for(node: SimNode, epoch: int, from_height: int) -> EpochProof | None:
     end = node.disk.ends.get(epoch)
     if end is None:
         return None
-    return epoch_proof(epoch, node.disk.committed, end, from_height)
+    # As the replica's shell: the proof is a sync answer, bounded by the asker's page.
+    reach = epoch_proof_reach(node.sim.options.limits)
+    return epoch_proof(epoch, node.disk.committed, end, from_height, reach)
 
 
 def take_proof(node: SimNode, proof: EpochProof) -> tuple[list[Block], EpochEnd] | None:
@@ -98,7 +101,8 @@ class Reconfigurer:
         options = world.options
         rng = random.Random(options.seed * RECONFIG_SEED_SALT + options.n)
         last = max(1, options.ticks * CHANGE_TICKS_SHARE_PERCENT // 100)
-        ticks = sorted(rng.randint(1, last) for _ in options.reconfigure)
+        first = max(1, options.ticks * options.changes_from_percent // 100)
+        ticks = sorted(rng.randint(first, last) for _ in options.reconfigure)
         self._due = list(zip(ticks, options.reconfigure, strict=True))
         self._rng = rng
         self._size = options.n

@@ -360,7 +360,7 @@ class Simulation:
                 self._fan_out(node.index, node.instance, asker, EpochDelivery(node.index, proof))
             return
         if node.active:
-            response = build_sync_response(msg, node.disk, node.core, SIM_LIMITS)
+            response = build_sync_response(msg, node.disk, node.core, self.options.limits)
             self._deliver_from(node.index, asker, response, node.instance)
 
     def _ask_for_proof(self, node: SimNode, peer: int) -> None:
@@ -369,7 +369,7 @@ class Simulation:
         if node.asked_tick >= 0 and self.tick - node.asked_tick < SIM_LIMITS.sync_retry_ticks:
             return
         node.asked_tick = self.tick
-        request = SyncRequest(len(node.disk.committed), SIM_LIMITS.sync_blocks_max)
+        request = SyncRequest(len(node.disk.committed), self.options.limits.sync_blocks_max)
         self._deliver_from(node.index, peer, request, node.instance)
 
     def _take_proof(self, node: SimNode, delivery: EpochDelivery) -> None:
@@ -397,6 +397,11 @@ class Simulation:
         opts = self.options
         if self.reconfigurer is not None:
             self.reconfigurer.on_tick()
+        if opts.held_member >= 0 and self.tick == opts.held_from_tick:
+            # Held down until the heal restarts it, far behind (`far_behind_scenario`).
+            held = self.nodes[opts.held_member][0]
+            if held.up:
+                held.crash(opts.ticks + 1)
         if not self.quiet and self.rng.randrange(1000) < opts.tx_per_tick_permille:
             seq = len(self.pool.txs)
             self.add_transaction(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))
