@@ -17,14 +17,16 @@ from quorumgate.replica.epochs import (
     EpochEnd,
     EpochProof,
     check_epoch_proof,
+    epoch_page,
     epoch_proof,
     epoch_proof_reach,
+    needs_pages,
     epoch_safety_state,
     start_qc,
 )
 from quorumgate.replica.sim.node import SimNode
 from quorumgate.replica.sim.options import SIM_LIMITS, SimOptions
-from quorumgate.replica.types import Block, RemoteError
+from quorumgate.replica.types import Block, RemoteError, SyncResponse
 
 # The share of the adversarial ticks within which the changes are committed (the rest lets
 # the last epoch settle before the heal).
@@ -73,6 +75,18 @@ def proof_for(node: SimNode, epoch: int, from_height: int) -> EpochProof | None:
     # As the replica's shell: the proof is a sync answer, bounded by the asker's page.
     reach = epoch_proof_reach(node.sim.options.limits)
     return epoch_proof(epoch, node.disk.committed, end, from_height, reach)
+
+
+def page_for(node: SimNode, epoch: int, from_height: int) -> SyncResponse | None:
+    """A page of `epoch`'s committed chain for a node still in it and too far behind for
+    the proof of how it ended (replica/epochs.py `epoch_page`), else None."""
+    end = node.disk.ends.get(epoch)
+    limits = node.sim.options.limits
+    if end is None or not needs_pages(from_height, end, epoch_proof_reach(limits)):
+        return None
+    start = max(1, from_height)
+    top = min(end.boundary.height, start + limits.sync_blocks_max + 1)
+    return epoch_page(node.disk.committed[start : top + 1], end, limits)
 
 
 def take_proof(node: SimNode, proof: EpochProof) -> tuple[list[Block], EpochEnd] | None:
