@@ -192,7 +192,7 @@ class ReplicaNode:
             OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
         )
         self._epoch_asked_ms = -1  # when we last asked a peer how our epoch ended
-        self.limits = Limits()
+        self.limits = Limits(sync_blocks_max=spec.sync_blocks_max)
         self.metrics = ReplicaMetrics(index)
         self.tracer = Tracer(f"replica-{index}")  # off unless QG_TRACE_DIR is set
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
