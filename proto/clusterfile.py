@@ -664,7 +664,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
     ):
         raise ClusterFileError(
             f"{where}: sync_blocks_max must be an integer in {SYNC_BLOCKS_MIN}..{SYNC_BLOCKS_MAX}"
-            " (blocks in one catch-up answer; docs/operating.md, \"The sync page\")"
+            ' (blocks in one catch-up answer; docs/operating.md, "The sync page")'
         )
     raw_capacities = doc.get("capacities", {})
     if not isinstance(raw_capacities, dict):

@@ -161,9 +161,7 @@ def needs_pages(from_height: int, end: EpochEnd, reach: int) -> bool:
     return from_height < end.boundary.height + 1 + len(end.suffix) - reach
 
 
-def epoch_page(
-    blocks: Sequence[Block], end: EpochEnd, limits: Limits
-) -> SyncResponse | None:
+def epoch_page(blocks: Sequence[Block], end: EpochEnd, limits: Limits) -> SyncResponse | None:
     """One sync page of an ended epoch's committed chain for a member still in it and too
     far behind for the epoch proof (`needs_pages`): `blocks` are the committed blocks from
     its first missing height on, oldest first, up to the change block at most. The page

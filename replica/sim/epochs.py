@@ -20,8 +20,8 @@ from quorumgate.replica.epochs import (
     epoch_page,
     epoch_proof,
     epoch_proof_reach,
-    needs_pages,
     epoch_safety_state,
+    needs_pages,
     start_qc,
 )
 from quorumgate.replica.sim.node import SimNode

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import Commit, Send
 from quorumgate.replica.core import Core
@@ -22,7 +23,6 @@ from quorumgate.replica.epochs import (
 )
 from quorumgate.replica.sim import Simulation, far_behind_scenario
 from quorumgate.replica.sim.epochs import page_for, proof_for
-from quorumgate.proto.crypto import Verifier
 from quorumgate.replica.types import Block, SyncRequest, SyncResponse
 
 FAR_BEHIND_SEEDS = range(200) if os.environ.get("QG_SIM_SWEEP") == "full" else range(3)
@@ -111,7 +111,9 @@ def test_a_page_never_commits_the_change_block(ended: Simulation) -> None:
     disk = ended.nodes[SERVER][0].disk
     end = disk.ends[0]
     for start in range(1, end.boundary.height + 1):
-        page = epoch_page(disk.committed[start : end.boundary.height + 1], end, ended.options.limits)
+        page = epoch_page(
+            disk.committed[start : end.boundary.height + 1], end, ended.options.limits
+        )
         if page is None:
             continue
         assert page.committed[0].height == start
