@@ -70,6 +70,12 @@ KEY_FILE_MODE = 0o600
 NODE_DIR_MODE = 0o700
 PORTS_PER_MEMBER = 4  # replica (peers + clients), replica metrics, sidecar, sidecar metrics
 PORT_BASE_DEFAULT = 7400  # `init --hosts`: member ports 7400..7403 on each host
+# The sync page's bounds (docs/operating.md, "The sync page"): below 4 blocks a page can
+# hold no 2-chain to prove itself by with a block to spare; above 4096 one answer of full
+# blocks outgrows any sensible message, and `replica/epochs.py` caps a proof there anyway.
+SYNC_BLOCKS_DEFAULT = 256
+SYNC_BLOCKS_MIN = 4
+SYNC_BLOCKS_MAX = 4096
 PORT_MIN = 1024  # no privileged ports: replicas do not run as root
 PORT_MAX = 65535
 PORT_FIELDS = ("replica_port", "metrics_port", "sidecar_port", "sidecar_metrics_port")
@@ -136,6 +142,10 @@ class ClusterSpec:
     receipt_version: int = VERSION_ABSENT
     # Whether the member set may change at epochs (docs/consensus/epochs.md).
     consensus_version: int = VERSION_ABSENT
+    # The sync page: committed blocks one catch-up answer carries at most, and what a
+    # replica accepts in one (docs/operating.md, "The sync page"). Every member reads the
+    # same file, so askers and servers agree on it.
+    sync_blocks_max: int = SYNC_BLOCKS_DEFAULT
 
     @property
     def receipts_expire(self) -> bool:
@@ -502,6 +512,11 @@ def write_cluster_file(spec: ClusterSpec) -> None:
         **_written("state_version", spec.state_version),
         **_written("receipt_version", spec.receipt_version),
         **_written("consensus_version", spec.consensus_version),
+        **(
+            {"sync_blocks_max": spec.sync_blocks_max}
+            if spec.sync_blocks_max != SYNC_BLOCKS_DEFAULT
+            else {}
+        ),
     }
     path = spec.directory / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
@@ -643,6 +658,14 @@ def load_cluster(directory: Path) -> ClusterSpec:
     state_version = _version(doc, "state_version", STATE_VERSIONS, where)
     receipt_version = _version(doc, "receipt_version", RECEIPT_VERSIONS, where)
     consensus_version = _version(doc, "consensus_version", CONSENSUS_VERSIONS, where)
+    sync_blocks_max = doc.get("sync_blocks_max", SYNC_BLOCKS_DEFAULT)
+    if type(sync_blocks_max) is not int or not (
+        SYNC_BLOCKS_MIN <= sync_blocks_max <= SYNC_BLOCKS_MAX
+    ):
+        raise ClusterFileError(
+            f"{where}: sync_blocks_max must be an integer in {SYNC_BLOCKS_MIN}..{SYNC_BLOCKS_MAX}"
+            ' (blocks in one catch-up answer; docs/operating.md, "The sync page")'
+        )
     raw_capacities = doc.get("capacities", {})
     if not isinstance(raw_capacities, dict):
         raise ClusterFileError(f"{where}: capacities must be an object of name: number")
@@ -660,6 +683,7 @@ def load_cluster(directory: Path) -> ClusterSpec:
         state_version,
         receipt_version,
         consensus_version,
+        sync_blocks_max,
     )
     declared_f = doc.get("f")
     if declared_f is not None and declared_f != spec.f:

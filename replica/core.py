@@ -61,6 +61,7 @@ from quorumgate.replica.epochs import (
     EpochEnd,
     boundary_index,
     change_in,
+    check_epoch_page,
     one_record_at_most,
     record_of_another_epoch,
     start_qc,
@@ -84,7 +85,7 @@ from quorumgate.replica.types import (
     Vote,
     genesis_block,
 )
-from quorumgate.replica.validate import check_envelope
+from quorumgate.replica.validate import check_envelope, check_sync_response
 
 BACKOFF_EXPONENT_MAX = 16
 # Signed answers to one start (nonce) of a member's Rule 6 hello: enough for the retries of
@@ -1238,6 +1239,39 @@ class Core:
             self._inserted(block)
             inserted.append(block)
         return inserted
+
+    def catch_up_from(self, sender: int, response: SyncResponse) -> list[Action]:
+        """A page of this epoch's committed chain from `sender`, which has left the epoch
+        and found us too far behind for the proof of how it ended (replica/epochs.py
+        `epoch_page`; docs/consensus/epochs.md, "Catching up"). It is checked as any sync
+        answer is, with this epoch's members' certificates, and commits only through the
+        commit rule those fire; a page that would commit the change block is refused
+        (that commit comes with the epoch proof, which the shell takes). When it moves
+        us forward, the next page is asked of the same member. Raises nothing: a page
+        that does not hold is counted in `dropped`."""
+        assert self._started, "start() first"
+        if self.ended is not None:
+            return self._flush()
+        height_before = self.tree.committed_height
+        certified = [*response.committed, *response.proof]
+        try:
+            check_sync_response(response, self.membership, self.limits)
+            check_epoch_page(self.membership, response, self.owner_records)
+            assert response.proof_qc is not None, "check_epoch_page"
+            self._check_chain(certified)
+            self.checker.check_block_certified(certified[-1], response.proof_qc)
+        except RemoteError as err:
+            self.dropped[err.reason] += 1
+            return self._flush()
+        for block in self._insert_chain(certified):
+            self._process_qc(block.justify)
+        if certified[-1].hash in self.tree:
+            self._process_qc(response.proof_qc)
+        if self.tree.committed_height > height_before and self.ended is None:
+            self.stats.sync_target = max(self.stats.sync_target, certified[-1].height)
+            self._sync_peer = None  # (an answer to our own request came as this page)
+            self._request_sync(sender, b"")
+        return self._flush()
 
     def _on_sync_response(self, sender: int, response: SyncResponse) -> None:
         if sender != self._sync_peer:

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 
 from quorumgate.proto.membership import Membership, OwnerRecords, Reconfiguration, is_record
 from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.config import Limits
 from quorumgate.replica.safety import SafetyState
-from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_qc
+from quorumgate.replica.types import Block, QuorumCert, RemoteError, SyncResponse, genesis_qc
 
 # Blocks one epoch proof may carry: the asker's missing part of the old epoch, the change
-# block, and its suffix and proof. A member further behind than this catches up by the
-# ordinary sync of its epoch first (docs/consensus/epochs.md, "Catching up").
+# block, and its suffix and proof. A member further behind than this (or than its sync
+# page, `epoch_proof_reach`) is handed the old epoch's committed chain a page at a time
+# first (`epoch_page`; docs/consensus/epochs.md, "Catching up").
 EPOCH_PROOF_BLOCKS_MAX = 4096
 
 
@@ -131,15 +133,92 @@ class EpochProof:
     qc: QuorumCert
 
 
+def epoch_proof_reach(limits: Limits) -> int:
+    """Blocks one epoch proof may carry under `limits`: it travels as a sync answer, which
+    the asker bounds by its page (`Limits.sync_blocks_max`)."""
+    return min(EPOCH_PROOF_BLOCKS_MAX, limits.sync_blocks_max)
+
+
 def epoch_proof(
-    epoch: int, committed: Sequence[Block], end: EpochEnd, from_height: int
+    epoch: int,
+    committed: Sequence[Block],
+    end: EpochEnd,
+    from_height: int,
+    reach: int = EPOCH_PROOF_BLOCKS_MAX,
 ) -> EpochProof:
     """The proof a member that ended epoch `epoch` at `end` gives one whose committed
-    chain stops below `from_height`. `committed` is the whole chain it committed."""
+    chain stops below `from_height`, `reach` blocks at most. `committed` is the whole
+    chain it committed."""
     start = max(1, min(from_height, end.boundary.height))
-    start = max(start, end.boundary.height + 1 + len(end.suffix) - EPOCH_PROOF_BLOCKS_MAX)
+    start = max(start, end.boundary.height + 1 + len(end.suffix) - reach)
     blocks = (*committed[start : end.boundary.height + 1], *end.suffix)
     return EpochProof(epoch, blocks, end.qc)
+
+
+def needs_pages(from_height: int, end: EpochEnd, reach: int) -> bool:
+    """Whether an asker whose first missing height is `from_height` is too far below the
+    change block for an epoch proof of `reach` blocks to chain from what it holds."""
+    return from_height < end.boundary.height + 1 + len(end.suffix) - reach
+
+
+def epoch_page(blocks: Sequence[Block], end: EpochEnd, limits: Limits) -> SyncResponse | None:
+    """One sync page of an ended epoch's committed chain for a member still in it and too
+    far behind for the epoch proof (`needs_pages`): `blocks` are the committed blocks from
+    its first missing height on, oldest first, up to the change block at most. The page
+    commits at most `limits.sync_blocks_max` blocks (and `sync_bytes_max` payload bytes),
+    all below the change block, and proves them as any sync answer does: its proof block
+    is the next committed block, in the view after the page's last one, with the QC that
+    certifies it (the justify of the block after, or for the change block, of its
+    suffix's first block). Nothing but the old members' certificates is asked of the
+    asker's trust. None if no block of the window has such a child (every one of them
+    was followed by a timeout): then no page can be proven from here."""
+    top = end.boundary.height
+    chain = [b for b in blocks if b.height <= top]
+    if not chain:
+        return None
+    if chain[-1].height == top:
+        chain += end.suffix
+    budget, fit = limits.sync_bytes_max, 0
+    for block in chain[: limits.sync_blocks_max]:
+        budget -= block.payload_bytes
+        if budget < 0 and fit > 0:
+            break
+        fit += 1
+    for last in range(fit - 1, -1, -1):
+        if chain[last].height >= top or last + 1 >= len(chain):
+            continue
+        child = chain[last + 1]
+        if child.view != chain[last].view + 1:
+            continue
+        qc = chain[last + 2].justify if last + 2 < len(chain) else end.qc
+        if qc.block_hash != child.hash:
+            continue
+        return SyncResponse(tuple(chain[: last + 1]), (child,), qc, (), top)
+    return None
+
+
+def check_epoch_page(
+    membership: Membership, response: SyncResponse, owner: OwnerRecords | None = None
+) -> None:
+    """Raises `RemoteError` unless `response` is shaped as a page of `membership`'s epoch
+    (`epoch_page`): some committed blocks, one proof block and its QC, and no change
+    block among what it would commit (the change block may only be its proof block: the
+    commit of the change block comes with the epoch proof, `check_epoch_proof`). Its
+    certificates are checked by the core, as any sync answer's (`Core.catch_up_from`)."""
+    if not response.committed or len(response.proof) != 1 or response.proof_qc is None:
+        raise RemoteError("bad_epoch_page", "not one page and its proof")
+    if response.pending:
+        raise RemoteError("bad_epoch_page", "pending blocks")
+    if boundary_index(response.committed, membership, owner) is not None:
+        raise RemoteError("bad_epoch_page", "commits the change block")
+
+
+def is_epoch_page(
+    response: SyncResponse, membership: Membership, owner: OwnerRecords | None = None
+) -> bool:
+    """Whether an answer from a later epoch is a page (`epoch_page`) rather than the epoch
+    proof: a proof commits the change block, a page never does."""
+    return boundary_index(response.committed, membership, owner) is None
 
 
 def check_epoch_end(

@@ -64,11 +64,14 @@ from quorumgate.replica.client_api import ClientApi, sidecar_refuses
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.epochs import (
-    EPOCH_PROOF_BLOCKS_MAX,
     EpochEnd,
     EpochProof,
     check_epoch_proof,
+    epoch_page,
+    epoch_proof_reach,
     epoch_safety_state,
+    is_epoch_page,
+    needs_pages,
 )
 from quorumgate.replica.inbound import LOCAL, InboundQueue
 from quorumgate.replica.mempool import (
@@ -192,7 +195,7 @@ class ReplicaNode:
             OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
         )
         self._epoch_asked_ms = -1  # when we last asked a peer how our epoch ended
-        self.limits = Limits()
+        self.limits = Limits(sync_blocks_max=spec.sync_blocks_max)
         self.metrics = ReplicaMetrics(index)
         self.tracer = Tracer(f"replica-{index}")  # off unless QG_TRACE_DIR is set
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
@@ -303,6 +306,7 @@ class ReplicaNode:
                 "event=pruned keep_from_height=%d blocks=%d bytes_before=%d bytes_after=%d",
                 floor.keep_from_height, dropped, before, after,
             )  # fmt: skip
+
     def _make_core(self, recovered: Recovered, restored: bool) -> Core:
         """The core of the epoch the store is in, signing with that epoch's key of ours."""
         store = self.store
@@ -780,7 +784,22 @@ class ReplicaNode:
             self.metrics.dropped.labels("sync_repeat").inc()
             return
         top = stored.boundary.height
-        reach = min(EPOCH_PROOF_BLOCKS_MAX, self.limits.sync_blocks_max)
+        reach = epoch_proof_reach(self.limits)
+        end = EpochEnd(
+            stored.boundary, stored.membership(self.membership), stored.suffix, stored.qc
+        )
+        if request.from_height >= 1 and needs_pages(request.from_height, end, reach):
+            # Too far behind for the proof to chain from what it holds: a page of the
+            # old epoch's committed chain below the change block, proven by the old
+            # members' certificates; it asks for the next one when it has taken it.
+            first = request.from_height
+            last = min(top, first + self.limits.sync_blocks_max + 1)
+            page = epoch_page(await store.committed_range(first, last), end, self.limits)
+            if page is None:
+                self.metrics.dropped.labels("epoch_page_unproven").inc()
+                return
+            self._send(Send(envelope.sender, page), stored.epoch)
+            return
         start = max(1, min(request.from_height, top), top + 1 + len(stored.suffix) - reach)
         blocks = [*await store.committed_range(start, top), *stored.suffix]
         response = SyncResponse(tuple(blocks[:-1]), (blocks[-1],), stored.qc, (), top)
@@ -796,6 +815,14 @@ class ReplicaNode:
             return
         try:
             check_sync_response(response, core.membership, self.limits)
+            if is_epoch_page(response, core.membership, self.owner_records):
+                # A page of our epoch's chain below its change block: the core takes it
+                # as any sync answer, by its certificates (Core.catch_up_from).
+                actions = core.catch_up_from(envelope.sender, response)
+                await self._execute(actions, core.ended)
+                if core.ended is not None:
+                    await self._next_epoch()
+                return
             if response.proof_qc is None:
                 raise RemoteError("bad_epoch_proof", "no certificate")
             proof = EpochProof(

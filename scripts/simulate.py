@@ -7,11 +7,14 @@
     python scripts/simulate.py --reconfigure --seeds 300 --nodes 4 7
     python scripts/simulate.py --reconfigure --byzantine --seeds 300 --nodes 4 7
     python scripts/simulate.py --reconfigure --twins 20 --nodes 4 7
+    python scripts/simulate.py --reconfigure --far-behind --seeds 50 --nodes 4 7
 
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
 (`twins_scenarios`, 0: all of them); with --reconfigure, `reconfiguration_scenario(seed, n)`:
-the member set changes during the run (docs/consensus/epochs.md); with --byzantine too,
+the member set changes during the run (docs/consensus/epochs.md); with --far-behind too,
+`far_behind_scenario`: a member held down until the others are pages past the change
+block must catch up by itself; with --byzantine too,
 `byzantine_reconfiguration_scenario`: f Byzantine members per epoch act across the
 boundaries; with --twins K too, `twins_epoch_scenarios`: Twins schedules that cross them.
 A failure prints the SimOptions that reproduce it, and the run ends with the share of
@@ -32,6 +35,7 @@ from quorumgate.replica.sim import (
     Simulation,
     SimulationFailure,
     byzantine_reconfiguration_scenario,
+    far_behind_scenario,
     reconfiguration_scenario,
     scenario,
     twins_epoch_scenarios,
@@ -63,10 +67,17 @@ def main() -> int:
         action="store_true",
         help="with --reconfigure: Byzantine members act across the epoch boundaries",
     )
+    parser.add_argument(
+        "--far-behind",
+        action="store_true",
+        help="with --reconfigure: a member held down until the others are pages past the change",
+    )
     parser.add_argument("--real-crypto", action="store_true", help="Ed25519, not the stand-in")
     args = parser.parse_args()
     if args.byzantine and (not args.reconfigure or args.twins is not None):
         parser.error("--byzantine goes with --reconfigure (Twins schedules are Byzantine already)")
+    if args.far_behind and (not args.reconfigure or args.byzantine or args.twins is not None):
+        parser.error("--far-behind goes with --reconfigure alone")
     started = time.perf_counter()
     runs: Counter[str] = Counter()
     failed: Counter[str] = Counter()
@@ -78,6 +89,8 @@ def main() -> int:
             scenarios = twins_epoch_scenarios(n, per_behaviour=args.twins or None)
         elif args.twins is not None:
             scenarios = twins_scenarios(n, per_behaviour=args.twins or None)
+        elif args.far_behind:
+            scenarios = [far_behind_scenario(seed, n) for seed in seeds]
         elif args.reconfigure and args.byzantine:
             scenarios = [byzantine_reconfiguration_scenario(seed, n) for seed in seeds]
         elif args.reconfigure:

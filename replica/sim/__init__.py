@@ -55,6 +55,7 @@ from quorumgate.replica.sim.options import (
 )
 from quorumgate.replica.sim.scenarios import (
     byzantine_reconfiguration_scenario,
+    far_behind_scenario,
     reconfiguration_scenario,
     scenario,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "Simulation",
     "SimulationFailure",
     "byzantine_reconfiguration_scenario",
+    "far_behind_scenario",
     "reconfiguration_scenario",
     "scenario",
     "twins_epoch_scenarios",

@@ -17,13 +17,16 @@ from quorumgate.replica.epochs import (
     EpochEnd,
     EpochProof,
     check_epoch_proof,
+    epoch_page,
     epoch_proof,
+    epoch_proof_reach,
     epoch_safety_state,
+    needs_pages,
     start_qc,
 )
 from quorumgate.replica.sim.node import SimNode
 from quorumgate.replica.sim.options import SIM_LIMITS, SimOptions
-from quorumgate.replica.types import Block, RemoteError
+from quorumgate.replica.types import Block, RemoteError, SyncResponse
 
 # The share of the adversarial ticks within which the changes are committed (the rest lets
 # the last epoch settle before the heal).
@@ -69,7 +72,21 @@ def proof_for(node: SimNode, epoch: int, from_height: int) -> EpochProof | None:
     end = node.disk.ends.get(epoch)
     if end is None:
         return None
-    return epoch_proof(epoch, node.disk.committed, end, from_height)
+    # As the replica's shell: the proof is a sync answer, bounded by the asker's page.
+    reach = epoch_proof_reach(node.sim.options.limits)
+    return epoch_proof(epoch, node.disk.committed, end, from_height, reach)
+
+
+def page_for(node: SimNode, epoch: int, from_height: int) -> SyncResponse | None:
+    """A page of `epoch`'s committed chain for a node still in it and too far behind for
+    the proof of how it ended (replica/epochs.py `epoch_page`), else None."""
+    end = node.disk.ends.get(epoch)
+    limits = node.sim.options.limits
+    if end is None or not needs_pages(from_height, end, epoch_proof_reach(limits)):
+        return None
+    start = max(1, from_height)
+    top = min(end.boundary.height, start + limits.sync_blocks_max + 1)
+    return epoch_page(node.disk.committed[start : top + 1], end, limits)
 
 
 def take_proof(node: SimNode, proof: EpochProof) -> tuple[list[Block], EpochEnd] | None:
@@ -98,7 +115,8 @@ class Reconfigurer:
         options = world.options
         rng = random.Random(options.seed * RECONFIG_SEED_SALT + options.n)
         last = max(1, options.ticks * CHANGE_TICKS_SHARE_PERCENT // 100)
-        ticks = sorted(rng.randint(1, last) for _ in options.reconfigure)
+        first = max(1, options.ticks * options.changes_from_percent // 100)
+        ticks = sorted(rng.randint(first, last) for _ in options.reconfigure)
         self._due = list(zip(ticks, options.reconfigure, strict=True))
         self._rng = rng
         self._size = options.n

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from quorumgate.replica.epochs import EpochProof
 from quorumgate.replica.sim.options import SimOptions
-from quorumgate.replica.types import Envelope
+from quorumgate.replica.types import Envelope, SyncResponse
 
 Instance = tuple[int, int]  # (member, instance): twins are two instances of one member
 
@@ -20,7 +20,10 @@ class EpochDelivery:
     shell's business, not the core's: docs/consensus/epochs.md, "Catching up")."""
 
     sender: int
-    proof: EpochProof
+    proof: EpochProof | None
+    # Or, for a node too far behind for the proof, one page of the ended epoch's committed
+    # chain below the change block (replica/epochs.py `epoch_page`).
+    page: SyncResponse | None = None
 
 
 @dataclass(order=True)

@@ -232,7 +232,7 @@ class SimNode:
             membership,
             self.index,
             self.signer,
-            limits=SIM_LIMITS,
+            limits=sim.options.limits,
             verifier=Verifier(SIM_LIMITS.verified_cache_max, sim.verify_fn),
             payload=SimMempool(sim.pool, self.committed_txs),
             execution=SimExecution(self.disk),

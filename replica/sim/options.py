@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core
@@ -87,6 +87,15 @@ class SimOptions:
     # before the heal (docs/consensus/epochs.md): "replace" (a member's machine and key),
     # "rotate" (a member's key), "add" (4 -> 7), "remove" (7 -> 4).
     reconfigure: tuple[str, ...] = ()
+    # A member held down from `held_from_tick` until the heal, so that it comes back far
+    # behind (docs/consensus/epochs.md, "Catching up"); -1: none. With it, the changes are
+    # committed no earlier than `changes_from_percent` of the adversarial ticks.
+    held_member: int = -1
+    held_from_tick: int = 0
+    changes_from_percent: int = 0
+    # The sync page in blocks (`Limits.sync_blocks_max`, a cluster-file setting on a live
+    # chain); 0: SIM_LIMITS'. A small page puts a held member many pages behind quickly.
+    sync_blocks_max: int = 0
 
     def __post_init__(self) -> None:
         f = (max(self.epoch_sizes) - 1) // 3 if self.reconfigure else (self.n - 1) // 3
@@ -101,6 +110,8 @@ class SimOptions:
             raise ValueError("one member index per Byzantine behaviour")
         if not 0 <= self.restore_backup_views <= RESTORE_BACKUP_VIEWS_MAX:
             raise ValueError(f"restore_backup_views above {RESTORE_BACKUP_VIEWS_MAX}")
+        if self.held_member >= self.n or not 0 <= self.changes_from_percent <= 70:
+            raise ValueError("the held member is one of the first epoch's members")
         self._check_reconfigure()
 
     def _check_reconfigure(self) -> None:
@@ -137,6 +148,13 @@ class SimOptions:
                 raise ValueError(f"{inside} Byzantine members of an epoch of {size}")
         if any(not 0 <= m < self.slots for m in self.byzantine_members):
             raise ValueError("a Byzantine member outside every epoch")
+
+    @property
+    def limits(self) -> Limits:
+        """The cores' limits: SIM_LIMITS with this run's sync page."""
+        if not self.sync_blocks_max:
+            return SIM_LIMITS
+        return replace(SIM_LIMITS, sync_blocks_max=self.sync_blocks_max)
 
     @property
     def epoch_sizes(self) -> tuple[int, ...]:

@@ -76,6 +76,35 @@ def reconfiguration_scenario(seed: int, n: int) -> SimOptions:
     )
 
 
+FAR_BEHIND_SALT = 3_571  # the far-behind draws use their own generator
+# The sync page of a far-behind run: small, so that the others get many pages past the
+# held member in a few hundred ticks (the cluster file's smallest page is 4 blocks).
+FAR_BEHIND_PAGE_BLOCKS = 8
+
+
+def far_behind_scenario(seed: int, n: int) -> SimOptions:
+    """A member held down from the first ticks until the heal while the others commit
+    pages of blocks, then rotate a key and commit more in the new epoch: the member comes
+    back several sync pages (`FAR_BEHIND_PAGE_BLOCKS`) short of the change block
+    and must reach the new epoch by itself (docs/consensus/epochs.md, "Catching up").
+    Mild network faults, no other crash: the others must get far."""
+    rng = random.Random(seed * FAR_BEHIND_SALT + n)
+    return SimOptions(
+        seed=seed,
+        n=n,
+        ticks=rng.choice((600, 900)),
+        delay_ticks_max=rng.choice((0, 1, 3)),
+        loss_permille=rng.choice((0, 0, 20)),
+        dup_permille=rng.choice((0, 50)),
+        tx_per_tick_permille=rng.choice((500, 900)),
+        reconfigure=("rotate",),
+        held_member=rng.randrange(n),
+        held_from_tick=rng.randint(1, 20),
+        changes_from_percent=50,
+        sync_blocks_max=FAR_BEHIND_PAGE_BLOCKS,
+    )
+
+
 BYZANTINE_RECONFIG_SALT = 7_307  # the Byzantine draws use their own generator
 
 

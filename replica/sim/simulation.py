@@ -25,7 +25,13 @@ from quorumgate.replica.core import Core
 from quorumgate.replica.sim.byzantine import Adversary
 from quorumgate.replica.sim.checks import SafetyChecks
 from quorumgate.replica.sim.crypto import FastKeys
-from quorumgate.replica.sim.epochs import Reconfigurer, enter_epoch, proof_for, take_proof
+from quorumgate.replica.sim.epochs import (
+    Reconfigurer,
+    enter_epoch,
+    page_for,
+    proof_for,
+    take_proof,
+)
 from quorumgate.replica.sim.network import EpochDelivery, InFlight, Instance, Network
 from quorumgate.replica.sim.node import SimNode, SimPool
 from quorumgate.replica.sim.options import (
@@ -108,6 +114,7 @@ class Simulation:
         self.restores_resumed = 0  # restarts of a restored member not yet past its fence
         self.amnesiac: set[int] = set()
         self.reconfigurer = Reconfigurer(self, make_signer) if options.reconfigure else None
+        self.epoch_pages = 0  # pages of an ended epoch handed to a core far behind
 
     @property
     def partition(self) -> dict[Instance, int] | None:
@@ -355,12 +362,17 @@ class Simulation:
         if not 0 <= asker < self.options.slots or asker == node.index:
             return
         if envelope.epoch < node.epoch:
+            page = page_for(node, envelope.epoch, msg.from_height)
+            if page is not None:
+                delivery = EpochDelivery(node.index, None, page)
+                self._fan_out(node.index, node.instance, asker, delivery)
+                return
             proof = proof_for(node, envelope.epoch, msg.from_height)
             if proof is not None:
                 self._fan_out(node.index, node.instance, asker, EpochDelivery(node.index, proof))
             return
         if node.active:
-            response = build_sync_response(msg, node.disk, node.core, SIM_LIMITS)
+            response = build_sync_response(msg, node.disk, node.core, self.options.limits)
             self._deliver_from(node.index, asker, response, node.instance)
 
     def _ask_for_proof(self, node: SimNode, peer: int) -> None:
@@ -369,11 +381,17 @@ class Simulation:
         if node.asked_tick >= 0 and self.tick - node.asked_tick < SIM_LIMITS.sync_retry_ticks:
             return
         node.asked_tick = self.tick
-        request = SyncRequest(len(node.disk.committed), SIM_LIMITS.sync_blocks_max)
+        request = SyncRequest(len(node.disk.committed), self.options.limits.sync_blocks_max)
         self._deliver_from(node.index, peer, request, node.instance)
 
     def _take_proof(self, node: SimNode, delivery: EpochDelivery) -> None:
-        """An epoch proof: if it holds, commit what it commits and enter the next epoch."""
+        """An epoch proof: if it holds, commit what it commits and enter the next epoch.
+        A page of the old epoch's chain goes to the node's core, if it runs that epoch."""
+        if delivery.proof is None:
+            if delivery.page is not None and node.active and node.core.ended is None:
+                self.epoch_pages += 1
+                self._apply(node, node.core.catch_up_from(delivery.sender, delivery.page))
+            return
         taken = take_proof(node, delivery.proof)
         if taken is None:
             return
@@ -397,6 +415,11 @@ class Simulation:
         opts = self.options
         if self.reconfigurer is not None:
             self.reconfigurer.on_tick()
+        if opts.held_member >= 0 and self.tick == opts.held_from_tick:
+            # Held down until the heal restarts it, far behind (`far_behind_scenario`).
+            held = self.nodes[opts.held_member][0]
+            if held.up:
+                held.crash(opts.ticks + 1)
         if not self.quiet and self.rng.randrange(1000) < opts.tx_per_tick_permille:
             seq = len(self.pool.txs)
             self.add_transaction(f"tx-{opts.seed}-{seq}".encode().ljust(TX_BYTES, b"."))

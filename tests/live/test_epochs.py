@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -19,7 +20,12 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
-from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, read_seed, rotated_key_file
+from quorumgate.proto.clusterfile import (
+    CONSENSUS_KEY_FILE,
+    read_seed,
+    rotated_key_file,
+    write_cluster_file,
+)
 from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
@@ -42,6 +48,7 @@ RESTARTED = 1  # restarted after the boundary
 URL = "https://example.com/after-the-boundary"
 CLI_TIMEOUT_S = 120.0
 LISTENER = 0  # the replica a stream is opened to as MEMBER
+PAGE_BLOCKS = 8  # the far-behind test's sync page (cluster.json `sync_blocks_max`)
 
 
 class HeldStream:
@@ -260,6 +267,45 @@ def test_a_replica_down_across_the_boundary_catches_up_by_the_epoch_proof(
         for i in others
     }
     assert refused == dict.fromkeys(others, 0)  # every stream the late member opened was taken
+    load.stop()
+    load.assert_clean()
+    cluster.assert_no_equivocation_seen()
+
+
+def test_a_replica_pages_behind_the_boundary_catches_up_by_itself(
+    live_cluster: Callable[..., LiveCluster],
+) -> None:
+    """A member stopped while the others commit more than a sync page of blocks, rotate a
+    key and go on in epoch 1 comes back too far behind for the epoch proof to fit in one
+    answer: its peers hand it epoch 0's committed chain a page at a time, each page
+    proven by epoch 0's certificates and ending below the change block, then the proof;
+    it reaches epoch 1 and the others' chain by itself (docs/consensus/epochs.md,
+    "Catching up"). The page is small (`sync_blocks_max` in cluster.json) so that a few
+    seconds of load make it several pages."""
+    late = 3
+    cluster = live_cluster(N, start=False)
+    cluster.spec = replace(cluster.spec, sync_blocks_max=PAGE_BLOCKS)
+    write_cluster_file(cluster.spec)
+    cluster.start()
+    others = [i for i in range(N) if i != late]
+    load = Load(cluster, "far", agents=1, per_agent=400, batch=2, rate_per_s=20).start()
+    load.wait_acked(4)
+    load.avoid([late])
+    load.drain(late)
+    cluster.kill(late)
+    behind = max(cluster.heights(others).values())
+    cluster.wait_height(behind + 3 * PAGE_BLOCKS, others)
+    done = rotate(cluster)
+    assert done.returncode == 0, done.stderr
+    wait_until(
+        "the others in epoch 1", lambda: all(e == 1 for e in epochs(cluster, others).values())
+    )
+    cluster.wait_progress(2, others)
+    cluster.restart(late)
+    wait_until("the late member in epoch 1", lambda: cluster.status(late).epoch == 1)
+    goal = max(cluster.heights(others).values()) + 2
+    cluster.wait_height(goal, range(N))
+    cluster.assert_same_chain(list(range(N)), goal)
     load.stop()
     load.assert_clean()
     cluster.assert_no_equivocation_seen()
