@@ -153,6 +153,23 @@ def signed_by_new_key(chain: list[Block], boundary: int, chain_id: str, key: byt
     return checked
 
 
+def rotate_then_bring_back(cluster: LiveCluster, late: int) -> None:
+    """With `late` down: rotate a key, wait until the others are in epoch 1 and commit
+    there, restart `late`, and wait until it is in epoch 1 on the others' chain."""
+    others = [i for i in range(N) if i != late]
+    done = rotate(cluster)
+    assert done.returncode == 0, done.stderr
+    wait_until(
+        "the others in epoch 1", lambda: all(e == 1 for e in epochs(cluster, others).values())
+    )
+    cluster.wait_progress(2, others)
+    cluster.restart(late)
+    wait_until("the late member in epoch 1", lambda: cluster.status(late).epoch == 1)
+    goal = max(cluster.heights(others).values()) + 2
+    cluster.wait_height(goal, range(N))
+    cluster.assert_same_chain(list(range(N)), goal)
+
+
 def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
     live_cluster: Callable[..., LiveCluster],
 ) -> None:
@@ -251,17 +268,7 @@ def test_a_replica_down_across_the_boundary_catches_up_by_the_epoch_proof(
     load.avoid([late])
     load.drain(late)
     cluster.kill(late)
-    done = rotate(cluster)
-    assert done.returncode == 0, done.stderr
-    wait_until(
-        "the others in epoch 1", lambda: all(e == 1 for e in epochs(cluster, others).values())
-    )
-    cluster.wait_progress(2, others)
-    cluster.restart(late)
-    wait_until("the late member in epoch 1", lambda: cluster.status(late).epoch == 1)
-    goal = max(cluster.heights(others).values()) + 2
-    cluster.wait_height(goal, range(N))
-    cluster.assert_same_chain(list(range(N)), goal)
+    rotate_then_bring_back(cluster, late)
     refused = {
         i: cluster.metrics(i).by_label(DROPPED, "reason").get("unauthenticated_peer", 0)
         for i in others
@@ -295,17 +302,7 @@ def test_a_replica_pages_behind_the_boundary_catches_up_by_itself(
     cluster.kill(late)
     behind = max(cluster.heights(others).values())
     cluster.wait_height(behind + 3 * PAGE_BLOCKS, others)
-    done = rotate(cluster)
-    assert done.returncode == 0, done.stderr
-    wait_until(
-        "the others in epoch 1", lambda: all(e == 1 for e in epochs(cluster, others).values())
-    )
-    cluster.wait_progress(2, others)
-    cluster.restart(late)
-    wait_until("the late member in epoch 1", lambda: cluster.status(late).epoch == 1)
-    goal = max(cluster.heights(others).values()) + 2
-    cluster.wait_height(goal, range(N))
-    cluster.assert_same_chain(list(range(N)), goal)
+    rotate_then_bring_back(cluster, late)
     load.stop()
     load.assert_clean()
     cluster.assert_no_equivocation_seen()
