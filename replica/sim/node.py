@@ -182,6 +182,9 @@ class SimNode:
         self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
         # (view entered, the disk then): the aimed restores' backups, newest last
         self.backups: list[tuple[int, Disk]] = []
+        # epoch -> (view entered, the disk then): the newest of those backups per epoch,
+        # for a restore across a boundary (`SimOptions.restore_across_boundary`)
+        self.epoch_backups: dict[int, tuple[int, Disk]] = {}
         # The restore marker (replica/node.py RESTORE_MARKER_FILE): set when a backup is
         # put back, cleared once the core is past its fence, so that a crash before then
         # restarts it as a restore again.
@@ -290,16 +293,26 @@ class SimNode:
 
     def keep_backup(self) -> None:
         """The aimed restores' backups: the disk as it entered each of its last views."""
-        view = self.core.view
-        if self.backups and self.backups[-1][0] >= view:
+        view, epoch = self.core.view, self.core.epoch
+        newest = self.epoch_backups.get(epoch)
+        if newest is not None and newest[0] >= view:
             return
-        self.backups.append((view, self.disk.copy()))
+        disk = self.disk.copy()
+        self.epoch_backups[epoch] = (view, disk)
+        if self.backups and self.backups[-1][0] >= view:
+            return  # (a view of an earlier epoch's suffix was higher)
+        self.backups.append((view, disk))
         del self.backups[: -(RESTORE_BACKUP_VIEWS_MAX + 1)]
 
     def backup_before(self, view: int, views_back: int) -> Disk | None:
         """The newest backup taken at least `views_back` views before `view`."""
         older = [disk for entered, disk in self.backups if entered <= view - views_back]
         return older[-1].copy() if older else None
+
+    def backup_of_earlier_epoch(self) -> Disk | None:
+        """The newest backup taken in an epoch before the one this node is in."""
+        earlier = [e for e in self.epoch_backups if e < self.epoch]
+        return self.epoch_backups[max(earlier)][1].copy() if earlier else None
 
     @property
     def dropped(self) -> Counter[str]:

@@ -164,9 +164,7 @@ class Simulation:
         delay = 0
         if not self.healed and self.adversary.delays_victim(src, envelope.message):
             delay += self.options.victim_delay_ticks
-        if src == self.restores.holding and isinstance(msg, Vote | Timeout):
-            delay += self.restores.in_flight_ticks
-        return delay
+        return delay + self.restores.held_ticks(src, envelope)
 
     # ------------------------------------------------------------------ actions
 
