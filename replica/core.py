@@ -484,6 +484,13 @@ class Core:
         return self._fencing
 
     @property
+    def restore_fence(self) -> int:
+        """A declared restore's fence once it has fenced (safety Rule 6), else 0: the shell
+        keeps the restore declared until the epoch it fenced in has committed a block of
+        the view before it (docs/consensus/fencing.md, "Across an epoch boundary")."""
+        return self._restore_fence if self._restored and not self._fencing else 0
+
+    @property
     def restoring(self) -> bool:
         """A declared restore that has not yet fenced, or whose highest certificate is
         still below the view before its fence: what it holds may be older than what it

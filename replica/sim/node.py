@@ -15,7 +15,7 @@ from quorumgate.proto.domains import SIM_HELLO
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import Action
 from quorumgate.replica.core import Core, Recovered
-from quorumgate.replica.epochs import EpochEnd
+from quorumgate.replica.epochs import EpochEnd, RestoreFence
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim.options import RESTORE_BACKUP_VIEWS_MAX, SIM_LIMITS, SimOptions
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, CommitProof, genesis_block
@@ -189,6 +189,9 @@ class SimNode:
         # put back, cleared once the core is past its fence, so that a crash before then
         # restarts it as a restore again.
         self.restore_marker = False
+        # Where the declared restore fenced (replica/node.py RESTORE_FENCE_FILE), kept with
+        # the marker until the restore is discharged (`settle_restore`).
+        self.restore_fence: RestoreFence | None = None
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
         self.asked_tick = -1  # when this node last asked a peer for an epoch proof
@@ -256,8 +259,42 @@ class SimNode:
         runs none): start that epoch's core, if this node is a member of it."""
         if self._core is not None:
             self.dropped_before += self._core.dropped
-        self._core = self._make_core(None)
+        self._core = self._make_core(None, restored=self.restore_declared)
         return self.start()
+
+    @property
+    def restore_declared(self) -> bool:
+        """Whether a core started now must fence as a restore: the marker is there and the
+        restore has not fenced in the epoch the disk is in (docs/consensus/fencing.md,
+        "Across an epoch boundary"): every epoch entered while it is declared."""
+        fence = self.restore_fence
+        return self.restore_marker and (fence is None or fence.epoch != self.epoch)
+
+    def settle_restore(self) -> None:
+        """The shell's part of a declared restore after a step: note where its core
+        fenced, once that is durable, and remove the marker once the epoch it fenced in
+        committed a block of the view before the fence (`RestoreFence`)."""
+        if not self.restore_marker:
+            return
+        core, disk = self._core, self.disk
+        if core is not None and core.restore_fence and core.epoch == self.epoch:
+            fence = self.restore_fence
+            durable = disk.safety.last_voted_view >= core.restore_fence
+            if durable and (fence is None or fence.epoch != core.epoch):
+                self.restore_fence = RestoreFence(core.epoch, core.restore_fence)
+        fence = self.restore_fence
+        if fence is None:
+            return
+        end = disk.ends.get(fence.epoch)
+        if end is not None:
+            committed_view = end.boundary.view
+        elif fence.epoch == self.epoch:
+            committed_view = disk.committed[-1].view
+        else:
+            return
+        if fence.discharged(fence.epoch, committed_view):
+            self.restore_marker = False  # as the shell removes the files
+            self.restore_fence = None
 
     def crash(self, until_tick: int) -> None:
         self.up = False
@@ -273,7 +310,8 @@ class SimNode:
             self.sim.stale_restores += 1
             self.sim.amnesiac.add(self.index)
             self.restore_marker = True
-        restored = self.restore_marker
+            self.restore_fence = None  # a new restore: whatever fenced before is void
+        restored = self.restore_declared
         disk = self.disk
         committed = disk.committed[-1]
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)

@@ -186,6 +186,7 @@ class Simulation:
                 self._send(node, action)
             elif isinstance(action, Commit):
                 self._commit(node, action)
+        node.settle_restore()
         if node.left_epoch():
             self._apply(node, node.next_epoch())  # the change block committed
 
@@ -306,8 +307,6 @@ class Simulation:
             node.crash(self.tick + down)
             return
         self._apply(node, actions)
-        if node.restore_marker and not node.core.restoring:
-            node.restore_marker = False  # as the shell removes the file
         if node.index not in self.byzantine and node.active:
             self.checks.certified(node.core.high_qc, node.core.epoch)
         if before is not None:
