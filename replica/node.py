@@ -67,6 +67,7 @@ from quorumgate.replica.epochs import (
     EPOCH_PROOF_BLOCKS_MAX,
     EpochEnd,
     EpochProof,
+    RestoreFence,
     check_epoch_proof,
     epoch_safety_state,
 )
@@ -127,9 +128,14 @@ SHUTDOWN_GRACE_S = 1.0
 SYNC_SERVING_PER_PEER_MAX = 2
 DB_FILE = "replica.db"
 # An operator who puts a backup of DB_FILE back creates this file beside it: the replica
-# then starts as a restore (safety Rule 6; docs/consensus/fencing.md) and removes it once
-# its fence is behind it.
+# then starts as a restore (safety Rule 6; docs/consensus/fencing.md), and as one again in
+# every epoch it enters while the file is there; it removes the file once the restore is
+# discharged (replica/epochs.py `RestoreFence`).
 RESTORE_MARKER_FILE = "restored-from-backup"
+# Where a declared restore fenced, `epoch=E view=F`, written once that fence is durable:
+# a restart in the same epoch then needs no second fence, and the next epoch one only if
+# its change block's view is F - 2 or lower. Removed with the marker.
+RESTORE_FENCE_FILE = "restore-fence"
 
 log = logging.getLogger("quorumgate.replica")
 
@@ -231,7 +237,8 @@ class ReplicaNode:
         )
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
-        self._restore_marker: Path | None = None  # while a declared restore is fencing
+        self._restore_marker: Path | None = None  # while a restore is declared
+        self._restore_fence: RestoreFence | None = None  # where it fenced (RESTORE_FENCE_FILE)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,12 +247,12 @@ class ReplicaNode:
         self.store = await ReplicaStore.open(node_dir / DB_FILE, self.spec.chain_id)
         recovered = await self.store.load()
         marker = node_dir / RESTORE_MARKER_FILE
-        restored = marker.exists()
-        if restored:
+        if marker.exists():
             self._restore_marker = marker
+            self._restore_fence = _read_restore_fence(node_dir / RESTORE_FENCE_FILE)
             log.warning("event=restore_declared node=%d marker=%s", self.index, marker.name)
         self.mempool = await self._rebuilt_mempool(recovered.committed.height)
-        self.core = self._make_core(recovered, restored)
+        self.core = self._make_core(recovered, self._restore_declared())
         client_api = ClientApi(
             spec=self.spec,
             mempool=self.mempool,
@@ -533,11 +540,8 @@ class ReplicaNode:
                 self.tracer.event("view", action.view)
                 self.metrics.view.set(action.view)
                 self.metrics.leader.set(action.leader)
-        if self._restore_marker is not None and not core.restoring:
-            # The fence is durable (the store applied it above): later starts are plain.
-            self._restore_marker.unlink(missing_ok=True)
-            self._restore_marker = None
-            log.warning("event=restore_fenced node=%d view=%d", self.index, core.view)
+        if self._restore_marker is not None:
+            self._settle_restore(core)
         if core.high_qc.block_hash != self._qc_seen:
             self._qc_seen = core.high_qc.block_hash
             self.tracer.event("qc", core.high_qc.height)
@@ -846,17 +850,54 @@ class ReplicaNode:
             base.height, base.top, envelope.sender, base.height,
         )  # fmt: skip
         # A restart's core, from what the store now holds; still fenced (safety Rule 6).
-        await self._restart_core(restored=self._restore_marker is not None)
+        await self._restart_core(restored=self._restore_declared())
         self._update_gauges()
         async with self._commit_cond:
             self._commit_cond.notify_all()
 
+    def _restore_declared(self) -> bool:
+        """Whether a core started now fences as a restore: the marker is there, and the
+        restore has not fenced in the epoch the store is in (every epoch entered while it
+        is declared is fenced: docs/consensus/fencing.md, "Across an epoch boundary")."""
+        store, fence = self.store, self._restore_fence
+        assert store is not None
+        epoch = 0 if store.epoch is None else store.epoch.epoch
+        return self._restore_marker is not None and (fence is None or fence.epoch != epoch)
+
+    def _settle_restore(self, core: Core) -> None:
+        """After a batch the store applied: write down where a declared restore fenced, and
+        remove both files once the epoch it fenced in committed a block of the view before
+        its fence (its change block included: `RestoreFence`)."""
+        marker = self._restore_marker
+        assert marker is not None
+        fence = self._restore_fence
+        if core.restore_fence and (fence is None or fence.epoch != core.epoch):
+            fence = RestoreFence(core.epoch, core.restore_fence)
+            _write_restore_fence(marker.parent / RESTORE_FENCE_FILE, fence)
+            self._restore_fence = fence
+            log.warning(
+                "event=restore_fence_kept node=%d epoch=%d view=%d",
+                self.index, fence.epoch, fence.view,
+            )  # fmt: skip
+        if fence is None or not fence.discharged(core.epoch, core.tree.root.view):
+            return
+        # (The marker last: a crash between the two leaves a restore declared, with no
+        # fence noted, which costs a fence and nothing else.)
+        (marker.parent / RESTORE_FENCE_FILE).unlink(missing_ok=True)
+        marker.unlink(missing_ok=True)
+        self._restore_marker = None
+        self._restore_fence = None
+        log.warning(
+            "event=restore_fenced node=%d epoch=%d view=%d", self.index, core.epoch, core.view
+        )
+
     async def _next_epoch(self) -> None:
         """The store holds a newer epoch than the core runs: start that epoch's core from
-        what the store holds, exactly as a restart would."""
+        what the store holds, exactly as a restart would (fenced as a restore while one is
+        declared)."""
         store = self.store
         assert store is not None
-        core = await self._restart_core(restored=False)
+        core = await self._restart_core(restored=self._restore_declared())
         # A stream a member opened with a key this epoch no longer gives it ends here: a
         # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.
         ended = self.peers.end_streams_of_old_keys()
@@ -957,6 +998,25 @@ class ReplicaNode:
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def _read_restore_fence(path: Path) -> RestoreFence | None:
+    """The fence a declared restore noted, or None (none noted, or unreadable: a restore
+    that fences again loses nothing but time)."""
+    try:
+        return RestoreFence.parse(path.read_text(encoding="ascii"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _write_restore_fence(path: Path, fence: RestoreFence) -> None:
+    """Write the file whole or not at all (a temporary file renamed over it, synced)."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", encoding="ascii") as out:
+        out.write(fence.encode())
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

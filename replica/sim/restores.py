@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from quorumgate.replica.actions import Action, Send
 from quorumgate.replica.safety import SafetyState
-from quorumgate.replica.sim.node import SimNode
+from quorumgate.replica.sim.node import Disk, SimNode
 from quorumgate.replica.sim.options import SENT_PROPOSAL_VIEWS_MAX
 from quorumgate.replica.sim.world import World
 from quorumgate.replica.types import Envelope, Proposal, Timeout, TimeoutCert, Vote
@@ -108,37 +108,17 @@ class RestoreDrill:
         earlier = node.backup_of_earlier_epoch() if self.across else None
         if self.across and earlier is None:
             return False  # no boundary behind it yet
+        epoch = node.core.epoch
         # What it signs leaves: a proposal (and its vote) at once, a vote or a timeout
         # held in flight until the restored victim has asked its peers and been answered.
         self.holding = None if kind == "leading" else node.index
         self.sim._apply(node, actions)
         self.holding = None
-        backup = earlier or node.backup_before(view, self.sim.options.restore_backup_views)
-        if earlier is None and (self.sim.options.restore_backup_views == 0 or backup is None):
-            # The copy kept holds the certificates that let it enter the view, but not what
-            # it signed in it, nor its own block.
-            backup = node.disk.copy()
-            backup.safety = replace(
-                backup.safety,
-                last_voted_view=prior.last_voted_view,
-                last_proposed_view=prior.last_proposed_view,
-                last_vote=prior.last_vote,
-                last_timeout=prior.last_timeout,
-                locked_qc=prior.locked_qc,
-            )
-            if kind == "leading":
-                for msg in (a.message for a in actions if isinstance(a, Send)):
-                    if isinstance(msg, Proposal):
-                        backup.blocks.pop(msg.block.hash, None)
         if earlier is not None:
-            self.stalled = (node.core.epoch, view, self.sim.tick + self.in_flight_ticks)
-            # A copy of a proposal of that view, delivered again once it is back up: a
-            # message of the later epoch, from which it learns that its backup's epoch
-            # ended (the cluster, stalled in the view, sends it little else meanwhile).
-            for envelope in self.sent_proposals.get(view, {}).values():
-                if envelope.epoch == node.core.epoch:
-                    self.sim.network.push(self.sim.tick + 2, node.index, 0, envelope)
-                    break
+            backup = earlier
+            self._stall(node, epoch, view)
+        else:
+            backup = self._backup(node, prior, actions, kind, view)
         node.snapshots = [backup]
         node.force_stale = True
         self.aimed[kind] += 1
@@ -150,6 +130,41 @@ class RestoreDrill:
             node.crash(self.sim.tick + 1)
             self.redeliveries[node.index] = (view, voted)
         return True
+
+    def _backup(
+        self, node: SimNode, prior: SafetyState, actions: list[Action], kind: str, view: int
+    ) -> Disk:
+        """The backup an aimed restore in one epoch puts back."""
+        backup = node.backup_before(view, self.sim.options.restore_backup_views)
+        if self.sim.options.restore_backup_views and backup is not None:
+            return backup
+        # The copy kept holds the certificates that let it enter the view, but not what
+        # it signed in it, nor its own block.
+        backup = node.disk.copy()
+        backup.safety = replace(
+            backup.safety,
+            last_voted_view=prior.last_voted_view,
+            last_proposed_view=prior.last_proposed_view,
+            last_vote=prior.last_vote,
+            last_timeout=prior.last_timeout,
+            locked_qc=prior.locked_qc,
+        )
+        if kind == "leading":
+            for msg in (a.message for a in actions if isinstance(a, Send)):
+                if isinstance(msg, Proposal):
+                    backup.blocks.pop(msg.block.hash, None)
+        return backup
+
+    def _stall(self, node: SimNode, epoch: int, view: int) -> None:
+        """Across a boundary: hold the view's votes, timeouts and TCs in flight as long as
+        the victim's own (`stalled`), and hand the victim, once it is back up, a copy of a
+        proposal of that view: a message of the later epoch, from which it learns that its
+        backup's epoch ended (the stalled cluster sends it little else meanwhile)."""
+        self.stalled = (epoch, view, self.sim.tick + self.in_flight_ticks)
+        for envelope in self.sent_proposals.get(view, {}).values():
+            if envelope.epoch == epoch:
+                self.sim.network.push(self.sim.tick + 2, node.index, 0, envelope)
+                break
 
     def redeliver(self, node: SimNode) -> None:
         """Once a victim restored after voting or timing out has ended its fencing, the

@@ -43,7 +43,6 @@ from quorumgate.replica.types import (
     Message,
     Proposal,
     SyncRequest,
-    Timeout,
     Vote,
     genesis_block,
 )
