@@ -541,7 +541,9 @@ class ReplicaNode:
                 self.metrics.view.set(action.view)
                 self.metrics.leader.set(action.leader)
         if self._restore_marker is not None:
-            self._settle_restore(core)
+            # (`ended`: the epoch's change block is the highest block it commits, whether
+            # the core committed it or an epoch proof did.)
+            self._settle_restore(core, ended.boundary.view if ended else core.tree.root.view)
         if core.high_qc.block_hash != self._qc_seen:
             self._qc_seen = core.high_qc.block_hash
             self.tracer.event("qc", core.high_qc.height)
@@ -864,10 +866,11 @@ class ReplicaNode:
         epoch = 0 if store.epoch is None else store.epoch.epoch
         return self._restore_marker is not None and (fence is None or fence.epoch != epoch)
 
-    def _settle_restore(self, core: Core) -> None:
+    def _settle_restore(self, core: Core, committed_view: int) -> None:
         """After a batch the store applied: write down where a declared restore fenced, and
         remove both files once the epoch it fenced in committed a block of the view before
-        its fence (its change block included: `RestoreFence`)."""
+        its fence (its change block included: `RestoreFence`). `committed_view`: the view
+        of the highest block committed in the core's epoch."""
         marker = self._restore_marker
         assert marker is not None
         fence = self._restore_fence
@@ -879,7 +882,7 @@ class ReplicaNode:
                 "event=restore_fence_kept node=%d epoch=%d view=%d",
                 self.index, fence.epoch, fence.view,
             )  # fmt: skip
-        if fence is None or not fence.discharged(core.epoch, core.tree.root.view):
+        if fence is None or not fence.discharged(core.epoch, committed_view):
             return
         # (The marker last: a crash between the two leaves a restore declared, with no
         # fence noted, which costs a fence and nothing else.)

@@ -376,6 +376,7 @@ class Simulation:
         blocks, end = taken
         self._commit_blocks(node, blocks, node.epoch)
         enter_epoch(node, end)
+        node.settle_restore()
         self._apply(node, node.next_epoch())
 
     def _all_nodes(self) -> list[SimNode]:
