@@ -485,10 +485,12 @@ class Core:
 
     @property
     def restore_fence(self) -> int:
-        """A declared restore's fence once it has fenced (safety Rule 6), else 0: the shell
-        keeps the restore declared until the epoch it fenced in has committed a block of
-        the view before it (docs/consensus/fencing.md, "Across an epoch boundary")."""
-        return self._restore_fence if self._restored and not self._fencing else 0
+        """A declared restore's fence once it is past it (safety Rule 6: fenced, and holding
+        a certificate of the view before), else 0. From then on a restart in this epoch
+        may be a plain one; the shell keeps the restore declared for the epochs after it
+        until this one has committed a block of the view before the fence
+        (docs/consensus/fencing.md, "Across an epoch boundary")."""
+        return self._restore_fence if self._restored and not self.restoring else 0
 
     @property
     def restoring(self) -> bool:
