@@ -66,7 +66,6 @@ def test_a_member_restored_across_a_boundary_rejoins_without_signing_twice(
     directory = cli_dirs("c4")
     init(directory)
     _ok("up", "--dir", directory, "--detach")
-    _commit_something(directory, "kb.one")
     node_dir = directory / f"node-{RESTORED}"
     _ok("down", "--dir", directory, "--node", RESTORED)
     backup = directory / "epoch-0.backup.db"
@@ -75,14 +74,13 @@ def test_a_member_restored_across_a_boundary_rejoins_without_signing_twice(
 
     # The boundary: the owner rotates member 2's key; then the member votes in epoch 1.
     _ok("admin", "rotate-key", "--dir", directory, "--member", ROTATED, "--deadline", int(WAIT_S))
-    _commit_something(directory, "kb.two")
+    _commit_something(directory, "kb.one")
     polling.wait_until(
         "the member in epoch 1 and at the cluster's height",
         lambda: _rows(directory).get(RESTORED, (0, 0))[0] == 1,
         WAIT_S,
         0.2,
     )
-    _commit_something(directory, "kb.three")
     _ok("down", "--dir", directory, "--node", RESTORED)
     before = _votes(node_dir / DB_FILE)
     assert any(epoch == 1 for epoch, _, _ in before), "it voted in epoch 1 before the restore"
@@ -92,7 +90,7 @@ def test_a_member_restored_across_a_boundary_rejoins_without_signing_twice(
     out = _ok("restore", "--dir", directory, "--node", RESTORED, "--from", backup)
     assert "declared" in out
     _ok("up", "--dir", directory, "--node", RESTORED, "--detach")
-    _commit_something(directory, "kb.four")
+    _commit_something(directory, "kb.two")
     log = node_dir / "replica.log"
     polling.wait_until(
         "the restored member fenced in epoch 1",
@@ -104,7 +102,7 @@ def test_a_member_restored_across_a_boundary_rejoins_without_signing_twice(
         0.2,
     )
     # A commit in epoch 1 of the view before its fence or later discharges the restore.
-    _commit_something(directory, "kb.five")
+    _commit_something(directory, "kb.three")
     polling.wait_until(
         "the restore discharged, and the member past the cluster's height",
         lambda: (
