@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from quorumgate.replica.epochs import RestoreFence
 from quorumgate.replica.sim import (
     Simulation,
     SimulationFailure,
@@ -45,3 +46,17 @@ def test_a_fence_that_ignores_epochs_is_caught() -> None:
         except SimulationFailure as failure:
             unsafe += str(failure).startswith("SAFETY")
     assert unsafe >= len(VARIANT_SEEDS) // 5
+
+
+def test_a_restore_fence_reads_back_and_is_discharged_by_a_commit_of_the_view_before() -> None:
+    """`restore-fence` (replica/node.py): one line; a damaged file reads as no fence (the
+    restore fences again). A fence at view 10 of epoch 1 answers for the epochs after it
+    once epoch 1 committed a block of view 9 or later (its change block included); a
+    change block of view 8 or earlier may have been committed before the restore."""
+    fence = RestoreFence(1, 10)
+    assert RestoreFence.parse(fence.encode()) == fence
+    for damaged in ("", "epoch=1", "epoch=1 view=x", "epoch=1 view=10 extra=2", "garbage"):
+        assert RestoreFence.parse(damaged) is None
+    assert fence.discharged(1, 9) and fence.discharged(1, 40)
+    assert not fence.discharged(1, 8)
+    assert not fence.discharged(2, 40)  # a commit of another epoch says nothing
