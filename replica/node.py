@@ -249,7 +249,7 @@ class ReplicaNode:
         marker = node_dir / RESTORE_MARKER_FILE
         if marker.exists():
             self._restore_marker = marker
-            self._restore_fence = _read_restore_fence(node_dir / RESTORE_FENCE_FILE)
+            self._restore_fence = _read_restore_fence(node_dir / RESTORE_FENCE_FILE, marker)
             log.warning("event=restore_declared node=%d marker=%s", self.index, marker.name)
         self.mempool = await self._rebuilt_mempool(recovered.committed.height)
         self.core = self._make_core(recovered, self._restore_declared())
@@ -1003,10 +1003,14 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def _read_restore_fence(path: Path) -> RestoreFence | None:
-    """The fence a declared restore noted, or None (none noted, or unreadable: a restore
-    that fences again loses nothing but time)."""
+def _read_restore_fence(path: Path, marker: Path) -> RestoreFence | None:
+    """The fence a declared restore noted, or None: none noted, unreadable, or not newer
+    than the marker (a restore done by hand after it, which touched the marker again and
+    left the file: that copy has fenced nowhere). A restore that fences again loses
+    nothing but time."""
     try:
+        if path.stat().st_mtime_ns <= marker.stat().st_mtime_ns:
+            return None
         return RestoreFence.parse(path.read_text(encoding="ascii"))
     except (OSError, UnicodeDecodeError):
         return None

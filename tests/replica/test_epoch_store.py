@@ -234,3 +234,22 @@ def test_a_restore_refuses_a_copy_of_an_epoch_this_node_cannot_run(tmp_path: Pat
         _check_epoch(seven, 2, stored)  # type: ignore[arg-type]
     with pytest.raises(OpsError, match="holds no key file for its consensus key of that epoch"):
         _check_epoch(four, 2, stored)  # type: ignore[arg-type]
+
+
+def test_a_restore_fence_older_than_the_marker_is_ignored(tmp_path: Path) -> None:
+    """A restore done by hand (the marker touched again) over one that noted its fence:
+    the old `restore-fence` is no fence of the new copy, which fences again."""
+    import os
+
+    from quorumgate.replica.epochs import RestoreFence
+    from quorumgate.replica.node import _read_restore_fence, _write_restore_fence
+
+    marker, path = tmp_path / "restored-from-backup", tmp_path / "restore-fence"
+    marker.touch()
+    os.utime(marker, ns=(1_000_000_000, 1_000_000_000))
+    _write_restore_fence(path, RestoreFence(1, 12))
+    assert _read_restore_fence(path, marker) == RestoreFence(1, 12)
+    marker.touch()  # the restore by hand
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    assert _read_restore_fence(path, marker) is None
+    assert _read_restore_fence(tmp_path / "none", marker) is None
