@@ -128,13 +128,13 @@ SHUTDOWN_GRACE_S = 1.0
 SYNC_SERVING_PER_PEER_MAX = 2
 DB_FILE = "replica.db"
 # An operator who puts a backup of DB_FILE back creates this file beside it: the replica
-# then starts as a restore (safety Rule 6; docs/consensus/fencing.md), and as one again in
-# every epoch it enters while the file is there; it removes the file once the restore is
-# discharged (replica/epochs.py `RestoreFence`).
+# then starts as a restore (safety Rule 6; docs/consensus/fencing.md) and removes it once
+# its fence is behind it.
 RESTORE_MARKER_FILE = "restored-from-backup"
-# Where a declared restore fenced, `epoch=E view=F`, written once that fence is durable:
-# a restart in the same epoch then needs no second fence, and the next epoch one only if
-# its change block's view is F - 2 or lower. Removed with the marker.
+# Where that restore fenced, `epoch=E view=F`, written before the marker is removed: every
+# later epoch the replica enters while it is there starts as a restore again, and it is
+# removed once epoch E has committed a block of view F - 1 or later (replica/epochs.py
+# `RestoreFence`: a restore across an epoch boundary).
 RESTORE_FENCE_FILE = "restore-fence"
 
 log = logging.getLogger("quorumgate.replica")
@@ -237,8 +237,8 @@ class ReplicaNode:
         )
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
-        self._restore_marker: Path | None = None  # while a restore is declared
-        self._restore_fence: RestoreFence | None = None  # where it fenced (RESTORE_FENCE_FILE)
+        self._restore_marker: Path | None = None  # while a declared restore is fencing
+        self._restore_fence: RestoreFence | None = None  # until discharged (RESTORE_FENCE_FILE)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -249,8 +249,8 @@ class ReplicaNode:
         marker = node_dir / RESTORE_MARKER_FILE
         if marker.exists():
             self._restore_marker = marker
-            self._restore_fence = _read_restore_fence(node_dir / RESTORE_FENCE_FILE, marker)
             log.warning("event=restore_declared node=%d marker=%s", self.index, marker.name)
+        self._restore_fence = _read_restore_fence(node_dir / RESTORE_FENCE_FILE, marker)
         self.mempool = await self._rebuilt_mempool(recovered.committed.height)
         self.core = self._make_core(recovered, self._restore_declared())
         client_api = ClientApi(
@@ -540,7 +540,7 @@ class ReplicaNode:
                 self.tracer.event("view", action.view)
                 self.metrics.view.set(action.view)
                 self.metrics.leader.set(action.leader)
-        if self._restore_marker is not None:
+        if self._restore_marker is not None or self._restore_fence is not None:
             # (`ended`: the epoch's change block is the highest block it commits, whether
             # the core committed it or an epoch proof did.)
             self._settle_restore(core, ended.boundary.view if ended else core.tree.root.view)
@@ -858,41 +858,46 @@ class ReplicaNode:
             self._commit_cond.notify_all()
 
     def _restore_declared(self) -> bool:
-        """Whether a core started now fences as a restore: the marker is there, and the
-        restore has not fenced in the epoch the store is in (every epoch entered while it
-        is declared is fenced: docs/consensus/fencing.md, "Across an epoch boundary")."""
+        """Whether a core started now fences as a restore: the marker is there, or a
+        restore fenced in an earlier epoch and is not discharged (every epoch entered
+        until then is fenced: docs/consensus/fencing.md, "Across an epoch boundary"); not
+        if it fenced in the epoch the store is in."""
         store, fence = self.store, self._restore_fence
         assert store is not None
         epoch = 0 if store.epoch is None else store.epoch.epoch
-        return self._restore_marker is not None and (fence is None or fence.epoch != epoch)
+        if fence is not None and fence.epoch == epoch:
+            return False
+        return self._restore_marker is not None or fence is not None
 
     def _settle_restore(self, core: Core, committed_view: int) -> None:
-        """After a batch the store applied: write down where a declared restore fenced, and
-        remove both files once the epoch it fenced in committed a block of the view before
-        its fence (its change block included: `RestoreFence`). `committed_view`: the view
-        of the highest block committed in the core's epoch."""
-        marker = self._restore_marker
-        assert marker is not None
+        """After a batch the store applied: once a declared restore is past its fence,
+        write down where (`restore-fence`) and only then remove the marker; remove the
+        fence file once the epoch it names has committed a block of the view before the
+        fence (its change block included: `RestoreFence`). `committed_view`: the view of
+        the highest block committed in the core's epoch."""
+        node_dir = self.spec.node_dir(self.index)
         fence = self._restore_fence
         if core.restore_fence and (fence is None or fence.epoch != core.epoch):
             fence = RestoreFence(core.epoch, core.restore_fence)
-            _write_restore_fence(marker.parent / RESTORE_FENCE_FILE, fence)
+            _write_restore_fence(node_dir / RESTORE_FENCE_FILE, fence)
             self._restore_fence = fence
+        marker = self._restore_marker
+        if marker is not None and fence is not None and fence.epoch == core.epoch:
+            # The fence is durable (the store applied it above): later starts in this
+            # epoch are plain.
+            marker.unlink(missing_ok=True)
+            self._restore_marker = None
             log.warning(
-                "event=restore_fence_kept node=%d epoch=%d view=%d",
-                self.index, fence.epoch, fence.view,
+                "event=restore_fenced node=%d epoch=%d view=%d fence=%d",
+                self.index, core.epoch, core.view, fence.view,
             )  # fmt: skip
-        if fence is None or not fence.discharged(core.epoch, committed_view):
-            return
-        # (The marker last: a crash between the two leaves a restore declared, with no
-        # fence noted, which costs a fence and nothing else.)
-        (marker.parent / RESTORE_FENCE_FILE).unlink(missing_ok=True)
-        marker.unlink(missing_ok=True)
-        self._restore_marker = None
-        self._restore_fence = None
-        log.warning(
-            "event=restore_fenced node=%d epoch=%d view=%d", self.index, core.epoch, core.view
-        )
+        if fence is not None and fence.discharged(core.epoch, committed_view):
+            (node_dir / RESTORE_FENCE_FILE).unlink(missing_ok=True)
+            self._restore_fence = None
+            log.warning(
+                "event=restore_discharged node=%d epoch=%d committed_view=%d",
+                self.index, core.epoch, committed_view,
+            )  # fmt: skip
 
     async def _next_epoch(self) -> None:
         """The store holds a newer epoch than the core runs: start that epoch's core from
@@ -1005,11 +1010,13 @@ def _monotonic_ms() -> int:
 
 def _read_restore_fence(path: Path, marker: Path) -> RestoreFence | None:
     """The fence a declared restore noted, or None: none noted, unreadable, or not newer
-    than the marker (a restore done by hand after it, which touched the marker again and
-    left the file: that copy has fenced nowhere). A restore that fences again loses
-    nothing but time."""
+    than a marker that is there (a restore done by hand after it, which touched the marker
+    again and left the file: that copy has fenced nowhere). A restore that fences again
+    loses nothing but time."""
     try:
-        if path.stat().st_mtime_ns <= marker.stat().st_mtime_ns:
+        if not path.exists():
+            return None
+        if marker.exists() and path.stat().st_mtime_ns <= marker.stat().st_mtime_ns:
             return None
         return RestoreFence.parse(path.read_text(encoding="ascii"))
     except (OSError, UnicodeDecodeError):

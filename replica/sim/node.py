@@ -189,8 +189,8 @@ class SimNode:
         # put back, cleared once the core is past its fence, so that a crash before then
         # restarts it as a restore again.
         self.restore_marker = False
-        # Where the declared restore fenced (replica/node.py RESTORE_FENCE_FILE), kept with
-        # the marker until the restore is discharged (`settle_restore`).
+        # Where the declared restore fenced (replica/node.py RESTORE_FENCE_FILE), kept
+        # until the restore is discharged (`settle_restore`).
         self.restore_fence: RestoreFence | None = None
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
@@ -264,24 +264,26 @@ class SimNode:
 
     @property
     def restore_declared(self) -> bool:
-        """Whether a core started now must fence as a restore: the marker is there and the
-        restore has not fenced in the epoch the disk is in (docs/consensus/fencing.md,
-        "Across an epoch boundary"): every epoch entered while it is declared."""
+        """Whether a core started now must fence as a restore: the marker is there, or a
+        restore fenced in an earlier epoch and is not discharged; not if it fenced in the
+        epoch the disk is in (docs/consensus/fencing.md, "Across an epoch boundary")."""
         fence = self.restore_fence
-        return self.restore_marker and (fence is None or fence.epoch != self.epoch)
+        if fence is not None and fence.epoch == self.epoch:
+            return False
+        return self.restore_marker or fence is not None
 
     def settle_restore(self) -> None:
-        """The shell's part of a declared restore after a step: note where its core
-        fenced, once that is durable, and remove the marker once the epoch it fenced in
-        committed a block of the view before the fence (`RestoreFence`)."""
-        if not self.restore_marker:
-            return
+        """The shell's part of a declared restore after a step (replica/node.py): once the
+        core is past its fence, and that is durable, note where and clear the marker;
+        forget the fence once the epoch it names committed a block of the view before it
+        (`RestoreFence`)."""
         core, disk = self._core, self.disk
         if core is not None and core.restore_fence and core.epoch == self.epoch:
             fence = self.restore_fence
             durable = disk.safety.last_voted_view >= core.restore_fence
             if durable and (fence is None or fence.epoch != core.epoch):
                 self.restore_fence = RestoreFence(core.epoch, core.restore_fence)
+                self.restore_marker = False
         fence = self.restore_fence
         if fence is None:
             return
@@ -293,7 +295,6 @@ class SimNode:
         else:
             return
         if fence.discharged(fence.epoch, committed_view):
-            self.restore_marker = False  # as the shell removes the files
             self.restore_fence = None
 
     def crash(self, until_tick: int) -> None:

@@ -92,12 +92,14 @@ def test_a_member_restored_across_a_boundary_rejoins_without_signing_twice(
     _ok("up", "--dir", directory, "--node", RESTORED, "--detach")
     _commit_something(directory, "kb.two")
     log = node_dir / "replica.log"
+
+    def fenced_in_epoch_1() -> bool:
+        lines = [line for line in log.read_text().splitlines() if "event=restore_fenced" in line]
+        return bool(lines) and " epoch=1 " in lines[-1]
+
     polling.wait_until(
-        "the restored member fenced in epoch 1",
-        lambda: (
-            "event=restore_fence_kept" in log.read_text()
-            and "epoch=1" in log.read_text().split("event=restore_fence_kept", 1)[1]
-        ),
+        "the restored member fenced in epoch 1, its marker removed",
+        lambda: fenced_in_epoch_1() and not (node_dir / RESTORE_MARKER_FILE).exists(),
         WAIT_S,
         0.2,
     )
@@ -106,14 +108,14 @@ def test_a_member_restored_across_a_boundary_rejoins_without_signing_twice(
     polling.wait_until(
         "the restore discharged, and the member past the cluster's height",
         lambda: (
-            not (node_dir / RESTORE_MARKER_FILE).exists()
+            not (node_dir / RESTORE_FENCE_FILE).exists()
+            and "event=restore_discharged" in log.read_text()
             and _past(_rows(directory).get(RESTORED), top)
         ),
         WAIT_S,
         0.2,
         lambda: f"node {RESTORED} at {_rows(directory).get(RESTORED)}, was {top}",
     )
-    assert not (node_dir / RESTORE_FENCE_FILE).exists()
     _ok("down", "--dir", directory)
     after = _votes(node_dir / DB_FILE)
     voted: dict[tuple[int, int], bytes] = {}
