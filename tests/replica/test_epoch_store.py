@@ -253,3 +253,5 @@ def test_a_restore_fence_older_than_the_marker_is_ignored(tmp_path: Path) -> Non
     os.utime(path, ns=(1_000_000_000, 1_000_000_000))
     assert _read_restore_fence(path, marker) is None
     assert _read_restore_fence(tmp_path / "none", marker) is None
+    marker.unlink()  # past its fence: the file alone says where it fenced
+    assert _read_restore_fence(path, marker) == RestoreFence(1, 12)
