@@ -485,6 +485,15 @@ class Core:
         return self._fencing
 
     @property
+    def restore_fence(self) -> int:
+        """A declared restore's fence once it is past it (safety Rule 6: fenced, and holding
+        a certificate of the view before), else 0. From then on a restart in this epoch
+        may be a plain one; the shell keeps the restore declared for the epochs after it
+        until this one has committed a block of the view before the fence
+        (docs/consensus/fencing.md, "Across an epoch boundary")."""
+        return self._restore_fence if self._restored and not self.restoring else 0
+
+    @property
     def restoring(self) -> bool:
         """A declared restore that has not yet fenced, or whose highest certificate is
         still below the view before its fence: what it holds may be older than what it

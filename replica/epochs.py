@@ -267,3 +267,42 @@ def check_epoch_proof(
         raise RemoteError("bad_epoch_proof", "does not chain from our committed block")
     cut, nxt = check_epoch_end(checker, fresh, proof.qc, owner)
     return fresh[: cut + 1], nxt
+
+
+@dataclass(frozen=True)
+class RestoreFence:
+    """Where a declared restore fenced: in `epoch`, at view `view` (safety Rule 6). The
+    shell keeps it beside the store (`restore-fence`, one line `epoch=E view=F`) with the
+    restore marker, until the restore is discharged (docs/consensus/fencing.md, "Across
+    an epoch boundary").
+
+    Why a fence in epoch E answers for the epochs after E only if E's change block B has
+    a view of at least F - 1: the restored member signed in E+1 before its backup was put
+    back only if B was committed before then, by a certificate of E (of a view above B's)
+    whose 2f+1 signers each persisted a certificate of B's view or later before signing
+    it. Among the 2f+1 answers its fence counted, made after the restore, is one of those
+    signers (the argument of Rule 6), so the fence's highest certificate was of B's view
+    or later: F - 2 >= B.view. A change block of view F - 1 or later was therefore
+    committed after the restore, and the member signed nothing in a later epoch before
+    it; a change block of view F - 2 or earlier may have been, and the next epoch must be
+    fenced again. Once E has committed a block of view F - 1 or later, its change block,
+    whenever it comes, is of a later view still: the restore is discharged."""
+
+    epoch: int
+    view: int
+
+    def encode(self) -> str:
+        return f"epoch={self.epoch} view={self.view}\n"
+
+    @staticmethod
+    def parse(text: str) -> RestoreFence | None:
+        """The fence a file holds, or None if it does not hold exactly one."""
+        fields = dict(part.partition("=")[::2] for part in text.split())
+        if set(fields) != {"epoch", "view"} or not all(v.isdigit() for v in fields.values()):
+            return None
+        return RestoreFence(int(fields["epoch"]), int(fields["view"]))
+
+    def discharged(self, epoch: int, committed_view: int) -> bool:
+        """Whether the restore needs no more fencing: `committed_view` is the view of the
+        highest block committed in `epoch` (for an ended epoch, its change block)."""
+        return epoch == self.epoch and committed_view >= self.view - 1

@@ -66,6 +66,7 @@ from quorumgate.replica.core import Core, Recovered
 from quorumgate.replica.epochs import (
     EpochEnd,
     EpochProof,
+    RestoreFence,
     check_epoch_proof,
     epoch_page,
     epoch_proof_reach,
@@ -133,6 +134,11 @@ DB_FILE = "replica.db"
 # then starts as a restore (safety Rule 6; docs/consensus/fencing.md) and removes it once
 # its fence is behind it.
 RESTORE_MARKER_FILE = "restored-from-backup"
+# Where that restore fenced, `epoch=E view=F`, written before the marker is removed: every
+# later epoch the replica enters while it is there starts as a restore again, and it is
+# removed once epoch E has committed a block of view F - 1 or later (replica/epochs.py
+# `RestoreFence`: a restore across an epoch boundary).
+RESTORE_FENCE_FILE = "restore-fence"
 
 log = logging.getLogger("quorumgate.replica")
 
@@ -235,6 +241,7 @@ class ReplicaNode:
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
         self._restore_marker: Path | None = None  # while a declared restore is fencing
+        self._restore_fence: RestoreFence | None = None  # until discharged (RESTORE_FENCE_FILE)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -243,12 +250,12 @@ class ReplicaNode:
         self.store = await ReplicaStore.open(node_dir / DB_FILE, self.spec.chain_id)
         recovered = await self.store.load()
         marker = node_dir / RESTORE_MARKER_FILE
-        restored = marker.exists()
-        if restored:
+        if marker.exists():
             self._restore_marker = marker
             log.warning("event=restore_declared node=%d marker=%s", self.index, marker.name)
+        self._restore_fence = _read_restore_fence(node_dir / RESTORE_FENCE_FILE, marker)
         self.mempool = await self._rebuilt_mempool(recovered.committed.height)
-        self.core = self._make_core(recovered, restored)
+        self.core = self._make_core(recovered, self._restore_declared())
         client_api = ClientApi(
             spec=self.spec,
             mempool=self.mempool,
@@ -537,11 +544,10 @@ class ReplicaNode:
                 self.tracer.event("view", action.view)
                 self.metrics.view.set(action.view)
                 self.metrics.leader.set(action.leader)
-        if self._restore_marker is not None and not core.restoring:
-            # The fence is durable (the store applied it above): later starts are plain.
-            self._restore_marker.unlink(missing_ok=True)
-            self._restore_marker = None
-            log.warning("event=restore_fenced node=%d view=%d", self.index, core.view)
+        if self._restore_marker is not None or self._restore_fence is not None:
+            # (`ended`: the epoch's change block is the highest block it commits, whether
+            # the core committed it or an epoch proof did.)
+            self._settle_restore(core, ended.boundary.view if ended else core.tree.root.view)
         if core.high_qc.block_hash != self._qc_seen:
             self._qc_seen = core.high_qc.block_hash
             self.tracer.event("qc", core.high_qc.height)
@@ -873,17 +879,60 @@ class ReplicaNode:
             base.height, base.top, envelope.sender, base.height,
         )  # fmt: skip
         # A restart's core, from what the store now holds; still fenced (safety Rule 6).
-        await self._restart_core(restored=self._restore_marker is not None)
+        await self._restart_core(restored=self._restore_declared())
         self._update_gauges()
         async with self._commit_cond:
             self._commit_cond.notify_all()
 
+    def _restore_declared(self) -> bool:
+        """Whether a core started now fences as a restore: the marker is there, or a
+        restore fenced in an earlier epoch and is not discharged (every epoch entered
+        until then is fenced: docs/consensus/fencing.md, "Across an epoch boundary"); not
+        if it fenced in the epoch the store is in."""
+        store, fence = self.store, self._restore_fence
+        assert store is not None
+        epoch = 0 if store.epoch is None else store.epoch.epoch
+        if fence is not None and fence.epoch == epoch:
+            return False
+        return self._restore_marker is not None or fence is not None
+
+    def _settle_restore(self, core: Core, committed_view: int) -> None:
+        """After a batch the store applied: once a declared restore is past its fence,
+        write down where (`restore-fence`) and only then remove the marker; remove the
+        fence file once the epoch it names has committed a block of the view before the
+        fence (its change block included: `RestoreFence`). `committed_view`: the view of
+        the highest block committed in the core's epoch."""
+        node_dir = self.spec.node_dir(self.index)
+        fence = self._restore_fence
+        if core.restore_fence and (fence is None or fence.epoch != core.epoch):
+            fence = RestoreFence(core.epoch, core.restore_fence)
+            _write_restore_fence(node_dir / RESTORE_FENCE_FILE, fence)
+            self._restore_fence = fence
+        marker = self._restore_marker
+        if marker is not None and fence is not None and fence.epoch == core.epoch:
+            # The fence is durable (the store applied it above): later starts in this
+            # epoch are plain.
+            marker.unlink(missing_ok=True)
+            self._restore_marker = None
+            log.warning(
+                "event=restore_fenced node=%d epoch=%d view=%d fence=%d",
+                self.index, core.epoch, core.view, fence.view,
+            )  # fmt: skip
+        if fence is not None and fence.discharged(core.epoch, committed_view):
+            (node_dir / RESTORE_FENCE_FILE).unlink(missing_ok=True)
+            self._restore_fence = None
+            log.warning(
+                "event=restore_discharged node=%d epoch=%d committed_view=%d",
+                self.index, core.epoch, committed_view,
+            )  # fmt: skip
+
     async def _next_epoch(self) -> None:
         """The store holds a newer epoch than the core runs: start that epoch's core from
-        what the store holds, exactly as a restart would."""
+        what the store holds, exactly as a restart would (fenced as a restore while one is
+        declared)."""
         store = self.store
         assert store is not None
-        core = await self._restart_core(restored=False)
+        core = await self._restart_core(restored=self._restore_declared())
         # A stream a member opened with a key this epoch no longer gives it ends here: a
         # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.
         ended = self.peers.end_streams_of_old_keys()
@@ -984,6 +1033,31 @@ class ReplicaNode:
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def _read_restore_fence(path: Path, marker: Path) -> RestoreFence | None:
+    """The fence a declared restore noted, or None: none noted, unreadable, or not newer
+    than a marker that is there (a restore done by hand after it, which touched the marker
+    again and left the file: that copy has fenced nowhere). A restore that fences again
+    loses nothing but time."""
+    try:
+        if not path.exists():
+            return None
+        if marker.exists() and path.stat().st_mtime_ns <= marker.stat().st_mtime_ns:
+            return None
+        return RestoreFence.parse(path.read_text(encoding="ascii"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _write_restore_fence(path: Path, fence: RestoreFence) -> None:
+    """Write the file whole or not at all (a temporary file renamed over it, synced)."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", encoding="ascii") as out:
+        out.write(fence.encode())
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
 
 
 def _log_task_error(task: asyncio.Task[None]) -> None:

@@ -69,6 +69,9 @@ Rule 6 — fencing (recovery drill `stale-restore`; docs/consensus/fencing.md): 
       before it.
   A plain start, from data the replica made durable itself, has forgotten nothing: it
   asks too, but its fence is best effort (replica/core.py `_try_end_fencing`).
+  (b) is per epoch, as views and safety states are: the shell starts every epoch it
+  enters while a restore is declared as a restore too, until the epoch it fenced in has
+  committed a block of view F - 1 or later (replica/epochs.py `RestoreFence` has why).
 
 Why (b) covers every forgotten view. Say the restored replica R signed in view u before its
 restore. Whatever it signed needed a certificate of view u-1: a QC or TC of u-1 for a vote

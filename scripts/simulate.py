@@ -8,6 +8,7 @@
     python scripts/simulate.py --reconfigure --byzantine --seeds 300 --nodes 4 7
     python scripts/simulate.py --reconfigure --twins 20 --nodes 4 7
     python scripts/simulate.py --reconfigure --far-behind --seeds 50 --nodes 4 7
+    python scripts/simulate.py --restore-across-boundary --seeds 100 --nodes 4 7
 
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
@@ -16,7 +17,9 @@ the member set changes during the run (docs/consensus/epochs.md); with --far-beh
 `far_behind_scenario`: a member held down until the others are pages past the change
 block must catch up by itself; with --byzantine too,
 `byzantine_reconfiguration_scenario`: f Byzantine members per epoch act across the
-boundaries; with --twins K too, `twins_epoch_scenarios`: Twins schedules that cross them.
+boundaries; with --twins K too, `twins_epoch_scenarios`: Twins schedules that cross them;
+with --restore-across-boundary, `restore_across_boundary_scenario(seed, n)`: a member
+restored from a backup of an earlier epoch (docs/consensus/fencing.md).
 A failure prints the SimOptions that reproduce it, and the run ends with the share of
 scenarios that failed, by behaviour. Exit status 1 if any failed.
 """
@@ -37,6 +40,7 @@ from quorumgate.replica.sim import (
     byzantine_reconfiguration_scenario,
     far_behind_scenario,
     reconfiguration_scenario,
+    restore_across_boundary_scenario,
     scenario,
     twins_epoch_scenarios,
     twins_scenarios,
@@ -45,9 +49,9 @@ from quorumgate.replica.sim import (
 # The broken variants live with the tests, which the wheel does not install (it ships honest
 # rules only): put the repository root on the path so that `tests` imports from a checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.consensus.variants import EPOCH_VARIANTS, VARIANTS
+from tests.consensus.variants import BOUNDARY_RESTORE_VARIANTS, EPOCH_VARIANTS, VARIANTS
 
-ALL_VARIANTS = {**VARIANTS, **EPOCH_VARIANTS}
+ALL_VARIANTS = {**VARIANTS, **EPOCH_VARIANTS, **BOUNDARY_RESTORE_VARIANTS}
 
 
 def main() -> int:
@@ -72,6 +76,11 @@ def main() -> int:
         action="store_true",
         help="with --reconfigure: a member held down until the others are pages past the change",
     )
+    parser.add_argument(
+        "--restore-across-boundary",
+        action="store_true",
+        help="a member restored from a backup taken before an epoch boundary",
+    )
     parser.add_argument("--real-crypto", action="store_true", help="Ed25519, not the stand-in")
     args = parser.parse_args()
     if args.byzantine and (not args.reconfigure or args.twins is not None):
@@ -91,6 +100,8 @@ def main() -> int:
             scenarios = twins_scenarios(n, per_behaviour=args.twins or None)
         elif args.far_behind:
             scenarios = [far_behind_scenario(seed, n) for seed in seeds]
+        elif args.restore_across_boundary:
+            scenarios = [restore_across_boundary_scenario(seed, n) for seed in seeds]
         elif args.reconfigure and args.byzantine:
             scenarios = [byzantine_reconfiguration_scenario(seed, n) for seed in seeds]
         elif args.reconfigure:

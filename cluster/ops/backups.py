@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quorumgate.ops.nodes import OpsError, running_pid
-from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.replica.node import DB_FILE, RESTORE_MARKER_FILE
-from quorumgate.replica.storage import ReplicaStore, StorageError
+from quorumgate.proto.clusterfile import ClusterFileError, ClusterSpec, consensus_seed_for
+from quorumgate.replica.node import DB_FILE, RESTORE_FENCE_FILE, RESTORE_MARKER_FILE
+from quorumgate.replica.storage import ReplicaStore, StorageError, StoredEpoch
 
 # The write-ahead log and shared-memory files SQLite keeps beside a store in WAL mode.
 SIDE_FILE_SUFFIXES = ("-wal", "-shm")
@@ -41,6 +41,7 @@ class StoreFacts:
 
     committed_height: int
     last_voted_view: int
+    epoch: int = 0  # the epoch the copy's store is in
 
 
 def _stopped(spec: ClusterSpec, index: int, what: str) -> None:
@@ -80,16 +81,46 @@ def _copy_database(source: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-async def _facts(path: Path, chain_id: str) -> StoreFacts:
+async def _facts(path: Path, chain_id: str) -> tuple[StoreFacts, StoredEpoch | None]:
+    """What a store copy says about itself, and the newest epoch after 0 it started."""
     try:
         store = await ReplicaStore.open(path, chain_id)
     except StorageError as err:
         raise OpsError(str(err)) from err
     try:
         recovered = await store.load()
-        return StoreFacts(recovered.committed.height, recovered.safety.last_voted_view)
+        stored = store.epoch
+        facts = StoreFacts(
+            recovered.committed.height,
+            recovered.safety.last_voted_view,
+            0 if stored is None else stored.epoch,
+        )
+        return facts, stored
     finally:
         await store.close()
+
+
+def _check_epoch(spec: ClusterSpec, index: int, stored: StoredEpoch | None) -> None:
+    """A copy from past epoch 0 must fit this node: its epoch's member set the size of
+    this cluster, and this node's consensus key of that epoch in its node directory (the
+    cluster file's key, or one a rotation wrote); else the replica could not start on it."""
+    if stored is None:
+        return
+    if len(stored.keys) != spec.n:
+        raise OpsError(
+            f"the copy is in epoch {stored.epoch}, whose member set has {len(stored.keys)} "
+            f"members; this cluster has {spec.n}: not a copy of this cluster's node {index}"
+        )
+    try:
+        seed = consensus_seed_for(spec.node_dir(index), stored.keys[index])
+    except ClusterFileError as err:
+        raise OpsError(str(err)) from err
+    if seed is None:
+        raise OpsError(
+            f"the copy is in epoch {stored.epoch}, and node {index}'s directory holds no key "
+            f"file for its consensus key of that epoch ({stored.keys[index].hex()[:16]}...): "
+            "put back the key file the rotation wrote, or restore another copy"
+        )
 
 
 def backup_replica(spec: ClusterSpec, index: int, dest: Path) -> StoreFacts:
@@ -104,7 +135,7 @@ def backup_replica(spec: ClusterSpec, index: int, dest: Path) -> StoreFacts:
     with tempfile.TemporaryDirectory() as tmp:  # opening a store writes beside it
         probe = Path(tmp) / DB_FILE
         shutil.copyfile(dest, probe)
-        return asyncio.run(_facts(probe, spec.chain_id))
+        return asyncio.run(_facts(probe, spec.chain_id))[0]
 
 
 def restore_replica(spec: ClusterSpec, index: int, source: Path) -> StoreFacts:
@@ -113,7 +144,9 @@ def restore_replica(spec: ClusterSpec, index: int, source: Path) -> StoreFacts:
     The copy is checked first — a replica store, of this chain — in a file beside the
     store; only then is the marker written and the store replaced, in that order, so that
     a crash in between leaves the old store declared (fenced for nothing), never the copy
-    undeclared."""
+    undeclared. A copy from past epoch 0 is refused, with nothing changed, if its member
+    set has another size than this cluster or this node's directory lacks its consensus
+    key of that epoch."""
     _stopped(spec, index, "restore it")
     if not source.is_file():
         raise OpsError(f"{source}: no such backup file")
@@ -124,7 +157,8 @@ def restore_replica(spec: ClusterSpec, index: int, source: Path) -> StoreFacts:
     staged.unlink(missing_ok=True)
     _copy_database(source, staged)
     try:
-        facts = asyncio.run(_facts(staged, spec.chain_id))
+        facts, stored = asyncio.run(_facts(staged, spec.chain_id))
+        _check_epoch(spec, index, stored)
     except OpsError:
         staged.unlink(missing_ok=True)
         raise
@@ -132,5 +166,7 @@ def restore_replica(spec: ClusterSpec, index: int, source: Path) -> StoreFacts:
         (node_dir / (DB_FILE + suffix)).unlink(missing_ok=True)
         (node_dir / (staged.name + suffix)).unlink(missing_ok=True)
     (node_dir / RESTORE_MARKER_FILE).touch()
+    # A fence an earlier restore noted is void: this copy fences afresh in every epoch.
+    (node_dir / RESTORE_FENCE_FILE).unlink(missing_ok=True)
     os.replace(staged, store)
     return facts

@@ -39,11 +39,13 @@ Ed25519), `node` (a member, its disk and its stand-in mempool and sidecar), `net
 (what is in flight, partitions), `checks` (the safety checks), `byzantine` (the Byzantine
 behaviours), `restores` (the aimed restores), `epochs` (member-set changes and the shell's
 part at an epoch boundary: docs/consensus/epochs.md), `simulation` (the runner),
-`scenarios` (a seed's faults) and `twins` (the enumerated adversary). With the member set
+`scenarios` (a seed's faults), `boundary_restores` (a restore across an epoch boundary)
+and `twins` (the enumerated adversary). With the member set
 changing, `twins`, `equivocate` and `fork_leader` members act across the boundaries
 (docs/consensus/epochs.md, "What the simulator checks").
 """
 
+from quorumgate.replica.sim.boundary_restores import restore_across_boundary_scenario
 from quorumgate.replica.sim.crypto import FastKeys
 from quorumgate.replica.sim.node import Disk, SimExecution, SimMempool, SimNode, SimPool
 from quorumgate.replica.sim.options import (
@@ -85,6 +87,7 @@ __all__ = [
     "byzantine_reconfiguration_scenario",
     "far_behind_scenario",
     "reconfiguration_scenario",
+    "restore_across_boundary_scenario",
     "scenario",
     "twins_epoch_scenarios",
     "twins_scenarios",

@@ -15,7 +15,7 @@ from quorumgate.proto.domains import SIM_HELLO
 from quorumgate.proto.membership import Membership
 from quorumgate.replica.actions import Action
 from quorumgate.replica.core import Core, Recovered
-from quorumgate.replica.epochs import EpochEnd
+from quorumgate.replica.epochs import EpochEnd, RestoreFence
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim.options import RESTORE_BACKUP_VIEWS_MAX, SIM_LIMITS, SimOptions
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, CommitProof, genesis_block
@@ -182,10 +182,16 @@ class SimNode:
         self.force_stale = False  # the next restart is from `snapshots[0]`, whatever the draw
         # (view entered, the disk then): the aimed restores' backups, newest last
         self.backups: list[tuple[int, Disk]] = []
+        # epoch -> (view entered, the disk then): the newest of those backups per epoch,
+        # for a restore across a boundary (`SimOptions.restore_across_boundary`)
+        self.epoch_backups: dict[int, tuple[int, Disk]] = {}
         # The restore marker (replica/node.py RESTORE_MARKER_FILE): set when a backup is
         # put back, cleared once the core is past its fence, so that a crash before then
         # restarts it as a restore again.
         self.restore_marker = False
+        # Where the declared restore fenced (replica/node.py RESTORE_FENCE_FILE), kept
+        # until the restore is discharged (`settle_restore`).
+        self.restore_fence: RestoreFence | None = None
         self.starts = 0
         self.dropped_before: Counter[str] = Counter()  # by the cores of earlier starts
         self.asked_tick = -1  # when this node last asked a peer for an epoch proof
@@ -253,8 +259,43 @@ class SimNode:
         runs none): start that epoch's core, if this node is a member of it."""
         if self._core is not None:
             self.dropped_before += self._core.dropped
-        self._core = self._make_core(None)
+        self._core = self._make_core(None, restored=self.restore_declared)
         return self.start()
+
+    @property
+    def restore_declared(self) -> bool:
+        """Whether a core started now must fence as a restore: the marker is there, or a
+        restore fenced in an earlier epoch and is not discharged; not if it fenced in the
+        epoch the disk is in (docs/consensus/fencing.md, "Across an epoch boundary")."""
+        fence = self.restore_fence
+        if fence is not None and fence.epoch == self.epoch:
+            return False
+        return self.restore_marker or fence is not None
+
+    def settle_restore(self) -> None:
+        """The shell's part of a declared restore after a step (replica/node.py): once the
+        core is past its fence, and that is durable, note where and clear the marker;
+        forget the fence once the epoch it names committed a block of the view before it
+        (`RestoreFence`)."""
+        core, disk = self._core, self.disk
+        if core is not None and core.restore_fence and core.epoch == self.epoch:
+            fence = self.restore_fence
+            durable = disk.safety.last_voted_view >= core.restore_fence
+            if durable and (fence is None or fence.epoch != core.epoch):
+                self.restore_fence = RestoreFence(core.epoch, core.restore_fence)
+                self.restore_marker = False
+        fence = self.restore_fence
+        if fence is None:
+            return
+        end = disk.ends.get(fence.epoch)
+        if end is not None:
+            committed_view = end.boundary.view
+        elif fence.epoch == self.epoch:
+            committed_view = disk.committed[-1].view
+        else:
+            return
+        if fence.discharged(fence.epoch, committed_view):
+            self.restore_fence = None
 
     def crash(self, until_tick: int) -> None:
         self.up = False
@@ -270,7 +311,8 @@ class SimNode:
             self.sim.stale_restores += 1
             self.sim.amnesiac.add(self.index)
             self.restore_marker = True
-        restored = self.restore_marker
+            self.restore_fence = None  # a new restore: whatever fenced before is void
+        restored = self.restore_declared
         disk = self.disk
         committed = disk.committed[-1]
         pending = tuple(b for b in disk.blocks.values() if b.height > committed.height)
@@ -290,16 +332,26 @@ class SimNode:
 
     def keep_backup(self) -> None:
         """The aimed restores' backups: the disk as it entered each of its last views."""
-        view = self.core.view
-        if self.backups and self.backups[-1][0] >= view:
+        view, epoch = self.core.view, self.core.epoch
+        newest = self.epoch_backups.get(epoch)
+        if newest is not None and newest[0] >= view:
             return
-        self.backups.append((view, self.disk.copy()))
+        disk = self.disk.copy()
+        self.epoch_backups[epoch] = (view, disk)
+        if self.backups and self.backups[-1][0] >= view:
+            return  # (a view of an earlier epoch's suffix was higher)
+        self.backups.append((view, disk))
         del self.backups[: -(RESTORE_BACKUP_VIEWS_MAX + 1)]
 
     def backup_before(self, view: int, views_back: int) -> Disk | None:
         """The newest backup taken at least `views_back` views before `view`."""
         older = [disk for entered, disk in self.backups if entered <= view - views_back]
         return older[-1].copy() if older else None
+
+    def backup_of_earlier_epoch(self) -> Disk | None:
+        """The newest backup taken in an epoch before the one this node is in."""
+        earlier = [e for e in self.epoch_backups if e < self.epoch]
+        return self.epoch_backups[max(earlier)][1].copy() if earlier else None
 
     @property
     def dropped(self) -> Counter[str]:

@@ -96,6 +96,10 @@ class SimOptions:
     # The sync page in blocks (`Limits.sync_blocks_max`, a cluster-file setting on a live
     # chain); 0: SIM_LIMITS'. A small page puts a held member many pages behind quickly.
     sync_blocks_max: int = 0
+    # The aimed restores fire only in an epoch after the first, and put back the victim's
+    # last backup of an earlier epoch: a restore across a boundary (docs/consensus/
+    # fencing.md, "Across an epoch boundary"). The only restores a reconfiguration run has.
+    restore_across_boundary: bool = False
 
     def __post_init__(self) -> None:
         f = (max(self.epoch_sizes) - 1) // 3 if self.reconfigure else (self.n - 1) // 3
@@ -108,6 +112,8 @@ class SimOptions:
             raise ValueError(f"unsafe variant {self.unsafe!r} is not a Core")
         if self.byzantine_members and len(self.byzantine_members) != len(self.byzantine):
             raise ValueError("one member index per Byzantine behaviour")
+        if self.restore_across_boundary and not self.reconfigure:
+            raise ValueError("a restore across a boundary needs a member-set change")
         if not 0 <= self.restore_backup_views <= RESTORE_BACKUP_VIEWS_MAX:
             raise ValueError(f"restore_backup_views above {RESTORE_BACKUP_VIEWS_MAX}")
         if self.held_member >= self.n or not 0 <= self.changes_from_percent <= 70:
@@ -115,8 +121,8 @@ class SimOptions:
         self._check_reconfigure()
 
     def _check_reconfigure(self) -> None:
-        """Each change must fit the size the ones before it leave. Restores stay out of
-        these runs (the drill knows one member set); Byzantine members are named, have a
+        """Each change must fit the size the ones before it leave. The only restores of
+        these runs are the aimed ones across a boundary; Byzantine members are named, have a
         behaviour of `BOUNDARY_BEHAVIOURS`, and are at most f of every epoch's members."""
         size = self.n
         for kind in self.reconfigure:
@@ -127,8 +133,10 @@ class SimOptions:
             size += {"add": 3, "remove": -3}.get(kind, 0)
         if not self.reconfigure:
             return
-        if self.stale_restore_permille or self.aimed_restores:
-            raise ValueError("reconfiguration runs have no restore")
+        if self.stale_restore_permille or (
+            self.aimed_restores and not self.restore_across_boundary
+        ):
+            raise ValueError("reconfiguration runs restore only across a boundary")
         if self.byzantine:
             self._check_epoch_faults()
 

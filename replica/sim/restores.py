@@ -9,10 +9,15 @@ from dataclasses import replace
 
 from quorumgate.replica.actions import Action, Send
 from quorumgate.replica.safety import SafetyState
-from quorumgate.replica.sim.node import SimNode
+from quorumgate.replica.sim.node import Disk, SimNode
 from quorumgate.replica.sim.options import SENT_PROPOSAL_VIEWS_MAX
 from quorumgate.replica.sim.world import World
-from quorumgate.replica.types import Envelope, Proposal, Timeout, Vote
+from quorumgate.replica.types import Envelope, Proposal, Timeout, TimeoutCert, Vote
+
+# Extra ticks a vote or timeout is held in flight across a boundary: the restored victim's
+# request for the proof that its backup's epoch ended waits for a message of the later
+# epoch, which an idle leader sends every few ticks.
+ACROSS_BOUNDARY_EXTRA_TICKS = 20
 
 
 class RestoreDrill:
@@ -28,12 +33,36 @@ class RestoreDrill:
         # that view to hand it once its fencing ends
         self.redeliveries: dict[int, tuple[int, bytes]] = {}
         self.holding: int | None = None  # whose votes and timeouts are held in flight
+        # Across a boundary: (epoch, view, tick) — every vote, timeout and TC of that view
+        # of that epoch is held until that tick, so the cluster is still in the view the
+        # victim signed in and forgot when the victim ends its fencing (only a fence at or
+        # above that view keeps it from signing there again).
+        self.stalled: tuple[int, int, int] | None = None
 
     @property
     def in_flight_ticks(self) -> int:
         """How long an aimed restore's last vote or timeout is delayed: past the restart,
-        the hello and its answers, and the proposals handed to the victim after them."""
-        return 4 * self.sim.options.delay_ticks_max + 12
+        the hello and its answers, and the proposals handed to the victim after them.
+        Across a boundary the restored victim must first learn that its backup's epoch
+        ended (a message of the later epoch, its request, the proof): twice as long."""
+        ticks = 4 * self.sim.options.delay_ticks_max + 12
+        return 2 * ticks + ACROSS_BOUNDARY_EXTRA_TICKS if self.across else ticks
+
+    @property
+    def across(self) -> bool:
+        return self.sim.options.restore_across_boundary
+
+    def held_ticks(self, src: int, envelope: Envelope) -> int:
+        """The extra delay the drill puts on a message as it leaves `src`."""
+        msg = envelope.message
+        if src == self.holding and isinstance(msg, Vote | Timeout):
+            return self.in_flight_ticks
+        if self.stalled is None or not isinstance(msg, Vote | Timeout | TimeoutCert):
+            return 0
+        epoch, view, until = self.stalled
+        if envelope.epoch != epoch or msg.view != view or self.sim.tick >= until:
+            return 0
+        return until - self.sim.tick
 
     def keep_proposal(self, envelope: Envelope, proposal: Proposal) -> None:
         """The network remembers what it carried, to hand a restored victim again."""
@@ -76,28 +105,20 @@ class RestoreDrill:
         if aim is None:
             return False
         kind, view, voted = aim
+        earlier = node.backup_of_earlier_epoch() if self.across else None
+        if self.across and earlier is None:
+            return False  # no boundary behind it yet
+        epoch = node.core.epoch
         # What it signs leaves: a proposal (and its vote) at once, a vote or a timeout
         # held in flight until the restored victim has asked its peers and been answered.
         self.holding = None if kind == "leading" else node.index
         self.sim._apply(node, actions)
         self.holding = None
-        backup = node.backup_before(view, self.sim.options.restore_backup_views)
-        if self.sim.options.restore_backup_views == 0 or backup is None:
-            # The copy kept holds the certificates that let it enter the view, but not what
-            # it signed in it, nor its own block.
-            backup = node.disk.copy()
-            backup.safety = replace(
-                backup.safety,
-                last_voted_view=prior.last_voted_view,
-                last_proposed_view=prior.last_proposed_view,
-                last_vote=prior.last_vote,
-                last_timeout=prior.last_timeout,
-                locked_qc=prior.locked_qc,
-            )
-            if kind == "leading":
-                for msg in (a.message for a in actions if isinstance(a, Send)):
-                    if isinstance(msg, Proposal):
-                        backup.blocks.pop(msg.block.hash, None)
+        if earlier is not None:
+            backup = earlier
+            self._stall(node, epoch, view)
+        else:
+            backup = self._backup(node, prior, actions, kind, view)
         node.snapshots = [backup]
         node.force_stale = True
         self.aimed[kind] += 1
@@ -109,6 +130,41 @@ class RestoreDrill:
             node.crash(self.sim.tick + 1)
             self.redeliveries[node.index] = (view, voted)
         return True
+
+    def _backup(
+        self, node: SimNode, prior: SafetyState, actions: list[Action], kind: str, view: int
+    ) -> Disk:
+        """The backup an aimed restore in one epoch puts back."""
+        backup = node.backup_before(view, self.sim.options.restore_backup_views)
+        if self.sim.options.restore_backup_views and backup is not None:
+            return backup
+        # The copy kept holds the certificates that let it enter the view, but not what
+        # it signed in it, nor its own block.
+        backup = node.disk.copy()
+        backup.safety = replace(
+            backup.safety,
+            last_voted_view=prior.last_voted_view,
+            last_proposed_view=prior.last_proposed_view,
+            last_vote=prior.last_vote,
+            last_timeout=prior.last_timeout,
+            locked_qc=prior.locked_qc,
+        )
+        if kind == "leading":
+            for msg in (a.message for a in actions if isinstance(a, Send)):
+                if isinstance(msg, Proposal):
+                    backup.blocks.pop(msg.block.hash, None)
+        return backup
+
+    def _stall(self, node: SimNode, epoch: int, view: int) -> None:
+        """Across a boundary: hold the view's votes, timeouts and TCs in flight as long as
+        the victim's own (`stalled`), and hand the victim, once it is back up, a copy of a
+        proposal of that view: a message of the later epoch, from which it learns that its
+        backup's epoch ended (the stalled cluster sends it little else meanwhile)."""
+        self.stalled = (epoch, view, self.sim.tick + self.in_flight_ticks)
+        for envelope in self.sent_proposals.get(view, {}).values():
+            if envelope.epoch == epoch:
+                self.sim.network.push(self.sim.tick + 2, node.index, 0, envelope)
+                break
 
     def redeliver(self, node: SimNode) -> None:
         """Once a victim restored after voting or timing out has ended its fencing, the

@@ -49,7 +49,6 @@ from quorumgate.replica.types import (
     Message,
     Proposal,
     SyncRequest,
-    Timeout,
     Vote,
     genesis_block,
 )
@@ -171,9 +170,7 @@ class Simulation:
         delay = 0
         if not self.healed and self.adversary.delays_victim(src, envelope.message):
             delay += self.options.victim_delay_ticks
-        if src == self.restores.holding and isinstance(msg, Vote | Timeout):
-            delay += self.restores.in_flight_ticks
-        return delay
+        return delay + self.restores.held_ticks(src, envelope)
 
     # ------------------------------------------------------------------ actions
 
@@ -195,6 +192,7 @@ class Simulation:
                 self._send(node, action)
             elif isinstance(action, Commit):
                 self._commit(node, action)
+        node.settle_restore()
         if node.left_epoch():
             self._apply(node, node.next_epoch())  # the change block committed
 
@@ -315,8 +313,6 @@ class Simulation:
             node.crash(self.tick + down)
             return
         self._apply(node, actions)
-        if node.restore_marker and not node.core.restoring:
-            node.restore_marker = False  # as the shell removes the file
         if node.index not in self.byzantine and node.active:
             self.checks.certified(node.core.high_qc, node.core.epoch)
         if before is not None:
@@ -398,6 +394,7 @@ class Simulation:
         blocks, end = taken
         self._commit_blocks(node, blocks, node.epoch)
         enter_epoch(node, end)
+        node.settle_restore()
         self._apply(node, node.next_epoch())
 
     def _all_nodes(self) -> list[SimNode]:

@@ -206,11 +206,29 @@ class RetiredKeyCountsCore(Core):
         super().__init__(membership, me, signer, **kwargs)
 
 
+class FenceIgnoresEpochsCore(Core):
+    """Broken on purpose: a declared restore is fenced only in the first epoch; a core of
+    any later epoch starts as a plain start, as the shell once started the next epoch's
+    core after a boundary (docs/consensus/fencing.md, "Across an epoch boundary"). A
+    replica restored from a backup of an earlier epoch then signs again, with that
+    epoch's fresh safety state, in views of the later one it signed in and forgot."""
+
+    def __init__(self, membership: Membership, me: int, signer: Signer, **kwargs: Any) -> None:
+        if membership.epoch > 0:
+            kwargs["restored"] = False
+        super().__init__(membership, me, signer, **kwargs)
+
+
 # Broken epoch rules: caught by the reconfiguration scenarios (tests/consensus/test_epochs.py;
 # the retired key by those with Byzantine members, tests/consensus/test_epoch_adversary.py).
 EPOCH_VARIANTS: dict[str, type[Core]] = {
     "epoch_on_certified": EpochOnCertifiedCore,
     "retired_key_counts": RetiredKeyCountsCore,
+}
+# A broken restore across a boundary: only the scenario that restores across one catches
+# it (tests/consensus/test_boundary_restores.py); every other scenario runs no such restore.
+BOUNDARY_RESTORE_VARIANTS: dict[str, type[Core]] = {
+    "fence_ignores_epochs": FenceIgnoresEpochsCore,
 }
 
 # The variants by the name the scripts and the tests give them, in the order they report.

@@ -205,3 +205,53 @@ def test_a_chain_without_epochs_takes_no_record_at_all() -> None:
     assert mempool.admit(signed).reason == MALFORMED
     block = make_block(genesis_block(CHAIN), 1, payload=(signed,))
     assert mempool.check(block) == MALFORMED
+
+
+def test_a_restore_refuses_a_copy_of_an_epoch_this_node_cannot_run(tmp_path: Path) -> None:
+    """`quorumgate restore` (cluster/ops/backups.py) of a copy from past epoch 0: refused,
+    with one clear line, when the copy's member set has another size than the node's
+    cluster, or when the node's directory holds no key file for its key of that epoch
+    (member 2's key was rotated in the copy, and its directory lacks the new key)."""
+    from types import SimpleNamespace
+
+    from quorumgate.ops.backups import _check_epoch, _facts
+    from quorumgate.ops.nodes import OpsError
+
+    core, batches, _ = run_to_the_boundary()
+
+    async def build() -> None:
+        store = await ReplicaStore.open(tmp_path / "copy.db", CHAIN)
+        await apply_all(store, core, batches)
+        await store.close()
+
+    asyncio.run(build())
+    facts, stored = asyncio.run(_facts(tmp_path / "copy.db", CHAIN))
+    assert facts.epoch == 1 and stored is not None
+    (tmp_path / "node-2").mkdir()
+    four = SimpleNamespace(n=4, node_dir=lambda i: tmp_path / f"node-{i}")
+    seven = SimpleNamespace(n=7, node_dir=four.node_dir)
+    with pytest.raises(OpsError, match="has 4 members; this cluster has 7"):
+        _check_epoch(seven, 2, stored)  # type: ignore[arg-type]
+    with pytest.raises(OpsError, match="holds no key file for its consensus key of that epoch"):
+        _check_epoch(four, 2, stored)  # type: ignore[arg-type]
+
+
+def test_a_restore_fence_older_than_the_marker_is_ignored(tmp_path: Path) -> None:
+    """A restore done by hand (the marker touched again) over one that noted its fence:
+    the old `restore-fence` is no fence of the new copy, which fences again."""
+    import os
+
+    from quorumgate.replica.epochs import RestoreFence
+    from quorumgate.replica.node import _read_restore_fence, _write_restore_fence
+
+    marker, path = tmp_path / "restored-from-backup", tmp_path / "restore-fence"
+    marker.touch()
+    os.utime(marker, ns=(1_000_000_000, 1_000_000_000))
+    _write_restore_fence(path, RestoreFence(1, 12))
+    assert _read_restore_fence(path, marker) == RestoreFence(1, 12)
+    marker.touch()  # the restore by hand
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    assert _read_restore_fence(path, marker) is None
+    assert _read_restore_fence(tmp_path / "none", marker) is None
+    marker.unlink()  # past its fence: the file alone says where it fenced
+    assert _read_restore_fence(path, marker) == RestoreFence(1, 12)
