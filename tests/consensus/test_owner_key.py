@@ -177,7 +177,10 @@ class AnyPayload(NoPayload):
 def _qc1(block: Block) -> QuorumCert:
     statement = vote_bytes(f"{CHAIN}#epoch=1", block.view, block.height, block.hash)
     return QuorumCert(
-        block.view, block.height, block.hash, tuple((v, SIGNERS[v].sign(statement)) for v in (0, 1, 2))
+        block.view,
+        block.height,
+        block.hash,
+        tuple((v, SIGNERS[v].sign(statement)) for v in (0, 1, 2)),
     )
 
 
@@ -234,7 +237,9 @@ def test_a_voter_of_the_next_epoch_refuses_a_record_signed_by_the_old_key() -> N
     core, boundary = _core_of_epoch_1(records_1)
     view = boundary.view + 1
     for owner, voted in ((OLD, False), (NEW, True)):
-        block = make_block(boundary, view, start_qc(CHAIN, boundary), payload=(_rotate_tx(1, owner),))
+        block = make_block(
+            boundary, view, start_qc(CHAIN, boundary), payload=(_rotate_tx(1, owner),)
+        )
         leader = block.proposer
         statement = proposal_bytes(core.membership.signing_id, block.view, block.hash)
         proposal = Proposal(block, SIGNERS[leader].sign(statement))
