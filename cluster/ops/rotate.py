@@ -152,6 +152,23 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
+async def _record_key_now(spec: ClusterSpec, client: Client, owner: SigningKey) -> bytes:
+    """The record key in force, read as `owner`, or, if `owner` may not read the chain of
+    epochs (a rotated-out owner key reads nothing), as DIR/owner.key, so that a refusal
+    names the key in force too."""
+    try:
+        return record_key(spec, await client.epochs())
+    except ReadNotAuthorized:
+        path = spec.directory / OWNER_KEY_FILE
+        if not path.exists():
+            raise
+        held = SigningKey(read_seed(path))
+        if held.verify_key == owner.verify_key:
+            raise
+        async with Client(spec, held) as reader:
+            return record_key(spec, await reader.epochs())
+
+
 async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey) -> int:
     member = args.member
     async with Client(spec, owner) as client:
@@ -159,11 +176,12 @@ async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey
         if epoch is None:
             return _fail("fewer than f+1 replicas answer with one epoch: start the cluster")
         try:
-            in_force = record_key(spec, await client.epochs())
+            in_force = await _record_key_now(spec, client, owner)
         except ReadNotAuthorized:
             return _fail(
-                f"the key file given holds {key_fingerprint(bytes(owner.verify_key))}, which "
-                "may not read the chain of epochs: it is not the owner key in force"
+                f"the key file given holds owner key {key_fingerprint(bytes(owner.verify_key))}"
+                ", which may not read the chain of epochs (nor may DIR/owner.key): neither is "
+                "the owner key in force"
             )
         if in_force != bytes(owner.verify_key):
             return _fail(

@@ -10,10 +10,11 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from quorumgate.proto.clusterfile import OWNER_KEY_FILE, read_seed
+from quorumgate.proto.clusterfile import OWNER_KEY_FILE, read_seed, write_seed
 from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import Reconfiguration, sign_record
 from quorumgate.sdk.client import Client
@@ -22,6 +23,7 @@ from tests.support.live import WAIT_S, LiveCluster, wait_until
 
 N = 4
 MEMBER = 2  # whose seat the old owner key tries to hand to a key of its holder's
+RESTARTED = 1  # restarted in the epoch the owner record started
 CLI_TIMEOUT_S = 120.0
 
 
@@ -52,12 +54,14 @@ def offer(cluster: LiveCluster, data: bytes, reader: SigningKey) -> str | None:
 
 
 def test_a_rotated_out_owner_key_changes_no_member(
-    live_cluster: Callable[..., LiveCluster],
+    live_cluster: Callable[..., LiveCluster], tmp_path: Path
 ) -> None:
     """After `admin rotate-key --owner` (which returns once the epoch whose records the
     new key signs has started), a rotation of member 2 to a key of the thief's, signed by
-    the old owner key, ends no epoch; `admin rotate-key --member 2`, which signs with
-    DIR/owner.key (the new key), does."""
+    the old owner key, ends no epoch; a replica restarted then resumes with the new key;
+    `admin rotate-key --member 2 --key <the old key>` is refused naming both keys, and
+    `admin rotate-key --member 2`, which signs with DIR/owner.key (the new key), ends
+    the epoch."""
     cluster = live_cluster(N)
     cluster.start_sidecars()
     spec = cluster.spec
@@ -80,6 +84,22 @@ def test_a_rotated_out_owner_key_changes_no_member(
     doc = json.loads(done.stdout)
     assert doc["outcome"] == "applied" and doc["records_epoch"] == 1 == now, doc
     assert doc["record_key"] == bytes(new.verify_key).hex()[:16]
+
+    # A replica restarted in the new epoch derives its record key from its stored change
+    # block, as the others hold it.
+    cluster.kill(RESTARTED)
+    cluster.restart(RESTARTED)
+    assert cluster.status(RESTARTED).epoch == 1
+
+    # The member rotation refuses the old key, naming both keys (and writes nothing).
+    old_file = tmp_path / "old-owner.key"
+    write_seed(old_file, bytes(old))
+    before = sorted(p.name for p in spec.node_dir(MEMBER).iterdir())
+    refused_cli = admin(cluster, "--member", str(MEMBER), "--key", str(old_file))
+    assert refused_cli.returncode == 2, refused_cli.stdout + refused_cli.stderr
+    for key in (old, new):
+        assert bytes(key.verify_key).hex()[:16] in refused_cli.stderr, refused_cli.stderr
+    assert sorted(p.name for p in spec.node_dir(MEMBER).iterdir()) == before
 
     rotated = admin(cluster, "--member", str(MEMBER))
     assert rotated.returncode == 0, rotated.stdout + rotated.stderr
