@@ -108,3 +108,9 @@ def test_a_rotated_out_owner_key_changes_no_member(
     wait_until("every replica in epoch 2", lambda: all(e == 2 for e in epochs(cluster).values()))
     cluster.wait_progress(2)
     cluster.assert_no_equivocation_seen()
+    shown = subprocess.run(
+        [sys.executable, "-m", "quorumgate", "epochs", "--dir", str(spec.directory), "--json"],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=True,
+    )  # fmt: skip
+    fingerprints = [bytes(k.verify_key).hex()[:16] for k in (old, new, new)]
+    assert [e["record_key"] for e in json.loads(shown.stdout)["epochs"]] == fingerprints
