@@ -891,6 +891,14 @@ def _finish_owner_records(
         )
     except (ClusterFileError, RecordKeyError) as err:
         return _fail(str(err))
+    except ReadNotAuthorized:
+        # The record is only ever offered after a read as the new key, which the replicas
+        # allow once their sidecars hold it as the owner's: nothing was offered.
+        return _fail(
+            f"the replicas do not take the key in {path} as the owner's, so no record was "
+            f"offered: the engine's rotation may not be certified; `quorumgate agents` shows "
+            f"the key the cluster holds (the old key is at {old_path})"
+        )
     except QuorumGateError as err:
         epoch, problem = None, f"{err} ({err.reason})"
     else:
