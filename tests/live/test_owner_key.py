@@ -19,6 +19,7 @@ from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import Reconfiguration, sign_record
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.errors import QuorumGateError
+from quorumgate.sdk.sync import SyncClient
 from tests.support.live import WAIT_S, LiveCluster, wait_until
 
 N = 4
@@ -114,3 +115,31 @@ def test_a_rotated_out_owner_key_changes_no_member(
     )  # fmt: skip
     fingerprints = [bytes(k.verify_key).hex()[:16] for k in (old, new, new)]
     assert [e["record_key"] for e in json.loads(shown.stdout)["epochs"]] == fingerprints
+
+
+def test_an_interrupted_hand_over_is_finished_by_running_the_command_again(
+    live_cluster: Callable[..., LiveCluster],
+) -> None:
+    """The state `admin rotate-key --owner` leaves when it stops after the engine's
+    rotation and before the records' (its deadline, the operator's Ctrl-C): the engine
+    holds the new key, DIR/owner.key the new key and DIR/owner.key.old the old one, the
+    records still the old key. Running the command again only hands the records' key
+    over, then retires the old key file."""
+    cluster = live_cluster(N)
+    cluster.start_sidecars()
+    spec = cluster.spec
+    path = spec.directory / OWNER_KEY_FILE
+    old_path = spec.directory / (OWNER_KEY_FILE + ".old")
+    new = SigningKey.generate()
+    with SyncClient.as_owner(spec.directory) as owner:
+        owner.rotate_key("owner", "", new, deadline_s=WAIT_S)
+    path.rename(old_path)
+    write_seed(path, bytes(new))
+    assert all(e == 0 for e in epochs(cluster).values())
+
+    done = admin(cluster, "--owner")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["records_epoch"] == 1 and doc["record_key"] == bytes(new.verify_key).hex()[:16]
+    assert not old_path.exists() and read_seed(path) == bytes(new)
+    wait_until("every replica in epoch 1", lambda: all(e == 1 for e in epochs(cluster).values()))
