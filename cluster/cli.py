@@ -268,6 +268,8 @@ def _cmd_epochs(args: argparse.Namespace) -> int:
         )
         for index, public_key in enumerate(epoch.keys):
             print(f"  member {index}: {key_fingerprint(public_key)}")
+        if epoch.record_key:
+            print(f"  records signed by owner key {key_fingerprint(epoch.record_key)}")
     for replica, why in sorted(found.refused.items()):
         print(f"replica {replica}: its answer does not check: {why}")
     if found.unanswered:

@@ -68,6 +68,9 @@ RECONFIG_RECORD = b"qg/reconfig/v1"
 # signed: the owner's word for one record and the epoch it changes (chains whose consensus
 # version runs epochs: docs/consensus/epochs.md, "Who may change the member set")
 RECONFIG_OWNER = b"qg/reconfig-owner/v1"
+# signed by a new owner key: its proof of possession in an `owner` record, binding chain,
+# epoch, the key it replaces and itself (proto/membership.py `owner_key_statement`)
+RECONFIG_OWNER_KEY = b"qg/reconfig-owner-key/v1"
 
 # Argument commitments (proto/commitments.py; docs/audit.md, "Argument commitments").
 ARGUMENT_COMMITMENT = b"qg/argument-commitment/v1"  # HMAC'd under the salt: name, kind, value

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from quorumgate.proto.crypto import ed25519_verify
-from quorumgate.proto.domains import RECONFIG_OWNER, RECONFIG_RECORD
+from quorumgate.proto.domains import RECONFIG_OWNER, RECONFIG_OWNER_KEY, RECONFIG_RECORD
 
 PUBLIC_KEY_BYTES = 32
 CHAIN_ID_BYTES_MAX = 64
@@ -93,9 +93,12 @@ EPOCH_SEPARATOR = "#epoch="
 # The reconfiguration record: an owner operation the application commits as one transaction
 # of the log, which the consensus core recognises by its tag (docs/consensus/epochs.md,
 # "The record"). Layout: tag || u8 kind || u8 count || u32 index * count || u8 count ||
-# 32-byte key * count.
+# 32-byte key * count, and for kind `owner` only, the new owner key's 64-byte signature
+# over `owner_key_statement` after it. Kinds are appended, never reordered, so that an
+# encoding keeps its meaning.
 RECONFIG_TAG = RECONFIG_RECORD + b"\x00"  # the NUL ends the tag
-RECONFIG_KINDS = ("replace", "rotate", "add", "remove")
+RECONFIG_KINDS = ("replace", "rotate", "add", "remove", "owner")
+OWNER_PROOF_BYTES = 64  # an `owner` record's proof of possession of the new key
 RECONFIG_STEP_MEMBERS = 3  # n = 3f+1 at every epoch: members come and go three at a time
 RECONFIG_SIZES = (4, 7)  # the cluster sizes a reconfiguration may lead to
 RECONFIG_ITEMS_MAX = 3  # indexes or keys one record names
@@ -106,11 +109,14 @@ class Reconfiguration:
     """One change of the member set, effective at the next epoch. `replace` gives member
     `indexes[0]` (a new machine) the key `keys[0]`; `rotate` does the same for a member
     that keeps its machine; `add` appends three members with `keys`; `remove` takes out the
-    three members `indexes`, the others keeping their order."""
+    three members `indexes`, the others keeping their order. `owner` changes no member: it
+    hands the record key to `keys[0]` from the next epoch on, `proof` being that key's
+    signature over `owner_key_statement` (only `OwnerRecords` carries it out)."""
 
     kind: str
     indexes: tuple[int, ...] = ()
     keys: tuple[bytes, ...] = ()
+    proof: bytes = b""
 
     def encode(self) -> bytes:
         out = bytearray(RECONFIG_TAG)
@@ -121,6 +127,8 @@ class Reconfiguration:
         out.append(len(self.keys))
         for key in self.keys:
             out += key
+        if self.kind == "owner":
+            out += self.proof
         return bytes(out)
 
     @staticmethod
@@ -137,18 +145,25 @@ class Reconfiguration:
         if len(body) <= at or body[at] > RECONFIG_ITEMS_MAX:
             return None
         keys_count = body[at]
-        if len(body) != at + 1 + PUBLIC_KEY_BYTES * keys_count:
+        kind = RECONFIG_KINDS[body[0]]
+        proof_bytes = OWNER_PROOF_BYTES if kind == "owner" else 0
+        end = at + 1 + PUBLIC_KEY_BYTES * keys_count
+        if len(body) != end + proof_bytes:
             return None
         keys = tuple(
             body[at + 1 + PUBLIC_KEY_BYTES * i : at + 1 + PUBLIC_KEY_BYTES * (i + 1)]
             for i in range(keys_count)
         )
-        return Reconfiguration(RECONFIG_KINDS[body[0]], indexes, keys)
+        return Reconfiguration(kind, indexes, keys, body[end:])
 
     def apply(self, current: Membership) -> Membership | None:
         """The member set of the next epoch, or None if this record does not apply to
-        `current` (committed all the same, it then changes nothing)."""
+        `current` (committed all the same, it then changes nothing). An `owner` record
+        changes no member set here: whether it applies depends on the record key in force,
+        which `OwnerRecords.step` knows (a bare one, as the simulator's, changes nothing)."""
         keys = [m.public_key for m in current.members]
+        if self.kind == "owner":
+            return None
         if self.kind in ("replace", "rotate"):
             if len(self.indexes) != 1 or len(self.keys) != 1:
                 return None
@@ -205,6 +220,32 @@ def sign_record(
     return body + epoch.to_bytes(RECORD_EPOCH_BYTES, "big") + signature
 
 
+def owner_key_statement(chain_id: str, epoch: int, old_key: bytes, new_key: bytes) -> bytes:
+    """What a new owner key signs in the `owner` record that hands it the record key of
+    `chain_id` at the end of epoch `epoch`, taking over from `old_key`: its proof of
+    possession, so that no record names a key nobody holds (or someone else's), as the
+    engine's key rotations ask of a new key (proto/tx.py `rotation_statement`)."""
+    return (
+        RECONFIG_OWNER_KEY
+        + b"\x00"
+        + chain_id.encode()
+        + b"\x00"
+        + epoch.to_bytes(RECORD_EPOCH_BYTES, "big")
+        + old_key
+        + new_key
+    )
+
+
+def owner_record(
+    chain_id: str, epoch: int, old_key: bytes, new_key: bytes, sign_new: Callable[[bytes], bytes]
+) -> Reconfiguration:
+    """The `owner` record that hands the record key from `old_key` to `new_key` at the
+    end of epoch `epoch`, with `sign_new` (the new key's) proof of possession. The old
+    key still signs the record itself (`sign_record`)."""
+    proof = sign_new(owner_key_statement(chain_id, epoch, old_key, new_key))
+    return Reconfiguration("owner", (), (new_key,), proof)
+
+
 def is_record(tx: bytes) -> bool:
     """Whether `tx` claims to be a reconfiguration record (signed or not)."""
     return tx.startswith(RECONFIG_TAG)
@@ -213,13 +254,16 @@ def is_record(tx: bytes) -> bool:
 @dataclass(frozen=True, slots=True)
 class OwnerRecords:
     """Reads records the way a chain that runs epochs does: only those the owner signed
-    count, each for the one epoch it names."""
+    count, each for the one epoch it names. `owner_key` is the record key of one epoch:
+    the cluster file's in epoch 0, and from an `owner` record's epoch on the key it names
+    (`step`; docs/consensus/epochs.md, "The record key"). A reader serves one epoch: the
+    next epoch's is `step`'s second half."""
 
     chain_id: str
     owner_key: bytes
     # The kinds the live replica carries out (docs/consensus/epochs.md, "The live
     # replica"): a record of another kind is committed and changes nothing.
-    kinds: tuple[str, ...] = ("rotate",)
+    kinds: tuple[str, ...] = ("rotate", "owner")
 
     def read(self, tx: bytes) -> tuple[Reconfiguration, int] | None:
         """The record `tx` carries and the epoch it ends, if the owner signed it; None for
@@ -239,7 +283,29 @@ class OwnerRecords:
     def change(self, tx: bytes, current: Membership) -> Membership | None:
         """The next member set if `tx` is an owner-signed record for `current`'s epoch that
         applies to it."""
+        step = self.step(tx, current)
+        return None if step is None else step[0]
+
+    def step(self, tx: bytes, current: Membership) -> tuple[Membership, OwnerRecords] | None:
+        """If `tx` is a record signed with this epoch's record key for `current`'s epoch
+        that applies to it: the next epoch's member set and the reader of its records. An
+        `owner` record keeps the members and hands the record key to the key it names, if
+        that key signed its proof of possession and is neither the key it replaces nor a
+        member's consensus key; every other kind keeps the record key."""
         read = self.read(tx)
         if read is None or read[1] != current.epoch or read[0].kind not in self.kinds:
             return None
-        return read[0].apply(current)
+        record = read[0]
+        if record.kind != "owner":
+            nxt = record.apply(current)
+            return None if nxt is None else (nxt, self)
+        if record.indexes or len(record.keys) != 1 or len(record.proof) != OWNER_PROOF_BYTES:
+            return None
+        new_key = record.keys[0]
+        if new_key == self.owner_key or current.index_of(new_key) is not None:
+            return None
+        statement = owner_key_statement(self.chain_id, current.epoch, self.owner_key, new_key)
+        if not ed25519_verify(new_key, statement, record.proof):
+            return None
+        nxt = replace(current, epoch=current.epoch + 1)
+        return nxt, replace(self, owner_key=new_key)

@@ -17,13 +17,13 @@ checked, what is trusted and the bounds.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import PUBLIC_KEY_BYTES, Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.epochs import change_in, check_epoch_end, start_qc
+from quorumgate.replica.epochs import change_in, check_epoch_end, owner_after, start_qc
 from quorumgate.replica.types import Block, RemoteError
 from quorumgate.replica.wire import decode_epoch_end
 
@@ -75,11 +75,15 @@ class EpochChainError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ChainedEpoch:
-    """One epoch of a checked chain: its member set (`membership.epoch` is its number) and
-    the change block that ended the epoch before it (None for epoch 0)."""
+    """One epoch of a checked chain: its member set (`membership.epoch` is its number),
+    the change block that ended the epoch before it (None for epoch 0), and the owner key
+    its records are checked with where an earlier record handed it over (docs/consensus/
+    epochs.md, "The record key"; None: the reader's own key, the cluster file's, as in
+    epoch 0 and every epoch before an owner record, or bare records in the simulator)."""
 
     membership: Membership
     boundary: Block | None
+    owner_key: bytes | None = None
 
     @property
     def epoch(self) -> int:
@@ -130,7 +134,10 @@ def extend_epoch_chain(
     already holds are not checked again, only compared with it: one that differs is
     refused (`conflict`). An answer that stops short of `trusted` is not refused (a
     replica behind): `trusted` comes back. `owner`: only records the owner signed count,
-    as on a chain that runs epochs (None: the simulator's bare records)."""
+    as on a chain that runs epochs (None: the simulator's bare records); its key is
+    epoch 0's, the cluster file's, and each link carries the record key on as its change
+    block's record leaves it (an `owner` record hands over to the key it names), so that
+    every record is checked with the key in force in its epoch."""
     if len(ends) > epochs_max:
         raise EpochChainError(
             epochs_max + 1,
@@ -166,7 +173,10 @@ def check_link(
     previous: ChainedEpoch, end: RawEpochEnd, owner: OwnerRecords | None
 ) -> ChainedEpoch:
     """The epoch after `previous`, from the stored end of `previous`, checked with
-    `previous`'s member keys; raises `EpochChainError` naming the new epoch."""
+    `previous`'s member keys and its record key (`owner` with `previous.owner_key`);
+    raises `EpochChainError` naming the new epoch."""
+    if owner is not None and previous.owner_key is not None:
+        owner = replace(owner, owner_key=previous.owner_key)
     old = previous.membership
     number = old.epoch + 1
     if int(end.epoch) != number:
@@ -219,7 +229,10 @@ def check_link(
             "keys_differ",
             f"the replica's keys for epoch {number} are not those the change block's record gives",
         )
-    return ChainedEpoch(nxt, boundary)
+    owner_key = previous.owner_key
+    if owner is not None and (handed := owner_after(boundary, old, owner)) != owner:
+        owner_key = handed.owner_key
+    return ChainedEpoch(nxt, boundary, owner_key)
 
 
 def _split_keys(number: int, keys: bytes) -> tuple[bytes, ...]:

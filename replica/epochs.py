@@ -68,6 +68,20 @@ def change_in(
     return None
 
 
+def owner_after(block: Block, membership: Membership, owner: OwnerRecords) -> OwnerRecords:
+    """The reader of the next epoch's records, `block` being the change block that ends
+    `membership`'s epoch (`change_in` found it): its record is the first that changes
+    `membership` with `owner`'s key, and an `owner` record hands the next epoch the key it
+    names (docs/consensus/epochs.md, "The record key"). Every replica, sidecar and
+    follower derives it from the committed change block alone, so all agree on the key
+    each epoch's records are checked with."""
+    for tx in block.payload:
+        step = owner.step(tx, membership)
+        if step is not None:
+            return step[1]
+    raise ValueError(f"the block at height {block.height} does not end epoch {membership.epoch}")
+
+
 def one_record_at_most(
     txs: tuple[bytes, ...], owner: OwnerRecords | None = None
 ) -> tuple[bytes, ...]:

@@ -396,16 +396,27 @@ class Mempool:
         self.accepted += 1
         return Admission(True, tx_id, OK, "", STATUS_OK)
 
-    def enter_epoch(self, epoch: int) -> None:
+    def enter_epoch(self, epoch: int, owner_records: OwnerRecords | None = None) -> None:
         """The replica runs `epoch` from now on: pending records of earlier epochs leave
-        (they would change nothing), and only a record for `epoch` is proposed."""
+        (they would change nothing), and only a record for `epoch` is proposed.
+        `owner_records`: the epoch's reader of records, whose key may differ from the
+        one before after an owner rotation (docs/consensus/epochs.md, "The record key");
+        None keeps the reader."""
         assert epoch >= self.epoch, "epochs only advance"
         self.epoch = epoch
+        if owner_records is not None:
+            self.owner_records = owner_records
         queue = self._queues.get(RECORD_SIGNER)
         if queue is None:
             return
         for nonce in [n for n in queue.nonces if _record_epoch(n) < epoch]:
             self._remove(queue.by_nonce[nonce].tx_id)
+        # A record signed with the key an owner rotation retired leaves too: voters of
+        # this epoch refuse it as unsigned.
+        reader = self.owner_records
+        if reader is not None:
+            for nonce in [n for n in queue.nonces if reader.read(queue.by_nonce[n].data) is None]:
+                self._remove(queue.by_nonce[nonce].tx_id)
 
     def replayed(self, signer: bytes, nonce: int) -> bool:
         """Whether `admit` refuses `(signer, nonce)` as replayed (see the module docstring)."""

@@ -73,6 +73,7 @@ from quorumgate.replica.epochs import (
     epoch_safety_state,
     is_epoch_page,
     needs_pages,
+    owner_after,
 )
 from quorumgate.replica.inbound import LOCAL, InboundQueue
 from quorumgate.replica.mempool import (
@@ -196,7 +197,9 @@ class ReplicaNode:
                 f"node {index}'s key file does not match its public key in the cluster file"
             )
         # A chain that runs epochs counts only records its owner signed (docs/consensus/
-        # epochs.md, "Who may change the member set").
+        # epochs.md, "Who may change the member set"): with the cluster file's key in
+        # epoch 0, and in a later epoch with the key the owner records before it left
+        # (`_owner_records_of`; "The record key"). The core of each epoch holds its own.
         self.owner_records = (
             OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
         )
@@ -320,8 +323,9 @@ class ReplicaNode:
         assert store is not None
         stored = store.epoch
         membership = self.membership if stored is None else stored.membership(self.membership)
+        owner_records = self._owner_records_of(membership.epoch)
         self.metrics.epoch.set(membership.epoch)
-        self.mempool.enter_epoch(membership.epoch)
+        self.mempool.enter_epoch(membership.epoch, owner_records)
         self._current_signer = self._epoch_signer(membership)
         return Core(
             membership,
@@ -335,8 +339,31 @@ class ReplicaNode:
             restored=restored,
             hello_nonce=os.urandom(HELLO_NONCE_BYTES),  # fresh at every start (Rule 6)
             epochs=self.spec.runs_epochs,
-            owner_records=self.owner_records,
+            owner_records=owner_records,
         )
+
+    def _owner_records_of(self, epoch: int) -> OwnerRecords | None:
+        """The reader of epoch `epoch`'s records: the cluster file's owner key carried
+        through every stored change block up to that epoch's start, each handing over to
+        the key its `owner` record names, if it carries one (replica/epochs.py
+        `owner_after`). Derived from the committed change blocks alone, as every replica,
+        sidecar and follower derives it; nothing of it is stored."""
+        owner = self.owner_records
+        if owner is None:
+            return None
+        store = self.store
+        assert store is not None
+        before = self.membership
+        for number in range(1, epoch + 1):
+            stored = store.started(number)
+            if stored is None:
+                raise ClusterFileError(
+                    f"node {self.index}'s store holds epoch {epoch} but not epoch {number}: "
+                    "the record key of its epochs cannot be derived"
+                )
+            owner = owner_after(stored.boundary, before, owner)
+            before = stored.membership(self.membership)
+        return owner
 
     def _key_of(self, member: int) -> bytes:
         """Member `member`'s consensus key in the epoch we run."""
@@ -821,7 +848,7 @@ class ReplicaNode:
             return
         try:
             check_sync_response(response, core.membership, self.limits)
-            if is_epoch_page(response, core.membership, self.owner_records):
+            if is_epoch_page(response, core.membership, core.owner_records):
                 # A page of our epoch's chain below its change block: the core takes it
                 # as any sync answer, by its certificates (Core.catch_up_from).
                 actions = core.catch_up_from(envelope.sender, response)
@@ -834,7 +861,8 @@ class ReplicaNode:
             proof = EpochProof(
                 core.epoch, (*response.committed, *response.proof), response.proof_qc
             )
-            blocks, nxt = check_epoch_proof(core.checker, core.tree.root, proof, self.owner_records)
+            owner = core.owner_records
+            blocks, nxt = check_epoch_proof(core.checker, core.tree.root, proof, owner)
         except RemoteError as err:
             self.metrics.dropped.labels(err.reason).inc()
             return
@@ -860,7 +888,7 @@ class ReplicaNode:
             check_sync_response(response, core.membership, self.limits)
             base = check_base(
                 core.checker, response, from_height,
-                epochs=self.spec.runs_epochs, owner=self.owner_records,
+                epochs=self.spec.runs_epochs, owner=core.owner_records,
             )  # fmt: skip
         except RemoteError as err:
             self.metrics.dropped.labels(err.reason).inc()

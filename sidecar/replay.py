@@ -52,7 +52,7 @@ from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_see
 from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.epochs import change_in, check_epoch_end, start_qc
+from quorumgate.replica.epochs import change_in, check_epoch_end, owner_after, start_qc
 from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.storage import ReplicaStore, StorageError, StoredEpoch, decode_epoch_row
 from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_block
@@ -335,8 +335,10 @@ class _Epochs:
     by the epoch end the replica stored (its suffix and the QC of the suffix's last block,
     checked with the ending epoch's keys: `check_epoch_end`), and the blocks after it are
     checked with the next member set, the first one from the unsigned start certificate
-    naming the change block. On a chain that does not run epochs (`owner` None) the
-    genesis member set certifies every block, as before."""
+    naming the change block. `owner` moves on with it: the record key of the next epoch
+    is the one the change block's record leaves (`owner_after`; docs/consensus/epochs.md,
+    "The record key"). On a chain that does not run epochs (`owner` None) the genesis
+    member set certifies every block, as before."""
 
     def __init__(
         self,
@@ -386,6 +388,7 @@ class _Epochs:
             raise RemoteError(
                 "bad_epoch_end", f"the stored keys of epoch {epoch + 1} are not the record's"
             )
+        self.owner = owner_after(block, self.membership, self.owner)
         self.membership = nxt
         self.checker = self._checker(nxt, start_qc(block.chain_id, block))
         return True
@@ -733,6 +736,15 @@ def _epochs_at(
     `height`, each checked as the blocks' own would be (`_Epochs.after` on its change
     block), so a replay that starts past a boundary (a checkpoint, a snapshot) trusts no
     key the chain of epochs from genesis does not prove."""
+    epochs, start = _epochs_through(spec, rows, height, report)
+    return epochs.membership, start
+
+
+def _epochs_through(
+    spec: ClusterSpec, rows: tuple[StoredEpoch, ...], height: int, report: ReplayReport
+) -> tuple[_Epochs, QuorumCert | None]:
+    """`_epochs_at`, with the reader of the epoch's records (`_Epochs.owner`: the record
+    key each change block's record leaves)."""
     owner = OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
     epochs = _Epochs(spec.membership(), None, owner, rows)
     start: QuorumCert | None = None
@@ -750,7 +762,7 @@ def _epochs_at(
             raise ReplayError(f"{problem}: its block changes nothing of the epoch before")
         start = start_qc(spec.chain_id, row.boundary)
     report.start_epoch = epochs.membership.epoch
-    return epochs.membership, start
+    return epochs, start
 
 
 def _crossed(
@@ -788,17 +800,17 @@ def _worker_setup(
     report: ReplayReport,
 ) -> _WorkerSetup:
     """What the executing process starts from at `at`, in the epoch of the block after it."""
-    membership, epoch_start = _epochs_at(spec, rows, at.height, report)
+    epochs, epoch_start = _epochs_through(spec, rows, at.height, report)
     return _WorkerSetup(
         config_for_cluster(spec),
         read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE),
         index,
-        membership,
+        epochs.membership,
         at.state,
         CHECKPOINT_HEIGHTS,
         recorded_height,
         epoch_start,
-        OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None,
+        epochs.owner,
         rows,
     )
 

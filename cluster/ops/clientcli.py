@@ -785,6 +785,14 @@ def _cmd_rotate_key(args: argparse.Namespace) -> int:
         return _rotate_by_owner(args)
     if args.out is not None:
         return _fail("--out is for --by-owner: the holder's own key file is rotated in place")
+    if args.owner:
+        try:
+            spec = _spec(args)
+        except ClusterFileError as err:
+            return _fail(str(err))
+        path = spec.directory / OWNER_KEY_FILE
+        if spec.runs_epochs and rotating_path(path).exists():
+            return _finish_owner_records(args, spec, path)
     try:
         spec = _spec(args)
         holder, subject, path = _rotation_target(args, spec)
@@ -829,12 +837,86 @@ def _cmd_rotate_key(args: argparse.Namespace) -> int:
             f"holds the new key, {rotating_path(path)} the old one; `quorumgate agents` shows "
             "the key the cluster holds: keep that file at the first path, remove the other"
         )
+    if holder is KeyHolder.OWNER and spec.runs_epochs:
+        _emit_progress(
+            args,
+            f"applied: rotate-key owner at height {decision.height}, certified by sidecars "
+            f"{_signers(decision)}; now the records' key",
+        )
+        return _finish_owner_records(args, spec, path, (old, new, decision))
     commit_rotation(path)
     _emit(
         args,
         {"operation": "rotate-key", "subject": name, **decision_json(decision, with_reason=True)},
         f"applied: rotate-key {name} at height {decision.height}, certified by sidecars "
         f"{_signers(decision)}; {path} holds the new key (mode 0600), the old one is retired",
+    )
+    return EXIT_OK
+
+
+def _emit_progress(args: argparse.Namespace, human: str) -> None:
+    if not args.json:
+        print(human, flush=True)
+
+
+def _finish_owner_records(
+    args: argparse.Namespace,
+    spec: ClusterSpec,
+    path: Path,
+    rotated: tuple[SigningKey, SigningKey, Decision] | None = None,
+) -> int:
+    """The owner rotation's second half on a chain that runs epochs: the member set's
+    records are checked with an owner key of their own per epoch (docs/consensus/
+    epochs.md, "The record key"), handed over by an `owner` record that the old key
+    signs. The engine's rotation comes first: it is the half that the engine's rules may
+    refuse (then nothing changed and the old key is back in place), while the record,
+    once the engine took the new key, is refused only for a stale epoch, and is then
+    signed again for the next one. The old key stays at `<owner.key>.old` until the
+    epoch that checks records with the new key has started, so that an interrupted
+    hand-over is finished by running the command again (`rotated` None: the keys are
+    read back from the two files)."""
+    from quorumgate.ops.rotate import RecordKeyError, hand_over_records
+
+    old_path = rotating_path(path)
+    doc: dict[str, object] = {"operation": "rotate-key", "subject": "owner"}
+    try:
+        if rotated is None:
+            old, new = SigningKey(read_seed(old_path)), SigningKey(read_seed(path))
+            _emit_progress(args, f"resuming: {old_path} holds the old owner key")
+        else:
+            old, new, decision = rotated
+            doc.update(decision_json(decision, with_reason=True))
+        epoch = asyncio.run(
+            hand_over_records(spec, old, new, args.deadline, lambda m: _emit_progress(args, m))
+        )
+    except (ClusterFileError, RecordKeyError) as err:
+        return _fail(str(err))
+    except ReadNotAuthorized:
+        # The record is only ever offered after a read as the new key, which the replicas
+        # allow once their sidecars hold it as the owner's: nothing was offered.
+        return _fail(
+            f"the replicas do not take the key in {path} as the owner's, so no record was "
+            f"offered: the engine's rotation may not be certified; `quorumgate agents` shows "
+            f"the key the cluster holds (the old key is at {old_path})"
+        )
+    except QuorumGateError as err:
+        epoch, problem = None, f"{err} ({err.reason})"
+    else:
+        problem = f"not in effect after {args.deadline:g} s"
+    if epoch is None:
+        return _fail(
+            f"the records are still checked with the old owner key ({problem}): it stays at "
+            f"{old_path}, the new key at {path}; run `quorumgate admin rotate-key --owner "
+            f"--dir {spec.directory}` again to finish",
+            EXIT_PENDING,
+        )
+    commit_rotation(path)
+    fingerprint = bytes(new.verify_key).hex()[:16]
+    _emit(
+        args,
+        {**doc, "record_key": fingerprint, "records_epoch": epoch},
+        f"in effect: records are checked with owner key {fingerprint} from epoch {epoch} on; "
+        f"{path} holds the new key (mode 0600), the old one is retired",
     )
     return EXIT_OK
 

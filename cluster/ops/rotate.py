@@ -16,6 +16,15 @@ What it does, in order:
 A member on another host needs the new key file copied into its node directory there
 before the boundary: its replica looks for it when the epoch starts, and stops with an
 error naming the key if it is missing.
+
+The record is signed with the record key in force (docs/consensus/epochs.md, "The record
+key"): the cluster file's owner key until an owner rotation hands it over, then the key
+`admin rotate-key --owner` wrote to DIR/owner.key. A key file holding another key is
+refused with both fingerprints before anything is written.
+
+`hand_over_records` is the owner rotation's second half on a chain that runs epochs: the
+`owner` record, signed by the old key with the new key's proof of possession, offered
+until the epoch that checks records with the new key has started.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import secrets
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from nacl.signing import SigningKey
@@ -41,10 +51,11 @@ from quorumgate.proto.clusterfile import (
     rotated_key_file,
     write_seed,
 )
-from quorumgate.proto.membership import Reconfiguration, sign_record
+from quorumgate.proto.membership import Reconfiguration, owner_record, sign_record
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.delivery import FreshReplay
-from quorumgate.sdk.errors import QuorumGateError
+from quorumgate.sdk.epochs import Epochs, key_fingerprint
+from quorumgate.sdk.errors import ClusterUnavailable, QuorumGateError, ReadNotAuthorized
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -58,6 +69,73 @@ def _epoch_now(spec: ClusterSpec, epochs: dict[int, int]) -> int | None:
     counts = Counter(epochs.values())
     agreed = [epoch for epoch, count in counts.items() if count >= spec.f + 1]
     return max(agreed) if agreed else None
+
+
+def record_key(spec: ClusterSpec, epochs: Epochs) -> bytes:
+    """The owner key the newest checked epoch's records are checked with: the cluster
+    file's, or the one the last `owner` record before it handed over to."""
+    return epochs.chain.current.owner_key or spec.owner_public_key
+
+
+def _signer(key: SigningKey) -> Callable[[bytes], bytes]:
+    return lambda message: bytes(key.sign(message).signature)
+
+
+class RecordKeyError(Exception):
+    """The key at hand is not the record key in force (the message names both
+    fingerprints, never a private key)."""
+
+
+async def hand_over_records(
+    spec: ClusterSpec,
+    old: SigningKey,
+    new: SigningKey,
+    deadline_s: float,
+    say: Callable[[str], None],
+) -> int | None:
+    """Make `new` the record key: offer the `owner` record (signed by `old`, the key in
+    force, with `new`'s proof of possession) for the newest checked epoch, and again for
+    a later one if another record ends that epoch first, until the chain of epochs (each
+    link certified by a quorum: `Client.epochs`) holds an epoch whose records `new`
+    checks. Returns that epoch, or None if it has not started within `deadline_s`. Raises
+    `RecordKeyError` if the record key in force is neither key. Reads as `new`: after
+    the engine's owner rotation the old key reads nothing."""
+    old_key, new_key = bytes(old.verify_key), bytes(new.verify_key)
+    offered: int | None = None
+    started = time.monotonic()
+    async with Client(spec, new) as client:
+        while True:
+            try:
+                epochs = await client.epochs()
+            except (ReadNotAuthorized, ClusterUnavailable):
+                # Each replica learns the new owner key from its own sidecar's reports
+                # (replica/sidecar_link.py): for a moment after the engine's rotation
+                # some still refuse its reads.
+                if time.monotonic() - started >= deadline_s:
+                    raise
+                await asyncio.sleep(POLL_S)
+                continue
+            key, epoch = record_key(spec, epochs), epochs.current.epoch
+            if key == new_key:
+                return epoch
+            if key != old_key:
+                raise RecordKeyError(
+                    f"the records of epoch {epoch} are checked with owner key "
+                    f"{key_fingerprint(key)}, neither the old key {key_fingerprint(old_key)} "
+                    f"nor the new one {key_fingerprint(new_key)}"
+                )
+            if offered != epoch:
+                record = owner_record(spec.chain_id, epoch, old_key, new_key, _signer(new))
+                await client.submit_record(sign_record(record, spec.chain_id, epoch, _signer(old)))
+                say(
+                    f"submitted: the owner record for epoch {epoch} (signed by the old key, "
+                    f"the new key's proof of possession); records are checked with "
+                    f"{key_fingerprint(new_key)} from epoch {epoch + 1} on"
+                )
+                offered = epoch
+            if time.monotonic() - started >= deadline_s:
+                return None
+            await asyncio.sleep(POLL_S)
 
 
 async def _epochs(client: Client) -> dict[int, int]:
@@ -74,12 +152,43 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
+async def _record_key_now(spec: ClusterSpec, client: Client, owner: SigningKey) -> bytes:
+    """The record key in force, read as `owner`, or, if `owner` may not read the chain of
+    epochs (a rotated-out owner key reads nothing), as DIR/owner.key, so that a refusal
+    names the key in force too."""
+    try:
+        return record_key(spec, await client.epochs())
+    except ReadNotAuthorized:
+        path = spec.directory / OWNER_KEY_FILE
+        if not path.exists():
+            raise
+        held = SigningKey(read_seed(path))
+        if held.verify_key == owner.verify_key:
+            raise
+        async with Client(spec, held) as reader:
+            return record_key(spec, await reader.epochs())
+
+
 async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey) -> int:
     member = args.member
     async with Client(spec, owner) as client:
         epoch = _epoch_now(spec, await _epochs(client))
         if epoch is None:
             return _fail("fewer than f+1 replicas answer with one epoch: start the cluster")
+        try:
+            in_force = await _record_key_now(spec, client, owner)
+        except ReadNotAuthorized:
+            return _fail(
+                f"the key file given holds owner key {key_fingerprint(bytes(owner.verify_key))}"
+                ", which may not read the chain of epochs (nor may DIR/owner.key): neither is "
+                "the owner key in force"
+            )
+        if in_force != bytes(owner.verify_key):
+            return _fail(
+                f"the records are checked with owner key {key_fingerprint(in_force)}, and the "
+                f"key file given holds {key_fingerprint(bytes(owner.verify_key))}: sign with "
+                "the owner key in force (after `admin rotate-key --owner`, DIR/owner.key)"
+            )
         seed = secrets.token_bytes(32)
         public_key = public_key_of(seed)
         path = spec.node_dir(member) / rotated_key_file(public_key)
@@ -137,8 +246,6 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
         owner = SigningKey(read_seed(Path(args.key or spec.directory / OWNER_KEY_FILE)))
     except ClusterFileError as err:
         return _fail(str(err))
-    if bytes(owner.verify_key) != spec.owner_public_key:
-        return _fail("a member's key is rotated with the owner key (DIR/owner.key)")
     if not spec.runs_epochs:
         return _fail(
             f"this chain's consensus_version is {spec.consensus_version}: its member set and "

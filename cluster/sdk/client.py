@@ -375,8 +375,9 @@ class Client:
                 raise ReadNotAuthorized("read_refused", codes[0].name)
             raise ClusterUnavailable("replicas_unreachable")
         if self._epochs is None:
-            # The records are checked with cluster.json's owner key, as the replicas check
-            # them (docs/consensus/epochs.md, "Followers: the chain of epochs").
+            # The records are checked with cluster.json's owner key in epoch 0, and after an
+            # owner record with the key it names, as the replicas check them (docs/
+            # consensus/epochs.md, "Followers: the chain of epochs", "The record key").
             spec = self.spec
             owner = OwnerRecords(spec.chain_id, spec.owner_public_key)
             self._epochs = EpochFollower(spec.membership(), owner if spec.runs_epochs else None)

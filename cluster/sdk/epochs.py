@@ -42,13 +42,16 @@ def key_fingerprint(public_key: bytes) -> str:
 class CheckedEpoch:
     """One epoch of the checked chain: its number, the height of the change block that
     ended the epoch before (0 for epoch 0), its members' consensus keys in member order,
-    and the replicas whose answer this call proved it (their chain reached it and checked)."""
+    and the replicas whose answer this call proved it (their chain reached it and checked).
+    `record_key`: the owner key its member-set records are checked with (docs/consensus/
+    epochs.md, "The record key"; empty on a chain that runs no epochs)."""
 
     epoch: int
     boundary_height: int
     boundary_hash: bytes
     keys: tuple[bytes, ...]
     checked_by: tuple[int, ...]
+    record_key: bytes = b""
 
     @property
     def members(self) -> int:
@@ -62,6 +65,7 @@ class CheckedEpoch:
             "members": self.members,
             "keys": [key_fingerprint(k) for k in self.keys],
             "checked_by": list(self.checked_by),
+            "record_key": key_fingerprint(self.record_key) if self.record_key else None,
         }
 
 
@@ -160,6 +164,7 @@ class EpochFollower:
                 e.boundary.hash if e.boundary is not None else b"",
                 e.keys,
                 tuple(r for r in sorted(reach) if reach[r] >= e.epoch),
+                e.owner_key or (self.owner.owner_key if self.owner is not None else b""),
             )
             for e in longest.epochs
         )
