@@ -1,4 +1,4 @@
-"""Eight hundred seeded simulated clusters (docs/consensus/simulator.md) over n = 4 and n = 7
+"""Six hundred seeded simulated clusters (docs/consensus/simulator.md) over n = 4 and n = 7
 with up to f Byzantine members in every test run; `QG_SIM_SWEEP=full` runs the whole 2,000
 of the sweep, and `scripts/simulate.py --seeds N` any number.
 
@@ -32,13 +32,13 @@ from quorumgate.replica.sim import (
 )
 
 CHUNK = 100
-# Seeds per cluster size. The test job runs the first half of the sweep at n = 4 and a
+# Seeds per cluster size. The test job runs the first third of the sweep at n = 4 and a
 # quarter at n = 7, where a scenario costs twice as much (the generator still draws every
 # Byzantine behaviour at least 20 times in each: the coverage test below); the whole
 # sweep is one variable away, for a change to the core or the simulator.
 SWEEP_ENV = "QG_SIM_SWEEP"
 FULL_SEEDS = {4: 1_200, 7: 800}
-TEST_JOB_SEEDS = {4: 600, 7: 200}
+TEST_JOB_SEEDS = {4: 400, 7: 200}
 SEEDS = FULL_SEEDS if os.environ.get(SWEEP_ENV) == "full" else TEST_JOB_SEEDS
 
 
