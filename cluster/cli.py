@@ -651,7 +651,11 @@ def _cmd_policy_explain(args: argparse.Namespace) -> int:
 
 # Long on purpose: argparse declarations, one subcommand after another; split, the CLI's
 # shape would no longer read as one list.
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `command`, a command defined in this file, only the
+    commands of this file: the commands of the proxy, the gateway, the console, the
+    client and the drills import their packages to declare their options, which costs
+    most of a second on every `status`, `up` or `down`."""
     parser = argparse.ArgumentParser(
         prog="quorumgate",
         description="QuorumGate: a Byzantine-fault-tolerant judge for AI-agent tool calls.",
@@ -848,10 +852,6 @@ def build_parser() -> argparse.ArgumentParser:
     lexport.add_argument("--node", type=int, required=True)
     lexport.set_defaults(func=_cmd_ledger)
 
-    from quorumgate.audit.command import add_parsers as add_audit_parsers
-
-    add_audit_parsers(sub)
-
     rp = sub.add_parser("replay", help="rebuild and check a sidecar's state from its log")
     rp.add_argument("--dir", required=True)
     rp.add_argument("--node", type=int, required=True)
@@ -870,14 +870,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(func=_cmd_replay)
-
-    from quorumgate.ops.clientcli import add_client_commands
-
-    add_client_commands(sub)
-
-    from quorumgate.ops.drill import add_drill_command
-
-    add_drill_command(sub)
 
     policy = sub.add_parser("policy", help="operator policy tools")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True)
@@ -907,6 +899,21 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     pexplain.add_argument("--json", action="store_true")
     pexplain.set_defaults(func=_cmd_policy_explain)
+    if command in sub.choices and command != "policy":  # ("policy plan" is below)
+        return parser
+
+    from quorumgate.audit.command import add_parsers as add_audit_parsers
+
+    add_audit_parsers(sub)
+
+    from quorumgate.ops.clientcli import add_client_commands
+
+    add_client_commands(sub)
+
+    from quorumgate.ops.drill import add_drill_command
+
+    add_drill_command(sub)
+
     from quorumgate.ops.policyplan import add_policy_plan_commands
 
     add_policy_plan_commands(policy_sub)
@@ -951,7 +958,9 @@ def stop_on_sigterm_as_on_ctrl_c() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Every error is one line on stderr that says what to do, and exit status 2; a
     Python traceback only with QUORUMGATE_DEBUG=1."""
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = words[0] if words and not words[0].startswith("-") else None
+    args = build_parser(command).parse_args(words)
     stop_on_sigterm_as_on_ctrl_c()
     try:
         result: int = args.func(args)
