@@ -139,6 +139,16 @@ def whole_through(spec: ClusterSpec, dsn: str) -> int:
 
     if not cursor.started:
         return 0
+    # The copy may hold a height sidecar 0 has not executed yet (the shipper reads f+1
+    # sidecars, the fastest ones): count that height's entries once it has.
+    wait_until(
+        f"sidecar 0 to execute height {cursor.height}",
+        lambda: (
+            (status := sidecar_status(spec, 0, timeout_s=2.0)) is not None
+            and int(status.executed_height) >= cursor.height
+        ),
+        timeout_s=PRUNE_WAIT_S,
+    )
     whole = asyncio.run(entries_at(cursor.height)) == cursor.index + 1
     return cursor.height if whole else cursor.height - 1
 
