@@ -199,16 +199,17 @@ RECORD_SIGNATURE_BYTES = 64
 RECORD_TRAILER_BYTES = RECORD_EPOCH_BYTES + RECORD_SIGNATURE_BYTES
 
 
+def epoch_statement(domain: bytes, chain_id: str, epoch: int, *parts: bytes) -> bytes:
+    """The framing every statement about the end of an epoch shares: its domain, the
+    chain and the epoch it ends, so that a signature for one chain, epoch or purpose
+    counts for no other; then `parts`, which have fixed lengths or come last."""
+    head = (domain, b"\x00", chain_id.encode(), b"\x00", epoch.to_bytes(RECORD_EPOCH_BYTES, "big"))
+    return b"".join((*head, *parts))
+
+
 def record_statement(chain_id: str, epoch: int, record: bytes) -> bytes:
     """What the owner signs for `record` (its encoding) to end epoch `epoch` of `chain_id`."""
-    return (
-        RECONFIG_OWNER
-        + b"\x00"
-        + chain_id.encode()
-        + b"\x00"
-        + epoch.to_bytes(RECORD_EPOCH_BYTES, "big")
-        + record
-    )
+    return epoch_statement(RECONFIG_OWNER, chain_id, epoch, record)
 
 
 def sign_record(
@@ -225,15 +226,7 @@ def owner_key_statement(chain_id: str, epoch: int, old_key: bytes, new_key: byte
     `chain_id` at the end of epoch `epoch`, taking over from `old_key`: its proof of
     possession, so that no record names a key nobody holds (or someone else's), as the
     engine's key rotations ask of a new key (proto/tx.py `rotation_statement`)."""
-    return (
-        RECONFIG_OWNER_KEY
-        + b"\x00"
-        + chain_id.encode()
-        + b"\x00"
-        + epoch.to_bytes(RECORD_EPOCH_BYTES, "big")
-        + old_key
-        + new_key
-    )
+    return epoch_statement(RECONFIG_OWNER_KEY, chain_id, epoch, old_key, new_key)
 
 
 def owner_record(

@@ -246,3 +246,19 @@ def test_a_voter_of_the_next_epoch_refuses_a_record_signed_by_the_old_key() -> N
         votes = sent_of(core.on_message(Envelope(CHAIN, leader, proposal, 1)), Vote)
         assert bool(votes) is voted
     assert core.dropped["unsigned_change"] == 1
+
+
+def test_the_signed_statements_keep_the_documented_bytes() -> None:
+    """Both statements share one framing (`epoch_statement`); a chain's existing
+    signatures stay valid only if the bytes are those docs/consensus/epochs.md gives."""
+    from quorumgate.proto.membership import record_statement
+
+    record = Reconfiguration("rotate", (2,), (b"\x09" * 32,)).encode()
+    epoch = (7).to_bytes(8, "big")
+    assert record_statement(CHAIN, 7, record) == (
+        b"qg/reconfig-owner/v1\x00" + CHAIN.encode() + b"\x00" + epoch + record
+    )
+    old, new = b"\x01" * 32, b"\x02" * 32
+    assert owner_key_statement(CHAIN, 7, old, new) == (
+        b"qg/reconfig-owner-key/v1\x00" + CHAIN.encode() + b"\x00" + epoch + old + new
+    )
