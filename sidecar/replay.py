@@ -40,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -52,11 +52,12 @@ from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_see
 from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.epochs import change_in, check_epoch_end, owner_after, start_qc
+from quorumgate.replica.epochchain import ChainedEpoch, EpochChainError, PlainEpochEnd, check_link
+from quorumgate.replica.epochs import change_in, start_qc
 from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.storage import ReplicaStore, StorageError, StoredEpoch, decode_epoch_row
 from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_block
-from quorumgate.replica.wire import decode_block
+from quorumgate.replica.wire import decode_block, encode_epoch_end
 from quorumgate.runtime.channels import Reader, aio_channel
 from quorumgate.runtime.process import tune_gc
 from quorumgate.sidecar.engine.core import Engine, EngineConfig, config_for_cluster
@@ -330,15 +331,17 @@ async def _compare(
 
 class _Epochs:
     """The member set that certifies the blocks replayed so far, moved on at each change
-    block exactly as the replica core moves on (replica/epochs.py `change_in`;
-    docs/consensus/epochs.md, "Where an epoch ends"): the change block's commit is proved
-    by the epoch end the replica stored (its suffix and the QC of the suffix's last block,
-    checked with the ending epoch's keys: `check_epoch_end`), and the blocks after it are
-    checked with the next member set, the first one from the unsigned start certificate
-    naming the change block. `owner` moves on with it: the record key of the next epoch
-    is the one the change block's record leaves (`owner_after`; docs/consensus/epochs.md,
-    "The record key"). On a chain that does not run epochs (`owner` None) the genesis
-    member set certifies every block, as before."""
+    block exactly as the replica core moves on (docs/consensus/epochs.md, "Where an epoch
+    ends"). The change block's commit is proved by the epoch end the replica stored, taken
+    only if it checks as a follower checks a link of the chain of epochs
+    (replica/epochchain.py `check_link`: the record the owner signed, the suffix and its
+    QC certified by the ending epoch's keys, the next keys those the record gives), so
+    the rule lives in one place. The blocks after it are checked with the next member
+    set, the first one from the unsigned start certificate naming the change block.
+    `owner` moves on with it: the record key of the next epoch is the one the change
+    block's record leaves (docs/consensus/epochs.md, "The record key"). On a chain that
+    does not run epochs (`owner` None) the genesis member set certifies every block, as
+    before."""
 
     def __init__(
         self,
@@ -351,6 +354,12 @@ class _Epochs:
         self.ends = {end.epoch: end for end in ends}
         self.membership = membership
         self.checker = self._checker(membership, start)
+        started = self.ends.get(membership.epoch) if membership.epoch else None
+        self.link = ChainedEpoch(
+            membership,
+            None if started is None else started.boundary,
+            None if owner is None else owner.owner_key,
+        )
 
     @staticmethod
     def _checker(membership: Membership, start: QuorumCert | None) -> CertificateChecker:
@@ -366,31 +375,34 @@ class _Epochs:
         if self.owner is None:
             return False
         epoch = self.membership.epoch
-        nxt = change_in(block, self.membership, self.owner)
         end = self.ends.get(epoch + 1)
-        ends_here = end is not None and end.boundary.hash == block.hash
-        if nxt is None and not ends_here:
+        if end is None or end.boundary.hash != block.hash:
+            if change_in(block, self.membership, self.owner) is not None:
+                raise RemoteError(
+                    "bad_epoch_end",
+                    f"no stored end of epoch {epoch} proves the commit of the change block "
+                    f"at height {block.height}",
+                )
             return False
-        if nxt is None:
-            raise RemoteError(
-                "bad_epoch_end",
-                f"the replica stores the end of epoch {epoch} at height {block.height}, "
-                "whose block changes nothing",
-            )
-        if end is None or not ends_here:
-            raise RemoteError(
-                "bad_epoch_end",
-                f"no stored end of epoch {epoch} proves the commit of the change block at "
-                f"height {block.height}",
-            )
-        _, proved = check_epoch_end(self.checker, (block, *end.suffix), end.qc, self.owner)
-        if proved != nxt or end.keys != tuple(m.public_key for m in nxt.members):
-            raise RemoteError(
-                "bad_epoch_end", f"the stored keys of epoch {epoch + 1} are not the record's"
-            )
-        self.owner = owner_after(block, self.membership, self.owner)
-        self.membership = nxt
-        self.checker = self._checker(nxt, start_qc(block.chain_id, block))
+        raw = PlainEpochEnd(
+            end.epoch, b"".join(end.keys), encode_epoch_end(end.boundary, end.suffix, end.qc)
+        )
+        try:
+            link = check_link(self.link, raw, self.owner)
+        except EpochChainError as err:
+            if err.reason == "no_change":
+                detail = (
+                    f"the replica stores the end of epoch {epoch} at height {block.height}, "
+                    "whose block changes nothing"
+                )
+            else:
+                detail = f"the stored end of epoch {epoch} does not check: {err}"
+            raise RemoteError("bad_epoch_end", detail) from err
+        self.link = link
+        if link.owner_key is not None:
+            self.owner = replace(self.owner, owner_key=link.owner_key)
+        self.membership = link.membership
+        self.checker = self._checker(link.membership, start_qc(block.chain_id, block))
         return True
 
 

@@ -205,3 +205,16 @@ def test_nothing_to_read_above_the_top_is_not_waited_for() -> None:
         return [block async for block in _blocks_from_replica(spec, 1, 41, 40)]
 
     assert asyncio.run(asyncio.wait_for(read(), timeout=5.0)) == []
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_stored_end_whose_keys_are_not_the_records_stops_the_replay(workers: int) -> None:
+    """Replay takes a stored epoch end only as a follower takes a link of the chain of
+    epochs (replica/epochchain.py `check_link`): keys for the next epoch other than the
+    ones the change block's record gives (here member 2 keeps its old key, the record
+    rotated it) are refused by name, and nothing past the change block is executed."""
+    chain = _epoch_1_chain()
+    blocks = [*chain.before, chain.boundary, chain.first]
+    stale = dataclasses.replace(chain.end, keys=tuple(s.public_key for s in SIGNERS[:4]))
+    failed = _failure(_outcomes(blocks, _setup((stale,)), workers))
+    assert failed is not None and failed[0] == 4 and "keys_differ" in failed[1], failed
