@@ -286,9 +286,10 @@ def check_epoch_proof(
 @dataclass(frozen=True)
 class RestoreFence:
     """Where a declared restore fenced: in `epoch`, at view `view` (safety Rule 6). The
-    shell keeps it beside the store (`restore-fence`, one line `epoch=E view=F`) with the
-    restore marker, until the restore is discharged (docs/consensus/fencing.md, "Across
-    an epoch boundary").
+    shell keeps it beside the store (`restore-fence`, one line `epoch=E view=F restore=N`)
+    with the restore marker, until the restore is discharged (docs/consensus/fencing.md,
+    "Across an epoch boundary"). `restore` names the declared restore that fenced (the
+    marker's nonce, the shell's): a fence answers for that restore and no other.
 
     Why a fence in epoch E answers for the epochs after E only if E's change block B has
     a view of at least F - 1: the restored member signed in E+1 before its backup was put
@@ -304,17 +305,22 @@ class RestoreFence:
 
     epoch: int
     view: int
+    restore: str = ""
 
     def encode(self) -> str:
-        return f"epoch={self.epoch} view={self.view}\n"
+        tail = f" restore={self.restore}" if self.restore else ""
+        return f"epoch={self.epoch} view={self.view}{tail}\n"
 
     @staticmethod
     def parse(text: str) -> RestoreFence | None:
         """The fence a file holds, or None if it does not hold exactly one."""
         fields = dict(part.partition("=")[::2] for part in text.split())
+        restore = fields.pop("restore", "")
         if set(fields) != {"epoch", "view"} or not all(v.isdigit() for v in fields.values()):
             return None
-        return RestoreFence(int(fields["epoch"]), int(fields["view"]))
+        if restore and not (len(restore) <= 64 and restore.isalnum() and restore.isascii()):
+            return None
+        return RestoreFence(int(fields["epoch"]), int(fields["view"]), restore)
 
     def discharged(self, epoch: int, committed_view: int) -> bool:
         """Whether the restore needs no more fencing: `committed_view` is the view of the

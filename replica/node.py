@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -140,6 +141,8 @@ RESTORE_MARKER_FILE = "restored-from-backup"
 # removed once epoch E has committed a block of view F - 1 or later (replica/epochs.py
 # `RestoreFence`: a restore across an epoch boundary).
 RESTORE_FENCE_FILE = "restore-fence"
+# The nonce a declared restore is named by, written into its marker (`_declare_restore`).
+RESTORE_NONCE_BYTES = 16
 
 log = logging.getLogger("quorumgate.replica")
 
@@ -245,6 +248,7 @@ class ReplicaNode:
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
         self._restore_marker: Path | None = None  # while a declared restore is fencing
         self._restore_fence: RestoreFence | None = None  # until discharged (RESTORE_FENCE_FILE)
+        self._restore_nonce = ""  # the declared restore's, from its marker (_declare_restore)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -255,6 +259,7 @@ class ReplicaNode:
         marker = node_dir / RESTORE_MARKER_FILE
         if marker.exists():
             self._restore_marker = marker
+            self._restore_nonce = _declare_restore(marker)
             log.warning("event=restore_declared node=%d marker=%s", self.index, marker.name)
         self._restore_fence = _read_restore_fence(node_dir / RESTORE_FENCE_FILE, marker)
         self.mempool = await self._rebuilt_mempool(recovered.committed.height)
@@ -933,7 +938,10 @@ class ReplicaNode:
         node_dir = self.spec.node_dir(self.index)
         fence = self._restore_fence
         if core.restore_fence and (fence is None or fence.epoch != core.epoch):
-            fence = RestoreFence(core.epoch, core.restore_fence)
+            # The restore the fence answers for: the declared one (its marker's nonce), or,
+            # once the marker is gone, the one the fence of an earlier epoch answered for.
+            restore = self._restore_nonce or (fence.restore if fence is not None else "")
+            fence = RestoreFence(core.epoch, core.restore_fence, restore)
             _write_restore_fence(node_dir / RESTORE_FENCE_FILE, fence)
             self._restore_fence = fence
         marker = self._restore_marker
@@ -1063,26 +1071,60 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def _declare_restore(marker: Path) -> str:
+    """The nonce that names the restore `marker` declares: the one the marker holds, or,
+    for a marker as the operator made it (empty, or holding anything else), a fresh one
+    written into it whole (a temporary file renamed over it, synced) before anything is
+    fenced. A restart of the same restore finds the same nonce; a new restore's marker,
+    made afresh, gets a new one."""
+    try:
+        held = marker.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        held = ""
+    name, _, nonce = held.partition("=")
+    if name == "restore" and len(nonce) == RESTORE_NONCE_BYTES * 2 and _is_hex(nonce):
+        return nonce
+    nonce = secrets.token_hex(RESTORE_NONCE_BYTES)
+    _write_whole(marker, f"restore={nonce}\n")
+    return nonce
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
 def _read_restore_fence(path: Path, marker: Path) -> RestoreFence | None:
-    """The fence a declared restore noted, or None: none noted, unreadable, or not newer
-    than a marker that is there (a restore done by hand after it, which touched the marker
-    again and left the file: that copy has fenced nowhere). A restore that fences again
+    """The fence a declared restore noted, or None: none noted, unreadable, or noted by
+    another restore than the one a marker that is there declares (a restore done by hand
+    after it, which made the marker again and left the file: that copy has fenced
+    nowhere). Told by content, the marker's nonce (`_declare_restore`); as a second
+    guard, a file not newer than the marker is void too. A restore that fences again
     loses nothing but time."""
     try:
         if not path.exists():
             return None
-        if marker.exists() and path.stat().st_mtime_ns <= marker.stat().st_mtime_ns:
+        fence = RestoreFence.parse(path.read_text(encoding="ascii"))
+        if fence is None or not marker.exists():
+            return fence
+        held = marker.read_text(encoding="ascii").strip()
+        if not fence.restore or held != f"restore={fence.restore}":
             return None
-        return RestoreFence.parse(path.read_text(encoding="ascii"))
+        if path.stat().st_mtime_ns <= marker.stat().st_mtime_ns:
+            return None
+        return fence
     except (OSError, UnicodeDecodeError):
         return None
 
 
 def _write_restore_fence(path: Path, fence: RestoreFence) -> None:
+    _write_whole(path, fence.encode())
+
+
+def _write_whole(path: Path, text: str) -> None:
     """Write the file whole or not at all (a temporary file renamed over it, synced)."""
     temporary = path.with_name(path.name + ".tmp")
     with temporary.open("w", encoding="ascii") as out:
-        out.write(fence.encode())
+        out.write(text)
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, path)

@@ -165,7 +165,9 @@ def restore_replica(spec: ClusterSpec, index: int, source: Path) -> StoreFacts:
     for suffix in SIDE_FILE_SUFFIXES:  # the old store's log must not replay into the copy
         (node_dir / (DB_FILE + suffix)).unlink(missing_ok=True)
         (node_dir / (staged.name + suffix)).unlink(missing_ok=True)
-    (node_dir / RESTORE_MARKER_FILE).touch()
+    # Made afresh, empty: a marker an unfinished restore left holds that restore's nonce,
+    # which this one must not inherit (docs/consensus/fencing.md).
+    (node_dir / RESTORE_MARKER_FILE).write_bytes(b"")
     # A fence an earlier restore noted is void: this copy fences afresh in every epoch.
     (node_dir / RESTORE_FENCE_FILE).unlink(missing_ok=True)
     os.replace(staged, store)

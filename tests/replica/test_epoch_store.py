@@ -244,14 +244,53 @@ def test_a_restore_fence_older_than_the_marker_is_ignored(tmp_path: Path) -> Non
     from quorumgate.replica.epochs import RestoreFence
     from quorumgate.replica.node import _read_restore_fence, _write_restore_fence
 
+    from quorumgate.replica.node import _declare_restore
+
     marker, path = tmp_path / "restored-from-backup", tmp_path / "restore-fence"
     marker.touch()
+    nonce = _declare_restore(marker)
     os.utime(marker, ns=(1_000_000_000, 1_000_000_000))
-    _write_restore_fence(path, RestoreFence(1, 12))
-    assert _read_restore_fence(path, marker) == RestoreFence(1, 12)
-    marker.touch()  # the restore by hand
+    _write_restore_fence(path, RestoreFence(1, 12, nonce))
+    assert _read_restore_fence(path, marker) == RestoreFence(1, 12, nonce)
+    marker.touch()  # the restore by hand, the marker's nonce still in it
     os.utime(path, ns=(1_000_000_000, 1_000_000_000))
     assert _read_restore_fence(path, marker) is None
     assert _read_restore_fence(tmp_path / "none", marker) is None
+    # a fence that names no restore (or another) is no fence of a declared one
+    _write_restore_fence(path, RestoreFence(1, 12))
+    assert _read_restore_fence(path, marker) is None
+    _write_restore_fence(path, RestoreFence(1, 12, nonce))
     marker.unlink()  # past its fence: the file alone says where it fenced
-    assert _read_restore_fence(path, marker) == RestoreFence(1, 12)
+    assert _read_restore_fence(path, marker) == RestoreFence(1, 12, nonce)
+
+
+def test_a_restore_fence_of_another_restore_is_ignored_whatever_the_clocks_say(
+    tmp_path: Path,
+) -> None:
+    """The fence counts only for the restore that noted it, told by content, not by file
+    times: a `restore-fence` left by an earlier restore and newer than the marker of a
+    new one (copied with its times kept, or a clock stepped back) is no fence of the new
+    copy. A restart of the same restore (a crash after the fence was noted, before the
+    marker was removed) keeps it."""
+    import os
+
+    from quorumgate.replica.epochs import RestoreFence
+    from quorumgate.replica.node import (
+        _declare_restore,
+        _read_restore_fence,
+        _write_restore_fence,
+    )
+
+    marker, path = tmp_path / "restored-from-backup", tmp_path / "restore-fence"
+    marker.touch()  # the first restore, declared
+    first = _declare_restore(marker)
+    assert first and _declare_restore(marker) == first  # a restart of the same restore
+    _write_restore_fence(path, RestoreFence(1, 12, first))
+    assert _read_restore_fence(path, marker) == RestoreFence(1, 12, first)
+    marker.unlink()
+    marker.touch()  # a second restore by hand; the first one's fence file left behind
+    os.utime(marker, ns=(1_000_000_000, 1_000_000_000))  # and older than the fence file
+    assert _read_restore_fence(path, marker) is None
+    second = _declare_restore(marker)
+    assert second != first
+    assert _read_restore_fence(path, marker) is None
