@@ -430,7 +430,7 @@ def _put_back(d: Drill, victim: int, copied: list[str]) -> ReplicaAudit:
     for name in copied:
         shutil.copy2(copy_dir / name, node_dir / name)
     shutil.rmtree(copy_dir, ignore_errors=True)
-    (node_dir / RESTORE_MARKER_FILE).touch()  # declared, as a restore must be
+    (node_dir / RESTORE_MARKER_FILE).write_bytes(b"")  # declared afresh, as a restore must be
     return rolled_back
 
 
