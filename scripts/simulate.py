@@ -49,9 +49,14 @@ from quorumgate.replica.sim import (
 # The broken variants live with the tests, which the wheel does not install (it ships honest
 # rules only): put the repository root on the path so that `tests` imports from a checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.consensus.variants import BOUNDARY_RESTORE_VARIANTS, EPOCH_VARIANTS, VARIANTS
+from tests.consensus.variants import (
+    BOUNDARY_RESTORE_VARIANTS,
+    EPOCH_VARIANTS,
+    OWNER_VARIANTS,
+    VARIANTS,
+)
 
-ALL_VARIANTS = {**VARIANTS, **EPOCH_VARIANTS, **BOUNDARY_RESTORE_VARIANTS}
+ALL_VARIANTS = {**VARIANTS, **EPOCH_VARIANTS, **BOUNDARY_RESTORE_VARIANTS, **OWNER_VARIANTS}
 
 
 def main() -> int:
