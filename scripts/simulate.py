@@ -13,7 +13,8 @@
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
 (`twins_scenarios`, 0: all of them); with --reconfigure, `reconfiguration_scenario(seed, n)`:
-the member set changes during the run (docs/consensus/epochs.md); with --far-behind too,
+the member set changes during the run, and in half the seeds the owner hands its record
+key over (docs/consensus/epochs.md); with --far-behind too,
 `far_behind_scenario`: a member held down until the others are pages past the change
 block must catch up by itself; with --byzantine too,
 `byzantine_reconfiguration_scenario`: f Byzantine members per epoch act across the

@@ -186,6 +186,7 @@ def check_rejoined(d: Drill) -> None:
     d.check(
         "restored_across_the_boundary",
         problems if restores else ["no restore was carried out"],
-        f"{restores} restores from a backup of an earlier epoch, each fenced in the epoch "
-        "it had signed in and forgotten, and back in the cluster's epoch",
+        f"{restores} restore{'' if restores == 1 else 's'} from a backup of an earlier "
+        "epoch, each fenced in the epoch it had signed in and forgotten, and back in the "
+        "cluster's epoch",
     )
