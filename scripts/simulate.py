@@ -13,7 +13,8 @@
 Each scenario is `quorumgate.replica.sim.scenario(seed, n)`: faults and Byzantine members drawn from
 the seed; with --twins K, K scenarios per behaviour of the enumerated Twins adversary
 (`twins_scenarios`, 0: all of them); with --reconfigure, `reconfiguration_scenario(seed, n)`:
-the member set changes during the run (docs/consensus/epochs.md); with --far-behind too,
+the member set changes during the run, and in half the seeds the owner hands its record
+key over (docs/consensus/epochs.md); with --far-behind too,
 `far_behind_scenario`: a member held down until the others are pages past the change
 block must catch up by itself; with --byzantine too,
 `byzantine_reconfiguration_scenario`: f Byzantine members per epoch act across the
@@ -49,9 +50,14 @@ from quorumgate.replica.sim import (
 # The broken variants live with the tests, which the wheel does not install (it ships honest
 # rules only): put the repository root on the path so that `tests` imports from a checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.consensus.variants import BOUNDARY_RESTORE_VARIANTS, EPOCH_VARIANTS, VARIANTS
+from tests.consensus.variants import (
+    BOUNDARY_RESTORE_VARIANTS,
+    EPOCH_VARIANTS,
+    OWNER_VARIANTS,
+    VARIANTS,
+)
 
-ALL_VARIANTS = {**VARIANTS, **EPOCH_VARIANTS, **BOUNDARY_RESTORE_VARIANTS}
+ALL_VARIANTS = {**VARIANTS, **EPOCH_VARIANTS, **BOUNDARY_RESTORE_VARIANTS, **OWNER_VARIANTS}
 
 
 def main() -> int:

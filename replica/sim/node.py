@@ -4,6 +4,7 @@ for its mempool and its execution sidecar."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,10 +13,10 @@ from typing import Protocol
 from quorumgate.proto.canonical import Encoder
 from quorumgate.proto.crypto import Signer, Verifier, VerifyFn
 from quorumgate.proto.domains import SIM_HELLO
-from quorumgate.proto.membership import Membership
+from quorumgate.proto.membership import Membership, OwnerRecords, Reconfiguration, is_record
 from quorumgate.replica.actions import Action
 from quorumgate.replica.core import Core, Recovered
-from quorumgate.replica.epochs import EpochEnd, RestoreFence
+from quorumgate.replica.epochs import EpochEnd, RestoreFence, owner_after
 from quorumgate.replica.safety import SafetyState
 from quorumgate.replica.sim.options import RESTORE_BACKUP_VIEWS_MAX, SIM_LIMITS, SimOptions
 from quorumgate.replica.types import HELLO_NONCE_BYTES, Block, CommitProof, genesis_block
@@ -81,21 +82,51 @@ class SimPool:
     def __init__(self) -> None:
         self.txs: list[bytes] = []
         self.valid: set[bytes] = set()
+        # (reader, record) -> what the reader makes of it: a signed record is checked once
+        # per record key, not once per proposal.
+        self._reads: dict[tuple[OwnerRecords, bytes], tuple[Reconfiguration, int] | None] = {}
 
     def add(self, tx: bytes) -> None:
         self.txs.append(tx)
         self.valid.add(tx)
 
+    def read(self, records: OwnerRecords, tx: bytes) -> tuple[Reconfiguration, int] | None:
+        key = (records, tx)
+        if key not in self._reads:
+            self._reads[key] = records.read(tx)
+        return self._reads[key]
+
 
 class SimMempool:
-    def __init__(self, pool: SimPool, committed: set[bytes]) -> None:
+    """One core's view of the pool. With `records` (a run whose records are signed), it
+    proposes a record only if it is signed with the epoch's record key for `epoch`, as
+    the replica's mempool admits and proposes only those (replica/mempool.py): a record
+    of a later epoch waits for that epoch's core, and one signed with a retired key is
+    never proposed. That is fixed for the core's life, so the cursor passes over both."""
+
+    def __init__(
+        self,
+        pool: SimPool,
+        committed: set[bytes],
+        records: OwnerRecords | None = None,
+        epoch: int = 0,
+    ) -> None:
         self._pool = pool
         self._committed = committed
+        self.records = records
+        self._epoch = epoch
         self._cursor = 0
 
+    def _proposable(self, tx: bytes) -> bool:
+        if self.records is None or not is_record(tx):
+            return True
+        read = self._pool.read(self.records, tx)
+        return read is not None and read[1] == self._epoch
+
     def _advance(self) -> None:
-        while (
-            self._cursor < len(self._pool.txs) and self._pool.txs[self._cursor] in self._committed
+        txs = self._pool.txs
+        while self._cursor < len(txs) and (
+            txs[self._cursor] in self._committed or not self._proposable(txs[self._cursor])
         ):
             self._cursor += 1
 
@@ -111,7 +142,7 @@ class SimMempool:
         for tx in self._pool.txs[self._cursor :]:
             if len(out) >= txs_max or size + len(tx) > bytes_max:
                 break
-            if tx not in self._committed and tx not in in_chain:
+            if tx not in self._committed and tx not in in_chain and self._proposable(tx):
                 out.append(tx)
                 size += len(tx)
         return tuple(out)
@@ -159,8 +190,12 @@ class NodeWorld(Protocol):
     restores_resumed: int
     stale_restores: int
     amnesiac: set[int]
+    # The reader of epoch 0's records where they are signed (`SimOptions.signed_records`).
+    first_records: OwnerRecords | None
 
     def now_ms(self, index: int) -> int: ...
+
+    def core_started(self, node: SimNode, core: Core) -> None: ...
 
 
 class SimNode:
@@ -227,6 +262,8 @@ class SimNode:
         self.first_key = self.first_key or self.signer.public_key
         # Byzantine members wrap the honest core; only honest ones run a variant under test.
         cls = Core if self.index in sim.byzantine else (sim.options.unsafe or Core)
+        records = self.owner_records()
+        mempool = SimMempool(sim.pool, self.committed_txs, records, membership.epoch)
         self.starts += 1
         # A fresh nonce per start, as the replica shell draws one (the default is derived
         # from the safety epoch, which a restore from old data repeats).
@@ -240,7 +277,7 @@ class SimNode:
             self.signer,
             limits=sim.options.limits,
             verifier=Verifier(SIM_LIMITS.verified_cache_max, sim.verify_fn),
-            payload=SimMempool(sim.pool, self.committed_txs),
+            payload=mempool,
             execution=SimExecution(self.disk),
             recovered=recovered,
             now_ms=sim.now_ms(self.index),
@@ -248,8 +285,27 @@ class SimNode:
             # An operator who puts a backup back declares it (docs/consensus/fencing.md).
             restored=restored,
             epochs=True,
+            owner_records=records,
         )
+        # One reader for the core and its mempool, as the replica's shell hands them one.
+        mempool.records = core.owner_records
+        if membership.epoch > 0:
+            sim.core_started(self, core)
         return core
+
+    def owner_records(self) -> OwnerRecords | None:
+        """The reader of the records of the newest epoch this node knows of, derived as the
+        replica's shell derives it at every core start (docs/consensus/epochs.md, "The
+        record key"): from epoch 0's, moved on at each stored change block; None where
+        records are bare."""
+        reader = self.sim.first_records
+        if reader is None:
+            return None
+        starts = self.disk.starts
+        for (before, _), (_, boundary) in itertools.pairwise(starts):
+            assert boundary is not None, "an epoch after 0 starts at a change block"
+            reader = owner_after(boundary, before, reader)
+        return reader
 
     def start(self) -> list[Action]:
         return self.core.start() if self.active else []

@@ -29,7 +29,7 @@ FAR_AHEAD_VIEWS = 1_000_000
 SIM_TICK_MS = 10
 TX_BYTES = 48
 RESTORE_BACKUP_VIEWS_MAX = 8  # the victim's backups kept, one per view it entered
-RECONFIGURE_KINDS = ("replace", "rotate", "add", "remove")
+RECONFIGURE_KINDS = ("replace", "rotate", "add", "remove", "owner")
 # The behaviours a Byzantine member may have in a run that changes the member set: those
 # that sign with the member's key of the epoch they run (docs/consensus/epochs.md, "What
 # the simulator checks"); the others know one member set.
@@ -85,7 +85,9 @@ class SimOptions:
     restore_backup_views: int = 0
     # Owner operations that change the member set, committed in this order at random ticks
     # before the heal (docs/consensus/epochs.md): "replace" (a member's machine and key),
-    # "rotate" (a member's key), "add" (4 -> 7), "remove" (7 -> 4).
+    # "rotate" (a member's key), "add" (4 -> 7), "remove" (7 -> 4), "owner" (the record
+    # key handed to a new key, the members kept). A run with an "owner" change signs every
+    # record (`signed_records`); the others commit bare records, which the owner trusts.
     reconfigure: tuple[str, ...] = ()
     # A member held down from `held_from_tick` until the heal, so that it comes back far
     # behind (docs/consensus/epochs.md, "Catching up"); -1: none. With it, the changes are
@@ -171,6 +173,14 @@ class SimOptions:
         for kind in self.reconfigure:
             sizes.append(sizes[-1] + {"add": 3, "remove": -3}.get(kind, 0))
         return tuple(sizes)
+
+    @property
+    def signed_records(self) -> bool:
+        """Whether the run's records are signed by the owner's record key of their epoch
+        and read as the live replica reads them (`OwnerRecords`, with real Ed25519 owner
+        keys): a bare `owner` record changes nothing (docs/consensus/epochs.md, "The
+        record key"), so a run that hands the record key over signs them all."""
+        return "owner" in self.reconfigure
 
     @property
     def slots(self) -> int:

@@ -56,12 +56,28 @@ RECONFIGURATIONS: dict[int, tuple[tuple[str, ...], ...]] = {
 }
 
 
+OWNER_RECORD_SALT = 9_973  # whether and where an `owner` record comes: its own generator
+
+
+def with_owner_record(seed: int, n: int, changes: tuple[str, ...]) -> tuple[str, ...]:
+    """`changes` with, in half the seeds, an `owner` record before one of them (never
+    last, so that a record the new key signs must apply after it). Drawn from a generator
+    of its own: a seed that draws none keeps its changes, and its run, as before."""
+    rng = random.Random(seed * OWNER_RECORD_SALT + n)
+    if not changes or rng.randrange(2):
+        return changes
+    at = rng.randrange(len(changes))
+    return (*changes[:at], "owner", *changes[at:])
+
+
 def reconfiguration_scenario(seed: int, n: int) -> SimOptions:
     """The scenario a seed stands for with the member set changing (docs/consensus/
-    epochs.md): one or two owner changes committed at ticks drawn from the seed, under the
-    network's faults and crashes (no Byzantine member, no restore: see `SimOptions`)."""
+    epochs.md): one or two owner changes committed at ticks drawn from the seed, and in
+    half the seeds an `owner` record before one of them (then every record is signed),
+    under the network's faults and crashes (no Byzantine member, no restore: see
+    `SimOptions`)."""
     rng = random.Random(seed * 6007 + n)
-    return SimOptions(
+    options = SimOptions(
         seed=seed,
         n=n,
         ticks=rng.choice((300, 600, 900)),
@@ -74,6 +90,7 @@ def reconfiguration_scenario(seed: int, n: int) -> SimOptions:
         tx_per_tick_permille=rng.choice((100, 500, 900)),
         reconfigure=rng.choice(RECONFIGURATIONS[n]),
     )
+    return replace(options, reconfigure=with_owner_record(seed, n, options.reconfigure))
 
 
 FAR_BEHIND_SALT = 3_571  # the far-behind draws use their own generator

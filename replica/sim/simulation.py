@@ -28,6 +28,8 @@ from quorumgate.replica.sim.crypto import FastKeys
 from quorumgate.replica.sim.epochs import (
     Reconfigurer,
     enter_epoch,
+    first_records,
+    follow_page,
     page_for,
     proof_for,
     take_proof,
@@ -96,6 +98,8 @@ class Simulation:
         self.clock_skew_ms.update({i: 0 for i in range(n, options.slots)})
         self.tick = 0
         self.pool = SimPool()
+        self.first_records = first_records(options, chain)
+        self.reconfigurer: Reconfigurer | None = None
         self.nodes: dict[int, list[SimNode]] = {}
         for i in range(options.slots):
             self.nodes[i] = [SimNode(self, i, signers[i])]
@@ -263,6 +267,7 @@ class Simulation:
         end = node.core.ended
         if end is not None and commit.blocks[-1].hash == end.boundary.hash:
             enter_epoch(node, end)  # durable with the commit (its proof proves a later block)
+            self._entered(node)
         else:
             node.disk.proofs[commit.blocks[-1].height] = commit.proof
 
@@ -387,6 +392,13 @@ class Simulation:
             if delivery.page is not None and node.active and node.core.ended is None:
                 self.epoch_pages += 1
                 self._apply(node, node.core.catch_up_from(delivery.sender, delivery.page))
+            elif delivery.page is not None and not node.active:
+                followed = follow_page(node, delivery.page)
+                if followed:
+                    self.epoch_pages += 1
+                    self._commit_blocks(node, followed, node.epoch)
+                    node.asked_tick = -1  # ask for the next page (or the proof) at once
+                    self._ask_for_proof(node, delivery.sender)
             return
         taken = take_proof(node, delivery.proof)
         if taken is None:
@@ -394,8 +406,21 @@ class Simulation:
         blocks, end = taken
         self._commit_blocks(node, blocks, node.epoch)
         enter_epoch(node, end)
+        self._entered(node)
         node.settle_restore()
         self._apply(node, node.next_epoch())
+
+    def _entered(self, node: SimNode) -> None:
+        """A node entered the next epoch: where records are signed, its member set must
+        be the one the owner's records give (`Reconfigurer.check_epoch`)."""
+        if self.reconfigurer is not None and self.options.signed_records:
+            self.reconfigurer.check_epoch(node.index, node.disk.membership)
+
+    def core_started(self, node: SimNode, core: Core) -> None:
+        """A core of an epoch after 0 started: it reads that epoch's records with the
+        record key in force, not with a key an owner record retired."""
+        if self.reconfigurer is not None:
+            self.reconfigurer.check_core(core)
 
     def _all_nodes(self) -> list[SimNode]:
         return [node for i in range(self.options.slots) for node in self.nodes[i]]
@@ -487,6 +512,13 @@ class Simulation:
                 f"committed (bound {opts.liveness_views_max})"
             )
         excused = not self._settle_quietly()
+        if not excused and self.options.signed_records:
+            newest = self._newest().epoch
+            if newest != len(opts.reconfigure):
+                raise self.fail(
+                    f"LIVENESS: the cluster settled in epoch {newest}, but the owner signed "
+                    f"{len(opts.reconfigure)} changes"
+                )
         return self._result(liveness_views, excused=excused)
 
     def _result(self, liveness_views: int, *, excused: bool) -> SimResult:

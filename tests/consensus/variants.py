@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from quorumgate.proto.crypto import Signer, Verifier
-from quorumgate.proto.membership import Membership
+from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.core import Core
 from quorumgate.replica.epochs import boundary_index
 from quorumgate.replica.safety import SafetyError, SafetyRules, Signed
@@ -219,6 +219,28 @@ class FenceIgnoresEpochsCore(Core):
         super().__init__(membership, me, signer, **kwargs)
 
 
+# chain id -> the reader of epoch 0's records, as the first core of each chain got it
+# (the same for every run of one seed: the owner's first key is drawn from the chain id).
+GENESIS_RECORDS: dict[str, OwnerRecords] = {}
+
+
+class OwnerKeyIgnoredCore(Core):
+    """Broken on purpose: reads every epoch's records with the record key of epoch 0, as
+    a replica would that took the cluster file's owner key for good and never moved it on
+    at an `owner` record (docs/consensus/epochs.md, "The record key"). Whoever kept a copy
+    of the key the owner rotated away can then hand members' seats to keys of their own;
+    and the records the new key signs are refused. Only runs that commit an `owner`
+    record can show it: without one, epoch 0's key is the key in force throughout."""
+
+    def __init__(self, membership: Membership, me: int, signer: Signer, **kwargs: Any) -> None:
+        records = kwargs.get("owner_records")
+        if records is not None:
+            if membership.epoch == 0:
+                GENESIS_RECORDS.setdefault(membership.chain_id, records)
+            kwargs["owner_records"] = GENESIS_RECORDS.get(membership.chain_id, records)
+        super().__init__(membership, me, signer, **kwargs)
+
+
 # Broken epoch rules: caught by the reconfiguration scenarios (tests/consensus/test_epochs.py;
 # the retired key by those with Byzantine members, tests/consensus/test_epoch_adversary.py).
 EPOCH_VARIANTS: dict[str, type[Core]] = {
@@ -229,6 +251,12 @@ EPOCH_VARIANTS: dict[str, type[Core]] = {
 # it (tests/consensus/test_boundary_restores.py); every other scenario runs no such restore.
 BOUNDARY_RESTORE_VARIANTS: dict[str, type[Core]] = {
     "fence_ignores_epochs": FenceIgnoresEpochsCore,
+}
+
+# A broken record key: only the reconfiguration scenarios that draw an `owner` record
+# catch it (tests/consensus/test_owner_scenarios.py); every other run has one key.
+OWNER_VARIANTS: dict[str, type[Core]] = {
+    "owner_key_ignored": OwnerKeyIgnoredCore,
 }
 
 # The variants by the name the scripts and the tests give them, in the order they report.

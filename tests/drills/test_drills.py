@@ -44,7 +44,9 @@ from quorumgate.ops.drills import (
     run_drill,
     vote_splits,
 )
-from quorumgate.ops.drills.audit import read_replica
+from quorumgate.ops.drills.audit import ReplicaAudit, read_replica
+from quorumgate.ops.drills.checker import epoch_rollback_conflicts
+from quorumgate.ops.drills.context import StaleRun
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
@@ -267,6 +269,34 @@ def test_stale_restore_does_not_equivocate_in_the_views_it_forgot(drill_dir: Pat
     assert fault.pids_after["replica"] != fault.pids_before["replica"]
 
 
+def test_stale_restore_epoch_fences_in_the_epoch_it_forgot_and_rejoins(drill_dir: Path) -> None:
+    """A member backed up in epoch 0, another member's key rotated (epoch 1), the backup
+    put back after the member voted in epoch 1: it fences in epoch 1, rejoins, and no vote
+    of it in any (epoch, view) contradicts one it forgot."""
+    report = run_drill(
+        "stale-restore-epoch", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress
+    )
+    _assert_clean(report, drill_dir)
+    assert report.check("restored_across_the_boundary").ok
+    restores = [f for f in report.faults if f.kind == "stale-restore-epoch"]
+    rotations = [f for f in report.faults if f.kind == "rotate-member"]
+    assert restores and len(rotations) == len(restores)
+    (fault, *_) = restores
+    assert _detail(fault, "backup_epoch") == 0 and _detail(fault, "epoch_at_restore") == 1
+    by_epoch = _detail(fault, "forgotten_votes_by_epoch")
+    assert isinstance(by_epoch, dict) and by_epoch.get("1", 0) > 0, by_epoch
+    stale_height = _detail(fault, "stale_committed_height")
+    assert isinstance(stale_height, int) and stale_height < fault.height_at_fault
+    assert _detail(fault, "restarted_at_height") == stale_height, "not restarted on the copy"
+    fenced = _detail(fault, "fenced")
+    assert isinstance(fenced, list) and any(f["epoch"] == 1 for f in fenced), fenced
+    assert _detail(fault, "epoch_after") == 1 and _detail(fault, "restore_marker_removed")
+    first = _detail(fault, "first_vote_after_restore")
+    assert isinstance(first, list) and first[0] >= 1, first
+    assert fault.pids_after["replica"] != fault.pids_before["replica"]
+    assert "of 2 epochs" in report.check("votes_consistent").detail
+
+
 # What the honest members must have refused under each attack (docs/drills.md): the
 # reasons their /metrics count, and for messages over the transport's limit, the stream
 # the honest side reset.
@@ -371,6 +401,24 @@ def test_rollback_conflicts_finds_a_forgotten_vote_contradicted_after_the_restor
     forgotten = {3: b"c", 4: b"d"}
     assert rollback_conflicts(stale, forgotten, {**stale, 3: b"c", 5: b"e"}) == []
     assert rollback_conflicts(stale, forgotten, {**stale, 4: b"X"}) == [(4, b"d", b"X")]
+
+
+def test_a_restore_across_epochs_is_checked_by_epoch_and_view() -> None:
+    """Views start again in every epoch: the restored member's vote in view 5 of epoch 0
+    says nothing about the one it forgot in view 5 of epoch 1, and a different vote there
+    after the restore is a conflict (the epoch-0 table alone would not show it)."""
+    fault = Fault("stale-restore-epoch", 1, 0.0)
+    run = StaleRun(
+        1, {}, {}, fault, stale_by_epoch={(0, 4): b"a"}, forgotten_by_epoch={(1, 5): b"d"}
+    )
+    kept = {(0, 4): b"a", (0, 5): b"X", (1, 5): b"d", (1, 9): b"e"}
+    audit = ReplicaAudit(0, 0, 0, {4: b"a", 5: b"X"}, {}, kept)
+    problems: list[str] = []
+    assert epoch_rollback_conflicts(run, audit, problems) == 0 and not problems
+    assert fault.details["first_vote_after_restore"] == [0, 5]
+    audit = ReplicaAudit(0, 0, 0, {4: b"a"}, {}, {**kept, (1, 5): b"X"})
+    assert epoch_rollback_conflicts(run, audit, problems) == 1
+    assert "epoch 1 view 5" in problems[0]
 
 
 def test_refusals_since_counts_a_restarted_replica_from_zero() -> None:

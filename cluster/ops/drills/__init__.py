@@ -34,6 +34,11 @@ until `--seconds` have passed (at least `FAULT_CYCLES_MIN[drill]` times):
 - `rotate-members`: rotate every member's consensus key in turn with `quorumgate admin
   rotate-key --member I` (each rotation ends an epoch); after each one every replica must
   reach the new epoch and commits go on (module `rotation`).
+- `stale-restore-epoch`: back up one member (stopped, as `quorumgate backup` does) in
+  epoch e, rotate another member's key (ends e), let the first vote in e+1, SIGKILL it
+  and put the backup back declared (as `quorumgate restore` does): it must fence in e+1
+  and rejoin, no vote of it in any (epoch, view) contradicting one it forgot (module
+  `boundary`).
 
 Then the load stops and the drill settles: it waits until every acknowledged proposal is
 committed, offering again (the same signed bytes, as a client does when no certificate
@@ -65,7 +70,8 @@ holds. `recovery_s` is the time from the last fault until the faulted member was
 The package's modules: `runner` (the run and its waits), `nemesis` (the fault
 injectors), `load` (the open-loop load), `checker` (settling and the checks), `audit`
 (what the checks read: chains, stores, certificates), `ship` (the audit shipper's
-drill and its checks), `rotation` (the key-rotation drill), `report` (the report and its text
+drill and its checks), `rotation` (the key-rotation drill), `boundary` (the stale
+restore across an epoch boundary), `report` (the report and its text
 form) and `bounds` (names and deadlines). The cluster's processes are driven through the
 controller the live tests share, `quorumgate.ops.live.LiveCluster`.
 """

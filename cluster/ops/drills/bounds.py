@@ -20,6 +20,7 @@ DRILLS = (
     "byzantine",
     "ship",
     "rotate-members",
+    "stale-restore-epoch",
 )
 # Faults a drill injects however short `--seconds` is: enough to repeat what repeats,
 # and the three rebuild paths of `wipe-replica` (replay from height 1, the sidecar's own
@@ -33,6 +34,7 @@ FAULT_CYCLES_MIN = {
     "byzantine": 4,  # each attack of BYZANTINE_CYCLES once
     "ship": 3,  # the shipper, the database and a replica, each once
     "rotate-members": 4,  # every member of a 4-node cluster once (of 7: all 7, see the drill)
+    "stale-restore-epoch": 1,  # one backup, one boundary, one restore
 }
 FAULT_CYCLES_MAX = 64
 SECONDS_DEFAULT = 20.0

@@ -35,7 +35,7 @@ from quorumgate.ops.drills.bounds import (
     SIDECAR_DB_FILE,
     poll,
 )
-from quorumgate.ops.drills.context import Drill, Wiped
+from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
 from quorumgate.ops.drills.report import Abort, short
 from quorumgate.ops.live import EQUIVOCATION_REASONS, LiveCluster
 from quorumgate.ops.load import Ack, Load
@@ -80,13 +80,16 @@ def vote_splits(
     return {view: hashes for view, hashes in sorted(by_view.items()) if len(hashes) > 1}
 
 
+VoteKey = TypeVar("VoteKey", int, tuple[int, int])
+
+
 def rollback_conflicts(
-    stale: Mapping[int, bytes], forgotten: Mapping[int, bytes], now: Mapping[int, bytes]
-) -> list[tuple[int, bytes, bytes]]:
+    stale: Mapping[VoteKey, bytes], forgotten: Mapping[VoteKey, bytes], now: Mapping[VoteKey, bytes]
+) -> list[tuple[VoteKey, bytes, bytes]]:
     """Votes a replica restored from an old copy (`stale`: the copy's votes) signed after
-    the restore that contradict votes it had signed and forgotten (`forgotten`): (view,
-    forgotten hash, new hash). `now` is its vote table at the end. Safety Rule 6 keeps this
-    empty."""
+    the restore that contradict votes it had signed and forgotten (`forgotten`): (view, or
+    (epoch, view) across epochs, forgotten hash, new hash). `now` is its vote table at the
+    end. Safety Rule 6 keeps this empty."""
     return [
         (view, block_hash, now[view])
         for view, block_hash in sorted(forgotten.items())
@@ -576,6 +579,9 @@ def check_votes(d: Drill) -> None:
     ]
     conflicts = 0
     for run in d.stale_runs:
+        if run.by_epoch:
+            conflicts += epoch_rollback_conflicts(run, audits.get(run.node), problems)
+            continue
         now = audits[run.node].signed_votes if run.node in audits else {}
         for view, old, new in rollback_conflicts(run.stale_votes, run.forgotten, now):
             conflicts += 1
@@ -596,6 +602,24 @@ def check_votes(d: Drill) -> None:
     if d.stale_runs:
         passed += f"; no vote after {len(d.stale_runs)} stale restores contradicts a forgotten one"
     d.check("votes_consistent", problems, passed)
+
+
+def epoch_rollback_conflicts(run: StaleRun, audit: ReplicaAudit | None, problems: list[str]) -> int:
+    """`rollback_conflicts` for a restore across an epoch boundary, by (epoch, view); the
+    first vote after the restore goes into its fault's details."""
+    now = audit.votes if audit is not None else {}
+    found = rollback_conflicts(run.stale_by_epoch, run.forgotten_by_epoch, now)
+    for (epoch, view), old, new in found:
+        problems.append(
+            f"replica {run.node} epoch {epoch} view {view}: voted {short(old)} before the "
+            f"rollback and {short(new)} after it"
+        )
+    after = sorted(
+        k for k in now if k not in run.stale_by_epoch and k not in run.forgotten_by_epoch
+    )
+    run.fault.details["first_vote_after_restore"] = list(after[0]) if after else None
+    run.fault.details["votes_after_restore"] = len(after)
+    return len(found)
 
 
 def check_rebuilt(d: Drill) -> None:

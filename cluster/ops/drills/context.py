@@ -9,7 +9,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quorumgate.ops.drills.audit import SidecarView
 from quorumgate.ops.drills.bounds import (
@@ -42,12 +42,20 @@ from quorumgate.sidecar.replay import ReplayReport
 
 @dataclass(frozen=True)
 class StaleRun:
-    """A stale restore, for the vote check: what the old copy held and what was lost."""
+    """A stale restore, for the vote check: what the old copy held and what was lost.
+    A restore across an epoch boundary names its votes by (epoch, view), since views
+    start again in every epoch (`stale_by_epoch`, `forgotten_by_epoch`)."""
 
     node: int
-    stale_votes: dict[int, bytes]  # in the old copy
+    stale_votes: dict[int, bytes]  # in the old copy (epoch 0: view -> block hash)
     forgotten: dict[int, bytes]  # signed after the copy, lost by the rollback
     fault: Fault
+    stale_by_epoch: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    forgotten_by_epoch: dict[tuple[int, int], bytes] = field(default_factory=dict)
+
+    @property
+    def by_epoch(self) -> bool:
+        return bool(self.forgotten_by_epoch)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from quorumgate.ops.drills.audit import (
     read_sidecar,
     started_height,
 )
+from quorumgate.ops.drills.boundary import stale_restore_epoch
 from quorumgate.ops.drills.bounds import (
     ATTACK_HEIGHTS,
     BYZANTINE_CYCLES,
@@ -605,6 +606,7 @@ FAULTS: dict[str, Callable[[Drill], None]] = {
     "byzantine": byzantine,
     "ship": ship_drill,
     "rotate-members": rotate_members,
+    "stale-restore-epoch": stale_restore_epoch,
 }
 # What a drill sets up in the cluster directory before its nodes start.
 PREPARE: dict[str, Callable[[Drill], None]] = {"wipe-replica": prepare_wipe_replica}

@@ -36,7 +36,7 @@ def rotate_members(d: Drill) -> None:
     for k in range(FAULT_CYCLES_MAX):
         if k >= d.n and time.monotonic() >= d.fault_deadline:
             break
-        _rotate_once(d, k, k % d.n)
+        rotate_once(d, k, k % d.n)
     epochs = {i: s.epoch for i, s in d.statuses().items()}
     last = max(epochs.values(), default=0)
     behind = [
@@ -50,7 +50,7 @@ def rotate_members(d: Drill) -> None:
     )
 
 
-def _epoch_now(d: Drill) -> int:
+def epoch_now(d: Drill) -> int:
     """The epoch f+1 replicas report (the newest such)."""
     counts = Counter(s.epoch for s in d.statuses().values())
     agreed = [epoch for epoch, count in counts.items() if count >= d.spec.f + 1]
@@ -66,8 +66,8 @@ def _all_in(d: Drill, epoch: int) -> float | None:
     return None
 
 
-def _rotate_once(d: Drill, k: int, member: int) -> None:
-    epoch = _epoch_now(d)
+def rotate_once(d: Drill, k: int, member: int) -> None:
+    epoch = epoch_now(d)
     height = d.top()
     started = time.monotonic()
     fault = d.fault(Fault("rotate-member", member, started - d.t0, height_at_fault=height))
