@@ -53,7 +53,7 @@ from quorumgate.proto.chainversions import (
     receipts_expire,
     runs_epochs,
 )
-from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
+from quorumgate.proto.membership import MEMBERS_MIN, Member, MemberEntry, Membership
 from quorumgate.proto.tls import check_certificate, make_node_certificate
 
 FORMAT = "quorumgate-cluster/1"
@@ -104,6 +104,35 @@ class MemberSpec:
     @property
     def sidecar_address(self) -> str:
         return f"{self.host}:{self.sidecar_port}"
+
+    def entry(self) -> MemberEntry:
+        """This member's public description, as a `replace` record carries it."""
+        return MemberEntry(
+            self.index,
+            self.host,
+            self.replica_port,
+            self.metrics_port,
+            self.sidecar_port,
+            self.sidecar_metrics_port,
+            self.public_key,
+            self.receipt_public_key,
+            self.tls_cert,
+        )
+
+    @staticmethod
+    def of_entry(entry: MemberEntry) -> MemberSpec:
+        """The member a `replace` record's description names."""
+        return MemberSpec(
+            entry.index,
+            entry.host,
+            entry.replica_port,
+            entry.metrics_port,
+            entry.sidecar_port,
+            entry.sidecar_metrics_port,
+            entry.public_key,
+            entry.receipt_public_key,
+            entry.tls_cert,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +205,17 @@ class ClusterSpec:
             self.chain_id,
             tuple(Member(m.index, m.public_key, m.replica_address) for m in self.members),
         )
+
+    def with_entries(self, entries: Sequence[MemberEntry]) -> ClusterSpec:
+        """This description with each member an entry names swapped for the entry: the
+        cluster as it stands after a `replace` (docs/consensus/epochs.md, "The live
+        replica"). The chain id, owner key and every setting stay the cluster file's."""
+        members = list(self.members)
+        for entry in entries:
+            if not 0 <= entry.index < len(members):
+                raise ClusterFileError(f"a member entry names member {entry.index}, not one")
+            members[entry.index] = MemberSpec.of_entry(entry)
+        return replace(self, members=tuple(members))
 
     def node_dir(self, index: int) -> Path:
         return self.directory / f"node-{index}"

@@ -68,6 +68,7 @@ from quorumgate.replica.epochs import (
     EpochProof,
     RestoreFence,
     check_epoch_proof,
+    entries_after,
     epoch_page,
     epoch_proof_reach,
     epoch_safety_state,
@@ -199,7 +200,7 @@ class ReplicaNode:
         # A chain that runs epochs counts only records its owner signed (docs/consensus/
         # epochs.md, "Who may change the member set"): with the cluster file's key in
         # epoch 0, and in a later epoch with the key the owner records before it left
-        # (`_owner_records_of`; "The record key"). The core of each epoch holds its own.
+        # (`_epoch_reading`; "The record key"). The core of each epoch holds its own.
         self.owner_records = (
             OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
         )
@@ -210,6 +211,9 @@ class ReplicaNode:
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
         self.store: ReplicaStore | None = None
         self.core: Core | None = None
+        # The cluster as it stands in the epoch we run: the cluster file's, with each member
+        # a committed `replace` record described swapped in (`_epoch_reading`).
+        self.epoch_spec = spec
         self.sidecar = SidecarLink(
             spec, index, self.metrics, self._new_root, Reader.of_signer(signer)
         )
@@ -279,6 +283,7 @@ class ReplicaNode:
         self._server = server
         self.sidecar.open()
         start_http_server(self.member.metrics_port, self.member.host, self.metrics.registry)
+        self.peers.follow_now(self.epoch_spec)  # (a restart: where the members are now)
         self.peers.start()
         await self._execute(self.core.start())
         self.failstop.spawn(self._core_loop(), "core")
@@ -323,7 +328,7 @@ class ReplicaNode:
         assert store is not None
         stored = store.epoch
         membership = self.membership if stored is None else stored.membership(self.membership)
-        owner_records = self._owner_records_of(membership.epoch)
+        owner_records, self.epoch_spec = self._epoch_reading(membership.epoch)
         self.metrics.epoch.set(membership.epoch)
         self.mempool.enter_epoch(membership.epoch, owner_records)
         self._current_signer = self._epoch_signer(membership)
@@ -342,15 +347,17 @@ class ReplicaNode:
             owner_records=owner_records,
         )
 
-    def _owner_records_of(self, epoch: int) -> OwnerRecords | None:
-        """The reader of epoch `epoch`'s records: the cluster file's owner key carried
-        through every stored change block up to that epoch's start, each handing over to
-        the key its `owner` record names, if it carries one (replica/epochs.py
-        `owner_after`). Derived from the committed change blocks alone, as every replica,
-        sidecar and follower derives it; nothing of it is stored."""
+    def _epoch_reading(self, epoch: int) -> tuple[OwnerRecords | None, ClusterSpec]:
+        """The reader of epoch `epoch`'s records and the cluster as it stands in it: the
+        cluster file's owner key and member entries carried through every stored change
+        block up to that epoch's start, each handing over to the key its `owner` record
+        names, and swapping the member a `replace` record describes (replica/epochs.py
+        `owner_after`, `entries_after`). Derived from the committed change blocks alone,
+        as every replica, sidecar and follower derives them; nothing of it is stored."""
         owner = self.owner_records
+        spec = self.spec
         if owner is None:
-            return None
+            return None, spec
         store = self.store
         assert store is not None
         before = self.membership
@@ -361,9 +368,10 @@ class ReplicaNode:
                     f"node {self.index}'s store holds epoch {epoch} but not epoch {number}: "
                     "the record key of its epochs cannot be derived"
                 )
+            spec = spec.with_entries(entries_after(stored.boundary, before, owner))
             owner = owner_after(stored.boundary, before, owner)
             before = stored.membership(self.membership)
-        return owner
+        return owner, spec
 
     def _key_of(self, member: int) -> bytes:
         """Member `member`'s consensus key in the epoch we run."""
@@ -964,12 +972,15 @@ class ReplicaNode:
         # A stream a member opened with a key this epoch no longer gives it ends here: a
         # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.
         ended = self.peers.end_streams_of_old_keys()
+        # A member replaced (a new machine) is reached at its new address from here on.
+        relinked = await self.peers.follow(self.epoch_spec)
         log.info(
-            "event=epoch_started node=%d epoch=%d height=%d streams_ended=%d",
+            "event=epoch_started node=%d epoch=%d height=%d streams_ended=%d relinked=%s",
             self.index,
             core.epoch,
             store.committed_height,
             ended,
+            ",".join(map(str, relinked)) or "none",
         )
 
     async def _restart_core(self, restored: bool) -> Core:
