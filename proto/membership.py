@@ -439,7 +439,7 @@ class OwnerRecords:
     owner_key: bytes
     # The kinds the live replica carries out (docs/consensus/epochs.md, "The live
     # replica"): a record of another kind is committed and changes nothing.
-    kinds: tuple[str, ...] = ("rotate", "owner")
+    kinds: tuple[str, ...] = ("replace", "rotate", "owner")
 
     def read(self, tx: bytes) -> tuple[Reconfiguration, int] | None:
         """The record `tx` carries and the epoch it ends, if the owner signed it; None for

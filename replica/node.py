@@ -40,6 +40,7 @@ from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
 from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
+    JOIN_FILE,
     ClusterFileError,
     ClusterSpec,
     consensus_seed_for,
@@ -193,9 +194,13 @@ class ReplicaNode:
         self.member = spec.member(index)
         # The genesis member set (the cluster file's); the epoch's own is the core's.
         self.membership = spec.membership()
-        if self.membership.key(index) != signer.public_key:
+        # A new machine (`init --join`) holds the key a `replace` record gives member
+        # `index` from a later epoch on, which its join.json names, not the cluster file's.
+        expected = self.membership.key(index) if spec.joined is None else spec.joined.public_key
+        if signer.public_key != expected:
+            where = "the cluster file" if spec.joined is None else JOIN_FILE
             raise ClusterFileError(
-                f"node {index}'s key file does not match its public key in the cluster file"
+                f"node {index}'s key file does not match its public key in {where}"
             )
         # A chain that runs epochs counts only records its owner signed (docs/consensus/
         # epochs.md, "Who may change the member set"): with the cluster file's key in
@@ -399,6 +404,12 @@ class ReplicaNode:
         if key == self.signer.public_key:
             return self.signer
         seed = consensus_seed_for(self.spec.node_dir(self.index), key)
+        if seed is None and self.spec.joined is not None:
+            # A new machine in an epoch before the `replace` that makes it member
+            # `index`: it only follows. Nothing it signs there checks with the epoch's
+            # key for `index`, and no member takes its streams; it catches up by the
+            # epoch proof and its pages once the members are past the boundary.
+            return self.signer
         if seed is None:
             raise ClusterFileError(
                 f"node {self.index} holds no key file for its consensus key of epoch "
