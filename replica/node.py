@@ -185,12 +185,36 @@ MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
 PRUNE_POLL_S = 2.0
 
 
+NON_MEMBER_SIGNATURE_BYTES = 64  # an Ed25519 signature's length: zeros check with no key
+
+
+class NonMemberSigner:
+    """What a new machine (`init --join`) runs an epoch's core with before the epoch that
+    makes it a member: the epoch's key for its index, which it does not hold, and a
+    signature of zeros for whatever the core asks to sign. Nothing it signs checks with
+    that key, so no member counts it, and no member takes its streams in that epoch
+    anyway (they are signed with the new machine's own key). The core needs it only to
+    take the old epoch's pages and proof (docs/consensus/epochs.md, "The live replica")."""
+
+    __slots__ = ("_public",)
+
+    def __init__(self, public_key: bytes) -> None:
+        self._public = public_key
+
+    @property
+    def public_key(self) -> bytes:
+        return self._public
+
+    def sign(self, message: bytes) -> bytes:
+        return bytes(NON_MEMBER_SIGNATURE_BYTES)
+
+
 class ReplicaNode:
     def __init__(self, spec: ClusterSpec, index: int, signer: Ed25519Signer) -> None:
         self.spec = spec
         self.index = index
         self.signer = signer
-        self._current_signer = signer  # our consensus key in the epoch we run
+        self._current_signer: Signer = signer  # our consensus key in the epoch we run
         self.member = spec.member(index)
         # The genesis member set (the cluster file's); the epoch's own is the core's.
         self.membership = spec.membership()
@@ -389,6 +413,8 @@ class ReplicaNode:
         wrote beside it), so that a peer on either side of a rotation's boundary finds
         the one it expects (runtime/channels.py `peer_auth_metadata`)."""
         current = self._current_signer
+        if isinstance(current, NonMemberSigner):
+            current = self.signer  # (a new machine opens its streams with its own key)
         held = [current]
         for seed in held_consensus_seeds(self.spec.node_dir(self.index)):
             if len(held) == PEER_AUTH_SIGNATURES_MAX:
@@ -397,7 +423,7 @@ class ReplicaNode:
                 held.append(Ed25519Signer(seed))
         return tuple(held)
 
-    def _epoch_signer(self, membership: Membership) -> Ed25519Signer:
+    def _epoch_signer(self, membership: Membership) -> Signer:
         """Our consensus key in `membership`: the cluster file's, or the one a rotation
         left in our node directory (proto/clusterfile.py `consensus_seed_for`)."""
         key = membership.key(self.index)
@@ -406,10 +432,10 @@ class ReplicaNode:
         seed = consensus_seed_for(self.spec.node_dir(self.index), key)
         if seed is None and self.spec.joined is not None:
             # A new machine in an epoch before the `replace` that makes it member
-            # `index`: it only follows. Nothing it signs there checks with the epoch's
-            # key for `index`, and no member takes its streams; it catches up by the
-            # epoch proof and its pages once the members are past the boundary.
-            return self.signer
+            # `index`: it only follows (`NonMemberSigner`), and no member takes its
+            # streams there; it catches up by the epoch proof and its pages once the
+            # members are past the boundary.
+            return NonMemberSigner(key)
         if seed is None:
             raise ClusterFileError(
                 f"node {self.index} holds no key file for its consensus key of epoch "

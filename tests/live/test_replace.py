@@ -1,0 +1,169 @@
+"""A member replaced live: its host is gone for good, a new machine with new keys takes its
+place (docs/consensus/epochs.md, "The live replica"; docs/operating.md, "Replacing a
+member"). `quorumgate init --join` prepares the new machine's directory, `quorumgate admin
+replace-member` signs the `replace` record with its entry; the new node starts from
+genesis as a non-member, catches up by the epoch proof and pages, and votes as the member
+from the boundary on; its sidecar executes the whole log from height 1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+from nacl.signing import VerifyKey
+
+from quorumgate.ops.live import RPC_TIMEOUT_S
+from quorumgate.ops.nodes import sidecar_status
+from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, ClusterSpec, load_cluster, read_seed
+from quorumgate.proto.crypto import Ed25519Signer
+from quorumgate.proto.membership import is_record
+from quorumgate.replica.types import Block, vote_bytes
+from quorumgate.runtime.channels import peer_auth_metadata
+from quorumgate.sdk.builders import tool_spec
+from quorumgate.sdk.sync import SyncClient
+from tests.support.live import (
+    WAIT_S,
+    LiveCluster,
+    Load,
+    assert_each_committed_once,
+    wait_until,
+)
+
+N = 4
+GONE = 3  # the member whose host is gone
+LISTENER = 0
+CLI_TIMEOUT_S = 120.0
+
+
+def quorumgate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "quorumgate", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+
+
+def stream_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
+    """What `LISTENER` answers a stream opened as `GONE` with `signer`."""
+    chain = cluster.chain_id
+    auth = peer_auth_metadata(chain, GONE, LISTENER, int(time.time() * 1000), signer)
+    try:
+        cluster.peer(LISTENER).Stream(iter(()), timeout=RPC_TIMEOUT_S, metadata=auth)
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def votes_of_new_key(chain: list[Block], boundary: int, chain_id: str, key: bytes) -> int:
+    """Signatures of `GONE` in epoch 1's certificates above the boundary, each checked
+    with `key` over epoch 1's statement (one that does not check raises)."""
+    checked = 0
+    for block in chain[boundary + 2 :]:
+        qc = block.justify
+        for signer, signature in qc.signatures:
+            if signer == GONE:
+                statement = vote_bytes(f"{chain_id}#epoch=1", qc.view, qc.height, qc.block_hash)
+                VerifyKey(key).verify(statement, signature)
+                checked += 1
+    return checked
+
+
+def sidecars_agree(old: ClusterSpec, new: ClusterSpec, top: int) -> None:
+    """Sidecar 0 and the new member's sidecar executed `top` with the same ledger."""
+
+    def both() -> tuple[object, object] | None:
+        a, b = sidecar_status(old, LISTENER), sidecar_status(new, GONE)
+        if a is None or b is None or a.executed_height != top or b.executed_height != top:
+            return None
+        return a, b
+
+    a, b = wait_until(f"both sidecars to execute height {top}", both)  # type: ignore[misc]
+    assert not a.diverged and not b.diverged  # type: ignore[attr-defined]
+    assert a.ledger_head == b.ledger_head  # type: ignore[attr-defined]
+    assert a.state_root == b.state_root  # type: ignore[attr-defined]
+    assert a.ledger_entries == b.ledger_entries > 0  # type: ignore[attr-defined]
+
+
+def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
+    live_cluster: Callable[..., LiveCluster], tmp_path: Path
+) -> None:
+    cluster = live_cluster(N)
+    cluster.start_sidecars()
+    spec = cluster.spec
+    with SyncClient.as_owner(spec.directory) as owner:
+        owner.register_tool(tool_spec("web.get", "read", schemes=["https"]))
+    load = Load(cluster, "replace", agents=2, per_agent=300, batch=5, rate_per_s=10)
+    cluster.register(load.agents)
+    load.avoid([GONE])
+    load.start()
+    load.wait_acked(20)
+    load.drain(GONE)
+    old_key = Ed25519Signer(read_seed(spec.node_dir(GONE) / CONSENSUS_KEY_FILE))
+    cluster.kill(GONE, kind="sidecar")
+    cluster.kill(GONE)  # its host is gone for good
+    others = [i for i in range(N) if i != GONE]
+    cluster.wait_progress(2, others)
+
+    # The new machine: its directory, its keys, and the entry the owner signs.
+    join_dir = tmp_path / "new-machine"
+    made = quorumgate(
+        "init", "--join", "--cluster", str(spec.directory / "cluster.json"),
+        "--index", str(GONE), "--dir", str(join_dir),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    entry = json.loads(made.stdout)
+    seed = read_seed(join_dir / f"node-{GONE}" / CONSENSUS_KEY_FILE).hex()
+    assert seed not in made.stdout + made.stderr
+    entry_file = tmp_path / "entry.json"
+    entry_file.write_text(made.stdout)
+    joined = LiveCluster(load_cluster(join_dir))  # starts and stops the new machine
+    # reads the new machine as the owner (the join directory holds no owner key); starts
+    # and stops nothing
+    view = LiveCluster(replace(spec, joined=joined.spec.member(GONE)))
+    try:
+        joined.start([GONE])
+        joined.start_sidecars([GONE])
+        assert view.status(GONE).epoch == 0  # a non-member, from genesis
+
+        done = quorumgate(
+            "admin", "replace-member", "--dir", str(spec.directory), "--member", str(GONE),
+            "--entry", str(entry_file), "--json", "--deadline", str(WAIT_S),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        assert doc["in_effect"] and doc["epoch"] == 0 and doc["member"] == GONE
+        new_key = bytes.fromhex(entry["public_key"])
+        assert doc["public_key"] == entry["public_key"]
+
+        wait_until("the new machine in epoch 1", lambda: view.status(GONE).epoch == 1)
+        cluster.wait_progress(3, others)
+        # The old key opens no stream as member 3 any more.
+        assert stream_code(cluster, old_key) == grpc.StatusCode.UNAUTHENTICATED
+
+        load.stop()
+        load.assert_clean()
+        committed_at = cluster.wait_committed(load.acked, LISTENER)
+        top = cluster.wait_height(max(committed_at.values()) + 2, others)
+        height = min(top.values())
+        view.wait_height(height, [GONE])
+        chain = cluster.assert_same_chain(others, height)
+        assert [b.hash for b in view.chain(GONE, height)] == [b.hash for b in chain]
+        assert_each_committed_once(load.acked, chain)
+        records = [b.height for b in chain for tx in b.payload if is_record(tx)]
+        assert len(records) == 1, records
+        # Member 3 votes in epoch 1 with the new machine's key.
+        assert votes_of_new_key(chain, records[0], spec.chain_id, new_key) > 0
+        settled = max(cluster.heights(others).values())
+        sidecars_agree(spec, joined.spec, settled)
+        cluster.assert_no_equivocation_seen(others)
+    finally:
+        view.forget_channel(GONE)
+        joined.close()
