@@ -38,6 +38,8 @@ from tests.support.live import (
 N = 4
 GONE = 3  # the member whose host is gone
 LISTENER = 0
+RESTARTED = 1  # restarted after the boundary
+DOWN = 2  # then stopped for a while, so that the restarted member needs the new machine
 CLI_TIMEOUT_S = 120.0
 
 
@@ -147,6 +149,26 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
         cluster.wait_progress(3, others)
         # The old key opens no stream as member 3 any more.
         assert stream_code(cluster, old_key) == grpc.StatusCode.UNAUTHENTICATED
+
+        # A member restarted after the boundary links to the new machine again (it rebuilds
+        # the cluster of epoch 1 from its store): with member 2 down as well, members 0
+        # and 1 and the new machine still commit, which needs each pair of them linked.
+        load.avoid([GONE, RESTARTED, DOWN])
+        load.drain(RESTARTED)
+        load.drain(DOWN)
+        cluster.kill(RESTARTED)
+        cluster.restart(RESTARTED)
+        wait_until(
+            "the restarted member's stream to the new machine",
+            lambda: RESTARTED in view.status(GONE).peers_connected,
+        )
+        cluster.kill(DOWN)
+        three = [LISTENER, RESTARTED]
+        goal = max(cluster.heights(three).values()) + 3
+        cluster.wait_height(goal, three)
+        view.wait_height(goal, [GONE])
+        cluster.restart(DOWN)
+        load.avoid([GONE])
 
         load.stop()
         load.assert_clean()
