@@ -20,11 +20,19 @@ from nacl.signing import VerifyKey
 
 from quorumgate.ops.live import RPC_TIMEOUT_S
 from quorumgate.ops.nodes import sidecar_status
-from quorumgate.proto.clusterfile import CONSENSUS_KEY_FILE, ClusterSpec, load_cluster, read_seed
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto.clusterfile import (
+    CONSENSUS_KEY_FILE,
+    RECEIPT_KEY_FILE,
+    ClusterSpec,
+    load_cluster,
+    read_seed,
+)
 from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
-from quorumgate.runtime.channels import peer_auth_metadata
+from quorumgate.runtime.channels import Reader, peer_auth_metadata, sync_channel
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.sync import SyncClient
 from tests.support.live import (
@@ -61,6 +69,22 @@ def stream_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
         cluster.peer(LISTENER).Stream(iter(()), timeout=RPC_TIMEOUT_S, metadata=auth)
     except grpc.RpcError as err:
         return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def read_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
+    """What `LISTENER`'s replica answers `CommittedBlocks` (every argument value of every
+    call: members, the owner and auditors only) signed with `signer`."""
+    channel = sync_channel(cluster.spec, LISTENER, reader=Reader.of_signer(signer))
+    try:
+        blocks = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
+            cpb.BlocksRequest(from_height=1), timeout=RPC_TIMEOUT_S
+        )
+        next(iter(blocks))
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    finally:
+        channel.close()
     return grpc.StatusCode.OK
 
 
@@ -109,6 +133,8 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
     load.wait_acked(20)
     load.drain(GONE)
     old_key = Ed25519Signer(read_seed(spec.node_dir(GONE) / CONSENSUS_KEY_FILE))
+    old_receipt_key = Ed25519Signer(read_seed(spec.node_dir(GONE) / RECEIPT_KEY_FILE))
+    assert read_code(cluster, old_receipt_key) == grpc.StatusCode.OK  # a member's sidecar
     cluster.kill(GONE, kind="sidecar")
     cluster.kill(GONE)  # its host is gone for good
     others = [i for i in range(N) if i != GONE]
@@ -149,6 +175,8 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
         cluster.wait_progress(3, others)
         # The old key opens no stream as member 3 any more.
         assert stream_code(cluster, old_key) == grpc.StatusCode.UNAUTHENTICATED
+        # Nor does the old machine's sidecar key read what only members read.
+        assert read_code(cluster, old_receipt_key) == grpc.StatusCode.PERMISSION_DENIED
 
         # A member restarted after the boundary links to the new machine again (it rebuilds
         # the cluster of epoch 1 from its store): with member 2 down as well, members 0
