@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from quorumgate.proto.membership import Membership, OwnerRecords
+from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.membership import MemberEntry, Membership, OwnerRecords
 from quorumgate.replica.epochchain import (
     EPOCH_CHAIN_BYTES_MAX,
     EPOCH_CHAIN_EPOCHS_MAX,
@@ -87,6 +88,17 @@ class Epochs:
     def membership(self) -> Membership:
         """The current epoch's member set (the one its consensus signatures name)."""
         return self.chain.current.membership
+
+    @property
+    def entries(self) -> tuple[MemberEntry, ...]:
+        """The member entries `replace` records carried up to the current epoch (new
+        machines: address, receipt key, TLS certificate), checked with the chain."""
+        return self.chain.current.entries
+
+    def cluster(self, spec: ClusterSpec) -> ClusterSpec:
+        """`spec` (the cluster file's) as the cluster stands in the current epoch: each
+        member replaced at the address, with the keys and certificate, its record gave."""
+        return spec.with_entries(self.entries)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,7 @@ from the boundary on; its sidecar executes the whole log from height 1."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
-from nacl.signing import VerifyKey
+from nacl.signing import SigningKey, VerifyKey
 
 from quorumgate.ops.live import RPC_TIMEOUT_S
 from quorumgate.ops.nodes import sidecar_status
@@ -24,6 +25,7 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
+    OWNER_KEY_FILE,
     RECEIPT_KEY_FILE,
     ClusterSpec,
     load_cluster,
@@ -34,6 +36,7 @@ from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
 from quorumgate.runtime.channels import Reader, peer_auth_metadata, sync_channel
 from quorumgate.sdk.builders import tool_spec
+from quorumgate.sdk.client import Client
 from quorumgate.sdk.sync import SyncClient
 from tests.support.live import (
     WAIT_S,
@@ -86,6 +89,25 @@ def read_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
     finally:
         channel.close()
     return grpc.StatusCode.OK
+
+
+def owner_reaches_the_new_machine(spec: ClusterSpec) -> tuple[int | None, int | None]:
+    """Member 3's epoch as the owner's client sees it before and after it checks the chain
+    of epochs (`Client.epochs`, which carries the new machine's entry)."""
+
+    async def main() -> tuple[int | None, int | None]:
+        owner = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+        async with Client(spec, owner) as client:
+            before = (await client.replica_status()).get(GONE)
+            epochs = await client.epochs()
+            assert epochs.current.epoch == 1 and len(epochs.entries) == 1
+            after = (await client.replica_status()).get(GONE)
+        return (
+            None if before is None else int(before.epoch),
+            None if after is None else int(after.epoch),
+        )
+
+    return asyncio.run(main())
 
 
 def votes_of_new_key(chain: list[Block], boundary: int, chain_id: str, key: bytes) -> int:
@@ -175,6 +197,8 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
         cluster.wait_progress(3, others)
         # The old key opens no stream as member 3 any more.
         assert stream_code(cluster, old_key) == grpc.StatusCode.UNAUTHENTICATED
+        # A client reaches the new machine once it has checked the chain of epochs.
+        assert owner_reaches_the_new_machine(spec) == (None, 1)
         # Nor does the old machine's sidecar key read what only members read.
         assert read_code(cluster, old_receipt_key) == grpc.StatusCode.PERMISSION_DENIED
 
