@@ -66,3 +66,35 @@ def test_an_entry_for_another_cluster_is_refused(tmp_path: Path) -> None:
     no_cert = {k: v for k, v in doc.items() if k != "tls_cert"}
     with pytest.raises(ClusterFileError, match="uses TLS"):
         parse_member_entry(no_cert, spec, "entry")
+
+
+def test_replace_member_refuses_an_entry_before_anything_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`admin replace-member` checks the entry against the cluster file first: another
+    member's, a key the cluster already names, or no JSON is refused with exit 2, and no
+    replica is asked anything (none runs here)."""
+    import argparse
+
+    from quorumgate.ops.rotate import cmd_replace_member
+
+    spec = init_cluster(tmp_path / "c", 4)
+    init_join(tmp_path / "c" / "cluster.json", 3, tmp_path / "new")
+    entry = tmp_path / "new" / JOIN_FILE
+    doc = json.loads(entry.read_text())
+    stolen = tmp_path / "stolen.json"
+    stolen.write_text(json.dumps(dict(doc, public_key=spec.member(1).public_key.hex())))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+
+    def run(member: int, path: Path) -> str:
+        args = argparse.Namespace(
+            dir=str(tmp_path / "c"), member=member, entry=str(path), key=None, json=False,
+            deadline=1.0,
+        )  # fmt: skip
+        assert cmd_replace_member(args) == 2
+        return capsys.readouterr().err
+
+    assert "describes member 3, not member 2" in run(2, entry)
+    assert "already names" in run(3, stolen)
+    assert "not JSON" in run(3, broken)
