@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import sys
@@ -195,9 +196,12 @@ async def _epoch_and_key_check(spec: ClusterSpec, client: Client, owner: Signing
 
 
 async def _wait_next_epoch(
-    spec: ClusterSpec, client: Client, epoch: int, deadline_s: float
+    spec: ClusterSpec, client: Client, epoch: int, deadline_s: float, follow: bool = False
 ) -> list[int]:
-    """The replicas in an epoch after `epoch` once 2f+1 of them are, or at the deadline."""
+    """The replicas in an epoch after `epoch` once 2f+1 of them are, or at the deadline.
+    With `follow` (a member replaced by a new machine), once f+1 replicas are past
+    `epoch` the client checks the chain of epochs again, which moves its channels to the
+    new machine (`Client.epochs`), so that the new member counts too."""
     started = time.monotonic()
     reached: list[int] = []
     while time.monotonic() - started < deadline_s:
@@ -205,6 +209,9 @@ async def _wait_next_epoch(
         reached = sorted(i for i, e in epochs.items() if e > epoch)
         if len(reached) >= spec.n - spec.f:
             break
+        if follow and len(reached) >= spec.f + 1:
+            with contextlib.suppress(QuorumGateError):  # (asked again at the next poll)
+                follow = (await client.epochs()).current.epoch <= epoch
         await asyncio.sleep(POLL_S)
     return reached
 
@@ -304,7 +311,7 @@ async def _replace(
         data = sign_record(record, spec.chain_id, epoch, _signer(owner))
         await client.submit_record(data)
         _say(args, f"submitted: replace member {member} (signed by the owner for epoch {epoch})")
-        reached = await _wait_next_epoch(spec, client, epoch, args.deadline)
+        reached = await _wait_next_epoch(spec, client, epoch, args.deadline, follow=True)
         done = len(reached) >= spec.n - spec.f
         doc = {
             "member": member,
