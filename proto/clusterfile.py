@@ -823,7 +823,7 @@ def init_join(
         directory.mkdir(parents=True, exist_ok=True)
         ports = free_loopback_ports(PORTS_PER_MEMBER)
         member = _write_member(directory, index, host.strip(), ports, trusted.insecure, created)
-        text = (cluster_file).read_text()
+        text = cluster_file.read_text()
         (directory / CLUSTER_FILE).write_text(text)
         created.append(directory / CLUSTER_FILE)
         entry = json.dumps(member.entry().document(), indent=2) + "\n"
