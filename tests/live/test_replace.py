@@ -34,6 +34,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import is_record
+from quorumgate.replica.storage import ReplicaStore
 from quorumgate.replica.types import Block, vote_bytes
 from quorumgate.runtime.channels import Reader, peer_auth_metadata, sync_channel
 from quorumgate.sdk.builders import tool_spec
@@ -108,6 +109,19 @@ def owner_reaches_the_new_machine(spec: ClusterSpec) -> tuple[int | None, int | 
             None if before is None else int(before.epoch),
             None if after is None else int(after.epoch),
         )
+
+    return asyncio.run(main())
+
+
+def stored_votes(path: Path, chain_id: str) -> dict[tuple[int, int], bytes]:
+    """(epoch, view) -> block hash of every vote a stopped replica's store recorded."""
+
+    async def main() -> dict[tuple[int, int], bytes]:
+        store = await ReplicaStore.open(path, chain_id)
+        try:
+            return await store.votes_of_every_epoch()
+        finally:
+            await store.close()
 
     return asyncio.run(main())
 
@@ -248,6 +262,14 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
         settled = max(cluster.heights(live).values())
         sidecars_agree(spec, joined.spec, settled)
         cluster.assert_no_equivocation_seen(live)
+        # The new machine's own audit table: the votes it signed are all of epoch 1, for
+        # blocks of the common chain above the change block, and none of epoch 0.
+        joined.stop_all()
+        votes = stored_votes(joined.spec.node_dir(GONE) / "replica.db", spec.chain_id)
+        assert votes and {epoch for epoch, _ in votes} == {1}, sorted(votes)
+        hashes = {b.hash: b.height for b in chain}
+        voted = [hashes[h] for h in votes.values() if h in hashes]
+        assert voted and min(voted) > records[0]
     finally:
         view.forget_channel(GONE)
         joined.close()
