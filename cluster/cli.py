@@ -294,8 +294,10 @@ def _cmd_epochs(args: argparse.Namespace) -> int:
         print(
             f"epoch {epoch.epoch}: {where}, {epoch.members} members, checked by replicas {checked}"
         )
+        moved = dict(epoch.moved)
         for index, public_key in enumerate(epoch.keys):
-            print(f"  member {index}: {key_fingerprint(public_key)}")
+            at = f" at {moved[index]} (a new machine)" if index in moved else ""
+            print(f"  member {index}: {key_fingerprint(public_key)}{at}")
         if epoch.record_key:
             print(f"  records signed by owner key {key_fingerprint(epoch.record_key)}")
     for replica, why in sorted(found.refused.items()):

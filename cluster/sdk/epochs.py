@@ -53,6 +53,8 @@ class CheckedEpoch:
     keys: tuple[bytes, ...]
     checked_by: tuple[int, ...]
     record_key: bytes = b""
+    # Members at new machines by this epoch (`replace` records): index -> replica address.
+    moved: tuple[tuple[int, str], ...] = ()
 
     @property
     def members(self) -> int:
@@ -67,6 +69,7 @@ class CheckedEpoch:
             "keys": [key_fingerprint(k) for k in self.keys],
             "checked_by": list(self.checked_by),
             "record_key": key_fingerprint(self.record_key) if self.record_key else None,
+            "moved": {str(i): address for i, address in self.moved},
         }
 
 
@@ -177,6 +180,7 @@ class EpochFollower:
                 e.keys,
                 tuple(r for r in sorted(reach) if reach[r] >= e.epoch),
                 e.owner_key or (self.owner.owner_key if self.owner is not None else b""),
+                tuple((m.index, f"{m.host}:{m.replica_port}") for m in e.entries),
             )
             for e in longest.epochs
         )

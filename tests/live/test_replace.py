@@ -221,6 +221,10 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
         assert stream_code(cluster, old_key) == grpc.StatusCode.UNAUTHENTICATED
         # A client reaches the new machine once it has checked the chain of epochs.
         assert owner_reaches_the_new_machine(spec) == (None, 1)
+        shown = quorumgate("epochs", "--dir", str(spec.directory), "--json")
+        assert shown.returncode == 0, shown.stderr
+        address = f"{entry['host']}:{entry['replica_port']}"
+        assert json.loads(shown.stdout)["epochs"][1]["moved"] == {str(GONE): address}
         # Nor does the old machine's sidecar key read what only members read.
         assert read_code(cluster, old_receipt_key) == grpc.StatusCode.PERMISSION_DENIED
 
