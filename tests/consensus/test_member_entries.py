@@ -166,3 +166,16 @@ def test_a_plaintext_entry_has_no_certificate() -> None:
     plain = entry(tls_cert=b"")
     assert "tls_cert" not in plain.document()
     assert MemberEntry.parse(plain.encode()) == plain
+
+
+def test_the_mempool_refuses_a_replace_whose_entry_does_not_check() -> None:
+    """Refused clearly at the door (`bad_member_entry`), not committed for nothing: a
+    replace signed by the owner whose entry names another key; the good one is taken."""
+    from quorumgate.replica.mempool import Mempool
+
+    mempool = Mempool(CHAIN, owner_records=RECORDS)
+    wrong = signed(replace_record(entry(public_key=OTHER.public_key).encode()))
+    refused = mempool.admit(wrong)
+    assert not refused.accepted and refused.reason == "bad_member_entry"
+    assert refused.status == "INVALID_ARGUMENT"
+    assert mempool.admit(signed(replace_record())).accepted
