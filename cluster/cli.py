@@ -84,9 +84,37 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
+def _cmd_init_join(args: argparse.Namespace) -> int:
+    """`init --join`: a new machine's directory for member I; prints its entry (public
+    parts only), which the owner passes to `admin replace-member --entry`."""
+    from quorumgate.proto.clusterfile import JOIN_FILE, ClusterFileError, init_join
+
+    if args.cluster is None or args.index is None:
+        return _fail(
+            "init --join needs --cluster FILE (the cluster.json to trust) and --index I", 2
+        )
+    try:
+        member = init_join(Path(args.cluster), args.index, Path(args.dir), host=args.host)
+    except (ClusterFileError, OSError) as err:
+        return _fail(str(err), 2)
+    entry = json.dumps(member.entry().document(), indent=2)
+    if not args.json:
+        print(
+            f"Wrote {Path(args.dir) / JOIN_FILE}: a new machine for member {member.index} at "
+            f"{member.replica_address}. Give the owner this entry for `quorumgate admin "
+            f"replace-member --member {member.index} --entry FILE`, then start it with "
+            f"`quorumgate up --dir {args.dir} --node {member.index}`:",
+            file=sys.stderr,
+        )
+    print(entry)
+    return 0
+
+
 def _cmd_init(args: argparse.Namespace) -> int:
     from quorumgate.proto.clusterfile import ClusterFileError, init_cluster
 
+    if args.join:
+        return _cmd_init_join(args)
     try:
         hosts = args.hosts.split(",") if args.hosts is not None else None
         capacities: dict[str, int] = {}
@@ -266,8 +294,10 @@ def _cmd_epochs(args: argparse.Namespace) -> int:
         print(
             f"epoch {epoch.epoch}: {where}, {epoch.members} members, checked by replicas {checked}"
         )
+        moved = dict(epoch.moved)
         for index, public_key in enumerate(epoch.keys):
-            print(f"  member {index}: {key_fingerprint(public_key)}")
+            at = f" at {moved[index]} (a new machine)" if index in moved else ""
+            print(f"  member {index}: {key_fingerprint(public_key)}{at}")
         if epoch.record_key:
             print(f"  records signed by owner key {key_fingerprint(epoch.record_key)}")
     for replica, why in sorted(found.refused.items()):
@@ -715,6 +745,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="plaintext gRPC, no TLS: only on a network you trust (status says so)",
     )
+    init.add_argument(
+        "--join",
+        action="store_true",
+        help="a new machine for an existing member (with --cluster, --index): its keys and "
+        "ports; prints the entry for `admin replace-member`",
+    )
+    init.add_argument("--cluster", metavar="FILE", help="with --join: the cluster.json to trust")
+    init.add_argument("--index", type=int, metavar="I", help="with --join: the member replaced")
     init.add_argument("--json", action="store_true")
     init.set_defaults(func=_cmd_init)
 

@@ -53,7 +53,13 @@ from quorumgate.proto.chainversions import (
     receipts_expire,
     runs_epochs,
 )
-from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
+from quorumgate.proto.membership import (
+    MEMBERS_MIN,
+    Member,
+    MemberEntry,
+    MemberEntryError,
+    Membership,
+)
 from quorumgate.proto.tls import check_certificate, make_node_certificate
 
 FORMAT = "quorumgate-cluster/1"
@@ -62,6 +68,10 @@ OWNER_KEY_FILE = "owner.key"
 CONSENSUS_KEY_FILE = "consensus.key"
 RECEIPT_KEY_FILE = "receipt.key"
 TLS_KEY_FILE = "tls.key"
+# A new machine's directory (`quorumgate init --join`): the member entry it is to take,
+# public parts only, beside the cluster file it trusts (docs/operating.md, "Replacing a
+# member").
+JOIN_FILE = "join.json"
 TRANSPORT_TLS = "tls"
 AUDITORS_MAX = 64
 AUDITOR_ID_CHARS_MAX = 64
@@ -105,6 +115,35 @@ class MemberSpec:
     def sidecar_address(self) -> str:
         return f"{self.host}:{self.sidecar_port}"
 
+    def entry(self) -> MemberEntry:
+        """This member's public description, as a `replace` record carries it."""
+        return MemberEntry(
+            self.index,
+            self.host,
+            self.replica_port,
+            self.metrics_port,
+            self.sidecar_port,
+            self.sidecar_metrics_port,
+            self.public_key,
+            self.receipt_public_key,
+            self.tls_cert,
+        )
+
+    @staticmethod
+    def of_entry(entry: MemberEntry) -> MemberSpec:
+        """The member a `replace` record's description names."""
+        return MemberSpec(
+            entry.index,
+            entry.host,
+            entry.replica_port,
+            entry.metrics_port,
+            entry.sidecar_port,
+            entry.sidecar_metrics_port,
+            entry.public_key,
+            entry.receipt_public_key,
+            entry.tls_cert,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class AuditorSpec:
@@ -146,6 +185,11 @@ class ClusterSpec:
     # replica accepts in one (docs/operating.md, "The sync page"). Every member reads the
     # same file, so askers and servers agree on it.
     sync_blocks_max: int = SYNC_BLOCKS_DEFAULT
+    # In a new machine's directory (`init --join`, DIR/join.json): the entry of the member
+    # it is to become. `member(index)` answers with it, so the node listens, serves TLS
+    # and reaches its sidecar as the new machine; `membership()` keeps the cluster file's
+    # keys, which check epoch 0 (docs/consensus/epochs.md, "The live replica").
+    joined: MemberSpec | None = None
 
     @property
     def receipts_expire(self) -> bool:
@@ -177,12 +221,25 @@ class ClusterSpec:
             tuple(Member(m.index, m.public_key, m.replica_address) for m in self.members),
         )
 
+    def with_entries(self, entries: Sequence[MemberEntry]) -> ClusterSpec:
+        """This description with each member an entry names swapped for the entry: the
+        cluster as it stands after a `replace` (docs/consensus/epochs.md, "The live
+        replica"). The chain id, owner key and every setting stay the cluster file's."""
+        members = list(self.members)
+        for entry in entries:
+            if not 0 <= entry.index < len(members):
+                raise ClusterFileError(f"a member entry names member {entry.index}, not one")
+            members[entry.index] = MemberSpec.of_entry(entry)
+        return replace(self, members=tuple(members))
+
     def node_dir(self, index: int) -> Path:
         return self.directory / f"node-{index}"
 
     def member(self, index: int) -> MemberSpec:
         if not 0 <= index < self.n:
             raise ClusterFileError(f"node {index} is not a member (0..{self.n - 1})")
+        if self.joined is not None and self.joined.index == index:
+            return self.joined
         return self.members[index]
 
 
@@ -692,6 +749,9 @@ def load_cluster(directory: Path) -> ClusterSpec:
         spec.membership()
     except ValueError as err:
         raise ClusterFileError(f"{where}: {err}") from err
+    joined = _load_joined(directory, spec)
+    if joined is not None:
+        spec = replace(spec, joined=joined)
     endpoints = [
         (m.host, p)
         for m in members
@@ -700,6 +760,82 @@ def load_cluster(directory: Path) -> ClusterSpec:
     if len(set(endpoints)) != len(endpoints):
         raise ClusterFileError(f"{where}: two endpoints share a host and port")
     return spec
+
+
+def parse_member_entry(doc: object, spec: ClusterSpec, where: str) -> MemberSpec:
+    """A member entry (`init --join`'s output, a `replace` record's description) for
+    `spec`'s cluster: it parses (`MemberEntry.from_document`), names a member, has a
+    TLS certificate exactly when the cluster uses TLS, and its consensus and receipt keys
+    are none the cluster file names. `ClusterFileError` says what is wrong."""
+    try:
+        entry = MemberEntry.from_document(doc)
+    except MemberEntryError as err:
+        raise ClusterFileError(f"{where}: {err}") from err
+    if not 0 <= entry.index < spec.n:
+        raise ClusterFileError(f"{where}: index {entry.index} is not a member (0..{spec.n - 1})")
+    if spec.insecure and entry.tls_cert:
+        raise ClusterFileError(f"{where}: a TLS certificate for a plaintext cluster")
+    if not spec.insecure and not entry.tls_cert:
+        raise ClusterFileError(f"{where}: no tls_cert, and the cluster uses TLS")
+    used = {spec.owner_public_key}
+    used |= {k for m in spec.members for k in (m.public_key, m.receipt_public_key)}
+    if entry.public_key in used or entry.receipt_public_key in used:
+        raise ClusterFileError(f"{where}: a key the cluster file already names")
+    if entry.public_key == entry.receipt_public_key:
+        raise ClusterFileError(f"{where}: one key as consensus and receipt key")
+    return MemberSpec.of_entry(entry)
+
+
+def _load_joined(directory: Path, spec: ClusterSpec) -> MemberSpec | None:
+    path = directory / JOIN_FILE
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ClusterFileError(f"{path} is unreadable or not JSON: {err}") from err
+    return parse_member_entry(doc, spec, str(path))
+
+
+def init_join(
+    cluster_file: Path, index: int, directory: Path, *, host: str = "127.0.0.1"
+) -> MemberSpec:
+    """A new machine's directory for member `index` of the cluster `cluster_file`
+    describes (`quorumgate init --join`): the cluster file it trusts, copied as it is;
+    fresh consensus, receipt and TLS keys in `node-I/` (mode 0600, never printed);
+    ports free on this machine now; and `join.json`, the member entry the owner's
+    `admin replace-member` signs into the record. Returns that entry."""
+    trusted = load_cluster(cluster_file.parent) if cluster_file.name == CLUSTER_FILE else None
+    if trusted is None:
+        raise ClusterFileError(f"--cluster names {cluster_file}: expected a {CLUSTER_FILE}")
+    trusted.member(index)
+    if not trusted.runs_epochs:
+        raise ClusterFileError(
+            f"this chain's consensus_version is {trusted.consensus_version}: its member set "
+            "is fixed for good (docs/consensus/epochs.md)"
+        )
+    _checked_hosts(1, [host])
+    for path in (directory / CLUSTER_FILE, directory / JOIN_FILE, directory / f"node-{index}"):
+        if path.exists():
+            raise ClusterFileError(f"{path} exists; init --join writes only into a new --dir")
+    created: list[Path] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        ports = free_loopback_ports(PORTS_PER_MEMBER)
+        member = _write_member(directory, index, host.strip(), ports, trusted.insecure, created)
+        text = cluster_file.read_text()
+        (directory / CLUSTER_FILE).write_text(text)
+        created.append(directory / CLUSTER_FILE)
+        entry = json.dumps(member.entry().document(), indent=2) + "\n"
+        (directory / JOIN_FILE).write_text(entry)
+        created.append(directory / JOIN_FILE)
+        load_cluster(directory)  # what the node will read
+    except BaseException:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                path.rmdir() if path.is_dir() else path.unlink()
+        raise
+    return member
 
 
 def _load_member(raw: object, i: int, where: str, insecure: bool) -> MemberSpec:

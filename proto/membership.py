@@ -10,11 +10,13 @@ votes against it, the cluster file builds it, and replay checks QCs with it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from quorumgate.proto.crypto import ed25519_verify
 from quorumgate.proto.domains import RECONFIG_OWNER, RECONFIG_OWNER_KEY, RECONFIG_RECORD
+from quorumgate.proto.tls import check_certificate
 
 PUBLIC_KEY_BYTES = 32
 CHAIN_ID_BYTES_MAX = 64
@@ -102,6 +104,149 @@ OWNER_PROOF_BYTES = 64  # an `owner` record's proof of possession of the new key
 RECONFIG_STEP_MEMBERS = 3  # n = 3f+1 at every epoch: members come and go three at a time
 RECONFIG_SIZES = (4, 7)  # the cluster sizes a reconfiguration may lead to
 RECONFIG_ITEMS_MAX = 3  # indexes or keys one record names
+# A `replace` record on a live chain carries the new member's description (`MemberEntry`),
+# one per key, each as u16 length || canonical JSON after the keys. The bound holds the
+# largest TLS certificate a cluster file takes (proto/tls.py, 8 KiB) and the other fields.
+ENTRY_LENGTH_BYTES = 2
+MEMBER_ENTRY_BYTES_MAX = 12 * 1024
+ENTRY_KINDS = ("replace",)  # the kinds whose record may carry member descriptions
+ENTRY_HOST_CHARS_MAX = 253  # a DNS name's longest text form (RFC 1035, section 2.3.4)
+ENTRY_PORT_FIELDS = ("replica_port", "metrics_port", "sidecar_port", "sidecar_metrics_port")
+_ENTRY_FIELDS = frozenset(("index", "host", "public_key", "receipt_public_key", *ENTRY_PORT_FIELDS))
+
+
+class MemberEntryError(ValueError):
+    """A member description that does not parse exactly, or does not fit its record."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEntry:
+    """What a `replace` record tells every replica and follower of the new member: the
+    fields of its entry in cluster.json (proto/clusterfile.py `MemberSpec`): where it
+    listens, its receipt key and its TLS certificate (empty on a plaintext cluster). Its
+    consensus key is the record's key and must be `public_key` (docs/consensus/epochs.md,
+    "The record")."""
+
+    index: int
+    host: str
+    replica_port: int
+    metrics_port: int
+    sidecar_port: int
+    sidecar_metrics_port: int
+    public_key: bytes
+    receipt_public_key: bytes
+    tls_cert: bytes = b""
+
+    def document(self) -> dict[str, object]:
+        """The entry as cluster.json writes a member (public parts only)."""
+        doc: dict[str, object] = {
+            "index": self.index,
+            "host": self.host,
+            "replica_port": self.replica_port,
+            "metrics_port": self.metrics_port,
+            "sidecar_port": self.sidecar_port,
+            "sidecar_metrics_port": self.sidecar_metrics_port,
+            "public_key": self.public_key.hex(),
+            "receipt_public_key": self.receipt_public_key.hex(),
+        }
+        if self.tls_cert:
+            doc["tls_cert"] = self.tls_cert.decode()
+        return doc
+
+    def encode(self) -> bytes:
+        """Canonical JSON: sorted keys, no spaces, ASCII; one encoding per entry."""
+        return json.dumps(self.document(), sort_keys=True, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_document(doc: object) -> MemberEntry:
+        """The entry a cluster.json member object describes; `MemberEntryError` naming the
+        first field that is missing, of the wrong type, or out of range."""
+        if not isinstance(doc, dict):
+            raise MemberEntryError("a member entry is a JSON object")
+        fields = set(doc)
+        extra = fields - _ENTRY_FIELDS - {"tls_cert"}
+        if extra:
+            raise MemberEntryError(f"unknown field {sorted(extra)[0]!r}")
+        missing = _ENTRY_FIELDS - fields
+        if missing:
+            raise MemberEntryError(f"missing field {sorted(missing)[0]!r}")
+        ints = {}
+        for name in ("index", *ENTRY_PORT_FIELDS):
+            value = doc[name]
+            if type(value) is not int:
+                raise MemberEntryError(f"{name} must be an integer")
+            ints[name] = value
+        if not 0 <= ints["index"] < MEMBERS_MAX:
+            raise MemberEntryError("index out of range")
+        if any(not 1 <= ints[name] <= 65535 for name in ENTRY_PORT_FIELDS):
+            raise MemberEntryError("a port is out of range (1..65535)")
+        host = doc["host"]
+        if not isinstance(host, str) or not 0 < len(host) <= ENTRY_HOST_CHARS_MAX:
+            raise MemberEntryError(f"host must be 1..{ENTRY_HOST_CHARS_MAX} characters")
+        if any(c.isspace() or c in "/,[]" or not c.isprintable() for c in host):
+            raise MemberEntryError("host must be an address or a host name")
+        keys = []
+        for name in ("public_key", "receipt_public_key"):
+            text = doc[name]
+            try:
+                key = bytes.fromhex(text) if isinstance(text, str) else b""
+            except ValueError:
+                key = b""
+            if len(key) != PUBLIC_KEY_BYTES or text != key.hex():
+                raise MemberEntryError(f"{name} must be {PUBLIC_KEY_BYTES} bytes, lowercase hex")
+            keys.append(key)
+        tls_cert = b""
+        if "tls_cert" in doc:
+            if not isinstance(doc["tls_cert"], str) or not doc["tls_cert"].isascii():
+                raise MemberEntryError("tls_cert must be PEM text")
+            tls_cert = doc["tls_cert"].encode()
+            try:
+                check_certificate(tls_cert, ints["index"])
+            except ValueError as err:
+                raise MemberEntryError(f"tls_cert: {err}") from err
+        return MemberEntry(
+            ints["index"],
+            host,
+            ints["replica_port"],
+            ints["metrics_port"],
+            ints["sidecar_port"],
+            ints["sidecar_metrics_port"],
+            keys[0],
+            keys[1],
+            tls_cert,
+        )
+
+    @staticmethod
+    def parse(raw: bytes) -> MemberEntry:
+        """The entry `raw` encodes, only if `raw` is exactly its canonical encoding (so that
+        one entry has one signed form) and within `MEMBER_ENTRY_BYTES_MAX`."""
+        if len(raw) > MEMBER_ENTRY_BYTES_MAX:
+            raise MemberEntryError(f"a member entry is at most {MEMBER_ENTRY_BYTES_MAX} bytes")
+        try:
+            doc = json.loads(raw.decode("ascii"))
+        except (UnicodeDecodeError, ValueError) as err:
+            raise MemberEntryError("a member entry is canonical JSON") from err
+        entry = MemberEntry.from_document(doc)
+        if entry.encode() != raw:
+            raise MemberEntryError("a member entry is canonical JSON (sorted keys, no spaces)")
+        return entry
+
+
+def record_entries(record: Reconfiguration) -> tuple[MemberEntry, ...]:
+    """The member descriptions of a `replace` record, checked against it: one per key,
+    each parsing exactly, naming the record's index and key. `MemberEntryError` says what
+    is wrong (a live replica then takes the record as no change)."""
+    if len(record.entries) != len(record.keys):
+        raise MemberEntryError(f"{len(record.entries)} member entries for {len(record.keys)} keys")
+    out = []
+    for i, raw in enumerate(record.entries):
+        entry = MemberEntry.parse(raw)
+        if entry.public_key != record.keys[i]:
+            raise MemberEntryError("the entry's public_key is not the record's key")
+        if i < len(record.indexes) and entry.index != record.indexes[i]:
+            raise MemberEntryError("the entry's index is not the record's index")
+        out.append(entry)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +262,9 @@ class Reconfiguration:
     indexes: tuple[int, ...] = ()
     keys: tuple[bytes, ...] = ()
     proof: bytes = b""
+    # `replace` on a live chain: each new key's member description (`MemberEntry.encode`),
+    # in the order of `keys`. None in the simulator's bare records, which encode as before.
+    entries: tuple[bytes, ...] = ()
 
     def encode(self) -> bytes:
         out = bytearray(RECONFIG_TAG)
@@ -129,6 +277,8 @@ class Reconfiguration:
             out += key
         if self.kind == "owner":
             out += self.proof
+        for entry in self.entries:
+            out += len(entry).to_bytes(ENTRY_LENGTH_BYTES, "big") + entry
         return bytes(out)
 
     @staticmethod
@@ -148,13 +298,17 @@ class Reconfiguration:
         kind = RECONFIG_KINDS[body[0]]
         proof_bytes = OWNER_PROOF_BYTES if kind == "owner" else 0
         end = at + 1 + PUBLIC_KEY_BYTES * keys_count
-        if len(body) != end + proof_bytes:
+        if len(body) < end + proof_bytes:
             return None
         keys = tuple(
             body[at + 1 + PUBLIC_KEY_BYTES * i : at + 1 + PUBLIC_KEY_BYTES * (i + 1)]
             for i in range(keys_count)
         )
-        return Reconfiguration(kind, indexes, keys, body[end:])
+        proof = body[end : end + proof_bytes]
+        entries = _split_entries(body[end + proof_bytes :], keys_count, kind)
+        if entries is None:
+            return None
+        return Reconfiguration(kind, indexes, keys, proof, entries)
 
     def apply(self, current: Membership) -> Membership | None:
         """The member set of the next epoch, or None if this record does not apply to
@@ -187,6 +341,28 @@ class Reconfiguration:
             return None
         members = tuple(Member(i, k) for i, k in enumerate(keys))
         return replace(current, members=members, epoch=current.epoch + 1)
+
+
+def _split_entries(rest: bytes, count: int, kind: str) -> tuple[bytes, ...] | None:
+    """What follows a record's keys (and proof): nothing, or for a kind of `ENTRY_KINDS`
+    exactly `count` length-prefixed entries of at most `MEMBER_ENTRY_BYTES_MAX` bytes.
+    None if it is anything else (then the record does not parse)."""
+    if not rest:
+        return ()
+    if kind not in ENTRY_KINDS:
+        return None
+    entries: list[bytes] = []
+    at = 0
+    while at < len(rest) and len(entries) < count:
+        size = int.from_bytes(rest[at : at + ENTRY_LENGTH_BYTES], "big")
+        at += ENTRY_LENGTH_BYTES
+        if at > len(rest) or size > MEMBER_ENTRY_BYTES_MAX or at + size > len(rest):
+            return None
+        entries.append(rest[at : at + size])
+        at += size
+    if at != len(rest) or len(entries) != count:
+        return None
+    return tuple(entries)
 
 
 # A record the owner signed (chains whose consensus version runs epochs: proto/
@@ -256,7 +432,7 @@ class OwnerRecords:
     owner_key: bytes
     # The kinds the live replica carries out (docs/consensus/epochs.md, "The live
     # replica"): a record of another kind is committed and changes nothing.
-    kinds: tuple[str, ...] = ("rotate", "owner")
+    kinds: tuple[str, ...] = ("replace", "rotate", "owner")
 
     def read(self, tx: bytes) -> tuple[Reconfiguration, int] | None:
         """The record `tx` carries and the epoch it ends, if the owner signed it; None for
@@ -289,6 +465,11 @@ class OwnerRecords:
         if read is None or read[1] != current.epoch or read[0].kind not in self.kinds:
             return None
         record = read[0]
+        if record.kind in ENTRY_KINDS:
+            try:
+                record_entries(record)
+            except MemberEntryError:
+                return None  # a new member nobody could reach: no change
         if record.kind != "owner":
             nxt = record.apply(current)
             return None if nxt is None else (nxt, self)

@@ -65,7 +65,10 @@ def check_certificate(pem: bytes, index: int) -> None:
     if len(pem) > PEM_CERT_BYTES_MAX:
         raise ValueError("the TLS certificate is too large")
     cert = x509.load_pem_x509_certificate(pem)
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound as err:
+        raise ValueError("the TLS certificate names no host (no subjectAltName)") from err
     if tls_name(index) not in names.value.get_values_for_type(x509.DNSName):
         raise ValueError(f"the TLS certificate does not name {tls_name(index)}")
 

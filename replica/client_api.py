@@ -275,10 +275,12 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         """The key of a caller that may read committed blocks, or the call is aborted. A
         replica's consensus key reads as a member only in the epoch it signs for, and the
         owner is the key our sidecar's state holds after an owner rotation
-        (docs/security/reads-and-certificates.md)."""
+        (docs/security/reads-and-certificates.md). A sidecar's receipt key reads as the
+        cluster of our epoch has it: after a `replace`, the new machine's, not the old
+        one's (docs/consensus/epochs.md, "Replacing a member")."""
         members = {self.peers.key_of(i) for i in range(self.spec.n)}
         key, _ = await require_reader(
-            self.spec,
+            self.peers.spec,
             context,
             method,
             int(time.time() * 1000),

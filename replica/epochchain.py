@@ -21,9 +21,15 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from quorumgate.proto.crypto import Verifier
-from quorumgate.proto.membership import PUBLIC_KEY_BYTES, Membership, OwnerRecords
+from quorumgate.proto.membership import PUBLIC_KEY_BYTES, MemberEntry, Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.epochs import change_in, check_epoch_end, owner_after, start_qc
+from quorumgate.replica.epochs import (
+    change_in,
+    check_epoch_end,
+    entries_after,
+    owner_after,
+    start_qc,
+)
 from quorumgate.replica.types import Block, RemoteError
 from quorumgate.replica.wire import decode_epoch_end
 
@@ -84,6 +90,11 @@ class ChainedEpoch:
     membership: Membership
     boundary: Block | None
     owner_key: bytes | None = None
+    # The member entries `replace` records carried up to this epoch, the newest for each
+    # member replaced, by index (docs/consensus/epochs.md, "Replacing a member"): where
+    # each new machine listens, its receipt key and TLS certificate. The others are the
+    # cluster file's.
+    entries: tuple[MemberEntry, ...] = ()
 
     @property
     def epoch(self) -> int:
@@ -230,9 +241,13 @@ def check_link(
             f"the replica's keys for epoch {number} are not those the change block's record gives",
         )
     owner_key = previous.owner_key
-    if owner is not None and (handed := owner_after(boundary, old, owner)) != owner:
-        owner_key = handed.owner_key
-    return ChainedEpoch(nxt, boundary, owner_key)
+    entries = previous.entries
+    if owner is not None:
+        moved = {e.index: e for e in (*entries, *entries_after(boundary, old, owner))}
+        entries = tuple(moved[i] for i in sorted(moved))
+        if (handed := owner_after(boundary, old, owner)) != owner:
+            owner_key = handed.owner_key
+    return ChainedEpoch(nxt, boundary, owner_key, entries)
 
 
 def _split_keys(number: int, keys: bytes) -> tuple[bytes, ...]:

@@ -21,7 +21,15 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quorumgate.proto.membership import Membership, OwnerRecords, Reconfiguration, is_record
+from quorumgate.proto.membership import (
+    ENTRY_KINDS,
+    MemberEntry,
+    Membership,
+    OwnerRecords,
+    Reconfiguration,
+    is_record,
+    record_entries,
+)
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.config import Limits
 from quorumgate.replica.safety import SafetyState
@@ -79,6 +87,23 @@ def owner_after(block: Block, membership: Membership, owner: OwnerRecords) -> Ow
         step = owner.step(tx, membership)
         if step is not None:
             return step[1]
+    raise ValueError(f"the block at height {block.height} does not end epoch {membership.epoch}")
+
+
+def entries_after(
+    block: Block, membership: Membership, owner: OwnerRecords
+) -> tuple[MemberEntry, ...]:
+    """The member descriptions the change block `block` hands the next epoch (`change_in`
+    found it ending `membership`'s epoch): a `replace` record's entries, nothing for the
+    other kinds. As `owner_after`, from the committed change block alone, so every replica
+    and follower agrees on where each member of an epoch listens and which receipt key and
+    TLS certificate it has (docs/consensus/epochs.md, "The live replica")."""
+    for tx in block.payload:
+        if owner.step(tx, membership) is None:
+            continue
+        read = owner.read(tx)
+        assert read is not None, "step read it"
+        return record_entries(read[0]) if read[0].kind in ENTRY_KINDS else ()
     raise ValueError(f"the block at height {block.height} does not end epoch {membership.epoch}")
 
 

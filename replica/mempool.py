@@ -53,7 +53,13 @@ from itertools import islice
 from quorumgate.proto import limits as engine_limits
 from quorumgate.proto.canonical import sha256
 from quorumgate.proto.domains import RECONFIG_RECORD
-from quorumgate.proto.membership import OwnerRecords, is_record
+from quorumgate.proto.membership import (
+    ENTRY_KINDS,
+    MemberEntryError,
+    OwnerRecords,
+    is_record,
+    record_entries,
+)
 from quorumgate.proto.model import Reason
 from quorumgate.proto.nonces import NonceWindow
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse
@@ -76,6 +82,9 @@ REPLAYED = str(Reason.REPLAYED)
 CONFLICTING_NONCE = "conflicting_nonce"
 MEMPOOL_FULL = "mempool_full"
 SIGNER_FULL = "signer_full"
+# A `replace` record the owner signed whose member entry does not check (docs/consensus/
+# epochs.md, "The record"): committed, it would change nothing.
+BAD_MEMBER_ENTRY = "bad_member_entry"
 
 # Block-check reasons (besides too_large, malformed, bad_signature and wrong_chain).
 DUPLICATE_TX = "duplicate_tx"
@@ -92,6 +101,7 @@ STATUS_OF_REASON: dict[str, str] = {
     # Back-pressure: the client should retry later (or, for signer_full, slow down).
     MEMPOOL_FULL: STATUS_RESOURCE_EXHAUSTED,
     SIGNER_FULL: STATUS_RESOURCE_EXHAUSTED,
+    BAD_MEMBER_ENTRY: STATUS_INVALID_ARGUMENT,
 }
 
 # Fixed texts: a detail never echoes anything from the transaction (arguments may be
@@ -105,6 +115,8 @@ _DETAIL_OF_REASON: dict[str, str] = {
     CONFLICTING_NONCE: "another transaction with this signer and nonce is pending",
     MEMPOOL_FULL: "mempool full, retry later",
     SIGNER_FULL: "too many pending transactions for this signer, retry later",
+    BAD_MEMBER_ENTRY: "the replace record's member entry does not parse or does not name "
+    "the record's member and key",
 }
 
 _REASON_OF_REJECTION: dict[Reason, str] = {
@@ -342,7 +354,11 @@ class Mempool:
             return Admission(True, known.tx_id, OK, "already pending", STATUS_OK)
         if self.owner_records is not None and is_record(data):
             record = self._read_record(data)
-            return self._refuse(BAD_SIGNATURE, None) if record is None else record
+            if record is None:
+                return self._refuse(BAD_SIGNATURE, None)
+            if not self._entries_check(data):
+                return self._refuse(BAD_MEMBER_ENTRY, record.tx_id)
+            return record
         try:
             parsed = self._parse_once(data)
         except TxRejected as exc:
@@ -359,6 +375,20 @@ class Mempool:
         if read is None:
             return None
         return RecordTx(sha256(data), RECORD_SIGNER, read[1] + 1)
+
+    def _entries_check(self, data: bytes) -> bool:
+        """Whether an owner-signed record's member entries, if its kind carries them,
+        parse and name its member and key (`record_entries`). Only the door checks this:
+        a block carrying such a record is not refused, since it commits to no change."""
+        assert self.owner_records is not None, "records are read on chains with epochs only"
+        read = self.owner_records.read(data)
+        if read is None or read[0].kind not in ENTRY_KINDS:
+            return True
+        try:
+            record_entries(read[0])
+        except MemberEntryError:
+            return False
+        return True
 
     def admit_checked(self, data: bytes, parsed: ParsedTx | RecordTx) -> Admission:
         """Take in a transaction `precheck` passed (its signature is not checked again).

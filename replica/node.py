@@ -41,6 +41,7 @@ from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
 from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
+    JOIN_FILE,
     ClusterFileError,
     ClusterSpec,
     consensus_seed_for,
@@ -69,6 +70,7 @@ from quorumgate.replica.epochs import (
     EpochProof,
     RestoreFence,
     check_epoch_proof,
+    entries_after,
     epoch_page,
     epoch_proof_reach,
     epoch_safety_state,
@@ -186,23 +188,51 @@ MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
 PRUNE_POLL_S = 2.0
 
 
+NON_MEMBER_SIGNATURE_BYTES = 64  # an Ed25519 signature's length: zeros check with no key
+
+
+class NonMemberSigner:
+    """What a new machine (`init --join`) runs an epoch's core with before the epoch that
+    makes it a member: the epoch's key for its index, which it does not hold, and a
+    signature of zeros for whatever the core asks to sign. Nothing it signs checks with
+    that key, so no member counts it, and no member takes its streams in that epoch
+    anyway (they are signed with the new machine's own key). The core needs it only to
+    take the old epoch's pages and proof (docs/consensus/epochs.md, "The live replica")."""
+
+    __slots__ = ("_public",)
+
+    def __init__(self, public_key: bytes) -> None:
+        self._public = public_key
+
+    @property
+    def public_key(self) -> bytes:
+        return self._public
+
+    def sign(self, message: bytes) -> bytes:
+        return bytes(NON_MEMBER_SIGNATURE_BYTES)
+
+
 class ReplicaNode:
     def __init__(self, spec: ClusterSpec, index: int, signer: Ed25519Signer) -> None:
         self.spec = spec
         self.index = index
         self.signer = signer
-        self._current_signer = signer  # our consensus key in the epoch we run
+        self._current_signer: Signer = signer  # our consensus key in the epoch we run
         self.member = spec.member(index)
         # The genesis member set (the cluster file's); the epoch's own is the core's.
         self.membership = spec.membership()
-        if self.membership.key(index) != signer.public_key:
+        # A new machine (`init --join`) holds the key a `replace` record gives member
+        # `index` from a later epoch on, which its join.json names, not the cluster file's.
+        expected = self.membership.key(index) if spec.joined is None else spec.joined.public_key
+        if signer.public_key != expected:
+            where = "the cluster file" if spec.joined is None else JOIN_FILE
             raise ClusterFileError(
-                f"node {index}'s key file does not match its public key in the cluster file"
+                f"node {index}'s key file does not match its public key in {where}"
             )
         # A chain that runs epochs counts only records its owner signed (docs/consensus/
         # epochs.md, "Who may change the member set"): with the cluster file's key in
         # epoch 0, and in a later epoch with the key the owner records before it left
-        # (`_owner_records_of`; "The record key"). The core of each epoch holds its own.
+        # (`_epoch_reading`; "The record key"). The core of each epoch holds its own.
         self.owner_records = (
             OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
         )
@@ -213,6 +243,9 @@ class ReplicaNode:
         self.mempool = Mempool(spec.chain_id, MempoolLimits())  # replaced in start()
         self.store: ReplicaStore | None = None
         self.core: Core | None = None
+        # The cluster as it stands in the epoch we run: the cluster file's, with each member
+        # a committed `replace` record described swapped in (`_epoch_reading`).
+        self.epoch_spec = spec
         self.sidecar = SidecarLink(
             spec, index, self.metrics, self._new_root, Reader.of_signer(signer)
         )
@@ -284,6 +317,7 @@ class ReplicaNode:
         self._server = server
         self.sidecar.open()
         start_http_server(self.member.metrics_port, self.member.host, self.metrics.registry)
+        self.peers.follow_now(self.epoch_spec)  # (a restart: where the members are now)
         self.peers.start()
         await self._execute(self.core.start())
         self.failstop.spawn(self._core_loop(), "core")
@@ -328,7 +362,7 @@ class ReplicaNode:
         assert store is not None
         stored = store.epoch
         membership = self.membership if stored is None else stored.membership(self.membership)
-        owner_records = self._owner_records_of(membership.epoch)
+        owner_records, self.epoch_spec = self._epoch_reading(membership.epoch)
         self.metrics.epoch.set(membership.epoch)
         self.mempool.enter_epoch(membership.epoch, owner_records)
         self._current_signer = self._epoch_signer(membership)
@@ -347,15 +381,17 @@ class ReplicaNode:
             owner_records=owner_records,
         )
 
-    def _owner_records_of(self, epoch: int) -> OwnerRecords | None:
-        """The reader of epoch `epoch`'s records: the cluster file's owner key carried
-        through every stored change block up to that epoch's start, each handing over to
-        the key its `owner` record names, if it carries one (replica/epochs.py
-        `owner_after`). Derived from the committed change blocks alone, as every replica,
-        sidecar and follower derives it; nothing of it is stored."""
+    def _epoch_reading(self, epoch: int) -> tuple[OwnerRecords | None, ClusterSpec]:
+        """The reader of epoch `epoch`'s records and the cluster as it stands in it: the
+        cluster file's owner key and member entries carried through every stored change
+        block up to that epoch's start, each handing over to the key its `owner` record
+        names, and swapping the member a `replace` record describes (replica/epochs.py
+        `owner_after`, `entries_after`). Derived from the committed change blocks alone,
+        as every replica, sidecar and follower derives them; nothing of it is stored."""
         owner = self.owner_records
+        spec = self.spec
         if owner is None:
-            return None
+            return None, spec
         store = self.store
         assert store is not None
         before = self.membership
@@ -366,9 +402,10 @@ class ReplicaNode:
                     f"node {self.index}'s store holds epoch {epoch} but not epoch {number}: "
                     "the record key of its epochs cannot be derived"
                 )
+            spec = spec.with_entries(entries_after(stored.boundary, before, owner))
             owner = owner_after(stored.boundary, before, owner)
             before = stored.membership(self.membership)
-        return owner
+        return owner, spec
 
     def _key_of(self, member: int) -> bytes:
         """Member `member`'s consensus key in the epoch we run."""
@@ -381,6 +418,8 @@ class ReplicaNode:
         wrote beside it), so that a peer on either side of a rotation's boundary finds
         the one it expects (runtime/channels.py `peer_auth_metadata`)."""
         current = self._current_signer
+        if isinstance(current, NonMemberSigner):
+            current = self.signer  # (a new machine opens its streams with its own key)
         held = [current]
         for seed in held_consensus_seeds(self.spec.node_dir(self.index)):
             if len(held) == PEER_AUTH_SIGNATURES_MAX:
@@ -389,13 +428,19 @@ class ReplicaNode:
                 held.append(Ed25519Signer(seed))
         return tuple(held)
 
-    def _epoch_signer(self, membership: Membership) -> Ed25519Signer:
+    def _epoch_signer(self, membership: Membership) -> Signer:
         """Our consensus key in `membership`: the cluster file's, or the one a rotation
         left in our node directory (proto/clusterfile.py `consensus_seed_for`)."""
         key = membership.key(self.index)
         if key == self.signer.public_key:
             return self.signer
         seed = consensus_seed_for(self.spec.node_dir(self.index), key)
+        if seed is None and self.spec.joined is not None:
+            # A new machine in an epoch before the `replace` that makes it member
+            # `index`: it only follows (`NonMemberSigner`), and no member takes its
+            # streams there; it catches up by the epoch proof and its pages once the
+            # members are past the boundary.
+            return NonMemberSigner(key)
         if seed is None:
             raise ClusterFileError(
                 f"node {self.index} holds no key file for its consensus key of epoch "
@@ -972,12 +1017,15 @@ class ReplicaNode:
         # A stream a member opened with a key this epoch no longer gives it ends here: a
         # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.
         ended = self.peers.end_streams_of_old_keys()
+        # A member replaced (a new machine) is reached at its new address from here on.
+        relinked = await self.peers.follow(self.epoch_spec)
         log.info(
-            "event=epoch_started node=%d epoch=%d height=%d streams_ended=%d",
+            "event=epoch_started node=%d epoch=%d height=%d streams_ended=%d relinked=%s",
             self.index,
             core.epoch,
             store.committed_height,
             ended,
+            ",".join(map(str, relinked)) or "none",
         )
 
     async def _restart_core(self, restored: bool) -> Core:

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
-from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.clusterfile import ClusterSpec, MemberSpec
 from quorumgate.proto.crypto import Signer
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.transport import PeerLink
@@ -58,14 +58,42 @@ class PeerNetwork:
     def start(self) -> None:
         for m in self.spec.members:
             if m.index != self.index:
-                link = PeerLink(
-                    m.index,
-                    functools.partial(aio_channel, self.spec, m.index, "replica"),
-                    self.metrics.send_queue_drops.inc,
-                    functools.partial(self._stream_metadata, m.index),
-                )
-                link.start()
-                self._links[m.index] = link
+                self._open_link(m.index)
+
+    def _open_link(self, index: int) -> None:
+        link = PeerLink(
+            index,
+            functools.partial(aio_channel, self.spec, index, "replica"),
+            self.metrics.send_queue_drops.inc,
+            functools.partial(self._stream_metadata, index),
+        )
+        link.start()
+        self._links[index] = link
+
+    def follow_now(self, spec: ClusterSpec) -> None:
+        """Before `start`: the cluster as it stands in the epoch we start in."""
+        assert not self._links, "before start"
+        self.spec = spec
+
+    async def follow(self, spec: ClusterSpec) -> list[int]:
+        """At an epoch boundary: the cluster as it stands in the new epoch. Each member
+        now at another address or with another TLS certificate (a `replace`: a new
+        machine) gets a new link there; the link to where it was is closed, with what
+        was queued on it (the new machine starts the new epoch afresh). Its streams to
+        us are taken under its new key (`key_of` follows the epoch). Returns the members
+        relinked."""
+        old, self.spec = self.spec, spec
+        moved = [
+            m.index
+            for m in spec.members
+            if m.index != self.index and _reached(m) != _reached(old.member(m.index))
+        ]
+        for index in moved:
+            link = self._links.pop(index, None)
+            if link is not None:
+                await link.stop()
+            self._open_link(index)
+        return moved
 
     def _stream_metadata(self, receiver: int) -> tuple[tuple[str, str], ...]:
         now_ms = int(time.time() * 1000)
@@ -136,6 +164,11 @@ class PeerNetwork:
         for reading in stale:
             reading.cancel()
         return len(stale)
+
+
+def _reached(member: MemberSpec) -> tuple[str, int, bytes]:
+    """Where and how a link reaches `member`: its address and the certificate it pins."""
+    return member.host, member.replica_port, member.tls_cert
 
 
 class PeerService(pb_grpc.PeerServicer):  # type: ignore[misc]

@@ -153,6 +153,8 @@ def role_of(
         return Role.REPLICA
     if any(m.receipt_public_key == public_key for m in spec.members):
         return Role.SIDECAR
+    if spec.joined is not None and spec.joined.receipt_public_key == public_key:
+        return Role.SIDECAR  # a new machine's own sidecar (`init --join`)
     if any(a.public_key == public_key for a in current_auditors(spec)):
         return Role.AUDITOR
     return None

@@ -15,7 +15,8 @@
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings |
                set-run-targets | rotate-key (--agent ID | --principal ID) --key F |
-               rotate-key --owner | rotate-key --member I | rotate-key (--agent ID |
+               rotate-key --owner | rotate-key --member I |
+               replace-member --member I --entry F | rotate-key (--agent ID |
                --principal ID) --by-owner
                --out F ...
     agents     --dir D                          registered agents and their mandates
@@ -770,6 +771,12 @@ def _rotation_target(args: argparse.Namespace, spec: ClusterSpec) -> tuple[KeyHo
     return KeyHolder.PRINCIPAL, args.principal, Path(args.key)
 
 
+def _cmd_replace_member(args: argparse.Namespace) -> int:
+    from quorumgate.ops.rotate import cmd_replace_member
+
+    return cmd_replace_member(args)
+
+
 def _cmd_rotate_key(args: argparse.Namespace) -> int:
     """`admin rotate-key`: the holder's key file gets a new key in place, the old one
     waits as `<name>.old`, signs the rotation, and goes once the rotation is certified (or
@@ -1469,6 +1476,17 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     _deadline(rotate)
     # a member's new key waits for the epoch boundary: 2f+1 nodes in the next epoch
     rotate.set_defaults(func=_cmd_rotate_key, deadline=30.0)
+    replace_member = admin_sub.add_parser(
+        "replace-member",
+        help="give member I a new machine (init --join's entry) from the next epoch on",
+    )
+    replace_member.add_argument("--member", type=int, required=True, metavar="I")
+    replace_member.add_argument(
+        "--entry", required=True, metavar="FILE", help="the new member's entry (join.json)"
+    )
+    _common(replace_member, key_help="the owner key in force (default DIR/owner.key)")
+    _deadline(replace_member)
+    replace_member.set_defaults(func=_cmd_replace_member, deadline=30.0)
     auditor = admin_sub.add_parser(
         "add-auditor",
         help="let a key read the committed log and every verdict (edits cluster.json)",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import sys
@@ -45,7 +46,9 @@ from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
+    MemberSpec,
     load_cluster,
+    parse_member_entry,
     public_key_of,
     read_seed,
     rotated_key_file,
@@ -169,26 +172,57 @@ async def _record_key_now(spec: ClusterSpec, client: Client, owner: SigningKey) 
             return record_key(spec, await reader.epochs())
 
 
+async def _epoch_and_key_check(spec: ClusterSpec, client: Client, owner: SigningKey) -> int | str:
+    """The epoch f+1 replicas report, if `owner` holds the record key in force; else why
+    not (a message naming both fingerprints, never a private key)."""
+    epoch = _epoch_now(spec, await _epochs(client))
+    if epoch is None:
+        return "fewer than f+1 replicas answer with one epoch: start the cluster"
+    try:
+        in_force = await _record_key_now(spec, client, owner)
+    except ReadNotAuthorized:
+        return (
+            f"the key file given holds owner key {key_fingerprint(bytes(owner.verify_key))}"
+            ", which may not read the chain of epochs (nor may DIR/owner.key): neither is "
+            "the owner key in force"
+        )
+    if in_force != bytes(owner.verify_key):
+        return (
+            f"the records are checked with owner key {key_fingerprint(in_force)}, and the "
+            f"key file given holds {key_fingerprint(bytes(owner.verify_key))}: sign with "
+            "the owner key in force (after `admin rotate-key --owner`, DIR/owner.key)"
+        )
+    return epoch
+
+
+async def _wait_next_epoch(
+    spec: ClusterSpec, client: Client, epoch: int, deadline_s: float, follow: bool = False
+) -> list[int]:
+    """The replicas in an epoch after `epoch` once 2f+1 of them are, or at the deadline.
+    With `follow` (a member replaced by a new machine), once f+1 replicas are past
+    `epoch` the client checks the chain of epochs again, which moves its channels to the
+    new machine (`Client.epochs`), so that the new member counts too."""
+    started = time.monotonic()
+    reached: list[int] = []
+    while time.monotonic() - started < deadline_s:
+        epochs = await _epochs(client)
+        reached = sorted(i for i, e in epochs.items() if e > epoch)
+        if len(reached) >= spec.n - spec.f:
+            break
+        if follow and len(reached) >= spec.f + 1:
+            with contextlib.suppress(QuorumGateError):  # (asked again at the next poll)
+                follow = (await client.epochs()).current.epoch <= epoch
+        await asyncio.sleep(POLL_S)
+    return reached
+
+
 async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey) -> int:
     member = args.member
     async with Client(spec, owner) as client:
-        epoch = _epoch_now(spec, await _epochs(client))
-        if epoch is None:
-            return _fail("fewer than f+1 replicas answer with one epoch: start the cluster")
-        try:
-            in_force = await _record_key_now(spec, client, owner)
-        except ReadNotAuthorized:
-            return _fail(
-                f"the key file given holds owner key {key_fingerprint(bytes(owner.verify_key))}"
-                ", which may not read the chain of epochs (nor may DIR/owner.key): neither is "
-                "the owner key in force"
-            )
-        if in_force != bytes(owner.verify_key):
-            return _fail(
-                f"the records are checked with owner key {key_fingerprint(in_force)}, and the "
-                f"key file given holds {key_fingerprint(bytes(owner.verify_key))}: sign with "
-                "the owner key in force (after `admin rotate-key --owner`, DIR/owner.key)"
-            )
+        checked = await _epoch_and_key_check(spec, client, owner)
+        if isinstance(checked, str):
+            return _fail(checked)
+        epoch = checked
         seed = secrets.token_bytes(32)
         public_key = public_key_of(seed)
         path = spec.node_dir(member) / rotated_key_file(public_key)
@@ -208,14 +242,7 @@ async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey
         data = sign_record(record, spec.chain_id, epoch, lambda m: bytes(owner.sign(m).signature))
         await client.submit_record(data)
         _say(args, f"submitted: rotate member {member} (signed by the owner for epoch {epoch})")
-        started = time.monotonic()
-        reached: list[int] = []
-        while time.monotonic() - started < args.deadline:
-            epochs = await _epochs(client)
-            reached = sorted(i for i, e in epochs.items() if e > epoch)
-            if len(reached) >= spec.n - spec.f:
-                break
-            await asyncio.sleep(POLL_S)
+        reached = await _wait_next_epoch(spec, client, epoch, args.deadline)
         done = len(reached) >= spec.n - spec.f
         doc = {
             "member": member,
@@ -256,3 +283,83 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
     except (FreshReplay, QuorumGateError) as err:
         return _fail(f"the record was not taken ({err}); the new key file stays unused")
 
+
+async def _replace(
+    args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey, new: MemberSpec
+) -> int:
+    member = new.index
+    old = spec.member(member)
+    async with Client(spec, owner) as client:
+        checked = await _epoch_and_key_check(spec, client, owner)
+        if isinstance(checked, str):
+            return _fail(checked)
+        epoch = checked
+        _say(
+            args,
+            f"member {member}: replaced by a new machine from epoch {epoch + 1} on\n"
+            f"  address   {old.replica_address} -> {new.replica_address}\n"
+            f"  consensus {old.public_key.hex()[:KEY_PREFIX_HEX_CHARS]}... -> "
+            f"{new.public_key.hex()[:KEY_PREFIX_HEX_CHARS]}...\n"
+            f"  receipt   {old.receipt_public_key.hex()[:KEY_PREFIX_HEX_CHARS]}... -> "
+            f"{new.receipt_public_key.hex()[:KEY_PREFIX_HEX_CHARS]}...\n"
+            f"epoch {epoch} ends at the block that commits this change; from epoch "
+            f"{epoch + 1} on the members link to the new address and take member {member}'s "
+            "votes and streams only under the new key",
+        )
+        entry = new.entry()
+        record = Reconfiguration("replace", (member,), (new.public_key,), entries=(entry.encode(),))
+        data = sign_record(record, spec.chain_id, epoch, _signer(owner))
+        await client.submit_record(data)
+        _say(args, f"submitted: replace member {member} (signed by the owner for epoch {epoch})")
+        reached = await _wait_next_epoch(spec, client, epoch, args.deadline, follow=True)
+        done = len(reached) >= spec.n - spec.f
+        doc = {
+            "member": member,
+            "public_key": new.public_key.hex(),
+            "address": new.replica_address,
+            "epoch": epoch,
+            "next_epoch": epoch + 1,
+            "in_effect": done,
+            "nodes_in_next_epoch": reached,
+        }
+        if args.json:
+            print(json.dumps(doc, indent=2), flush=True)
+        elif done:
+            print(f"in effect: epoch {epoch + 1} on nodes {reached}", flush=True)
+        else:
+            print(
+                f"not yet in effect after {args.deadline:g} s (epoch {epoch + 1} on nodes "
+                f"{reached}): check `quorumgate status --dir {spec.directory}`",
+                flush=True,
+            )
+        return EXIT_OK if done else EXIT_PENDING
+
+
+def cmd_replace_member(args: argparse.Namespace) -> int:
+    """`admin replace-member --dir DIR --member I --entry ENTRY.json`: sign and offer the
+    `replace` record that gives member I the new machine ENTRY.json describes (what
+    `init --join` printed), and wait for the next epoch (docs/operating.md, "Replacing a
+    member")."""
+    try:
+        spec = load_cluster(Path(args.dir))
+        spec.member(args.member)
+        owner = SigningKey(read_seed(Path(args.key or spec.directory / OWNER_KEY_FILE)))
+        path = Path(args.entry)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ClusterFileError(f"{path} is unreadable or not JSON: {err}") from err
+        new = parse_member_entry(doc, spec, str(path))
+    except ClusterFileError as err:
+        return _fail(str(err))
+    if not spec.runs_epochs:
+        return _fail(
+            f"this chain's consensus_version is {spec.consensus_version}: its member set and "
+            "keys are fixed for good (docs/consensus/epochs.md)"
+        )
+    if new.index != args.member:
+        return _fail(f"{args.entry} describes member {new.index}, not member {args.member}")
+    try:
+        return asyncio.run(_replace(args, spec, owner, new))
+    except (FreshReplay, QuorumGateError) as err:
+        return _fail(f"the record was not taken ({err})")

@@ -191,6 +191,9 @@ class Client:
         if pool is not None and pool.spec.chain_id != spec.chain_id:
             raise ValueError("the channel pool belongs to another cluster")
         self.spec = spec
+        # The cluster file's description, the trusted start of the chain of epochs;
+        # `spec` follows the members replaced since (`epochs`).
+        self._cluster_file = spec
         self.key = key
         self.public_key = bytes(key.verify_key)
         self.rpc_timeout_s = rpc_timeout_s
@@ -251,13 +254,15 @@ class Client:
     def with_key(self, key: SigningKey) -> Client:
         """A client for another key (another agent, a principal...) sharing this one's
         channels and timeouts. Close this client last: it owns the channels."""
-        return Client(
-            self.spec,
+        other = Client(
+            self._cluster_file,
             key,
             rpc_timeout_s=self.rpc_timeout_s,
             certificate_deadline_s=self.certificate_deadline_s,
             pool=self.pool,
         )
+        other.spec = self.spec  # (the members replaced that this client found)
+        return other
 
     async def close(self) -> None:
         if self._owns_pool:
@@ -378,12 +383,22 @@ class Client:
             # The records are checked with cluster.json's owner key in epoch 0, and after an
             # owner record with the key it names, as the replicas check them (docs/
             # consensus/epochs.md, "Followers: the chain of epochs", "The record key").
-            spec = self.spec
+            spec = self._cluster_file
             owner = OwnerRecords(spec.chain_id, spec.owner_public_key)
             self._epochs = EpochFollower(spec.membership(), owner if spec.runs_epochs else None)
         found = self._epochs.take(answers, unanswered)
         for replica, why in sorted(found.refused.items()):
             log.warning("replica %d's chain of epochs does not check: %s", replica, why)
+        # Members replaced by new machines (docs/consensus/epochs.md, "Replacing a
+        # member"): this client reaches them, and checks their receipts, as the checked
+        # chain's records describe them.
+        now = found.cluster(self._cluster_file)
+        if now.members != self.spec.members:
+            moved = await self.pool.follow(now)
+            self.spec = now
+            log.info(
+                "the cluster of epoch %d: members %s at new machines", found.current.epoch, moved
+            )
         return found
 
     async def sidecar_status(self) -> dict[int, spb.SidecarStatusReply]:

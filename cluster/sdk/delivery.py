@@ -89,6 +89,17 @@ class Channels:
         for channel in (*self.replica_channels, *self.sidecar_channels):
             await channel.close()
 
+    async def relink(self, spec: ClusterSpec, index: int) -> None:
+        """New channels to member `index`'s replica and sidecar where `spec` has them (a
+        new machine after a `replace`); the old ones are closed."""
+        old = self.replica_channels[index], self.sidecar_channels[index]
+        self.replica_channels[index] = aio_channel(spec, index)
+        self.sidecar_channels[index] = aio_channel(spec, index, "sidecar")
+        self.replicas[index] = cpb_grpc.ReplicaStub(self.replica_channels[index])
+        self.sidecars[index] = spb_grpc.SidecarStub(self.sidecar_channels[index])
+        for channel in old:
+            await channel.close()
+
 
 class ChannelPool:
     """gRPC channels to every replica and sidecar of one cluster, made in the event loop
@@ -118,6 +129,27 @@ class ChannelPool:
         if self._channels is not None:
             await self._channels.close()
             self._channels = None
+
+    async def follow(self, spec: ClusterSpec) -> list[int]:
+        """Reach the cluster as `spec` describes it (`Client.epochs` found members
+        replaced by new machines): the channels of each member whose address or TLS
+        certificate changed are made anew. Returns those members."""
+        moved = [
+            m.index
+            for m in spec.members
+            if (m.host, m.replica_port, m.sidecar_port, m.tls_cert)
+            != (
+                (o := self.spec.member(m.index)).host,
+                o.replica_port,
+                o.sidecar_port,
+                o.tls_cert,
+            )
+        ]
+        self.spec = spec
+        if self._channels is not None:
+            for index in moved:
+                await self._channels.relink(spec, index)
+        return moved
 
 
 class ReplicaRotation:

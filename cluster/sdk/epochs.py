@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from quorumgate.proto.membership import Membership, OwnerRecords
+from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.membership import MemberEntry, Membership, OwnerRecords
 from quorumgate.replica.epochchain import (
     EPOCH_CHAIN_BYTES_MAX,
     EPOCH_CHAIN_EPOCHS_MAX,
@@ -52,6 +53,8 @@ class CheckedEpoch:
     keys: tuple[bytes, ...]
     checked_by: tuple[int, ...]
     record_key: bytes = b""
+    # Members at new machines by this epoch (`replace` records): index -> replica address.
+    moved: tuple[tuple[int, str], ...] = ()
 
     @property
     def members(self) -> int:
@@ -66,6 +69,7 @@ class CheckedEpoch:
             "keys": [key_fingerprint(k) for k in self.keys],
             "checked_by": list(self.checked_by),
             "record_key": key_fingerprint(self.record_key) if self.record_key else None,
+            "moved": {str(i): address for i, address in self.moved},
         }
 
 
@@ -87,6 +91,17 @@ class Epochs:
     def membership(self) -> Membership:
         """The current epoch's member set (the one its consensus signatures name)."""
         return self.chain.current.membership
+
+    @property
+    def entries(self) -> tuple[MemberEntry, ...]:
+        """The member entries `replace` records carried up to the current epoch (new
+        machines: address, receipt key, TLS certificate), checked with the chain."""
+        return self.chain.current.entries
+
+    def cluster(self, spec: ClusterSpec) -> ClusterSpec:
+        """`spec` (the cluster file's) as the cluster stands in the current epoch: each
+        member replaced at the address, with the keys and certificate, its record gave."""
+        return spec.with_entries(self.entries)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +180,7 @@ class EpochFollower:
                 e.keys,
                 tuple(r for r in sorted(reach) if reach[r] >= e.epoch),
                 e.owner_key or (self.owner.owner_key if self.owner is not None else b""),
+                tuple((m.index, f"{m.host}:{m.replica_port}") for m in e.entries),
             )
             for e in longest.epochs
         )

@@ -33,6 +33,7 @@ from tests.consensus.helpers import (
     membership,
     qc_for,
 )
+from tests.consensus.test_member_entries import entry as member_entry
 
 OWNER = Ed25519Signer(key_seed(0, "owner"))
 STRANGER = Ed25519Signer(key_seed(1, "stranger"))
@@ -283,3 +284,19 @@ def test_no_single_flipped_byte_yields_another_chain() -> None:
             (e.keys, e.boundary_height) for e in honest.epochs
         ]
     assert refused > FLIPS * 9 // 10
+
+
+def test_a_follower_carries_the_new_machines_entry() -> None:
+    """A `replace` record's member entry comes with the checked link: a client learns
+    where the new machine listens, and its receipt key, from the chain of epochs."""
+    new = member_entry()
+    record = Reconfiguration("replace", (3,), (new.public_key,), entries=(new.encode(),))
+    blocks = chain_of(range(1, 4))
+    boundary = make_block(blocks[-1], 4, payload=(sign_record(record, CHAIN, 0, OWNER.sign),))
+    suffix = make_block(boundary, 5)
+    keys = (*KEYS_0[:3], new.public_key)
+    end = PlainEpochEnd(1, b"".join(keys), encode_epoch_end(boundary, (suffix,), qc_for(suffix)))
+    chain = extend_epoch_chain(GENESIS, [end], RECORDS)
+    assert chain.current.keys == keys
+    assert chain.current.entries == (new,)
+    assert chain.epochs[0].entries == ()

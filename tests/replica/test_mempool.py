@@ -275,6 +275,7 @@ def test_every_reason_maps_to_the_status_the_client_api_uses() -> None:
         "conflicting_nonce": "ALREADY_EXISTS",
         "mempool_full": "RESOURCE_EXHAUSTED",
         "signer_full": "RESOURCE_EXHAUSTED",
+        "bad_member_entry": "INVALID_ARGUMENT",
     }
     # the reasons shared with the engine are spelled as the engine spells them
     for reason in ("malformed", "bad_signature", "wrong_chain", "replayed"):
