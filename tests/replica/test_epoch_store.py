@@ -242,9 +242,7 @@ def test_a_restore_fence_older_than_the_marker_is_ignored(tmp_path: Path) -> Non
     import os
 
     from quorumgate.replica.epochs import RestoreFence
-    from quorumgate.replica.node import _read_restore_fence, _write_restore_fence
-
-    from quorumgate.replica.node import _declare_restore
+    from quorumgate.replica.node import _declare_restore, _read_restore_fence, _write_restore_fence
 
     marker, path = tmp_path / "restored-from-backup", tmp_path / "restore-fence"
     marker.touch()
