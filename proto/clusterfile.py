@@ -53,7 +53,7 @@ from quorumgate.proto.chainversions import (
     receipts_expire,
     runs_epochs,
 )
-from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership
+from quorumgate.proto.membership import MEMBERS_MIN, Member, Membership, OwnerRecords
 from quorumgate.proto.tls import check_certificate, make_node_certificate
 
 FORMAT = "quorumgate-cluster/1"
@@ -176,6 +176,13 @@ class ClusterSpec:
             self.chain_id,
             tuple(Member(m.index, m.public_key, m.replica_address) for m in self.members),
         )
+
+    def record_reader(self) -> OwnerRecords:
+        """How epoch 0's reconfiguration records are read (docs/consensus/epochs.md, "Who
+        may change the member set"): signed with this file's owner key, a `receipt` record
+        checked against this file's receipt keys. Every replica, sidecar, replay and
+        follower starts from this one reader, so they all read a record alike."""
+        return OwnerRecords(self.chain_id, self.owner_public_key, self.receipt_keys)
 
     def node_dir(self, index: int) -> Path:
         return self.directory / f"node-{index}"

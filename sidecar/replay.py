@@ -745,7 +745,7 @@ def _epochs_through(
 ) -> tuple[_Epochs, QuorumCert | None]:
     """`_epochs_at`, with the reader of the epoch's records (`_Epochs.owner`: the record
     key each change block's record leaves)."""
-    owner = OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
+    owner = spec.record_reader() if spec.runs_epochs else None
     epochs = _Epochs(spec.membership(), None, owner, rows)
     start: QuorumCert | None = None
     for row in rows:

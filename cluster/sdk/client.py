@@ -63,7 +63,6 @@ from quorumgate.proto import tx as txlib
 from quorumgate.proto.chainversions import commits_arguments, runs_opened_by_the_chain
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, load_cluster, read_seed
 from quorumgate.proto.commitments import call_salt
-from quorumgate.proto.membership import OwnerRecords
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -379,7 +378,7 @@ class Client:
             # owner record with the key it names, as the replicas check them (docs/
             # consensus/epochs.md, "Followers: the chain of epochs", "The record key").
             spec = self.spec
-            owner = OwnerRecords(spec.chain_id, spec.owner_public_key)
+            owner = spec.record_reader()
             self._epochs = EpochFollower(spec.membership(), owner if spec.runs_epochs else None)
         found = self._epochs.take(answers, unanswered)
         for replica, why in sorted(found.refused.items()):
