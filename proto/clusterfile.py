@@ -316,6 +316,42 @@ def consensus_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
     return None
 
 
+# A sidecar's receipt key after a `receipt` record (docs/consensus/epochs.md, "Receipt
+# keys"): beside `receipt.key`, named by the start of its public key. `receipt.key` stays
+# the key the cluster file names, which signs the epochs before the rotation.
+ROTATED_RECEIPT_KEY_PREFIX = "receipt-"
+
+
+def rotated_receipt_key_file(public_key: bytes) -> str:
+    return f"{ROTATED_RECEIPT_KEY_PREFIX}{public_key.hex()[:ROTATED_KEY_NAME_HEX_CHARS]}.key"
+
+
+def held_receipt_seeds(node_dir: Path) -> list[bytes]:
+    """The receipt keys `node_dir` holds: the cluster file's, then the rotated ones by name
+    (at most `ROTATED_KEYS_READ_MAX`); a file that is not a key is skipped."""
+    paths = [node_dir / RECEIPT_KEY_FILE]
+    paths += sorted(node_dir.glob(f"{ROTATED_RECEIPT_KEY_PREFIX}*.key"))[:ROTATED_KEYS_READ_MAX]
+    seeds = []
+    for path in paths:
+        try:
+            seeds.append(read_seed(path))
+        except (OSError, ClusterFileError):
+            continue
+    return seeds
+
+
+def receipt_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
+    """The seed of the receipt key `public_key` from `node_dir` (the cluster file's key
+    or a rotated one), or None if the directory holds no such key."""
+    for name in (RECEIPT_KEY_FILE, rotated_receipt_key_file(public_key)):
+        path = node_dir / name
+        if path.exists():
+            seed = read_seed(path)
+            if public_key_of(seed) == public_key:
+                return seed
+    return None
+
+
 def member_ports(hosts: Sequence[str], port_base: int) -> list[list[int]]:
     """Fixed ports for members on the given hosts: PORTS_PER_MEMBER from `port_base` on
     each host, the next block for a second member on the same host."""

@@ -48,7 +48,12 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
-from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.proto.clusterfile import (
+    RECEIPT_KEY_FILE,
+    ClusterSpec,
+    held_receipt_seeds,
+    read_seed,
+)
 from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
@@ -296,6 +301,8 @@ async def _compare(
         mismatch("verdict_root", "the signed verdict root or leaf count differs")
     elif signed.validity != executed.signed.validity:
         mismatch("validity", "the signed validity window differs")
+    elif signed.epoch != executed.signed.epoch:
+        mismatch("epoch", "the epoch the block statement names differs")
     receipts = await store.receipts_at(height)
     if [r.leaf for r in receipts] != list(executed.leaves):
         mismatch(
@@ -400,7 +407,7 @@ class _WorkerSetup:
     seed is never logged)."""
 
     config: EngineConfig
-    receipt_seed: bytes = field(repr=False)
+    receipt_seed: bytes = field(repr=False)  # the cluster file's: epoch 0's
     index: int
     membership: Membership  # the member set certifying the first block replayed
     state: bytes | None = field(repr=False)  # a checkpoint's engine state, or from height 1
@@ -413,6 +420,9 @@ class _WorkerSetup:
     start: QuorumCert | None = None
     owner: OwnerRecords | None = None
     ends: tuple[StoredEpoch, ...] = ()
+    # The receipt keys the node directory holds (docs/consensus/epochs.md,
+    # "Receipt keys"): each block is signed with the member's key of the block's epoch.
+    rotated_seeds: tuple[bytes, ...] = field(default=(), repr=False)
 
 
 class _Worker:
@@ -424,6 +434,10 @@ class _Worker:
             Engine(config) if setup.state is None else Engine.from_state_bytes(config, setup.state)
         )
         self.key = SigningKey(setup.receipt_seed)
+        self.keys = {bytes(self.key.verify_key): self.key}
+        for seed in setup.rotated_seeds:
+            key = SigningKey(seed)
+            self.keys.setdefault(bytes(key.verify_key), key)
         self.index = setup.index
         self.chain_id = config.chain_id
         self.epochs = _Epochs(setup.membership, setup.start, setup.owner, setup.ends)
@@ -436,15 +450,27 @@ class _Worker:
         reason (nothing after it runs)."""
         out: list[_Outcome] = []
         for block in blocks:
+            # The block is signed in its own epoch: a change block in the one it ends.
+            epoch, reader = self.epochs.membership.epoch, self.epochs.owner
             try:
                 self.epochs.checker.check_qc(block.justify)
                 self.epochs.after(block)
             except RemoteError as err:
                 out.append(str(err))
                 break
+            public = bytes(self.key.verify_key)
+            if reader is not None and reader.receipt_keys:
+                public = reader.receipt_keys[self.index]
+            key = self.keys.get(public)
+            if key is None:
+                out.append(
+                    f"no_receipt_key: the node directory holds no receipt key "
+                    f"{public.hex()[:16]}, this member's in epoch {epoch}"
+                )
+                break
             if block.height == self.recorded_height + 1:
                 self.engine.state.restart_delta()  # the first height the store records
-            executed = execute_block(self.engine, self.key, self.index, self.chain_id, block)
+            executed = execute_block(self.engine, key, self.index, self.chain_id, block, epoch)
             due = block.height % self.checkpoint_heights == 0
             state = self.engine.state_bytes() if due else None
             out.append((executed, state))
@@ -812,6 +838,7 @@ def _worker_setup(
         epoch_start,
         epochs.owner,
         rows,
+        tuple(held_receipt_seeds(spec.node_dir(index))),
     )
 
 

@@ -1,0 +1,97 @@
+"""Which receipt key signs a block: the one the sidecar's member holds in the block's epoch
+(docs/consensus/epochs.md, "Receipt keys").
+
+The sidecar executes every committed block, so it sees each change block: it moves the
+member set and the record reader on exactly as the replicas do (replica/epochs.py
+`change_in`, `owner_after`), and a `receipt` record leaves the next epoch's receipt keys
+in the reader. A block is signed in the epoch it belongs to, the change block in the epoch
+it ends; the next block in the epoch after. Nothing of this comes from a clock or from the
+sidecar's timing: replay, following the same committed blocks, signs every height in the
+same epoch with the same key. After a restart the sidecar starts from its replica's stored
+epoch ends (`start_at`), the change blocks of the same committed log.
+
+The key of an epoch is the cluster file's `receipt.key` or a rotated one beside it,
+`receipt-<first 16 hex of its public key>.key` (`admin rotate-key --receipt` writes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from quorumgate.proto.clusterfile import ClusterFileError, ClusterSpec, receipt_seed_for
+from quorumgate.proto.membership import Membership, OwnerRecords
+from quorumgate.replica.epochs import change_in, owner_after
+from quorumgate.replica.types import Block
+
+
+class ReceiptKeys:
+    """The epoch of the next block a sidecar (or replay) executes, and its receipt key.
+    On a chain that runs no epochs (`reader` None) every block is epoch 0's, signed with
+    `receipt.key`."""
+
+    def __init__(
+        self, spec: ClusterSpec, index: int, node_dir: Path, first: SigningKey | None = None
+    ) -> None:
+        self.index = index
+        self.node_dir = node_dir
+        self.membership: Membership = spec.membership()
+        self.reader: OwnerRecords | None = spec.record_reader() if spec.runs_epochs else None
+        self.genesis_key = spec.member(index).receipt_public_key
+        self._held: dict[bytes, SigningKey] = {}
+        if first is not None:
+            self._held[bytes(first.verify_key)] = first
+
+    @property
+    def epoch(self) -> int:
+        return self.membership.epoch
+
+    @property
+    def public_key(self) -> bytes:
+        """This member's receipt key in the current epoch."""
+        if self.reader is None or not self.reader.receipt_keys:
+            return self.genesis_key
+        return self.reader.receipt_keys[self.index]
+
+    def key(self) -> SigningKey:
+        """The signing key of the current epoch, read from the node directory once;
+        `ClusterFileError` if the directory does not hold it (the operator has not put the
+        rotated key file there)."""
+        public = self.public_key
+        found = self._held.get(public)
+        if found is None:
+            seed = receipt_seed_for(self.node_dir, public)
+            if seed is None:
+                raise ClusterFileError(
+                    f"{self.node_dir} holds no receipt key {public.hex()[:16]}, this "
+                    f"member's in epoch {self.epoch}"
+                )
+            found = self._held[public] = SigningKey(seed)
+        return found
+
+    def after(self, block: Block) -> bool:
+        """Move on past `block`, executed in the current epoch: True when it is a change
+        block, the next block being the next epoch's."""
+        if self.reader is None:
+            return False
+        nxt = change_in(block, self.membership, self.reader)
+        if nxt is None:
+            return False
+        self.reader = owner_after(block, self.membership, self.reader)
+        self.membership = nxt
+        return True
+
+    def start_at(self, boundaries: Sequence[Block], executed_height: int) -> None:
+        """Start after `executed_height`: move on at each change block at or below it,
+        oldest first (the replica's stored epoch ends, whose commit the replica proved).
+        `ValueError` for one that changes nothing here (the store and the blocks disagree)."""
+        for boundary in boundaries:
+            if boundary.height > executed_height:
+                break
+            if not self.after(boundary):
+                raise ValueError(
+                    f"the stored end of epoch {self.epoch} at height {boundary.height} "
+                    "changes nothing"
+                )
