@@ -12,8 +12,10 @@ cannot hold the client back; one whose answer does not check is named with the r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from quorumgate.proto.membership import Membership, OwnerRecords
@@ -34,6 +36,7 @@ __all__ = [
     "EpochFollower",
     "Epochs",
     "key_fingerprint",
+    "load_receipt_epochs",
     "receipt_epochs_from_json",
     "receipt_epochs_of",
 ]
@@ -252,3 +255,15 @@ def receipt_epochs_from_json(
     return ReceiptEpochs(
         tuple(ReceiptEpoch(i, starts[i] + 1, ends[i], keys[i]) for i in range(len(starts)))
     )
+
+
+def load_receipt_epochs(path: str | Path, cluster_keys: Sequence[bytes]) -> ReceiptEpochs:
+    """`receipt_epochs_from_json` of the file at `path`; `ValueError` for one that is not a
+    chain-of-epochs file (or not JSON)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read the epochs file {path}: {err}") from err
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"the epochs file {path} is not a JSON object")
+    return receipt_epochs_from_json(doc, cluster_keys)
