@@ -379,9 +379,17 @@ class ReceiptEpoch:
 class ReceiptEpochs:
     """Every epoch a verifier knows, from 0, in order: what a certificate is checked
     against. From the cluster file alone it is epoch 0 without an end (`genesis`); a
-    chain of epochs checked from it (replica/epochchain.py) gives the rest."""
+    chain of epochs checked from it (replica/epochchain.py) gives the rest.
+
+    `chained`: whether these come from a chain of epochs (or a file of one). Without one
+    (`genesis`: a verifier that holds the cluster file alone, such as an agent's client,
+    which may not read the epoch ends) the verifier has the guarantee it always had: a
+    statement of any epoch and height counts if f+1 of the cluster file's receipt keys
+    signed it. Only a verifier that follows the chain refuses a rotated-out key's
+    statement past its epoch."""
 
     epochs: tuple[ReceiptEpoch, ...]
+    chained: bool = True
 
     def __post_init__(self) -> None:
         numbers = [e.epoch for e in self.epochs]
@@ -390,7 +398,7 @@ class ReceiptEpochs:
 
     @staticmethod
     def genesis(keys: Sequence[bytes]) -> ReceiptEpochs:
-        return ReceiptEpochs((ReceiptEpoch(0, 1, None, tuple(keys)),))
+        return ReceiptEpochs((ReceiptEpoch(0, 1, None, tuple(keys)),), chained=False)
 
     def of(self, epoch: int) -> ReceiptEpoch | None:
         return self.epochs[epoch] if 0 <= epoch < len(self.epochs) else None
@@ -404,7 +412,10 @@ def receipt_keys_at(epochs: ReceiptEpochs, epoch: int, height: int) -> tuple[byt
     """The receipt keys that sign epoch `epoch`'s statement for `height`, or raise
     `CertificateError`: `unknown_epoch` for an epoch the verifier does not know,
     `wrong_epoch` for a height outside it (a key rotated out at the end of an epoch signs
-    nothing above that end in its name)."""
+    nothing above that end in its name). Without a chain (`ReceiptEpochs.chained` False):
+    the cluster file's keys, whatever the epoch and height."""
+    if not epochs.chained:
+        return epochs.epochs[0].keys
     known = epochs.of(epoch)
     if known is None:
         raise CertificateError(
@@ -429,7 +440,7 @@ def verify_certificate(
 
     Checks: the chain id; the epoch the certificate names and the receipt keys of that
     epoch (`epochs`, `receipt_keys_at`: its height must lie in the epoch; without
-    `epochs`, only epoch 0 with `receipt_keys`, the cluster file's); that the certificate
+    `epochs`, `receipt_keys`, the cluster file's, in any epoch); that the certificate
     carries a validity window exactly when the chain's receipts expire (`receipts_expire`,
     the cluster file's predicate); the leaf's inclusion under the verdict root; signatures
     from at least f+1 *distinct members* (by position in the epoch's receipt keys) over the

@@ -1227,6 +1227,12 @@ class _ReceiptWait:
                 if self.unknown_epoch and self.learn_epochs is not None:
                     learn, self.learn_epochs = self.learn_epochs, None
                     self.epochs = await learn() or self.epochs
+                    # what was taken before is checked again with what was learned
+                    self.latest = {
+                        i: r
+                        for i, r in self.latest.items()
+                        if receipt_signature_ok(self.spec, r, i, self.epochs)
+                    }
                 receipts = list(self.latest.values())
                 decision = certify(self.spec, self.proposal_id, receipts, self.cards, self.epochs)
                 if decision is not None:
@@ -1324,13 +1330,12 @@ class _ReceiptWait:
         if leaf.proposal_id != self.proposal_id:
             log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
             return None
+        if receipt.block.epoch > self.epochs.current.epoch and self.learn_epochs is not None:
+            self.unknown_epoch = True  # learned in `certified` (once), then checked again
+            self.changed.set()
         if not receipt_signature_ok(self.spec, receipt, i, self.epochs):
-            if receipt.block.epoch > self.epochs.current.epoch:
-                self.unknown_epoch = True  # learned in `certified`, then asked again
-                self.changed.set()
-                log.info("event=receipt_dropped sidecar=%d why=unknown_epoch", i)
-            else:
-                log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
+            why = "unknown_epoch" if self.unknown_epoch else "bad_receipt"
+            log.warning("event=receipt_dropped sidecar=%d why=%s", i, why)
             return None
         if self.settled and leaf.outcome == Outcome.PENDING.value:
             return leaf.height  # wait for a newer one

@@ -94,9 +94,9 @@ def test_a_certificate_of_the_new_key_verifies_in_its_epoch_only() -> None:
         with pytest.raises(CertificateError) as raised:
             _verify(_certificate(height, 1, {0: OLD[0], 1: NEW_1}), _epochs())
         assert raised.value.reason == "wrong_epoch"
-    # A verifier that knows epoch 0 only cannot check it.
+    # A verifier that follows the chain but knows epoch 0 only cannot check it.
     with pytest.raises(CertificateError) as raised:
-        _verify(good, None)
+        _verify(good, receipt_epochs_of(EpochChain.genesis(membership()), RECEIPT_KEYS))
     assert raised.value.reason == "unknown_epoch"
     with pytest.raises(CertificateError) as raised:
         _verify(_certificate(5, 3, {0: OLD[0], 1: NEW_1}), _epochs())
@@ -106,6 +106,18 @@ def test_a_certificate_of_the_new_key_verifies_in_its_epoch_only() -> None:
 def test_epoch_0_below_the_boundary_still_verifies() -> None:
     _verify(_certificate(4, 0, {0: OLD[0], 1: OLD[1]}), _epochs())
     _verify(_certificate(4, 0, {0: OLD[0], 1: OLD[1]}), None)
+
+
+def test_without_the_chain_a_verifier_has_the_cluster_files_guarantee_only() -> None:
+    """The limit, pinned: a verifier that holds cluster.json alone (an agent's client,
+    which may not read the epoch ends) counts f+1 of the cluster file's receipt keys in
+    any epoch, as every verifier did before; the rotated key's signature does not count
+    there, the other members' do."""
+    _verify(_certificate(5, 0, {0: OLD[0], 1: OLD[1]}), None)  # the forgery: accepted
+    _verify(_certificate(5, 1, {0: OLD[0], 2: OLD[2]}), None)
+    with pytest.raises(CertificateError) as raised:
+        _verify(_certificate(5, 1, {0: OLD[0], 1: NEW_1}), None)
+    assert raised.value.reason == "bad_signature"
 
 
 def test_epoch_0s_statement_keeps_its_bytes_and_later_ones_name_their_epoch() -> None:
