@@ -31,6 +31,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.membership import PUBLIC_KEY_BYTES
 from quorumgate.sidecar.engine.statements import Verdict
 
 TAG_LEAF = domains.RECEIPT_LEAF
@@ -369,6 +370,13 @@ class ReceiptEpoch:
     last_height: int | None
     keys: tuple[bytes, ...]
 
+    def __post_init__(self) -> None:
+        # No keys would make f+1 = 0: a certificate with no signature would count.
+        if not self.keys or any(len(k) != PUBLIC_KEY_BYTES for k in self.keys):
+            raise ValueError(f"epoch {self.epoch}: receipt keys are 32 bytes each, one or more")
+        if self.last_height is not None and self.last_height < self.first_height - 1:
+            raise ValueError(f"epoch {self.epoch}: it ends before it starts")
+
     def holds(self, height: int) -> bool:
         return self.first_height <= height and (
             self.last_height is None or height <= self.last_height
@@ -451,6 +459,8 @@ def verify_certificate(
     if cert.chain_id != chain_id:
         raise CertificateError("wrong_chain", "certificate for another chain")
     if epochs is None:
+        if not receipt_keys:  # f+1 would be 0
+            raise CertificateError("no_keys", "no receipt keys to check the certificate with")
         epochs = ReceiptEpochs.genesis(receipt_keys)
     receipt_keys = receipt_keys_at(epochs, cert.epoch, cert.leaf.height)
     n = len(receipt_keys)

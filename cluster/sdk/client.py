@@ -385,7 +385,11 @@ class Client:
             # consensus/epochs.md, "Followers: the chain of epochs", "The record key").
             spec = self.spec
             owner = spec.record_reader()
-            self._epochs = EpochFollower(spec.membership(), owner if spec.runs_epochs else None)
+            self._epochs = EpochFollower(
+                spec.membership(),
+                owner if spec.runs_epochs else None,
+                receipt_keys=spec.receipt_keys,
+            )
         found = self._epochs.take(answers, unanswered)
         for replica, why in sorted(found.refused.items()):
             log.warning("replica %d's chain of epochs does not check: %s", replica, why)

@@ -6,6 +6,8 @@ epoch 0; a verifier that holds the chain of epochs must refuse it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from nacl.signing import SigningKey
 
@@ -144,3 +146,28 @@ def test_an_epochs_file_gives_the_same_epochs() -> None:
     assert receipt_epochs_from_json(found.as_dict(), RECEIPT_KEYS) == _epochs()
     with pytest.raises(ValueError):
         receipt_epochs_from_json({"epochs": [{"epoch": 1}]}, RECEIPT_KEYS)
+
+
+def test_a_chain_without_epochs_gives_epoch_0_with_the_cluster_files_keys() -> None:
+    """A follower of a chain that runs no epochs (no record reader) still knows epoch 0's
+    receipt keys: the cluster file's, given on their own."""
+    from quorumgate.sdk.epochs import EpochFollower
+
+    found = EpochFollower(membership(), None, receipt_keys=RECEIPT_KEYS).take({0: [], 1: []})
+    assert found.receipt_epochs.epochs[0].keys == RECEIPT_KEYS
+    _verify(_certificate(9, 0, {0: OLD[0], 1: OLD[1]}), found.receipt_epochs)
+
+
+def test_an_epoch_without_keys_cannot_be_made() -> None:
+    """With no keys f+1 would be 0, and a certificate without signatures would count."""
+    from quorumgate.sidecar.receipts import ReceiptEpoch
+
+    with pytest.raises(ValueError):
+        ReceiptEpoch(0, 1, None, ())
+    bare = dataclasses.replace(
+        _certificate(4, 0, {0: OLD[0]}),  # type: ignore[type-var]
+        signatures=(),
+    )
+    with pytest.raises(CertificateError) as raised:
+        verify_certificate(bare, CHAIN, (), receipts_expire=False)
+    assert raised.value.reason == "no_keys"
