@@ -267,7 +267,9 @@ def _cmd_epochs(args: argparse.Namespace) -> int:
             f"epoch {epoch.epoch}: {where}, {epoch.members} members, checked by replicas {checked}"
         )
         for index, public_key in enumerate(epoch.keys):
-            print(f"  member {index}: {key_fingerprint(public_key)}")
+            receipt = epoch.receipt_keys[index] if index < len(epoch.receipt_keys) else b""
+            shown = f", receipt key {key_fingerprint(receipt)}" if receipt else ""
+            print(f"  member {index}: {key_fingerprint(public_key)}{shown}")
         if epoch.record_key:
             print(f"  records signed by owner key {key_fingerprint(epoch.record_key)}")
     for replica, why in sorted(found.refused.items()):

@@ -47,6 +47,7 @@ from quorumgate.proto.clusterfile import (
     RECEIPT_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
+    held_receipt_seeds,
     read_seed,
 )
 from quorumgate.proto.model import Outcome, TxKind
@@ -375,6 +376,12 @@ class Sidecar:
         self.receipt_keys = keys
         self._receipt_epoch_known = True
         log.info("event=receipt_epoch epoch=%d executed_height=%d", keys.epoch, executed)
+        store = self.store
+        assert store is not None
+        for height in range(
+            max(store.history_from, executed - STARTUP_AUDIT_HEIGHTS + 1), executed + 1
+        ):
+            await self._audit(height)  # again, each with the key of its epoch
 
     async def _execute(self, committed: cpb.CommittedBlock) -> None:
         store, engine = self.store, self.engine
@@ -584,7 +591,11 @@ class Sidecar:
         assert store is not None
         try:
             problem = await audit_height(
-                store, self.spec.chain_id, self.member.receipt_public_key, height
+                store,
+                self.spec.chain_id,
+                self.member.receipt_public_key,
+                height,
+                self._audit_keys,
             )
         except SidecarStoreError as err:
             problem = str(err)
@@ -592,6 +603,20 @@ class Sidecar:
         if problem is not None:
             self.store_damaged = problem
             self._alarm(f"the store does not match our signed statements: {problem}")
+
+    def _audit_keys(self, epoch: int, height: int) -> tuple[bytes, ...]:
+        """Our receipt keys that may have signed a statement naming `epoch` at `height`:
+        the one the blocks followed give (sidecar/receiptkeys.py `key_at`). Before our
+        replica's epoch ends are read (the startup audit), epoch 0's key for epoch 0 and
+        any rotated key the node directory holds for a later one; those heights are
+        audited again once the epochs are known (`_start_receipt_epoch`)."""
+        if self._receipt_epoch_known:
+            key = self.receipt_keys.key_at(epoch, height)
+            return () if key is None else (key,)
+        if epoch == 0:
+            return (self.member.receipt_public_key,)
+        held = held_receipt_seeds(self.spec.node_dir(self.index))
+        return tuple(bytes(SigningKey(seed).verify_key) for seed in held)
 
     def _alarm(self, what: str) -> None:
         self.diverged = what

@@ -40,6 +40,9 @@ class ReceiptKeys:
         self.membership: Membership = spec.membership()
         self.reader: OwnerRecords | None = spec.record_reader() if spec.runs_epochs else None
         self.genesis_key = spec.member(index).receipt_public_key
+        # (epoch, its first height, this member's receipt key in it), oldest first: what
+        # the sidecar's self-audit checks each stored statement with (`key_at`)
+        self.history: list[tuple[int, int, bytes]] = [(0, 1, self.genesis_key)]
         self._held: dict[bytes, SigningKey] = {}
         if first is not None:
             self._held[bytes(first.verify_key)] = first
@@ -81,7 +84,18 @@ class ReceiptKeys:
             return False
         self.reader = owner_after(block, self.membership, self.reader)
         self.membership = nxt
+        self.history.append((nxt.epoch, block.height + 1, self.public_key))
         return True
+
+    def key_at(self, epoch: int, height: int) -> bytes | None:
+        """This member's receipt key of `epoch` if `height` lies in it, as far as the blocks
+        followed so far tell (the current epoch has no end yet); None otherwise."""
+        for position, (number, first, key) in enumerate(self.history):
+            if number != epoch:
+                continue
+            after = self.history[position + 1][1] if position + 1 < len(self.history) else None
+            return key if first <= height and (after is None or height < after) else None
+        return None
 
     def start_at(self, boundaries: Sequence[Block], executed_height: int) -> None:
         """Start after `executed_height`: move on at each change block at or below it,

@@ -97,6 +97,11 @@ def test_the_sidecars_tracker_moves_on_at_the_change_block(tmp_path: Path) -> No
     assert moved == [False, False, False, True, False, False]  # heights 1 to 6
     new_key = bytes(SigningKey(NEW_SEED).verify_key)
     assert keys.epoch == 1 and keys.public_key == new_key
+    # What the self-audit checks each stored statement with: the key of its epoch, at
+    # heights of that epoch only.
+    assert keys.key_at(0, 4) == RECEIPT_KEYS[1] and keys.key_at(0, 5) is None
+    assert keys.key_at(1, 5) == new_key and keys.key_at(1, 4) is None
+    assert keys.key_at(2, 9) is None
     with pytest.raises(ClusterFileError, match="holds no receipt key"):
         keys.key()
     write_seed(tmp_path / rotated_receipt_key_file(new_key), NEW_SEED)
