@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "load_sink_key": "quorumgate.sdk.keys",
     "generate_principal_key": "quorumgate.sdk.keys",
     "load_principal_key": "quorumgate.sdk.keys",
+    "load_receipt_epochs": "quorumgate.sdk.epochs",
     # errors a client raises
     "QuorumGateError": "quorumgate.sdk.errors",
     "Refused": "quorumgate.sdk.errors",
@@ -184,6 +185,7 @@ __all__ = [
     "governed_tool",
     "load_key",
     "load_principal_key",
+    "load_receipt_epochs",
     "load_sink_key",
     "mandate",
     "resume_confirmed",
@@ -241,6 +243,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from quorumgate.sdk.cards import card_matches
     from quorumgate.sdk.client import Client
     from quorumgate.sdk.delivery import ChannelPool
+    from quorumgate.sdk.epochs import load_receipt_epochs
     from quorumgate.sdk.errors import (
         CertificateTimeout,
         ClusterUnavailable,

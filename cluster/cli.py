@@ -297,7 +297,9 @@ def _cmd_epochs(args: argparse.Namespace) -> int:
         moved = dict(epoch.moved)
         for index, public_key in enumerate(epoch.keys):
             at = f" at {moved[index]} (a new machine)" if index in moved else ""
-            print(f"  member {index}: {key_fingerprint(public_key)}{at}")
+            receipt = epoch.receipt_keys[index] if index < len(epoch.receipt_keys) else b""
+            shown = f", receipt key {key_fingerprint(receipt)}" if receipt else ""
+            print(f"  member {index}: {key_fingerprint(public_key)}{shown}{at}")
         if epoch.record_key:
             print(f"  records signed by owner key {key_fingerprint(epoch.record_key)}")
     for replica, why in sorted(found.refused.items()):

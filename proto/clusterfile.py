@@ -59,6 +59,7 @@ from quorumgate.proto.membership import (
     MemberEntry,
     MemberEntryError,
     Membership,
+    OwnerRecords,
 )
 from quorumgate.proto.tls import check_certificate, make_node_certificate
 
@@ -232,6 +233,13 @@ class ClusterSpec:
             members[entry.index] = MemberSpec.of_entry(entry)
         return replace(self, members=tuple(members))
 
+    def record_reader(self) -> OwnerRecords:
+        """How epoch 0's reconfiguration records are read (docs/consensus/epochs.md, "Who
+        may change the member set"): signed with this file's owner key, a `receipt` record
+        checked against this file's receipt keys. Every replica, sidecar, replay and
+        follower starts from this one reader, so they all read a record alike."""
+        return OwnerRecords(self.chain_id, self.owner_public_key, self.receipt_keys)
+
     def node_dir(self, index: int) -> Path:
         return self.directory / f"node-{index}"
 
@@ -358,6 +366,42 @@ def consensus_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
     """The seed of the consensus key `public_key` from `node_dir` (the cluster file's key
     or a rotated one), or None if the directory holds no such key."""
     for name in (CONSENSUS_KEY_FILE, rotated_key_file(public_key)):
+        path = node_dir / name
+        if path.exists():
+            seed = read_seed(path)
+            if public_key_of(seed) == public_key:
+                return seed
+    return None
+
+
+# A sidecar's receipt key after a `receipt` record (docs/consensus/epochs.md, "Receipt
+# keys"): beside `receipt.key`, named by the start of its public key. `receipt.key` stays
+# the key the cluster file names, which signs the epochs before the rotation.
+ROTATED_RECEIPT_KEY_PREFIX = "receipt-"
+
+
+def rotated_receipt_key_file(public_key: bytes) -> str:
+    return f"{ROTATED_RECEIPT_KEY_PREFIX}{public_key.hex()[:ROTATED_KEY_NAME_HEX_CHARS]}.key"
+
+
+def held_receipt_seeds(node_dir: Path) -> list[bytes]:
+    """The receipt keys `node_dir` holds: the cluster file's, then the rotated ones by name
+    (at most `ROTATED_KEYS_READ_MAX`); a file that is not a key is skipped."""
+    paths = [node_dir / RECEIPT_KEY_FILE]
+    paths += sorted(node_dir.glob(f"{ROTATED_RECEIPT_KEY_PREFIX}*.key"))[:ROTATED_KEYS_READ_MAX]
+    seeds = []
+    for path in paths:
+        try:
+            seeds.append(read_seed(path))
+        except (OSError, ClusterFileError):
+            continue
+    return seeds
+
+
+def receipt_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
+    """The seed of the receipt key `public_key` from `node_dir` (the cluster file's key
+    or a rotated one), or None if the directory holds no such key."""
+    for name in (RECEIPT_KEY_FILE, rotated_receipt_key_file(public_key)):
         path = node_dir / name
         if path.exists():
             seed = read_seed(path)

@@ -53,6 +53,9 @@ STATE_ROOT_REPORT_WITH_OWNER = b"qg/state-root/v2"
 RECEIPT_LEAF = b"qg/receipt-leaf/v1"  # hashed: one verdict's leaf in a block's Merkle tree
 RECEIPT = b"qg/receipt/v1"  # signed: a block's receipt statement (chain, height, roots, count)
 RECEIPT_WITH_VALIDITY = b"qg/receipt/v2"  # signed: that statement and its validity window
+# signed: the statement of a block of an epoch after 0, naming its epoch, with its validity
+# window where the chain's receipts expire (docs/consensus/epochs.md, "Receipt keys")
+RECEIPT_IN_EPOCH = b"qg/receipt-epoch/v1"
 LEDGER = b"qg/ledger/v1"  # hashed: a ledger entry, its predecessor's hash included
 # hashed: a ledger entry with its argument commitments and sealed salts (chains whose
 # receipt version commits arguments; docs/audit.md, "Argument commitments")
@@ -71,6 +74,10 @@ RECONFIG_OWNER = b"qg/reconfig-owner/v1"
 # signed by a new owner key: its proof of possession in an `owner` record, binding chain,
 # epoch, the key it replaces and itself (proto/membership.py `owner_key_statement`)
 RECONFIG_OWNER_KEY = b"qg/reconfig-owner-key/v1"
+# signed by a member's new receipt key: its proof of possession in a `receipt` record,
+# binding chain, epoch, member index, the key it replaces and itself (proto/membership.py
+# `receipt_key_statement`)
+RECONFIG_RECEIPT_KEY = b"qg/reconfig-receipt-key/v1"
 
 # Argument commitments (proto/commitments.py; docs/audit.md, "Argument commitments").
 ARGUMENT_COMMITMENT = b"qg/argument-commitment/v1"  # HMAC'd under the salt: name, kind, value

@@ -15,7 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from quorumgate.proto.crypto import ed25519_verify
-from quorumgate.proto.domains import RECONFIG_OWNER, RECONFIG_OWNER_KEY, RECONFIG_RECORD
+from quorumgate.proto.domains import (
+    RECONFIG_OWNER,
+    RECONFIG_OWNER_KEY,
+    RECONFIG_RECEIPT_KEY,
+    RECONFIG_RECORD,
+)
 from quorumgate.proto.tls import check_certificate
 
 PUBLIC_KEY_BYTES = 32
@@ -95,12 +100,13 @@ EPOCH_SEPARATOR = "#epoch="
 # The reconfiguration record: an owner operation the application commits as one transaction
 # of the log, which the consensus core recognises by its tag (docs/consensus/epochs.md,
 # "The record"). Layout: tag || u8 kind || u8 count || u32 index * count || u8 count ||
-# 32-byte key * count, and for kind `owner` only, the new owner key's 64-byte signature
-# over `owner_key_statement` after it. Kinds are appended, never reordered, so that an
-# encoding keeps its meaning.
+# 32-byte key * count, and for kinds `owner` and `receipt` only, the new key's 64-byte
+# proof of possession after it (`owner_key_statement`, `receipt_key_statement`). Kinds are
+# appended, never reordered, so that an encoding keeps its meaning.
 RECONFIG_TAG = RECONFIG_RECORD + b"\x00"  # the NUL ends the tag
-RECONFIG_KINDS = ("replace", "rotate", "add", "remove", "owner")
-OWNER_PROOF_BYTES = 64  # an `owner` record's proof of possession of the new key
+RECONFIG_KINDS = ("replace", "rotate", "add", "remove", "owner", "receipt")
+OWNER_PROOF_BYTES = 64  # an `owner` or `receipt` record's proof of possession of the new key
+PROOF_KINDS = ("owner", "receipt")  # the kinds whose record ends with that proof
 RECONFIG_STEP_MEMBERS = 3  # n = 3f+1 at every epoch: members come and go three at a time
 RECONFIG_SIZES = (4, 7)  # the cluster sizes a reconfiguration may lead to
 RECONFIG_ITEMS_MAX = 3  # indexes or keys one record names
@@ -256,7 +262,10 @@ class Reconfiguration:
     that keeps its machine; `add` appends three members with `keys`; `remove` takes out the
     three members `indexes`, the others keeping their order. `owner` changes no member: it
     hands the record key to `keys[0]` from the next epoch on, `proof` being that key's
-    signature over `owner_key_statement` (only `OwnerRecords` carries it out)."""
+    signature over `owner_key_statement` (only `OwnerRecords` carries it out). `receipt`
+    changes no member either: member `indexes[0]`'s sidecar signs its receipts with
+    `keys[0]` from the next epoch on, `proof` being that key's signature over
+    `receipt_key_statement` (only `OwnerRecords` carries it out too)."""
 
     kind: str
     indexes: tuple[int, ...] = ()
@@ -275,7 +284,7 @@ class Reconfiguration:
         out.append(len(self.keys))
         for key in self.keys:
             out += key
-        if self.kind == "owner":
+        if self.kind in PROOF_KINDS:
             out += self.proof
         for entry in self.entries:
             out += len(entry).to_bytes(ENTRY_LENGTH_BYTES, "big") + entry
@@ -296,7 +305,7 @@ class Reconfiguration:
             return None
         keys_count = body[at]
         kind = RECONFIG_KINDS[body[0]]
-        proof_bytes = OWNER_PROOF_BYTES if kind == "owner" else 0
+        proof_bytes = OWNER_PROOF_BYTES if kind in PROOF_KINDS else 0
         end = at + 1 + PUBLIC_KEY_BYTES * keys_count
         if len(body) < end + proof_bytes:
             return None
@@ -314,9 +323,10 @@ class Reconfiguration:
         """The member set of the next epoch, or None if this record does not apply to
         `current` (committed all the same, it then changes nothing). An `owner` record
         changes no member set here: whether it applies depends on the record key in force,
-        which `OwnerRecords.step` knows (a bare one, as the simulator's, changes nothing)."""
+        which `OwnerRecords.step` knows (a bare one, as the simulator's, changes nothing);
+        nor does a `receipt` record, whose checks need the epoch's receipt keys."""
         keys = [m.public_key for m in current.members]
-        if self.kind == "owner":
+        if self.kind in PROOF_KINDS:
             return None
         if self.kind in ("replace", "rotate"):
             if len(self.indexes) != 1 or len(self.keys) != 1:
@@ -415,6 +425,40 @@ def owner_record(
     return Reconfiguration("owner", (), (new_key,), proof)
 
 
+def receipt_key_statement(
+    chain_id: str, epoch: int, index: int, old_key: bytes, new_key: bytes
+) -> bytes:
+    """What a member's new receipt key signs in the `receipt` record that makes it member
+    `index`'s receipt key of `chain_id` from the end of epoch `epoch` on, taking over from
+    `old_key`: its proof of possession (docs/consensus/epochs.md, "Receipt keys"), under a
+    tag of its own so that no other statement can stand for it."""
+    return (
+        RECONFIG_RECEIPT_KEY
+        + b"\x00"
+        + chain_id.encode()
+        + b"\x00"
+        + epoch.to_bytes(RECORD_EPOCH_BYTES, "big")
+        + index.to_bytes(4, "big")
+        + old_key
+        + new_key
+    )
+
+
+def receipt_record(
+    chain_id: str,
+    epoch: int,
+    index: int,
+    old_key: bytes,
+    new_key: bytes,
+    sign_new: Callable[[bytes], bytes],
+) -> Reconfiguration:
+    """The `receipt` record that gives member `index`'s sidecar the receipt key `new_key`
+    in place of `old_key` at the end of epoch `epoch`, with `sign_new` (the new key's)
+    proof of possession. The record key in force signs the record itself (`sign_record`)."""
+    proof = sign_new(receipt_key_statement(chain_id, epoch, index, old_key, new_key))
+    return Reconfiguration("receipt", (index,), (new_key,), proof)
+
+
 def is_record(tx: bytes) -> bool:
     """Whether `tx` claims to be a reconfiguration record (signed or not)."""
     return tx.startswith(RECONFIG_TAG)
@@ -426,13 +470,18 @@ class OwnerRecords:
     count, each for the one epoch it names. `owner_key` is the record key of one epoch:
     the cluster file's in epoch 0, and from an `owner` record's epoch on the key it names
     (`step`; docs/consensus/epochs.md, "The record key"). A reader serves one epoch: the
-    next epoch's is `step`'s second half."""
+    next epoch's is `step`'s second half. `receipt_keys`: the members' receipt keys of
+    the same epoch, in member order (the cluster file's in epoch 0, then as `receipt`
+    records leave them): a `receipt` record is checked against them, and one that names
+    no member, or a key in use, changes nothing. Every reader of one chain must be built
+    with them (from the cluster file), or readers would disagree on such a record."""
 
     chain_id: str
     owner_key: bytes
+    receipt_keys: tuple[bytes, ...] = ()
     # The kinds the live replica carries out (docs/consensus/epochs.md, "The live
     # replica"): a record of another kind is committed and changes nothing.
-    kinds: tuple[str, ...] = ("replace", "rotate", "owner")
+    kinds: tuple[str, ...] = ("replace", "rotate", "owner", "receipt")
 
     def read(self, tx: bytes) -> tuple[Reconfiguration, int] | None:
         """The record `tx` carries and the epoch it ends, if the owner signed it; None for
@@ -460,16 +509,17 @@ class OwnerRecords:
         that applies to it: the next epoch's member set and the reader of its records. An
         `owner` record keeps the members and hands the record key to the key it names, if
         that key signed its proof of possession and is neither the key it replaces nor a
-        member's consensus key; every other kind keeps the record key."""
+        member's consensus key; a `receipt` record keeps the members and gives one member
+        the receipt key it names (`_receipt_step`); every other kind keeps the record key
+        and the receipt keys."""
         read = self.read(tx)
         if read is None or read[1] != current.epoch or read[0].kind not in self.kinds:
             return None
         record = read[0]
+        if record.kind == "receipt":
+            return self._receipt_step(record, current)
         if record.kind in ENTRY_KINDS:
-            try:
-                record_entries(record)
-            except MemberEntryError:
-                return None  # a new member nobody could reach: no change
+            return self._entries_step(record, current)
         if record.kind != "owner":
             nxt = record.apply(current)
             return None if nxt is None else (nxt, self)
@@ -483,3 +533,62 @@ class OwnerRecords:
             return None
         nxt = replace(current, epoch=current.epoch + 1)
         return nxt, replace(self, owner_key=new_key)
+
+    def _entries_step(
+        self, record: Reconfiguration, current: Membership
+    ) -> tuple[Membership, OwnerRecords] | None:
+        """A record that brings new machines (`replace`): it applies only if each new
+        machine's member entry checks (`record_entries`: a new member nobody could reach
+        is no change) and the record applies to the members; the next epoch's reader
+        gives each new machine's index the receipt key its entry names, as a `receipt`
+        record would, so that certificates of the next epoch are checked with the new
+        machine's key and no longer with the one that left (docs/consensus/epochs.md,
+        "Receipt keys"). A receipt key in use elsewhere (another member's receipt or
+        consensus key, the record key) is refused as `_receipt_step` refuses it."""
+        try:
+            entries = record_entries(record)
+        except MemberEntryError:
+            return None
+        nxt = record.apply(current)
+        if nxt is None:
+            return None
+        if len(self.receipt_keys) != current.n:
+            return nxt, self  # (a reader built without receipt keys: the simulator's)
+        keys = list(self.receipt_keys)
+        for entry in entries:
+            if entry.index >= len(keys):
+                return None  # (only `replace` carries entries: members that exist)
+            keys[entry.index] = entry.receipt_public_key
+        for entry in entries:
+            new = entry.receipt_public_key
+            if keys.count(new) != 1 or new == self.owner_key or nxt.index_of(new) is not None:
+                return None
+        return nxt, replace(self, receipt_keys=tuple(keys))
+
+    def _receipt_step(
+        self, record: Reconfiguration, current: Membership
+    ) -> tuple[Membership, OwnerRecords] | None:
+        """A `receipt` record of `current`'s epoch, signed with the record key: it applies
+        if it names one member of the epoch and one new key, that key is in use nowhere
+        (no member's receipt or consensus key, not the record key), and it signed its proof
+        of possession over the chain, the epoch, the index, the key it replaces and itself.
+        The next epoch keeps the members and the record key."""
+        if len(record.indexes) != 1 or len(record.keys) != 1:
+            return None
+        index, new_key = record.indexes[0], record.keys[0]
+        if len(self.receipt_keys) != current.n or not current.is_member(index):
+            return None
+        if len(record.proof) != OWNER_PROOF_BYTES or len(new_key) != PUBLIC_KEY_BYTES:
+            return None
+        if new_key in self.receipt_keys or new_key == self.owner_key:
+            return None
+        if current.index_of(new_key) is not None:
+            return None
+        old_key = self.receipt_keys[index]
+        statement = receipt_key_statement(self.chain_id, current.epoch, index, old_key, new_key)
+        if not ed25519_verify(new_key, statement, record.proof):
+            return None
+        keys = list(self.receipt_keys)
+        keys[index] = new_key
+        nxt = replace(current, epoch=current.epoch + 1)
+        return nxt, replace(self, receipt_keys=tuple(keys))

@@ -43,7 +43,7 @@ class Validity(_message.Message):
     def __init__(self, block_time_ms: _Optional[int] = ..., valid_until_ms: _Optional[int] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signer", "signature", "validity")
+    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signer", "signature", "validity", "epoch")
     LEAF_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class Receipt(_message.Message):
     SIGNER_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     VALIDITY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     leaf: ReceiptLeaf
     path: _containers.RepeatedScalarFieldContainer[bytes]
     leaf_count: int
@@ -60,10 +61,11 @@ class Receipt(_message.Message):
     signer: int
     signature: bytes
     validity: Validity
-    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class Certificate(_message.Message):
-    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signatures", "chain_id", "validity")
+    __slots__ = ("leaf", "path", "leaf_count", "verdict_root", "state_root", "signatures", "chain_id", "validity", "epoch")
     LEAF_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     LEAF_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +74,7 @@ class Certificate(_message.Message):
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     VALIDITY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     leaf: ReceiptLeaf
     path: _containers.RepeatedScalarFieldContainer[bytes]
     leaf_count: int
@@ -80,7 +83,8 @@ class Certificate(_message.Message):
     signatures: _containers.RepeatedCompositeFieldContainer[_consensus_pb2.Signature]
     chain_id: str
     validity: Validity
-    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[_consensus_pb2.Signature, _Mapping]]] = ..., chain_id: _Optional[str] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, leaf: _Optional[_Union[ReceiptLeaf, _Mapping]] = ..., path: _Optional[_Iterable[bytes]] = ..., leaf_count: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., signatures: _Optional[_Iterable[_Union[_consensus_pb2.Signature, _Mapping]]] = ..., chain_id: _Optional[str] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ReceiptRequest(_message.Message):
     __slots__ = ("proposal_id", "nonce", "own", "wait_ms", "newer_than")
@@ -333,7 +337,7 @@ class SnapshotManifest(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., height: _Optional[int] = ..., state_root: _Optional[bytes] = ..., ledger_head: _Optional[bytes] = ..., ledger_entries: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., block_time_ms: _Optional[int] = ..., total_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_digests: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SnapshotAttestation(_message.Message):
-    __slots__ = ("height", "verdict_root", "state_root", "leaf_count", "signer", "signature", "validity", "ledger_head", "ledger_entries", "block_hash", "block_time_ms")
+    __slots__ = ("height", "verdict_root", "state_root", "leaf_count", "signer", "signature", "validity", "ledger_head", "ledger_entries", "block_hash", "block_time_ms", "epoch")
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     VERDICT_ROOT_FIELD_NUMBER: _ClassVar[int]
     STATE_ROOT_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +349,7 @@ class SnapshotAttestation(_message.Message):
     LEDGER_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     height: int
     verdict_root: bytes
     state_root: bytes
@@ -356,7 +361,8 @@ class SnapshotAttestation(_message.Message):
     ledger_entries: int
     block_hash: bytes
     block_time_ms: int
-    def __init__(self, height: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., leaf_count: _Optional[int] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ..., ledger_head: _Optional[bytes] = ..., ledger_entries: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., block_time_ms: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, height: _Optional[int] = ..., verdict_root: _Optional[bytes] = ..., state_root: _Optional[bytes] = ..., leaf_count: _Optional[int] = ..., signer: _Optional[int] = ..., signature: _Optional[bytes] = ..., validity: _Optional[_Union[Validity, _Mapping]] = ..., ledger_head: _Optional[bytes] = ..., ledger_entries: _Optional[int] = ..., block_hash: _Optional[bytes] = ..., block_time_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SnapshotListRequest(_message.Message):
     __slots__ = ("attest_heights",)

@@ -85,7 +85,9 @@ class ChainedEpoch:
     the change block that ended the epoch before it (None for epoch 0), and the owner key
     its records are checked with where an earlier record handed it over (docs/consensus/
     epochs.md, "The record key"; None: the reader's own key, the cluster file's, as in
-    epoch 0 and every epoch before an owner record, or bare records in the simulator)."""
+    epoch 0 and every epoch before an owner record, or bare records in the simulator).
+    `receipt_keys`: the members' receipt keys in this epoch where a `receipt` record
+    before it changed one ("Receipt keys"; empty: the reader's own, the cluster file's)."""
 
     membership: Membership
     boundary: Block | None
@@ -95,6 +97,7 @@ class ChainedEpoch:
     # each new machine listens, its receipt key and TLS certificate. The others are the
     # cluster file's.
     entries: tuple[MemberEntry, ...] = ()
+    receipt_keys: tuple[bytes, ...] = ()
 
     @property
     def epoch(self) -> int:
@@ -188,6 +191,8 @@ def check_link(
     raises `EpochChainError` naming the new epoch."""
     if owner is not None and previous.owner_key is not None:
         owner = replace(owner, owner_key=previous.owner_key)
+    if owner is not None and previous.receipt_keys:
+        owner = replace(owner, receipt_keys=previous.receipt_keys)
     old = previous.membership
     number = old.epoch + 1
     if int(end.epoch) != number:
@@ -240,14 +245,17 @@ def check_link(
             "keys_differ",
             f"the replica's keys for epoch {number} are not those the change block's record gives",
         )
-    owner_key = previous.owner_key
+    owner_key, receipt_keys = previous.owner_key, previous.receipt_keys
     entries = previous.entries
     if owner is not None:
         moved = {e.index: e for e in (*entries, *entries_after(boundary, old, owner))}
         entries = tuple(moved[i] for i in sorted(moved))
         if (handed := owner_after(boundary, old, owner)) != owner:
-            owner_key = handed.owner_key
-    return ChainedEpoch(nxt, boundary, owner_key, entries)
+            if handed.owner_key != owner.owner_key:
+                owner_key = handed.owner_key
+            if handed.receipt_keys != owner.receipt_keys:
+                receipt_keys = handed.receipt_keys
+    return ChainedEpoch(nxt, boundary, owner_key, entries, receipt_keys)
 
 
 def _split_keys(number: int, keys: bytes) -> tuple[bytes, ...]:

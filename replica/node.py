@@ -234,7 +234,7 @@ class ReplicaNode:
         # epoch 0, and in a later epoch with the key the owner records before it left
         # (`_epoch_reading`; "The record key"). The core of each epoch holds its own.
         self.owner_records = (
-            OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
+            spec.record_reader() if spec.runs_epochs else None
         )
         self._epoch_asked_ms = -1  # when we last asked a peer how our epoch ended
         self.limits = Limits(sync_blocks_max=spec.sync_blocks_max)

@@ -22,6 +22,7 @@ sidecars are for.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from quorumgate.sidecar.ledger import LedgerEntry
@@ -33,14 +34,24 @@ AUDIT_HEIGHTS_PER_EXECUTED = 1  # older heights checked after each height execut
 
 
 async def audit_height(
-    store: SidecarStore, chain_id: str, receipt_public_key: bytes, height: int
+    store: SidecarStore,
+    chain_id: str,
+    receipt_public_key: bytes,
+    height: int,
+    key_of: Callable[[int, int], Collection[bytes]] | None = None,
 ) -> str | None:
-    """What does not add up at `height`, or None. Reads one height's rows."""
+    """What does not add up at `height`, or None. Reads one height's rows. `key_of`: our
+    receipt keys that may have signed a statement naming (epoch, height) (docs/consensus/
+    epochs.md, "Receipt keys"); without it, `receipt_public_key` in every epoch."""
     signed, receipts, entries, previous = await store.height_rows(height)  # one read
     if signed is None:
         return f"height {height}: no signed block statement"
-    if not signed.signed_by(chain_id, receipt_public_key):
-        return f"height {height}: the block statement is not signed by our receipt key"
+    keys = [receipt_public_key] if key_of is None else key_of(signed.epoch, height)
+    if not any(signed.signed_by(chain_id, key) for key in keys):
+        return (
+            f"height {height}: the block statement (epoch {signed.epoch}) is not signed by "
+            "our receipt key of that epoch"
+        )
     if [r.leaf.index for r in receipts] != list(range(signed.leaf_count)):
         return f"height {height}: {len(receipts)} receipts for {signed.leaf_count} leaves"
     # The leaves' tree is built once (n - 1 node hashes) and every stored path must be the

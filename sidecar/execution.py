@@ -21,10 +21,11 @@ from quorumgate.sidecar.store import ExecutedHeight
 
 
 def execute_block(
-    engine: Engine, key: SigningKey, signer: int, chain_id: str, block: Block
+    engine: Engine, key: SigningKey, signer: int, chain_id: str, block: Block, epoch: int = 0
 ) -> ExecutedHeight:
     """Run `block` (committed, so its signatures were checked by the replicas that
-    certified it) and sign the block statement of its verdicts."""
+    certified it) and sign the block statement of its verdicts with `key`, this member's
+    receipt key of `epoch`, the block's epoch (sidecar/receiptkeys.py)."""
     height = block.height
     result = engine.execute_block(
         height, block.timestamp_ms, list(block.payload), verify_signatures=False
@@ -36,7 +37,7 @@ def execute_block(
     ttl_ms = engine.certificate_ttl_ms()
     validity = None if ttl_ms is None else Validity(block.timestamp_ms, block.timestamp_ms + ttl_ms)
     signed = sign_block(
-        key, signer, chain_id, height, root, result.state_root, len(leaves), validity
+        key, signer, chain_id, height, root, result.state_root, len(leaves), validity, epoch
     )
     return ExecutedHeight(
         height=height,

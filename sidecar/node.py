@@ -47,13 +47,14 @@ from quorumgate.proto.clusterfile import (
     RECEIPT_KEY_FILE,
     ClusterFileError,
     ClusterSpec,
+    held_receipt_seeds,
     read_seed,
 )
 from quorumgate.proto.model import Outcome, TxKind
 from quorumgate.proto.reports import root_report_statement
 from quorumgate.proto.tx import TxRejected, parse, tx_id
 from quorumgate.replica.types import Block, RemoteError
-from quorumgate.replica.wire import decode_block
+from quorumgate.replica.wire import decode_block, decode_epoch_end
 from quorumgate.runtime.channels import Reader, add_server_port, aio_channel
 from quorumgate.runtime.grpcutil import add_service
 from quorumgate.runtime.links import SERVER_OPTIONS, StreamTurns
@@ -86,6 +87,7 @@ from quorumgate.sidecar.engine.core import Engine, StateCacheError, config_for_c
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.pruning import Pruner
+from quorumgate.sidecar.receiptkeys import ReceiptKeys
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.snapshots import (
     SNAPSHOT_ATTEST_HEIGHTS_MAX,
@@ -218,6 +220,11 @@ class Sidecar:
                 f"node {index}'s receipt key does not match its receipt public key"
             )
         self.key = receipt_key
+        # The receipt key of the epoch of the next block executed (docs/consensus/
+        # epochs.md, "Receipt keys"): started from the replica's stored epoch ends before
+        # the first block, then moved on at each change block executed.
+        self.receipt_keys = ReceiptKeys(spec, index, spec.node_dir(index), receipt_key)
+        self._receipt_epoch_known = not spec.runs_epochs
         self.config = config_for_cluster(spec)
         self.metrics = SidecarMetrics()
         self.tracer = Tracer(f"sidecar-{index}")  # off unless QG_TRACE_DIR is set
@@ -339,6 +346,8 @@ class Sidecar:
                 reader = Reader.of(self.key)  # a member: its sidecar's receipt key
                 async with aio_channel(self.spec, self.index, "replica", reader=reader) as channel:
                     stub = cpb_grpc.ReplicaStub(channel)
+                    if not self._receipt_epoch_known:
+                        await self._start_receipt_epoch(stub, store.executed_height)
                     request = cpb.BlocksRequest(from_height=store.executed_height + 1)
                     async for committed in stub.CommittedBlocks(request):
                         delay = RECONNECT_DELAY_S_MIN
@@ -355,6 +364,24 @@ class Sidecar:
                     log.info("event=replica_stream_closed code=%s", err.code().name)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
+
+    async def _start_receipt_epoch(self, stub: cpb_grpc.ReplicaStub, executed: int) -> None:
+        """The epoch of the next height to execute, from our replica's stored epoch ends
+        (the change blocks of the committed log; sidecar/receiptkeys.py). Once per
+        process: from then on each executed change block moves it on."""
+        reply = await stub.EpochEnds(cpb.EpochEndsRequest(), timeout=RECONNECT_DELAY_S_MAX)
+        boundaries = [decode_epoch_end(self.spec.chain_id, end.ended)[0] for end in reply.ends]
+        keys = ReceiptKeys(self.spec, self.index, self.spec.node_dir(self.index), self.key)
+        keys.start_at(boundaries, executed)
+        self.receipt_keys = keys
+        self._receipt_epoch_known = True
+        log.info("event=receipt_epoch epoch=%d executed_height=%d", keys.epoch, executed)
+        store = self.store
+        assert store is not None
+        for height in range(
+            max(store.history_from, executed - STARTUP_AUDIT_HEIGHTS + 1), executed + 1
+        ):
+            await self._audit(height)  # again, each with the key of its epoch
 
     async def _execute(self, committed: cpb.CommittedBlock) -> None:
         store, engine = self.store, self.engine
@@ -373,8 +400,16 @@ class Sidecar:
                     f"ours is {mine.hex()[:16]}"
                 )
                 return
+        keys = self.receipt_keys
         try:
-            executed = execute_block(engine, self.key, self.index, self.spec.chain_id, block)
+            signing = keys.key()
+        except ClusterFileError as err:  # the epoch's key file is missing: sign nothing
+            self._alarm(str(err))
+            return
+        try:
+            executed = execute_block(
+                engine, signing, self.index, self.spec.chain_id, block, keys.epoch
+            )
         except StateCacheError as err:  # nothing recorded: the height is not executed
             self._alarm(str(err))
             return
@@ -387,6 +422,8 @@ class Sidecar:
         except DivergenceError as err:
             self._alarm(str(err))
             return
+        if keys.after(block):
+            log.info("event=receipt_epoch epoch=%d from_height=%d", keys.epoch, height + 1)
         self.metrics.execute_latency.observe(time.perf_counter() - started)
         self.tracer.event("executed", height)
         self._keep_recent_receipts(executed)
@@ -554,7 +591,11 @@ class Sidecar:
         assert store is not None
         try:
             problem = await audit_height(
-                store, self.spec.chain_id, self.member.receipt_public_key, height
+                store,
+                self.spec.chain_id,
+                self.member.receipt_public_key,
+                height,
+                self._audit_keys,
             )
         except SidecarStoreError as err:
             problem = str(err)
@@ -562,6 +603,20 @@ class Sidecar:
         if problem is not None:
             self.store_damaged = problem
             self._alarm(f"the store does not match our signed statements: {problem}")
+
+    def _audit_keys(self, epoch: int, height: int) -> tuple[bytes, ...]:
+        """Our receipt keys that may have signed a statement naming `epoch` at `height`:
+        the one the blocks followed give (sidecar/receiptkeys.py `key_at`). Before our
+        replica's epoch ends are read (the startup audit), epoch 0's key for epoch 0 and
+        any rotated key the node directory holds for a later one; those heights are
+        audited again once the epochs are known (`_start_receipt_epoch`)."""
+        if self._receipt_epoch_known:
+            key = self.receipt_keys.key_at(epoch, height)
+            return () if key is None else (key,)
+        if epoch == 0:
+            return (self.member.receipt_public_key,)
+        held = held_receipt_seeds(self.spec.node_dir(self.index))
+        return tuple(bytes(SigningKey(seed).verify_key) for seed in held)
 
     def _alarm(self, what: str) -> None:
         self.diverged = what

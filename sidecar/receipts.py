@@ -6,8 +6,9 @@ that block's receipt leaves, one per transaction in block order. A receipt for o
 proposal is that signature plus the leaf and its inclusion path. Honest sidecars execute
 the same committed log deterministically, so they sign the same root: a **certificate** is
 one leaf and path with signatures from f+1 distinct members' receipt keys, which guarantees
-at least one honest witness. `verify_certificate` checks one against the cluster file's
-receipt keys, with no network and no clock; the client SDK and tool executors call it.
+at least one honest witness. `verify_certificate` checks one against the receipt keys of
+the epoch it names (the cluster file's in epoch 0; docs/consensus/epochs.md, "Receipt
+keys"), with no network and no clock; the client SDK and tool executors call it.
 
 On a chain whose receipts expire (proto/clusterfile.py `receipts_expire`) the statement also
 signs a `Validity`: the block's time and the end of the window in which a certificate may
@@ -30,11 +31,13 @@ from nacl.signing import SigningKey, VerifyKey
 
 from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.membership import PUBLIC_KEY_BYTES
 from quorumgate.sidecar.engine.statements import Verdict
 
 TAG_LEAF = domains.RECEIPT_LEAF
 TAG_BLOCK = domains.RECEIPT
 TAG_BLOCK_WITH_VALIDITY = domains.RECEIPT_WITH_VALIDITY  # a statement that also signs its Validity
+TAG_BLOCK_IN_EPOCH = domains.RECEIPT_IN_EPOCH  # a statement of an epoch after 0, naming it
 HASH_BYTES = 32
 LEAVES_PER_BLOCK_MAX = 1 << 20
 PATH_HASHES_MAX = 21  # ceil(log2(LEAVES_PER_BLOCK_MAX)) + 1
@@ -220,12 +223,21 @@ def block_statement(
     state_root: bytes,
     leaf_count: int,
     validity: Validity | None = None,
+    epoch: int = 0,
 ) -> bytes:
     """The bytes a sidecar signs for one block: without `validity` exactly what chains of
-    receipt version 1 signed; with it, under its own tag, the window too."""
-    tag = TAG_BLOCK if validity is None else TAG_BLOCK_WITH_VALIDITY
-    enc = Encoder(tag).text(chain_id).u64(height).raw(verdict_root)
-    enc.blob(state_root).u32(leaf_count)
+    receipt version 1 signed; with it, under its own tag, the window too. A block of an
+    epoch after 0 (docs/consensus/epochs.md, "Receipt keys") is signed under a third tag
+    that names the epoch, the window after it when there is one, so that epoch 0's bytes
+    stay those every chain signed so far and no statement of one epoch reads as one of
+    another."""
+    if epoch:
+        enc = Encoder(TAG_BLOCK_IN_EPOCH).text(chain_id).u64(height).raw(verdict_root)
+        enc.blob(state_root).u32(leaf_count).u64(epoch).boolean(validity is not None)
+    else:
+        tag = TAG_BLOCK if validity is None else TAG_BLOCK_WITH_VALIDITY
+        enc = Encoder(tag).text(chain_id).u64(height).raw(verdict_root)
+        enc.blob(state_root).u32(leaf_count)
     if validity is not None:
         enc.u64(validity.block_time_ms).u64(validity.valid_until_ms)
     return bytes(enc)
@@ -250,6 +262,7 @@ class SignedBlock:
     signer: int
     signature: bytes
     validity: Validity | None = None  # on chains whose receipts expire
+    epoch: int = 0  # the consensus epoch of the block, whose receipt key signed
 
     def statement(self, chain_id: str) -> bytes:
         return block_statement(
@@ -259,6 +272,7 @@ class SignedBlock:
             self.state_root,
             self.leaf_count,
             self.validity,
+            self.epoch,
         )
 
     def signed_by(self, chain_id: str, public_key: bytes) -> bool:
@@ -275,10 +289,15 @@ def sign_block(
     state_root: bytes,
     leaf_count: int,
     validity: Validity | None = None,
+    epoch: int = 0,
 ) -> SignedBlock:
-    message = block_statement(chain_id, height, verdict_root, state_root, leaf_count, validity)
+    message = block_statement(
+        chain_id, height, verdict_root, state_root, leaf_count, validity, epoch
+    )
     signature = bytes(key.sign(message).signature)
-    return SignedBlock(height, verdict_root, state_root, leaf_count, signer, signature, validity)
+    return SignedBlock(
+        height, verdict_root, state_root, leaf_count, signer, signature, validity, epoch
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +317,7 @@ class Certificate:
     state_root: bytes
     signatures: tuple[tuple[int, bytes], ...] = field(default=())
     validity: Validity | None = None  # on chains whose receipts expire
+    epoch: int = 0  # the consensus epoch its statement names
 
     @property
     def signers(self) -> tuple[int, ...]:
@@ -321,6 +341,7 @@ def assemble_certificate(chain_id: str, receipts: Sequence[Receipt]) -> Certific
             and b.leaf_count == first.block.leaf_count
             and b.height == first.block.height
             and b.validity == first.block.validity
+            and b.epoch == first.block.epoch
         )
         if same:
             agreeing.setdefault(b.signer, b.signature)
@@ -333,7 +354,85 @@ def assemble_certificate(chain_id: str, receipts: Sequence[Receipt]) -> Certific
         state_root=first.block.state_root,
         signatures=tuple(sorted(agreeing.items())),
         validity=first.block.validity,
+        epoch=first.block.epoch,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptEpoch:
+    """The heights of one consensus epoch and its members' receipt keys (docs/consensus/
+    epochs.md, "Receipt keys"): from `first_height` (the height after the change block
+    that started it; 1 for epoch 0) to `last_height`, the change block that ended it
+    (None: not ended, as far as the verifier knows)."""
+
+    epoch: int
+    first_height: int
+    last_height: int | None
+    keys: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        # No keys would make f+1 = 0: a certificate with no signature would count.
+        if not self.keys or any(len(k) != PUBLIC_KEY_BYTES for k in self.keys):
+            raise ValueError(f"epoch {self.epoch}: receipt keys are 32 bytes each, one or more")
+        if self.last_height is not None and self.last_height < self.first_height - 1:
+            raise ValueError(f"epoch {self.epoch}: it ends before it starts")
+
+    def holds(self, height: int) -> bool:
+        return self.first_height <= height and (
+            self.last_height is None or height <= self.last_height
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptEpochs:
+    """Every epoch a verifier knows, from 0, in order: what a certificate is checked
+    against. From the cluster file alone it is epoch 0 without an end (`genesis`); a
+    chain of epochs checked from it (replica/epochchain.py) gives the rest.
+
+    `chained`: whether these come from a chain of epochs (or a file of one). Without one
+    (`genesis`: a verifier that holds the cluster file alone, such as an agent's client,
+    which may not read the epoch ends) the verifier has the guarantee it always had: a
+    statement of any epoch and height counts if f+1 of the cluster file's receipt keys
+    signed it. Only a verifier that follows the chain refuses a rotated-out key's
+    statement past its epoch."""
+
+    epochs: tuple[ReceiptEpoch, ...]
+    chained: bool = True
+
+    def __post_init__(self) -> None:
+        numbers = [e.epoch for e in self.epochs]
+        if not numbers or numbers != list(range(len(numbers))):
+            raise ValueError("receipt epochs are 0, 1, 2, ... in order")
+
+    @staticmethod
+    def genesis(keys: Sequence[bytes]) -> ReceiptEpochs:
+        return ReceiptEpochs((ReceiptEpoch(0, 1, None, tuple(keys)),), chained=False)
+
+    def of(self, epoch: int) -> ReceiptEpoch | None:
+        return self.epochs[epoch] if 0 <= epoch < len(self.epochs) else None
+
+    @property
+    def current(self) -> ReceiptEpoch:
+        return self.epochs[-1]
+
+
+def receipt_keys_at(epochs: ReceiptEpochs, epoch: int, height: int) -> tuple[bytes, ...]:
+    """The receipt keys that sign epoch `epoch`'s statement for `height`, or raise
+    `CertificateError`: `unknown_epoch` for an epoch the verifier does not know,
+    `wrong_epoch` for a height outside it (a key rotated out at the end of an epoch signs
+    nothing above that end in its name). Without a chain (`ReceiptEpochs.chained` False):
+    the cluster file's keys, whatever the epoch and height."""
+    if not epochs.chained:
+        return epochs.epochs[0].keys
+    known = epochs.of(epoch)
+    if known is None:
+        raise CertificateError(
+            "unknown_epoch",
+            f"epoch {epoch}; this verifier knows epochs 0..{epochs.current.epoch}",
+        )
+    if not known.holds(height):
+        raise CertificateError("wrong_epoch", f"height {height} is not in epoch {epoch}")
+    return known.keys
 
 
 def verify_certificate(
@@ -343,20 +442,29 @@ def verify_certificate(
     *,
     receipts_expire: bool,
     proposal_id: bytes | None = None,
+    epochs: ReceiptEpochs | None = None,
 ) -> ReceiptLeaf:
     """Return the certified leaf, or raise `CertificateError` naming what is wrong.
 
-    Checks: the chain id; that the certificate carries a validity window exactly when the
-    chain's receipts expire (`receipts_expire`, the cluster file's predicate); the leaf's
-    inclusion under the verdict root; signatures from at least f+1 *distinct members* (by
-    position in `receipt_keys`, from the cluster file) over the same block statement, the
-    window included; and, when given, that it answers `proposal_id`. Whether the window
-    holds *now* is the caller's to check (`check_validity`): this function reads no clock.
+    Checks: the chain id; the epoch the certificate names and the receipt keys of that
+    epoch (`epochs`, `receipt_keys_at`: its height must lie in the epoch; without
+    `epochs`, `receipt_keys`, the cluster file's, in any epoch); that the certificate
+    carries a validity window exactly when the chain's receipts expire (`receipts_expire`,
+    the cluster file's predicate); the leaf's inclusion under the verdict root; signatures
+    from at least f+1 *distinct members* (by position in the epoch's receipt keys) over the
+    same block statement, the window and the epoch included; and, when given, that it
+    answers `proposal_id`. Whether the window holds *now* is the caller's to check
+    (`check_validity`): this function reads no clock.
     """
-    n = len(receipt_keys)
-    f = (n - 1) // 3
     if cert.chain_id != chain_id:
         raise CertificateError("wrong_chain", "certificate for another chain")
+    if epochs is None:
+        if not receipt_keys:  # f+1 would be 0
+            raise CertificateError("no_keys", "no receipt keys to check the certificate with")
+        epochs = ReceiptEpochs.genesis(receipt_keys)
+    receipt_keys = receipt_keys_at(epochs, cert.epoch, cert.leaf.height)
+    n = len(receipt_keys)
+    f = (n - 1) // 3
     if receipts_expire and cert.validity is None:
         raise CertificateError("no_validity", "this chain's certificates carry a window")
     if not receipts_expire and cert.validity is not None:
@@ -377,6 +485,7 @@ def verify_certificate(
         cert.state_root,
         cert.leaf_count,
         cert.validity,
+        cert.epoch,
     )
     valid: set[int] = set()
     for signer, signature in cert.signatures:

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
@@ -48,12 +48,18 @@ from nacl.signing import SigningKey
 
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
-from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, ClusterSpec, read_seed
+from quorumgate.proto.clusterfile import (
+    RECEIPT_KEY_FILE,
+    ClusterSpec,
+    MemberSpec,
+    held_receipt_seeds,
+    read_seed,
+)
 from quorumgate.proto.crypto import Verifier
 from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
 from quorumgate.replica.epochchain import ChainedEpoch, EpochChainError, PlainEpochEnd, check_link
-from quorumgate.replica.epochs import change_in, start_qc
+from quorumgate.replica.epochs import change_in, owner_after, start_qc
 from quorumgate.replica.pruning import PrunedError
 from quorumgate.replica.storage import ReplicaStore, StorageError, StoredEpoch, decode_epoch_row
 from quorumgate.replica.types import Block, QuorumCert, RemoteError, genesis_block
@@ -64,6 +70,7 @@ from quorumgate.sidecar.engine.core import Engine, EngineConfig, config_for_clus
 from quorumgate.sidecar.engine.state import EngineState
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.ledger import LedgerEntry
+from quorumgate.sidecar.receiptkeys import signing_receipt_key
 from quorumgate.sidecar.snapshots import (
     SNAPSHOT_DIR,
     SnapshotDir,
@@ -297,6 +304,8 @@ async def _compare(
         mismatch("verdict_root", "the signed verdict root or leaf count differs")
     elif signed.validity != executed.signed.validity:
         mismatch("validity", "the signed validity window differs")
+    elif signed.epoch != executed.signed.epoch:
+        mismatch("epoch", "the epoch the block statement names differs")
     receipts = await store.receipts_at(height)
     if [r.leaf for r in receipts] != list(executed.leaves):
         mismatch(
@@ -399,8 +408,9 @@ class _Epochs:
                 detail = f"the stored end of epoch {epoch} does not check: {err}"
             raise RemoteError("bad_epoch_end", detail) from err
         self.link = link
-        if link.owner_key is not None:
-            self.owner = replace(self.owner, owner_key=link.owner_key)
+        # The next epoch's reader, as the replica derives it: the record key and the
+        # receipt keys the change block's record leaves.
+        self.owner = owner_after(block, self.membership, self.owner)
         self.membership = link.membership
         self.checker = self._checker(link.membership, start_qc(block.chain_id, block))
         return True
@@ -412,7 +422,7 @@ class _WorkerSetup:
     seed is never logged)."""
 
     config: EngineConfig
-    receipt_seed: bytes = field(repr=False)
+    receipt_seed: bytes = field(repr=False)  # the cluster file's: epoch 0's
     index: int
     membership: Membership  # the member set certifying the first block replayed
     state: bytes | None = field(repr=False)  # a checkpoint's engine state, or from height 1
@@ -425,6 +435,12 @@ class _WorkerSetup:
     start: QuorumCert | None = None
     owner: OwnerRecords | None = None
     ends: tuple[StoredEpoch, ...] = ()
+    # The receipt keys the node directory holds (docs/consensus/epochs.md,
+    # "Receipt keys"): each block is signed with the member's key of the block's epoch.
+    rotated_seeds: tuple[bytes, ...] = field(default=(), repr=False)
+    # A new machine's own entry (join.json): the blocks of epochs before the one its
+    # `replace` starts are signed with its own receipt key (`signing_receipt_key`).
+    joined: MemberSpec | None = None
 
 
 class _Worker:
@@ -436,7 +452,12 @@ class _Worker:
             Engine(config) if setup.state is None else Engine.from_state_bytes(config, setup.state)
         )
         self.key = SigningKey(setup.receipt_seed)
+        self.keys = {bytes(self.key.verify_key): self.key}
+        for seed in setup.rotated_seeds:
+            key = SigningKey(seed)
+            self.keys.setdefault(bytes(key.verify_key), key)
         self.index = setup.index
+        self.joined = setup.joined
         self.chain_id = config.chain_id
         self.epochs = _Epochs(setup.membership, setup.start, setup.owner, setup.ends)
         self.checkpoint_heights = setup.checkpoint_heights
@@ -448,15 +469,30 @@ class _Worker:
         reason (nothing after it runs)."""
         out: list[_Outcome] = []
         for block in blocks:
+            # The block is signed in its own epoch: a change block in the one it ends.
+            membership, reader = self.epochs.membership, self.epochs.owner
+            epoch = membership.epoch
             try:
                 self.epochs.checker.check_qc(block.justify)
                 self.epochs.after(block)
             except RemoteError as err:
                 out.append(str(err))
                 break
+            public = bytes(self.key.verify_key)
+            if reader is not None and reader.receipt_keys:
+                public = signing_receipt_key(
+                    self.joined, self.index, membership, reader.receipt_keys[self.index]
+                )
+            key = self.keys.get(public)
+            if key is None:
+                out.append(
+                    f"no_receipt_key: the node directory holds no receipt key "
+                    f"{public.hex()[:16]}, this member's in epoch {epoch}"
+                )
+                break
             if block.height == self.recorded_height + 1:
                 self.engine.state.restart_delta()  # the first height the store records
-            executed = execute_block(self.engine, self.key, self.index, self.chain_id, block)
+            executed = execute_block(self.engine, key, self.index, self.chain_id, block, epoch)
             due = block.height % self.checkpoint_heights == 0
             state = self.engine.state_bytes() if due else None
             out.append((executed, state))
@@ -757,7 +793,7 @@ def _epochs_through(
 ) -> tuple[_Epochs, QuorumCert | None]:
     """`_epochs_at`, with the reader of the epoch's records (`_Epochs.owner`: the record
     key each change block's record leaves)."""
-    owner = OwnerRecords(spec.chain_id, spec.owner_public_key) if spec.runs_epochs else None
+    owner = spec.record_reader() if spec.runs_epochs else None
     epochs = _Epochs(spec.membership(), None, owner, rows)
     start: QuorumCert | None = None
     for row in rows:
@@ -824,6 +860,8 @@ def _worker_setup(
         epoch_start,
         epochs.owner,
         rows,
+        tuple(held_receipt_seeds(spec.node_dir(index))),
+        spec.joined,
     )
 
 

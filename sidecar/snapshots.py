@@ -260,7 +260,7 @@ class Attestation:
             height=s.height, verdict_root=s.verdict_root, state_root=s.state_root,
             leaf_count=s.leaf_count, signer=s.signer, signature=s.signature,
             ledger_head=h.ledger_head, ledger_entries=h.ledger_entries,
-            block_hash=h.block_hash, block_time_ms=h.block_time_ms,
+            block_hash=h.block_hash, block_time_ms=h.block_time_ms, epoch=s.epoch,
         )  # fmt: skip
         if s.validity is not None:
             msg.validity.block_time_ms = s.validity.block_time_ms
@@ -276,7 +276,7 @@ class Attestation:
         )
         signed = SignedBlock(
             msg.height, bytes(msg.verdict_root), bytes(msg.state_root), msg.leaf_count,
-            msg.signer, bytes(msg.signature), validity,
+            msg.signer, bytes(msg.signature), validity, msg.epoch,
         )  # fmt: skip
         head = Head(
             msg.height, bytes(msg.state_root), bytes(msg.ledger_head), msg.ledger_entries,

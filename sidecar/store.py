@@ -117,8 +117,9 @@ from quorumgate.sidecar.receipts import (
 
 # 2: receipts bind the signed body's digest; 3: the state in parts; 4: the state by entry;
 # 5: a block statement's validity window (chains whose receipts expire)
-SCHEMA_VERSION = 6
-SCHEMA_VERSIONS_MIGRATED = {2: 3, 3: 4, 4: 5, 5: 6}  # a writer upgrades these in place on open
+SCHEMA_VERSION = 7
+# a writer upgrades these in place on open
+SCHEMA_VERSIONS_MIGRATED = {2: 3, 3: 4, 4: 5, 5: 6, 6: 7}
 # The most ledger entries one `ledger` call returns, and the page `verify_ledger` reads
 # at a time (memory stays bounded however long the ledger grows).
 LEDGER_PAGE_ROWS_MAX = 1024
@@ -216,7 +217,8 @@ _SCHEMA = (
         leaf_count INTEGER NOT NULL,
         signer INTEGER NOT NULL,
         signature BLOB NOT NULL,
-        valid_until_ms INTEGER
+        valid_until_ms INTEGER,
+        epoch INTEGER NOT NULL DEFAULT 0
     ) STRICT
     """,
     """
@@ -243,12 +245,14 @@ _LEDGER_COLUMNS = (
     "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash, extension"
 )
 _BLOCK_COLUMNS = (
-    "height, verdict_root, state_root, leaf_count, signer, signature, block_time_ms, valid_until_ms"
+    "height, verdict_root, state_root, leaf_count, signer, signature, block_time_ms, "
+    "valid_until_ms, epoch"
 )
 _RECEIPT_SELECT = (
     "SELECT r.height, r.idx, r.tx_id, r.proposal_id, r.kind, r.outcome, r.reason, "
     "r.target_digest, r.card_digest, r.mandate_version, r.body_digest, r.path, b.verdict_root, "
-    "b.state_root, b.leaf_count, b.signer, b.signature, b.block_time_ms, b.valid_until_ms "
+    "b.state_root, b.leaf_count, b.signer, b.signature, b.block_time_ms, b.valid_until_ms, "
+    "b.epoch "
     "FROM receipts AS r JOIN blocks AS b ON b.height = r.height "
 )
 
@@ -541,7 +545,8 @@ class SidecarStore:
         """Upgrade an older schema in one transaction (2 -> 3: the state in parts; 3 -> 4:
         the state by entry; 4 -> 5: a column for validity windows, NULL in every row
         recorded before, whose statements signed none; 5 -> 6: the ledger's `extension`,
-        "" in every row recorded before, version-1 entries all). The state stays as it was stored
+        "" in every row recorded before, version-1 entries all; 6 -> 7: the epoch each
+        block statement names, 0 in every row recorded before). The state stays as it was stored
         until the next height is recorded: an engine loaded from it gives a full delta
         first, which replaces it."""
         conn = self._conn
@@ -567,6 +572,10 @@ class SidecarStore:
                 elif version == 5:
                     await conn.execute(
                         "ALTER TABLE ledger ADD COLUMN extension TEXT NOT NULL DEFAULT ''"
+                    )
+                elif version == 6:
+                    await conn.execute(
+                        "ALTER TABLE blocks ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0"
                     )
                 version = SCHEMA_VERSIONS_MIGRATED[version]
             await conn.execute(
@@ -832,10 +841,11 @@ class SidecarStore:
         s = h.signed
         conn.execute(
             "INSERT INTO blocks (height, block_hash, block_time_ms, verdict_root, state_root, "
-            "leaf_count, signer, signature, valid_until_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "leaf_count, signer, signature, valid_until_ms, epoch) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (h.height, h.block_hash, h.block_time_ms, s.verdict_root, s.state_root,
              s.leaf_count, s.signer, s.signature,
-             None if s.validity is None else s.validity.valid_until_ms),
+             None if s.validity is None else s.validity.valid_until_ms, s.epoch),
         )  # fmt: skip
         if fresh:
             conn.executemany(
@@ -1512,11 +1522,12 @@ def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
 
 def _signed_from_row(row: Sequence[Any]) -> SignedBlock:
     """A `_BLOCK_COLUMNS` row as the statement this sidecar signed."""
-    height, verdict_root, state_root, leaf_count, signer, signature, time_ms, until_ms = row
+    (height, verdict_root, state_root, leaf_count, signer, signature, time_ms, until_ms,
+     epoch) = row  # fmt: skip
     validity = None if until_ms is None else Validity(int(time_ms), int(until_ms))
     return SignedBlock(
         int(height), bytes(verdict_root), bytes(state_root), int(leaf_count), int(signer),
-        bytes(signature), validity,
+        bytes(signature), validity, int(epoch),
     )  # fmt: skip
 
 

@@ -73,6 +73,7 @@ def receipt_to_pb(receipt: Receipt) -> spb.Receipt:
         state_root=receipt.block.state_root,
         signer=receipt.block.signer,
         signature=receipt.block.signature,
+        epoch=receipt.block.epoch,
     )
     leaf_to_pb(receipt.leaf, out.leaf)
     if receipt.block.validity is not None:
@@ -91,6 +92,7 @@ def receipt_from_pb(msg: spb.Receipt) -> Receipt:
         msg.signer,
         msg.signature,
         _validity_from_pb(msg),
+        msg.epoch,
     )
     return Receipt(leaf, tuple(msg.path), block)
 
@@ -102,6 +104,7 @@ def certificate_to_pb(cert: Certificate) -> spb.Certificate:
         verdict_root=cert.verdict_root,
         state_root=cert.state_root,
         chain_id=cert.chain_id,
+        epoch=cert.epoch,
     )
     leaf_to_pb(cert.leaf, out.leaf)
     for signer, signature in cert.signatures:
@@ -121,6 +124,7 @@ def certificate_from_pb(msg: spb.Certificate) -> Certificate:
         state_root=msg.state_root,
         signatures=tuple((s.signer, s.signature) for s in msg.signatures),
         validity=_validity_from_pb(msg),
+        epoch=msg.epoch,
     )
 
 

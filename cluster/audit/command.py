@@ -10,13 +10,18 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterFileError, load_cluster, read_seed
+
+if TYPE_CHECKING:
+    from quorumgate.proto.clusterfile import ClusterSpec
+    from quorumgate.sidecar.receipts import ReceiptEpochs
 
 EXIT_USAGE = 2
 SHIP_LOGGER = "quorumgate.ship"  # the shipper's loggers: shipper.py, otel.py, acked.py
 NEEDS_EXTRA = "the audit copy needs PostgreSQL's driver: pip install 'quorumgate[audit]'"
+EPOCHS_HELP = "a `quorumgate epochs --json` file: certificates checked with each epoch's keys"
 NEEDS_OTEL = "--otlp needs the OpenTelemetry SDK: pip install 'quorumgate[otel]'"
 
 
@@ -187,6 +192,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
     try:
         spec = load_cluster(Path(args.dir))
         trusted = TrustedHead.parse(args.head) if args.head else TrustedHead()
+        epochs = _epochs_file(args, spec)
     except (ClusterFileError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -194,7 +200,7 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
 
     try:
         with contextlib.closing(psycopg.connect(args.dsn, autocommit=True)) as conn:
-            report = check_copy(conn, spec, trusted)
+            report = check_copy(conn, spec, trusted, epochs)
     except CopyTooOld as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -203,6 +209,17 @@ def cmd_audit_verify(args: argparse.Namespace) -> int:
         print(f"error: the copy cannot be read: {type(err).__name__}", file=sys.stderr)
         return EXIT_USAGE
     return print_report(report, sys.stdout)
+
+
+def _epochs_file(args: argparse.Namespace, spec: ClusterSpec) -> ReceiptEpochs | None:
+    """The receipt epochs of `--epochs FILE` (`quorumgate epochs --json` output), or None:
+    certificates then checked with cluster.json's receipt keys in every epoch
+    (docs/consensus/epochs.md, "Receipt keys"). `ValueError` for a file that is not one."""
+    if args.epochs is None:
+        return None
+    from quorumgate.sdk.epochs import load_receipt_epochs
+
+    return load_receipt_epochs(args.epochs, spec.receipt_keys)
 
 
 def _claimed_value(args: argparse.Namespace) -> str:
@@ -225,12 +242,13 @@ def cmd_audit_open(args: argparse.Namespace) -> int:
         spec = load_cluster(Path(args.dir))
         seed = read_seed(Path(args.key))
         claim = Claim(args.height, args.index, args.argument, _claimed_value(args), args.handle)
+        epochs = _epochs_file(args, spec)
     except (ClusterFileError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with contextlib.closing(psycopg.connect(args.dsn, autocommit=True)) as conn:
-            answer = open_claim(conn, spec, seed, claim)
+            answer = open_claim(conn, spec, seed, claim, epochs)
     except CopyTooOld as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -251,6 +269,7 @@ def _add_open_parser(audit_sub: argparse._SubParsersAction[argparse.ArgumentPars
     opener.add_argument("--height", required=True, type=int, help="the verdict's height")
     opener.add_argument("--index", required=True, type=int, help="its index in the height")
     opener.add_argument("--argument", required=True, help="the argument's name")
+    opener.add_argument("--epochs", metavar="FILE", help=EPOCHS_HELP)
     value = opener.add_mutually_exclusive_group(required=True)
     value.add_argument("--value", help="the claimed value")
     value.add_argument("--value-file", help="a file holding exactly the claimed value")
@@ -286,5 +305,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     verify.add_argument("--dir", required=True, help="the cluster directory (cluster.json)")
     verify.add_argument("--dsn", required=True, help="postgresql://... of the copy")
     verify.add_argument("--head", help="HEIGHT:HASH trusted (default: the chain's genesis)")
+    verify.add_argument("--epochs", metavar="FILE", help=EPOCHS_HELP)
     verify.set_defaults(func=cmd_audit_verify)
     _add_open_parser(audit_sub)

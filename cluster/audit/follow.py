@@ -181,14 +181,14 @@ class Reader:
 def _block_key(receipt: Receipt) -> tuple[object, ...]:
     b = receipt.block
     return (b.signer, b.height, b.verdict_root, b.state_root, b.leaf_count, b.validity,
-            b.signature)  # fmt: skip
+            b.epoch, b.signature)  # fmt: skip
 
 
 def _verify(spec: ClusterSpec, cert: Certificate, done: set[tuple[object, ...]]) -> bool:
     """`verify_certificate`, its signatures checked once per block statement: a further
     leaf under a statement already verified with the same signatures needs only its path."""
     statement = (cert.leaf.height, cert.verdict_root, cert.state_root, cert.leaf_count,
-                 cert.validity, cert.signatures)  # fmt: skip
+                 cert.validity, cert.epoch, cert.signatures)  # fmt: skip
     try:
         if statement in done:
             root = root_from_path(

@@ -24,7 +24,7 @@ from quorumgate.audit.store import certificate_of, entry_of, read_row
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.commitments import KIND_HANDLE, KIND_TEXT, SaltError, confirms, open_salt
 from quorumgate.sdk.certificates import certified_leaf
-from quorumgate.sidecar.receipts import CertificateError
+from quorumgate.sidecar.receipts import CertificateError, ReceiptEpochs
 
 
 class Opened(IntEnum):
@@ -55,10 +55,15 @@ def _cannot(text: str) -> Answer:
 
 
 def open_claim(
-    conn: psycopg.Connection[Any], spec: ClusterSpec, seed: bytes, claim: Claim
+    conn: psycopg.Connection[Any],
+    spec: ClusterSpec,
+    seed: bytes,
+    claim: Claim,
+    epochs: ReceiptEpochs | None = None,
 ) -> Answer:
     """Whether `claim.value` is the certified value of `claim.argument` in the verdict at
-    (`claim.height`, `claim.index`), as the auditor whose seed is `seed` can tell."""
+    (`claim.height`, `claim.index`), as the auditor whose seed is `seed` can tell; the
+    certificate checked against `epochs` when given (`audit open --epochs FILE`)."""
     where = f"height {claim.height} index {claim.index}"
     row = read_row(conn, spec.chain_id, claim.height, claim.index)
     if row is None:
@@ -70,7 +75,7 @@ def open_claim(
     if entry.computed_hash(spec.chain_id) != entry.hash:
         return _cannot(f"the row at {where} was edited (its columns do not hash to its hash)")
     try:
-        if not leaf_matches(entry, certified_leaf(spec, certificate_of(row))):
+        if not leaf_matches(entry, certified_leaf(spec, certificate_of(row), None, epochs)):
             return _cannot(f"the certificate at {where} certifies another verdict")
     except CertificateError as err:
         return _cannot(f"the certificate at {where} does not verify ({err.reason})")

@@ -18,7 +18,7 @@ from quorumgate.audit.store import certificate_of, entry_of, read_rows
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.sdk.certificates import certified_leaf
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, VERSION_COMMITTED, LedgerEntry
-from quorumgate.sidecar.receipts import CertificateError
+from quorumgate.sidecar.receipts import CertificateError, ReceiptEpochs
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -109,10 +109,15 @@ class _Walk:
         self.head, self.last = entry.hash, where
 
 
-def _certificate(spec: ClusterSpec, entry: LedgerEntry, row: tuple[Any, ...]) -> str:
+def _certificate(
+    spec: ClusterSpec,
+    entry: LedgerEntry,
+    row: tuple[Any, ...],
+    epochs: ReceiptEpochs | None = None,
+) -> str:
     try:
         cert = certificate_of(row)
-        leaf = certified_leaf(spec, cert)
+        leaf = certified_leaf(spec, cert, None, epochs)
     except CertificateError as err:
         return f"certificate does not verify ({err.reason})"
     if not leaf_matches(entry, leaf):
@@ -120,7 +125,15 @@ def _certificate(spec: ClusterSpec, entry: LedgerEntry, row: tuple[Any, ...]) ->
     return ""
 
 
-def check_copy(conn: psycopg.Connection[Any], spec: ClusterSpec, trusted: TrustedHead) -> Report:
+def check_copy(
+    conn: psycopg.Connection[Any],
+    spec: ClusterSpec,
+    trusted: TrustedHead,
+    epochs: ReceiptEpochs | None = None,
+) -> Report:
+    """`epochs`: each epoch's heights and receipt keys (`audit verify --epochs FILE`, a
+    `quorumgate epochs --json` file); without it, cluster.json's receipt keys in every
+    epoch (docs/consensus/epochs.md, "Receipt keys")."""
     report = Report()
     walk = _Walk(spec, trusted, report)
     for row in read_rows(conn, spec.chain_id):
@@ -133,7 +146,7 @@ def check_copy(conn: psycopg.Connection[Any], spec: ClusterSpec, trusted: Truste
             walk.problem((int(row[0]), int(row[1])), f"not a ledger entry ({err})")
             continue
         walk.feed(entry)
-        bad = _certificate(spec, entry, row)
+        bad = _certificate(spec, entry, row, epochs)
         if bad:
             walk.problem((entry.height, entry.index), bad)
         report.outcomes[entry.outcome] += 1

@@ -15,10 +15,9 @@
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings |
                set-run-targets | rotate-key (--agent ID | --principal ID) --key F |
-               rotate-key --owner | rotate-key --member I |
-               replace-member --member I --entry F | rotate-key (--agent ID |
-               --principal ID) --by-owner
-               --out F ...
+               rotate-key --owner | rotate-key (--member I | --receipt I) |
+               replace-member --member I --entry F |
+               rotate-key (--agent ID | --principal ID) --by-owner --out F ...
     agents     --dir D                          registered agents and their mandates
     settings   --dir D                          settings in effect (the log's or cluster.json's)
     tools      --dir D                          registered tools
@@ -782,12 +781,12 @@ def _cmd_rotate_key(args: argparse.Namespace) -> int:
     waits as `<name>.old`, signs the rotation, and goes once the rotation is certified (or
     comes back if it is refused). Neither key is ever printed. `--by-owner`: see
     `_rotate_by_owner`."""
-    if args.member is not None:
+    if args.member is not None or args.receipt is not None:
         if args.by_owner or args.out is not None:
             return _fail("--by-owner and --out are for an agent's or a principal's key")
         from quorumgate.ops.rotate import cmd_rotate_key
 
-        return cmd_rotate_key(args)  # a member's key changes at an epoch boundary
+        return cmd_rotate_key(args)  # a member's keys change at an epoch boundary
     if args.by_owner:
         return _rotate_by_owner(args)
     if args.out is not None:
@@ -1465,6 +1464,10 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     whose.add_argument(
         "--member", type=int, metavar="I",
         help="member I's consensus key, from the next epoch on (--key: the owner key)",
+    )  # fmt: skip
+    whose.add_argument(
+        "--receipt", type=int, metavar="I",
+        help="sidecar I's receipt key, from the next epoch on (--key: the owner key)",
     )  # fmt: skip
     rotate.add_argument(
         "--by-owner",

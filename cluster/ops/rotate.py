@@ -1,17 +1,21 @@
 """`quorumgate admin rotate-key --dir D --member I`: give a member a new consensus key at the
 next epoch boundary (docs/consensus/epochs.md, "The live replica"; docs/operating.md,
-"Rotating a member's consensus key").
+"Rotating a member's consensus key"); `--receipt I`: give its sidecar a new receipt key
+the same way (docs/consensus/epochs.md, "Receipt keys"; docs/operating.md, "Rotating a
+sidecar's receipt key").
 
 What it does, in order:
 
 1. reads the epoch the replicas are in (the one at least f+1 of them report: at least one
    honest replica is in it);
 2. writes a new Ed25519 key into the member's node directory, `node-I/consensus-<hex>.key`
-   (mode 0600, beside the key it replaces; the seed is never printed or logged);
-3. signs the `rotate` record for that epoch with the owner key and offers it to the
-   replicas, which take it only with the owner's signature;
+   (`receipt-<hex>.key` for a receipt key; mode 0600, beside the key it replaces; the seed
+   is never printed or logged);
+3. signs the `rotate` record (`receipt`: with the new key's proof of possession) for that
+   epoch with the owner key and offers it to the replicas, which take it only with the
+   owner's signature;
 4. waits until a quorum (2f+1) of replicas report the next epoch, when the member signs
-   with the new key and the old one's votes count no more.
+   with the new key and the old one's votes (or receipts) count no more.
 
 A member on another host needs the new key file copied into its node directory there
 before the boundary: its replica looks for it when the epoch starts, and stops with an
@@ -52,9 +56,15 @@ from quorumgate.proto.clusterfile import (
     public_key_of,
     read_seed,
     rotated_key_file,
+    rotated_receipt_key_file,
     write_seed,
 )
-from quorumgate.proto.membership import Reconfiguration, owner_record, sign_record
+from quorumgate.proto.membership import (
+    Reconfiguration,
+    owner_record,
+    receipt_record,
+    sign_record,
+)
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.delivery import FreshReplay
 from quorumgate.sdk.epochs import Epochs, key_fingerprint
@@ -217,46 +227,88 @@ async def _wait_next_epoch(
 
 
 async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey) -> int:
-    member = args.member
+    receipt = args.receipt is not None
+    member = args.receipt if receipt else args.member
+    what = "receipt key" if receipt else "consensus key"
     async with Client(spec, owner) as client:
         checked = await _epoch_and_key_check(spec, client, owner)
         if isinstance(checked, str):
             return _fail(checked)
         epoch = checked
+        old_receipt_key = b""
+        if receipt:
+            # the receipt key in force is the newest checked epoch's, which must be the one
+            # the replicas run: the record names it, and is void in any other epoch
+            current = (await client.epochs()).current
+            if current.epoch != epoch:
+                return _fail(
+                    f"the replicas run epoch {epoch} and the chain of epochs checks to "
+                    f"{current.epoch}: try again once they agree"
+                )
+            old_receipt_key = current.receipt_keys[member]
         seed = secrets.token_bytes(32)
         public_key = public_key_of(seed)
-        path = spec.node_dir(member) / rotated_key_file(public_key)
+        name = rotated_receipt_key_file if receipt else rotated_key_file
+        path = spec.node_dir(member) / name(public_key)
         try:
             write_seed(path, seed)
         except OSError as err:
             return _fail(f"cannot write the new key file {path}: {err.strerror}")
         prefix = public_key.hex()[:KEY_PREFIX_HEX_CHARS]
+        if receipt:
+            effect = (
+                f"from epoch {epoch + 1} on sidecar {member} signs the blocks after the change "
+                f"block with the new key; a certificate of a height past it signed with the old "
+                f"key {key_fingerprint(old_receipt_key)} is refused"
+            )
+        else:
+            effect = (
+                f"from epoch {epoch + 1} on member {member} signs with the new key; votes and "
+                "timeouts of its old key are refused"
+            )
         _say(
             args,
-            f"member {member}: new consensus key {prefix}... in {path} (0600)\n"
+            f"member {member}: new {what} {prefix}... in {path} (0600)\n"
             f"takes effect at the next epoch boundary: epoch {epoch} ends at the block "
-            f"that commits this change, and from epoch {epoch + 1} on member {member} "
-            "signs with the new key; votes and timeouts of its old key are refused",
+            f"that commits this change, and {effect}",
         )
-        record = Reconfiguration("rotate", (member,), (public_key,))
-        data = sign_record(record, spec.chain_id, epoch, lambda m: bytes(owner.sign(m).signature))
-        await client.submit_record(data)
-        _say(args, f"submitted: rotate member {member} (signed by the owner for epoch {epoch})")
+        sign_owner = _signer(owner)
+        if receipt:
+            record = receipt_record(
+                spec.chain_id, epoch, member, old_receipt_key, public_key,
+                _signer(SigningKey(seed)),
+            )  # fmt: skip
+        else:
+            record = Reconfiguration("rotate", (member,), (public_key,))
+        await client.submit_record(sign_record(record, spec.chain_id, epoch, sign_owner))
+        _say(
+            args,
+            f"submitted: {record.kind} member {member} (signed by the owner for epoch {epoch})",
+        )
         reached = await _wait_next_epoch(spec, client, epoch, args.deadline)
         done = len(reached) >= spec.n - spec.f
+        change_height: int | None = None
+        if done:
+            with contextlib.suppress(QuorumGateError):
+                found = await client.epochs()
+                if found.current.epoch > epoch:
+                    change_height = found.epochs[epoch + 1].boundary_height
         doc = {
             "member": member,
+            "key": "receipt" if receipt else "consensus",
             "public_key": public_key.hex(),
             "key_file": str(path),
             "epoch": epoch,
             "next_epoch": epoch + 1,
+            "change_height": change_height,
             "in_effect": done,
             "nodes_in_next_epoch": reached,
         }
         if args.json:
             print(json.dumps(doc, indent=2), flush=True)
         elif done:
-            print(f"in effect: epoch {epoch + 1} on nodes {reached}", flush=True)
+            after = "" if change_height is None else f" (after the change block at {change_height})"
+            print(f"in effect: epoch {epoch + 1}{after} on nodes {reached}", flush=True)
         else:
             print(
                 f"not yet in effect after {args.deadline:g} s (epoch {epoch + 1} on nodes "
@@ -269,7 +321,7 @@ async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey
 def cmd_rotate_key(args: argparse.Namespace) -> int:
     try:
         spec = load_cluster(Path(args.dir))
-        spec.member(args.member)
+        spec.member(args.member if args.receipt is None else args.receipt)
         owner = SigningKey(read_seed(Path(args.key or spec.directory / OWNER_KEY_FILE)))
     except ClusterFileError as err:
         return _fail(str(err))

@@ -25,8 +25,10 @@ from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
     Receipt,
+    ReceiptEpochs,
     ReceiptLeaf,
     assemble_certificate,
+    receipt_keys_at,
     verify_certificate,
 )
 from quorumgate.sidecar.wire import decode_certificate, receipt_from_pb
@@ -99,27 +101,39 @@ def load_certificate(data: bytes) -> Certificate:
 
 
 def certified_leaf(
-    spec: ClusterSpec, certificate: Certificate, proposal_id: bytes | None = None
+    spec: ClusterSpec,
+    certificate: Certificate,
+    proposal_id: bytes | None = None,
+    epochs: ReceiptEpochs | None = None,
 ) -> ReceiptLeaf:
     """The leaf `certificate` certifies, checked against the cluster file: f+1 distinct
-    members' receipt keys, chain id, Merkle path, and the signed validity window's shape
-    where the chain's receipts expire. Raises `CertificateError`."""
+    members' receipt keys of the epoch it names, its height in that epoch (`epochs`, from
+    the chain of epochs; without it epoch 0 with the cluster file's keys), chain id,
+    Merkle path, and the signed validity window's shape where the chain's receipts
+    expire. Raises `CertificateError`."""
     return verify_certificate(
         certificate,
         spec.chain_id,
         spec.receipt_keys,
         receipts_expire=spec.receipts_expire,
         proposal_id=proposal_id,
+        epochs=epochs,
     )
 
 
 def verify(
-    spec: ClusterSpec, certificate: Certificate, *, proposal_id: bytes | None = None
+    spec: ClusterSpec,
+    certificate: Certificate,
+    *,
+    proposal_id: bytes | None = None,
+    epochs: ReceiptEpochs | None = None,
 ) -> Decision:
-    """Check a certificate offline against the cluster file (f+1 distinct members'
-    receipt keys, chain id, Merkle path) and return it as a `Decision`."""
+    """Check a certificate offline against the cluster file and, after epoch 0, the
+    chain of epochs (`epochs`: f+1 distinct members' receipt keys of the epoch the
+    certificate names, its height in that epoch, chain id, Merkle path) and return it as
+    a `Decision`."""
     try:
-        leaf = certified_leaf(spec, certificate, proposal_id)
+        leaf = certified_leaf(spec, certificate, proposal_id, epochs)
     except CertificateError as err:
         raise InvalidCertificate(err.reason, proposal_id=proposal_id) from err
     return Decision(leaf.proposal_id, certificate)
@@ -134,10 +148,14 @@ def receipt_or_none(message: spb.Receipt) -> Receipt | None:
         return None
 
 
-def receipt_signature_ok(spec: ClusterSpec, receipt: Receipt, asked: int) -> bool:
-    """Drop a receipt on arrival unless sidecar `asked` signed it for itself, with a
-    validity window exactly when the chain's receipts expire: a Byzantine sidecar can
-    neither speak for another member nor poison an honest group."""
+def receipt_signature_ok(
+    spec: ClusterSpec, receipt: Receipt, asked: int, epochs: ReceiptEpochs | None = None
+) -> bool:
+    """Drop a receipt on arrival unless sidecar `asked` signed it for itself with its
+    receipt key of the epoch the receipt names, at a height of that epoch (`epochs`;
+    without it epoch 0 and the cluster file's key), with a validity window exactly when
+    the chain's receipts expire: a Byzantine sidecar can neither speak for another member
+    nor poison an honest group."""
     from nacl.exceptions import BadSignatureError
     from nacl.signing import VerifyKey
 
@@ -146,9 +164,17 @@ def receipt_signature_ok(spec: ClusterSpec, receipt: Receipt, asked: int) -> boo
         return False
     if (block.validity is not None) != spec.receipts_expire:
         return False
+    try:
+        keys = receipt_keys_at(
+            epochs or ReceiptEpochs.genesis(spec.receipt_keys), block.epoch, block.height
+        )
+    except CertificateError:
+        return False
+    if not 0 <= asked < len(keys):
+        return False
     message = block.statement(spec.chain_id)
     try:
-        VerifyKey(spec.member(asked).receipt_public_key).verify(message, block.signature)
+        VerifyKey(keys[asked]).verify(message, block.signature)
     except (BadSignatureError, ValueError, TypeError):
         return False
     return True
@@ -159,7 +185,7 @@ def statement_key(receipt: Receipt) -> tuple[object, ...]:
     b = receipt.block
     return (
         receipt.leaf, receipt.path, b.height, b.verdict_root, b.state_root, b.leaf_count,
-        b.validity,
+        b.validity, b.epoch,
     )  # fmt: skip
 
 
@@ -168,6 +194,7 @@ def certify(
     proposal_id: bytes,
     receipts: Sequence[Receipt],
     cards: Mapping[bytes, bytes],
+    epochs: ReceiptEpochs | None = None,
 ) -> Decision | None:
     """The newest verdict among `receipts` that f+1 distinct sidecars signed, verified, with
     its confirmation card when `cards` (by digest) holds the one it certifies; None when no
@@ -181,7 +208,7 @@ def certify(
         if len({r.block.signer for r in group}) < spec.f + 1:
             continue
         certificate = assemble_certificate(spec.chain_id, group)
-        verify(spec, certificate, proposal_id=proposal_id)
+        verify(spec, certificate, proposal_id=proposal_id, epochs=epochs)
         card = None
         digest = certificate.leaf.card_digest
         if digest:

@@ -45,7 +45,7 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -63,7 +63,6 @@ from quorumgate.proto import tx as txlib
 from quorumgate.proto.chainversions import commits_arguments, runs_opened_by_the_chain
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, load_cluster, read_seed
 from quorumgate.proto.commitments import call_salt
-from quorumgate.proto.membership import OwnerRecords
 from quorumgate.proto.model import (
     Admin,
     AdminOp,
@@ -129,6 +128,7 @@ from quorumgate.sdk.epochs import EpochFollower, Epochs
 from quorumgate.sdk.errors import (
     CertificateTimeout,
     ClusterUnavailable,
+    EpochsUnverified,
     InvalidCertificate,
     Overloaded,
     QuorumGateError,
@@ -141,7 +141,7 @@ from quorumgate.sdk.nonces import NonceLedger
 from quorumgate.sdk.registry import Registry, registry_from_pb
 from quorumgate.sdk.values import Decision, Grant, Handle, OpenCard, Submitted, grant_id
 from quorumgate.sidecar.engine.statements import ConfirmationCard, handle_for
-from quorumgate.sidecar.receipts import Receipt
+from quorumgate.sidecar.receipts import Receipt, ReceiptEpochs
 
 __all__ = ["Client", "required_key"]
 
@@ -215,6 +215,11 @@ class Client:
         # The chain of epochs checked so far, from cluster.json's members (`epochs`, made
         # on first use).
         self._epochs: EpochFollower | None = None
+        # Each epoch's heights and receipt keys, what receipts and certificates are checked
+        # against (docs/consensus/epochs.md, "Receipt keys"): cluster.json's epoch 0 until
+        # `epochs` checks more, or the application sets them (a key that may not read the
+        # epoch ends: an agent's, given the operator's `quorumgate epochs --json` file).
+        self.receipt_epochs: ReceiptEpochs = ReceiptEpochs.genesis(spec.receipt_keys)
 
     @classmethod
     def from_files(
@@ -384,11 +389,16 @@ class Client:
             # owner record with the key it names, as the replicas check them (docs/
             # consensus/epochs.md, "Followers: the chain of epochs", "The record key").
             spec = self._cluster_file
-            owner = OwnerRecords(spec.chain_id, spec.owner_public_key)
-            self._epochs = EpochFollower(spec.membership(), owner if spec.runs_epochs else None)
+            owner = spec.record_reader()
+            self._epochs = EpochFollower(
+                spec.membership(),
+                owner if spec.runs_epochs else None,
+                receipt_keys=spec.receipt_keys,
+            )
         found = self._epochs.take(answers, unanswered)
         for replica, why in sorted(found.refused.items()):
             log.warning("replica %d's chain of epochs does not check: %s", replica, why)
+        self.receipt_epochs = found.receipt_epochs
         # Members replaced by new machines (docs/consensus/epochs.md, "Replacing a
         # member"): this client reaches them, and checks their receipts, as the checked
         # chain's records describe them.
@@ -400,6 +410,16 @@ class Client:
                 "the cluster of epoch %d: members %s at new machines", found.current.epoch, moved
             )
         return found
+
+    async def _learn_receipt_epochs(self) -> ReceiptEpochs | None:
+        """The receipt epochs after asking the replicas (`epochs`), or None when this key
+        may not read them or they cannot be had now: a receipt that names an epoch this
+        client does not know is then dropped, as one it cannot check."""
+        try:
+            return (await self.epochs()).receipt_epochs
+        except (ReadNotAuthorized, ClusterUnavailable, EpochsUnverified) as err:
+            log.warning("event=receipt_epochs_unknown why=%s", type(err).__name__)
+            return None
 
     async def sidecar_status(self) -> dict[int, spb.SidecarStatusReply]:
         """Status of every sidecar that answers, by member index."""
@@ -728,6 +748,8 @@ class Client:
             from_tx=from_tx,
             own_nonce=own_nonce,
             own=own,
+            epochs=self.receipt_epochs,
+            learn_epochs=self._learn_receipt_epochs,
         )
         return await wait.certified()
 
@@ -756,10 +778,13 @@ class Client:
                         if message.leaf.tx_id != tx_id:
                             continue
                         receipt = receipt_or_none(message)
-                        if receipt is not None and receipt_signature_ok(self.spec, receipt, i):
+                        epochs = self.receipt_epochs
+                        if receipt is not None and receipt_signature_ok(
+                            self.spec, receipt, i, epochs
+                        ):
                             found[i] = receipt
                             proposal_id = receipt.leaf.proposal_id
-                            if certify(self.spec, proposal_id, list(found.values()), {}):
+                            if certify(self.spec, proposal_id, list(found.values()), {}, epochs):
                                 done.set()
                         return
             finally:
@@ -772,7 +797,9 @@ class Client:
         finally:
             await cancel_all(tasks)
         for receipt in found.values():
-            decision = certify(self.spec, receipt.leaf.proposal_id, list(found.values()), {})
+            decision = certify(
+                self.spec, receipt.leaf.proposal_id, list(found.values()), {}, self.receipt_epochs
+            )
             if decision is not None:
                 return decision
         raise CertificateTimeout(tx_id, len(found), needed)
@@ -1135,11 +1162,14 @@ class Client:
                     return
                 i, receipt = item
                 key = (receipt.leaf.height, receipt.leaf.index)
-                if key in emitted or not receipt_signature_ok(self.spec, receipt, i):
+                epochs = self.receipt_epochs
+                if key in emitted or not receipt_signature_ok(self.spec, receipt, i, epochs):
                     continue
                 bucket = waiting.setdefault(key, {})
                 bucket[i] = receipt
-                decision = certify(self.spec, receipt.leaf.proposal_id, list(bucket.values()), {})
+                decision = certify(
+                    self.spec, receipt.leaf.proposal_id, list(bucket.values()), {}, epochs
+                )
                 if decision is None:
                     continue
                 del waiting[key]
@@ -1173,8 +1203,15 @@ class _ReceiptWait:
         from_tx: bytes | None,
         own_nonce: int,
         own: list[spb.OwnTx],
+        epochs: ReceiptEpochs | None = None,
+        learn_epochs: Callable[[], Awaitable[ReceiptEpochs | None]] | None = None,
     ) -> None:
         self.spec = spec
+        # what receipts are checked against, and how to learn an epoch a receipt names
+        # that this client does not know yet (once per wait)
+        self.epochs = epochs or ReceiptEpochs.genesis(spec.receipt_keys)
+        self.learn_epochs = learn_epochs
+        self.unknown_epoch = False
         self.sidecars = sidecars
         self.read_auth = read_auth  # a fresh signed read statement for each call
         self.rpc_timeout_s = rpc_timeout_s
@@ -1206,8 +1243,17 @@ class _ReceiptWait:
                     raise ReadNotAuthorized(
                         "read_not_authorized", "PERMISSION_DENIED", proposal_id=self.proposal_id
                     )
+                if self.unknown_epoch and self.learn_epochs is not None:
+                    learn, self.learn_epochs = self.learn_epochs, None
+                    self.epochs = await learn() or self.epochs
+                    # what was taken before is checked again with what was learned
+                    self.latest = {
+                        i: r
+                        for i, r in self.latest.items()
+                        if receipt_signature_ok(self.spec, r, i, self.epochs)
+                    }
                 receipts = list(self.latest.values())
-                decision = certify(self.spec, self.proposal_id, receipts, self.cards)
+                decision = certify(self.spec, self.proposal_id, receipts, self.cards, self.epochs)
                 if decision is not None:
                     # Sidecars run at different heights: a newer verdict for this proposal
                     # (a confirmation after a pending one) may be certified by fewer of
@@ -1300,8 +1346,15 @@ class _ReceiptWait:
             log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
             return None
         leaf = receipt.leaf
-        if leaf.proposal_id != self.proposal_id or not receipt_signature_ok(self.spec, receipt, i):
+        if leaf.proposal_id != self.proposal_id:
             log.warning("event=receipt_dropped sidecar=%d why=bad_receipt", i)
+            return None
+        if receipt.block.epoch > self.epochs.current.epoch and self.learn_epochs is not None:
+            self.unknown_epoch = True  # learned in `certified` (once), then checked again
+            self.changed.set()
+        if not receipt_signature_ok(self.spec, receipt, i, self.epochs):
+            why = "unknown_epoch" if self.unknown_epoch else "bad_receipt"
+            log.warning("event=receipt_dropped sidecar=%d why=%s", i, why)
             return None
         if self.settled and leaf.outcome == Outcome.PENDING.value:
             return leaf.height  # wait for a newer one

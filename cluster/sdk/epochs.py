@@ -12,8 +12,10 @@ cannot hold the client back; one whose answer does not check is named with the r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from quorumgate.proto.clusterfile import ClusterSpec
@@ -28,8 +30,17 @@ from quorumgate.replica.epochchain import (
     extend_epoch_chain,
 )
 from quorumgate.sdk.errors import EpochsUnverified
+from quorumgate.sidecar.receipts import ReceiptEpoch, ReceiptEpochs
 
-__all__ = ["CheckedEpoch", "EpochFollower", "Epochs", "key_fingerprint"]
+__all__ = [
+    "CheckedEpoch",
+    "EpochFollower",
+    "Epochs",
+    "key_fingerprint",
+    "load_receipt_epochs",
+    "receipt_epochs_from_json",
+    "receipt_epochs_of",
+]
 
 KEY_FINGERPRINT_HEX_CHARS = 16  # of a public key, in what is shown (never a private key)
 
@@ -45,7 +56,8 @@ class CheckedEpoch:
     ended the epoch before (0 for epoch 0), its members' consensus keys in member order,
     and the replicas whose answer this call proved it (their chain reached it and checked).
     `record_key`: the owner key its member-set records are checked with (docs/consensus/
-    epochs.md, "The record key"; empty on a chain that runs no epochs)."""
+    epochs.md, "The record key"; empty on a chain that runs no epochs). `receipt_keys`:
+    its members' receipt keys, what its certificates are checked with ("Receipt keys")."""
 
     epoch: int
     boundary_height: int
@@ -55,6 +67,7 @@ class CheckedEpoch:
     record_key: bytes = b""
     # Members at new machines by this epoch (`replace` records): index -> replica address.
     moved: tuple[tuple[int, str], ...] = ()
+    receipt_keys: tuple[bytes, ...] = ()
 
     @property
     def members(self) -> int:
@@ -70,6 +83,8 @@ class CheckedEpoch:
             "checked_by": list(self.checked_by),
             "record_key": key_fingerprint(self.record_key) if self.record_key else None,
             "moved": {str(i): address for i, address in self.moved},
+            # whole public keys: an offline verifier checks certificates with them
+            "receipt_keys": [k.hex() for k in self.receipt_keys],
         }
 
 
@@ -103,6 +118,22 @@ class Epochs:
         member replaced at the address, with the keys and certificate, its record gave."""
         return spec.with_entries(self.entries)
 
+    @property
+    def receipt_epochs(self) -> ReceiptEpochs:
+        """Each epoch's heights and receipt keys: what certificates are checked against
+        (sidecar/receipts.py `verify_certificate`)."""
+        return ReceiptEpochs(
+            tuple(
+                ReceiptEpoch(
+                    e.epoch,
+                    e.boundary_height + 1,
+                    nxt.boundary_height if nxt is not None else None,
+                    e.receipt_keys,
+                )
+                for e, nxt in zip(self.epochs, (*self.epochs[1:], None), strict=True)
+            )
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.current.epoch,
@@ -128,13 +159,19 @@ class EpochFollower:
         genesis: Membership,
         owner: OwnerRecords | None,
         *,
+        receipt_keys: tuple[bytes, ...] = (),
         epochs_max: int = EPOCH_CHAIN_EPOCHS_MAX,
         bytes_max: int = EPOCH_CHAIN_BYTES_MAX,
     ) -> None:
         """`owner`: the records' signer on a chain that runs epochs; None on a chain that
-        does not, where any epoch end is refused."""
+        does not, where any epoch end is refused. `receipt_keys`: epoch 0's (the cluster
+        file's), where `owner` does not hold them."""
         self.chain = EpochChain.genesis(genesis)
         self.owner = owner
+        # epoch 0's receipt keys, the cluster file's (the reader's, on a chain of epochs)
+        self.genesis_receipt_keys = receipt_keys or (
+            owner.receipt_keys if owner is not None else ()
+        )
         self.epochs_max = epochs_max
         self.bytes_max = bytes_max
 
@@ -181,7 +218,68 @@ class EpochFollower:
                 tuple(r for r in sorted(reach) if reach[r] >= e.epoch),
                 e.owner_key or (self.owner.owner_key if self.owner is not None else b""),
                 tuple((m.index, f"{m.host}:{m.replica_port}") for m in e.entries),
+                e.receipt_keys or self.genesis_receipt_keys,
             )
             for e in longest.epochs
         )
         return Epochs(epochs, refused, tuple(sorted(unanswered)), longest)
+
+
+def receipt_epochs_of(chain: EpochChain, cluster_keys: Sequence[bytes]) -> ReceiptEpochs:
+    """Each epoch of a checked chain with its heights and receipt keys (`cluster_keys`,
+    the cluster file's, where no `receipt` record changed them)."""
+    epochs = chain.epochs
+    return ReceiptEpochs(
+        tuple(
+            ReceiptEpoch(
+                e.epoch,
+                e.boundary_height + 1,
+                nxt.boundary_height if nxt is not None else None,
+                e.receipt_keys or tuple(cluster_keys),
+            )
+            for e, nxt in zip(epochs, (*epochs[1:], None), strict=True)
+        )
+    )
+
+
+def receipt_epochs_from_json(
+    doc: Mapping[str, Any], cluster_keys: Sequence[bytes]
+) -> ReceiptEpochs:
+    """The receipt epochs of a chain-of-epochs file (`quorumgate epochs --json` output,
+    which checked the chain when it was written: an offline verifier trusts the file as it
+    trusts cluster.json). Raises `ValueError` for a file that is not one."""
+    raw = doc.get("epochs")
+    if not isinstance(raw, list) or not raw:
+        raise ValueError("a chain-of-epochs file holds a non-empty list 'epochs'")
+    starts: list[int] = []
+    keys: list[tuple[bytes, ...]] = []
+    for position, entry in enumerate(raw):
+        if not isinstance(entry, Mapping) or entry.get("epoch") != position:
+            raise ValueError(f"epochs[{position}] is not epoch {position}")
+        height = entry.get("change_height")
+        if not isinstance(height, int) or height < 0 or (starts and height <= starts[-1]):
+            raise ValueError(f"epoch {position}: change_height must grow")
+        hexes = entry.get("receipt_keys") or []
+        if not isinstance(hexes, list) or not all(isinstance(h, str) for h in hexes):
+            raise ValueError(f"epoch {position}: receipt_keys must be hex strings")
+        found = tuple(bytes.fromhex(h) for h in hexes)
+        if any(len(k) != 32 for k in found):
+            raise ValueError(f"epoch {position}: a receipt key is not 32 bytes")
+        starts.append(height)
+        keys.append(found or tuple(cluster_keys))
+    ends: list[int | None] = [*starts[1:], None]
+    return ReceiptEpochs(
+        tuple(ReceiptEpoch(i, starts[i] + 1, ends[i], keys[i]) for i in range(len(starts)))
+    )
+
+
+def load_receipt_epochs(path: str | Path, cluster_keys: Sequence[bytes]) -> ReceiptEpochs:
+    """`receipt_epochs_from_json` of the file at `path`; `ValueError` for one that is not a
+    chain-of-epochs file (or not JSON)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read the epochs file {path}: {err}") from err
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"the epochs file {path} is not a JSON object")
+    return receipt_epochs_from_json(doc, cluster_keys)

@@ -89,6 +89,7 @@ from quorumgate.sidecar.engine.targets import NO_TARGET
 from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
+    ReceiptEpochs,
     ReceiptLeaf,
     check_validity,
 )
@@ -311,9 +312,14 @@ class Executor(_ClosedOnExit):
         clock_ms: Callable[[], int] = wall_clock_ms,
         clock_skew_ms: int = CLOCK_SKEW_MS_DEFAULT,
         certificate_age_ms_max: int | None = None,
+        epochs: ReceiptEpochs | None = None,
     ) -> None:
         """`clock_ms`, `clock_skew_ms` and `certificate_age_ms_max`: how certificates'
-        validity windows are checked (the module docstring)."""
+        validity windows are checked (the module docstring). `epochs`: each epoch's
+        heights and receipt keys, from the chain of epochs (`Client.epochs()`'s
+        `receipt_epochs`, or `load_receipt_epochs` of a `quorumgate epochs --json` file);
+        without it, cluster.json's epoch 0 only. Set `receipt_epochs` again as the chain
+        grows: a certificate of an epoch it does not hold is refused (`unknown_epoch`)."""
         if not names.is_agent_id(sink_id):
             raise ValueError("sink id must match " + names.AGENT_ID_RE.pattern)
         if not 0 <= clock_skew_ms <= CLOCK_SKEW_MS_MAX:
@@ -329,6 +335,7 @@ class Executor(_ClosedOnExit):
         self.clock_skew_ms = clock_skew_ms
         self.certificate_age_ms_max = certificate_age_ms_max
         self.spec = spec
+        self.receipt_epochs = epochs or ReceiptEpochs.genesis(spec.receipt_keys)
         self.sink_id = sink_id
         self._box = SealedBox(private_key)
         self.public_key = bytes(private_key.public_key)
@@ -412,7 +419,7 @@ class Executor(_ClosedOnExit):
         """The certified leaf, once the certificate verifies and, on a chain whose receipts
         expire, its window holds by this executor's clock."""
         try:
-            leaf = certified_leaf(self.spec, certificate, proposal_id)
+            leaf = certified_leaf(self.spec, certificate, proposal_id, self.receipt_epochs)
         except CertificateError as err:
             raise CertificateRejected(err.reason) from err
         if certificate.validity is not None:  # verified: present exactly when they expire

@@ -38,6 +38,7 @@ from quorumgate.sdk.builders import mandate
 from quorumgate.sdk.delivery import Channels
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.ledger import LedgerEntry
+from quorumgate.sidecar.receipts import ReceiptEpoch, ReceiptEpochs
 from tests.support.cluster import new_agent
 
 RUN = "audit-run"
@@ -327,6 +328,22 @@ TAMPERING = {
 
 def test_the_untouched_copy_verifies(cluster: ClusterSpec, copy_dsn: str) -> None:
     assert _problems(copy_dsn, cluster, "SELECT 1") == []
+
+
+def test_the_copy_is_checked_against_the_epochs_given(
+    cluster: ClusterSpec, copy_dsn: str
+) -> None:
+    """`audit verify --epochs`: with the chain's one epoch the copy verifies; with a file
+    whose epoch 0 ended at height 1, every certificate above it, naming epoch 0, is a
+    problem (`wrong_epoch`): what a rotated-out receipt key's statement past its epoch
+    would be (docs/consensus/epochs.md, "Receipt keys")."""
+    keys = cluster.receipt_keys
+    one = ReceiptEpochs((ReceiptEpoch(0, 1, None, keys),))
+    with psycopg.connect(copy_dsn) as conn:
+        assert check_copy(conn, cluster, TrustedHead(), one).problems == []
+        ended = ReceiptEpochs((ReceiptEpoch(0, 1, 1, keys), ReceiptEpoch(1, 2, None, keys)))
+        problems = check_copy(conn, cluster, TrustedHead(), ended).problems
+    assert problems and all("wrong_epoch" in p for p in problems), problems
 
 
 def test_the_copy_says_refused_three_times_then_the_run_stopped(

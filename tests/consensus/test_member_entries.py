@@ -179,3 +179,20 @@ def test_the_mempool_refuses_a_replace_whose_entry_does_not_check() -> None:
     assert not refused.accepted and refused.reason == "bad_member_entry"
     assert refused.status == "INVALID_ARGUMENT"
     assert mempool.admit(signed(replace_record())).accepted
+
+
+def test_a_replace_hands_the_next_epoch_the_new_machines_receipt_key() -> None:
+    """Certificates of the epoch a `replace` starts are checked with the new machine's
+    receipt key, as after a `receipt` record: the reader of the next epoch carries it
+    (docs/consensus/epochs.md, "Receipt keys"). A receipt key another member, or the
+    record key, already uses is no change: two members signing with one key would let
+    one machine count twice towards f+1."""
+    receipts = tuple(Ed25519Signer(key_seed(i, "receipt")).public_key for i in range(4))
+    reader = OwnerRecords(CHAIN, OWNER.public_key, receipts)
+    step = reader.step(signed(replace_record()), membership())
+    assert step is not None
+    assert step[1].receipt_keys == (*receipts[:3], RECEIPT.public_key)
+    assert step[1].owner_key == OWNER.public_key
+    for taken in (receipts[0], OWNER.public_key, membership().key(1)):
+        stolen = replace_record(entry(receipt_public_key=taken).encode())
+        assert reader.step(signed(stolen), membership()) is None, taken.hex()[:8]

@@ -61,6 +61,13 @@ class StandInReplica(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         if self._server is not None:
             await self._server.stop(0)
 
+    async def EpochEnds(
+        self, request: cpb.EpochEndsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.EpochEndsReply:
+        """None stored: the stand-in's chain never leaves epoch 0 (the sidecar asks once,
+        to know the epoch of the next block it signs)."""
+        return cpb.EpochEndsReply()
+
     async def commit(self, *payloads: tuple[bytes, ...]) -> int:
         """One block per payload on top of the last; returns the new top height."""
         for payload in payloads:

@@ -193,6 +193,9 @@ class _SpecLike:
     def membership(self) -> object:
         return membership()
 
+    def record_reader(self) -> object:
+        return RECORDS
+
 
 def test_nothing_to_read_above_the_top_is_not_waited_for() -> None:
     """A snapshot at the replica's top leaves no block to replay: the stream of committed

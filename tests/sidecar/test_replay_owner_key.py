@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from quorumgate.proto.crypto import Ed25519Signer
-from quorumgate.proto.membership import Reconfiguration, owner_record, sign_record
+from quorumgate.proto.membership import OwnerRecords, Reconfiguration, owner_record, sign_record
 from quorumgate.replica.epochs import start_qc
 from quorumgate.replica.storage import StoredEpoch
 from quorumgate.replica.types import Block, QuorumCert, vote_bytes
@@ -32,6 +32,10 @@ class _SpecLike:
         from tests.consensus.helpers import membership
 
         return membership()
+
+    @staticmethod
+    def record_reader() -> OwnerRecords:
+        return OwnerRecords(CHAIN, OWNER.public_key)
 
 
 def _qc_1(block: Block) -> QuorumCert:

@@ -926,7 +926,9 @@ async def _older_schema(
     half = len(heights) // 2
     await record_all(store, whole[:half])
     await store.close()
-    steps = ["ALTER TABLE ledger DROP COLUMN extension"]
+    steps = ["ALTER TABLE blocks DROP COLUMN epoch"]
+    if version <= 5:
+        steps += ["ALTER TABLE ledger DROP COLUMN extension"]
     if version <= 4:
         steps += ["ALTER TABLE blocks DROP COLUMN valid_until_ms"]
     if version <= 3:
@@ -943,7 +945,7 @@ async def _older_schema(
     return whole[:half]
 
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6])
 async def test_an_older_store_is_upgraded_in_place_by_its_writer(
     story: Story, heights: list[ExecutedHeight], tmp_path: Path, version: int
 ) -> None:

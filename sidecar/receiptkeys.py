@@ -1,0 +1,143 @@
+"""Which receipt key signs a block: the one the sidecar's member holds in the block's epoch
+(docs/consensus/epochs.md, "Receipt keys").
+
+The sidecar executes every committed block, so it sees each change block: it moves the
+member set and the record reader on exactly as the replicas do (replica/epochs.py
+`change_in`, `owner_after`), and a `receipt` record leaves the next epoch's receipt keys
+in the reader. A block is signed in the epoch it belongs to, the change block in the epoch
+it ends; the next block in the epoch after. Nothing of this comes from a clock or from the
+sidecar's timing: replay, following the same committed blocks, signs every height in the
+same epoch with the same key. After a restart the sidecar starts from its replica's stored
+epoch ends (`start_at`), the change blocks of the same committed log.
+
+The key of an epoch is the cluster file's `receipt.key` or a rotated one beside it,
+`receipt-<first 16 hex of its public key>.key` (`admin rotate-key --receipt` writes it).
+
+A new machine (`init --join`, docs/consensus/epochs.md "Replacing a member") executes the
+whole log from height 1, but holds no key of the member it replaces: the blocks of the
+epochs before the one its `replace` starts it signs with its own receipt key
+(`signing_receipt_key`). No verifier counts those statements (they are not signed with
+that epoch's key), so they certify nothing, and its self-audit checks them with the key
+they were signed with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from nacl.signing import SigningKey
+
+from quorumgate.proto.clusterfile import (
+    ClusterFileError,
+    ClusterSpec,
+    MemberSpec,
+    receipt_seed_for,
+)
+from quorumgate.proto.membership import Membership, OwnerRecords
+from quorumgate.replica.epochs import change_in, owner_after
+from quorumgate.replica.types import Block
+
+
+def signing_receipt_key(
+    joined: MemberSpec | None, index: int, membership: Membership, epoch_key: bytes
+) -> bytes:
+    """The receipt key member `index`'s sidecar signs a block of `membership`'s epoch
+    with: `epoch_key`, the member's receipt key of that epoch; on a new machine (`joined`,
+    its join.json) in an epoch before the one whose `replace` makes it the member (the
+    epoch's consensus key for `index` is not the machine's), the machine's own, since it
+    holds no other. A missing key of an epoch in which the machine is the member stays an
+    error: the operator did not put a rotated key file there."""
+    if joined is not None and membership.key(index) != joined.public_key:
+        return joined.receipt_public_key
+    return epoch_key
+
+
+class ReceiptKeys:
+    """The epoch of the next block a sidecar (or replay) executes, and its receipt key.
+    On a chain that runs no epochs (`reader` None) every block is epoch 0's, signed with
+    `receipt.key`."""
+
+    def __init__(
+        self, spec: ClusterSpec, index: int, node_dir: Path, first: SigningKey | None = None
+    ) -> None:
+        self.index = index
+        self.node_dir = node_dir
+        self.membership: Membership = spec.membership()
+        self.reader: OwnerRecords | None = spec.record_reader() if spec.runs_epochs else None
+        self.joined = spec.joined
+        # epoch 0's key of the member (the cluster file's), or a new machine's own
+        self.genesis_key = signing_receipt_key(
+            spec.joined, index, self.membership, spec.members[index].receipt_public_key
+        )
+        # (epoch, its first height, this member's receipt key in it), oldest first: what
+        # the sidecar's self-audit checks each stored statement with (`key_at`)
+        self.history: list[tuple[int, int, bytes]] = [(0, 1, self.genesis_key)]
+        self._held: dict[bytes, SigningKey] = {}
+        if first is not None:
+            self._held[bytes(first.verify_key)] = first
+
+    @property
+    def epoch(self) -> int:
+        return self.membership.epoch
+
+    @property
+    def public_key(self) -> bytes:
+        """The receipt key this sidecar signs the current epoch's blocks with: this
+        member's in the epoch (`signing_receipt_key`)."""
+        if self.reader is None or not self.reader.receipt_keys:
+            return self.genesis_key
+        epoch_key = self.reader.receipt_keys[self.index]
+        return signing_receipt_key(self.joined, self.index, self.membership, epoch_key)
+
+    def key(self) -> SigningKey:
+        """The signing key of the current epoch, read from the node directory once;
+        `ClusterFileError` if the directory does not hold it (the operator has not put the
+        rotated key file there)."""
+        public = self.public_key
+        found = self._held.get(public)
+        if found is None:
+            seed = receipt_seed_for(self.node_dir, public)
+            if seed is None:
+                raise ClusterFileError(
+                    f"{self.node_dir} holds no receipt key {public.hex()[:16]}, this "
+                    f"member's in epoch {self.epoch}"
+                )
+            found = self._held[public] = SigningKey(seed)
+        return found
+
+    def after(self, block: Block) -> bool:
+        """Move on past `block`, executed in the current epoch: True when it is a change
+        block, the next block being the next epoch's."""
+        if self.reader is None:
+            return False
+        nxt = change_in(block, self.membership, self.reader)
+        if nxt is None:
+            return False
+        self.reader = owner_after(block, self.membership, self.reader)
+        self.membership = nxt
+        self.history.append((nxt.epoch, block.height + 1, self.public_key))
+        return True
+
+    def key_at(self, epoch: int, height: int) -> bytes | None:
+        """This member's receipt key of `epoch` if `height` lies in it, as far as the blocks
+        followed so far tell (the current epoch has no end yet); None otherwise."""
+        for position, (number, first, key) in enumerate(self.history):
+            if number != epoch:
+                continue
+            after = self.history[position + 1][1] if position + 1 < len(self.history) else None
+            return key if first <= height and (after is None or height < after) else None
+        return None
+
+    def start_at(self, boundaries: Sequence[Block], executed_height: int) -> None:
+        """Start after `executed_height`: move on at each change block at or below it,
+        oldest first (the replica's stored epoch ends, whose commit the replica proved).
+        `ValueError` for one that changes nothing here (the store and the blocks disagree)."""
+        for boundary in boundaries:
+            if boundary.height > executed_height:
+                break
+            if not self.after(boundary):
+                raise ValueError(
+                    f"the stored end of epoch {self.epoch} at height {boundary.height} "
+                    "changes nothing"
+                )

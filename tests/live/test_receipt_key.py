@@ -1,0 +1,203 @@
+"""A sidecar's receipt key rotated on a live cluster (docs/consensus/epochs.md, "Receipt
+keys"; docs/operating.md, "Rotating a sidecar's receipt key"): `quorumgate admin
+rotate-key --receipt 1` ends the epoch with a `receipt` record; sidecar 1 signs the blocks
+after the change block with its new key, and a verifier that follows the chain of epochs
+refuses a statement its old key signs for a height past the boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from nacl.public import PrivateKey
+from nacl.signing import SigningKey
+
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto.clusterfile import (
+    OWNER_KEY_FILE,
+    RECEIPT_KEY_FILE,
+    read_seed,
+    rotated_receipt_key_file,
+)
+from quorumgate.runtime.readauth import METHOD_GET_RECEIPT
+from quorumgate.sdk.builders import tool_spec
+from quorumgate.sdk.certificates import receipt_signature_ok, verify
+from quorumgate.sdk.client import Client
+from quorumgate.sdk.epochs import load_receipt_epochs
+from quorumgate.sdk.errors import InvalidCertificate
+from quorumgate.sdk.executor import CertificateRejected, Executor, MemoryUsedProposals
+from quorumgate.sdk.sync import SyncClient
+from quorumgate.sidecar.receipts import Certificate, Receipt, ReceiptEpochs, sign_block
+from quorumgate.sidecar.wire import receipt_from_pb
+from tests.support.cluster import new_agent
+from tests.support.live import WAIT_S, LiveCluster, Load, wait_until
+
+N = 4
+SIDECAR = 1  # whose receipt key is rotated
+URL = "https://example.com/after-the-receipt-boundary"
+CLI_TIMEOUT_S = 120.0
+
+
+def _cli(cluster: LiveCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "quorumgate", *args, "--dir", str(cluster.spec.directory)],
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False,
+    )  # fmt: skip
+
+
+def _epochs(cluster: LiveCluster) -> dict[int, int]:
+    return {i: s.epoch for i, s in cluster.statuses(range(N)).items()}
+
+
+def _forged(cluster: LiveCluster, genuine: Certificate) -> Certificate:
+    """The genuine certificate's leaf and roots, signed for epoch 0 by sidecar 1's old key
+    (the one the rotation retired, perhaps leaked) and sidecar 0's key (a faulty member
+    joining in): f+1 signatures by keys of the cluster file."""
+    signatures = []
+    for signer in (0, SIDECAR):
+        key = SigningKey(read_seed(cluster.spec.node_dir(signer) / RECEIPT_KEY_FILE))
+        signed = sign_block(
+            key, signer, genuine.chain_id, genuine.leaf.height, genuine.verdict_root,
+            genuine.state_root, genuine.leaf_count, genuine.validity, 0,
+        )  # fmt: skip
+        signatures.append((signer, signed.signature))
+    return Certificate(
+        genuine.chain_id, genuine.leaf, genuine.path, genuine.leaf_count, genuine.verdict_root,
+        genuine.state_root, tuple(signatures), genuine.validity, 0,
+    )  # fmt: skip
+
+
+def _checked(executor: Executor, certificate: Certificate) -> None:
+    executor._leaf(certificate, certificate.leaf.proposal_id)  # the executor's own check
+
+
+def test_rotating_a_receipt_key_under_light_load(
+    live_cluster: Callable[..., LiveCluster],
+) -> None:
+    """Under a trickle of proposals, `admin rotate-key --receipt 1`:
+
+    - writes `node-1/receipt-<hex>.key` (0600) beside `receipt.key`, never printing it,
+      and returns once a quorum is in epoch 1, naming the change block's height;
+    - a tool call certified after it names epoch 1 and verifies, through the SDK and the
+      executor, with epoch 1's keys from the chain of epochs: sidecar 1's new key;
+    - sidecar 1, restarted, starts in epoch 1 from its replica's stored epoch ends and
+      signs with the new key;
+    - a certificate for the same later height signed with sidecar 1's old key (and
+      sidecar 0's) claiming epoch 0 is refused by the SDK and the executor given the
+      chain, and by the executor given `quorumgate epochs --json`'s file.
+    """
+    cluster = live_cluster(N)
+    cluster.start_sidecars()
+    spec = cluster.spec
+    owner_key = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+    with SyncClient.as_owner(spec.directory) as owner:
+        owner.register_tool(tool_spec("web.get", "read", schemes=["https"]))
+        _, agent_key = new_agent(owner, ["web.get"])
+    load = Load(cluster, "receipt", agents=1, per_agent=200, batch=5, rate_per_s=5)
+    cluster.register(load.agents)
+    load.start()
+    load.wait_acked(10)
+
+    done = _cli(cluster, "admin", "rotate-key", "--receipt", str(SIDECAR), "--json",
+                "--deadline", str(WAIT_S))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["key"] == "receipt" and doc["member"] == SIDECAR, doc
+    assert doc["epoch"] == 0 and doc["in_effect"] and isinstance(doc["change_height"], int)
+    new_key = bytes.fromhex(doc["public_key"])
+    path = spec.node_dir(SIDECAR) / rotated_receipt_key_file(new_key)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert path.read_text().strip() not in done.stdout + done.stderr
+    assert (spec.node_dir(SIDECAR) / RECEIPT_KEY_FILE).exists()  # the old one stays
+    wait_until("every replica in epoch 1", lambda: all(e == 1 for e in _epochs(cluster).values()))
+
+    async def chain() -> ReceiptEpochs:
+        async with Client(spec, owner_key) as client:
+            return (await client.epochs()).receipt_epochs
+
+    epochs = asyncio.run(chain())
+    assert [e.epoch for e in epochs.epochs] == [0, 1]
+    assert epochs.epochs[0].last_height == doc["change_height"]
+    assert epochs.epochs[1].keys[SIDECAR] == new_key
+    assert epochs.epochs[0].keys == spec.receipt_keys
+
+    # Sidecar 1 restarted once it has signed heights of epoch 1: it starts in epoch 1 from
+    # its replica's stored epoch ends, and its self-audit checks each stored statement
+    # with the key of its epoch (the new key above the change block).
+    def sidecar_status() -> spb.SidecarStatusReply:
+        async def ask() -> spb.SidecarStatusReply:
+            async with Client(spec, owner_key) as client:
+                return (await client.sidecar_status())[SIDECAR]
+
+        return asyncio.run(ask())
+
+    wait_until(
+        "sidecar 1 executes heights of epoch 1",
+        lambda: sidecar_status().executed_height > doc["change_height"] + 2,
+    )
+    cluster.kill(SIDECAR, kind="sidecar")
+    cluster.start([SIDECAR], "sidecar")
+
+    with SyncClient(spec, agent_key) as agent:
+        decision = agent.propose("web.get", URL, run_id="after-receipt-boundary")
+    cert = decision.certificate
+    assert decision.allowed and cert.epoch == 1 and decision.height > doc["change_height"]
+    verify(spec, cert, epochs=epochs)
+    executor = Executor(
+        spec, "vault", PrivateKey.generate(), object(),  # type: ignore[arg-type]
+        used=MemoryUsedProposals(), epochs=epochs,
+    )  # fmt: skip
+    _checked(executor, cert)
+
+    # Sidecar 1's own receipt for that height of epoch 1: signed with its new key.
+    async def own_receipt() -> Receipt | None:
+        async with Client(spec, owner_key) as client:
+            reply = (
+                await client._ch()
+                .sidecars[SIDECAR]
+                .GetReceipt(
+                    spb.ReceiptRequest(proposal_id=decision.proposal_id),
+                    timeout=WAIT_S,
+                    metadata=client._read_auth(METHOD_GET_RECEIPT),
+                )
+            )
+        return receipt_from_pb(reply.receipt) if reply.found else None
+
+    wait_until("sidecar 1 executes the call", lambda: asyncio.run(own_receipt()) is not None)
+    receipt = asyncio.run(own_receipt())
+    assert receipt is not None and receipt.block.epoch == 1
+    assert receipt.block.signed_by(spec.chain_id, new_key)
+    assert receipt_signature_ok(spec, receipt, SIDECAR, epochs)
+    status = sidecar_status()
+    assert not status.diverged, status.divergence
+
+    forged = _forged(cluster, cert)
+    with pytest.raises(InvalidCertificate) as refused:
+        verify(spec, forged, epochs=epochs)
+    assert refused.value.reason == "wrong_epoch"
+    with pytest.raises(CertificateRejected) as rejected:
+        _checked(executor, forged)
+    assert rejected.value.reason == "wrong_epoch"
+    shown = _cli(cluster, "epochs", "--json")
+    assert shown.returncode == 0, shown.stderr
+    epochs_file = spec.directory / "epochs.json"
+    epochs_file.write_text(shown.stdout)
+    from_file = load_receipt_epochs(epochs_file, spec.receipt_keys)
+    assert from_file == epochs
+    offline = Executor(
+        spec, "vault", PrivateKey.generate(), object(),  # type: ignore[arg-type]
+        used=MemoryUsedProposals(), epochs=from_file,
+    )  # fmt: skip
+    _checked(offline, cert)
+    with pytest.raises(CertificateRejected):
+        _checked(offline, forged)
+
+    load.stop()
+    load.assert_clean()
+    cluster.assert_no_equivocation_seen()
