@@ -39,7 +39,9 @@ def test_rotate_key_refuses_a_chain_whose_keys_are_fixed(
 ) -> None:
     spec = init_cluster(tmp_path / "c", 4)
     _rewrite(spec.directory, consensus_version=None)
-    args = argparse.Namespace(dir=str(spec.directory), member=2, key=None, json=False)
+    args = argparse.Namespace(
+        dir=str(spec.directory), member=2, receipt=None, key=None, json=False
+    )
     assert cmd_rotate_key(args) == EXIT_ERROR
     assert "fixed for good" in capsys.readouterr().err
     assert not list(spec.node_dir(2).glob("consensus-*.key"))

@@ -84,6 +84,8 @@ def _spec_like(tmp_path: Path) -> object:
         membership=membership,
         record_reader=lambda: RECORDS,
         member=lambda i: SimpleNamespace(receipt_public_key=RECEIPT_KEYS[i]),
+        members=[SimpleNamespace(receipt_public_key=k) for k in RECEIPT_KEYS],
+        joined=None,  # (a cluster member, not a new machine: docs/consensus/epochs.md)
     )
 
 
