@@ -307,7 +307,13 @@ async def test_a_replica_refuses_a_forged_base_and_takes_the_next_peers(
     assert base_asks() == [(1, START), (2, START)]
     deliver(2, replace(forged, proof_qc=genuine))
     store = node.store
-    await until("the genuine base is installed", lambda: store.committed_height == TOP)
+    # The store takes the base first, then the core is started again from it (on the core
+    # loop, after the store's read): wait for both.
+    await until(
+        "the genuine base is installed",
+        lambda: store.committed_height == TOP
+        and node.core is not None
+        and node.core.tree.committed_height == TOP,
+    )
     assert store.history_from == START
-    assert node.core is not None and node.core.tree.committed_height == TOP
     assert (await store.committed_range(START, TOP)) == list(blocks[START : TOP + 1])
