@@ -22,20 +22,36 @@ from quorumgate.ops.loadgen import BENCH_TOOL
 from quorumgate.proto.clusterfile import load_cluster
 from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
 from tests import polling
+from tests.support import forkserver
 from tests.support.live import STOP_GRACE_S, LiveCluster, wait_until
 
 CLI_TIMEOUT_S = 60.0
 _SCRIPT = Path(sys.executable).parent / "quorumgate"
 QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "quorumgate.cli"]
+# What a command imports before it reads its arguments, and what the commands these tests
+# run most import on top: a fork server imports them once for the worker, and each run of
+# the installed `quorumgate` script is forked from it (tests/support/forkserver.py). The
+# tests that signal a command, or watch it start, run the script itself.
+CLI_PRELOAD = (
+    "quorumgate.cli",
+    "quorumgate.ops.nodes",
+    "quorumgate.ops.clientcli",
+    "quorumgate.ops.backups",
+    "quorumgate.sdk.client",
+)
 
 
 def quorumgate(*args: str | Path | int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*QUORUMGATE, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
+    """`quorumgate ARGS...` run to its end: exit status, stdout and stderr."""
+    words = [str(a) for a in args]
+    command = [*QUORUMGATE, *words]
+    if _SCRIPT.exists():
+        command = forkserver.shared(CLI_PRELOAD).command(_SCRIPT, *words)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False
+    )
+    return subprocess.CompletedProcess(
+        [*QUORUMGATE, *words], result.returncode, result.stdout, result.stderr
     )
 
 

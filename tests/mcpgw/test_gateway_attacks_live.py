@@ -4,8 +4,9 @@ The gateway runs in this process (`Gateway.server()`, the official SDK's server)
 agent is the official `mcp` client connected to it in-process, in the 2026 era (`auto`)
 or the handshake era (`legacy`); the upstreams are real MCP servers over stdio
 (`scenario_server.py`), scripted by JSON files the tests rewrite. Every gateway starts
-its upstreams afresh; each is forked by the module's fork server (`forkserver.py`), which
-imported the SDK once, instead of importing it anew for every test.
+its upstreams afresh; each is forked by the module's fork server
+(`tests/support/forkserver.py`), which imported the SDK once, instead of importing it
+anew for every test.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ import asyncio
 import copy
 import json
 import logging
-import subprocess
-import sys
-import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,16 +39,15 @@ from quorumgate.proto.clusterfile import ClusterSpec, write_seed
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.sync import SyncClient
-from tests import polling
+from tests.support.forkserver import ForkServer
 
 SERVER = Path(__file__).with_name("scenario_server.py")
-FORKSERVER = Path(__file__).with_name("forkserver.py")
 # What scenario_server.py imports that costs: the fork server imports it once.
 PRELOAD = ("anyio", "mcp_types", "mcp.server.lowlevel", "mcp.server.stdio", "mcp.shared.message")
 AGENT = "mcp-attacked"
 UPSTREAM = """
 [upstreams.{name}]
-command = [{python}, "-I", "-S", {forkserver}, "connect", {socket}, {server}]
+command = {command}
 env = {{ SCENARIO_FILE = {scenario}, RECEIVED_FILE = {received} }}
 """
 MAPPINGS = """
@@ -164,33 +161,19 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def forkserver() -> Iterator[str]:
-    """The fork server's socket (in a short directory: a unix socket's path is at most
-    107 bytes); the server is stopped at the module's end."""
-    with tempfile.TemporaryDirectory(prefix="qg-fork-") as where:
-        path = str(Path(where) / "fork.sock")
-        proc = subprocess.Popen(
-            [sys.executable, str(FORKSERVER), "serve", path, *PRELOAD], stdin=subprocess.DEVNULL
-        )
-        try:
-            polling.wait_until(
-                "the fork server listening",
-                lambda: Path(path).exists() or proc.poll() is not None,
-                60.0,
-                0.02,
-            )
-            assert proc.poll() is None, f"the fork server exited with {proc.returncode}"
-            yield path
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+def forkserver() -> Iterator[ForkServer]:
+    server = ForkServer(PRELOAD)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
 def world(
     cluster: ClusterSpec,
     owner: SyncClient,
-    forkserver: str,
+    forkserver: ForkServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
     directory = tmp_path_factory.mktemp("mcp-attacks")
@@ -203,10 +186,7 @@ def world(
     sections = {
         name: UPSTREAM.format(
             name=name,
-            python=json.dumps(sys.executable),
-            forkserver=json.dumps(str(FORKSERVER)),
-            socket=json.dumps(forkserver),
-            server=json.dumps(str(SERVER)),
+            command=json.dumps(forkserver.command(SERVER)),
             scenario=json.dumps(str(up.scenario)),
             received=json.dumps(str(up.received)),
         )
