@@ -4,9 +4,8 @@ The gateway runs in this process (`Gateway.server()`, the official SDK's server)
 agent is the official `mcp` client connected to it in-process, in the 2026 era (`auto`)
 or the handshake era (`legacy`); the upstreams are real MCP servers over stdio
 (`scenario_server.py`), scripted by JSON files the tests rewrite. Every gateway starts
-its upstreams afresh; each is forked by the module's fork server
-(`tests/support/forkserver.py`), which imported the SDK once, instead of importing it
-anew for every test.
+its upstreams afresh; each is forked by a fork server that imported the SDK once
+(`tests/support/forkserver.py`), instead of importing it anew for every test.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from quorumgate.proto.clusterfile import ClusterSpec, write_seed
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.sync import SyncClient
-from tests.support.forkserver import ForkServer
+from tests.support import forkserver
 
 SERVER = Path(__file__).with_name("scenario_server.py")
 # What scenario_server.py imports that costs: the fork server imports it once.
@@ -161,19 +160,9 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def forkserver() -> Iterator[ForkServer]:
-    server = ForkServer(PRELOAD)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def world(
     cluster: ClusterSpec,
     owner: SyncClient,
-    forkserver: ForkServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
     directory = tmp_path_factory.mktemp("mcp-attacks")
@@ -186,7 +175,7 @@ def world(
     sections = {
         name: UPSTREAM.format(
             name=name,
-            command=json.dumps(forkserver.command(SERVER)),
+            command=json.dumps(forkserver.shared(PRELOAD).command(SERVER)),
             scenario=json.dumps(str(up.scenario)),
             received=json.dumps(str(up.received)),
         )
