@@ -28,27 +28,19 @@ from tests.support.live import STOP_GRACE_S, LiveCluster, wait_until
 CLI_TIMEOUT_S = 60.0
 _SCRIPT = Path(sys.executable).parent / "quorumgate"
 QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "quorumgate.cli"]
-# What a command imports before it reads its arguments, and what the commands these tests
-# run most import on top: a fork server imports them once for the worker, and each run of
-# the installed `quorumgate` script is forked from it (tests/support/forkserver.py). The
-# tests that signal a command, or watch it start, run the script itself.
-CLI_PRELOAD = (
-    "quorumgate.cli",
-    "quorumgate.ops.nodes",
-    "quorumgate.ops.clientcli",
-    "quorumgate.ops.backups",
-    "quorumgate.sdk.client",
-)
 
 
 def quorumgate(*args: str | Path | int) -> subprocess.CompletedProcess[str]:
-    """`quorumgate ARGS...` run to its end: exit status, stdout and stderr."""
+    """`quorumgate ARGS...` run to its end: exit status, stdout and stderr. It is forked
+    from a fork server that imported the CLI once for the worker (tests/support/forkserver.py);
+    the tests that signal a command, or watch it start, run the script itself."""
     words = [str(a) for a in args]
-    command = [*QUORUMGATE, *words]
-    if _SCRIPT.exists():
-        command = forkserver.shared(CLI_PRELOAD).command(_SCRIPT, *words)
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False
+        forkserver.quorumgate(*words),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
     )
     return subprocess.CompletedProcess(
         [*QUORUMGATE, *words], result.returncode, result.stdout, result.stderr

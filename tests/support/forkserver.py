@@ -100,6 +100,26 @@ def stop_shared() -> None:
         _shared.popitem()[1].stop()
 
 
+# What a `quorumgate` command imports before it reads its arguments, and what the commands
+# the tests run most import on top.
+CLI_PRELOAD = (
+    "quorumgate.cli",
+    "quorumgate.ops.nodes",
+    "quorumgate.ops.clientcli",
+    "quorumgate.ops.backups",
+    "quorumgate.sdk.client",
+)
+
+
+def quorumgate(*args: str) -> list[str]:
+    """The command line of `quorumgate ARGS...`: the installed script, forked from this
+    process's CLI fork server; `python -m quorumgate.cli` where no script is installed."""
+    script = Path(sys.executable).parent / "quorumgate"
+    if not script.exists():
+        return [sys.executable, "-m", "quorumgate.cli", *args]
+    return shared(CLI_PRELOAD).command(script, *args)
+
+
 # ------------------------------------------------------------------ the launcher
 
 
