@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 MESSAGE_BYTES_MAX = 1 << 20  # the launcher's environment and arguments
-REAP_EVERY_S = 0.05
+PARENT_CHECK_S = 0.5  # how often the server looks whether the tests that started it are gone
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 HANDED = (0, 1, 2)  # the launcher's standard input, output and error
@@ -153,6 +153,8 @@ def run_child(request: dict[str, Any], fds: list[int]) -> None:
     import runpy
     import traceback
 
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for target, fd in zip(HANDED, fds, strict=True):
         os.dup2(fd, target)
         os.close(fd)
@@ -162,6 +164,7 @@ def run_child(request: dict[str, Any], fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = [request["script"], *request["args"]]
+    sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))  # as for a script
     code = 0
     try:
         runpy.run_path(request["script"], run_name="__main__")
@@ -190,6 +193,14 @@ def serve(path: str, modules: list[str]) -> None:
     listener.listen(64)
     os.rename(path + ".new", path)  # the socket appears once it accepts
     running: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
+    parent = os.getppid()
+    # A child's exit wakes the loop at once (SIGCHLD through the wakeup pipe), so its
+    # launcher exits as soon as the program did.
+    woken, wake = os.pipe()
+    for fd in (woken, wake):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def stop(*_: Any) -> None:
         for pid in running:
@@ -199,10 +210,16 @@ def serve(path: str, modules: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     while True:
+        if os.getppid() != parent:  # the tests that started it are gone
+            stop()
         launchers = {conn: pid for pid, conn in running.items()}
-        ready, _, _ = select.select([listener, *launchers], [], [], REAP_EVERY_S)
+        ready, _, _ = select.select([listener, woken, *launchers], [], [], PARENT_CHECK_S)
+        if woken in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(woken, 512):
+                    pass
         for conn in ready:
-            if conn is not listener:  # a launcher never writes after its request: it died
+            if conn in launchers:  # a launcher never writes after its request: it died
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(launchers[conn], signal.SIGKILL)
         if listener in ready:
@@ -212,6 +229,8 @@ def serve(path: str, modules: list[str]) -> None:
             if pid == 0:
                 listener.close()
                 conn.close()
+                os.close(woken)
+                os.close(wake)
                 for other in running.values():
                     other.close()
                 run_child(json.loads(message), fds)
