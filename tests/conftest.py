@@ -13,16 +13,30 @@ of the seeded simulation sweep, which share nothing, are handed out one by one.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+from tests.support import forkserver
 
 # Property tests are bounded by their number of examples, never by time: Hypothesis's
 # default deadline (200 ms per example) fails a correct test when the shared machine is
 # slow, and no test here asserts a speed (docs/development.md).
 settings.register_profile("quorumgate", deadline=None)
 settings.load_profile("quorumgate")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_fork_servers() -> Iterator[None]:
+    """The fork servers a helper started for this process (tests/support/forkserver.py)
+    stop with the session."""
+    try:
+        yield
+    finally:
+        forkserver.stop_shared()
+
 
 # Where a module starts real processes or runs simulations for long: its path holds one of
 # these. Such modules are handed out first, in xdist's order among themselves.

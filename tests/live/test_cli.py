@@ -22,6 +22,7 @@ from quorumgate.ops.loadgen import BENCH_TOOL
 from quorumgate.proto.clusterfile import load_cluster
 from quorumgate.sdk.owner import OwnerSession, agent_ops, tool_op
 from tests import polling
+from tests.support import forkserver
 from tests.support.live import STOP_GRACE_S, LiveCluster, wait_until
 
 CLI_TIMEOUT_S = 60.0
@@ -30,12 +31,19 @@ QUORUMGATE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "quo
 
 
 def quorumgate(*args: str | Path | int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*QUORUMGATE, *map(str, args)],
+    """`quorumgate ARGS...` run to its end: exit status, stdout and stderr. It is forked
+    from a fork server that imported the CLI once for the worker (tests/support/forkserver.py);
+    the tests that signal a command, or watch it start, run the script itself."""
+    words = [str(a) for a in args]
+    result = subprocess.run(
+        forkserver.quorumgate(*words),
         capture_output=True,
         text=True,
         timeout=CLI_TIMEOUT_S,
         check=False,
+    )
+    return subprocess.CompletedProcess(
+        [*QUORUMGATE, *words], result.returncode, result.stdout, result.stderr
     )
 
 

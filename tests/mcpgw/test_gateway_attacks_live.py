@@ -3,7 +3,9 @@
 The gateway runs in this process (`Gateway.server()`, the official SDK's server) and the
 agent is the official `mcp` client connected to it in-process, in the 2026 era (`auto`)
 or the handshake era (`legacy`); the upstreams are real MCP servers over stdio
-(`scenario_server.py`), scripted by JSON files the tests rewrite.
+(`scenario_server.py`), scripted by JSON files the tests rewrite. Every gateway starts
+its upstreams afresh; each is forked by a fork server that imported the SDK once
+(`tests/support/forkserver.py`), instead of importing it anew for every test.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import asyncio
 import copy
 import json
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,12 +38,15 @@ from quorumgate.proto.clusterfile import ClusterSpec, write_seed
 from quorumgate.proto.model import DENIAL_TEXT
 from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.sync import SyncClient
+from tests.support import forkserver
 
 SERVER = Path(__file__).with_name("scenario_server.py")
+# What scenario_server.py imports that costs: the fork server imports it once.
+PRELOAD = ("anyio", "mcp_types", "mcp.server.lowlevel", "mcp.server.stdio", "mcp.shared.message")
 AGENT = "mcp-attacked"
 UPSTREAM = """
 [upstreams.{name}]
-command = [{python}, {server}]
+command = {command}
 env = {{ SCENARIO_FILE = {scenario}, RECEIVED_FILE = {received} }}
 """
 MAPPINGS = """
@@ -157,7 +161,9 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(
-    cluster: ClusterSpec, owner: SyncClient, tmp_path_factory: pytest.TempPathFactory
+    cluster: ClusterSpec,
+    owner: SyncClient,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
     directory = tmp_path_factory.mktemp("mcp-attacks")
     key = SigningKey.generate()
@@ -169,8 +175,7 @@ def world(
     sections = {
         name: UPSTREAM.format(
             name=name,
-            python=json.dumps(sys.executable),
-            server=json.dumps(str(SERVER)),
+            command=json.dumps(forkserver.shared(PRELOAD).command(SERVER)),
             scenario=json.dumps(str(up.scenario)),
             received=json.dumps(str(up.received)),
         )

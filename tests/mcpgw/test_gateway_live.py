@@ -1,6 +1,8 @@
 """The MCP gateway against a live 4-node cluster: the real `mcp` client
 session talks to `quorumgate mcp-gateway` (a subprocess, over stdio and Streamable HTTP),
-which fronts a real upstream MCP server (`files_server.py`, a small file store)."""
+which fronts a real upstream MCP server (`files_server.py`, a small file store). The
+upstream is forked by a fork server that imported the SDK once (tests/support/forkserver.py):
+the gateway starts it afresh for every session, and for every pin."""
 
 from __future__ import annotations
 
@@ -25,14 +27,23 @@ from quorumgate.proxy.fake import free_port
 from quorumgate.sdk.builders import mandate, tool_spec
 from quorumgate.sdk.sync import SyncClient
 from tests import polling
+from tests.support import forkserver
 
 SERVER = Path(__file__).with_name("files_server.py")
+# What files_server.py imports that costs (as the attack tests name it: one fork server).
+UPSTREAM_PRELOAD = (
+    "anyio",
+    "mcp_types",
+    "mcp.server.lowlevel",
+    "mcp.server.stdio",
+    "mcp.shared.message",
+)
 AGENT = "mcp-agent"
 CONFIG = """
 key_file = "agent.key"
 
 [upstreams.files]
-command = [{python}, {server}]
+command = {command}
 env = {{ FILES_ROOT = {root}, FILES_DESCRIPTION_FILE = {description} }}
 
 [tools.read_file]
@@ -74,8 +85,7 @@ def setup(
     config = directory / "gateway.toml"
     config.write_text(
         CONFIG.format(
-            python=json.dumps(sys.executable),
-            server=json.dumps(str(SERVER)),
+            command=json.dumps(forkserver.shared(UPSTREAM_PRELOAD).command(SERVER)),
             root=json.dumps(str(root)),
             description=json.dumps(str(description)),
         )

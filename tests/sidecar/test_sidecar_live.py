@@ -110,6 +110,7 @@ from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.store import SidecarStore
 from quorumgate.sidecar.wire import receipt_from_pb
 from tests import polling
+from tests.support import forkserver
 
 with warnings.catch_warnings():
     # "live" is registered by the live suites' conftests; alone, this module still marks
@@ -1069,7 +1070,8 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def quorumgate() -> list[str]:
-    return [sys.executable, "-m", "quorumgate.cli"]
+    """The CLI, forked from a fork server that imported it (tests/support/forkserver.py)."""
+    return forkserver.quorumgate()
 
 
 def ledger_export_text(live: Live, index: int) -> str:
