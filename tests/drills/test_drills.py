@@ -297,6 +297,46 @@ def test_stale_restore_epoch_fences_in_the_epoch_it_forgot_and_rejoins(drill_dir
     assert "of 2 epochs" in report.check("votes_consistent").detail
 
 
+def test_replace_member_gives_a_gone_members_place_to_a_new_machine(drill_dir: Path) -> None:
+    """Member 3's host is gone for good; a new machine prepared with `init --join` in the
+    drill's directory becomes member 3 at epoch 1 (`admin replace-member`): the checks read
+    it through the chain of epochs, its sidecar executed the log from height 1, it voted
+    in epoch 1 only, every certificate verifies with its epoch's members, and the old key
+    opens no stream."""
+    report = run_drill(
+        "replace-member", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress
+    )
+    _assert_clean(report, drill_dir)
+    for name in (
+        "cluster_follows_epochs",
+        "certificates_verify_by_epoch",
+        "old_keys_refused",
+        "new_members_vote",
+        "new_sidecars_from_height_1",
+    ):
+        assert report.check(name).ok, f"{name}: {report.check(name).detail}"
+    (fault, *_) = report.faults
+    assert fault.kind == "replace-member" and fault.node == NODES - 1
+    assert (_detail(fault, "epoch_before"), _detail(fault, "epoch_after")) == (0, 1)
+    assert _detail(fault, "new_machine_epoch_at_start") == 0  # a non-member from genesis
+    change = _detail(fault, "change_height")
+    assert isinstance(change, int) and change > fault.height_at_fault
+    catch_up = _detail(fault, "catch_up_s")
+    assert isinstance(catch_up, float) and catch_up > 0
+    first = _detail(fault, "first_vote")
+    assert isinstance(first, list) and first[0] == 1, first
+    assert _detail(fault, "sidecar_started_at_height") == 0
+    assert _detail(fault, "old_key_stream") == "UNAUTHENTICATED"
+    assert fault.pids_after["replica"] != fault.pids_before["replica"]
+    assert report.details["cycles"] == len(report.faults)
+    assert report.details["epochs"] == len(report.faults)
+    assert "of 2 epochs" in report.check("votes_consistent").detail
+    # The new machine lives in a new directory of the drill's; the old node directory
+    # was never started again.
+    home = drill_dir / "new-machine-0"
+    assert (home / "join.json").exists() and (home / f"node-{NODES - 1}" / "replica.db").exists()
+
+
 # What the honest members must have refused under each attack (docs/drills.md): the
 # reasons their /metrics count, and for messages over the transport's limit, the stream
 # the honest side reset.
