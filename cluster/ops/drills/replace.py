@@ -194,9 +194,7 @@ def replace_once(d: Drill, run: ReplaceRun, k: int, member: int) -> None:
         d.load.avoid([member])
     d.kill("sidecar", member)
     d.kill("replica", member)
-    fault = d.fault(
-        Fault("replace-member", member, gone_at - d.t0, "SIGKILL", pids, {}, height)
-    )
+    fault = d.fault(Fault("replace-member", member, gone_at - d.t0, "SIGKILL", pids, {}, height))
     d.say(f"cycle {k + 1}: member {member}'s host is gone (replica and sidecar SIGKILLed)")
 
     home = d.spec.directory / MACHINE_DIR.format(k=k)
@@ -348,7 +346,8 @@ def _follow_epochs(d: Drill, run: ReplaceRun) -> None:
     d.report.details["epochs"] = epochs.current.epoch
     d.check(
         "cluster_follows_epochs",
-        mismatched + [f"member {i}: replaced by a machine the drill did not start" for i in strangers],
+        mismatched
+        + [f"member {i}: replaced by a machine the drill did not start" for i in strangers],
         f"{len(epochs.chain.epochs)} epochs checked from the cluster file; the last one's "
         f"members {sorted(e.index for e in epochs.entries)} at the new machines the drill started",
     )
@@ -419,9 +418,7 @@ def _check_old_keys(d: Drill, run: ReplaceRun) -> None:
     )
 
 
-def _new_machine_votes(
-    votes: Mapping[tuple[int, int], bytes], epoch: int, last: int
-) -> list[str]:
+def _new_machine_votes(votes: Mapping[tuple[int, int], bytes], epoch: int, last: int) -> list[str]:
     """A new machine's own vote table: votes from its first epoch on, none before."""
     if not votes:
         return ["no vote recorded"]
