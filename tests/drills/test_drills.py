@@ -47,6 +47,7 @@ from quorumgate.ops.drills import (
 from quorumgate.ops.drills.audit import ReplicaAudit, read_replica
 from quorumgate.ops.drills.checker import epoch_rollback_conflicts
 from quorumgate.ops.drills.context import StaleRun
+from quorumgate.ops.drills.replace import victim
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
@@ -335,6 +336,13 @@ def test_replace_member_gives_a_gone_members_place_to_a_new_machine(drill_dir: P
     # was never started again.
     home = drill_dir / "new-machine-0"
     assert (home / "join.json").exists() and (home / f"node-{NODES - 1}" / "replica.db").exists()
+
+
+def test_replace_member_takes_another_member_each_cycle_and_keeps_f_plus_1_at_home() -> None:
+    """Each cycle replaces another member than the one before, and never members 0..f,
+    through whose cluster-file addresses `admin replace-member` follows the epochs."""
+    assert [victim(4, 1, k) for k in range(5)] == [3, 2, 3, 2, 3]
+    assert [victim(7, 2, k) for k in range(6)] == [6, 5, 4, 3, 6, 5]
 
 
 # What the honest members must have refused under each attack (docs/drills.md): the

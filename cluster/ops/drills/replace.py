@@ -149,14 +149,23 @@ def prepare_replace(d: Drill) -> None:
     )
 
 
+def victim(n: int, f: int, k: int) -> int:
+    """The member cycle k replaces: the last, the one before, ... down to member f+1, then
+    the last again. Members 0..f keep their cluster-file machines: `admin replace-member`
+    reads the cluster through cluster.json's addresses and follows the chain of epochs
+    only once f+1 replicas answer there (`Client.epochs`), so an operator whose f+1
+    cluster-file members are all replaced or gone cannot run it (a limit, docs/drills.md)."""
+    return n - 1 - k % (n - f - 1)
+
+
 def replace_members(d: Drill) -> None:
-    """Cycle k replaces member n-1-k (mod n): the last member first, then the one before."""
+    """Cycle k replaces member `victim(n, f, k)`: another member than the cycle before."""
     run = ReplaceRun(d.spec)
     d.before_checks.append(lambda: _follow_epochs(d, run))
     d.before_stop.append(lambda target: _before_stop(d, run, target))
     d.after_stop.append(lambda _target: _check_new_members(d, run))
     for k in d.cycles():
-        replace_once(d, run, k, (d.n - 1 - k) % d.n)
+        replace_once(d, run, k, victim(d.n, d.spec.f, k))
 
 
 def _move(d: Drill, current: ClusterSpec, homes: Mapping[int, Path]) -> None:
