@@ -345,6 +345,15 @@ def test_replace_member_takes_another_member_each_cycle_and_keeps_f_plus_1_at_ho
     assert [victim(7, 2, k) for k in range(6)] == [6, 5, 4, 3, 6, 5]
 
 
+def test_replace_member_refuses_a_directory_drilled_before(drill_dir: Path) -> None:
+    """Its chain moved members whose old node directories a new run would start."""
+    init_cluster(drill_dir, NODES)
+    (drill_dir / "new-machine-0").mkdir()
+    with pytest.raises(DrillError, match="fresh --dir"):
+        run_drill("replace-member", drill_dir, nodes=NODES, seconds=SHORT_S)
+    assert not cluster_pids(drill_dir)
+
+
 # What the honest members must have refused under each attack (docs/drills.md): the
 # reasons their /metrics count, and for messages over the transport's limit, the stream
 # the honest side reset.

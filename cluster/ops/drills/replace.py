@@ -35,7 +35,7 @@ from nacl.signing import SigningKey
 from quorumgate.ops.drills.audit import committed_blocks, read_replica, started_height
 from quorumgate.ops.drills.bounds import POLL_S, RECOVERY_TIMEOUT_S, RESUME_TIMEOUT_S, poll
 from quorumgate.ops.drills.context import Drill
-from quorumgate.ops.drills.report import Abort, Fault
+from quorumgate.ops.drills.report import Abort, DrillError, Fault
 from quorumgate.ops.drills.rotation import epoch_now
 from quorumgate.ops.live import RPC_TIMEOUT_S, LiveCluster
 from quorumgate.ops.nodes import start_nodes
@@ -140,7 +140,7 @@ def prepare_replace(d: Drill) -> None:
     node directories `up` would start), and drive the cluster with a MovedCluster."""
     used = sorted(p.name for p in d.spec.directory.glob(MACHINE_DIR.format(k="*")))
     if used:
-        raise Abort(
+        raise DrillError(
             f"{d.spec.directory} holds new machines of an earlier replace-member drill "
             f"({', '.join(used)}): use a fresh --dir"
         )
