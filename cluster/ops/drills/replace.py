@@ -198,8 +198,7 @@ def replace_once(d: Drill, run: ReplaceRun, k: int, member: int) -> None:
     pids = d.cluster.pids(["replica", "sidecar"], [member])
     gone_at = time.monotonic()
     if d.load is not None:
-        # A non-member's replica takes no proposal; the new machine gets load once it
-        # is a member.
+        # Nothing to the gone host, nor to the new machine before it votes as the member.
         d.load.avoid([member])
     d.kill("sidecar", member)
     d.kill("replica", member)
