@@ -61,8 +61,8 @@ from quorumgate.sdk.errors import QuorumGateError
 
 MACHINE_DIR = "new-machine-{k}"  # in the drill's cluster directory, one per replacement
 CLI_TIMEOUT_S = 120.0  # `init --join`; `admin replace-member` waits REPLACE_DEADLINE_S more
-# The command's own wait for 2f+1 replicas in the next epoch: the new machine catches up
-# from genesis first, which took up to 45 s on a 2-core machine at load average 20.
+# The command's own wait for 2f+1 replicas in the next epoch: on a 2-core machine at load
+# average 20, starting it and its wait took up to 40 s together.
 REPLACE_DEADLINE_S = 120.0
 VERIFY_CACHE = 4096  # signatures the offline certificate check remembers
 SENT_METRIC = "qg_replica_peer_messages_sent_total"
