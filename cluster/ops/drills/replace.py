@@ -447,16 +447,15 @@ def _check_new_members(d: Drill, run: ReplaceRun) -> None:
     last = run.epochs.current.epoch if run.epochs is not None else 0
     votes: list[str] = []
     sidecars: list[str] = []
-    for r in run.done:
-        if run.homes.get(r.member) != r.home:
-            continue  # replaced again later: this machine is gone too
+    live = [r for r in run.done if run.homes.get(r.member) == r.home]
+    for r in live:  # a machine replaced again later is gone too, its tables with it
         epoch = r.epoch_before + 1
         try:
             audit = asyncio.run(read_replica(d.spec, r.member))
         except StorageError as err:
             votes.append(f"member {r.member}: {err}")
             continue
-        mine = {k: h for k, h in audit.votes.items()}
+        mine = audit.votes
         found = _new_machine_votes(mine, epoch, last)
         votes += [f"member {r.member} ({r.home.name}): {p}" for p in found]
         first = min((k for k in mine if k[0] >= epoch), default=None)
@@ -469,13 +468,14 @@ def _check_new_members(d: Drill, run: ReplaceRun) -> None:
     d.check(
         "new_members_vote",
         votes if run.done else ["no member was replaced"],
-        f"each of {len(run.done)} new machines voted from its first epoch on, and in "
-        f"epoch {last}, and in no epoch before it was a member",
+        f"each of the {len(live)} live new machines (of {len(run.done)}) voted from its "
+        f"first epoch on, and in epoch {last}, and in no epoch before it was a member",
     )
     d.check(
         "new_sidecars_from_height_1",
         sidecars,
-        "each new machine's sidecar started at height 0 and executed the log from height 1",
+        f"each of the {len(live)} live new machines' sidecars started at height 0 and "
+        "executed the log from height 1",
     )
     d.report.details["cycles"] = len(run.done)
     d.report.details["replaced"] = [
