@@ -47,7 +47,7 @@ from quorumgate.ops.drills import (
 from quorumgate.ops.drills.audit import ReplicaAudit, read_replica
 from quorumgate.ops.drills.checker import epoch_rollback_conflicts
 from quorumgate.ops.drills.context import StaleRun
-from quorumgate.ops.drills.replace import victim
+from quorumgate.ops.drills.replace import new_machine_vote_problems, victim
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
@@ -343,6 +343,18 @@ def test_replace_member_takes_another_member_each_cycle_and_keeps_f_plus_1_at_ho
     through whose cluster-file addresses `admin replace-member` follows the epochs."""
     assert [victim(4, 1, k) for k in range(5)] == [3, 2, 3, 2, 3]
     assert [victim(7, 2, k) for k in range(6)] == [6, 5, 4, 3, 6, 5]
+
+
+def test_new_machine_vote_check_fails_on_a_vote_before_membership_or_none_after() -> None:
+    """The check passes only for a table voting from its first epoch to the last."""
+    h = b"\x01" * 32
+    assert new_machine_vote_problems({(1, 5): h, (2, 9): h}, 1, 2) == []
+    assert new_machine_vote_problems({}, 1, 2) == ["no vote recorded"]
+    assert new_machine_vote_problems({(0, 3): h, (1, 5): h}, 1, 1) == [
+        "a vote in epoch 0, before it was a member"
+    ]
+    assert new_machine_vote_problems({(1, 5): h}, 1, 2) == ["no vote in epoch 2, the last"]
+    assert new_machine_vote_problems({(2, 9): h}, 1, 2) == ["no vote in epoch 1, its first"]
 
 
 def test_replace_member_refuses_a_directory_drilled_before(drill_dir: Path) -> None:

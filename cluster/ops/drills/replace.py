@@ -428,7 +428,9 @@ def _check_old_keys(d: Drill, run: ReplaceRun) -> None:
     )
 
 
-def _new_machine_votes(votes: Mapping[tuple[int, int], bytes], epoch: int, last: int) -> list[str]:
+def new_machine_vote_problems(
+    votes: Mapping[tuple[int, int], bytes], epoch: int, last: int
+) -> list[str]:
     """A new machine's own vote table: votes from its first epoch on, none before."""
     if not votes:
         return ["no vote recorded"]
@@ -456,7 +458,7 @@ def _check_new_members(d: Drill, run: ReplaceRun) -> None:
             votes.append(f"member {r.member}: {err}")
             continue
         mine = audit.votes
-        found = _new_machine_votes(mine, epoch, last)
+        found = new_machine_vote_problems(mine, epoch, last)
         votes += [f"member {r.member} ({r.home.name}): {p}" for p in found]
         first = min((k for k in mine if k[0] >= epoch), default=None)
         r.fault.details["first_vote"] = None if first is None else list(first)
