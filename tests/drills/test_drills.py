@@ -47,11 +47,18 @@ from quorumgate.ops.drills import (
 from quorumgate.ops.drills.audit import ReplicaAudit, read_replica
 from quorumgate.ops.drills.checker import epoch_rollback_conflicts
 from quorumgate.ops.drills.context import StaleRun
-from quorumgate.ops.drills.replace import new_machine_vote_problems, victim
+from quorumgate.ops.drills.replace import (
+    certificate_problems,
+    new_machine_vote_problems,
+    victim,
+)
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
+from quorumgate.proto.membership import Member, Membership
+from quorumgate.replica.epochchain import ChainedEpoch
 from quorumgate.replica.storage import ReplicaStore
+from tests.consensus.helpers import CHAIN, SIGNERS, chain_of, membership
 
 pytestmark = pytest.mark.live
 
@@ -355,6 +362,23 @@ def test_new_machine_vote_check_fails_on_a_vote_before_membership_or_none_after(
     ]
     assert new_machine_vote_problems({(1, 5): h}, 1, 2) == ["no vote in epoch 2, the last"]
     assert new_machine_vote_problems({(2, 9): h}, 1, 2) == ["no vote in epoch 1, its first"]
+
+
+def test_certificate_check_by_epoch_refuses_old_members_after_a_boundary() -> None:
+    """A chain of 4 blocks signed by one member set: all verify while it is epoch 0's;
+    with an epoch 1 of other keys from the change block at height 2 on, the certificates
+    above it (signed by the old set, not the start certificate) are refused."""
+    blocks = chain_of([1, 2, 3, 4])[1:]
+    genesis = ChainedEpoch(membership(), None)
+    assert certificate_problems(blocks, [genesis], CHAIN) == ([], {0: 4})
+    others = Membership(
+        CHAIN, tuple(Member(i, SIGNERS[i + 3].public_key) for i in range(4)), epoch=1
+    )
+    problems, verified = certificate_problems(
+        blocks, [genesis, ChainedEpoch(others, blocks[1])], CHAIN
+    )
+    assert verified == {0: 2}
+    assert [p.split(":")[0] for p in problems] == ["height 3 (epoch 1)", "height 4 (epoch 1)"]
 
 
 def test_replace_member_refuses_a_directory_drilled_before(drill_dir: Path) -> None:

@@ -25,7 +25,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -50,9 +50,10 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.crypto import Ed25519Signer, Verifier
 from quorumgate.replica.certs import CertificateChecker
+from quorumgate.replica.epochchain import ChainedEpoch
 from quorumgate.replica.epochs import start_qc
 from quorumgate.replica.storage import StorageError
-from quorumgate.replica.types import RemoteError
+from quorumgate.replica.types import Block, RemoteError
 from quorumgate.runtime.channels import peer_auth_metadata
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.delivery import ChannelPool
@@ -370,34 +371,43 @@ def _before_stop(d: Drill, run: ReplaceRun, target: int) -> None:
     _check_old_keys(d, run)
 
 
-def _check_certificates_by_epoch(d: Drill, epochs: Epochs, target: int) -> None:
-    """Every committed block's justify certificate, 1..T, verifies with the member set of
-    the epoch it was signed in (replica/certs.py `CertificateChecker`; an epoch starts
-    from the unsigned certificate naming its change block, replica/epochs.py `start_qc`):
-    what a reader holding only the cluster file and the chain of epochs can check."""
-    chained = epochs.chain.epochs
-    reader = next((i for i in range(d.n) if d.cluster.probe(i) is not None), 0)
-    blocks = committed_blocks(d.spec, reader, 1, target)
+def certificate_problems(
+    blocks: Sequence[Block], chained: Sequence[ChainedEpoch], chain_id: str
+) -> tuple[list[str], dict[int, int]]:
+    """Each block's justify certificate checked with the member set of the epoch it was
+    signed in (replica/certs.py `CertificateChecker`): an epoch's blocks run from after its
+    change block to the next change block, and its first block carries the unsigned
+    certificate naming the change block (replica/epochs.py `start_qc`). The problems,
+    naming height and epoch, and the certificates verified by epoch."""
     problems: list[str] = []
     per_epoch: dict[int, int] = {}
+    checkers = [
+        CertificateChecker(e.membership, Verifier(VERIFY_CACHE), start_qc(chain_id, e.boundary))
+        for e in chained
+    ]
     for block in blocks:
-        # The epoch whose blocks run from after its change block to the next change block.
         index = max(k for k, e in enumerate(chained) if e.boundary_height < block.height)
-        epoch = chained[index]
-        checker = CertificateChecker(
-            epoch.membership, Verifier(VERIFY_CACHE), start_qc(d.spec.chain_id, epoch.boundary)
-        )
+        epoch = chained[index].epoch
         try:
-            checker.check_qc(block.justify)
+            checkers[index].check_qc(block.justify)
         except RemoteError as err:
-            problems.append(f"height {block.height} (epoch {epoch.epoch}): {err}")
+            problems.append(f"height {block.height} (epoch {epoch}): {err}")
             continue
-        per_epoch[epoch.epoch] = per_epoch.get(epoch.epoch, 0) + 1
+        per_epoch[epoch] = per_epoch.get(epoch, 0) + 1
+    return problems, per_epoch
+
+
+def _check_certificates_by_epoch(d: Drill, epochs: Epochs, target: int) -> None:
+    """Every committed block's certificate, 1..T, with its epoch's members: what a reader
+    holding only the cluster file and the chain of epochs can check."""
+    reader = next((i for i in range(d.n) if d.cluster.probe(i) is not None), 0)
+    blocks = committed_blocks(d.spec, reader, 1, target)
+    problems, per_epoch = certificate_problems(blocks, epochs.chain.epochs, d.spec.chain_id)
     d.check(
         "certificates_verify_by_epoch",
         problems + ([] if blocks else [f"no block read from replica {reader}"]),
-        f"{len(blocks)} certificates verified with their epoch's members, by epoch "
-        f"{dict(sorted(per_epoch.items()))}",
+        f"{sum(per_epoch.values())} certificates verified with their epoch's members, by "
+        f"epoch {dict(sorted(per_epoch.items()))}",
     )
 
 
