@@ -47,10 +47,18 @@ from quorumgate.ops.drills import (
 from quorumgate.ops.drills.audit import ReplicaAudit, read_replica
 from quorumgate.ops.drills.checker import epoch_rollback_conflicts
 from quorumgate.ops.drills.context import StaleRun
+from quorumgate.ops.drills.replace import (
+    certificate_problems,
+    new_machine_vote_problems,
+    victim,
+)
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
+from quorumgate.proto.membership import Member, Membership
+from quorumgate.replica.epochchain import ChainedEpoch
 from quorumgate.replica.storage import ReplicaStore
+from tests.consensus.helpers import CHAIN, SIGNERS, chain_of, membership
 
 pytestmark = pytest.mark.live
 
@@ -295,6 +303,91 @@ def test_stale_restore_epoch_fences_in_the_epoch_it_forgot_and_rejoins(drill_dir
     assert isinstance(first, list) and first[0] >= 1, first
     assert fault.pids_after["replica"] != fault.pids_before["replica"]
     assert "of 2 epochs" in report.check("votes_consistent").detail
+
+
+def test_replace_member_gives_a_gone_members_place_to_a_new_machine(drill_dir: Path) -> None:
+    """Member 3's host is gone for good; a new machine prepared with `init --join` in the
+    drill's directory becomes member 3 at epoch 1 (`admin replace-member`): the checks read
+    it through the chain of epochs, its sidecar executed the log from height 1, it voted
+    in epoch 1 only, every certificate verifies with its epoch's members, and the old key
+    opens no stream."""
+    report = run_drill(
+        "replace-member", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress
+    )
+    _assert_clean(report, drill_dir)
+    for name in (
+        "cluster_follows_epochs",
+        "certificates_verify_by_epoch",
+        "old_keys_refused",
+        "new_members_vote",
+        "new_sidecars_from_height_1",
+    ):
+        assert report.check(name).ok, f"{name}: {report.check(name).detail}"
+    (fault, *_) = report.faults
+    assert fault.kind == "replace-member" and fault.node == NODES - 1
+    assert (_detail(fault, "epoch_before"), _detail(fault, "epoch_after")) == (0, 1)
+    assert _detail(fault, "new_machine_epoch_at_start") == 0  # a non-member from genesis
+    change = _detail(fault, "change_height")
+    assert isinstance(change, int) and change > fault.height_at_fault
+    catch_up = _detail(fault, "catch_up_s")
+    assert isinstance(catch_up, float) and catch_up > 0
+    first = _detail(fault, "first_vote")
+    assert isinstance(first, list) and first[0] == 1, first
+    assert _detail(fault, "sidecar_started_at_height") == 0
+    assert _detail(fault, "old_key_stream") == "UNAUTHENTICATED"
+    assert fault.pids_after["replica"] != fault.pids_before["replica"]
+    assert report.details["cycles"] == len(report.faults)
+    assert report.details["epochs"] == len(report.faults)
+    assert "of 2 epochs" in report.check("votes_consistent").detail
+    # The new machine lives in a new directory of the drill's; the old node directory
+    # was never started again.
+    home = drill_dir / "new-machine-0"
+    assert (home / "join.json").exists() and (home / f"node-{NODES - 1}" / "replica.db").exists()
+
+
+def test_replace_member_takes_another_member_each_cycle_and_keeps_f_plus_1_at_home() -> None:
+    """Each cycle replaces another member than the one before, and never members 0..f,
+    through whose cluster-file addresses `admin replace-member` follows the epochs."""
+    assert [victim(4, 1, k) for k in range(5)] == [3, 2, 3, 2, 3]
+    assert [victim(7, 2, k) for k in range(6)] == [6, 5, 4, 3, 6, 5]
+
+
+def test_new_machine_vote_check_fails_on_a_vote_before_membership_or_none_after() -> None:
+    """The check passes only for a table voting from its first epoch to the last."""
+    h = b"\x01" * 32
+    assert new_machine_vote_problems({(1, 5): h, (2, 9): h}, 1, 2) == []
+    assert new_machine_vote_problems({}, 1, 2) == ["no vote recorded"]
+    assert new_machine_vote_problems({(0, 3): h, (1, 5): h}, 1, 1) == [
+        "a vote in epoch 0, before it was a member"
+    ]
+    assert new_machine_vote_problems({(1, 5): h}, 1, 2) == ["no vote in epoch 2, the last"]
+    assert new_machine_vote_problems({(2, 9): h}, 1, 2) == ["no vote in epoch 1, its first"]
+
+
+def test_certificate_check_by_epoch_refuses_old_members_after_a_boundary() -> None:
+    """A chain of 4 blocks signed by one member set: all verify while it is epoch 0's;
+    with an epoch 1 of other keys from the change block at height 2 on, the certificates
+    above it (signed by the old set, not the start certificate) are refused."""
+    blocks = chain_of([1, 2, 3, 4])[1:]
+    genesis = ChainedEpoch(membership(), None)
+    assert certificate_problems(blocks, [genesis], CHAIN) == ([], {0: 4})
+    others = Membership(
+        CHAIN, tuple(Member(i, SIGNERS[i + 3].public_key) for i in range(4)), epoch=1
+    )
+    problems, verified = certificate_problems(
+        blocks, [genesis, ChainedEpoch(others, blocks[1])], CHAIN
+    )
+    assert verified == {0: 2}
+    assert [p.split(":")[0] for p in problems] == ["height 3 (epoch 1)", "height 4 (epoch 1)"]
+
+
+def test_replace_member_refuses_a_directory_drilled_before(drill_dir: Path) -> None:
+    """Its chain moved members whose old node directories a new run would start."""
+    init_cluster(drill_dir, NODES)
+    (drill_dir / "new-machine-0").mkdir()
+    with pytest.raises(DrillError, match="fresh --dir"):
+        run_drill("replace-member", drill_dir, nodes=NODES, seconds=SHORT_S)
+    assert not cluster_pids(drill_dir)
 
 
 # What the honest members must have refused under each attack (docs/drills.md): the

@@ -39,6 +39,11 @@ until `--seconds` have passed (at least `FAULT_CYCLES_MIN[drill]` times):
   and put the backup back declared (as `quorumgate restore` does): it must fence in e+1
   and rejoin, no vote of it in any (epoch, view) contradicting one it forgot (module
   `boundary`).
+- `replace-member`: a member's host is gone for good (replica and sidecar SIGKILLed, its
+  node directory never used again); a new machine made with `quorumgate init --join` in
+  a new directory of the cluster's is started and `quorumgate admin replace-member` makes
+  it the member at the next epoch; the checks read the cluster through the chain of
+  epochs, and the new machine must vote from its first epoch on (module `replace`).
 
 Then the load stops and the drill settles: it waits until every acknowledged proposal is
 committed, offering again (the same signed bytes, as a client does when no certificate
@@ -71,7 +76,8 @@ The package's modules: `runner` (the run and its waits), `nemesis` (the fault
 injectors), `load` (the open-loop load), `checker` (settling and the checks), `audit`
 (what the checks read: chains, stores, certificates), `ship` (the audit shipper's
 drill and its checks), `rotation` (the key-rotation drill), `boundary` (the stale
-restore across an epoch boundary), `report` (the report and its text
+restore across an epoch boundary), `replace` (a member replaced by a new machine),
+`report` (the report and its text
 form) and `bounds` (names and deadlines). The cluster's processes are driven through the
 controller the live tests share, `quorumgate.ops.live.LiveCluster`.
 """

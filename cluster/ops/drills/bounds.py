@@ -21,6 +21,7 @@ DRILLS = (
     "ship",
     "rotate-members",
     "stale-restore-epoch",
+    "replace-member",
 )
 # Faults a drill injects however short `--seconds` is: enough to repeat what repeats,
 # and the three rebuild paths of `wipe-replica` (replay from height 1, the sidecar's own
@@ -35,6 +36,7 @@ FAULT_CYCLES_MIN = {
     "ship": 3,  # the shipper, the database and a replica, each once
     "rotate-members": 4,  # every member of a 4-node cluster once (of 7: all 7, see the drill)
     "stale-restore-epoch": 1,  # one backup, one boundary, one restore
+    "replace-member": 1,  # one host gone, one new machine
 }
 FAULT_CYCLES_MAX = 64
 SECONDS_DEFAULT = 20.0

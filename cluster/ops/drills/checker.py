@@ -199,6 +199,8 @@ def settle_and_check(d: Drill, load: Load) -> None:
     """Once the load stopped: settle, then run every check, each with a bounded deadline;
     the stores are audited once the cluster is stopped."""
     report = d.report
+    for follow in d.before_checks:
+        follow()
     acked = load.snapshot()
     report.acknowledged = len(acked)
     report.refused = dict(load.refusals() + load.redirected)

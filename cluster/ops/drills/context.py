@@ -88,6 +88,9 @@ class Drill:
         # is stopped (while it still answers) and after (its stores readable); and what
         # it started that `close` must stop.
         self.before_stop: list[Callable[[int], None]] = []
+        # Run before any check, once the load stopped: a drill that moved members gives
+        # the checks the cluster as it stands (replace.py reads it from the chain of epochs).
+        self.before_checks: list[Callable[[], None]] = []
         self.after_stop: list[Callable[[int], None]] = []
         self.closers: list[Callable[[], None]] = []
         self.spec = spec

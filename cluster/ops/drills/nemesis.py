@@ -44,6 +44,7 @@ from quorumgate.ops.drills.bounds import (
 )
 from quorumgate.ops.drills.checker import rebuild_problems, refusals_since
 from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
+from quorumgate.ops.drills.replace import prepare_replace, replace_members
 from quorumgate.ops.drills.report import Abort, Fault, listed
 from quorumgate.ops.drills.rotation import rotate_members
 from quorumgate.ops.drills.ship import ship_drill
@@ -607,6 +608,10 @@ FAULTS: dict[str, Callable[[Drill], None]] = {
     "ship": ship_drill,
     "rotate-members": rotate_members,
     "stale-restore-epoch": stale_restore_epoch,
+    "replace-member": replace_members,
 }
 # What a drill sets up in the cluster directory before its nodes start.
-PREPARE: dict[str, Callable[[Drill], None]] = {"wipe-replica": prepare_wipe_replica}
+PREPARE: dict[str, Callable[[Drill], None]] = {
+    "wipe-replica": prepare_wipe_replica,
+    "replace-member": prepare_replace,
+}

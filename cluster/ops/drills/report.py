@@ -180,6 +180,21 @@ def rebuild_line(fault: Fault) -> str:
     return line
 
 
+def replace_line(fault: Fault) -> str:
+    """One line per replaced member: its new machine, the change block, the new machine's
+    catch-up (from its start to its first vote) and the recovery; "" for other faults."""
+    if fault.kind != "replace-member":
+        return ""
+    d = fault.details
+    recovery = "-" if fault.recovery_s is None else f"{fault.recovery_s:.2f} s"
+    return (
+        f"  replaced member {fault.node} by {d.get('new_machine')}: change block at height "
+        f"{d.get('change_height')}, epoch {d.get('epoch_before')} -> {d.get('epoch_after')}, "
+        f"first vote {d.get('catch_up_s')} s after the new machine started, commits going "
+        f"on {recovery} after the host was gone"
+    )
+
+
 def print_report(report: DrillReport) -> None:
     print(
         f"drill {report.drill}: {report.nodes} replicas (f={report.f}), {len(report.faults)} "
@@ -195,7 +210,7 @@ def print_report(report: DrillReport) -> None:
     slowest = "-" if report.recovery_s_max is None else f"{report.recovery_s_max:.2f} s"
     print(f"recovery: last {last}, slowest {slowest}; final height {report.final_height}")
     for fault in report.faults:
-        line = rebuild_line(fault)
+        line = rebuild_line(fault) or replace_line(fault)
         if line:
             print(line)
     for check in report.checks:
