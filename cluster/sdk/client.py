@@ -158,6 +158,9 @@ CERTIFICATE_DEADLINE_S = 10.0  # default wait for f+1 agreeing receipts
 SUBMIT_MANY_BATCH_MAX = 512
 WINDOW_WAIT_S_DEFAULT = 30.0  # submit_many: longest wait for the nonce window to move
 RECEIPTS_PER_PROPOSAL_MAX = 64  # receipts held while waiting (one per sidecar is enough)
+# Client.epochs: how many times it follows members to new machines before it gives up
+# (each round needs a checked answer that moves at least one member).
+EPOCHS_FOLLOW_ROUNDS_MAX = 4
 RECEIPT_KEYS_REMEMBERED_MAX = 65_536  # (height, index) keys `certified_verdicts` holds
 OWN_NONCES_REMEMBERED_MAX = 65_536  # proposal ids this client signed, with their nonces
 DELEGATION_TTL_S_DEFAULT = 3600.0
@@ -359,8 +362,6 @@ class Client:
         is named in `Epochs.refused`. The epoch ends carry committed blocks: they answer
         the owner, the members and auditors only (`ReadNotAuthorized` otherwise).
         Raises `EpochsUnverified` when no answer checks."""
-        stubs = self._ch().replicas
-
         async def ask(stub: cpb_grpc.ReplicaStub) -> cpb.EpochEndsReply:
             reply: cpb.EpochEndsReply = await stub.EpochEnds(
                 cpb.EpochEndsRequest(),
@@ -369,21 +370,49 @@ class Client:
             )
             return reply
 
-        results = await asyncio.gather(*(ask(s) for s in stubs), return_exceptions=True)
-        answers = {
-            i: tuple(r.ends) for i, r in enumerate(results) if isinstance(r, cpb.EpochEndsReply)
-        }
-        unanswered = [i for i in range(len(results)) if i not in answers]
         needed = self.spec.f + 1
-        if len(answers) < needed:
-            codes = [
-                r.code()
-                for r in results
-                if isinstance(r, grpc.aio.AioRpcError) and r.code() in READ_REFUSAL_CODES
-            ]
-            if len(codes) >= needed:
-                raise ReadNotAuthorized("read_refused", codes[0].name)
-            raise ClusterUnavailable("replicas_unreachable")
+        for _ in range(EPOCHS_FOLLOW_ROUNDS_MAX):
+            stubs = self._ch().replicas
+            results = await asyncio.gather(*(ask(s) for s in stubs), return_exceptions=True)
+            answers = {
+                i: tuple(r.ends)
+                for i, r in enumerate(results)
+                if isinstance(r, cpb.EpochEndsReply)
+            }
+            unanswered = [i for i in range(len(results)) if i not in answers]
+            if len(answers) >= needed:
+                return await self._take_epochs(answers, unanswered)
+            # Fewer than f+1 answer where this client looks for them: members may have
+            # moved to new machines. An answer that checks is safe to follow whoever gives
+            # it (each link is certified by a quorum of the epoch before it); the f+1 are
+            # asked again where the checked chain says the members are, so that no single
+            # replica can hold the client back on an old epoch.
+            if not answers or not await self._follows_some(answers, unanswered):
+                break
+        codes = [
+            r.code()
+            for r in results
+            if isinstance(r, grpc.aio.AioRpcError) and r.code() in READ_REFUSAL_CODES
+        ]
+        if len(codes) >= needed:
+            raise ReadNotAuthorized("read_refused", codes[0].name)
+        raise ClusterUnavailable("replicas_unreachable")
+
+    async def _follows_some(
+        self, answers: dict[int, tuple[cpb.StoredEpochEnd, ...]], unanswered: list[int]
+    ) -> bool:
+        """Whether the answers of fewer than f+1 replicas check and move this client to
+        members at new machines (then it asks again)."""
+        before = self.spec.members
+        try:
+            await self._take_epochs(answers, unanswered)
+        except EpochsUnverified:
+            return False
+        return bool(self.spec.members != before)
+
+    async def _take_epochs(
+        self, answers: dict[int, tuple[cpb.StoredEpochEnd, ...]], unanswered: list[int]
+    ) -> Epochs:
         if self._epochs is None:
             # The records are checked with cluster.json's owner key in epoch 0, and after an
             # owner record with the key it names, as the replicas check them (docs/

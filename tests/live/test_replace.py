@@ -113,6 +113,17 @@ def owner_reaches_the_new_machine(spec: ClusterSpec) -> tuple[int | None, int | 
     return asyncio.run(main())
 
 
+def owner_sees_epoch(spec: ClusterSpec) -> int:
+    """The newest epoch a fresh owner's client, from cluster.json, checks."""
+
+    async def main() -> int:
+        owner = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+        async with Client(spec, owner) as client:
+            return (await client.epochs()).current.epoch
+
+    return asyncio.run(main())
+
+
 def stored_votes(path: Path, chain_id: str) -> dict[tuple[int, int], bytes]:
     """(epoch, view) -> block hash of every vote a stopped replica's store recorded."""
 
@@ -266,6 +277,12 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
         settled = max(cluster.heights(live).values())
         sidecars_agree(spec, joined.spec, settled)
         cluster.assert_no_equivocation_seen(live)
+        # With member 1 down too, only member 0 answers where cluster.json says the members
+        # are: fewer than f+1. A client from cluster.json follows member 0's checked chain
+        # to the new machine and asks f+1 again there (`Client.epochs`); before, it gave
+        # up (replicas_unreachable), and so did `admin replace-member` for the next member.
+        cluster.kill(RESTARTED)
+        assert owner_sees_epoch(spec) == 1
         # The new machine's own audit table: the votes it signed are all of epoch 1, for
         # blocks of the common chain above the change block, and none of epoch 0.
         joined.stop_all()
