@@ -351,8 +351,18 @@ def rotated_key_file(public_key: bytes) -> str:
 def held_consensus_seeds(node_dir: Path) -> list[bytes]:
     """The consensus keys `node_dir` holds: the cluster file's, then the rotated ones by
     name (at most `ROTATED_KEYS_READ_MAX`); a file that is not a key is skipped."""
-    paths = [node_dir / CONSENSUS_KEY_FILE]
-    paths += sorted(node_dir.glob(f"{ROTATED_KEY_PREFIX}*.key"))[:ROTATED_KEYS_READ_MAX]
+    return _held_seeds(node_dir, CONSENSUS_KEY_FILE, ROTATED_KEY_PREFIX)
+
+
+def consensus_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
+    """The seed of the consensus key `public_key` from `node_dir` (the cluster file's key
+    or a rotated one), or None if the directory holds no such key."""
+    return _seed_for(node_dir, (CONSENSUS_KEY_FILE, rotated_key_file(public_key)), public_key)
+
+
+def _held_seeds(node_dir: Path, key_file: str, rotated_prefix: str) -> list[bytes]:
+    paths = [node_dir / key_file]
+    paths += sorted(node_dir.glob(f"{rotated_prefix}*.key"))[:ROTATED_KEYS_READ_MAX]
     seeds = []
     for path in paths:
         try:
@@ -362,10 +372,8 @@ def held_consensus_seeds(node_dir: Path) -> list[bytes]:
     return seeds
 
 
-def consensus_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
-    """The seed of the consensus key `public_key` from `node_dir` (the cluster file's key
-    or a rotated one), or None if the directory holds no such key."""
-    for name in (CONSENSUS_KEY_FILE, rotated_key_file(public_key)):
+def _seed_for(node_dir: Path, names: tuple[str, ...], public_key: bytes) -> bytes | None:
+    for name in names:
         path = node_dir / name
         if path.exists():
             seed = read_seed(path)
@@ -387,27 +395,14 @@ def rotated_receipt_key_file(public_key: bytes) -> str:
 def held_receipt_seeds(node_dir: Path) -> list[bytes]:
     """The receipt keys `node_dir` holds: the cluster file's, then the rotated ones by name
     (at most `ROTATED_KEYS_READ_MAX`); a file that is not a key is skipped."""
-    paths = [node_dir / RECEIPT_KEY_FILE]
-    paths += sorted(node_dir.glob(f"{ROTATED_RECEIPT_KEY_PREFIX}*.key"))[:ROTATED_KEYS_READ_MAX]
-    seeds = []
-    for path in paths:
-        try:
-            seeds.append(read_seed(path))
-        except (OSError, ClusterFileError):
-            continue
-    return seeds
+    return _held_seeds(node_dir, RECEIPT_KEY_FILE, ROTATED_RECEIPT_KEY_PREFIX)
 
 
 def receipt_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
     """The seed of the receipt key `public_key` from `node_dir` (the cluster file's key
     or a rotated one), or None if the directory holds no such key."""
-    for name in (RECEIPT_KEY_FILE, rotated_receipt_key_file(public_key)):
-        path = node_dir / name
-        if path.exists():
-            seed = read_seed(path)
-            if public_key_of(seed) == public_key:
-                return seed
-    return None
+    names = (RECEIPT_KEY_FILE, rotated_receipt_key_file(public_key))
+    return _seed_for(node_dir, names, public_key)
 
 
 def member_ports(hosts: Sequence[str], port_base: int) -> list[list[int]]:
