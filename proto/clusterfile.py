@@ -222,15 +222,22 @@ class ClusterSpec:
             tuple(Member(m.index, m.public_key, m.replica_address) for m in self.members),
         )
 
-    def with_entries(self, entries: Sequence[MemberEntry]) -> ClusterSpec:
-        """This description with each member an entry names swapped for the entry: the
-        cluster as it stands after a `replace` (docs/consensus/epochs.md, "The live
-        replica"). The chain id, owner key and every setting stay the cluster file's."""
+    def with_entries(self, entries: Sequence[MemberEntry], size: int | None = None) -> ClusterSpec:
+        """This description with each member an entry names swapped for the entry, an
+        entry naming the next index appended, and then cut to `size` members if given:
+        the cluster as it stands after a `replace`, an `add` or a `remove` of the highest
+        indexes (docs/consensus/epochs.md, "The live replica", "Growing and shrinking").
+        The chain id, owner key and every setting stay the cluster file's."""
         members = list(self.members)
         for entry in entries:
+            if entry.index == len(members):
+                members.append(MemberSpec.of_entry(entry))
+                continue
             if not 0 <= entry.index < len(members):
                 raise ClusterFileError(f"a member entry names member {entry.index}, not one")
             members[entry.index] = MemberSpec.of_entry(entry)
+        if size is not None:
+            members = members[:size]
         return replace(self, members=tuple(members))
 
     def record_reader(self) -> OwnerRecords:
@@ -244,10 +251,12 @@ class ClusterSpec:
         return self.directory / f"node-{index}"
 
     def member(self, index: int) -> MemberSpec:
-        if not 0 <= index < self.n:
-            raise ClusterFileError(f"node {index} is not a member (0..{self.n - 1})")
+        # (A new machine's own entry, whatever the epoch: an `add` names an index the
+        # cluster file does not have.)
         if self.joined is not None and self.joined.index == index:
             return self.joined
+        if not 0 <= index < self.n:
+            raise ClusterFileError(f"node {index} is not a member (0..{self.n - 1})")
         return self.members[index]
 
 
