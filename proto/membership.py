@@ -484,10 +484,10 @@ class OwnerRecords:
     kinds: tuple[str, ...] = ("replace", "rotate", "add", "remove", "owner", "receipt")
     # The simulator's reader (`general`): a `remove` may name any three members, the
     # others moving down to close the gap, and a `replace` or `add` needs no member
-    # entries (its nodes have no addresses). A live replica's `remove` may name only the three highest
-    # indexes: renumbering would move a running member's index, which its processes, its
-    # node directory and every peer's links are keyed by (docs/consensus/epochs.md,
-    # "Growing and shrinking"); any other `remove` is committed and changes nothing.
+    # entries (its nodes have no addresses). A live replica's `remove` may name only the
+    # three highest indexes: renumbering would move a running member's index, which its
+    # processes, its node directory and every peer's links are keyed by (docs/consensus/
+    # epochs.md, "Growing and shrinking"); any other `remove` commits and changes nothing.
     general: bool = False
 
     def read(self, tx: bytes) -> tuple[Reconfiguration, int] | None:
