@@ -418,10 +418,13 @@ class ReplicaNode:
         new machine (`init --join`) in an epoch it is no member of, which it follows
         (`Core(follower=True)`)."""
         if not membership.is_member(self.index):
-            if self.spec.joined is None:
+            if self.spec.joined is None or self._was_member(membership.epoch):
+                # A `remove` took us out (live, only the highest indexes): we stop for
+                # good rather than follow a chain we have no part in.
                 raise ClusterFileError(
-                    f"node {self.index} is no member of epoch {membership.epoch} and holds "
-                    "no join file: it was removed, and has nothing to follow"
+                    f"node {self.index} is no member of epoch {membership.epoch}: a remove "
+                    "record took it out, and it stops for good (docs/consensus/epochs.md, "
+                    "\"Growing and shrinking\")"
                 )
             return None  # (an `add` still to commit)
         key = membership.key(self.index)
@@ -440,6 +443,18 @@ class ReplicaNode:
                 f"{membership.epoch} ({key.hex()[:16]}...)"
             )
         return Ed25519Signer(seed)
+
+    def _was_member(self, epoch: int) -> bool:
+        """Whether our key was member `index` of an epoch before `epoch` (a new machine
+        that an `add` or `replace` made a member, and that has since been removed)."""
+        store = self.store
+        assert store is not None
+        for number in range(1, epoch):
+            stored = store.started(number)
+            members = None if stored is None else stored.membership(self.membership)
+            if members is not None and members.index_of(self.signer.public_key) == self.index:
+                return True
+        return False
 
     async def _rebuilt_mempool(self, committed_height: int) -> Mempool:
         """A mempool whose replay windows know the committed log, so that a restarted
