@@ -66,7 +66,7 @@ def test_four_grow_to_seven_and_shrink_to_four(
     spec = cluster.spec
     with SyncClient.as_owner(spec.directory) as owner:
         owner.register_tool(tool_spec("web.get", "read", schemes=["https"]))
-    load = Load(cluster, "grow", agents=2, per_agent=200, batch=5, rate_per_s=10)
+    load = Load(cluster, "grow", agents=2, per_agent=600, batch=5, rate_per_s=10)
     cluster.register(load.agents)
     load.start()
     load.wait_acked(10)
@@ -115,8 +115,9 @@ def test_four_grow_to_seven_and_shrink_to_four(
                 lambda i=index: views[i].status(i).epoch == 1,  # type: ignore[misc]
             )
         cluster.wait_progress(3)
+        goal = max(cluster.heights().values())
         for index in NEW:
-            views[index].wait_progress(2, [index])
+            views[index].wait_height(goal, [index])
 
         # Shrink: members 4, 5, 6 leave; their replicas stop for good at the boundary.
         removed = quorumgate(
