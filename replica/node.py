@@ -395,9 +395,11 @@ class ReplicaNode:
         return owner, spec
 
     def _key_of(self, member: int) -> bytes:
-        """Member `member`'s consensus key in the epoch we run."""
+        """Member `member`'s consensus key in the epoch we run; no key (nothing checks
+        with it) for an index the epoch lacks: one a `remove` took out, whose streams
+        end at the boundary, or one an `add` brings later."""
         membership = self.membership if self.core is None else self.core.membership
-        return membership.key(member)
+        return membership.key(member) if membership.is_member(member) else b""
 
     def _stream_signers(self) -> tuple[Signer, ...]:
         """The consensus keys our peer streams open with: the current epoch's, then the
