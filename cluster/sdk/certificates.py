@@ -189,6 +189,20 @@ def statement_key(receipt: Receipt) -> tuple[object, ...]:
     )  # fmt: skip
 
 
+def _f_of(spec: ClusterSpec, receipt: Receipt, epochs: ReceiptEpochs | None) -> int:
+    """f of the epoch `receipt`'s statement names (its receipt keys' count: 4 -> f 1,
+    7 -> f 2), so that a certificate of an epoch of 4 needs 2 signers even once the
+    cluster has grown to 7; the client's cluster's f when the epoch is not known (the
+    certificate check then refuses it anyway)."""
+    if epochs is None:
+        return spec.f
+    try:
+        keys = receipt_keys_at(epochs, receipt.block.epoch, receipt.block.height)
+    except CertificateError:
+        return spec.f
+    return (len(keys) - 1) // 3
+
+
 def certify(
     spec: ClusterSpec,
     proposal_id: bytes,
@@ -205,7 +219,7 @@ def certify(
     # The newest certifiable verdict first (a confirmed call's, over its pending one).
     ordered = sorted(groups.values(), key=lambda g: (g[0].leaf.height, g[0].leaf.index))
     for group in reversed(ordered):
-        if len({r.block.signer for r in group}) < spec.f + 1:
+        if len({r.block.signer for r in group}) < _f_of(spec, group[0], epochs) + 1:
             continue
         certificate = assemble_certificate(spec.chain_id, group)
         verify(spec, certificate, proposal_id=proposal_id, epochs=epochs)

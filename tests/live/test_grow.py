@@ -7,6 +7,7 @@ the boundary, and the four that stay commit in epoch 2."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -14,19 +15,24 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nacl.signing import VerifyKey
+from nacl.signing import SigningKey, VerifyKey
 
 from quorumgate.ops.nodes import sidecar_status
-from quorumgate.proto.clusterfile import load_cluster
+from quorumgate.proto.clusterfile import OWNER_KEY_FILE, load_cluster, read_seed
 from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
 from quorumgate.sdk.builders import tool_spec
+from quorumgate.sdk.certificates import verify
+from quorumgate.sdk.client import Client
 from quorumgate.sdk.sync import SyncClient
+from quorumgate.sidecar.receipts import ReceiptEpochs
+from tests.support.cluster import new_agent
 from tests.support.live import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
 
 N = 4
 NEW = (4, 5, 6)
 CLI_TIMEOUT_S = 120.0
+URL = "https://example.com/after-the-add"
 
 
 def quorumgate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -66,6 +72,7 @@ def test_four_grow_to_seven_and_shrink_to_four(
     spec = cluster.spec
     with SyncClient.as_owner(spec.directory) as owner:
         owner.register_tool(tool_spec("web.get", "read", schemes=["https"]))
+        _, agent_key = new_agent(owner, ["web.get"])
     load = Load(cluster, "grow", agents=2, per_agent=600, batch=5, rate_per_s=10)
     cluster.register(load.agents)
     load.start()
@@ -118,6 +125,23 @@ def test_four_grow_to_seven_and_shrink_to_four(
         goal = max(cluster.heights().values())
         for index in NEW:
             views[index].wait_height(goal, [index])
+
+        # A call certified after the add verifies with f+1 = 3 of epoch 1's seven receipt
+        # keys (the SDK counts f of the epoch the certificate names).
+        owner_key = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
+
+        async def chain() -> ReceiptEpochs:
+            async with Client(spec, owner_key) as client:
+                return (await client.epochs()).receipt_epochs
+
+        epochs = asyncio.run(chain())
+        assert [len(e.keys) for e in epochs.epochs] == [4, 7]
+        with SyncClient(spec, agent_key) as agent:
+            decision = agent.propose("web.get", URL, run_id="after-the-add")
+        cert = decision.certificate
+        assert decision.allowed and cert.epoch == 1
+        verify(spec, cert, epochs=epochs)
+        assert len({signer for signer, _ in cert.signatures}) >= 3
 
         # Shrink: members 4, 5, 6 leave; their replicas stop for good at the boundary.
         removed = quorumgate(
