@@ -84,6 +84,7 @@ def _spec_like(tmp_path: Path) -> object:
         membership=membership,
         record_reader=lambda: RECORDS,
         member=lambda i: SimpleNamespace(receipt_public_key=RECEIPT_KEYS[i]),
+        joined=None,  # (a cluster file's member, no new machine)
     )
 
 
