@@ -55,6 +55,7 @@ from quorumgate.proto.chainversions import (
 )
 from quorumgate.proto.membership import (
     MEMBERS_MIN,
+    RECONFIG_SIZES,
     Member,
     MemberEntry,
     MemberEntryError,
@@ -222,15 +223,22 @@ class ClusterSpec:
             tuple(Member(m.index, m.public_key, m.replica_address) for m in self.members),
         )
 
-    def with_entries(self, entries: Sequence[MemberEntry]) -> ClusterSpec:
-        """This description with each member an entry names swapped for the entry: the
-        cluster as it stands after a `replace` (docs/consensus/epochs.md, "The live
-        replica"). The chain id, owner key and every setting stay the cluster file's."""
+    def with_entries(self, entries: Sequence[MemberEntry], size: int | None = None) -> ClusterSpec:
+        """This description with each member an entry names swapped for the entry, an
+        entry naming the next index appended, and then cut to `size` members if given:
+        the cluster as it stands after a `replace`, an `add` or a `remove` of the highest
+        indexes (docs/consensus/epochs.md, "The live replica", "Growing and shrinking").
+        The chain id, owner key and every setting stay the cluster file's."""
         members = list(self.members)
         for entry in entries:
+            if entry.index == len(members):
+                members.append(MemberSpec.of_entry(entry))
+                continue
             if not 0 <= entry.index < len(members):
                 raise ClusterFileError(f"a member entry names member {entry.index}, not one")
             members[entry.index] = MemberSpec.of_entry(entry)
+        if size is not None:
+            members = members[:size]
         return replace(self, members=tuple(members))
 
     def record_reader(self) -> OwnerRecords:
@@ -244,10 +252,12 @@ class ClusterSpec:
         return self.directory / f"node-{index}"
 
     def member(self, index: int) -> MemberSpec:
-        if not 0 <= index < self.n:
-            raise ClusterFileError(f"node {index} is not a member (0..{self.n - 1})")
+        # (A new machine's own entry, whatever the epoch: an `add` names an index the
+        # cluster file does not have.)
         if self.joined is not None and self.joined.index == index:
             return self.joined
+        if not 0 <= index < self.n:
+            raise ClusterFileError(f"node {index} is not a member (0..{self.n - 1})")
         return self.members[index]
 
 
@@ -810,8 +820,10 @@ def parse_member_entry(doc: object, spec: ClusterSpec, where: str) -> MemberSpec
         entry = MemberEntry.from_document(doc)
     except MemberEntryError as err:
         raise ClusterFileError(f"{where}: {err}") from err
-    if not 0 <= entry.index < spec.n:
-        raise ClusterFileError(f"{where}: index {entry.index} is not a member (0..{spec.n - 1})")
+    try:
+        _check_joinable(entry.index)
+    except ClusterFileError as err:
+        raise ClusterFileError(f"{where}: {err}") from err
     if spec.insecure and entry.tls_cert:
         raise ClusterFileError(f"{where}: a TLS certificate for a plaintext cluster")
     if not spec.insecure and not entry.tls_cert:
@@ -823,6 +835,15 @@ def parse_member_entry(doc: object, spec: ClusterSpec, where: str) -> MemberSpec
     if entry.public_key == entry.receipt_public_key:
         raise ClusterFileError(f"{where}: one key as consensus and receipt key")
     return MemberSpec.of_entry(entry)
+
+
+def _check_joinable(index: int) -> None:
+    """A new machine's index: a member's (a `replace`) or one an `add` brings, below the
+    largest cluster a reconfiguration leads to (whether the record applies is the
+    chain's to say: `OwnerRecords.step`)."""
+    top = max(RECONFIG_SIZES)
+    if not 0 <= index < top:
+        raise ClusterFileError(f"index {index} is no member of any cluster size (0..{top - 1})")
 
 
 def _load_joined(directory: Path, spec: ClusterSpec) -> MemberSpec | None:
@@ -843,11 +864,12 @@ def init_join(
     describes (`quorumgate init --join`): the cluster file it trusts, copied as it is;
     fresh consensus, receipt and TLS keys in `node-I/` (mode 0600, never printed);
     ports free on this machine now; and `join.json`, the member entry the owner's
-    `admin replace-member` signs into the record. Returns that entry."""
+    `admin replace-member` or `admin add-member` signs into the record. `index` may be
+    beyond the cluster file's members: a machine an `add` brings. Returns that entry."""
     trusted = load_cluster(cluster_file.parent) if cluster_file.name == CLUSTER_FILE else None
     if trusted is None:
         raise ClusterFileError(f"--cluster names {cluster_file}: expected a {CLUSTER_FILE}")
-    trusted.member(index)
+    _check_joinable(index)
     if not trusted.runs_epochs:
         raise ClusterFileError(
             f"this chain's consensus_version is {trusted.consensus_version}: its member set "

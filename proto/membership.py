@@ -115,7 +115,7 @@ RECONFIG_ITEMS_MAX = 3  # indexes or keys one record names
 # largest TLS certificate a cluster file takes (proto/tls.py, 8 KiB) and the other fields.
 ENTRY_LENGTH_BYTES = 2
 MEMBER_ENTRY_BYTES_MAX = 12 * 1024
-ENTRY_KINDS = ("replace",)  # the kinds whose record may carry member descriptions
+ENTRY_KINDS = ("replace", "add")  # the kinds whose record may carry member descriptions
 ENTRY_HOST_CHARS_MAX = 253  # a DNS name's longest text form (RFC 1035, section 2.3.4)
 ENTRY_PORT_FIELDS = ("replica_port", "metrics_port", "sidecar_port", "sidecar_metrics_port")
 _ENTRY_FIELDS = frozenset(("index", "host", "public_key", "receipt_public_key", *ENTRY_PORT_FIELDS))
@@ -481,7 +481,14 @@ class OwnerRecords:
     receipt_keys: tuple[bytes, ...] = ()
     # The kinds the live replica carries out (docs/consensus/epochs.md, "The live
     # replica"): a record of another kind is committed and changes nothing.
-    kinds: tuple[str, ...] = ("replace", "rotate", "owner", "receipt")
+    kinds: tuple[str, ...] = ("replace", "rotate", "add", "remove", "owner", "receipt")
+    # The simulator's reader (`general`): a `remove` may name any three members, the
+    # others moving down to close the gap, and a `replace` or `add` needs no member
+    # entries (its nodes have no addresses). A live replica's `remove` may name only the
+    # three highest indexes: renumbering would move a running member's index, which its
+    # processes, its node directory and every peer's links are keyed by (docs/consensus/
+    # epochs.md, "Growing and shrinking"); any other `remove` commits and changes nothing.
+    general: bool = False
 
     def read(self, tx: bytes) -> tuple[Reconfiguration, int] | None:
         """The record `tx` carries and the epoch it ends, if the owner signed it; None for
@@ -520,6 +527,8 @@ class OwnerRecords:
             return self._receipt_step(record, current)
         if record.kind in ENTRY_KINDS:
             return self._entries_step(record, current)
+        if record.kind == "remove":
+            return self._remove_step(record, current)
         if record.kind != "owner":
             nxt = record.apply(current)
             return None if nxt is None else (nxt, self)
@@ -537,7 +546,8 @@ class OwnerRecords:
     def _entries_step(
         self, record: Reconfiguration, current: Membership
     ) -> tuple[Membership, OwnerRecords] | None:
-        """A record that brings new machines (`replace`): it applies only if each new
+        """A record that brings new machines (`replace`, or `add`, whose entries must name
+        the indexes n, n+1 and n+2 the new members take): it applies only if each new
         machine's member entry checks (`record_entries`: a new member nobody could reach
         is no change) and the record applies to the members; the next epoch's reader
         gives each new machine's index the receipt key its entry names, as a `receipt`
@@ -545,10 +555,17 @@ class OwnerRecords:
         machine's key and no longer with the one that left (docs/consensus/epochs.md,
         "Receipt keys"). A receipt key in use elsewhere (another member's receipt or
         consensus key, the record key) is refused as `_receipt_step` refuses it."""
+        if self.general and not record.entries:  # (the simulator's bare records)
+            nxt = record.apply(current)
+            return None if nxt is None else (nxt, self)
         try:
             entries = record_entries(record)
         except MemberEntryError:
             return None
+        if record.kind == "add" and [e.index for e in entries] != list(
+            range(current.n, current.n + len(entries))
+        ):
+            return None  # (the new members are n, n+1, n+2, in the order of the keys)
         nxt = record.apply(current)
         if nxt is None:
             return None
@@ -556,14 +573,35 @@ class OwnerRecords:
             return nxt, self  # (a reader built without receipt keys: the simulator's)
         keys = list(self.receipt_keys)
         for entry in entries:
+            if entry.index == len(keys) and record.kind == "add":
+                keys.append(entry.receipt_public_key)
+                continue
             if entry.index >= len(keys):
-                return None  # (only `replace` carries entries: members that exist)
+                return None
             keys[entry.index] = entry.receipt_public_key
         for entry in entries:
             new = entry.receipt_public_key
             if keys.count(new) != 1 or new == self.owner_key or nxt.index_of(new) is not None:
                 return None
         return nxt, replace(self, receipt_keys=tuple(keys))
+
+    def _remove_step(
+        self, record: Reconfiguration, current: Membership
+    ) -> tuple[Membership, OwnerRecords] | None:
+        """A `remove` record: unless this reader is the simulator's (`general`), it
+        applies only if it names the three highest indexes, so that every member that
+        stays keeps its index; the next epoch's reader keeps the stayers' receipt keys."""
+        highest = set(range(current.n - RECONFIG_STEP_MEMBERS, current.n))
+        if not self.general and set(record.indexes) != highest:
+            return None
+        nxt = record.apply(current)
+        if nxt is None:
+            return None
+        if len(self.receipt_keys) != current.n:
+            return nxt, self  # (a reader built without receipt keys: the simulator's)
+        gone = set(record.indexes)
+        keys = tuple(k for i, k in enumerate(self.receipt_keys) if i not in gone)
+        return nxt, replace(self, receipt_keys=keys)
 
     def _receipt_step(
         self, record: Reconfiguration, current: Membership

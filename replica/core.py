@@ -193,6 +193,25 @@ class CoreStats:
     refused: Counter[str] = field(default_factory=Counter)
 
 
+class FollowerSigner:
+    """The signer of a follower's core (`Core(follower=True)`): it holds the key of a
+    member of the epoch only so that the safety rules can be built, and refuses to sign.
+    A follower's core reaches no signing path (each is gated on `Core.follower`); this
+    makes a path that slipped through fail loudly instead of sending a signature."""
+
+    __slots__ = ("_public",)
+
+    def __init__(self, public_key: bytes) -> None:
+        self._public = public_key
+
+    @property
+    def public_key(self) -> bytes:
+        return self._public
+
+    def sign(self, message: bytes) -> bytes:
+        raise AssertionError("a follower signs nothing")
+
+
 class Core:
     """One replica's consensus state machine."""
 
@@ -219,14 +238,25 @@ class Core:
         hello_nonce: bytes | None = None,
         epochs: bool = False,
         owner_records: OwnerRecords | None = None,
+        follower: bool = False,
     ) -> None:
-        """`epochs`: committed reconfiguration records end the epoch (docs/consensus/
+        """`follower`: we are no member of this epoch (`me` may be an index it does not
+        have, or a member's index under a key we do not hold): the core signs, votes,
+        proposes, times out and answers nothing, drops every member message, and takes
+        the epoch's committed chain only from pages and the shell's epoch proof, until the
+        epoch that makes us a member (docs/consensus/epochs.md, "Followers").
+        `epochs`: committed reconfiguration records end the epoch (docs/consensus/
         epochs.md). Off, records are transactions like any other, as on every chain so far.
         `owner_records`: only records the owner signed count, and a block carrying an
         unsigned one is refused (the live replica; the simulator's owner is trusted)."""
-        assert membership.is_member(me), "not a member"
+        assert follower or membership.is_member(me), "not a member"
         assert fence_on_start or not restored, "a restore is always fenced (safety Rule 6)"
         self.membership = membership
+        self.follower = follower
+        if follower:
+            # (Rule 6 guards what a member signs; a follower signs nothing to guard.)
+            fence_on_start = restored = False
+            signer = FollowerSigner(membership.key(0))
         self.me = me
         self.limits = limits or Limits()
         self.verifier = verifier or Verifier(self.limits.verified_cache_max)
@@ -248,7 +278,7 @@ class Core:
         if recovered is None:
             recovered = Recovered(SafetyState.initial(chain), genesis_block(chain))
         self.safety = self.safety_rules_cls(
-            me, signer, recovered.safety, self.checker, self._persist
+            0 if follower else me, signer, recovered.safety, self.checker, self._persist
         )
         self.tree = self.block_tree_cls(recovered.committed, self.limits.pending_blocks_max)
         # Recovered blocks go back within the bound: the certified chain (the high QC's
@@ -341,8 +371,10 @@ class Core:
     def on_tick(self, now_ms: int) -> list[Action]:
         """One pacemaker tick; `now_ms` is the shell's clock, used only for timestamps."""
         assert self._started, "start() first"
-        if self.ended is not None:
-            return self._flush()  # the shell starts the next epoch's core
+        if self.ended is not None or self.follower:
+            # (the shell starts the next epoch's core; a follower has no pacemaker: its
+            # pages come asked for by itself, once a later epoch's message reached it)
+            return self._flush()
         self.now_ms = now_ms
         if self.quiescent():
             self._ticks_in_view = 0  # nothing to wait for: no view can fail
@@ -419,7 +451,7 @@ class Core:
         so the block's timestamp is not the last tick's."""
         if now_ms is not None:
             self.now_ms = max(self.now_ms, now_ms)
-        if self.ended is None:
+        if self.ended is None and not self.follower:
             self._maybe_propose()
         return self._flush()
 
@@ -428,6 +460,8 @@ class Core:
         or counts it in `dropped` by reason; it raises nothing (a malformed sync response
         once raised out of here and silently killed the replica's core task)."""
         try:
+            if self.follower:
+                raise RemoteError("follower", "no member message is for a follower")
             self._check_epoch(envelope.epoch)
             check_envelope(envelope, self.membership, self.limits)
             sender = envelope.sender
@@ -650,7 +684,10 @@ class Core:
 
     def _fence_on_own_signatures(self, qc: QuorumCert, tc: TimeoutCert | None) -> None:
         """Safety Rule 6: our own signature in a certificate above our last voted view
-        means we were restored from an old copy of our data; never sign those views again."""
+        means we were restored from an old copy of our data; never sign those views again.
+        (A follower's index may be a member's it is not: their signatures are not ours.)"""
+        if self.follower:
+            return
         me = self.me
         voted = qc.view if any(s == me for s, _ in qc.signatures) else 0
         if tc is not None and any(s == me for s, _, _ in tc.signatures):
@@ -769,7 +806,7 @@ class Core:
         return False
 
     def _maybe_propose(self) -> None:
-        if self._fencing or self.ended is not None:
+        if self.follower or self._fencing or self.ended is not None:
             return
         if self.leader != self.me or self.safety.state.last_proposed_view >= self.view:
             return
@@ -1103,7 +1140,7 @@ class Core:
     # ------------------------------------------------------------------ timeouts
 
     def _local_timeout(self) -> None:
-        if self._fencing or self.ended is not None:
+        if self.follower or self._fencing or self.ended is not None:
             return
         try:
             signed = self.safety.timeout(self.view, self.high_qc, self.high_tc)

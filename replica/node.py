@@ -188,30 +188,6 @@ MEMPOOL_REBUILD_BLOCKS_PER_READ = 256
 PRUNE_POLL_S = 2.0
 
 
-NON_MEMBER_SIGNATURE_BYTES = 64  # an Ed25519 signature's length: zeros check with no key
-
-
-class NonMemberSigner:
-    """What a new machine (`init --join`) runs an epoch's core with before the epoch that
-    makes it a member: the epoch's key for its index, which it does not hold, and a
-    signature of zeros for whatever the core asks to sign. Nothing it signs checks with
-    that key, so no member counts it, and no member takes its streams in that epoch
-    anyway (they are signed with the new machine's own key). The core needs it only to
-    take the old epoch's pages and proof (docs/consensus/epochs.md, "The live replica")."""
-
-    __slots__ = ("_public",)
-
-    def __init__(self, public_key: bytes) -> None:
-        self._public = public_key
-
-    @property
-    def public_key(self) -> bytes:
-        return self._public
-
-    def sign(self, message: bytes) -> bytes:
-        return bytes(NON_MEMBER_SIGNATURE_BYTES)
-
-
 class ReplicaNode:
     def __init__(self, spec: ClusterSpec, index: int, signer: Ed25519Signer) -> None:
         self.spec = spec
@@ -365,11 +341,21 @@ class ReplicaNode:
         owner_records, self.epoch_spec = self._epoch_reading(membership.epoch)
         self.metrics.epoch.set(membership.epoch)
         self.mempool.enter_epoch(membership.epoch, owner_records)
-        self._current_signer = self._epoch_signer(membership)
+        signer = self._epoch_signer(membership)
+        follower = signer is None
+        self._current_signer = self.signer if signer is None else signer
+        if follower:
+            log.info(
+                "event=following node=%d epoch=%d hint=this machine is no member of the "
+                "epoch: it takes its committed chain from the members and signs nothing "
+                "until the epoch that makes it one",
+                self.index, membership.epoch,
+            )  # fmt: skip
         return Core(
             membership,
             self.index,
             self._current_signer,
+            follower=follower,
             limits=self.limits,
             payload=self.mempool,
             execution=self.sidecar.roots,
@@ -402,25 +388,25 @@ class ReplicaNode:
                     f"node {self.index}'s store holds epoch {epoch} but not epoch {number}: "
                     "the record key of its epochs cannot be derived"
                 )
-            spec = spec.with_entries(entries_after(stored.boundary, before, owner))
+            after = stored.membership(self.membership)
+            spec = spec.with_entries(entries_after(stored.boundary, before, owner), after.n)
             owner = owner_after(stored.boundary, before, owner)
-            before = stored.membership(self.membership)
+            before = after
         return owner, spec
 
     def _key_of(self, member: int) -> bytes:
-        """Member `member`'s consensus key in the epoch we run."""
+        """Member `member`'s consensus key in the epoch we run; no key (nothing checks
+        with it) for an index the epoch lacks: one a `remove` took out, whose streams
+        end at the boundary, or one an `add` brings later."""
         membership = self.membership if self.core is None else self.core.membership
-        return membership.key(member)
+        return membership.key(member) if membership.is_member(member) else b""
 
     def _stream_signers(self) -> tuple[Signer, ...]:
         """The consensus keys our peer streams open with: the current epoch's, then the
         other keys our node directory holds (the cluster file's, and keys a rotation
         wrote beside it), so that a peer on either side of a rotation's boundary finds
         the one it expects (runtime/channels.py `peer_auth_metadata`)."""
-        current = self._current_signer
-        if isinstance(current, NonMemberSigner):
-            current = self.signer  # (a new machine opens its streams with its own key)
-        held = [current]
+        held = [self._current_signer]  # (a follower's is its own key)
         for seed in held_consensus_seeds(self.spec.node_dir(self.index)):
             if len(held) == PEER_AUTH_SIGNATURES_MAX:
                 break
@@ -428,25 +414,49 @@ class ReplicaNode:
                 held.append(Ed25519Signer(seed))
         return tuple(held)
 
-    def _epoch_signer(self, membership: Membership) -> Signer:
+    def _epoch_signer(self, membership: Membership) -> Signer | None:
         """Our consensus key in `membership`: the cluster file's, or the one a rotation
-        left in our node directory (proto/clusterfile.py `consensus_seed_for`)."""
+        left in our node directory (proto/clusterfile.py `consensus_seed_for`); None on a
+        new machine (`init --join`) in an epoch it is no member of, which it follows
+        (`Core(follower=True)`)."""
+        if not membership.is_member(self.index):
+            if self.spec.joined is None or self._was_member(membership.epoch):
+                # A `remove` took us out (live, only the highest indexes): we stop for
+                # good rather than follow a chain we have no part in.
+                raise ClusterFileError(
+                    f"node {self.index} is no member of epoch {membership.epoch}: a remove "
+                    "record took it out, and it stops for good (docs/consensus/epochs.md, "
+                    "\"Growing and shrinking\")"
+                )
+            return None  # (an `add` still to commit)
         key = membership.key(self.index)
         if key == self.signer.public_key:
             return self.signer
         seed = consensus_seed_for(self.spec.node_dir(self.index), key)
         if seed is None and self.spec.joined is not None:
             # A new machine in an epoch before the `replace` that makes it member
-            # `index`: it only follows (`NonMemberSigner`), and no member takes its
-            # streams there; it catches up by the epoch proof and its pages once the
-            # members are past the boundary.
-            return NonMemberSigner(key)
+            # `index`: it only follows, and no member takes its streams there; it
+            # catches up by the epoch proof and its pages once the members are past the
+            # boundary.
+            return None
         if seed is None:
             raise ClusterFileError(
                 f"node {self.index} holds no key file for its consensus key of epoch "
                 f"{membership.epoch} ({key.hex()[:16]}...)"
             )
         return Ed25519Signer(seed)
+
+    def _was_member(self, epoch: int) -> bool:
+        """Whether our key was member `index` of an epoch before `epoch` (a new machine
+        that an `add` or `replace` made a member, and that has since been removed)."""
+        store = self.store
+        assert store is not None
+        for number in range(1, epoch):
+            stored = store.started(number)
+            members = None if stored is None else stored.membership(self.membership)
+            if members is not None and members.index_of(self.signer.public_key) == self.index:
+                return True
+        return False
 
     async def _rebuilt_mempool(self, committed_height: int) -> Mempool:
         """A mempool whose replay windows know the committed log, so that a restarted
@@ -665,7 +675,8 @@ class ReplicaNode:
             self.metrics.dropped.labels(err.reason).inc()
             return
         sender = envelope.sender
-        if not self.membership.is_member(sender) or sender == self.index:
+        # (The members of the epoch we run: an `add` brings indexes epoch 0 lacks.)
+        if not 0 <= sender < self.epoch_spec.n or sender == self.index:
             self.metrics.dropped.labels("non_member").inc()
             return
         core = self.core

@@ -86,8 +86,12 @@ class PeerNetwork:
         moved = [
             m.index
             for m in spec.members
-            if m.index != self.index and _reached(m) != _reached(old.member(m.index))
-        ]
+            if m.index != self.index
+            and (m.index >= old.n or _reached(m) != _reached(old.member(m.index)))
+        ]  # (an index the old epoch lacks: a member an `add` brought)
+        # A member a `remove` took out: its link closes with what was queued on it.
+        for index in [i for i in self._links if i >= spec.n]:
+            await self._links.pop(index).stop()
         for index in moved:
             link = self._links.pop(index, None)
             if link is not None:

@@ -357,11 +357,12 @@ class StoredEpoch:
     qc: QuorumCert
 
     def membership(self, genesis: Membership) -> Membership:
-        """This epoch's member set: the genesis set's addresses, this epoch's keys (the
-        live replica carries out key rotations only, so the members stay the same)."""
+        """This epoch's member set: this epoch's keys, one member per key in index order
+        (a live `add` appends indexes, a live `remove` takes the highest: no member is
+        renumbered), each at the genesis set's address where it has one."""
         members = tuple(
-            Member(m.index, key, m.address)
-            for m, key in zip(genesis.members, self.keys, strict=True)
+            Member(i, key, genesis.members[i].address if i < genesis.n else "")
+            for i, key in enumerate(self.keys)
         )
         return replace(genesis, members=members, epoch=self.epoch)
 

@@ -48,8 +48,10 @@ def signing_receipt_key(
     epoch's consensus key for `index` is not the machine's), the machine's own, since it
     holds no other. A missing key of an epoch in which the machine is the member stays an
     error: the operator did not put a rotated key file there."""
-    if joined is not None and membership.key(index) != joined.public_key:
-        return joined.receipt_public_key
+    if joined is not None and (
+        not membership.is_member(index) or membership.key(index) != joined.public_key
+    ):
+        return joined.receipt_public_key  # (also before the `add` that brings `index`)
     return epoch_key
 
 
@@ -68,7 +70,7 @@ class ReceiptKeys:
         self.joined = spec.joined
         # epoch 0's key of the member (the cluster file's), or a new machine's own
         self.genesis_key = signing_receipt_key(
-            spec.joined, index, self.membership, spec.members[index].receipt_public_key
+            spec.joined, index, self.membership, spec.member(index).receipt_public_key
         )
         # (epoch, its first height, this member's receipt key in it), oldest first: what
         # the sidecar's self-audit checks each stored statement with (`key_at`)
@@ -85,9 +87,12 @@ class ReceiptKeys:
     def public_key(self) -> bytes:
         """The receipt key this sidecar signs the current epoch's blocks with: this
         member's in the epoch (`signing_receipt_key`)."""
-        if self.reader is None or not self.reader.receipt_keys:
+        keys = () if self.reader is None else self.reader.receipt_keys
+        if not keys:
             return self.genesis_key
-        epoch_key = self.reader.receipt_keys[self.index]
+        if self.index >= len(keys):  # (no member of this epoch: before an `add`, after a
+            return self.genesis_key  # `remove`; it signs nothing any member counts)
+        epoch_key = keys[self.index]
         return signing_receipt_key(self.joined, self.index, self.membership, epoch_key)
 
     def key(self) -> SigningKey:

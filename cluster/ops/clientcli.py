@@ -17,6 +17,7 @@
                set-run-targets | rotate-key (--agent ID | --principal ID) --key F |
                rotate-key --owner | rotate-key (--member I | --receipt I) |
                replace-member --member I --entry F |
+               add-member --entry F --entry F --entry F | remove-member |
                rotate-key (--agent ID | --principal ID) --by-owner --out F ...
     agents     --dir D                          registered agents and their mandates
     settings   --dir D                          settings in effect (the log's or cluster.json's)
@@ -770,6 +771,18 @@ def _rotation_target(args: argparse.Namespace, spec: ClusterSpec) -> tuple[KeyHo
     return KeyHolder.PRINCIPAL, args.principal, Path(args.key)
 
 
+def _cmd_add_member(args: argparse.Namespace) -> int:
+    from quorumgate.ops.rotate import cmd_add_member
+
+    return cmd_add_member(args)
+
+
+def _cmd_remove_member(args: argparse.Namespace) -> int:
+    from quorumgate.ops.rotate import cmd_remove_member
+
+    return cmd_remove_member(args)
+
+
 def _cmd_replace_member(args: argparse.Namespace) -> int:
     from quorumgate.ops.rotate import cmd_replace_member
 
@@ -1490,6 +1503,23 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     _common(replace_member, key_help="the owner key in force (default DIR/owner.key)")
     _deadline(replace_member)
     replace_member.set_defaults(func=_cmd_replace_member, deadline=30.0)
+    add_member = admin_sub.add_parser(
+        "add-member",
+        help="grow 4 -> 7: three new machines (init --join --index 4..6 entries) join",
+    )
+    add_member.add_argument(
+        "--entry", required=True, action="append", metavar="FILE",
+        help="a new member's entry (join.json); given three times",
+    )  # fmt: skip
+    _common(add_member, key_help="the owner key in force (default DIR/owner.key)")
+    _deadline(add_member)
+    add_member.set_defaults(func=_cmd_add_member, deadline=30.0)
+    remove_member = admin_sub.add_parser(
+        "remove-member", help="shrink 7 -> 4: members 4, 5 and 6 leave at the next epoch"
+    )
+    _common(remove_member, key_help="the owner key in force (default DIR/owner.key)")
+    _deadline(remove_member)
+    remove_member.set_defaults(func=_cmd_remove_member, deadline=30.0)
     auditor = admin_sub.add_parser(
         "add-auditor",
         help="let a key read the committed log and every verdict (edits cluster.json)",

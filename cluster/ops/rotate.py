@@ -60,6 +60,8 @@ from quorumgate.proto.clusterfile import (
     write_seed,
 )
 from quorumgate.proto.membership import (
+    RECONFIG_SIZES,
+    RECONFIG_STEP_MEMBERS,
     Reconfiguration,
     owner_record,
     receipt_record,
@@ -211,7 +213,12 @@ async def _epoch_and_key_check(spec: ClusterSpec, client: Client, owner: Signing
 
 
 async def _wait_next_epoch(
-    spec: ClusterSpec, client: Client, epoch: int, deadline_s: float, follow: bool = False
+    spec: ClusterSpec,
+    client: Client,
+    epoch: int,
+    deadline_s: float,
+    follow: bool = False,
+    need: int | None = None,
 ) -> list[int]:
     """The replicas in an epoch after `epoch` once 2f+1 of them are, or at the deadline.
     With `follow` (a member replaced by a new machine), once f+1 replicas are past
@@ -219,10 +226,11 @@ async def _wait_next_epoch(
     new machine (`Client.epochs`), so that the new member counts too."""
     started = time.monotonic()
     reached: list[int] = []
+    need = spec.n - spec.f if need is None else need  # (2f+1 of the next epoch's members)
     while time.monotonic() - started < deadline_s:
         epochs = await _epochs(client)
         reached = sorted(i for i, e in epochs.items() if e > epoch)
-        if len(reached) >= spec.n - spec.f:
+        if len(reached) >= need:
             break
         if follow and len(reached) >= spec.f + 1:
             with contextlib.suppress(QuorumGateError):  # (asked again at the next poll)
@@ -418,5 +426,140 @@ def cmd_replace_member(args: argparse.Namespace) -> int:
         return _fail(f"{args.entry} describes member {new.index}, not member {args.member}")
     try:
         return asyncio.run(_replace(args, spec, owner, new))
+    except (FreshReplay, QuorumGateError) as err:
+        return _fail(f"the record was not taken ({err})")
+
+
+async def _grow_or_shrink(
+    args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey, new: list[MemberSpec]
+) -> int:
+    """`add` (the members `new` describe) or, with `new` empty, `remove` of the three
+    highest indexes: print what changes, sign for the epoch f+1 replicas report, offer,
+    and wait for 2f+1 of the NEXT epoch's members (docs/operating.md, "Growing and
+    shrinking the cluster")."""
+    async with Client(spec, owner) as client:
+        checked = await _epoch_and_key_check(spec, client, owner)
+        if isinstance(checked, str):
+            return _fail(checked)
+        epoch = checked
+        current = (await client.epochs()).current
+        if current.epoch != epoch:
+            return _fail(
+                f"the replicas run epoch {epoch} and the chain of epochs checks to "
+                f"{current.epoch}: try again once they agree"
+            )
+        n = current.members
+        if new:
+            if n != min(RECONFIG_SIZES) or [m.index for m in new] != list(range(n, n + 3)):
+                return _fail(
+                    f"an add brings members {n}, {n + 1} and {n + 2} to a cluster of "
+                    f"{min(RECONFIG_SIZES)}; the entries name {[m.index for m in new]} and "
+                    f"epoch {epoch} has {n} members"
+                )
+            record = Reconfiguration(
+                "add", (), tuple(m.public_key for m in new),
+                entries=tuple(m.entry().encode() for m in new),
+            )  # fmt: skip
+            size = n + RECONFIG_STEP_MEMBERS
+            lines = [f"  member {m.index}: {m.replica_address} (new)" for m in new]
+            what = f"add members {n}..{n + 2}"
+        else:
+            if n != max(RECONFIG_SIZES):
+                return _fail(f"a remove leaves {min(RECONFIG_SIZES)} of 7; epoch {epoch} has {n}")
+            gone = tuple(range(n - RECONFIG_STEP_MEMBERS, n))
+            record = Reconfiguration("remove", gone)
+            size = n - RECONFIG_STEP_MEMBERS
+            lines = [f"  member {i}: removed (its replica stops at the boundary)" for i in gone]
+            what = f"remove members {gone[0]}..{gone[-1]}"
+        f_next = (size - 1) // 3
+        _say(
+            args,
+            f"{what}: {n} -> {size} members (f {(n - 1) // 3} -> {f_next}) from epoch "
+            f"{epoch + 1} on\n" + "\n".join(lines) + f"\nepoch {epoch} ends at the block "
+            "that commits this change",
+        )
+        data = sign_record(record, spec.chain_id, epoch, _signer(owner))
+        await client.submit_record(data)
+        _say(args, f"submitted: {what} (signed by the owner for epoch {epoch})")
+        need = size - f_next
+        reached = await _wait_next_epoch(
+            spec, client, epoch, args.deadline, follow=True, need=need
+        )
+        reached = [i for i in reached if i < size]
+        done = len(reached) >= need
+        doc = {
+            "change": record.kind,
+            "members_before": n,
+            "members_after": size,
+            "epoch": epoch,
+            "next_epoch": epoch + 1,
+            "in_effect": done,
+            "nodes_in_next_epoch": reached,
+        }
+        if args.json:
+            print(json.dumps(doc, indent=2), flush=True)
+        elif done:
+            print(f"in effect: epoch {epoch + 1} on nodes {reached}", flush=True)
+        else:
+            print(
+                f"not yet in effect after {args.deadline:g} s (epoch {epoch + 1} on nodes "
+                f"{reached}): check `quorumgate status --dir {spec.directory}`",
+                flush=True,
+            )
+        return EXIT_OK if done else EXIT_PENDING
+
+
+def _change_prelude(args: argparse.Namespace) -> tuple[ClusterSpec, SigningKey] | str:
+    try:
+        spec = load_cluster(Path(args.dir))
+        owner = SigningKey(read_seed(Path(args.key or spec.directory / OWNER_KEY_FILE)))
+    except ClusterFileError as err:
+        return str(err)
+    if not spec.runs_epochs:
+        return (
+            f"this chain's consensus_version is {spec.consensus_version}: its member set and "
+            "keys are fixed for good (docs/consensus/epochs.md)"
+        )
+    return spec, owner
+
+
+def cmd_add_member(args: argparse.Namespace) -> int:
+    """`admin add-member --dir DIR --entry E1 --entry E2 --entry E3`: sign and offer the
+    `add` record that brings the three new machines the entries describe (what `init
+    --join --index 4..6` printed) and wait for 2f+1 of the next epoch's members."""
+    prelude = _change_prelude(args)
+    if isinstance(prelude, str):
+        return _fail(prelude)
+    spec, owner = prelude
+    new: list[MemberSpec] = []
+    try:
+        if len(args.entry) != RECONFIG_STEP_MEMBERS:
+            raise ClusterFileError(f"an add takes {RECONFIG_STEP_MEMBERS} --entry files")
+        for name in args.entry:
+            path = Path(name)
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError) as err:
+                raise ClusterFileError(f"{path} is unreadable or not JSON: {err}") from err
+            new.append(parse_member_entry(doc, spec, str(path)))
+    except ClusterFileError as err:
+        return _fail(str(err))
+    new.sort(key=lambda m: m.index)
+    try:
+        return asyncio.run(_grow_or_shrink(args, spec, owner, new))
+    except (FreshReplay, QuorumGateError) as err:
+        return _fail(f"the record was not taken ({err})")
+
+
+def cmd_remove_member(args: argparse.Namespace) -> int:
+    """`admin remove-member --dir DIR`: sign and offer the `remove` record of members 4, 5
+    and 6 (live, only the three highest indexes: docs/consensus/epochs.md, "Growing and
+    shrinking") and wait for 2f+1 of the next epoch's members."""
+    prelude = _change_prelude(args)
+    if isinstance(prelude, str):
+        return _fail(prelude)
+    spec, owner = prelude
+    try:
+        return asyncio.run(_grow_or_shrink(args, spec, owner, []))
     except (FreshReplay, QuorumGateError) as err:
         return _fail(f"the record was not taken ({err})")

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from quorumgate.proto import codec
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.proto.membership import RECONFIG_SIZES
 from quorumgate.proto.model import Proposal, TxBody
 from quorumgate.sdk.errors import InvalidCertificate
 from quorumgate.sdk.values import Decision, OpenCard
@@ -189,6 +190,25 @@ def statement_key(receipt: Receipt) -> tuple[object, ...]:
     )  # fmt: skip
 
 
+def _f_of(spec: ClusterSpec, receipt: Receipt, epochs: ReceiptEpochs | None) -> int | None:
+    """f of the epoch `receipt`'s statement names (its receipt keys' count: 4 -> f 1,
+    7 -> f 2), so that a certificate of an epoch of 4 needs 2 signers even once the
+    cluster has grown to 7; the client's cluster's f without a chain of epochs; None for
+    an epoch the client does not know (its f is unknown: no certificate yet)."""
+    if epochs is None:
+        return spec.f
+    if not epochs.chained and receipt.block.epoch > 0:
+        # A client that may not read the chain of epochs (an agent's key) does not know
+        # how many members a later epoch has: it counts f of the largest cluster, so that
+        # what it certifies holds for a verifier that knows the epoch (f+1 of 7 is 3).
+        return (max(RECONFIG_SIZES) - 1) // 3
+    try:
+        keys = receipt_keys_at(epochs, receipt.block.epoch, receipt.block.height)
+    except CertificateError:
+        return None
+    return (len(keys) - 1) // 3
+
+
 def certify(
     spec: ClusterSpec,
     proposal_id: bytes,
@@ -205,7 +225,8 @@ def certify(
     # The newest certifiable verdict first (a confirmed call's, over its pending one).
     ordered = sorted(groups.values(), key=lambda g: (g[0].leaf.height, g[0].leaf.index))
     for group in reversed(ordered):
-        if len({r.block.signer for r in group}) < spec.f + 1:
+        f = _f_of(spec, group[0], epochs)
+        if f is None or len({r.block.signer for r in group}) < f + 1:
             continue
         certificate = assemble_certificate(spec.chain_id, group)
         verify(spec, certificate, proposal_id=proposal_id, epochs=epochs)

@@ -89,6 +89,22 @@ class Channels:
         for channel in (*self.replica_channels, *self.sidecar_channels):
             await channel.close()
 
+    async def resize(self, spec: ClusterSpec) -> None:
+        """As many members as `spec` has: channels to each member an `add` brought, and
+        those to each member a `remove` took out closed (the highest indexes: a live
+        `remove` renumbers no one)."""
+        while len(self.replicas) > spec.n:
+            self.replicas.pop()
+            self.sidecars.pop()
+            for channel in (self.replica_channels.pop(), self.sidecar_channels.pop()):
+                await channel.close()
+        while len(self.replicas) < spec.n:
+            index = len(self.replicas)
+            self.replica_channels.append(aio_channel(spec, index))
+            self.sidecar_channels.append(aio_channel(spec, index, "sidecar"))
+            self.replicas.append(cpb_grpc.ReplicaStub(self.replica_channels[index]))
+            self.sidecars.append(spb_grpc.SidecarStub(self.sidecar_channels[index]))
+
     async def relink(self, spec: ClusterSpec, index: int) -> None:
         """New channels to member `index`'s replica and sidecar where `spec` has them (a
         new machine after a `replace`); the old ones are closed."""
@@ -136,7 +152,7 @@ class ChannelPool:
         certificate changed are made anew. Returns those members."""
         moved = [
             m.index
-            for m in spec.members
+            for m in spec.members[: self.spec.n]
             if (m.host, m.replica_port, m.sidecar_port, m.tls_cert)
             != (
                 (o := self.spec.member(m.index)).host,
@@ -145,11 +161,13 @@ class ChannelPool:
                 o.tls_cert,
             )
         ]
+        grown = [m.index for m in spec.members[self.spec.n :]]  # (an `add`'s members)
         self.spec = spec
         if self._channels is not None:
             for index in moved:
                 await self._channels.relink(spec, index)
-        return moved
+            await self._channels.resize(spec)
+        return moved + grown
 
 
 class ReplicaRotation:

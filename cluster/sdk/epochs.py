@@ -115,8 +115,9 @@ class Epochs:
 
     def cluster(self, spec: ClusterSpec) -> ClusterSpec:
         """`spec` (the cluster file's) as the cluster stands in the current epoch: each
-        member replaced at the address, with the keys and certificate, its record gave."""
-        return spec.with_entries(self.entries)
+        member replaced or added at the address, with the keys and certificate, its record
+        gave, and as many members as the epoch has (a `remove` drops the highest)."""
+        return spec.with_entries(self.entries, self.membership.n)
 
     @property
     def receipt_epochs(self) -> ReceiptEpochs:

@@ -71,7 +71,8 @@ def first_records(options: SimOptions, chain_id: str) -> OwnerRecords | None:
     out the kinds the live replica does not yet (docs/consensus/epochs.md)."""
     if not options.signed_records:
         return None
-    return OwnerRecords(chain_id, owner_signer(chain_id, 0).public_key, kinds=RECONFIG_KINDS)
+    owner_key = owner_signer(chain_id, 0).public_key
+    return OwnerRecords(chain_id, owner_key, kinds=RECONFIG_KINDS, general=True)
 
 
 def enter_epoch(node: SimNode, end: EpochEnd) -> None:
