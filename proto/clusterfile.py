@@ -62,7 +62,7 @@ from quorumgate.proto.membership import (
     Membership,
     OwnerRecords,
 )
-from quorumgate.proto.tls import check_certificate, make_node_certificate
+from quorumgate.proto.tls import certificate_problem, check_certificate, make_node_certificate
 
 FORMAT = "quorumgate-cluster/1"
 CLUSTER_FILE = "cluster.json"
@@ -826,6 +826,9 @@ def parse_member_entry(doc: object, spec: ClusterSpec, where: str) -> MemberSpec
         raise ClusterFileError(f"{where}: {err}") from err
     if spec.insecure and entry.tls_cert:
         raise ClusterFileError(f"{where}: a TLS certificate for a plaintext cluster")
+    problem = certificate_problem(entry.tls_cert, entry.index) if entry.tls_cert else None
+    if problem is not None:
+        raise ClusterFileError(f"{where}: tls_cert: {problem}")
     if not spec.insecure and not entry.tls_cert:
         raise ClusterFileError(f"{where}: no tls_cert, and the cluster uses TLS")
     used = {spec.owner_public_key}

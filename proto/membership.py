@@ -21,7 +21,6 @@ from quorumgate.proto.domains import (
     RECONFIG_RECEIPT_KEY,
     RECONFIG_RECORD,
 )
-from quorumgate.proto.tls import check_certificate
 
 PUBLIC_KEY_BYTES = 32
 CHAIN_ID_BYTES_MAX = 64
@@ -206,10 +205,7 @@ class MemberEntry:
             if not isinstance(doc["tls_cert"], str) or not doc["tls_cert"].isascii():
                 raise MemberEntryError("tls_cert must be PEM text")
             tls_cert = doc["tls_cert"].encode()
-            try:
-                check_certificate(tls_cert, ints["index"])
-            except ValueError as err:
-                raise MemberEntryError(f"tls_cert: {err}") from err
+            _check_pem_shape(tls_cert)
         return MemberEntry(
             ints["index"],
             host,
@@ -236,6 +232,30 @@ class MemberEntry:
         if entry.encode() != raw:
             raise MemberEntryError("a member entry is canonical JSON (sorted keys, no spaces)")
         return entry
+
+
+PEM_BEGIN = b"-----BEGIN CERTIFICATE-----\n"
+PEM_END = b"-----END CERTIFICATE-----\n"
+
+
+def _check_pem_shape(pem: bytes) -> None:
+    """One PEM-armoured certificate (RFC 7468, section 2: the label, base64 lines, the end
+    line), by its shape only. The consensus core parses no X.509: whether a record applies
+    must not depend on a library's version, and the core imports no such library
+    (docs/architecture/0006-sans-io-core-and-simulator.md). The certificate itself, and
+    that it names the member, are checked at the doors: the mempool refuses a record
+    whose certificate does not (proto/tls.py `certificate_problem`), and so do the commands
+    that make one (proto/clusterfile.py `parse_member_entry`)."""
+    if not (pem.startswith(PEM_BEGIN) and pem.endswith(PEM_END)):
+        raise MemberEntryError("tls_cert must be one PEM certificate")
+    body = pem[len(PEM_BEGIN) : -len(PEM_END)]
+    lines = body.split(b"\n")
+    if not body or lines[-1] != b"" or any(not line for line in lines[:-1]):
+        raise MemberEntryError("tls_cert must be one PEM certificate")
+    alphabet = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+    text = b"".join(lines)
+    if len(text) % 4 or any(c not in alphabet for c in text) or b"=" in text.rstrip(b"="):
+        raise MemberEntryError("tls_cert must be one PEM certificate (base64 lines)")
 
 
 def record_entries(record: Reconfiguration) -> tuple[MemberEntry, ...]:

@@ -77,3 +77,15 @@ def certificate_fingerprint(pem: bytes) -> str:
     """SHA-256 of the certificate's DER, hex: what `status` shows to compare by eye."""
     cert = x509.load_pem_x509_certificate(pem)
     return cert.fingerprint(hashes.SHA256()).hex()
+
+
+def certificate_problem(pem: bytes, index: int) -> str | None:
+    """What is wrong with `pem` as member `index`'s certificate (`check_certificate`), or
+    None. A member entry's certificate is checked this way at the doors, the mempool and
+    the commands; the consensus core checks its PEM shape only (proto/membership.py
+    `_check_pem_shape`)."""
+    try:
+        check_certificate(pem, index)
+    except (ValueError, TypeError) as err:
+        return str(err) or "not a certificate"
+    return None

@@ -62,6 +62,7 @@ from quorumgate.proto.membership import (
 )
 from quorumgate.proto.model import Reason
 from quorumgate.proto.nonces import NonceWindow
+from quorumgate.proto.tls import certificate_problem
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse
 from quorumgate.replica.types import Block
 
@@ -385,10 +386,13 @@ class Mempool:
         if read is None or read[0].kind not in ENTRY_KINDS:
             return True
         try:
-            record_entries(read[0])
+            entries = record_entries(read[0])
         except MemberEntryError:
             return False
-        return True
+        # The X.509 check the core does not make (proto/membership.py `_check_pem_shape`).
+        return all(
+            not e.tls_cert or certificate_problem(e.tls_cert, e.index) is None for e in entries
+        )
 
     def admit_checked(self, data: bytes, parsed: ParsedTx | RecordTx) -> Admission:
         """Take in a transaction `precheck` passed (its signature is not checked again).

@@ -109,15 +109,45 @@ def test_an_oversize_entry_does_not_parse() -> None:
         MemberEntry.parse(big)
 
 
-def test_a_bad_tls_certificate_is_refused() -> None:
-    for pem, reason in (
-        (b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", "tls_cert"),
-        (make_node_certificate(1, "10.0.0.9")[1], "does not name qg-node-3"),
+def test_a_tls_certificate_that_is_no_pem_certificate_is_refused() -> None:
+    """The core checks a certificate's PEM shape (RFC 7468), not its X.509 content: a
+    record whose entry carries anything else changes nothing."""
+    for pem in (
+        b"-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+        b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        CERT + CERT,  # two certificates
+        CERT.replace(b"\n", b"\r\n"),
     ):
         raw = entry(tls_cert=pem).encode()
-        with pytest.raises(MemberEntryError, match=reason):
+        with pytest.raises(MemberEntryError, match="tls_cert"):
             MemberEntry.parse(raw)
         assert RECORDS.change(signed(replace_record(raw)), membership()) is None
+
+
+def test_a_certificate_that_does_not_name_the_member_is_refused_at_the_door() -> None:
+    """Whether a certificate is one and names the new member is the doors' check (the
+    mempool's and the commands'), so that whether a committed record applies never
+    depends on an X.509 library: the mempool refuses such a record (`bad_member_entry`),
+    as it refuses a certificate of another member, and the command refuses the entry."""
+    from quorumgate.proto.clusterfile import ClusterFileError, parse_member_entry
+    from quorumgate.replica.mempool import Mempool
+
+    for pem in (
+        b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        make_node_certificate(1, "10.0.0.9")[1],
+    ):
+        raw = entry(tls_cert=pem).encode()
+        refused = Mempool(CHAIN, owner_records=RECORDS).admit(signed(replace_record(raw)))
+        assert not refused.accepted and refused.reason == "bad_member_entry"
+        spec = _tls_spec()
+        with pytest.raises(ClusterFileError, match="tls_cert"):
+            parse_member_entry(MemberEntry.parse(raw).document(), spec, "entry.json")
+
+
+def _tls_spec() -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(insecure=False, owner_public_key=OWNER.public_key, members=())
 
 
 @pytest.mark.parametrize(
