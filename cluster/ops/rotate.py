@@ -317,18 +317,31 @@ async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey
             "in_effect": done,
             "nodes_in_next_epoch": reached,
         }
-        if args.json:
-            print(json.dumps(doc, indent=2), flush=True)
-        elif done:
-            after = "" if change_height is None else f" (after the change block at {change_height})"
-            print(f"in effect: epoch {epoch + 1}{after} on nodes {reached}", flush=True)
-        else:
-            print(
-                f"not yet in effect after {args.deadline:g} s (epoch {epoch + 1} on nodes "
-                f"{reached}): check `quorumgate status --dir {spec.directory}`",
-                flush=True,
-            )
-        return EXIT_OK if done else EXIT_PENDING
+        return _report(args, spec, doc, reached, change_height)
+
+
+def _report(
+    args: argparse.Namespace,
+    spec: ClusterSpec,
+    doc: dict[str, object],
+    reached: list[int],
+    change_height: int | None = None,
+) -> int:
+    """How a change that waits for the next epoch ended, for every command that makes
+    one: the document with `--json`, else a line; exit 0 in effect, 3 not yet."""
+    done = bool(doc["in_effect"])
+    if args.json:
+        print(json.dumps(doc, indent=2), flush=True)
+    elif done:
+        after = "" if change_height is None else f" (after the change block at {change_height})"
+        print(f"in effect: epoch {doc['next_epoch']}{after} on nodes {reached}", flush=True)
+    else:
+        print(
+            f"not yet in effect after {args.deadline:g} s (epoch {doc['next_epoch']} on nodes "
+            f"{reached}): check `quorumgate status --dir {spec.directory}`",
+            flush=True,
+        )
+    return EXIT_OK if done else EXIT_PENDING
 
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:
@@ -387,17 +400,7 @@ async def _replace(
             "in_effect": done,
             "nodes_in_next_epoch": reached,
         }
-        if args.json:
-            print(json.dumps(doc, indent=2), flush=True)
-        elif done:
-            print(f"in effect: epoch {epoch + 1} on nodes {reached}", flush=True)
-        else:
-            print(
-                f"not yet in effect after {args.deadline:g} s (epoch {epoch + 1} on nodes "
-                f"{reached}): check `quorumgate status --dir {spec.directory}`",
-                flush=True,
-            )
-        return EXIT_OK if done else EXIT_PENDING
+        return _report(args, spec, doc, reached)
 
 
 def cmd_replace_member(args: argparse.Namespace) -> int:
@@ -496,17 +499,7 @@ async def _grow_or_shrink(
             "in_effect": done,
             "nodes_in_next_epoch": reached,
         }
-        if args.json:
-            print(json.dumps(doc, indent=2), flush=True)
-        elif done:
-            print(f"in effect: epoch {epoch + 1} on nodes {reached}", flush=True)
-        else:
-            print(
-                f"not yet in effect after {args.deadline:g} s (epoch {epoch + 1} on nodes "
-                f"{reached}): check `quorumgate status --dir {spec.directory}`",
-                flush=True,
-            )
-        return EXIT_OK if done else EXIT_PENDING
+        return _report(args, spec, doc, reached)
 
 
 def _change_prelude(args: argparse.Namespace) -> tuple[ClusterSpec, SigningKey] | str:
