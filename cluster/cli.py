@@ -97,7 +97,7 @@ def _cmd_init_join(args: argparse.Namespace) -> int:
         member = init_join(Path(args.cluster), args.index, Path(args.dir), host=args.host)
     except (ClusterFileError, OSError) as err:
         return _fail(str(err), 2)
-    entry = json.dumps(member.entry().document(), indent=2)
+    entry = json.dumps(member.document(), indent=2)
     if not args.json:
         print(
             f"Wrote {Path(args.dir) / JOIN_FILE}: a new machine for member {member.index} at "

@@ -97,54 +97,9 @@ class ClusterFileError(Exception):
     """The cluster file or a key file is missing, unreadable or inconsistent."""
 
 
-@dataclass(frozen=True, slots=True)
-class MemberSpec:
-    index: int
-    host: str
-    replica_port: int
-    metrics_port: int
-    sidecar_port: int
-    sidecar_metrics_port: int
-    public_key: bytes
-    receipt_public_key: bytes
-    tls_cert: bytes = b""  # PEM; empty in an insecure cluster
-
-    @property
-    def replica_address(self) -> str:
-        return f"{self.host}:{self.replica_port}"
-
-    @property
-    def sidecar_address(self) -> str:
-        return f"{self.host}:{self.sidecar_port}"
-
-    def entry(self) -> MemberEntry:
-        """This member's public description, as a `replace` record carries it."""
-        return MemberEntry(
-            self.index,
-            self.host,
-            self.replica_port,
-            self.metrics_port,
-            self.sidecar_port,
-            self.sidecar_metrics_port,
-            self.public_key,
-            self.receipt_public_key,
-            self.tls_cert,
-        )
-
-    @staticmethod
-    def of_entry(entry: MemberEntry) -> MemberSpec:
-        """The member a `replace` record's description names."""
-        return MemberSpec(
-            entry.index,
-            entry.host,
-            entry.replica_port,
-            entry.metrics_port,
-            entry.sidecar_port,
-            entry.sidecar_metrics_port,
-            entry.public_key,
-            entry.receipt_public_key,
-            entry.tls_cert,
-        )
+# A member as cluster.json lists it is the public description a `replace` or `add` record
+# carries (proto/membership.py): one type, so the two cannot drift apart.
+MemberSpec = MemberEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,11 +187,11 @@ class ClusterSpec:
         members = list(self.members)
         for entry in entries:
             if entry.index == len(members):
-                members.append(MemberSpec.of_entry(entry))
+                members.append(entry)
                 continue
             if not 0 <= entry.index < len(members):
                 raise ClusterFileError(f"a member entry names member {entry.index}, not one")
-            members[entry.index] = MemberSpec.of_entry(entry)
+            members[entry.index] = entry
         if size is not None:
             members = members[:size]
         return replace(self, members=tuple(members))
@@ -837,7 +792,7 @@ def parse_member_entry(doc: object, spec: ClusterSpec, where: str) -> MemberSpec
         raise ClusterFileError(f"{where}: a key the cluster file already names")
     if entry.public_key == entry.receipt_public_key:
         raise ClusterFileError(f"{where}: one key as consensus and receipt key")
-    return MemberSpec.of_entry(entry)
+    return entry
 
 
 def _check_joinable(index: int) -> None:
@@ -890,7 +845,7 @@ def init_join(
         text = cluster_file.read_text()
         (directory / CLUSTER_FILE).write_text(text)
         created.append(directory / CLUSTER_FILE)
-        entry = json.dumps(member.entry().document(), indent=2) + "\n"
+        entry = json.dumps(member.document(), indent=2) + "\n"
         (directory / JOIN_FILE).write_text(entry)
         created.append(directory / JOIN_FILE)
         load_cluster(directory)  # what the node will read

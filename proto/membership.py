@@ -126,11 +126,11 @@ class MemberEntryError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class MemberEntry:
-    """What a `replace` record tells every replica and follower of the new member: the
-    fields of its entry in cluster.json (proto/clusterfile.py `MemberSpec`): where it
-    listens, its receipt key and its TLS certificate (empty on a plaintext cluster). Its
-    consensus key is the record's key and must be `public_key` (docs/consensus/epochs.md,
-    "The record")."""
+    """A member's public description: where it listens, its consensus and receipt keys and
+    its TLS certificate (empty on a plaintext cluster). cluster.json lists one per member
+    (proto/clusterfile.py, as `MemberSpec`), and a `replace` or `add` record carries one
+    per new member, whose consensus key must be the record's key (docs/consensus/
+    epochs.md, "The record")."""
 
     index: int
     host: str
@@ -140,7 +140,15 @@ class MemberEntry:
     sidecar_metrics_port: int
     public_key: bytes
     receipt_public_key: bytes
-    tls_cert: bytes = b""
+    tls_cert: bytes = b""  # PEM; empty in an insecure cluster
+
+    @property
+    def replica_address(self) -> str:
+        return f"{self.host}:{self.replica_port}"
+
+    @property
+    def sidecar_address(self) -> str:
+        return f"{self.host}:{self.sidecar_port}"
 
     def document(self) -> dict[str, object]:
         """The entry as cluster.json writes a member (public parts only)."""

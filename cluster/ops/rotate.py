@@ -384,8 +384,7 @@ async def _replace(
             f"{epoch + 1} on the members link to the new address and take member {member}'s "
             "votes and streams only under the new key",
         )
-        entry = new.entry()
-        record = Reconfiguration("replace", (member,), (new.public_key,), entries=(entry.encode(),))
+        record = Reconfiguration("replace", (member,), (new.public_key,), entries=(new.encode(),))
         data = sign_record(record, spec.chain_id, epoch, _signer(owner))
         await client.submit_record(data)
         _say(args, f"submitted: replace member {member} (signed by the owner for epoch {epoch})")
@@ -461,7 +460,7 @@ async def _grow_or_shrink(
                 )
             record = Reconfiguration(
                 "add", (), tuple(m.public_key for m in new),
-                entries=tuple(m.entry().encode() for m in new),
+                entries=tuple(m.encode() for m in new),
             )  # fmt: skip
             size = n + RECONFIG_STEP_MEMBERS
             lines = [f"  member {m.index}: {m.replica_address} (new)" for m in new]

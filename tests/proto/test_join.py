@@ -58,7 +58,7 @@ def test_an_entry_for_another_cluster_is_refused(tmp_path: Path) -> None:
     spec = init_cluster(tmp_path / "c", 4)
     plain = init_cluster(tmp_path / "p", 4, insecure=True)
     member = init_join(tmp_path / "c" / "cluster.json", 3, tmp_path / "new")
-    doc = member.entry().document()
+    doc = member.document()
     with pytest.raises(ClusterFileError, match="plaintext"):
         parse_member_entry(doc, plain, "entry")
     stolen = dict(doc, public_key=spec.member(1).public_key.hex())

@@ -46,7 +46,7 @@ def new_member(spec: ClusterSpec) -> MemberSpec:
 
 def test_a_replace_swaps_the_member_entry(tmp_path: Path) -> None:
     spec, reader = cluster(tmp_path)
-    entry = new_member(spec).entry()
+    entry = new_member(spec)
     record = Reconfiguration("replace", (3,), (NEW.public_key,), entries=(entry.encode(),))
     tx = sign_record(record, spec.chain_id, 0, OWNER.sign)
     members = spec.membership()
@@ -71,7 +71,7 @@ def test_a_rotation_leaves_every_entry(tmp_path: Path) -> None:
 
 def test_the_peer_network_relinks_only_the_member_that_moved(tmp_path: Path) -> None:
     spec, _ = cluster(tmp_path)
-    after = spec.with_entries((new_member(spec).entry(),))
+    after = spec.with_entries((new_member(spec),))
     keys = Membership(spec.chain_id, tuple(Member(m.index, m.public_key) for m in spec.members))
 
     async def main() -> None:

@@ -221,7 +221,7 @@ def replace_once(d: Drill, run: ReplaceRun, k: int, member: int) -> None:
         raise Abort(f"the new machine's directory {home}: {err}") from err
     run.homes[member] = home
     # Where the new machine listens, so that the drill reaches it from now on.
-    _move(d, d.spec.with_entries([joined.entry()]), run.homes)
+    _move(d, d.spec.with_entries([joined]), run.homes)
     started = time.monotonic()
     d.start("replica", [member])
     d.start("sidecar", [member])
