@@ -219,18 +219,19 @@ def test_sidecar_crash_resumes_after_the_last_recorded_height(drill_dir: Path) -
     )
 
 
-def test_rotate_members_rotates_every_members_key_under_load(drill_dir: Path) -> None:
-    """Each member's consensus key in turn, each rotation an epoch: every replica ends in
-    epoch n with each member signing under its new key, and the chain never forked."""
+def test_rotate_members_rotates_every_members_keys_under_load(drill_dir: Path) -> None:
+    """Each member's consensus key, then its receipt key, in turn, each rotation an epoch:
+    every replica ends in epoch 2n with each member signing under its new keys, and the
+    chain never forked."""
     report = run_drill(
         "rotate-members", drill_dir, nodes=NODES, seconds=SHORT_S, progress=_progress
     )
     _assert_clean(report, drill_dir)
     assert report.check("every_replica_in_the_last_epoch").ok
-    rotated = [fault.node for fault in report.faults]
-    assert rotated[:NODES] == list(range(NODES)), rotated
+    rotated = [(fault.node, fault.kind) for fault in report.faults]
+    expected = [(m, kind) for m in range(NODES) for kind in ("rotate-member", "rotate-receipt")]
+    assert rotated[: 2 * NODES] == expected, rotated
     for k, fault in enumerate(report.faults):
-        assert fault.kind == "rotate-member"
         assert (_detail(fault, "epoch_before"), _detail(fault, "epoch_after")) == (k, k + 1)
         assert (
             0
@@ -246,8 +247,13 @@ def test_rotate_members_rotates_every_members_key_under_load(drill_dir: Path) ->
     assert f"of {epochs} epochs" in report.check("votes_consistent").detail
     spec = prepare_cluster(drill_dir, NODES)
     for member in range(NODES):  # each member holds its key file of every rotation
-        held = list(spec.node_dir(member).glob("consensus-*.key"))
-        assert len(held) == sum(f.node == member for f in report.faults), (member, held)
+        for pattern, kind in (
+            ("consensus-*.key", "rotate-member"),
+            ("receipt-*.key", "rotate-receipt"),
+        ):
+            held = list(spec.node_dir(member).glob(pattern))
+            made = sum(f.node == member and f.kind == kind for f in report.faults)
+            assert len(held) == made, (member, pattern, held)
 
 
 def test_stale_restore_does_not_equivocate_in_the_views_it_forgot(drill_dir: Path) -> None:

@@ -1,7 +1,10 @@
-"""The `rotate-members` drill (docs/drills.md): under load, every member's consensus key is
-rotated in turn with `quorumgate admin rotate-key --member I`, exactly as an operator
-does, each rotation one epoch (docs/consensus/epochs.md, "The live replica"). After each
-one every replica must reach the new epoch and commits must go on; the drill's usual
+"""The `rotate-members` drill (docs/drills.md): under load, every member's keys are rotated
+in turn, exactly as an operator does: its consensus key with `quorumgate admin rotate-key
+--member I`, then its sidecar's receipt key with `--receipt I`, each rotation one epoch
+(docs/consensus/epochs.md, "The live replica" and "Receipt keys"). After each one every
+replica must reach the new epoch and commits must go on, and the calls certified after a
+receipt key changed carry the new key's signature (the SDK checks each certificate with
+its epoch's keys); the drill's usual
 checks then say that nothing acknowledged was lost or committed twice, that every
 replica holds the same block at every height, and that nobody equivocated.
 """
@@ -30,13 +33,18 @@ ROTATE_DEADLINE_S = 60.0
 ROTATE_COMMAND_TIMEOUT_S = ROTATE_DEADLINE_S + 60.0
 
 
+# The keys of a member the drill rotates, in this order, each with its own command flag.
+KEYS = ("member", "receipt")
+
+
 def rotate_members(d: Drill) -> None:
-    """Rotate members 0, 1, ... in turn: every member once however short `--seconds` is,
-    then on while they last."""
+    """Rotate the keys of members 0, 1, ... in turn (`KEYS`): every key of every member
+    once however short `--seconds` is, then on while they last."""
     for k in range(FAULT_CYCLES_MAX):
-        if k >= d.n and time.monotonic() >= d.fault_deadline:
+        if k >= d.n * len(KEYS) and time.monotonic() >= d.fault_deadline:
             break
-        rotate_once(d, k, k % d.n)
+        member, key = divmod(k, len(KEYS))
+        rotate_once(d, k, member % d.n, KEYS[key])
     epochs = {i: s.epoch for i, s in d.statuses().items()}
     last = max(epochs.values(), default=0)
     behind = [
@@ -66,15 +74,19 @@ def _all_in(d: Drill, epoch: int) -> float | None:
     return None
 
 
-def rotate_once(d: Drill, k: int, member: int) -> None:
+def rotate_once(d: Drill, k: int, member: int, key: str = "member") -> None:
+    """Rotate `member`'s `key` (a flag of `admin rotate-key`: `member` for its consensus
+    key, `receipt` for its sidecar's receipt key) and wait for every replica to reach the
+    next epoch and for commits to go on."""
     epoch = epoch_now(d)
     height = d.top()
     started = time.monotonic()
-    fault = d.fault(Fault("rotate-member", member, started - d.t0, height_at_fault=height))
+    kind = "rotate-member" if key == "member" else f"rotate-{key}"
+    fault = d.fault(Fault(kind, member, started - d.t0, height_at_fault=height))
     done = subprocess.run(
         [
             sys.executable, "-m", "quorumgate", "admin", "rotate-key",
-            "--dir", str(d.spec.directory), "--member", str(member),
+            "--dir", str(d.spec.directory), f"--{key}", str(member),
             "--json", "--deadline", str(ROTATE_DEADLINE_S),
         ],
         capture_output=True,
@@ -85,7 +97,7 @@ def rotate_once(d: Drill, k: int, member: int) -> None:
     in_quorum = time.monotonic()
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
-        raise Abort(f"rotate-key --member {member} exited {done.returncode}: {tail[0]}")
+        raise Abort(f"rotate-key --{key} {member} exited {done.returncode}: {tail[0]}")
     answer = json.loads(done.stdout)
     fault.details.update(
         {
@@ -105,7 +117,7 @@ def rotate_once(d: Drill, k: int, member: int) -> None:
         raise Abort(f"commits did not go on after epoch {epoch + 1} began: {d.heights()}")
     fault.recovery_s = resumed - started
     d.say(
-        f"rotation {k + 1}: member {member}'s key, epoch {epoch} -> {epoch + 1}; 2f+1 "
+        f"rotation {k + 1}: member {member}'s {answer['key']} key, epoch {epoch} -> {epoch + 1}; 2f+1 "
         f"replicas in it after {in_quorum - started:.2f} s, all {d.n} after "
         f"{everyone - started:.2f} s, commits going on after {fault.recovery_s:.2f} s"
     )
