@@ -117,7 +117,7 @@ def rotate_once(d: Drill, k: int, member: int, key: str = "member") -> None:
         raise Abort(f"commits did not go on after epoch {epoch + 1} began: {d.heights()}")
     fault.recovery_s = resumed - started
     d.say(
-        f"rotation {k + 1}: member {member}'s {answer['key']} key, epoch {epoch} -> {epoch + 1}; 2f+1 "
-        f"replicas in it after {in_quorum - started:.2f} s, all {d.n} after "
+        f"rotation {k + 1}: member {member}'s {answer['key']} key, epoch {epoch} -> "
+        f"{epoch + 1}; 2f+1 replicas in it after {in_quorum - started:.2f} s, all {d.n} after "
         f"{everyone - started:.2f} s, commits going on after {fault.recovery_s:.2f} s"
     )
