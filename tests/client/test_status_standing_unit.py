@@ -20,7 +20,7 @@ from quorumgate.ops.standing import (
     read_standing,
     standing_text,
 )
-from quorumgate.proto.clusterfile import OWNER_KEY_FILE, init_cluster
+from quorumgate.proto.clusterfile import OWNER_KEY_FILE, ClusterSpec, init_cluster
 from quorumgate.sdk.epochs import CheckedEpoch, key_fingerprint
 from tests.proto.test_state_version import _rewrite
 
@@ -109,3 +109,29 @@ def test_a_chain_that_runs_no_epochs_shows_cluster_json_as_fixed(tmp_path: Path)
     standing = read_standing(load_cluster(spec.directory))
     assert standing == from_cluster_file(load_cluster(spec.directory))
     assert "member set is fixed" in standing_text(standing)
+
+
+def test_ups_table_says_it_could_not_follow_and_tries_again_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up`'s table reads the chain once, says it could not follow it, and reads it again
+    only after UP_CHAIN_RETRY_S, not at every refresh."""
+    from quorumgate import cli
+    from quorumgate.ops import standing
+
+    spec = init_cluster(tmp_path / "c", 4)
+    reads: list[int] = []
+    real = standing.read_standing
+
+    def counted(spec: ClusterSpec, key_path: Path | None = None) -> Standing:
+        reads.append(1)
+        return real(spec, key_path)
+
+    monkeypatch.setattr(standing, "read_standing", counted)
+    table = cli._UpTable(spec)
+    assert "could not follow the chain of epochs" in table.text() and len(reads) == 1
+    table.text()
+    assert len(reads) == 1
+    table.read_at -= cli.UP_CHAIN_RETRY_S
+    table.text()
+    assert len(reads) == 2
