@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 from quorumgate.ops.output import status_table
 
 if TYPE_CHECKING:
+    from quorumgate.ops.standing import Standing
     from quorumgate.proto.clusterfile import ClusterSpec
+
+# While `up` cannot follow the chain of epochs (too few replicas serve yet), how often its
+# table tries again.
+UP_CHAIN_RETRY_S = 5.0
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -169,7 +174,7 @@ def _load(args: argparse.Namespace) -> ClusterSpec:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from quorumgate.ops.nodes import OpsError, query_status, start_cluster, stop_nodes
+    from quorumgate.ops.nodes import OpsError, start_cluster, stop_nodes
     from quorumgate.proto.clusterfile import ClusterFileError
 
     try:
@@ -186,8 +191,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
         # Announced inside the `try`: a supervisor may send SIGTERM as soon as it reads
         # this line, and the stop below must run however early it comes.
         print(f"{len(indexes)} replicas serving (chain {spec.chain_id}). Ctrl-C stops them.")
+        shown = _UpTable(spec)
         while True:
-            table = status_table([query_status(spec, i) for i in range(spec.n)])
+            table = shown.text()
             if sys.stdout.isatty():
                 print(
                     "\x1b[2J\x1b[H"
@@ -207,31 +213,73 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+class _UpTable:
+    """`up`'s table of the cluster as it stands (`quorumgate.ops.standing`): the chain of
+    epochs is read again when the epoch f+1 replicas report is not the one it showed, or,
+    while it cannot be followed, at most every UP_CHAIN_RETRY_S; never cluster.json's
+    members as though they were the cluster's once it was reconfigured."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.standing: Standing | None = None
+        self.read_at = 0.0
+
+    def _read(self) -> Standing:
+        from quorumgate.ops.standing import read_standing
+
+        self.standing = read_standing(self.spec)
+        self.read_at = time.monotonic()
+        return self.standing
+
+    def text(self) -> str:
+        from quorumgate.ops.nodes import query_status
+        from quorumgate.ops.output import cluster_epoch
+        from quorumgate.ops.standing import standing_text
+
+        standing = self.standing or self._read()
+        statuses = [query_status(standing.spec, i) for i in range(standing.spec.n)]
+        agreed = cluster_epoch(standing.spec.f, statuses)
+        stale = standing.followed and agreed is not None and agreed != standing.epoch
+        waited = time.monotonic() - self.read_at >= UP_CHAIN_RETRY_S
+        if stale or (standing.problem and waited):
+            standing = self._read()
+            statuses = [query_status(standing.spec, i) for i in range(standing.spec.n)]
+        return status_table(statuses) + "\n" + standing_text(standing)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from quorumgate.ops.nodes import query_status
     from quorumgate.ops.output import cluster_epoch, epoch_line
+    from quorumgate.ops.standing import read_standing, standing_text
     from quorumgate.proto.clusterfile import ClusterFileError
 
     try:
         spec = _load(args)
     except ClusterFileError as err:
         return _fail(str(err), 2)
-    statuses = [query_status(spec, i) for i in range(spec.n)]
-    epoch = cluster_epoch(spec.f, statuses)
+    # The members as they stand: the chain of epochs checked from cluster.json, which
+    # moves, adds and removes members (docs/operating.md, "Status after a
+    # reconfiguration"); cluster.json's, saying why, when it cannot be followed.
+    standing = read_standing(spec, Path(args.key) if args.key else None)
+    now = standing.spec
+    statuses = [query_status(now, i) for i in range(now.n)]
+    epoch = cluster_epoch(now.f, statuses)
     if args.json:
         doc = {
             "chain_id": spec.chain_id,
-            "f": spec.f,
+            "f": now.f,
             "transport": spec.transport,
             "epoch": epoch,
             "consensus_version": spec.consensus_version,
             "nodes": [st.as_dict() for st in statuses],
+            "cluster": standing.as_dict(),
         }
         print(json.dumps(doc))
     else:
         print(status_table(statuses))
         print(f"transport: {spec.transport}" + (f" — {INSECURE_WARNING}" if spec.insecure else ""))
         print(epoch_line(epoch, spec.runs_epochs))
+        print(standing_text(standing))
     return 0 if any(st.alive for st in statuses) else 1
 
 
@@ -768,6 +816,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="per node: alive, height, view, leader")
     status.add_argument("--dir", required=True)
     status.add_argument("--json", action="store_true")
+    status.add_argument(
+        "--key",
+        help="key file to read the chain of epochs with (default DIR/owner.key; an auditor's "
+        "or a member's)",
+    )
     status.set_defaults(func=_cmd_status)
 
     epochs = sub.add_parser(

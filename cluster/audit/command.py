@@ -83,19 +83,37 @@ def _acked_files(args: argparse.Namespace, spec: Any) -> Any:
 
 
 def _shippers(
-    args: argparse.Namespace, spec: Any, key: Any, stubs: Any, acked: Any
+    args: argparse.Namespace, spec: Any, key: Any, stubs: Any, acked: Any, learn: Any = None
 ) -> dict[str, Any]:
-    """The shippers asked for, by where they copy to."""
+    """The shippers asked for, by where they copy to; `learn` reads the chain of epochs
+    their certificates are checked against (None: a chain that runs no epochs)."""
     shippers: dict[str, Any] = {}
     if args.dsn:
         from quorumgate.audit.shipper import ShipOptions, Shipper
 
-        shippers["to PostgreSQL"] = Shipper(spec, key, stubs, ShipOptions(dsn=args.dsn), acked)
+        options = ShipOptions(dsn=args.dsn)
+        shippers["to PostgreSQL"] = Shipper(spec, key, stubs, options, acked, learn)
     if args.otlp:
         from quorumgate.audit.otel import OtlpShipper
 
-        shippers["over OTLP"] = OtlpShipper(spec, key, stubs, args.otlp_options, acked)
+        shippers["over OTLP"] = OtlpShipper(spec, key, stubs, args.otlp_options, acked, learn)
     return shippers
+
+
+def _chain_reader(spec: ClusterSpec, key: Any) -> tuple[Any, Any]:
+    """A client that follows the chain of epochs with the shipper's key (the owner's or
+    an auditor's may read the epoch ends), and how the shippers ask it: each epoch's
+    receipt keys and heights as `Client.epochs` checked them (docs/consensus/epochs.md,
+    "Receipt keys"); None on a chain that runs no epochs. Its channels follow the
+    members the chain moves, adds and removes, and the shippers read the sidecars there."""
+    from quorumgate.sdk.client import Client
+
+    client = Client(spec, key)
+
+    async def learn() -> ReceiptEpochs:
+        return (await client.epochs()).receipt_epochs
+
+    return client, (learn if spec.runs_epochs else None)
 
 
 async def _ship_all_once(shippers: dict[str, Any]) -> None:
@@ -110,14 +128,12 @@ async def _ship(args: argparse.Namespace) -> int:
     from nacl.signing import SigningKey
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from quorumgate.sdk.delivery import Channels
-
     directory = Path(args.dir)
     spec = load_cluster(directory)
     key = SigningKey(read_seed(_key_file(args, directory)))
-    channels = Channels(spec)
+    client, learn = _chain_reader(spec, key)
     acked = _acked_files(args, spec)
-    shippers = _shippers(args, spec, key, channels.sidecars, acked)
+    shippers = _shippers(args, spec, key, client.pool.get().sidecars, acked, learn)
     if args.metrics_port is not None:
         registries = [s.metrics.registry for s in shippers.values()]
         registry = CollectorRegistry()
@@ -137,7 +153,7 @@ async def _ship(args: argparse.Namespace) -> int:
     finally:
         for shipper in shippers.values():
             shipper.close()
-        await channels.close()
+        await client.close()
     return 0
 
 

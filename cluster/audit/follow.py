@@ -37,11 +37,17 @@ from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
     Receipt,
+    ReceiptEpochs,
     assemble_certificate,
+    receipt_keys_at,
     root_from_path,
 )
 
 SIDECAR_READ_S = 5.0  # one sidecar's answer to one read, or its receipts for one page
+
+# Asks the replicas for the chain of epochs and returns each epoch's heights and receipt
+# keys as checked (`Client.epochs().receipt_epochs`); raises when it cannot.
+LearnEpochs = Callable[[], Awaitable[ReceiptEpochs]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +70,71 @@ class Round:
     caught_up: bool = False  # these verdicts are all f+1 sidecars agreed on through it
 
 
+class ShipEpochs:
+    """The epochs the shipper checks receipts and certificates against: each epoch's
+    heights and receipt keys, from the chain of epochs it checked (docs/consensus/
+    epochs.md, "Receipt keys"; `Client.epochs`, the verifier the SDK and `audit verify
+    --epochs` use). `through`: every epoch that ended at or below this height is known.
+
+    Before a round certifies entries above `through` it asks the chain again (`learn`),
+    after the entries were read: f+1 sidecars returned them, so at least one honest
+    sidecar had executed their last height, and its replica had committed, and stored,
+    every change block up to it. Entries above what the chain covers are not certified
+    that round (a chain that cannot be read ships nothing new, it never falls back to the
+    cluster file's keys). Without `learn` (a chain that runs no epochs) epoch 0, the
+    cluster file's keys, covers every height."""
+
+    def __init__(self, spec: ClusterSpec, learn: LearnEpochs | None = None) -> None:
+        self.known = ReceiptEpochs.genesis(spec.receipt_keys)
+        self.learn = learn
+        self.through: int | None = None if learn is None else 0  # None: every height
+
+    async def cover(
+        self, entries: list[LedgerEntry], executed: int, refusals: list[Refusal]
+    ) -> list[LedgerEntry]:
+        """`entries` cut to the heights the known epochs cover, the chain asked again first
+        when the last one lies above them."""
+        if self.through is None or self.learn is None or not entries:
+            return entries
+        last = entries[-1].height
+        if last > self.through:
+            try:
+                self.known = await self.learn()
+            except Exception as error:
+                # Whatever failed (fewer than f+1 answers, a refused read, no answer that
+                # checks), the chain is unknown past `through`.
+                refusals.append(Refusal(-1, "epochs unknown", type(error).__name__))
+            else:
+                self.through = max(self.through, last, executed)
+        return [e for e in entries if e.height <= self.through]
+
+
 class Reader:
     """Signed reads of every sidecar of one cluster. `stubs` are `SidecarStub`s by member
-    index (the shipper's own channels; a test may put a stand-in in front of one)."""
+    index (the shipper's own channels; a test may put a stand-in in front of one). A list
+    is kept as given, not copied: channels that follow the chain of epochs (a client's,
+    `ChannelPool.follow`) change it in place when members move, join or leave.
+    `learn`: how to read the chain of epochs (`ShipEpochs`); None on a chain that runs no
+    epochs."""
 
-    def __init__(self, spec: ClusterSpec, key: SigningKey, stubs: Sequence[Any]) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        key: SigningKey,
+        stubs: Sequence[Any],
+        learn: LearnEpochs | None = None,
+    ) -> None:
         self.spec = spec
         self.key = key
-        self.stubs = list(stubs)
+        self.stubs = stubs if isinstance(stubs, list) else list(stubs)
+        self.epochs = ShipEpochs(spec, learn)
+
+    @property
+    def f(self) -> int:
+        """f of the newest epoch the shipper knows (a grow to 7 makes it 2): what f+1
+        agreeing sidecars count against; the cluster file's without a chain of epochs."""
+        known = self.epochs.known
+        return (len(known.current.keys) - 1) // 3 if known.chained else self.spec.f
 
     def auth(self, method: str) -> tuple[tuple[str, str], ...]:
         return read_auth_metadata(
@@ -160,7 +223,7 @@ class Reader:
                             raise ValueError("a receipt that cannot be")
                         block = _block_key(receipt)
                         if block not in signed:
-                            if not receipt_signature_ok(self.spec, receipt, i):
+                            if not receipt_signature_ok(self.spec, receipt, i, self.epochs.known):
                                 raise ValueError("a receipt it did not sign")
                             signed.add(block)
                         if receipt.leaf.height != receipt.block.height:
@@ -184,9 +247,15 @@ def _block_key(receipt: Receipt) -> tuple[object, ...]:
             b.epoch, b.signature)  # fmt: skip
 
 
-def _verify(spec: ClusterSpec, cert: Certificate, done: set[tuple[object, ...]]) -> bool:
-    """`verify_certificate`, its signatures checked once per block statement: a further
-    leaf under a statement already verified with the same signatures needs only its path."""
+def _verify(
+    spec: ClusterSpec,
+    cert: Certificate,
+    done: set[tuple[object, ...]],
+    epochs: ReceiptEpochs | None,
+) -> bool:
+    """`verify_certificate` against the epoch the certificate names (`epochs`), its
+    signatures checked once per block statement: a further leaf under a statement already
+    verified with the same signatures needs only its path."""
     statement = (cert.leaf.height, cert.verdict_root, cert.state_root, cert.leaf_count,
                  cert.validity, cert.epoch, cert.signatures)  # fmt: skip
     try:
@@ -195,17 +264,33 @@ def _verify(spec: ClusterSpec, cert: Certificate, done: set[tuple[object, ...]])
                 cert.leaf.hash(spec.chain_id), cert.leaf.index, cert.leaf_count, cert.path
             )
             return root == cert.verdict_root and len(cert.path) <= PATH_HASHES_MAX
-        certified_leaf(spec, cert)
+        certified_leaf(spec, cert, epochs=epochs)
     except CertificateError:
         return False
     done.add(statement)
     return True
 
 
+def _needed(spec: ClusterSpec, receipt: Receipt, epochs: ReceiptEpochs | None) -> int | None:
+    """f+1 of the epoch `receipt`'s statement names (its receipt keys' count), None for an
+    epoch, or a height, that `epochs` does not hold: such a statement certifies nothing."""
+    if epochs is None:
+        return spec.f + 1
+    try:
+        keys = receipt_keys_at(epochs, receipt.block.epoch, receipt.block.height)
+    except CertificateError:
+        return None
+    return (len(keys) - 1) // 3 + 1
+
+
 def certificates(
-    spec: ClusterSpec, answers: dict[int, list[Receipt]]
+    spec: ClusterSpec,
+    answers: dict[int, list[Receipt]],
+    epochs: ReceiptEpochs | None = None,
 ) -> dict[tuple[int, int], Certificate]:
-    """Per place, the statement f+1 distinct sidecars signed, as a verified certificate."""
+    """Per place, the statement f+1 distinct sidecars signed, as a certificate verified
+    against its epoch's receipt keys and heights (`epochs`; without it the cluster file's
+    keys in every epoch, the guarantee of a verifier without the chain)."""
     done: set[tuple[object, ...]] = set()
     groups: dict[tuple[object, ...], dict[int, Receipt]] = {}
     for signer, receipts in answers.items():
@@ -213,10 +298,11 @@ def certificates(
             groups.setdefault(statement_key(receipt), {}).setdefault(signer, receipt)
     out: dict[tuple[int, int], Certificate] = {}
     for group in groups.values():
-        if len(group) < spec.f + 1:
+        needed = _needed(spec, next(iter(group.values())), epochs)
+        if needed is None or len(group) < needed:
             continue
         certificate = assemble_certificate(spec.chain_id, list(group.values()))
-        if _verify(spec, certificate, done):
+        if _verify(spec, certificate, done, epochs):
             out[(certificate.leaf.height, certificate.leaf.index)] = certificate
     return out
 
@@ -247,7 +333,7 @@ async def read_round(spec: ClusterSpec, reader: Reader, cursor: Cursor) -> Round
     heights, pages = await asyncio.gather(
         reader.executed_heights(found.refusals), reader.ledger_pages(cursor, found.refusals)
     )
-    needed = spec.f + 1
+    needed = reader.f + 1
     ranked = sorted(heights.values(), reverse=True)
     found.executed = ranked[needed - 1] if len(ranked) >= needed else 0
     agreed = agreed_entries(pages, needed)
@@ -258,6 +344,10 @@ async def read_round(spec: ClusterSpec, reader: Reader, cursor: Cursor) -> Round
     entries, why = linked_prefix(spec.chain_id, cursor, agreed)
     if why:
         found.refusals.append(Refusal(-1, "no link", why))
+        found.caught_up = False
+    linked = len(entries)
+    entries = await reader.epochs.cover(entries, found.executed, found.refusals)
+    if len(entries) < linked:
         found.caught_up = False
     if not entries:
         return found
@@ -281,13 +371,14 @@ async def certified_entries(
     order, so asking fewer trusts nothing more (docs/audit.md, "What the shipper
     trusts", step 4)."""
     held = [i for i in sorted(ready) if pages.get(i, [])[: len(entries)] == entries]
-    first = set(held[: spec.f + 1]) if len(held) > spec.f else set(ready)
+    first = set(held[: reader.f + 1]) if len(held) > reader.f else set(ready)
+    epochs = reader.epochs.known
     answers = _answered(await reader.receipts(entries, first, refusals), first)
-    certs = certificates(spec, answers)
+    certs = certificates(spec, answers, epochs)
     rest = ready - first
     if rest and len(certified(entries, certs, [])) < len(entries):
         answers.update(_answered(await reader.receipts(entries, rest, refusals), rest))
-        certs = certificates(spec, answers)
+        certs = certificates(spec, answers, epochs)
     return certified(entries, certs, refusals)
 
 

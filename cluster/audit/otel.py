@@ -27,7 +27,7 @@ from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from quorumgate.audit.acked import AckedFiles, acked_height
-from quorumgate.audit.follow import Reader, read_round
+from quorumgate.audit.follow import LearnEpochs, Reader, read_round
 from quorumgate.audit.records import Batch, Cursor, ShippedVerdict
 from quorumgate.proto.canonical import HASH_BYTES
 from quorumgate.proto.clusterfile import ClusterSpec
@@ -326,9 +326,10 @@ class OtlpShipper:
         stubs: Sequence[Any],
         options: OtlpOptions,
         acked: AckedFiles | None = None,
+        learn: LearnEpochs | None = None,
     ) -> None:
         self.spec = spec
-        self.reader = Reader(spec, key, stubs)
+        self.reader = Reader(spec, key, stubs, learn)  # learn: as `Shipper`'s
         self.options = options
         self.acked = acked  # where the copy's acknowledged height goes (docs/pruning.md)
         self.cursor_file = CursorFile(options.cursor_path, spec.chain_id, options.endpoint)

@@ -18,7 +18,7 @@ from nacl.signing import SigningKey
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from quorumgate.audit.acked import AckedFiles, acked_height
-from quorumgate.audit.follow import Reader, Refusal, Round, read_round
+from quorumgate.audit.follow import LearnEpochs, Reader, Refusal, Round, read_round
 from quorumgate.audit.records import Batch, Cursor
 from quorumgate.audit.store import (
     CursorMoved,
@@ -97,9 +97,13 @@ class Shipper:
         stubs: Sequence[Any],
         options: ShipOptions,
         acked: AckedFiles | None = None,
+        learn: LearnEpochs | None = None,
     ) -> None:
+        """`learn`: how to read the chain of epochs, whose receipt keys and heights every
+        certificate is checked against (`follow.ShipEpochs`); None on a chain that runs
+        no epochs."""
         self.spec = spec
-        self.reader = Reader(spec, key, stubs)
+        self.reader = Reader(spec, key, stubs, learn)
         self.options = options
         self.acked = acked  # where the copy's acknowledged height goes (docs/pruning.md)
         self.metrics = ShipMetrics()
@@ -194,8 +198,8 @@ class Shipper:
         refusals: list[Refusal] = []
         heights = await self.reader.executed_heights(refusals)
         ranked = sorted(heights.values(), reverse=True)
-        if len(ranked) > self.spec.f:
-            executed = ranked[self.spec.f]
+        if len(ranked) > self.reader.f:
+            executed = ranked[self.reader.f]
             self.metrics.certified_height.set(executed)
             self.metrics.lag.set(max(0, executed - self.shipped_height))
 

@@ -9,7 +9,9 @@ from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.sidecar.receipts import (
     Certificate,
     CertificateError,
+    ReceiptEpochs,
     merkle_root,
+    receipt_keys_at,
     verify_certificate,
 )
 from quorumgate.sidecar.wire import leaf_from_pb, receipt_from_pb
@@ -43,16 +45,27 @@ class BlockCertifier:
     root, which puts every leaf of the block under signatures already checked. So a block
     costs f+1 Ed25519 verifications and one pass of hashing, whatever its size. Receipts of
     sidecars outside the chosen group are never decoded beyond their statement.
+
+    Each statement is checked against the epoch it names (`epochs`, the chain of epochs
+    `Client.epochs` checked: that epoch's receipt keys, its f and its heights; docs/
+    consensus/epochs.md, "Receipt keys"); without `epochs`, the cluster file's keys in
+    every epoch, the guarantee of a verifier without the chain.
     """
 
     def __init__(
-        self, chain_id: str, receipt_keys: Sequence[bytes], *, receipts_expire: bool
+        self,
+        chain_id: str,
+        receipt_keys: Sequence[bytes],
+        *,
+        receipts_expire: bool,
+        epochs: ReceiptEpochs | None = None,
     ) -> None:
         self.chain_id = chain_id
         self.receipt_keys = tuple(receipt_keys)
         self.receipts_expire = receipts_expire  # the chain's: statements sign a window
-        self.n = len(self.receipt_keys)
-        self.f = (self.n - 1) // 3
+        self.epochs = epochs or ReceiptEpochs.genesis(self.receipt_keys)
+        # the signer indexes some epoch has (a grow to 7 brings 4..6)
+        self.n = max(len(e.keys) for e in self.epochs.epochs)
         self.heights: dict[int, _Height] = {}
         self.done_below = 0  # every height below this is certified or given up
         self.done: set[int] = set()
@@ -76,10 +89,10 @@ class BlockCertifier:
             return None
         return self._try_certify(height, h)
 
-    def _statement(self, receipts: list[spb.Receipt]) -> tuple[bytes, bytes, int, bytes]:
+    def _statement(self, receipts: list[spb.Receipt]) -> tuple[bytes, bytes, int, bytes, int]:
         first = receipts[0]
         window = first.validity.SerializeToString() if first.HasField("validity") else b""
-        return (first.verdict_root, first.state_root, first.leaf_count, window)
+        return (first.verdict_root, first.state_root, first.leaf_count, window, first.epoch)
 
     def _try_certify(self, height: int, h: _Height) -> list[tuple[bytes, str]] | None:
         complete = [
@@ -87,13 +100,18 @@ class BlockCertifier:
             for s, rs in h.receipts.items()
             if s not in h.bad and rs and len(rs) == rs[0].leaf_count
         ]
-        groups: dict[tuple[bytes, bytes, int, bytes], list[int]] = {}
+        groups: dict[tuple[bytes, bytes, int, bytes, int], list[int]] = {}
         for s in complete:
             groups.setdefault(self._statement(h.receipts[s]), []).append(s)
-        for (verdict_root, state_root, leaf_count, _), signers in groups.items():
-            if len(signers) < self.f + 1:
+        for (verdict_root, state_root, leaf_count, _, epoch), signers in groups.items():
+            try:
+                keys = receipt_keys_at(self.epochs, epoch, height)
+            except CertificateError:
+                continue  # an epoch, or a height, these epochs do not hold: nothing counts
+            f = (len(keys) - 1) // 3
+            if len(signers) < f + 1:
                 continue
-            chosen = sorted(signers)[: self.f + 1]
+            chosen = sorted(signers)[: f + 1]
             receipts = h.receipts[chosen[0]]
             leaves = [leaf_from_pb(r.leaf) for r in receipts]
             ok = all(leaf.height == height and leaf.index == i for i, leaf in enumerate(leaves))
@@ -110,19 +128,24 @@ class BlockCertifier:
                 state_root=state_root,
                 signatures=tuple((s, h.receipts[s][0].signature) for s in chosen),
                 validity=validity,
+                epoch=epoch,
             )
             try:
                 if not ok:
                     raise CertificateError("bad_leaf", "leaves out of order")
                 verify_certificate(
-                    cert, self.chain_id, self.receipt_keys, receipts_expire=self.receipts_expire
+                    cert,
+                    self.chain_id,
+                    self.receipt_keys,
+                    receipts_expire=self.receipts_expire,
+                    epochs=self.epochs,
                 )
                 root = merkle_root([leaf.hash(self.chain_id) for leaf in leaves])
                 if root != verdict_root:
                     raise CertificateError("bad_path", "leaves do not hash to the verdict root")
             except CertificateError:
                 self.counts.failures += 1
-                self._exclude_bad(h, chosen, height)
+                self._exclude_bad(h, chosen, keys)
                 continue
             self._finish(height)
             self.counts.certified_blocks += 1
@@ -130,9 +153,10 @@ class BlockCertifier:
             return [(leaf.tx_id, f"{leaf.outcome}/{leaf.reason}") for leaf in leaves]
         return None
 
-    def _exclude_bad(self, h: _Height, chosen: list[int], height: int) -> None:
+    def _exclude_bad(self, h: _Height, chosen: list[int], keys: Sequence[bytes]) -> None:
         """A group failed: find which members' statements or leaves are bad (the rare
-        path: one signature each) and stop counting them for this height."""
+        path: one signature each, with `keys`, the receipt keys of the epoch the group's
+        statement names) and stop counting them for this height."""
         for s in chosen:
             rs = h.receipts[s]
             first = rs[0]
@@ -143,7 +167,7 @@ class BlockCertifier:
                 message = block.statement(self.chain_id)
                 from nacl.signing import VerifyKey
 
-                VerifyKey(self.receipt_keys[s]).verify(message, first.signature)
+                VerifyKey(keys[s]).verify(message, first.signature)
                 leaves = [leaf_from_pb(r.leaf) for r in rs]
                 root = merkle_root([leaf.hash(self.chain_id) for leaf in leaves])
                 if root != first.verdict_root or first.signer != s:

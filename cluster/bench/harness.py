@@ -81,6 +81,7 @@ from quorumgate.bench.workers import (
 )
 from quorumgate.ops.loadgen import LoadAgent
 from quorumgate.proto.clusterfile import ClusterSpec
+from quorumgate.sidecar.receipts import ReceiptEpochs
 
 START_DELAY_S = 0.3  # between "every client is ready" and the first submission
 READY_TIMEOUT_S = 120.0  # client pre-signing and observer streams
@@ -205,7 +206,27 @@ def _observer_job(
         receipt_keys=spec.receipt_keys,
         client_of_signer=client_of_signer,
         from_height=_next_height(spec),
+        receipt_epochs=chain_receipt_epochs(spec),
     )
+
+
+def chain_receipt_epochs(spec: ClusterSpec) -> ReceiptEpochs | None:
+    """Each epoch's heights and receipt keys, read as the owner (the bench runs as the
+    cluster's owner) and checked by `Client.epochs`, the verifier the SDK and `audit
+    verify --epochs` use (docs/consensus/epochs.md, "Receipt keys"); None on a chain that
+    runs no epochs. Read once per run: a run that crosses an epoch boundary certifies
+    nothing of the epoch after it."""
+    if not spec.runs_epochs:
+        return None
+    import asyncio
+
+    from quorumgate.sdk.client import Client
+
+    async def read() -> ReceiptEpochs:
+        async with Client.as_owner(spec.directory) as client:
+            return (await client.epochs()).receipt_epochs
+
+    return asyncio.run(read())
 
 
 def _next_height(spec: ClusterSpec) -> int:

@@ -31,6 +31,7 @@ from quorumgate.proto.tx import tx_id
 from quorumgate.replica.wire import SUBMIT_BATCH_TXS_MAX
 from quorumgate.runtime.channels import aio_channel
 from quorumgate.sdk.owner import owner_reader
+from quorumgate.sidecar.receipts import ReceiptEpochs
 
 RETRY_BACKOFF_S = 0.01
 RETRYABLE_REFUSALS = frozenset({"mempool_full", "signer_full"})
@@ -58,6 +59,9 @@ class ObserverJob:
     receipt_keys: tuple[bytes, ...]
     client_of_signer: dict[bytes, int]
     from_height: int
+    # each epoch's heights and receipt keys, as `Client.epochs` checked them before the
+    # run (None: a chain that runs no epochs, checked with the cluster file's keys)
+    receipt_epochs: ReceiptEpochs | None = None
 
 
 @dataclass
@@ -217,7 +221,10 @@ async def _observe(
     result = ObserverResult()
     full = job.full
     certifier = BlockCertifier(
-        job.chain_id, job.receipt_keys, receipts_expire=job.spec.receipts_expire
+        job.chain_id,
+        job.receipt_keys,
+        receipts_expire=job.spec.receipts_expire,
+        epochs=job.receipt_epochs,
     )
     committed: dict[bytes, tuple[int, float]] = {}  # full mode: tx id -> (client, commit time)
     early: dict[bytes, tuple[float, str]] = {}  # certified before its commit was seen here

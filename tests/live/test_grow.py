@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from nacl.signing import SigningKey, VerifyKey
 
@@ -43,6 +44,14 @@ def quorumgate(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=CLI_TIMEOUT_S,
         check=False,
     )
+
+
+def status_cluster(directory: Path) -> dict[str, Any]:
+    """What `quorumgate status --json` says of the cluster as it stands."""
+    shown = quorumgate("status", "--dir", str(directory), "--json")
+    assert shown.returncode == 0, shown.stderr
+    standing: dict[str, Any] = json.loads(shown.stdout)["cluster"]
+    return standing
 
 
 def votes_in_epoch(
@@ -136,6 +145,16 @@ def test_four_grow_to_seven_and_shrink_to_four(
 
         epochs = asyncio.run(chain())
         assert [len(e.keys) for e in epochs.epochs] == [4, 7]
+        # `quorumgate status` shows the seven as they stand, the three added in epoch 1 at
+        # their own addresses (docs/operating.md, "Status after a reconfiguration").
+        standing = status_cluster(spec.directory)
+        assert standing["followed"] and standing["epoch"] == 1
+        members = {m["index"]: m for m in standing["members"]}
+        assert sorted(members) == list(range(7))
+        for index in NEW:
+            at = f"{entries[index]['host']}:{entries[index]['replica_port']}"
+            assert members[index]["address"] == at
+            assert members[index]["changes"] == [{"epoch": 1, "change": "added"}]
         with SyncClient(spec, agent_key) as agent:
             decision = agent.propose("web.get", URL, run_id="after-the-add")
         cert = decision.certificate
@@ -160,6 +179,9 @@ def test_four_grow_to_seven_and_shrink_to_four(
             int(s.epoch) for s in cluster.statuses(range(N)).values()
         } == {2})  # fmt: skip
         cluster.wait_progress(3)
+        standing = status_cluster(spec.directory)
+        assert standing["epoch"] == 2 and len(standing["members"]) == N
+        assert standing["removed"] == [{"index": i, "epoch": 2} for i in NEW]
 
         load.stop()
         load.assert_clean()

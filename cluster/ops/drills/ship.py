@@ -46,6 +46,7 @@ from quorumgate.sidecar.store import LEDGER_PAGE_ROWS_MAX, SidecarStore
 
 SHIP_FAULTS = ("sigkill-shipper", "restart-database", "sigkill-replica")
 SHIPPER_LOG = "shipper.log"
+EPOCHS_FILE = "ship-epochs.json"  # the chain of epochs `audit verify` checks the copy with
 
 
 def _free_port() -> int:
@@ -315,13 +316,31 @@ def settle_copy(d: Drill, run: ShipRun, top: int) -> None:
     run.shipper.kill(signal.SIGTERM)
     verify = subprocess.run(
         [sys.executable, "-m", "quorumgate", "audit", "verify", "--dir", str(d.spec.directory),
-         "--dsn", run.target.dsn],
+         "--dsn", run.target.dsn, *_epochs_argument(d)],
         capture_output=True, text=True, timeout=SHIP_CATCH_UP_TIMEOUT_S, check=False,
     )  # fmt: skip
     lines = verify.stdout.strip().splitlines()
     d.report.details["audit_verify"] = {"exit": verify.returncode, "last": lines[-1:]}
     d.check("audit_verify", [] if verify.returncode == 0 else lines[-5:] or [verify.stderr],
             lines[0] if lines else "audit verify ok")  # fmt: skip
+
+
+def _epochs_argument(d: Drill) -> list[str]:
+    """`--epochs FILE` for `audit verify` on a chain that runs epochs: the chain of epochs
+    as `quorumgate epochs --json` checks it now, so that the copy's certificates are
+    checked with each epoch's receipt keys and heights, as the shipper checked them
+    (docs/consensus/epochs.md, "Receipt keys"); nothing on a chain that runs none."""
+    if not d.spec.runs_epochs:
+        return []
+    path = d.spec.directory / EPOCHS_FILE
+    found = subprocess.run(
+        [sys.executable, "-m", "quorumgate", "epochs", "--dir", str(d.spec.directory), "--json"],
+        capture_output=True, text=True, timeout=SHIP_CATCH_UP_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        raise Abort(f"the chain of epochs could not be read: {found.stderr.strip()[-300:]}")
+    path.write_text(found.stdout)
+    return ["--epochs", str(path)]
 
 
 def _shipper_figures(d: Drill, run: ShipRun) -> None:
