@@ -513,7 +513,7 @@ def _account(rest: str) -> str:
 
 
 def _uri(text: str, scheme: str, principal: str, strict: bool = False, escape: bool = False) -> str:
-    from rfc3986 import exceptions, misc, normalizers, uri_reference  # type: ignore[import-untyped]
+    from rfc3986 import exceptions, misc, normalizers, uri_reference  # mypy: once, above
 
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
