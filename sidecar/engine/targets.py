@@ -32,18 +32,19 @@ canonicalized is refused with `malformed_target`. The library parsers (`rfc3986`
 RFC 3986 appendix-B split and its dot-segment removal and validation, `idna` for UTS 46 and
 A-labels) do the standard parts; the strictness around them is ours, because both
 libraries are lenient in ways that would let two spellings of one target survive.
+Both are imported where they are first needed, not with this module: the commonest target
+takes a fast path that needs neither (`_already_canonical_web_uri`), and their import cost
+every sidecar process about 40 ms of CPU at start (docs/development.md, the test job's time).
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import ipaddress
 import re
 import unicodedata
-
-import idna
-from rfc3986 import exceptions, misc, normalizers, uri_reference  # type: ignore[import-untyped]
-from rfc3986.validators import Validator  # type: ignore[import-untyped]
+from typing import Any
 
 from quorumgate.proto import limits, names
 from quorumgate.proto.chainversions import (
@@ -111,11 +112,17 @@ REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 # are written as `%XX` of their UTF-8 octets instead of refusing the target, so a channel
 # an attacker named with a newline can still be worked on; the rest stay refused.
 ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
-_VALIDATOR = (
-    Validator()
-    .require_presence_of("scheme")
-    .check_validity_of("scheme", "userinfo", "host", "port", "path", "query", "fragment")
-)
+
+
+@functools.cache
+def _validator() -> Any:
+    from rfc3986.validators import Validator  # type: ignore[import-untyped]
+
+    return (
+        Validator()
+        .require_presence_of("scheme")
+        .check_validity_of("scheme", "userinfo", "host", "port", "path", "query", "fragment")
+    )
 
 
 class TargetRefused(Exception):
@@ -399,6 +406,8 @@ def _path(text: str, principal: str) -> str:
 
 
 def _file_uri(text: str, principal: str, strict: bool = False, escape: bool = False) -> str:
+    from rfc3986 import misc  # type: ignore[import-untyped]
+
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
@@ -504,6 +513,8 @@ def _account(rest: str) -> str:
 
 
 def _uri(text: str, scheme: str, principal: str, strict: bool = False, escape: bool = False) -> str:
+    from rfc3986 import exceptions, misc, normalizers, uri_reference  # mypy: once, above
+
     parts = misc.URI_MATCHER.match(text)
     assert parts is not None  # the RFC 3986 appendix-B expression matches every string
     authority = parts.group("authority")
@@ -535,7 +546,7 @@ def _uri(text: str, scheme: str, principal: str, strict: bool = False, escape: b
         raise _malformed("too long")
     # Belt and braces: what we produce must be a valid absolute URI for rfc3986 as well.
     try:
-        _VALIDATOR.validate(uri_reference(out))
+        _validator().validate(uri_reference(out))
     except exceptions.ValidationError:
         raise _malformed("not a valid URI") from None
     return out
@@ -676,6 +687,8 @@ def canonical_host(raw: str) -> str | None:
 
 
 def _host(raw: str, strict: bool = False) -> str:
+    import idna
+
     if raw == "":
         return ""
     decoded = _percent_decode(raw)
@@ -703,6 +716,8 @@ def _host(raw: str, strict: bool = False) -> str:
 
 
 def _label(label: str) -> str:
+    import idna
+
     try:
         if label.isascii():
             if label.startswith("xn--"):
