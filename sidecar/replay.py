@@ -38,7 +38,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -699,13 +699,13 @@ async def _receipt_keys_at(spec: ClusterSpec, index: int, report: ReplayReport) 
         return file_receipt_keys(spec)
     scratch = ReplayReport(node=index, from_height=1)  # (the replay's own report counts its epochs)
 
-    def keys_at(height: int) -> Sequence[bytes]:
+    def keys_at(height: int, index: int) -> bytes | None:
         # The block at `height` is certified in the epoch of the heights after height-1.
         epochs, _ = _epochs_through(spec, rows, height - 1, scratch)
         owner = epochs.owner
         if owner is None or not owner.receipt_keys:
-            return file_receipt_keys(spec)(height)
-        return owner.receipt_keys
+            return spec.member(index).receipt_public_key
+        return owner.receipt_keys[index] if index < len(owner.receipt_keys) else None
 
     return keys_at
 

@@ -458,14 +458,15 @@ async def _ask(peer: Peer, heights: Sequence[int]) -> spb.SnapshotListReply | No
         return None
 
 
-ReceiptKeysAt = Callable[[int], Sequence[bytes]]
+# Member `index`'s receipt key that checks its attestation of `height` (height, index ->
+# key; None: no member of that epoch).
+ReceiptKeysAt = Callable[[int, int], bytes | None]
 
 
 def file_receipt_keys(spec: ClusterSpec) -> ReceiptKeysAt:
     """The members' receipt keys as the cluster file names them, at every height: those of
     a chain whose receipt keys no record changed."""
-    keys = tuple(spec.member(i).receipt_public_key for i in range(spec.n))
-    return lambda height: keys
+    return lambda height, index: spec.member(index).receipt_public_key
 
 
 def _attestations(
@@ -478,7 +479,6 @@ def _attestations(
     """For `height`: each head some peer attested, with the distinct members whose
     attestation of it verifies (signed by the member that answered, with its receipt key
     of the epoch `height` lies in, as `keys_at` gives it, and not ourselves)."""
-    keys = keys_at(height)
     heads: dict[Head, set[int]] = {}
     for index, reply in replies.items():
         for msg in reply.attestations:
@@ -488,9 +488,8 @@ def _attestations(
                 attestation = Attestation.from_pb(msg)
             except ValueError:
                 continue
-            if index >= len(keys):
-                continue
-            if attestation.signed.signed_by(spec.chain_id, keys[index]):
+            key = keys_at(height, index)
+            if key is not None and attestation.signed.signed_by(spec.chain_id, key):
                 heads.setdefault(attestation.head, set()).add(index)
     return heads
 
