@@ -211,7 +211,9 @@ class ReplicaNode:
         # epochs.md, "Who may change the member set"): with the cluster file's key in
         # epoch 0, and in a later epoch with the key the owner records before it left
         # (`_epoch_reading`; "The record key"). The core of each epoch holds its own.
-        self.owner_records = spec.record_reader() if spec.runs_epochs else None
+        self.owner_records = (
+            spec.record_reader() if spec.runs_epochs else None
+        )
         self._epoch_asked_ms = -1  # when we last asked a peer how our epoch ended
         self.limits = Limits(sync_blocks_max=spec.sync_blocks_max)
         self.metrics = ReplicaMetrics(index)
@@ -427,7 +429,7 @@ class ReplicaNode:
                 raise ClusterFileError(
                     f"node {self.index} is no member of epoch {membership.epoch}: a remove "
                     "record took it out, and it stops for good (docs/consensus/epochs.md, "
-                    '"Growing and shrinking")'
+                    "\"Growing and shrinking\")"
                 )
             return None  # (an `add` still to commit)
         key = membership.key(self.index)

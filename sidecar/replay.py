@@ -968,7 +968,9 @@ async def replay(
             await _install_snapshot(spec, index, store, report)
         top, replica_store = await _open_log(spec, index)
         if report.snapshot is not None and replica_store is None:
-            top = await log_reaching(lambda: _replica_top(spec, index), top, report.snapshot_height)
+            top = await log_reaching(
+                lambda: _replica_top(spec, index), top, report.snapshot_height
+            )
         report.top_height = top
         at = await _start_position(spec, index, store, replica_store, top, report, resume)
         rows = await _epoch_rows(spec, index, replica_store)
