@@ -5,7 +5,11 @@ every other member pruned above the change block, then member 3's replica and si
 stores lost. Its replica learns the chain of epochs from its peers, checks it link by link
 from the cluster file, takes a committed base of epoch 1 checked with epoch 1's keys and
 syncs forward; its sidecar is caught up from a snapshot its peers attest and signs what
-they sign."""
+they sign. And a new machine replacing member 3, started only after the others pruned
+above the change block that makes it a member, takes a base of that epoch.
+
+Each test waits for a rotation or replacement and then for the pruning past it: 30 to 60 s
+on an idle 2-core machine, longer under other load (docs/pruning.md has the runs)."""
 
 from __future__ import annotations
 
