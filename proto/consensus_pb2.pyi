@@ -117,20 +117,32 @@ class SyncRequest(_message.Message):
     def __init__(self, from_height: _Optional[int] = ..., max_blocks: _Optional[int] = ..., target_hash: _Optional[bytes] = ...) -> None: ...
 
 class SyncResponse(_message.Message):
-    __slots__ = ("committed", "proof", "proof_qc", "pending", "committed_height", "history_from")
+    __slots__ = ("committed", "proof", "proof_qc", "pending", "committed_height", "history_from", "epoch_ends")
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     PROOF_QC_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FROM_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_ENDS_FIELD_NUMBER: _ClassVar[int]
     committed: _containers.RepeatedCompositeFieldContainer[Block]
     proof: _containers.RepeatedCompositeFieldContainer[Block]
     proof_qc: QuorumCert
     pending: _containers.RepeatedCompositeFieldContainer[Block]
     committed_height: int
     history_from: int
-    def __init__(self, committed: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., committed_height: _Optional[int] = ..., history_from: _Optional[int] = ...) -> None: ...
+    epoch_ends: _containers.RepeatedCompositeFieldContainer[EpochLink]
+    def __init__(self, committed: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., proof_qc: _Optional[_Union[QuorumCert, _Mapping]] = ..., pending: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., committed_height: _Optional[int] = ..., history_from: _Optional[int] = ..., epoch_ends: _Optional[_Iterable[_Union[EpochLink, _Mapping]]] = ...) -> None: ...
+
+class EpochLink(_message.Message):
+    __slots__ = ("epoch", "keys", "ended")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    keys: bytes
+    ended: bytes
+    def __init__(self, epoch: _Optional[int] = ..., keys: _Optional[bytes] = ..., ended: _Optional[bytes] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("nonce", "signature")

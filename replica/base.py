@@ -20,6 +20,16 @@ committed block's ancestors are committed, and the chain's hashes bind them to i
 block's own justify is checked too, as sync checks it, so a block kept here and served on
 is one any member would take.
 
+On a chain past epoch 0 the certificates above a change block are the next member set's,
+so a base is checked with the member set of the epoch it lies in, never with the one the
+replica runs (`ChainedBases`): the asking replica first checks the chain of epochs its
+peers send with their answers, link by link from its cluster file, exactly as a follower
+does (replica/epochchain.py `extend_epoch_chain`: each change block's commit certified by a
+quorum of the epoch it ends), keeps the longest chain that checks, asks for a base in the
+newest epoch that chain knows, and checks that base with that epoch's keys. Keys rotated
+out (an old epoch's quorum, perhaps stolen) sign nothing that counts above the change
+block that retired them.
+
 Pure and deterministic like the core: the shell hands in the answer and the core's
 certificate checker, and installs what comes back (replica/storage.py `install_base`).
 """
@@ -27,11 +37,20 @@ certificate checker, and installs what comes back (replica/storage.py `install_b
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quorumgate.proto.membership import OwnerRecords
+from quorumgate.proto.crypto import Verifier
+from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.epochs import boundary_index
+from quorumgate.replica.epochchain import (
+    ChainedEpoch,
+    EpochChain,
+    RawEpochEnd,
+    extend_epoch_chain,
+    reader_of,
+)
+from quorumgate.replica.epochs import boundary_index, start_qc
 from quorumgate.replica.types import (
     Block,
     CommitProof,
@@ -162,3 +181,73 @@ class BaseAsks:
             return None
         self._peer = None
         return start
+
+
+# Signatures found valid, remembered per base checker (one per epoch a base is checked in).
+_BASE_VERIFIED_CACHE_MAX = 4096
+
+
+class ChainedBases:
+    """What a replica that takes a base knows of the chain of epochs: checked link by link
+    from its cluster file (`extend_epoch_chain`), starting from the epoch ends its own
+    store holds, then extended by the links its peers send (`SyncResponse.epoch_ends`).
+
+    The longest chain that checks is kept: a peer that withholds newer epochs cannot hold
+    the replica back, since f+1 peers said they pruned before any base is asked for and
+    one of them is honest and sent its whole chain; a link that does not check is refused
+    with its reason (`EpochChainError`) and changes nothing, and one that contradicts an
+    epoch already checked is refused as a `conflict` (two certified ends of one epoch need
+    more than f faulty members in it). The base is then asked for in the newest epoch the
+    chain knows (`base_from`) and checked with that epoch's member set (`check`)."""
+
+    __slots__ = ("_links", "chain", "owner")
+
+    def __init__(self, genesis: Membership, owner: OwnerRecords | None) -> None:
+        self.chain = EpochChain.genesis(genesis)
+        self.owner = owner
+        self._links: dict[int, RawEpochEnd] = {}  # epoch -> the checked link that started it
+
+    def learn(self, ends: Sequence[RawEpochEnd]) -> bool:
+        """Extend the chain by one answer's epoch ends (every epoch after 0 its sender
+        started, oldest first); True if it grew. Raises `EpochChainError` for an answer
+        that does not check (nothing of it is kept)."""
+        if not ends:
+            return False
+        before = len(self.chain)
+        self.chain = extend_epoch_chain(self.chain, ends, self.owner)
+        for end in ends[before - 1 : len(self.chain) - 1]:
+            self._links[int(end.epoch)] = end
+        return len(self.chain) > before
+
+    def links(self, after: int) -> tuple[RawEpochEnd, ...]:
+        """The checked links that start the epochs after `after`, oldest first."""
+        return tuple(self._links[e] for e in range(after + 1, len(self.chain)))
+
+    def base_from(self, reported: int) -> int:
+        """Where to ask a base from, a peer having said its log starts at `reported`: there,
+        or above the newest change block the chain knows, whichever is higher, so that the
+        base lies in one epoch, the newest known (the peer serves it from its log)."""
+        return max(reported, self.chain.current.boundary_height + 1)
+
+    def epoch_of(self, height: int) -> ChainedEpoch:
+        """The epoch the block at `height` was certified in, as far as the chain knows: the
+        newest whose change block lies below it."""
+        for epoch in reversed(self.chain.epochs):
+            if epoch.boundary_height < height:
+                return epoch
+        return self.chain.epochs[0]
+
+    def check(self, response: SyncResponse, from_height: int) -> tuple[Base, ChainedEpoch]:
+        """The base `response` proves from `from_height`, checked with the member set and
+        record reader of the epoch that height lies in (`check_base`), and that epoch.
+        Raises `RemoteError` (`bad_base`)."""
+        epoch = self.epoch_of(from_height)
+        membership = epoch.membership
+        checker = CertificateChecker(
+            membership,
+            Verifier(_BASE_VERIFIED_CACHE_MAX),
+            start_qc(membership.chain_id, epoch.boundary),
+        )
+        owner = reader_of(epoch, self.owner)
+        base = check_base(checker, response, from_height, epochs=owner is not None, owner=owner)
+        return base, epoch

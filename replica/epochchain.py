@@ -189,10 +189,7 @@ def check_link(
     """The epoch after `previous`, from the stored end of `previous`, checked with
     `previous`'s member keys and its record key (`owner` with `previous.owner_key`);
     raises `EpochChainError` naming the new epoch."""
-    if owner is not None and previous.owner_key is not None:
-        owner = replace(owner, owner_key=previous.owner_key)
-    if owner is not None and previous.receipt_keys:
-        owner = replace(owner, receipt_keys=previous.receipt_keys)
+    owner = reader_of(previous, owner)
     old = previous.membership
     number = old.epoch + 1
     if int(end.epoch) != number:
@@ -256,6 +253,17 @@ def check_link(
             if handed.receipt_keys != owner.receipt_keys:
                 receipt_keys = handed.receipt_keys
     return ChainedEpoch(nxt, boundary, owner_key, entries, receipt_keys)
+
+
+def reader_of(epoch: ChainedEpoch, owner: OwnerRecords | None) -> OwnerRecords | None:
+    """The reader of `epoch`'s records: `owner` (the cluster file's, epoch 0's) with the
+    record key and receipt keys the change blocks before `epoch` left (docs/consensus/
+    epochs.md, "The record key", "Receipt keys"); None stays None."""
+    if owner is not None and epoch.owner_key is not None:
+        owner = replace(owner, owner_key=epoch.owner_key)
+    if owner is not None and epoch.receipt_keys:
+        owner = replace(owner, receipt_keys=epoch.receipt_keys)
+    return owner
 
 
 def _split_keys(number: int, keys: bytes) -> tuple[bytes, ...]:

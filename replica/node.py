@@ -28,7 +28,7 @@ import secrets
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,11 @@ from quorumgate.replica.actions import (
     StoreBlock,
     check_send_allowed,
 )
-from quorumgate.replica.base import BaseAsks, check_base
+from quorumgate.replica.base import BaseAsks, ChainedBases
 from quorumgate.replica.client_api import ClientApi, sidecar_refuses
 from quorumgate.replica.config import Limits
 from quorumgate.replica.core import Core, Recovered
+from quorumgate.replica.epochchain import EpochChainError
 from quorumgate.replica.epochs import (
     EpochEnd,
     EpochProof,
@@ -92,19 +93,20 @@ from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
 from quorumgate.replica.pruning import PruneFloor
 from quorumgate.replica.sidecar_link import SidecarLink
-from quorumgate.replica.storage import ReplicaStore
+from quorumgate.replica.storage import ReplicaStore, decode_epoch_row
 from quorumgate.replica.sync import SyncRepeats
 from quorumgate.replica.types import (
     HELLO_NONCE_BYTES,
     Block,
     CommitProof,
     Envelope,
+    EpochLink,
     RemoteError,
     SyncRequest,
     SyncResponse,
 )
 from quorumgate.replica.validate import check_sync_response
-from quorumgate.replica.wire import envelope_from_pb, envelope_to_pb
+from quorumgate.replica.wire import encode_epoch_end, envelope_from_pb, envelope_to_pb
 from quorumgate.runtime.channels import PEER_AUTH_SIGNATURES_MAX, Reader, add_server_port
 from quorumgate.runtime.grpcutil import add_service
 from quorumgate.runtime.links import SERVER_OPTIONS
@@ -253,6 +255,7 @@ class ReplicaNode:
             self.limits.sync_blocks_max,
             self.membership.f + 1,
         )
+        self._bases: ChainedBases | None = None  # the chain of epochs a base is checked in
         self._gossip_admitting: dict[int, int] = {}  # peer -> its batches our sidecar judges
         self._peer_tasks: set[asyncio.Task[None]] = set()  # those two kinds, running
         self._restore_marker: Path | None = None  # while a declared restore is fencing
@@ -720,10 +723,13 @@ class ReplicaNode:
         height = store.committed_height
         if response.history_from <= height + 1:
             return
-        # (A store past epoch 0 takes no base: it is checked against the genesis members.)
-        asked = None
-        if store.epoch is None:
-            asked = self._base_asks.ask(sender, response.history_from, height, _monotonic_ms())
+        # A peer of a later epoch sends the chain of epochs with its answer: the base is
+        # asked for in the newest epoch that checks, above its change block (replica/
+        # base.py `ChainedBases`).
+        bases = self._chained_bases()
+        self._learn_epochs(bases, sender, response)
+        start = bases.base_from(response.history_from)
+        asked = self._base_asks.ask(sender, start, height, _monotonic_ms())
         if asked is not None:
             self._send(Send(*asked))
         if self._pruned_peers.get(sender) == response.history_from:
@@ -742,7 +748,7 @@ class ReplicaNode:
         store, core = self.store, self.core
         response = envelope.message
         assert isinstance(response, SyncResponse)
-        if store is None or core is None or envelope.epoch != core.epoch:
+        if store is None or core is None or envelope.epoch < core.epoch:
             return False
         start = self._base_asks.answered(envelope.sender, response, store.committed_height)
         if start is None:
@@ -851,6 +857,8 @@ class ReplicaNode:
         us ask its sender for that proof, at most once per `sync_retry_ticks`
         (docs/consensus/epochs.md, "Catching up")."""
         if isinstance(envelope.message, SyncResponse):
+            if not envelope.message.committed and envelope.message.history_from:
+                return  # the peer pruned what we lack: noted (`_note_pruned_peer`)
             self.enqueue(_EpochProofIn(envelope), envelope.sender)
             return
         self.metrics.dropped.labels("future_epoch").inc()
@@ -861,7 +869,9 @@ class ReplicaNode:
             return
         self._epoch_asked_ms = now
         request = SyncRequest(store.committed_height + 1, self.limits.sync_blocks_max)
-        self._send(Send(envelope.sender, request))
+        # Once a peer said it pruned what we lack, every peer is asked at once: a base is
+        # taken only when f+1 of them said so (replica/base.py `BaseAsks`).
+        self._send(Send(None if self._pruned_peers else envelope.sender, request))
 
     async def _answer_with_epoch_proof(self, envelope: Envelope) -> None:
         """A peer still in an epoch we left asks for blocks: hand it the proof of how that
@@ -878,6 +888,14 @@ class ReplicaNode:
             self.metrics.dropped.labels("sync_repeat").inc()
             return
         top = stored.boundary.height
+        if request.from_height < store.history_from or request.from_height > top:
+            # It lacks heights we pruned, or asks past its epoch's end (a base): answered
+            # from our log as any catch-up request, with the chain of epochs it checks
+            # before it takes a base of a later epoch (docs/pruning.md).
+            response = await store.sync_response(request, self.core, self.limits)
+            links = self._stored_links()
+            self._send(Send(envelope.sender, replace(response, epoch_ends=links)))
+            return
         reach = epoch_proof_reach(self.limits)
         end = EpochEnd(
             stored.boundary, stored.membership(self.membership), stored.suffix, stored.qc
@@ -936,21 +954,67 @@ class ReplicaNode:
         await self._execute([commit], end)
         await self._next_epoch()
 
+    def _chained_bases(self) -> ChainedBases:
+        """The chain of epochs a base is checked in: from the cluster file through the
+        epoch ends our store holds (checked again, as a follower checks them), then
+        extended by what peers send (`_learn_epochs`)."""
+        store = self.store
+        assert store is not None
+        if self._bases is None:
+            bases = ChainedBases(self.membership, self.owner_records)
+            bases.learn(self._stored_links())
+            self._bases = bases
+        return self._bases
+
+    def _stored_links(self) -> tuple[EpochLink, ...]:
+        """Every epoch end our store holds, oldest first, as the wire carries them."""
+        store = self.store
+        assert store is not None
+        return tuple(
+            EpochLink(e.epoch, b"".join(e.keys), encode_epoch_end(e.boundary, e.suffix, e.qc))
+            for e in store.epoch_ends
+        )
+
+    def _learn_epochs(self, bases: ChainedBases, sender: int, response: SyncResponse) -> bool:
+        """Extend `bases` by the chain of epochs `sender` sent; False, logged and counted,
+        if its links do not check (a forged or altered link changes nothing)."""
+        try:
+            grew = bases.learn(response.epoch_ends)
+        except EpochChainError as err:
+            self.metrics.dropped.labels("bad_epoch_chain").inc()
+            log.warning(
+                "event=epoch_chain_refused from_peer=%d epoch=%d reason=%s",
+                sender, err.epoch, err.reason,
+            )  # fmt: skip
+            return False
+        if grew:
+            log.info(
+                "event=epoch_chain_learned from_peer=%d epoch=%d boundary_height=%d",
+                sender, bases.chain.current.epoch, bases.chain.current.boundary_height,
+            )  # fmt: skip
+        return True
+
     async def _take_base(self, envelope: Envelope, from_height: int) -> None:
         """(On the core loop.) A peer's committed base, asked for because every peer we
         asked pruned below what we lack: if its proof holds, it becomes our committed log
         (the store's history starts there, as a pruned store's), and a core started from
-        it syncs forward as after a restart (docs/pruning.md)."""
+        it syncs forward as after a restart (docs/pruning.md). A base of a later epoch
+        than ours is checked with that epoch's member set, learnt link by link from the
+        cluster file (replica/base.py `ChainedBases`), and is installed with the epochs
+        up to it; our core then starts in that epoch."""
         store, core, response = self.store, self.core, envelope.message
         assert store is not None and core is not None and isinstance(response, SyncResponse)
-        if from_height <= store.committed_height + 1 or store.epoch is not None:
+        if from_height <= store.committed_height + 1:
             return  # ordinary catch-up reached it meanwhile
+        bases = self._chained_bases()
+        ours = 0 if store.epoch is None else store.epoch.epoch
         try:
-            check_sync_response(response, core.membership, self.limits)
-            base = check_base(
-                core.checker, response, from_height,
-                epochs=self.spec.runs_epochs, owner=core.owner_records,
-            )  # fmt: skip
+            if not self._learn_epochs(bases, envelope.sender, response):
+                raise RemoteError("bad_base", "the chain of epochs sent with it does not check")
+            check_sync_response(response, bases.epoch_of(from_height).membership, self.limits)
+            base, epoch = bases.check(response, from_height)
+            if epoch.epoch < ours:
+                raise RemoteError("bad_base", f"a base of epoch {epoch.epoch} below ours")
         except RemoteError as err:
             self.metrics.dropped.labels(err.reason).inc()
             log.warning(
@@ -958,17 +1022,30 @@ class ReplicaNode:
                 envelope.sender, from_height, err.reason,
             )  # fmt: skip
             return
-        await store.install_base(base.blocks, base.proof)
+        where = f"the chain of epochs peer {envelope.sender} sent"
+        rows = tuple(
+            decode_epoch_row(where, self.spec.chain_id, int(e.epoch), e.keys, e.ended)
+            for e in bases.links(ours)[: epoch.epoch - ours]
+        )
+        safety = None
+        if rows:
+            safety = epoch_safety_state(rows[-1].boundary, core.safety.state)
+        await store.install_base(base.blocks, base.proof, rows, safety)
         self.mempool.forget_history()
         self.mempool.on_commit(base.blocks)
         log.warning(
-            "event=installed_base height=%d top=%d from_peer=%d hint=this replica holds no "
-            "blocks below height %d: catch its sidecar up with quorumgate replay "
+            "event=installed_base height=%d top=%d from_peer=%d epoch=%d hint=this replica "
+            "holds no blocks below height %d: catch its sidecar up with quorumgate replay "
             "--from-snapshot if it is behind (docs/pruning.md)",
-            base.height, base.top, envelope.sender, base.height,
+            base.height, base.top, envelope.sender, epoch.epoch, base.height,
         )  # fmt: skip
-        # A restart's core, from what the store now holds; still fenced (safety Rule 6).
-        await self._restart_core(restored=self._restore_declared())
+        if rows:
+            # Into the base's epoch, as at a boundary: its core, its peers' keys and
+            # addresses (fenced as a restore while one is declared).
+            await self._next_epoch()
+        else:
+            # A restart's core, from what the store now holds; still fenced (safety Rule 6).
+            await self._restart_core(restored=self._restore_declared())
         self._update_gauges()
         async with self._commit_cond:
             self._commit_cond.notify_all()
@@ -1024,6 +1101,7 @@ class ReplicaNode:
         declared)."""
         store = self.store
         assert store is not None
+        self._bases = None  # (rebuilt from the store's epochs when next needed)
         core = await self._restart_core(restored=self._restore_declared())
         # A stream a member opened with a key this epoch no longer gives it ends here: a
         # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.

@@ -932,8 +932,11 @@ class ReplicaStore:
         one transaction, and give the freed pages back to the file system (docs/pruning.md).
         `height` comes from this node's sidecar, which pruned its own history at that
         snapshot (replica/pruning.py); the block at `height` stays, for the sidecar's
-        replay to link to. Returns (blocks dropped, file bytes before, after); nothing
-        happens for a height at or below the current start, or above the committed head."""
+        replay to link to. Each change block stays too: its epoch row names it, and the
+        end of its epoch (its suffix and QC, in that row) is what a peer checks the chain
+        of epochs with (docs/pruning.md, "Past an epoch boundary"). Returns (blocks
+        dropped, file bytes before, after); nothing happens for a height at or below the
+        current start, or above the committed head."""
         async with self._lock:
             self._check_open()
             if height <= self._history_from or height > self._head.height:
@@ -943,7 +946,9 @@ class ReplicaStore:
             def write(c: sqlite3.Connection) -> int:
                 c.execute("DELETE FROM proofs WHERE height < ?", (height,))
                 dropped = c.execute(
-                    "DELETE FROM committed WHERE height > 0 AND height < ?", (height,)
+                    "DELETE FROM committed WHERE height > 0 AND height < ? "
+                    "AND height NOT IN (SELECT boundary_height FROM epochs)",
+                    (height,),
                 ).rowcount
                 c.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('keep_from_height', ?)",
@@ -958,7 +963,13 @@ class ReplicaStore:
             await on_thread(self._conn, _give_back_pages)
             return dropped, before, _file_bytes(self._path)
 
-    async def install_base(self, blocks: Sequence[Block], proof: CommitProof) -> None:
+    async def install_base(
+        self,
+        blocks: Sequence[Block],
+        proof: CommitProof,
+        epochs: Sequence[StoredEpoch] = (),
+        safety: SafetyState | None = None,
+    ) -> None:
         """Make `blocks`, a chain whose last block `proof` proves committed (checked by
         replica/base.py `check_base`), the committed log, starting where they start, as
         a store pruned below it (docs/pruning.md, "A wiped replica behind pruned peers").
@@ -967,24 +978,50 @@ class ReplicaStore:
         goes, with every proof and pending block at or below the base's top; the safety
         record and the audit tables stay, as `wipe_blocks` keeps them. Only for a log
         whose head is below the base's parent (ordinary catch-up goes on from anything
-        else), and only in epoch 0: a base is checked against the genesis members."""
+        else). A base of a later epoch than the store's comes with `epochs`, the rows of
+        every epoch from the store's next through the base's (each link checked by
+        replica/base.py `ChainedBases`), and `safety`, the member's first safety state of
+        the base's epoch (replica/epochs.py `epoch_safety_state`), written with it."""
         async with self._lock:
             self._check_open()
             start, top = blocks[0].height, blocks[-1].height
-            if self._epochs:
-                raise StorageError(f"{self._path}: a store past epoch 0 takes no base")
             if start <= self._head.height + 1:
                 raise AssertionError(
                     f"a base at height {start} over a log that reaches {self._head.height}"
                 )
             if proof_height(proof) != top or proof.b1.parent_hash != blocks[-1].hash:
                 raise AssertionError(f"the base's proof does not prove height {top}")
+            numbers = [e.epoch for e in epochs]
+            first = self._consensus_epoch() + 1
+            if numbers != list(range(first, first + len(numbers))):
+                raise AssertionError(f"epochs {numbers} do not follow the store's {first - 1}")
+            if bool(epochs) != (safety is not None) or (
+                safety is not None and safety.epoch <= self._durable_epoch
+            ):
+                raise AssertionError("a base of a later epoch comes with its safety state")
+            if epochs and epochs[-1].boundary.height >= start:
+                raise AssertionError("the base lies below the start of its epoch")
             rows = [(b.height, b.hash, encode_block(b)) for b in blocks]
+            epoch_rows = [_epoch_row(e) for e in epochs]
+            # Each change block stays below the base, as a pruned store keeps it: its
+            # epoch row names it (`prune_below`).
+            boundaries = [
+                (e.boundary.height, e.boundary.hash, encode_block(e.boundary)) for e in epochs
+            ]
 
             def write(c: sqlite3.Connection) -> None:
                 c.execute("DELETE FROM proofs")
-                c.execute("DELETE FROM committed WHERE height > 0")
-                c.execute("DELETE FROM blocks WHERE height <= ?", (top,))
+                c.execute(
+                    "DELETE FROM committed WHERE height > 0 "
+                    "AND height NOT IN (SELECT boundary_height FROM epochs)"
+                )
+                c.executemany(
+                    "INSERT INTO committed (height, hash, data) VALUES (?, ?, ?)", boundaries
+                )
+                if epochs:  # (an older epoch's pending blocks never commit)
+                    c.execute("DELETE FROM blocks")
+                else:
+                    c.execute("DELETE FROM blocks WHERE height <= ?", (top,))
                 c.executemany("INSERT INTO committed (height, hash, data) VALUES (?, ?, ?)", rows)
                 proof_row = (top, encode_proof(proof))
                 c.execute("INSERT INTO proofs (height, data) VALUES (?, ?)", proof_row)
@@ -992,6 +1029,17 @@ class ReplicaStore:
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('keep_from_height', ?)",
                     (str(start),),
                 )
+                c.executemany(
+                    "INSERT INTO epochs (epoch, boundary_height, keys, ended) VALUES (?, ?, ?, ?)",
+                    epoch_rows,
+                )
+                if safety is not None:
+                    c.execute(
+                        "INSERT INTO safety (id, epoch, data) VALUES (1, ?, ?) "
+                        "ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, "
+                        "data = excluded.data",
+                        (safety.epoch, encode_safety(safety)),
+                    )
 
             await transaction(self._conn, write, "BEGIN IMMEDIATE")
             self._recent.clear()
@@ -999,6 +1047,10 @@ class ReplicaStore:
                 self._recent[block.height] = block
             self._head = blocks[-1]
             self._history_from = start
+            for stored in epochs:
+                self._epochs[stored.epoch] = stored
+            if safety is not None:
+                self._durable_epoch = safety.epoch
 
     # ================================================================== audit and operations
 

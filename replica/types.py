@@ -299,6 +299,22 @@ class SyncResponse:
     # The lowest committed height the server holds (0: all of them); a request below it
     # gets no blocks: the server pruned them (docs/pruning.md).
     history_from: int = 0
+    # Every epoch after 0 the server started, oldest first, sent only to a replica of an
+    # older epoch that asked below the server's history or past its own epoch's end: the
+    # links it checks from its cluster file before it takes a base of a later epoch
+    # (replica/epochchain.py; docs/pruning.md, "A wiped replica behind pruned peers").
+    epoch_ends: tuple[EpochLink, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochLink:
+    """One stored epoch end on the wire (replica/epochchain.py `RawEpochEnd`): the epoch
+    it started, its members' keys (32 bytes each), how the epoch before ended (encoded
+    by replica/wire.py `encode_epoch_end`). Unchecked until `extend_epoch_chain`."""
+
+    epoch: int
+    keys: bytes
+    ended: bytes
 
 
 HELLO_NONCE_BYTES = 16

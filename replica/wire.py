@@ -16,6 +16,7 @@ from quorumgate.replica.types import (
     Block,
     CommitProof,
     Envelope,
+    EpochLink,
     Hello,
     HelloReply,
     Message,
@@ -124,6 +125,8 @@ def envelope_to_pb(envelope: Envelope) -> pb.ConsensusMessage:
             _block_to_pb(block, resp.pending.add())
         resp.committed_height = msg.committed_height
         resp.history_from = msg.history_from
+        for link in msg.epoch_ends:
+            resp.epoch_ends.add(epoch=link.epoch, keys=link.keys, ended=link.ended)
     else:  # pragma: no cover - the Message union is closed
         raise AssertionError(f"unknown message {type(msg).__name__}")
     return out
@@ -196,6 +199,7 @@ def message_from_pb(chain_id: str, msg: pb.ConsensusMessage) -> Message:
             pending=tuple(_block_from_pb(chain_id, b) for b in s.pending),
             committed_height=s.committed_height,
             history_from=s.history_from,
+            epoch_ends=tuple(EpochLink(e.epoch, e.keys, e.ended) for e in s.epoch_ends),
         )
     if kind == "hello":
         return Hello(msg.hello.nonce, msg.hello.signature)

@@ -73,11 +73,13 @@ from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.receiptkeys import signing_receipt_key
 from quorumgate.sidecar.snapshots import (
     SNAPSHOT_DIR,
+    ReceiptKeysAt,
     SnapshotDir,
     SnapshotError,
     SnapshotOptions,
     check_state,
     fetch_snapshot,
+    file_receipt_keys,
     grpc_peers,
 )
 from quorumgate.sidecar.store import Checkpoint, DivergenceError, ExecutedHeight, SidecarStore
@@ -648,10 +650,11 @@ async def _install_snapshot(
     started = time.perf_counter()
     node_dir = spec.node_dir(index)
     key = SigningKey(read_seed(node_dir / RECEIPT_KEY_FILE))
+    keys_at = await _receipt_keys_at(spec, index, report)
     peers = grpc_peers(spec, index, key)
     try:
         fetched = await fetch_snapshot(
-            spec, config_for_cluster(spec), index, [peer for peer, _ in peers]
+            spec, config_for_cluster(spec), index, [peer for peer, _ in peers], keys_at
         )
     except SnapshotError as err:
         raise ReplayError(f"no snapshot to start from: {err}") from err
@@ -672,6 +675,39 @@ async def _install_snapshot(
         "chunks_refused": fetched.chunks_refused,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+async def _receipt_keys_at(spec: ClusterSpec, index: int, report: ReplayReport) -> ReceiptKeysAt:
+    """The members' receipt keys a snapshot of a height is attested with: those of the
+    epoch the height lies in, followed through the epoch ends the replica stored (asked
+    of the running replica, or read from its store), each checked as replay checks them
+    (`_epochs_through`); the cluster file's on a chain without epochs or before any."""
+    if not spec.runs_epochs:
+        return file_receipt_keys(spec)
+    if await _replica_top(spec, index) is not None:
+        rows = await _epoch_rows(spec, index, None)
+    else:
+        try:
+            store = await ReplicaStore.open(spec.node_dir(index) / "replica.db", spec.chain_id)
+        except Exception as err:
+            raise ReplayError(f"replica {index} neither answers nor opens: {err}") from err
+        try:
+            rows = store.epoch_ends
+        finally:
+            await store.close()
+    if not rows:
+        return file_receipt_keys(spec)
+    scratch = ReplayReport(node=index, from_height=1)  # (the replay's own report counts its epochs)
+
+    def keys_at(height: int, index: int) -> bytes | None:
+        # The block at `height` is certified in the epoch of the heights after height-1.
+        epochs, _ = _epochs_through(spec, rows, height - 1, scratch)
+        owner = epochs.owner
+        if owner is None or not owner.receipt_keys:
+            return spec.member(index).receipt_public_key
+        return owner.receipt_keys[index] if index < len(owner.receipt_keys) else None
+
+    return keys_at
 
 
 async def _history_base(

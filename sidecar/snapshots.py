@@ -458,12 +458,27 @@ async def _ask(peer: Peer, heights: Sequence[int]) -> spb.SnapshotListReply | No
         return None
 
 
+# Member `index`'s receipt key that checks its attestation of `height` (height, index ->
+# key; None: no member of that epoch).
+ReceiptKeysAt = Callable[[int, int], bytes | None]
+
+
+def file_receipt_keys(spec: ClusterSpec) -> ReceiptKeysAt:
+    """The members' receipt keys as the cluster file names them, at every height: those of
+    a chain whose receipt keys no record changed."""
+    return lambda height, index: spec.member(index).receipt_public_key
+
+
 def _attestations(
-    spec: ClusterSpec, own: int, height: int, replies: dict[int, spb.SnapshotListReply]
+    spec: ClusterSpec,
+    own: int,
+    height: int,
+    replies: dict[int, spb.SnapshotListReply],
+    keys_at: ReceiptKeysAt,
 ) -> dict[Head, set[int]]:
     """For `height`: each head some peer attested, with the distinct members whose
-    attestation of it verifies (signed by the member that answered, with its receipt key,
-    and not ourselves)."""
+    attestation of it verifies (signed by the member that answered, with its receipt key
+    of the epoch `height` lies in, as `keys_at` gives it, and not ourselves)."""
     heads: dict[Head, set[int]] = {}
     for index, reply in replies.items():
         for msg in reply.attestations:
@@ -473,8 +488,8 @@ def _attestations(
                 attestation = Attestation.from_pb(msg)
             except ValueError:
                 continue
-            key = spec.member(index).receipt_public_key
-            if attestation.signed.signed_by(spec.chain_id, key):
+            key = keys_at(height, index)
+            if key is not None and attestation.signed.signed_by(spec.chain_id, key):
                 heads.setdefault(attestation.head, set()).add(index)
     return heads
 
@@ -535,10 +550,18 @@ async def _download(manifest: Manifest, holders: list[Peer], fetched: Fetched) -
 
 
 async def fetch_snapshot(
-    spec: ClusterSpec, config: EngineConfig, own: int, peers: Sequence[Peer]
+    spec: ClusterSpec,
+    config: EngineConfig,
+    own: int,
+    peers: Sequence[Peer],
+    keys_at: ReceiptKeysAt | None = None,
 ) -> Fetched:
     """The newest snapshot f+1 members attest, fetched and checked (module doc); raises
-    `SnapshotError` with every candidate's reason when there is none."""
+    `SnapshotError` with every candidate's reason when there is none. `keys_at`: the
+    members' receipt keys that check an attestation of a height (default: the cluster
+    file's; past a `receipt` or `replace` record, those of the height's epoch, which
+    `quorumgate replay` derives from its replica's stored epoch ends)."""
+    keys_at = file_receipt_keys(spec) if keys_at is None else keys_at
     listed = await asyncio.gather(*(_ask(peer, ()) for peer in peers))
     replies = {p.index: r for p, r in zip(peers, listed, strict=True) if r is not None}
     offers: dict[int, list[tuple[Peer, Manifest]]] = {}
@@ -553,7 +576,7 @@ async def fetch_snapshot(
     for height in sorted(offers, reverse=True)[:SNAPSHOT_CANDIDATES_MAX]:
         asked = await asyncio.gather(*(_ask(peer, (height,)) for peer in peers))
         attesting = {p.index: r for p, r in zip(peers, asked, strict=True) if r is not None}
-        agreed = _agreed(spec, _attestations(spec, own, height, attesting))
+        agreed = _agreed(spec, _attestations(spec, own, height, attesting, keys_at))
         if agreed is None:
             reasons.append(f"height {height}: no state root that f+1 members signed")
             continue
