@@ -413,7 +413,7 @@ def _prepare_tls(args: argparse.Namespace, spec: ClusterSpec) -> int:
             f"member {args.tls}: new TLS key in {key_path} (0600) and its certificate in "
             f"{cert_path} (SHA-256 {doc['fingerprint']})\n"
             f"next, where the owner key is: quorumgate admin rotate-key --tls {args.tls} "
-            f"--cert {cert_path.name} --dir DIR",
+            f"--cert {cert_path} --dir DIR",
             flush=True,
         )
     return EXIT_OK

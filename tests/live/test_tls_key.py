@@ -14,7 +14,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import grpc
@@ -123,7 +122,6 @@ def test_rotating_a_members_tls_key_under_light_load(
       client following the chain;
     - member 2's replica restarted serves the new certificate again.
     """
-    t0 = time.monotonic()
     cluster = live_cluster(N)
     cluster.start_sidecars()
     spec = cluster.spec
@@ -138,7 +136,6 @@ def test_rotating_a_members_tls_key_under_light_load(
     cluster.register(load.agents)
     load.start()
     load.wait_acked(10)
-    print(f"[t] start {time.monotonic() - t0:.1f}")
 
     # On member 2's machine: the new key and certificate, beside the old ones.
     # (In this process: it opens no connection, and a second interpreter costs seconds.)
@@ -157,7 +154,6 @@ def test_rotating_a_members_tls_key_under_light_load(
     assert new_cert != old_cert and (spec.node_dir(MEMBER) / TLS_KEY_FILE).exists()
 
     # Where the owner key is: the record, and the wait for the boundary.
-    print(f"[t] prepared {time.monotonic() - t0:.1f}")
     done = _cli(cluster, "admin", "rotate-key", "--tls", str(MEMBER), "--cert", cert_file,
                 "--json", "--deadline", str(WAIT_S))  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -165,7 +161,6 @@ def test_rotating_a_members_tls_key_under_light_load(
     assert doc["key"] == "tls" and doc["member"] == MEMBER and doc["epoch"] == 0, doc
     assert doc["in_effect"] and isinstance(doc["change_height"], int), doc
 
-    print(f"[t] rotated {time.monotonic() - t0:.1f}")
 
     async def follow() -> ClusterSpec:
         async with Client(spec, owner_key) as client:
@@ -185,7 +180,6 @@ def test_rotating_a_members_tls_key_under_light_load(
         "every replica in epoch 1",
         lambda: all(_status(followed, i).epoch == 1 for i in range(N)),
     )
-    print(f"[t] epoch1 {time.monotonic() - t0:.1f}")
     # Served without a restart; a channel expecting the old certificate is refused.
     assert _replica_code(followed, MEMBER) == grpc.StatusCode.OK
     wait_until(
@@ -197,7 +191,6 @@ def test_rotating_a_members_tls_key_under_light_load(
     # The thief's server with the old key: a client following the chain refuses it.
     assert _impostor_code(followed, old_key, old_cert) == grpc.StatusCode.UNAVAILABLE
 
-    print(f"[t] probes {time.monotonic() - t0:.1f}")
     # Every peer linked to member 2 again under the new certificate, and commits go on.
     wait_until(
         "every peer streams to member 2",
@@ -206,7 +199,6 @@ def test_rotating_a_members_tls_key_under_light_load(
     for peer in (0, 1, 3):
         text = (spec.node_dir(peer) / "replica.log").read_text(errors="replace")
         assert "epoch=1" in text and f"relinked={MEMBER}" in text, peer
-    print(f"[t] peers {time.monotonic() - t0:.1f}")
     acked = load.acked_count
     load.wait_acked(acked + 10)
     top = max(s.committed_height for s in (_status(followed, i) for i in (0, 1, 3)))
@@ -215,7 +207,6 @@ def test_rotating_a_members_tls_key_under_light_load(
         lambda: _status(followed, MEMBER).committed_height >= top,
     )
 
-    print(f"[t] commits {time.monotonic() - t0:.1f}")
     # Restarted, member 2's replica serves the certificate of the epoch its store holds.
     cluster.kill(MEMBER)
     cluster.start([MEMBER])
@@ -225,7 +216,6 @@ def test_rotating_a_members_tls_key_under_light_load(
     )
     assert _replica_code(spec, MEMBER) == grpc.StatusCode.UNAVAILABLE
 
-    print(f"[t] restart {time.monotonic() - t0:.1f}")
     load.stop()
     load.assert_clean()
     cluster.assert_no_equivocation_seen()
