@@ -224,7 +224,9 @@ class Sidecar:
         # The receipt key of the epoch of the next block executed (docs/consensus/
         # epochs.md, "Receipt keys"): started from the replica's stored epoch ends before
         # the first block, then moved on at each change block executed.
-        self.receipt_keys = ReceiptKeys(spec, index, spec.node_dir(index), receipt_key)
+        self.receipt_keys = ReceiptKeys(
+            spec, index, spec.node_dir(index), receipt_key, self.member.tls_cert
+        )
         self._receipt_epoch_known = not spec.runs_epochs
         self.config = config_for_cluster(spec)
         self.metrics = SidecarMetrics()
@@ -390,7 +392,9 @@ class Sidecar:
         process: from then on each executed change block moves it on."""
         reply = await stub.EpochEnds(cpb.EpochEndsRequest(), timeout=RECONNECT_DELAY_S_MAX)
         boundaries = [decode_epoch_end(self.spec.chain_id, end.ended)[0] for end in reply.ends]
-        keys = ReceiptKeys(self.spec, self.index, self.spec.node_dir(self.index), self.key)
+        keys = ReceiptKeys(
+            self.spec, self.index, self.spec.node_dir(self.index), self.key, self.member.tls_cert
+        )
         keys.start_at(boundaries, executed)
         self.receipt_keys = keys
         self._receipt_epoch_known = True

@@ -62,8 +62,16 @@ class ReceiptKeys:
     `receipt.key`."""
 
     def __init__(
-        self, spec: ClusterSpec, index: int, node_dir: Path, first: SigningKey | None = None
+        self,
+        spec: ClusterSpec,
+        index: int,
+        node_dir: Path,
+        first: SigningKey | None = None,
+        own_certificate: bytes = b"",
     ) -> None:
+        """`own_certificate`: the TLS certificate of `tls.key` (the sidecar's: cluster.json's
+        or join.json's), from which `tls_cert` follows the epochs; empty where nothing is
+        served (replay)."""
         self.index = index
         self.node_dir = node_dir
         self.membership: Membership = spec.membership()
@@ -80,8 +88,8 @@ class ReceiptKeys:
         # serves (runtime/channels.py `ServedCertificate`): the cluster file's (or
         # join.json's) until a `replace` record for this index carries another
         # (docs/consensus/epochs.md, "TLS keys").
-        self.own_certificate = spec.member(index).tls_cert
-        self.tls_cert = self.own_certificate
+        self.own_certificate = own_certificate
+        self.tls_cert = own_certificate
         self._held: dict[bytes, SigningKey] = {}
         if first is not None:
             self._held[bytes(first.verify_key)] = first
@@ -127,7 +135,11 @@ class ReceiptKeys:
         if nxt is None:
             return False
         for entry in entries_after(block, self.membership, self.reader):
-            if entry.index == self.index and self._holds_tls_key(entry.tls_cert):
+            if (
+                self.own_certificate
+                and entry.index == self.index
+                and self._holds_tls_key(entry.tls_cert)
+            ):
                 self.tls_cert = entry.tls_cert
         self.reader = owner_after(block, self.membership, self.reader)
         self.membership = nxt

@@ -158,8 +158,8 @@ def test_the_sidecar_follows_its_certificate_at_the_change_block(tmp_path: Path)
     key_pem, cert = make_node_certificate(MEMBER, "127.0.0.1")
     write_rotated_tls(spec.node_dir(MEMBER), key_pem, cert)
     block = make_block(genesis_block(spec.chain_id), 1, payload=(tls_record(spec, cert),))
-    mine = ReceiptKeys(spec, MEMBER, spec.node_dir(MEMBER))
-    other = ReceiptKeys(spec, 1, spec.node_dir(1))
+    mine = ReceiptKeys(spec, MEMBER, spec.node_dir(MEMBER), None, spec.member(MEMBER).tls_cert)
+    other = ReceiptKeys(spec, 1, spec.node_dir(1), None, spec.member(1).tls_cert)
     assert mine.tls_cert == spec.member(MEMBER).tls_cert
     assert mine.after(block) and other.after(block)
     assert mine.tls_cert == cert and other.tls_cert == spec.member(1).tls_cert
