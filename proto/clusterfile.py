@@ -10,6 +10,8 @@ its public keys. Private keys live beside it, one file per key, mode 0600, never
     DIR/node-I/receipt.key             sidecar I's Ed25519 receipt seed, hex
     DIR/node-I/tls.key                 member I's TLS private key (PEM); its certificate,
                                        public, is in cluster.json (proto/tls.py)
+    DIR/node-I/tls-<hex>.key, .pem     a TLS key rotated in place and its certificate
+                                       (`admin rotate-key --tls I --prepare`)
     DIR/node-I/                        replica and sidecar I's databases, logs, pid files
 
 `init` writes no principal's key: a principal is a person, whose key is made where the
@@ -25,6 +27,7 @@ writes loopback addresses for a one-machine cluster.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -368,6 +371,70 @@ def receipt_seed_for(node_dir: Path, public_key: bytes) -> bytes | None:
     or a rotated one), or None if the directory holds no such key."""
     names = (RECEIPT_KEY_FILE, rotated_receipt_key_file(public_key))
     return _seed_for(node_dir, names, public_key)
+
+
+# A member's TLS key after a rotation in place (docs/consensus/epochs.md, "TLS keys"):
+# `tls-<first 16 hex of the certificate's SHA-256>.key` beside `tls.key`, and its
+# certificate, public, beside it as `.pem`. Named by the SHA-256 of the certificate's PEM
+# bytes, the exact bytes a member entry carries, so that a process finds the key of the
+# certificate its epoch names without parsing X.509. `tls.key` stays the key of the
+# certificate cluster.json (or join.json) names.
+ROTATED_TLS_PREFIX = "tls-"
+ROTATED_TLS_CERT_SUFFIX = ".pem"
+
+
+def certificate_name(cert: bytes) -> str:
+    """What a rotated TLS key's files are named by: the start of its certificate's hash."""
+    return hashlib.sha256(cert).hexdigest()[:ROTATED_KEY_NAME_HEX_CHARS]
+
+
+def rotated_tls_key_file(cert: bytes) -> str:
+    return f"{ROTATED_TLS_PREFIX}{certificate_name(cert)}.key"
+
+
+def rotated_tls_cert_file(cert: bytes) -> str:
+    return f"{ROTATED_TLS_PREFIX}{certificate_name(cert)}{ROTATED_TLS_CERT_SUFFIX}"
+
+
+def write_rotated_tls(node_dir: Path, key_pem: bytes, cert: bytes) -> tuple[Path, Path]:
+    """Write a new TLS key (mode 0600, never over an existing file) and its certificate
+    beside the member's other keys; (key file, certificate file)."""
+    key_path = node_dir / rotated_tls_key_file(cert)
+    cert_path = node_dir / rotated_tls_cert_file(cert)
+    _write_private(key_path, key_pem)
+    try:
+        cert_path.write_bytes(cert)
+    except OSError:
+        key_path.unlink(missing_ok=True)
+        raise
+    return key_path, cert_path
+
+
+def tls_key_for(node_dir: Path, cert: bytes, own_cert: bytes) -> bytes | None:
+    """The private key of `cert` from `node_dir`: `tls.key` for `own_cert` (the
+    certificate cluster.json or join.json gives this machine), else a rotated key file
+    named by `cert`; None if the directory holds none."""
+    path = node_dir / (TLS_KEY_FILE if cert == own_cert else rotated_tls_key_file(cert))
+    if not path.exists():
+        return None
+    return read_private(path)
+
+
+def held_tls_certificates(node_dir: Path, own_cert: bytes) -> bytes:
+    """The certificates whose keys `node_dir` holds, concatenated (a trust bundle):
+    `own_cert`, then each rotated one whose key file is there (at most
+    `ROTATED_KEYS_READ_MAX`). What a member's replica and sidecar pin on their links to
+    each other, which cross the boundary of a TLS rotation at different times."""
+    certs = [own_cert]
+    paths = sorted(node_dir.glob(f"{ROTATED_TLS_PREFIX}*{ROTATED_TLS_CERT_SUFFIX}"))
+    for path in paths[:ROTATED_KEYS_READ_MAX]:
+        try:
+            cert = path.read_bytes()
+        except OSError:
+            continue
+        if (node_dir / rotated_tls_key_file(cert)).exists() and cert not in certs:
+            certs.append(cert)
+    return b"".join(certs)
 
 
 def member_ports(hosts: Sequence[str], port_base: int) -> list[list[int]]:

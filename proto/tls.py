@@ -89,3 +89,33 @@ def certificate_problem(pem: bytes, index: int) -> str | None:
     except (ValueError, TypeError) as err:
         return str(err) or "not a certificate"
     return None
+
+
+def certificate_public_key(pem: bytes) -> bytes:
+    """The certificate's public key (SubjectPublicKeyInfo, DER): what tells whether two
+    certificates share a TLS key. `ValueError` if `pem` is no certificate."""
+    cert = x509.load_pem_x509_certificate(pem)
+    return cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def tls_key_problem(pem: bytes, index: int, certificates: tuple[bytes, ...]) -> str | None:
+    """What is wrong with `pem` as member `index`'s new certificate (`certificate_problem`)
+    in a cluster whose members' certificates are `certificates` (the epoch's, member
+    order), or None. Its key must be in use by no member, member `index` included: a
+    certificate whose key another member holds would let that member serve as member
+    `index`, and one that keeps member `index`'s key rotates nothing."""
+    problem = certificate_problem(pem, index)
+    if problem is not None:
+        return problem
+    key = certificate_public_key(pem)
+    for held, cert in enumerate(certificates):
+        try:
+            in_use = certificate_public_key(cert)
+        except ValueError:
+            continue
+        if in_use == key:
+            whose = "its own certificate's" if held == index else f"member {held}'s"
+            return f"the TLS certificate's key is {whose} key (in use)"
+    return None

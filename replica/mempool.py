@@ -62,7 +62,7 @@ from quorumgate.proto.membership import (
 )
 from quorumgate.proto.model import Reason
 from quorumgate.proto.nonces import NonceWindow
-from quorumgate.proto.tls import certificate_problem
+from quorumgate.proto.tls import certificate_problem, tls_key_problem
 from quorumgate.proto.tx import ParsedTx, TxRejected, parse
 from quorumgate.replica.types import Block
 
@@ -309,6 +309,10 @@ class Mempool:
         # The epoch the replica runs (`enter_epoch`): a record is proposed only in the
         # epoch it ends, and one for an epoch that ended is spent.
         self.epoch = 0
+        # The TLS certificates of the epoch's members, in member order (the replica sets
+        # them at each core start): a member entry's new certificate must not reuse their
+        # keys. Empty: not checked (a mempool outside a replica).
+        self.certificates: tuple[bytes, ...] = ()
         self.limits = limits
         self._complete_history = complete_history
         # Pending transactions: by id in arrival order (for `recent`), by exact bytes (for
@@ -389,10 +393,22 @@ class Mempool:
             entries = record_entries(read[0])
         except MemberEntryError:
             return False
-        # The X.509 check the core does not make (proto/membership.py `_check_pem_shape`).
-        return all(
-            not e.tls_cert or certificate_problem(e.tls_cert, e.index) is None for e in entries
-        )
+        # The X.509 check the core does not make (proto/membership.py `_check_pem_shape`):
+        # a certificate naming the member, whose key no member's certificate of the epoch
+        # holds (another member's would let it serve as this one; the member's own is a
+        # TLS rotation that rotates nothing). A `replace` whose entry keeps the member's
+        # certificate (only its address moves) is taken as before.
+        for e in entries:
+            if not e.tls_cert:
+                continue
+            if certificate_problem(e.tls_cert, e.index) is not None:
+                return False
+            held = self.certificates
+            if e.index < len(held) and held[e.index] == e.tls_cert:
+                continue
+            if tls_key_problem(e.tls_cert, e.index, held) is not None:
+                return False
+        return True
 
     def admit_checked(self, data: bytes, parsed: ParsedTx | RecordTx) -> Admission:
         """Take in a transaction `precheck` passed (its signature is not checked again).

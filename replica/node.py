@@ -46,6 +46,7 @@ from quorumgate.proto.clusterfile import (
     ClusterSpec,
     consensus_seed_for,
     held_consensus_seeds,
+    held_tls_certificates,
     public_key_of,
     read_seed,
 )
@@ -107,7 +108,12 @@ from quorumgate.replica.types import (
 )
 from quorumgate.replica.validate import check_sync_response
 from quorumgate.replica.wire import encode_epoch_end, envelope_from_pb, envelope_to_pb
-from quorumgate.runtime.channels import PEER_AUTH_SIGNATURES_MAX, Reader, add_server_port
+from quorumgate.runtime.channels import (
+    PEER_AUTH_SIGNATURES_MAX,
+    Reader,
+    ServedCertificate,
+    add_server_port,
+)
 from quorumgate.runtime.grpcutil import add_service
 from quorumgate.runtime.links import SERVER_OPTIONS
 from quorumgate.runtime.process import FailStop, process_main
@@ -211,9 +217,7 @@ class ReplicaNode:
         # epochs.md, "Who may change the member set"): with the cluster file's key in
         # epoch 0, and in a later epoch with the key the owner records before it left
         # (`_epoch_reading`; "The record key"). The core of each epoch holds its own.
-        self.owner_records = (
-            spec.record_reader() if spec.runs_epochs else None
-        )
+        self.owner_records = spec.record_reader() if spec.runs_epochs else None
         self._epoch_asked_ms = -1  # when we last asked a peer how our epoch ended
         self.limits = Limits(sync_blocks_max=spec.sync_blocks_max)
         self.metrics = ReplicaMetrics(index)
@@ -224,8 +228,20 @@ class ReplicaNode:
         # The cluster as it stands in the epoch we run: the cluster file's, with each member
         # a committed `replace` record described swapped in (`_epoch_reading`).
         self.epoch_spec = spec
+        # The TLS certificate the epoch we run names for us, which our server presents
+        # (`ServedCertificate`): cluster.json's until a `replace` record that keeps our
+        # keys commits another (docs/consensus/epochs.md, "TLS keys").
+        self.epoch_certificate = self.member.tls_cert
+        self.served = ServedCertificate(
+            spec.node_dir(index), self.member.tls_cert, lambda: self.epoch_certificate
+        )
         self.sidecar = SidecarLink(
-            spec, index, self.metrics, self._new_root, Reader.of_signer(signer)
+            spec,
+            index,
+            self.metrics,
+            self._new_root,
+            Reader.of_signer(signer),
+            roots=lambda: held_tls_certificates(spec.node_dir(index), self.member.tls_cert),
         )
         self.peers = PeerNetwork(
             spec, index, self._stream_signers, self._key_of, self.metrics, self.on_peer_message
@@ -291,7 +307,7 @@ class ReplicaNode:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         add_service(server, pb_grpc.add_PeerServicer_to_server, self.peers.servicer())
         add_service(server, cpb_grpc.add_ReplicaServicer_to_server, client_api)
-        address = add_server_port(server, self.spec, self.index, "replica")
+        address = add_server_port(server, self.spec, self.index, "replica", self.served)
         await server.start()
         self._server = server
         self.sidecar.open()
@@ -347,6 +363,10 @@ class ReplicaNode:
         signer = self._epoch_signer(membership)
         follower = signer is None
         self._current_signer = self.signer if signer is None else signer
+        # (A new machine following an epoch before its own serves its own certificate.)
+        own = self.epoch_spec.members[self.index] if self.index < self.epoch_spec.n else None
+        self.epoch_certificate = self.member.tls_cert if follower or own is None else own.tls_cert
+        self.mempool.certificates = tuple(m.tls_cert for m in self.epoch_spec.members)
         if follower:
             log.info(
                 "event=following node=%d epoch=%d hint=this machine is no member of the "
@@ -429,7 +449,7 @@ class ReplicaNode:
                 raise ClusterFileError(
                     f"node {self.index} is no member of epoch {membership.epoch}: a remove "
                     "record took it out, and it stops for good (docs/consensus/epochs.md, "
-                    "\"Growing and shrinking\")"
+                    '"Growing and shrinking")'
                 )
             return None  # (an `add` still to commit)
         key = membership.key(self.index)
@@ -1102,7 +1122,13 @@ class ReplicaNode:
         store = self.store
         assert store is not None
         self._bases = None  # (rebuilt from the store's epochs when next needed)
+        certificate = self.epoch_certificate
         core = await self._restart_core(restored=self._restore_declared())
+        if self.epoch_certificate != certificate:
+            # Our TLS key was rotated: new handshakes get the new certificate
+            # (`ServedCertificate`), and the link to our sidecar, which moves to it when
+            # it executes the change block, trusts both from here on.
+            self.sidecar.reopen()
         # A stream a member opened with a key this epoch no longer gives it ends here: a
         # rotated-out key (perhaps stolen, the reason for the rotation) keeps no stream.
         ended = self.peers.end_streams_of_old_keys()

@@ -27,6 +27,7 @@ from quorumgate.runtime.channels import Reader, aio_channel
 STATE_ROOTS_KEPT = 4_096
 ADMIT_RPC_TIMEOUT_S = 2.0
 EXECUTED_WAITERS_MAX = 256  # admission batches held waiting for the sidecar at once
+REOPEN_GRACE_S = 5.0  # calls on a channel replaced after a TLS rotation may finish
 ACCEPTED_SIGNERS_CACHED_MAX = 65_536  # signers remembered as accepted by our sidecar
 
 log = logging.getLogger("quorumgate.replica")
@@ -78,8 +79,14 @@ class SidecarLink:
         metrics: ReplicaMetrics,
         on_new_root: Callable[[], None],
         reader: Reader,
+        roots: Callable[[], bytes] | None = None,
     ) -> None:
+        """`roots`: the certificates our sidecar may present, read when the channel is
+        opened (the ones our node directory holds keys for: after a TLS rotation the
+        sidecar moves to the new one when it executes the change block, which may be
+        before or after we reach the boundary)."""
         self.spec = spec
+        self._roots = roots
         self.index = index
         self.chain_id = spec.chain_id
         self.member = spec.member(index)
@@ -94,13 +101,28 @@ class SidecarLink:
         # Signers our sidecar accepted lately (LRU): their gossip skips the admission call.
         self._accepted_signers: OrderedDict[bytes, None] = OrderedDict()
         self._channel: grpc.aio.Channel | None = None
+        self._closing: set[asyncio.Future[None]] = set()  # channels `reopen` replaced
         self._stub: spb_grpc.SidecarStub | None = None
         # Admission batches waiting for the sidecar to execute a height (bounded).
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def open(self) -> None:
-        self._channel = aio_channel(self.spec, self.index, "sidecar", reader=self._reader)
+        roots = None if self._roots is None or self.spec.insecure else self._roots()
+        self._channel = aio_channel(
+            self.spec, self.index, "sidecar", reader=self._reader, roots=roots
+        )
         self._stub = spb_grpc.SidecarStub(self._channel)
+
+    def reopen(self) -> None:
+        """A new channel, trusting the certificates our node directory holds now; calls
+        on the old one may finish within `REOPEN_GRACE_S` (closed in the background, so
+        that the core loop does not wait)."""
+        old = self._channel
+        self.open()
+        if old is not None:
+            closing = asyncio.ensure_future(old.close(grace=REOPEN_GRACE_S))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         if self._channel is not None:

@@ -4,7 +4,10 @@ certificate, or plaintext when the cluster file says `"transport": "insecure"`.
 - A client of member I (an agent's SDK, an operator command, a sidecar, another replica)
   trusts exactly member I's certificate from the cluster file and checks the name
   `qg-node-I` in it (proto/tls.py): nothing else can stand in for that member.
-- A member's replica and sidecar serve TLS with `DIR/node-I/tls.key` and that certificate.
+- A member's replica and sidecar serve TLS with `DIR/node-I/tls.key` and that certificate,
+  or, after the member's TLS key was rotated in place, with the certificate the epoch they
+  run names and its key beside it (`ServedCertificate`: gRPC asks for it at each new
+  handshake, so the switch needs no restart; docs/consensus/epochs.md, "TLS keys").
 - Replicas authenticate to each other per stream: the first thing a peer stream carries
   is a statement signed with the sender's consensus key — sender, receiver, time — in the
   call's metadata (`peer_auth_metadata`, checked by `check_peer_auth`); on a chain that
@@ -22,16 +25,27 @@ keys the cluster already pins, on one port.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from nacl.signing import SigningKey
 
 from quorumgate.proto import domains
 from quorumgate.proto.canonical import Encoder
-from quorumgate.proto.clusterfile import TLS_KEY_FILE, ClusterSpec, MemberSpec, read_private
+from quorumgate.proto.clusterfile import (
+    TLS_KEY_FILE,
+    ClusterFileError,
+    ClusterSpec,
+    MemberSpec,
+    certificate_name,
+    read_private,
+    tls_key_for,
+)
 from quorumgate.proto.crypto import Signer, ed25519_verify
 from quorumgate.proto.tls import tls_name
 from quorumgate.runtime.links import CHANNEL_OPTIONS
@@ -44,6 +58,8 @@ PEER_AUTH_SKEW_MS_MAX = 300_000  # a stream statement older or newer than this i
 # current one and keys rotated in or out around an epoch boundary).
 PEER_AUTH_SIGNATURES_MAX = 4
 SIGNATURE_BYTES = 64
+
+log = logging.getLogger("quorumgate.channels")
 
 
 def _address(member: MemberSpec, kind: str) -> str:
@@ -58,8 +74,9 @@ def _tls_options(member: MemberSpec) -> tuple[tuple[str, object], ...]:
     return (*CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", tls_name(member.index)))
 
 
-def _credentials(member: MemberSpec) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(root_certificates=member.tls_cert)
+def _credentials(member: MemberSpec, roots: bytes | None = None) -> grpc.ChannelCredentials:
+    trusted = member.tls_cert if roots is None else roots
+    return grpc.ssl_channel_credentials(root_certificates=trusted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +107,12 @@ def aio_channel(
     *,
     options: tuple[tuple[str, object], ...] = (),
     reader: Reader | None = None,
+    roots: bytes | None = None,
 ) -> grpc.aio.Channel:
     """An asyncio channel to member `index`'s replica or sidecar; with `reader`, every
-    call is signed as that key."""
+    call is signed as that key. `roots`: the certificates trusted for the member in place
+    of its one in `spec` (a member's replica and sidecar on their links to each other:
+    proto/clusterfile.py `held_tls_certificates`)."""
     member = spec.member(index)
     address = _address(member, kind)
     interceptors = (
@@ -106,7 +126,7 @@ def aio_channel(
         )
     return grpc.aio.secure_channel(
         address,
-        _credentials(member),
+        _credentials(member, roots),
         options=(*_tls_options(member), *options),
         interceptors=interceptors,
     )
@@ -128,13 +148,79 @@ def sync_channel(
     return grpc.intercept_channel(channel, interceptor)
 
 
-def add_server_port(server: grpc.aio.Server, spec: ClusterSpec, index: int, kind: str) -> str:
-    """Listen on member `index`'s address for `kind`, with its TLS key (or plaintext)."""
+class ServedCertificate:
+    """The certificate a member's server presents: the one the epoch it runs names
+    (`current`), with its key from the node directory (proto/clusterfile.py
+    `tls_key_for`). gRPC calls `fetch` at each new TLS handshake
+    (`grpc.dynamic_ssl_server_credentials`), so a certificate committed by a TLS rotation
+    is served from the boundary on without a restart; connections made before keep the
+    certificate they were made with. A certificate whose key the directory lacks (the
+    operator did not run `--prepare` on this machine) is not served: the last one goes on,
+    and the reason is logged once per certificate."""
+
+    def __init__(self, node_dir: Path, own_cert: bytes, current: Callable[[], bytes]) -> None:
+        self.node_dir = node_dir
+        self.own_cert = own_cert  # tls.key's: cluster.json's, or join.json's on a new machine
+        self.current = current
+        self._lock = threading.Lock()  # (gRPC may call from its own threads)
+        self.serving = own_cert
+        self._missing: set[bytes] = set()
+
+    def initial(self) -> grpc.ServerCertificateConfiguration:
+        cert = self.current()
+        key = self._key(cert)
+        if key is None:
+            cert, key = self.own_cert, read_private(self.node_dir / TLS_KEY_FILE)
+        self.serving = cert
+        return grpc.ssl_server_certificate_configuration([(key, cert)])
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """The configuration to serve from now on, or None to keep the one served."""
+        with self._lock:
+            cert = self.current()
+            if cert == self.serving:
+                return None
+            key = self._key(cert)
+            if key is None:
+                return None
+            self.serving = cert
+            log.info("event=tls_certificate_served certificate=%s", certificate_name(cert))
+            return grpc.ssl_server_certificate_configuration([(key, cert)])
+
+    def _key(self, cert: bytes) -> bytes | None:
+        try:
+            key = tls_key_for(self.node_dir, cert, self.own_cert)
+        except ClusterFileError as err:
+            key, reason = None, str(err)
+        else:
+            reason = "no key file for it in the node directory"
+        if key is None and cert not in self._missing:
+            self._missing.add(cert)
+            log.error(
+                "event=tls_certificate_not_served certificate=%s reason=%s hint=run `admin "
+                "rotate-key --tls I --prepare` on this machine before the boundary",
+                certificate_name(cert), reason,
+            )  # fmt: skip
+        return key
+
+
+def add_server_port(
+    server: grpc.aio.Server,
+    spec: ClusterSpec,
+    index: int,
+    kind: str,
+    served: ServedCertificate | None = None,
+) -> str:
+    """Listen on member `index`'s address for `kind`, with its TLS key (or plaintext);
+    with `served`, the certificate of the epoch the process runs (`ServedCertificate`)."""
     member = spec.member(index)
     address = _address(member, kind)
     try:
         if spec.insecure:
             server.add_insecure_port(address)
+        elif served is not None:
+            credentials = grpc.dynamic_ssl_server_credentials(served.initial(), served.fetch)
+            server.add_secure_port(address, credentials)
         else:
             key = read_private(spec.node_dir(index) / TLS_KEY_FILE)
             server.add_secure_port(address, grpc.ssl_server_credentials([(key, member.tls_cert)]))

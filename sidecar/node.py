@@ -48,6 +48,7 @@ from quorumgate.proto.clusterfile import (
     ClusterFileError,
     ClusterSpec,
     held_receipt_seeds,
+    held_tls_certificates,
     read_seed,
 )
 from quorumgate.proto.model import Outcome, TxKind
@@ -55,7 +56,7 @@ from quorumgate.proto.reports import root_report_statement
 from quorumgate.proto.tx import TxRejected, parse, tx_id
 from quorumgate.replica.types import Block, RemoteError
 from quorumgate.replica.wire import decode_block, decode_epoch_end
-from quorumgate.runtime.channels import Reader, add_server_port, aio_channel
+from quorumgate.runtime.channels import Reader, ServedCertificate, add_server_port, aio_channel
 from quorumgate.runtime.grpcutil import add_service
 from quorumgate.runtime.links import SERVER_OPTIONS, StreamTurns
 from quorumgate.runtime.process import FailStop, process_main
@@ -223,7 +224,9 @@ class Sidecar:
         # The receipt key of the epoch of the next block executed (docs/consensus/
         # epochs.md, "Receipt keys"): started from the replica's stored epoch ends before
         # the first block, then moved on at each change block executed.
-        self.receipt_keys = ReceiptKeys(spec, index, spec.node_dir(index), receipt_key)
+        self.receipt_keys = ReceiptKeys(
+            spec, index, spec.node_dir(index), receipt_key, self.member.tls_cert
+        )
         self._receipt_epoch_known = not spec.runs_epochs
         self.config = config_for_cluster(spec)
         self.metrics = SidecarMetrics()
@@ -308,7 +311,14 @@ class Sidecar:
         )
         server = grpc.aio.server(options=SERVER_OPTIONS)
         add_service(server, spb_grpc.add_SidecarServicer_to_server, _SidecarService(self))
-        add_server_port(server, self.spec, self.index, "sidecar")
+        # The certificate of the epoch of the block executed last (a TLS rotation's
+        # change block moves it on: sidecar/receiptkeys.py), served from then on.
+        served = ServedCertificate(
+            self.spec.node_dir(self.index),
+            self.member.tls_cert,
+            lambda: self.receipt_keys.tls_cert,
+        )
+        add_server_port(server, self.spec, self.index, "sidecar", served)
         await server.start()
         self._server = server
         start_http_server(self.member.sidecar_metrics_port, self.member.host, self.metrics.registry)
@@ -344,7 +354,9 @@ class Sidecar:
         while not self.diverged:
             try:
                 reader = Reader.of(self.key)  # a member: its sidecar's receipt key
-                async with aio_channel(self.spec, self.index, "replica", reader=reader) as channel:
+                async with aio_channel(
+                    self.spec, self.index, "replica", reader=reader, roots=self._trusted_own()
+                ) as channel:
                     stub = cpb_grpc.ReplicaStub(channel)
                     if not self._receipt_epoch_known:
                         await self._start_receipt_epoch(stub, store.executed_height)
@@ -365,13 +377,24 @@ class Sidecar:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
+    def _trusted_own(self) -> bytes | None:
+        """What our links to our own replica trust: the certificates our node directory
+        holds keys for (proto/clusterfile.py `held_tls_certificates`), since our replica
+        moves to a rotated one at its boundary and we at our execution of the change
+        block, in either order."""
+        if self.spec.insecure:
+            return None
+        return held_tls_certificates(self.spec.node_dir(self.index), self.member.tls_cert)
+
     async def _start_receipt_epoch(self, stub: cpb_grpc.ReplicaStub, executed: int) -> None:
         """The epoch of the next height to execute, from our replica's stored epoch ends
         (the change blocks of the committed log; sidecar/receiptkeys.py). Once per
         process: from then on each executed change block moves it on."""
         reply = await stub.EpochEnds(cpb.EpochEndsRequest(), timeout=RECONNECT_DELAY_S_MAX)
         boundaries = [decode_epoch_end(self.spec.chain_id, end.ended)[0] for end in reply.ends]
-        keys = ReceiptKeys(self.spec, self.index, self.spec.node_dir(self.index), self.key)
+        keys = ReceiptKeys(
+            self.spec, self.index, self.spec.node_dir(self.index), self.key, self.member.tls_cert
+        )
         keys.start_at(boundaries, executed)
         self.receipt_keys = keys
         self._receipt_epoch_known = True
@@ -565,7 +588,9 @@ class Sidecar:
             async with (
                 asyncio.timeout(PENDING_FETCH_TIMEOUT_S),
                 self._pending_fetches,
-                aio_channel(self.spec, self.index, "replica", reader=reader) as channel,
+                aio_channel(
+                    self.spec, self.index, "replica", reader=reader, roots=self._trusted_own()
+                ) as channel,
             ):
                 stub = cpb_grpc.ReplicaStub(channel)
                 for height in heights:
@@ -718,7 +743,9 @@ class Sidecar:
 
         while True:
             try:
-                async with aio_channel(self.spec, self.index, "replica") as channel:
+                async with aio_channel(
+                    self.spec, self.index, "replica", roots=self._trusted_own()
+                ) as channel:
                     stub = cpb_grpc.ReplicaStub(channel)
                     await stub.ReportStateRoots(reports(turns.begin()))
             except grpc.aio.AioRpcError as err:

@@ -33,9 +33,10 @@ from quorumgate.proto.clusterfile import (
     ClusterSpec,
     MemberSpec,
     receipt_seed_for,
+    tls_key_for,
 )
 from quorumgate.proto.membership import Membership, OwnerRecords
-from quorumgate.replica.epochs import change_in, owner_after
+from quorumgate.replica.epochs import change_in, entries_after, owner_after
 from quorumgate.replica.types import Block
 
 
@@ -61,8 +62,16 @@ class ReceiptKeys:
     `receipt.key`."""
 
     def __init__(
-        self, spec: ClusterSpec, index: int, node_dir: Path, first: SigningKey | None = None
+        self,
+        spec: ClusterSpec,
+        index: int,
+        node_dir: Path,
+        first: SigningKey | None = None,
+        own_certificate: bytes = b"",
     ) -> None:
+        """`own_certificate`: the TLS certificate of `tls.key` (the sidecar's: cluster.json's
+        or join.json's), from which `tls_cert` follows the epochs; empty where nothing is
+        served (replay)."""
         self.index = index
         self.node_dir = node_dir
         self.membership: Membership = spec.membership()
@@ -75,6 +84,12 @@ class ReceiptKeys:
         # (epoch, its first height, this member's receipt key in it), oldest first: what
         # the sidecar's self-audit checks each stored statement with (`key_at`)
         self.history: list[tuple[int, int, bytes]] = [(0, 1, self.genesis_key)]
+        # The TLS certificate the current epoch names for this member, which the sidecar
+        # serves (runtime/channels.py `ServedCertificate`): the cluster file's (or
+        # join.json's) until a `replace` record for this index carries another
+        # (docs/consensus/epochs.md, "TLS keys").
+        self.own_certificate = own_certificate
+        self.tls_cert = own_certificate
         self._held: dict[bytes, SigningKey] = {}
         if first is not None:
             self._held[bytes(first.verify_key)] = first
@@ -119,10 +134,27 @@ class ReceiptKeys:
         nxt = change_in(block, self.membership, self.reader)
         if nxt is None:
             return False
+        for entry in entries_after(block, self.membership, self.reader):
+            if (
+                self.own_certificate
+                and entry.index == self.index
+                and self._holds_tls_key(entry.tls_cert)
+            ):
+                self.tls_cert = entry.tls_cert
         self.reader = owner_after(block, self.membership, self.reader)
         self.membership = nxt
         self.history.append((nxt.epoch, block.height + 1, self.public_key))
         return True
+
+    def _holds_tls_key(self, cert: bytes) -> bool:
+        """Whether this machine holds the key of `cert`: a `replace` of this index that
+        describes another machine (before a new machine's own) is not this one's."""
+        if not cert:
+            return False
+        try:
+            return tls_key_for(self.node_dir, cert, self.own_certificate) is not None
+        except ClusterFileError:
+            return True  # (it is there; `ServedCertificate` says what is wrong with it)
 
     def key_at(self, epoch: int, height: int) -> bytes | None:
         """This member's receipt key of `epoch` if `height` lies in it, as far as the blocks

@@ -15,7 +15,7 @@
     admin      --dir D [--key F] register-tool | register-agent | register-principal |
                register-sink | set-mandate | suspend | resume | set-settings |
                set-run-targets | rotate-key (--agent ID | --principal ID) --key F |
-               rotate-key --owner | rotate-key (--member I | --receipt I) |
+               rotate-key --owner | rotate-key (--member I | --receipt I | --tls I) |
                replace-member --member I --entry F |
                add-member --entry F --entry F --entry F | remove-member |
                rotate-key (--agent ID | --principal ID) --by-owner --out F ...
@@ -794,7 +794,9 @@ def _cmd_rotate_key(args: argparse.Namespace) -> int:
     waits as `<name>.old`, signs the rotation, and goes once the rotation is certified (or
     comes back if it is refused). Neither key is ever printed. `--by-owner`: see
     `_rotate_by_owner`."""
-    if args.member is not None or args.receipt is not None:
+    if (args.prepare or args.cert is not None) and args.tls is None:
+        return _fail("--prepare and --cert are for --tls")
+    if args.member is not None or args.receipt is not None or args.tls is not None:
         if args.by_owner or args.out is not None:
             return _fail("--by-owner and --out are for an agent's or a principal's key")
         from quorumgate.ops.rotate import cmd_rotate_key
@@ -1482,6 +1484,17 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "--receipt", type=int, metavar="I",
         help="sidecar I's receipt key, from the next epoch on (--key: the owner key)",
     )  # fmt: skip
+    whose.add_argument(
+        "--tls", type=int, metavar="I",
+        help="member I's TLS key and certificate, from the next epoch on (--key: the owner key)",
+    )  # fmt: skip
+    rotate.add_argument(
+        "--prepare", action="store_true",
+        help="with --tls, on member I's machine: make the new TLS key and certificate only",
+    )  # fmt: skip
+    rotate.add_argument(
+        "--cert", metavar="FILE", help="with --tls: the certificate --prepare made (commit it)"
+    )
     rotate.add_argument(
         "--by-owner",
         action="store_true",

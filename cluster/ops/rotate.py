@@ -2,7 +2,11 @@
 next epoch boundary (docs/consensus/epochs.md, "The live replica"; docs/operating.md,
 "Rotating a member's consensus key"); `--receipt I`: give its sidecar a new receipt key
 the same way (docs/consensus/epochs.md, "Receipt keys"; docs/operating.md, "Rotating a
-sidecar's receipt key").
+sidecar's receipt key"); `--tls I`: give the member a new TLS key and certificate on the
+same machine (docs/consensus/epochs.md, "TLS keys"; docs/operating.md, "Rotating a
+member's TLS key"): `--prepare` on the member's machine makes them there, `--cert FILE`
+where the owner key is commits the certificate in a `replace` record that keeps the
+member's index, address and keys.
 
 What it does, in order:
 
@@ -57,15 +61,23 @@ from quorumgate.proto.clusterfile import (
     read_seed,
     rotated_key_file,
     rotated_receipt_key_file,
+    write_rotated_tls,
     write_seed,
 )
 from quorumgate.proto.membership import (
     RECONFIG_SIZES,
     RECONFIG_STEP_MEMBERS,
+    MemberEntry,
     Reconfiguration,
     owner_record,
     receipt_record,
     sign_record,
+)
+from quorumgate.proto.tls import (
+    PEM_CERT_BYTES_MAX,
+    certificate_fingerprint,
+    make_node_certificate,
+    tls_key_problem,
 )
 from quorumgate.sdk.client import Client
 from quorumgate.sdk.delivery import FreshReplay
@@ -345,10 +357,17 @@ def _report(
 
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:
+    tls = getattr(args, "tls", None) is not None
     try:
         spec = load_cluster(Path(args.dir))
-        spec.member(args.member if args.receipt is None else args.receipt)
+        member = args.tls if tls else args.member if args.receipt is None else args.receipt
+        spec.member(member)
+        if tls and spec.insecure:
+            raise ClusterFileError("this cluster runs plaintext gRPC: it has no TLS keys")
+        if tls and args.prepare:
+            return _prepare_tls(args, spec)
         owner = SigningKey(read_seed(Path(args.key or spec.directory / OWNER_KEY_FILE)))
+        cert = _read_certificate(Path(args.cert)) if tls and args.cert else None
     except ClusterFileError as err:
         return _fail(str(err))
     if not spec.runs_epochs:
@@ -357,9 +376,132 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
             "keys are fixed for good (docs/consensus/epochs.md)"
         )
     try:
+        if tls:
+            return asyncio.run(_rotate_tls(args, spec, owner, cert))
         return asyncio.run(_rotate(args, spec, owner))
     except (FreshReplay, QuorumGateError) as err:
         return _fail(f"the record was not taken ({err}); the new key file stays unused")
+
+
+def _prepared(spec: ClusterSpec, member: int) -> tuple[Path, Path, bytes]:
+    """A new TLS key and certificate for `member`, written into its node directory beside
+    the ones in use (proto/clusterfile.py `write_rotated_tls`): (key file, certificate
+    file, certificate). The certificate names `qg-node-I`, what every client checks, and
+    the host cluster.json (or join.json) gives this machine."""
+    key_pem, cert = make_node_certificate(member, spec.member(member).host)
+    try:
+        key_path, cert_path = write_rotated_tls(spec.node_dir(member), key_pem, cert)
+    except OSError as err:
+        raise ClusterFileError(f"cannot write the new TLS key: {err.strerror}") from err
+    return key_path, cert_path, cert
+
+
+def _prepare_tls(args: argparse.Namespace, spec: ClusterSpec) -> int:
+    """`rotate-key --tls I --prepare`, run on member I's machine: the new key and
+    certificate there; the key never leaves it, the certificate goes to the owner."""
+    key_path, cert_path, cert = _prepared(spec, args.tls)
+    doc = {
+        "member": args.tls,
+        "key_file": str(key_path),
+        "certificate_file": str(cert_path),
+        "fingerprint": certificate_fingerprint(cert),
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2), flush=True)
+    else:
+        print(
+            f"member {args.tls}: new TLS key in {key_path} (0600) and its certificate in "
+            f"{cert_path} (SHA-256 {doc['fingerprint']})\n"
+            f"next, where the owner key is: quorumgate admin rotate-key --tls {args.tls} "
+            f"--cert {cert_path} --dir DIR",
+            flush=True,
+        )
+    return EXIT_OK
+
+
+def _read_certificate(path: Path) -> bytes:
+    try:
+        with path.open("rb") as handle:
+            cert = handle.read(PEM_CERT_BYTES_MAX + 1)
+    except OSError as err:
+        raise ClusterFileError(f"cannot read {path}: {err.strerror}") from err
+    if len(cert) > PEM_CERT_BYTES_MAX:
+        raise ClusterFileError(f"{path} is larger than a certificate ({PEM_CERT_BYTES_MAX} bytes)")
+    return cert
+
+
+async def _rotate_tls(
+    args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey, cert: bytes | None
+) -> int:
+    """The `replace` record that gives member `args.tls` the certificate `cert` (made
+    here first, with `--prepare`'s files, when none is given) and keeps everything else
+    of its entry in the current epoch: index, host, ports, consensus and receipt keys."""
+    member = args.tls
+    async with Client(spec, owner) as client:
+        checked = await _epoch_and_key_check(spec, client, owner)
+        if isinstance(checked, str):
+            return _fail(checked)
+        epoch = checked
+        epochs = await client.epochs()
+        if epochs.current.epoch != epoch:
+            return _fail(
+                f"the replicas run epoch {epoch} and the chain of epochs checks to "
+                f"{epochs.current.epoch}: try again once they agree"
+            )
+        cluster = epochs.cluster(spec)
+        if not 0 <= member < cluster.n:
+            return _fail(f"member {member} is no member of epoch {epoch}")
+        in_use = tuple(m.tls_cert for m in cluster.members)
+        made = None
+        if cert is None:
+            made = _prepared(spec, member)
+            cert = made[2]
+        problem = tls_key_problem(cert, member, in_use)
+        if problem is not None:
+            return _fail(f"{args.cert if made is None else made[1]}: {problem}")
+        now = cluster.members[member]
+        receipt_keys = epochs.chain.current.receipt_keys or spec.receipt_keys
+        entry = MemberEntry(
+            member, now.host, now.replica_port, now.metrics_port, now.sidecar_port,
+            now.sidecar_metrics_port, epochs.membership.key(member), receipt_keys[member], cert,
+        )  # fmt: skip
+        old_fingerprint = certificate_fingerprint(now.tls_cert)
+        new_fingerprint = certificate_fingerprint(cert)
+        _say(
+            args,
+            f"member {member}: TLS certificate {old_fingerprint[:KEY_PREFIX_HEX_CHARS]}... -> "
+            f"{new_fingerprint[:KEY_PREFIX_HEX_CHARS]}... on the same machine\n"
+            f"takes effect at the next epoch boundary: epoch {epoch} ends at the block that "
+            f"commits this change, and from epoch {epoch + 1} on member {member} serves the "
+            "new certificate and its peers and following clients refuse the old one",
+        )
+        record = Reconfiguration(
+            "replace", (member,), (entry.public_key,), entries=(entry.encode(),)
+        )
+        await client.submit_record(sign_record(record, spec.chain_id, epoch, _signer(owner)))
+        _say(args, f"submitted: replace member {member}'s certificate (signed for epoch {epoch})")
+        reached = await _wait_next_epoch(spec, client, epoch, args.deadline, follow=True)
+        done = len(reached) >= spec.n - spec.f
+        change_height: int | None = None
+        if done:
+            with contextlib.suppress(QuorumGateError):
+                found = await client.epochs()
+                if found.current.epoch > epoch:
+                    change_height = found.epochs[epoch + 1].boundary_height
+        doc = {
+            "member": member,
+            "key": "tls",
+            "fingerprint": new_fingerprint,
+            "previous_fingerprint": old_fingerprint,
+            "epoch": epoch,
+            "next_epoch": epoch + 1,
+            "change_height": change_height,
+            "in_effect": done,
+            "nodes_in_next_epoch": reached,
+        }
+        if made is not None:
+            doc["key_file"], doc["certificate_file"] = str(made[0]), str(made[1])
+        return _report(args, spec, doc, reached, change_height)
 
 
 async def _replace(
@@ -484,9 +626,7 @@ async def _grow_or_shrink(
         await client.submit_record(data)
         _say(args, f"submitted: {what} (signed by the owner for epoch {epoch})")
         need = size - f_next
-        reached = await _wait_next_epoch(
-            spec, client, epoch, args.deadline, follow=True, need=need
-        )
+        reached = await _wait_next_epoch(spec, client, epoch, args.deadline, follow=True, need=need)
         reached = [i for i in reached if i < size]
         done = len(reached) >= need
         doc = {
