@@ -831,6 +831,12 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         assert key is not None
         engine = self.sidecar.engine
         agent = engine.state.agent_by_key.get(key) if engine is not None else None
+        return key, self._role(key), agent
+
+    def _role(self, key: bytes) -> Role | None:
+        """`key`'s role here now (runtime/readauth.py)."""
+        spec = self.sidecar.spec
+        engine = self.sidecar.engine
         # A sidecar does not follow the replicas' consensus keys, so none reads as a
         # member here: none needs to (its replica's admission calls are checked by key,
         # `_refuse_unless_own_replica`), and one rotated out would read every verdict.
@@ -847,7 +853,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                 role = Role.OWNER
             elif role is Role.OWNER:
                 role = None
-        return key, role, agent
+        return role
 
     @staticmethod
     def _kind(role: Role | None, agent: str | None) -> CallerKind:
@@ -959,10 +965,21 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             if not held:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, WAITS_FULL_DETAIL)
             height = max(1, request.from_height)
+            epoch = sidecar.receipt_keys.epoch
             while True:
                 if height > store.executed_height:
                     await sidecar.wait_executed(height)
                     continue
+                if role is not None and sidecar.receipt_keys.epoch != epoch:
+                    # A boundary passed: a receipt key rotated out there (or a replaced
+                    # machine's) reads no more (docs/consensus/epochs.md, "Receipt keys").
+                    epoch = sidecar.receipt_keys.epoch
+                    if self._role(key) is None:
+                        await context.abort(
+                            grpc.StatusCode.PERMISSION_DENIED,
+                            "this key reads no more verdicts: the epoch executed now gives "
+                            "it no role",
+                        )
                 if role is not None:
                     for batch in await sidecar.receipt_batches(height):
                         yield batch

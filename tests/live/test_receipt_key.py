@@ -143,8 +143,8 @@ def test_rotating_a_receipt_key_under_light_load(
       chain, and by the executor given `quorumgate epochs --json`'s file;
     - the old key loses its other powers from the boundary on: replica 1 refuses its
       state-root report for a height past the boundary (taking it for a height before),
-      the replicas and sidecars refuse its reads, and a `CommittedBlocks` stream it opened
-      before the boundary is ended there; the new key has them.
+      the replicas and sidecars refuse its reads, and a `CommittedBlocks` or `Receipts`
+      stream it opened before the boundary is ended there; the new key has them.
     """
     cluster = live_cluster(N)
     cluster.start_sidecars()
@@ -163,6 +163,11 @@ def test_rotating_a_receipt_key_under_light_load(
         cpb.BlocksRequest(from_height=1), timeout=WAIT_S
     )
     next(iter(before_boundary))  # served: the old key reads as a member in epoch 0
+    opened_sidecar = sync_channel(spec, 0, "sidecar", reader=Reader.of(old_key))
+    verdicts_before = spb_grpc.SidecarStub(opened_sidecar).Receipts(
+        spb.ReceiptsRequest(from_height=1), timeout=WAIT_S
+    )
+    next(iter(verdicts_before))
 
     done = _cli(cluster, "admin", "rotate-key", "--receipt", str(SIDECAR), "--json",
                 "--deadline", str(WAIT_S))  # fmt: skip
@@ -224,6 +229,11 @@ def test_rotating_a_receipt_key_under_light_load(
             pass
     assert ended.value.code() == grpc.StatusCode.PERMISSION_DENIED, ended.value
     opened.close()
+    with pytest.raises(grpc.RpcError) as ended:
+        for _ in verdicts_before:
+            pass
+    assert ended.value.code() == grpc.StatusCode.PERMISSION_DENIED, ended.value
+    opened_sidecar.close()
 
     cluster.kill(SIDECAR, kind="sidecar")
     cluster.start([SIDECAR], "sidecar")
