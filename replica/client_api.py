@@ -33,6 +33,7 @@ from quorumgate.runtime.readauth import (
     METHOD_COMMITTED_BLOCKS,
     METHOD_EPOCH_ENDS,
     require_reader,
+    role_of,
 )
 from quorumgate.runtime.readwaits import READ_WAITS_PER_KEY_MAX, CallerKind, WaitSlots
 from quorumgate.runtime.tracing import Tracer, tx_prefix
@@ -264,14 +265,14 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
                 report.height, report.state_root, report.signature, report.owner_key
             ):
                 await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED, "state roots are taken from our sidecar only"
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "state roots are taken from our sidecar only, each signed with its "
+                    "receipt key of the height's epoch, for a height committed here",
                 )
             received += 1
         return pb.StreamAck(received=received)
 
-    async def _require_block_reader(
-        self, context: grpc.aio.ServicerContext, method: str
-    ) -> bytes:
+    async def _require_block_reader(self, context: grpc.aio.ServicerContext, method: str) -> bytes:
         """The key of a caller that may read committed blocks, or the call is aborted. A
         replica's consensus key reads as a member only in the epoch it signs for, and the
         owner is the key our sidecar's state holds after an owner rotation
@@ -286,8 +287,22 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
             int(time.time() * 1000),
             consensus_keys=members,
             owner_key=self.sidecar.owner_key,
+            receipt_keys=self.sidecar.readers,
         )
         return key
+
+    def _still_reads(self, key: bytes) -> bool:
+        """Whether `key` still reads committed blocks in the epoch we run now (a stream
+        opened before a boundary by a key rotated out there ends at it)."""
+        members = {self.peers.key_of(i) for i in range(self.spec.n)}
+        role = role_of(
+            self.peers.spec,
+            key,
+            consensus_keys=members,
+            owner_key=self.sidecar.owner_key,
+            receipt_keys=self.sidecar.readers,
+        )
+        return role is not None
 
     async def EpochEnds(
         self, request: cpb.EpochEndsRequest, context: grpc.aio.ServicerContext
@@ -310,8 +325,11 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         self, request: cpb.BlocksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[cpb.CommittedBlock]:
         """Every argument value of every call is in these blocks: they answer the owner,
-        the members and auditors only (runtime/readauth.py)."""
+        the members and auditors only (runtime/readauth.py), as the epoch we run has them:
+        when the readers change (a boundary), the stream goes on only if its key still
+        reads."""
         key = await self._require_block_reader(context, METHOD_COMMITTED_BLOCKS)
+        followed = self.sidecar.epochs_followed
         with self.waits.hold(key, CallerKind.ROLE) as held:
             if not held:
                 self.metrics.read_waits_refused.inc()
@@ -327,6 +345,14 @@ class ClientApi(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
                 if next_height > top:
                     await self._wait_committed(next_height)
                     continue
+                if self.sidecar.epochs_followed != followed:
+                    followed = self.sidecar.epochs_followed
+                    if not self._still_reads(key):
+                        await context.abort(
+                            grpc.StatusCode.PERMISSION_DENIED,
+                            "this key reads no more committed blocks: the epoch we run "
+                            "now gives it no role (docs/consensus/epochs.md)",
+                        )
                 end = min(top, next_height + STREAM_BLOCKS_PER_READ - 1)
                 try:
                     blocks = await store.committed_range(next_height, end)

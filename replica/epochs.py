@@ -42,6 +42,28 @@ from quorumgate.replica.types import Block, QuorumCert, RemoteError, SyncRespons
 EPOCH_PROOF_BLOCKS_MAX = 4096
 
 
+def member_receipt_key(
+    index: int,
+    membership: Membership,
+    epoch_keys: Sequence[bytes],
+    machine: tuple[bytes, bytes] | None = None,
+) -> bytes:
+    """The receipt key member `index`'s sidecar signs with in `membership`'s epoch, whose
+    members' receipt keys are `epoch_keys` (`OwnerRecords.receipt_keys`, as the committed
+    change blocks leave them): the member's, or b"" where the epoch has no member `index`.
+    `machine`: a new machine's own (consensus key, receipt key), from its join.json; in an
+    epoch before the one whose `replace` or `add` makes it member `index` (the epoch's
+    consensus key for `index` is not the machine's) it holds no other key, and signs with
+    its own (docs/consensus/epochs.md, "Receipt keys"). The sidecar signs with this key
+    and its replica checks its state-root reports with it, both from the same committed
+    blocks."""
+    if machine is not None and (
+        not membership.is_member(index) or membership.key(index) != machine[0]
+    ):
+        return machine[1]
+    return epoch_keys[index] if index < len(epoch_keys) else b""
+
+
 def start_qc(chain_id: str, boundary: Block | None) -> QuorumCert:
     """The certificate an epoch starts from: the genesis QC for epoch 0, else an unsigned
     one naming the previous epoch's change block (its commit is what proves it)."""

@@ -77,6 +77,7 @@ from quorumgate.replica.epochs import (
     epoch_proof_reach,
     epoch_safety_state,
     is_epoch_page,
+    member_receipt_key,
     needs_pages,
     owner_after,
 )
@@ -93,7 +94,7 @@ from quorumgate.replica.mempool import (
 from quorumgate.replica.metrics import ReplicaMetrics
 from quorumgate.replica.peers import GOSSIP_BATCH_TXS_MAX, PeerNetwork
 from quorumgate.replica.pruning import PruneFloor
-from quorumgate.replica.sidecar_link import SidecarLink
+from quorumgate.replica.sidecar_link import ReportKeys, SidecarLink
 from quorumgate.replica.storage import ReplicaStore, decode_epoch_row
 from quorumgate.replica.sync import SyncRepeats
 from quorumgate.replica.types import (
@@ -357,7 +358,11 @@ class ReplicaNode:
         assert store is not None
         stored = store.epoch
         membership = self.membership if stored is None else stored.membership(self.membership)
-        owner_records, self.epoch_spec = self._epoch_reading(membership.epoch)
+        owner_records, self.epoch_spec, report_keys = self._epoch_reading(membership.epoch)
+        # Our sidecar's reports and the sidecars' reads follow the epoch's receipt keys
+        # (docs/consensus/epochs.md, "Receipt keys"): a key rotated out keeps neither.
+        readers = self.spec.receipt_keys if owner_records is None else owner_records.receipt_keys
+        self.sidecar.follow_epochs(report_keys, readers)
         self.metrics.epoch.set(membership.epoch)
         self.mempool.enter_epoch(membership.epoch, owner_records)
         signer = self._epoch_signer(membership)
@@ -390,20 +395,27 @@ class ReplicaNode:
             owner_records=owner_records,
         )
 
-    def _epoch_reading(self, epoch: int) -> tuple[OwnerRecords | None, ClusterSpec]:
+    def _epoch_reading(self, epoch: int) -> tuple[OwnerRecords | None, ClusterSpec, ReportKeys]:
         """The reader of epoch `epoch`'s records and the cluster as it stands in it: the
         cluster file's owner key and member entries carried through every stored change
         block up to that epoch's start, each handing over to the key its `owner` record
         names, and swapping the member a `replace` record describes (replica/epochs.py
-        `owner_after`, `entries_after`). Derived from the committed change blocks alone,
-        as every replica, sidecar and follower derives them; nothing of it is stored."""
+        `owner_after`, `entries_after`). And which receipt key of our member signs our
+        sidecar's state-root report of each height, epoch by epoch up to this one
+        (`ReportKeys`). Derived from the committed change blocks alone, as every replica,
+        sidecar and follower derives them; nothing of it is stored."""
         owner = self.owner_records
         spec = self.spec
-        if owner is None:
-            return None, spec
         store = self.store
         assert store is not None
+        committed = lambda: store.committed_height  # noqa: E731
+        if owner is None:
+            own = spec.member(self.index).receipt_public_key
+            return None, spec, ReportKeys(((1, own),), committed)
+        joined = spec.joined
+        machine = None if joined is None else (joined.public_key, joined.receipt_public_key)
         before = self.membership
+        starts = [(1, member_receipt_key(self.index, before, owner.receipt_keys, machine))]
         for number in range(1, epoch + 1):
             stored = store.started(number)
             if stored is None:
@@ -415,7 +427,9 @@ class ReplicaNode:
             spec = spec.with_entries(entries_after(stored.boundary, before, owner), after.n)
             owner = owner_after(stored.boundary, before, owner)
             before = after
-        return owner, spec
+            own = member_receipt_key(self.index, after, owner.receipt_keys, machine)
+            starts.append((stored.boundary.height + 1, own))
+        return owner, spec, ReportKeys(tuple(starts), committed)
 
     def _key_of(self, member: int) -> bytes:
         """Member `member`'s consensus key in the epoch we run; no key (nothing checks

@@ -1,10 +1,17 @@
 """The replica's link to its own execution sidecar (docs/sidecar.md).
 
 Two things cross it. The sidecar reports the state root of each height it executed, signed
-with its receipt key; the replica keeps the most recent ones (`SidecarRoots`, the core's
-`ExecutionView`) and votes only for blocks whose carried root matches. And before taking a
-client transaction into its mempool, the replica asks the sidecar whether the engine would
-refuse it early (`admission`); the verdict at execution stays the authority.
+with its member's receipt key of that height's epoch; the replica keeps the most recent ones
+(`SidecarRoots`, the core's `ExecutionView`) and votes only for blocks whose carried root
+matches. And before taking a client transaction into its mempool, the replica asks the
+sidecar whether the engine would refuse it early (`admission`); the verdict at execution
+stays the authority.
+
+Which key signs the report of a height is decided from the committed change blocks alone
+(`ReportKeys`): the member's receipt key of the epoch the height belongs to, and no key for
+a height this replica has not committed (its epoch is not settled here yet). So a receipt
+key rotated out at a boundary reports nothing above it, and replicas never disagree on
+which report is valid (docs/consensus/epochs.md, "Receipt keys").
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -65,6 +73,28 @@ class SidecarRoots:
         return self._roots.get(height)
 
 
+@dataclass(frozen=True, slots=True)
+class ReportKeys:
+    """The receipt key our sidecar reports each height's root with: `starts` holds, oldest
+    first, each epoch's first height and our member's receipt key in it (b"": none), as
+    the committed change blocks leave them (replica/epochs.py `member_receipt_key`).
+    `committed`: our committed height; a report above it names a height whose epoch this
+    replica cannot tell yet (a change block may lie below it), so no key signs it."""
+
+    starts: tuple[tuple[int, bytes], ...]
+    committed: Callable[[], int] | None = None
+
+    def at(self, height: int) -> bytes:
+        if height < 1 or (self.committed is not None and height > self.committed()):
+            return b""
+        key = b""
+        for first, epoch_key in self.starts:
+            if first > height:
+                break
+            key = epoch_key
+        return key
+
+
 class SidecarLink:
     """The channel to this replica's sidecar, the roots it reported, and admission checks.
 
@@ -92,6 +122,12 @@ class SidecarLink:
         self.member = spec.member(index)
         self.metrics = metrics
         self.roots = SidecarRoots()
+        # Until the shell says where its epochs start (`follow_epochs`): the cluster
+        # file's key, for every height (a chain that runs no epochs keeps it).
+        self.report_keys = ReportKeys(((1, self.member.receipt_public_key),))
+        # The receipt keys that read as a sidecar's here: those of the epoch we run.
+        self.readers: tuple[bytes, ...] = spec.receipt_keys
+        self.epochs_followed = 0  # how many times the shell's epoch was handed over
         # The owner key our sidecar's state holds after an owner rotation, as of the
         # height of the report that carried it (None: the cluster file's still holds).
         self.owner_key: bytes | None = None
@@ -133,13 +169,24 @@ class SidecarLink:
         """The highest height the sidecar reported a root for (0 before any report)."""
         return self.roots.latest_root()[0]
 
+    def follow_epochs(self, report_keys: ReportKeys, readers: tuple[bytes, ...]) -> None:
+        """The shell's epochs, from its store's change blocks (at start and at each
+        boundary): which key signs each height's report from here on, and the members'
+        receipt keys of the epoch it runs, the ones that read as a sidecar's here."""
+        self.report_keys = report_keys
+        self.readers = readers
+        self.epochs_followed += 1
+
     def on_state_root(
         self, height: int, root: bytes, signature: bytes, owner_key: bytes = b""
     ) -> bool:
-        """A report from our sidecar; False (and nothing kept) if not signed by its key.
-        A rotated owner key it reports is the one our reads answer as the owner."""
+        """A report from our sidecar; False (and nothing kept) if not signed by its
+        member's receipt key of the height's epoch (`ReportKeys`): a key rotated out signs
+        no report above the change block that ended its epoch. A rotated owner key it
+        reports is the one our reads answer as the owner."""
+        key = self.report_keys.at(height)
         message = root_report_statement(self.chain_id, height, root, owner_key)
-        if not ed25519_verify(self.member.receipt_public_key, message, signature):
+        if not key or not ed25519_verify(key, message, signature):
             self.metrics.dropped.labels("bad_root_report").inc()
             return False
         if owner_key and height >= self._owner_key_height:

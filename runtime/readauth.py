@@ -4,8 +4,8 @@
 `Receipts` stream every verdict. They answer only:
 
 - the owner (`cluster.json`'s owner key);
-- the members: a sidecar's receipt key, and on a replica a replica's consensus key of the
-  epoch it runs (a sidecar answers no consensus key as a member);
+- the members: a sidecar's receipt key of the epoch the server runs, and on a replica a
+  replica's consensus key of that epoch (a sidecar answers no consensus key as a member);
 - auditors: keys the owner listed in `cluster.json` (`quorumgate admin add-auditor`).
 
 An agent reads its own verdicts: `GetReceipt` answers a proposal id to whoever proves it
@@ -139,19 +139,25 @@ def role_of(
     public_key: bytes,
     consensus_keys: Collection[bytes] | None = None,
     owner_key: bytes | None = None,
+    receipt_keys: Collection[bytes] | None = None,
 ) -> Role | None:
     """`consensus_keys`: the replicas' consensus keys that read as members here (on a
     chain that runs epochs, those of the epoch this replica runs: a key rotated out, which
     may be stolen, reads nothing); None for the cluster file's. `owner_key`: the owner's
     key after a rotation in the log (docs/engine.md, "Rotating keys"), which then reads as
-    the owner instead of the cluster file's."""
+    the owner instead of the cluster file's. `receipt_keys`: likewise the sidecars'
+    receipt keys that read as members here (those of the epoch the server runs: after a
+    `receipt` record or a `replace`, the key rotated out reads nothing; docs/consensus/
+    epochs.md, "Receipt keys"); None for the cluster file's."""
     if public_key == (spec.owner_public_key if owner_key is None else owner_key):
         return Role.OWNER
     if consensus_keys is None:
         consensus_keys = [m.public_key for m in spec.members]
     if public_key in consensus_keys:
         return Role.REPLICA
-    if any(m.receipt_public_key == public_key for m in spec.members):
+    if receipt_keys is None:
+        receipt_keys = [m.receipt_public_key for m in spec.members]
+    if public_key in receipt_keys:
         return Role.SIDECAR
     if spec.joined is not None and spec.joined.receipt_public_key == public_key:
         return Role.SIDECAR  # a new machine's own sidecar (`init --join`)
@@ -203,6 +209,7 @@ async def require_reader(
     now_ms: int,
     consensus_keys: Collection[bytes] | None = None,
     owner_key: bytes | None = None,
+    receipt_keys: Collection[bytes] | None = None,
 ) -> tuple[bytes, Role]:
     """The caller's key and role (`role_of`), or the call is aborted (it never returns
     then)."""
@@ -213,7 +220,7 @@ async def require_reader(
             f"{method} needs a signed read statement ({READ_AUTH_METADATA})",
         )
     assert key is not None
-    role = role_of(spec, key, consensus_keys, owner_key)
+    role = role_of(spec, key, consensus_keys, owner_key, receipt_keys)
     if role is None:
         await context.abort(
             grpc.StatusCode.PERMISSION_DENIED,

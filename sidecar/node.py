@@ -56,7 +56,7 @@ from quorumgate.proto.reports import root_report_statement
 from quorumgate.proto.tx import TxRejected, parse, tx_id
 from quorumgate.replica.types import Block, RemoteError
 from quorumgate.replica.wire import decode_block, decode_epoch_end
-from quorumgate.runtime.channels import Reader, ServedCertificate, add_server_port, aio_channel
+from quorumgate.runtime.channels import ServedCertificate, add_server_port, aio_channel
 from quorumgate.runtime.grpcutil import add_service
 from quorumgate.runtime.links import SERVER_OPTIONS, StreamTurns
 from quorumgate.runtime.process import FailStop, process_main
@@ -88,7 +88,7 @@ from quorumgate.sidecar.engine.core import Engine, StateCacheError, config_for_c
 from quorumgate.sidecar.engine.statements import ConfirmationCard
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.pruning import Pruner
-from quorumgate.sidecar.receiptkeys import ReceiptKeys
+from quorumgate.sidecar.receiptkeys import ReadKeys, ReceiptKeys
 from quorumgate.sidecar.receipts import Receipt
 from quorumgate.sidecar.snapshots import (
     SNAPSHOT_ATTEST_HEIGHTS_MAX,
@@ -228,6 +228,14 @@ class Sidecar:
             spec, index, spec.node_dir(index), receipt_key, self.member.tls_cert
         )
         self._receipt_epoch_known = not spec.runs_epochs
+        # Set once the epoch of the next block is known: the state-root reports wait for
+        # it, each signed with the receipt key of its height's epoch.
+        self._receipt_epoch_ready = asyncio.Event()
+        if self._receipt_epoch_known:
+            self._receipt_epoch_ready.set()
+        # The key our reads of our replica are signed with: its receipt key of the epoch
+        # the replica runs, found by trying the ones the node directory holds.
+        self.read_keys = ReadKeys(spec.node_dir(index), receipt_key)
         self.config = config_for_cluster(spec)
         self.metrics = SidecarMetrics()
         self.tracer = Tracer(f"sidecar-{index}")  # off unless QG_TRACE_DIR is set
@@ -353,7 +361,7 @@ class Sidecar:
         assert store is not None
         while not self.diverged:
             try:
-                reader = Reader.of(self.key)  # a member: its sidecar's receipt key
+                reader = self.read_keys.reader  # a member: its sidecar's receipt key
                 async with aio_channel(
                     self.spec, self.index, "replica", reader=reader, roots=self._trusted_own()
                 ) as channel:
@@ -372,6 +380,10 @@ class Sidecar:
                     # Our replica pruned the heights we lack (docs/pruning.md): its answer
                     # names where its log starts and the way out (replay --from-snapshot).
                     log.error("event=replica_pruned detail=%s", err.details())
+                elif self.read_keys.refused(err):
+                    # Our replica runs an epoch in which the key we read with is not our
+                    # member's (a boundary passed): the next key we hold is tried.
+                    log.info("event=read_key_refused code=%s", err.code().name)
                 else:
                     log.info("event=replica_stream_closed code=%s", err.code().name)
             await asyncio.sleep(delay)
@@ -386,6 +398,12 @@ class Sidecar:
             return None
         return held_tls_certificates(self.spec.node_dir(self.index), self.member.tls_cert)
 
+    @property
+    def receipt_epoch_known(self) -> bool:
+        """Whether the epoch of the next block is known (from our replica's stored epoch
+        ends, once per process; at once on a chain that runs no epochs)."""
+        return self._receipt_epoch_known
+
     async def _start_receipt_epoch(self, stub: cpb_grpc.ReplicaStub, executed: int) -> None:
         """The epoch of the next height to execute, from our replica's stored epoch ends
         (the change blocks of the committed log; sidecar/receiptkeys.py). Once per
@@ -398,6 +416,7 @@ class Sidecar:
         keys.start_at(boundaries, executed)
         self.receipt_keys = keys
         self._receipt_epoch_known = True
+        self._receipt_epoch_ready.set()
         log.info("event=receipt_epoch epoch=%d executed_height=%d", keys.epoch, executed)
         store = self.store
         assert store is not None
@@ -447,6 +466,7 @@ class Sidecar:
             return
         if keys.after(block):
             log.info("event=receipt_epoch epoch=%d from_height=%d", keys.epoch, height + 1)
+            self.read_keys.prefer(keys.public_key)
         self.metrics.execute_latency.observe(time.perf_counter() - started)
         self.tracer.event("executed", height)
         self._keep_recent_receipts(executed)
@@ -584,7 +604,7 @@ class Sidecar:
             return found
         wanted = {c.proposal_id for c in cards} - set(found)
         try:
-            reader = Reader.of(self.key)
+            reader = self.read_keys.reader
             async with (
                 asyncio.timeout(PENDING_FETCH_TIMEOUT_S),
                 self._pending_fetches,
@@ -726,6 +746,7 @@ class Sidecar:
         delay = RECONNECT_DELAY_S_MIN
         store = self.store
         assert store is not None
+        await self._receipt_epoch_ready.wait()  # each report is signed in its height's epoch
 
         turns = self._root_turns
 
@@ -733,13 +754,15 @@ class Sidecar:
             top = store.executed_height
             for height in range(max(1, top - ROOTS_RESENT_ON_CONNECT + 1), top + 1):
                 root = await store.root_at(height)
-                if root is not None:
-                    yield self._report(height, root)
+                report = None if root is None else self._report(height, root)
+                if report is not None:
+                    yield report
             # Only while this stream is the current one: a dead stream's iterator, still
             # read by gRPC, took and lost the first root after every reconnect (StreamTurns).
             async for height, root in turns.drain(turn, self._roots):
-                if height > top:
-                    yield self._report(height, root)
+                report = self._report(height, root) if height > top else None
+                if report is not None:
+                    yield report
 
         while True:
             try:
@@ -755,15 +778,23 @@ class Sidecar:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
-    def _report(self, height: int, root: bytes) -> spb.StateRootReport:
+    def _report(self, height: int, root: bytes) -> spb.StateRootReport | None:
         """`height`'s root, and the owner key our state holds now if the owner rotated
         it: the replica learns from us which key reads its blocks as the owner
-        (docs/security/reads-and-certificates.md)."""
+        (docs/security/reads-and-certificates.md). Signed with our member's receipt key of
+        the epoch `height` belongs to, the one our replica checks it with (replica/
+        sidecar_link.py `ReportKeys`; docs/consensus/epochs.md, "Receipt keys"); None when
+        the node directory lacks that key (the divergence alarm names it)."""
         engine = self.engine
         rotated = engine is not None and engine.state.owner_key is not None
         owner = engine.owner_key() if engine is not None and rotated else b""
         message = root_report_statement(self.spec.chain_id, height, root, owner)
-        signature = bytes(self.key.sign(message).signature)
+        try:
+            key = self.receipt_keys.key_for_height(height)
+        except ClusterFileError as err:
+            log.error("event=root_report_unsigned height=%d detail=%s", height, err)
+            return None
+        signature = bytes(key.sign(message).signature)
         return spb.StateRootReport(
             height=height, state_root=root, signature=signature, owner_key=owner
         )
@@ -827,10 +858,21 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
         assert key is not None
         engine = self.sidecar.engine
         agent = engine.state.agent_by_key.get(key) if engine is not None else None
-        # A sidecar does not follow the replicas' epochs, so no consensus key reads as a
+        return key, self._role(key), agent
+
+    def _role(self, key: bytes) -> Role | None:
+        """`key`'s role here now (runtime/readauth.py)."""
+        spec = self.sidecar.spec
+        engine = self.sidecar.engine
+        # A sidecar does not follow the replicas' consensus keys, so none reads as a
         # member here: none needs to (its replica's admission calls are checked by key,
         # `_refuse_unless_own_replica`), and one rotated out would read every verdict.
-        role = role_of(spec, key, consensus_keys=())
+        # The members' receipt keys that read here are those of the epoch we execute in
+        # (docs/consensus/epochs.md, "Receipt keys"): one rotated out, or a replaced
+        # machine's, reads nothing; before that epoch is known, none reads.
+        sidecar = self.sidecar
+        readers = sidecar.receipt_keys.readers if sidecar.receipt_epoch_known else ()
+        role = role_of(spec, key, consensus_keys=(), receipt_keys=readers)
         if engine is not None and engine.state.owner_key is not None:
             # the owner rotated its key in the log (docs/engine.md, "Rotating keys"): the
             # state's key reads as the owner, cluster.json's no longer does
@@ -838,7 +880,7 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
                 role = Role.OWNER
             elif role is Role.OWNER:
                 role = None
-        return key, role, agent
+        return role
 
     @staticmethod
     def _kind(role: Role | None, agent: str | None) -> CallerKind:
@@ -950,10 +992,21 @@ class _SidecarService(spb_grpc.SidecarServicer):  # type: ignore[misc]
             if not held:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, WAITS_FULL_DETAIL)
             height = max(1, request.from_height)
+            epoch = sidecar.receipt_keys.epoch
             while True:
                 if height > store.executed_height:
                     await sidecar.wait_executed(height)
                     continue
+                if role is not None and sidecar.receipt_keys.epoch != epoch:
+                    # A boundary passed: a receipt key rotated out there (or a replaced
+                    # machine's) reads no more (docs/consensus/epochs.md, "Receipt keys").
+                    epoch = sidecar.receipt_keys.epoch
+                    if self._role(key) is None:
+                        await context.abort(
+                            grpc.StatusCode.PERMISSION_DENIED,
+                            "this key reads no more verdicts: the epoch executed now gives "
+                            "it no role",
+                        )
                 if role is not None:
                     for batch in await sidecar.receipt_batches(height):
                         yield batch

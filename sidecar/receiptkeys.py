@@ -26,18 +26,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
 from nacl.signing import SigningKey
 
 from quorumgate.proto.clusterfile import (
     ClusterFileError,
     ClusterSpec,
     MemberSpec,
+    held_receipt_seeds,
     receipt_seed_for,
     tls_key_for,
 )
 from quorumgate.proto.membership import Membership, OwnerRecords
 from quorumgate.replica.epochs import change_in, entries_after, owner_after
 from quorumgate.replica.types import Block
+from quorumgate.runtime.channels import Reader
 
 
 def signing_receipt_key(
@@ -48,7 +51,8 @@ def signing_receipt_key(
     its join.json) in an epoch before the one whose `replace` makes it the member (the
     epoch's consensus key for `index` is not the machine's), the machine's own, since it
     holds no other. A missing key of an epoch in which the machine is the member stays an
-    error: the operator did not put a rotated key file there."""
+    error: the operator did not put a rotated key file there. Its replica checks the
+    state-root reports by the same rule (replica/epochs.py `member_receipt_key`)."""
     if joined is not None and (
         not membership.is_member(index) or membership.key(index) != joined.public_key
     ):
@@ -76,6 +80,7 @@ class ReceiptKeys:
         self.node_dir = node_dir
         self.membership: Membership = spec.membership()
         self.reader: OwnerRecords | None = spec.record_reader() if spec.runs_epochs else None
+        self._members = spec.members
         self.joined = spec.joined
         # epoch 0's key of the member (the cluster file's), or a new machine's own
         self.genesis_key = signing_receipt_key(
@@ -114,17 +119,43 @@ class ReceiptKeys:
         """The signing key of the current epoch, read from the node directory once;
         `ClusterFileError` if the directory does not hold it (the operator has not put the
         rotated key file there)."""
-        public = self.public_key
+        return self.signing(self.public_key, self.epoch)
+
+    def signing(self, public: bytes, epoch: int) -> SigningKey:
+        """The signing half of `public`, this member's receipt key of `epoch`, read from
+        the node directory once; `ClusterFileError` if the directory does not hold it."""
         found = self._held.get(public)
         if found is None:
             seed = receipt_seed_for(self.node_dir, public)
             if seed is None:
                 raise ClusterFileError(
                     f"{self.node_dir} holds no receipt key {public.hex()[:16]}, this "
-                    f"member's in epoch {self.epoch}"
+                    f"member's in epoch {epoch}"
                 )
             found = self._held[public] = SigningKey(seed)
         return found
+
+    def key_for_height(self, height: int) -> SigningKey:
+        """The key that signs what this sidecar states about `height` besides its block
+        statement (its state-root report to its replica: replica/sidecar_link.py
+        `ReportKeys`), by the same rule: this member's receipt key of the epoch `height`
+        belongs to, as far as the blocks followed tell (heights past the last change block
+        followed are the current epoch's)."""
+        epoch, public = self.history[0][0], self.history[0][2]
+        for number, first, key in self.history:
+            if first > height:
+                break
+            epoch, public = number, key
+        return self.signing(public, epoch)
+
+    @property
+    def readers(self) -> tuple[bytes, ...]:
+        """The members' receipt keys of the current epoch: the ones that read this
+        sidecar as a member's sidecar (runtime/readauth.py `role_of`). On a chain that
+        runs no epochs, the cluster file's."""
+        if self.reader is None or not self.reader.receipt_keys:
+            return tuple(m.receipt_public_key for m in self._members)
+        return self.reader.receipt_keys
 
     def after(self, block: Block) -> bool:
         """Move on past `block`, executed in the current epoch: True when it is a change
@@ -178,3 +209,51 @@ class ReceiptKeys:
                     f"the stored end of epoch {self.epoch} at height {boundary.height} "
                     "changes nothing"
                 )
+
+
+class ReadKeys:
+    """The receipt keys a sidecar (or replay, or a snapshot fetch) opens its reads with:
+    a server answers a member's sidecar only to that member's receipt key of the epoch the
+    server runs (docs/consensus/epochs.md, "Receipt keys"), which may be ahead of or
+    behind the epoch this process knows. So every receipt key the node directory holds is
+    a candidate, `first` first; a refusal (`refused`) moves on to the next, round the
+    list. A handful of keys at most: one per rotation."""
+
+    def __init__(self, node_dir: Path, first: SigningKey | None = None) -> None:
+        self.node_dir = node_dir
+        self.keys: list[SigningKey] = [] if first is None else [first]
+        self._read()
+        if not self.keys:
+            raise ClusterFileError(f"{node_dir} holds no receipt key")
+        self._at = 0
+
+    def _read(self) -> None:
+        """Add the keys the node directory holds now (a rotation writes one beside the
+        others while the process runs)."""
+        for seed in held_receipt_seeds(self.node_dir):
+            key = SigningKey(seed)
+            if all(bytes(k.verify_key) != bytes(key.verify_key) for k in self.keys):
+                self.keys.append(key)
+
+    @property
+    def key(self) -> SigningKey:
+        return self.keys[self._at]
+
+    @property
+    def reader(self) -> Reader:
+        return Reader.of(self.key)
+
+    def prefer(self, public: bytes) -> None:
+        """Try `public` next, if held (the key of the epoch this process moved into)."""
+        for position, key in enumerate(self.keys):
+            if bytes(key.verify_key) == public:
+                self._at = position
+
+    def refused(self, err: grpc.aio.AioRpcError | grpc.RpcError) -> bool:
+        """After a call failed with `err`: True (and the next key is current) when the
+        server refused the key, False for any other failure."""
+        if err.code() not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            return False
+        self._read()
+        self._at = (self._at + 1) % len(self.keys)
+        return True

@@ -70,16 +70,15 @@ from quorumgate.sidecar.engine.core import Engine, EngineConfig, config_for_clus
 from quorumgate.sidecar.engine.state import EngineState
 from quorumgate.sidecar.execution import execute_block
 from quorumgate.sidecar.ledger import LedgerEntry
-from quorumgate.sidecar.receiptkeys import signing_receipt_key
+from quorumgate.sidecar.receiptkeys import ReadKeys, signing_receipt_key
+from quorumgate.sidecar.receipts import ReceiptEpoch, ReceiptEpochs
 from quorumgate.sidecar.snapshots import (
     SNAPSHOT_DIR,
-    ReceiptKeysAt,
     SnapshotDir,
     SnapshotError,
     SnapshotOptions,
     check_state,
     fetch_snapshot,
-    file_receipt_keys,
     grpc_peers,
 )
 from quorumgate.sidecar.store import Checkpoint, DivergenceError, ExecutedHeight, SidecarStore
@@ -176,8 +175,8 @@ async def _blocks_from_replica(
         # for the next commit, which an idle cluster does not make (docs/consensus/
         # protocol.md, "An idle cluster goes quiet").
         return
-    key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))  # a member reads
-    async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
+    reader = await _member_reader(spec, index)  # a member reads
+    async with aio_channel(spec, index, reader=reader) as channel:
         stub = cpb_grpc.ReplicaStub(channel)
         stream = stub.CommittedBlocks(cpb.BlocksRequest(from_height=start))
         try:
@@ -638,10 +637,16 @@ def _resume_position(
 
 
 async def _install_snapshot(
-    spec: ClusterSpec, index: int, store: SidecarStore, report: ReplayReport
+    spec: ClusterSpec,
+    index: int,
+    store: SidecarStore,
+    report: ReplayReport,
+    epochs: ReceiptEpochs,
 ) -> None:
     """Fetch the newest snapshot f+1 members attest and install it into the empty store;
-    it is kept, pinned, among this sidecar's snapshots (the base of its local history)."""
+    it is kept, pinned, among this sidecar's snapshots (the base of its local history).
+    The attestations are checked with each member's receipt key of the height's epoch
+    (`epochs`, from the replica's stored epoch ends)."""
     if store.executed_height or store.checkpoint is not None:
         raise ReplayError(
             f"sidecar {index}'s store holds heights up to {store.executed_height}: a "
@@ -649,12 +654,10 @@ async def _install_snapshot(
         )
     started = time.perf_counter()
     node_dir = spec.node_dir(index)
-    key = SigningKey(read_seed(node_dir / RECEIPT_KEY_FILE))
-    keys_at = await _receipt_keys_at(spec, index, report)
-    peers = grpc_peers(spec, index, key)
+    peers = grpc_peers(spec, index, ReadKeys(node_dir).keys)
     try:
         fetched = await fetch_snapshot(
-            spec, config_for_cluster(spec), index, [peer for peer, _ in peers], keys_at
+            spec, config_for_cluster(spec), index, [peer for peer, _ in peers], epochs
         )
     except SnapshotError as err:
         raise ReplayError(f"no snapshot to start from: {err}") from err
@@ -675,39 +678,6 @@ async def _install_snapshot(
         "chunks_refused": fetched.chunks_refused,
         "seconds": round(time.perf_counter() - started, 3),
     }
-
-
-async def _receipt_keys_at(spec: ClusterSpec, index: int, report: ReplayReport) -> ReceiptKeysAt:
-    """The members' receipt keys a snapshot of a height is attested with: those of the
-    epoch the height lies in, followed through the epoch ends the replica stored (asked
-    of the running replica, or read from its store), each checked as replay checks them
-    (`_epochs_through`); the cluster file's on a chain without epochs or before any."""
-    if not spec.runs_epochs:
-        return file_receipt_keys(spec)
-    if await _replica_top(spec, index) is not None:
-        rows = await _epoch_rows(spec, index, None)
-    else:
-        try:
-            store = await ReplicaStore.open(spec.node_dir(index) / "replica.db", spec.chain_id)
-        except Exception as err:
-            raise ReplayError(f"replica {index} neither answers nor opens: {err}") from err
-        try:
-            rows = store.epoch_ends
-        finally:
-            await store.close()
-    if not rows:
-        return file_receipt_keys(spec)
-    scratch = ReplayReport(node=index, from_height=1)  # (the replay's own report counts its epochs)
-
-    def keys_at(height: int, index: int) -> bytes | None:
-        # The block at `height` is certified in the epoch of the heights after height-1.
-        epochs, _ = _epochs_through(spec, rows, height - 1, scratch)
-        owner = epochs.owner
-        if owner is None or not owner.receipt_keys:
-            return spec.member(index).receipt_public_key
-        return owner.receipt_keys[index] if index < len(owner.receipt_keys) else None
-
-    return keys_at
 
 
 async def _history_base(
@@ -793,15 +763,12 @@ async def _epoch_rows(
         return ()
     if replica_store is not None:
         return replica_store.epoch_ends
-    key = SigningKey(read_seed(spec.node_dir(index) / RECEIPT_KEY_FILE))  # a member reads
-    async with aio_channel(spec, index, reader=Reader.of(key)) as channel:
-        stub = cpb_grpc.ReplicaStub(channel)
-        try:
-            reply = await stub.EpochEnds(cpb.EpochEndsRequest(), timeout=EPOCH_ENDS_TIMEOUT_S)
-        except grpc.aio.AioRpcError as err:
-            raise ReplayError(
-                f"replica {index} does not tell how its epochs ended: {err.details()}"
-            ) from err
+    try:
+        reply = await _epoch_ends(spec, index, ReadKeys(spec.node_dir(index)))
+    except grpc.aio.AioRpcError as err:
+        raise ReplayError(
+            f"replica {index} does not tell how its epochs ended: {err.details()}"
+        ) from err
     where = f"replica {index}"
     try:
         return tuple(
@@ -810,6 +777,70 @@ async def _epoch_rows(
         )
     except StorageError as err:
         raise ReplayError(str(err)) from err
+
+
+async def _epoch_ends(spec: ClusterSpec, index: int, keys: ReadKeys) -> cpb.EpochEndsReply:
+    """The running replica's stored epoch ends, asked with the first receipt key of ours
+    it takes: its member's of the epoch it runs (sidecar/receiptkeys.py `ReadKeys`; after a
+    rotation the cluster file's key reads nothing there). `keys` is left at that key."""
+    last: grpc.aio.AioRpcError | None = None
+    for _ in keys.keys:
+        async with aio_channel(spec, index, reader=keys.reader) as channel:
+            stub = cpb_grpc.ReplicaStub(channel)
+            try:
+                reply: cpb.EpochEndsReply = await stub.EpochEnds(
+                    cpb.EpochEndsRequest(), timeout=EPOCH_ENDS_TIMEOUT_S
+                )
+                return reply
+            except grpc.aio.AioRpcError as err:
+                if not keys.refused(err):
+                    raise
+                last = err
+    assert last is not None, "a node directory holds one receipt key or more"
+    raise last
+
+
+async def _member_reader(spec: ClusterSpec, index: int) -> Reader:
+    """A receipt key of ours that the running replica reads as its member's (found by
+    asking for its epoch ends, which only members may read)."""
+    keys = ReadKeys(spec.node_dir(index))
+    try:
+        await _epoch_ends(spec, index, keys)
+    except grpc.aio.AioRpcError as err:
+        raise ReplayError(
+            f"replica {index} answers none of our receipt keys: {err.details()}"
+        ) from err
+    return keys.reader
+
+
+def _receipt_epochs(
+    spec: ClusterSpec, rows: tuple[StoredEpoch, ...], report: ReplayReport
+) -> ReceiptEpochs:
+    """The receipt keys of every epoch the replica's stored epoch ends prove (each checked
+    as replay checks it, `_Epochs.after`), with the heights each epoch holds: what a
+    snapshot's attestations are checked against (sidecar/snapshots.py). The last epoch
+    has no end as far as this replica knows. On a chain that runs no epochs: the cluster
+    file's keys, in any epoch."""
+    owner = spec.record_reader() if spec.runs_epochs else None
+    if owner is None:
+        return ReceiptEpochs.genesis(spec.receipt_keys)
+    epochs = _Epochs(spec.membership(), None, owner, rows)
+    known: list[ReceiptEpoch] = []
+    first, keys = 1, owner.receipt_keys
+    for row in rows:
+        problem = (
+            f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not prove itself"
+        )
+        try:
+            moved = epochs.after(row.boundary)
+        except RemoteError as err:
+            raise ReplayError(f"{problem}: {err}") from err
+        if not moved or epochs.membership.epoch != row.epoch or epochs.owner is None:
+            raise ReplayError(f"{problem}: its block changes nothing of the epoch before")
+        known.append(ReceiptEpoch(row.epoch - 1, first, row.boundary.height, keys))
+        first, keys = row.boundary.height + 1, epochs.owner.receipt_keys
+    known.append(ReceiptEpoch(len(known), first, None, keys))
+    return ReceiptEpochs(tuple(known))
 
 
 def _epochs_at(
@@ -964,16 +995,15 @@ async def replay(
         ) from err
     replica_store: ReplicaStore | None = None
     try:
-        if from_snapshot:
-            await _install_snapshot(spec, index, store, report)
         top, replica_store = await _open_log(spec, index)
+        rows = await _epoch_rows(spec, index, replica_store)
+        if from_snapshot:
+            epochs = _receipt_epochs(spec, rows, report)
+            await _install_snapshot(spec, index, store, report, epochs)
         if report.snapshot is not None and replica_store is None:
-            top = await log_reaching(
-                lambda: _replica_top(spec, index), top, report.snapshot_height
-            )
+            top = await log_reaching(lambda: _replica_top(spec, index), top, report.snapshot_height)
         report.top_height = top
         at = await _start_position(spec, index, store, replica_store, top, report, resume)
-        rows = await _epoch_rows(spec, index, replica_store)
         setup = _worker_setup(spec, index, rows, at, store.executed_height, report)
         start = at.height + 1
         blocks = (

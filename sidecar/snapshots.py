@@ -10,7 +10,9 @@ of them, and never the one its own local history starts from (`pinned`).
 A sidecar whose store is empty fetches one from its peers (`fetch_snapshot`, run by
 `quorumgate replay --from-snapshot`) and trusts no single peer: a height is taken only
 when f+1 members other than itself attest it — each its own block statement for that
-height, signed with its receipt key, and the same ledger head, entry count and block —
+height, signed with its receipt key of the height's epoch (checked against the chain of
+epochs its replica stored, as a certificate is: `receipt_keys_at`), and the same ledger
+head, entry count and block —
 every chunk must hash to its digest in a manifest agreeing with the attested values, and
 the state the chunks make must decode to exactly those bytes and hash to the attested
 root. A peer that lies is outvoted (its attestation counts for nothing the others do not
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +39,20 @@ from nacl.signing import SigningKey
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
-from quorumgate.runtime.channels import Reader, aio_channel
+from quorumgate.runtime.channels import aio_channel
+from quorumgate.runtime.readauth import (
+    METHOD_LIST_SNAPSHOTS,
+    METHOD_SNAPSHOT_CHUNK,
+    read_auth_metadata,
+)
 from quorumgate.sidecar.engine.core import Engine, EngineConfig
-from quorumgate.sidecar.receipts import SignedBlock, Validity
+from quorumgate.sidecar.receipts import (
+    CertificateError,
+    ReceiptEpochs,
+    SignedBlock,
+    Validity,
+    receipt_keys_at,
+)
 from quorumgate.sidecar.store import Checkpoint
 
 # The format of a snapshot's manifest and state bytes; a reader refuses any other.
@@ -421,33 +435,85 @@ class Fetched:
     refusals: list[str] = field(default_factory=list)
 
 
-def grpc_peers(spec: ClusterSpec, own: int, key: SigningKey) -> list[tuple[Peer, grpc.aio.Channel]]:
-    """A `Peer` for every other member's sidecar, each call signed with our receipt key
-    (a member's key: the snapshot methods answer members only). The caller closes the
-    channels."""
+def grpc_peers(
+    spec: ClusterSpec, own: int, keys: Sequence[SigningKey]
+) -> list[tuple[Peer, grpc.aio.Channel]]:
+    """A `Peer` for every other member's sidecar, each call signed with one of our receipt
+    keys `keys` (a member's key: the snapshot methods answer members only). A peer answers
+    our member's key of the epoch it executes in (docs/consensus/epochs.md, "Receipt
+    keys"), so a call it refuses is made again with the next key, each key once. The
+    caller closes the channels."""
     out = []
     for index in range(spec.n):
         if index == own:
             continue
-        channel = aio_channel(spec, index, "sidecar", reader=Reader.of(key))
+        channel = aio_channel(spec, index, "sidecar")
         stub = spb_grpc.SidecarStub(channel)
+        signed = _SignedCalls(spec.chain_id, keys)
 
         async def listed(
-            heights: Sequence[int], stub: spb_grpc.SidecarStub = stub
+            heights: Sequence[int],
+            stub: spb_grpc.SidecarStub = stub,
+            signed: _SignedCalls = signed,
         ) -> spb.SnapshotListReply:
             request = spb.SnapshotListRequest(attest_heights=list(heights))
-            reply: spb.SnapshotListReply = await stub.ListSnapshots(
-                request, timeout=SNAPSHOT_CALL_TIMEOUT_S
+            reply: spb.SnapshotListReply = await signed.call(
+                METHOD_LIST_SNAPSHOTS,
+                lambda metadata: stub.ListSnapshots(
+                    request, timeout=SNAPSHOT_CALL_TIMEOUT_S, metadata=metadata
+                ),
             )
             return reply
 
-        async def chunk(height: int, index: int, stub: spb_grpc.SidecarStub = stub) -> bytes:
+        async def chunk(
+            height: int,
+            index: int,
+            stub: spb_grpc.SidecarStub = stub,
+            signed: _SignedCalls = signed,
+        ) -> bytes:
             request = spb.SnapshotChunkRequest(height=height, index=index)
-            reply = await stub.SnapshotChunk(request, timeout=SNAPSHOT_CALL_TIMEOUT_S)
+            reply = await signed.call(
+                METHOD_SNAPSHOT_CHUNK,
+                lambda metadata: stub.SnapshotChunk(
+                    request, timeout=SNAPSHOT_CALL_TIMEOUT_S, metadata=metadata
+                ),
+            )
             return bytes(reply.data)
 
         out.append((Peer(index, listed, chunk), channel))
     return out
+
+
+class _SignedCalls:
+    """Calls to one peer signed with the first of our keys it takes (module doc of
+    sidecar/receiptkeys.py `ReadKeys`): a refused key is not tried again."""
+
+    def __init__(self, chain_id: str, keys: Sequence[SigningKey]) -> None:
+        self.chain_id = chain_id
+        self.keys = list(keys)
+
+    async def call(
+        self, method: str, make: Callable[[tuple[tuple[str, str], ...]], Awaitable[Any]]
+    ) -> Any:
+        while True:
+            key = self.keys[0]
+            metadata = read_auth_metadata(
+                self.chain_id,
+                method,
+                bytes(key.verify_key),
+                lambda message, key=key: bytes(key.sign(message).signature),  # type: ignore[misc]
+                int(time.time() * 1000),
+            )
+            try:
+                return await make(metadata)
+            except grpc.aio.AioRpcError as err:
+                refused = err.code() in (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                )
+                if not refused or len(self.keys) == 1:
+                    raise
+                self.keys.pop(0)
 
 
 async def _ask(peer: Peer, heights: Sequence[int]) -> spb.SnapshotListReply | None:
@@ -458,27 +524,18 @@ async def _ask(peer: Peer, heights: Sequence[int]) -> spb.SnapshotListReply | No
         return None
 
 
-# Member `index`'s receipt key that checks its attestation of `height` (height, index ->
-# key; None: no member of that epoch).
-ReceiptKeysAt = Callable[[int, int], bytes | None]
-
-
-def file_receipt_keys(spec: ClusterSpec) -> ReceiptKeysAt:
-    """The members' receipt keys as the cluster file names them, at every height: those of
-    a chain whose receipt keys no record changed."""
-    return lambda height, index: spec.member(index).receipt_public_key
-
-
 def _attestations(
     spec: ClusterSpec,
     own: int,
     height: int,
     replies: dict[int, spb.SnapshotListReply],
-    keys_at: ReceiptKeysAt,
+    epochs: ReceiptEpochs,
 ) -> dict[Head, set[int]]:
     """For `height`: each head some peer attested, with the distinct members whose
     attestation of it verifies (signed by the member that answered, with its receipt key
-    of the epoch `height` lies in, as `keys_at` gives it, and not ourselves)."""
+    of the epoch the statement names, which must hold `height`: `receipt_keys_at`, as a
+    certificate is checked; and not ourselves). So a receipt key rotated out at the end of
+    an epoch, or a replaced machine's, attests no height after it."""
     heads: dict[Head, set[int]] = {}
     for index, reply in replies.items():
         for msg in reply.attestations:
@@ -486,22 +543,32 @@ def _attestations(
                 continue
             try:
                 attestation = Attestation.from_pb(msg)
-            except ValueError:
+                keys = receipt_keys_at(epochs, attestation.signed.epoch, height)
+            except (ValueError, CertificateError):
                 continue
-            key = keys_at(height, index)
-            if key is not None and attestation.signed.signed_by(spec.chain_id, key):
+            if index < len(keys) and attestation.signed.signed_by(spec.chain_id, keys[index]):
                 heads.setdefault(attestation.head, set()).add(index)
     return heads
 
 
-def _agreed(spec: ClusterSpec, heads: dict[Head, set[int]]) -> tuple[Head, set[int]] | None:
+def _agreed(f: int, heads: dict[Head, set[int]]) -> tuple[Head, set[int]] | None:
     """The head f+1 members attested, or None. Any f+1 members hold an honest one, and
     honest members attest one and the same head (execution is deterministic), so at most
     one head can have f+1 attestations."""
     for head, signers in sorted(heads.items(), key=lambda item: -len(item[1])):
-        if len(signers) >= spec.f + 1:
+        if len(signers) >= f + 1:
             return head, signers
     return None
+
+
+def _f_at(spec: ClusterSpec, epochs: ReceiptEpochs, height: int) -> int:
+    """The f of the epoch that holds `height` (its members' count, after a grow or a
+    shrink); the cluster file's without a chain of epochs."""
+    if epochs.chained:
+        for epoch in epochs.epochs:
+            if epoch.holds(height):
+                return (len(epoch.keys) - 1) // 3
+    return spec.f
 
 
 def check_state(config: EngineConfig, manifest: Manifest, data: bytes) -> str | None:
@@ -554,14 +621,15 @@ async def fetch_snapshot(
     config: EngineConfig,
     own: int,
     peers: Sequence[Peer],
-    keys_at: ReceiptKeysAt | None = None,
+    epochs: ReceiptEpochs | None = None,
 ) -> Fetched:
     """The newest snapshot f+1 members attest, fetched and checked (module doc); raises
-    `SnapshotError` with every candidate's reason when there is none. `keys_at`: the
-    members' receipt keys that check an attestation of a height (default: the cluster
-    file's; past a `receipt` or `replace` record, those of the height's epoch, which
-    `quorumgate replay` derives from its replica's stored epoch ends)."""
-    keys_at = file_receipt_keys(spec) if keys_at is None else keys_at
+    `SnapshotError` with every candidate's reason when there is none. `epochs`: the chain
+    of epochs the attestations are checked against (each member's receipt key of the
+    height's epoch); without it, the cluster file's keys in any epoch, which only a chain
+    that never rotated a receipt key may use."""
+    if epochs is None:
+        epochs = ReceiptEpochs.genesis([m.receipt_public_key for m in spec.members])
     listed = await asyncio.gather(*(_ask(peer, ()) for peer in peers))
     replies = {p.index: r for p, r in zip(peers, listed, strict=True) if r is not None}
     offers: dict[int, list[tuple[Peer, Manifest]]] = {}
@@ -576,7 +644,9 @@ async def fetch_snapshot(
     for height in sorted(offers, reverse=True)[:SNAPSHOT_CANDIDATES_MAX]:
         asked = await asyncio.gather(*(_ask(peer, (height,)) for peer in peers))
         attesting = {p.index: r for p, r in zip(peers, asked, strict=True) if r is not None}
-        agreed = _agreed(spec, _attestations(spec, own, height, attesting, keys_at))
+        agreed = _agreed(
+            _f_at(spec, epochs, height), _attestations(spec, own, height, attesting, epochs)
+        )
         if agreed is None:
             reasons.append(f"height {height}: no state root that f+1 members signed")
             continue

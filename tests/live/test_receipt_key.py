@@ -14,17 +14,25 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import grpc
 import pytest
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
+from quorumgate.ops.live import RPC_TIMEOUT_S
+from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     RECEIPT_KEY_FILE,
+    ClusterSpec,
     read_seed,
     rotated_receipt_key_file,
 )
+from quorumgate.proto.reports import root_report_statement
+from quorumgate.runtime.channels import Reader, sync_channel
 from quorumgate.runtime.readauth import METHOD_GET_RECEIPT
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.certificates import receipt_signature_ok, verify
@@ -73,6 +81,48 @@ def _forged(cluster: LiveCluster, genuine: Certificate) -> Certificate:
     )  # fmt: skip
 
 
+def _read_code(cluster: LiveCluster, index: int, key: SigningKey, kind: str) -> grpc.StatusCode:
+    """What member `index`'s replica answers `CommittedBlocks`, or its sidecar `Ledger`
+    (every argument value, every verdict: members, the owner and auditors only), signed
+    with `key`."""
+    channel = sync_channel(cluster.spec, index, kind, reader=Reader.of(key))
+    try:
+        if kind == "replica":
+            blocks = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
+                cpb.BlocksRequest(from_height=1), timeout=RPC_TIMEOUT_S
+            )
+            next(iter(blocks))
+        else:
+            spb_grpc.SidecarStub(channel).Ledger(
+                spb.LedgerRequest(from_height=1, limit=1), timeout=RPC_TIMEOUT_S
+            )
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    finally:
+        channel.close()
+    return grpc.StatusCode.OK
+
+
+def _report_code(cluster: LiveCluster, height: int, key: SigningKey) -> grpc.StatusCode:
+    """What replica 1 answers a state-root report for `height` signed with `key` (a root
+    nobody executed: the height was reported before, so the replica keeps its first)."""
+    root = b"\x5a" * 32
+    signature = key.sign(root_report_statement(cluster.chain_id, height, root)).signature
+    report = spb.StateRootReport(height=height, state_root=root, signature=signature)
+    try:
+        cluster.replica(SIDECAR).ReportStateRoots(iter([report]), timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+async def _sidecar_statuses(
+    spec: ClusterSpec, owner_key: SigningKey
+) -> list[spb.SidecarStatusReply]:
+    async with Client(spec, owner_key) as client:
+        return list((await client.sidecar_status()).values())
+
+
 def _checked(executor: Executor, certificate: Certificate) -> None:
     executor._leaf(certificate, certificate.leaf.proposal_id)  # the executor's own check
 
@@ -90,7 +140,11 @@ def test_rotating_a_receipt_key_under_light_load(
       signs with the new key;
     - a certificate for the same later height signed with sidecar 1's old key (and
       sidecar 0's) claiming epoch 0 is refused by the SDK and the executor given the
-      chain, and by the executor given `quorumgate epochs --json`'s file.
+      chain, and by the executor given `quorumgate epochs --json`'s file;
+    - the old key loses its other powers from the boundary on: replica 1 refuses its
+      state-root report for a height past the boundary (taking it for a height before),
+      the replicas and sidecars refuse its reads, and a `CommittedBlocks` or `Receipts`
+      stream it opened before the boundary is ended there; the new key has them.
     """
     cluster = live_cluster(N)
     cluster.start_sidecars()
@@ -103,6 +157,17 @@ def test_rotating_a_receipt_key_under_light_load(
     cluster.register(load.agents)
     load.start()
     load.wait_acked(10)
+    old_key = SigningKey(read_seed(spec.node_dir(SIDECAR) / RECEIPT_KEY_FILE))
+    opened = sync_channel(spec, 0, reader=Reader.of(old_key))
+    before_boundary = cpb_grpc.ReplicaStub(opened).CommittedBlocks(
+        cpb.BlocksRequest(from_height=1), timeout=WAIT_S
+    )
+    next(iter(before_boundary))  # served: the old key reads as a member in epoch 0
+    opened_sidecar = sync_channel(spec, 0, "sidecar", reader=Reader.of(old_key))
+    verdicts_before = spb_grpc.SidecarStub(opened_sidecar).Receipts(
+        spb.ReceiptsRequest(from_height=1), timeout=WAIT_S
+    )
+    next(iter(verdicts_before))
 
     done = _cli(cluster, "admin", "rotate-key", "--receipt", str(SIDECAR), "--json",
                 "--deadline", str(WAIT_S))  # fmt: skip
@@ -141,6 +206,35 @@ def test_rotating_a_receipt_key_under_light_load(
         "sidecar 1 executes heights of epoch 1",
         lambda: sidecar_status().executed_height > doc["change_height"] + 2,
     )
+    # The old key's other powers end at the boundary; the new key has them.
+    rotated = SigningKey(read_seed(path))
+    boundary = doc["change_height"]
+    assert _report_code(cluster, boundary + 1, old_key) == grpc.StatusCode.PERMISSION_DENIED
+    assert _report_code(cluster, boundary + 1, rotated) == grpc.StatusCode.OK
+    assert _report_code(cluster, boundary, old_key) == grpc.StatusCode.OK  # epoch 0's
+    assert _report_code(cluster, boundary, rotated) == grpc.StatusCode.PERMISSION_DENIED
+    wait_until(
+        "every sidecar executes heights of epoch 1",
+        lambda: all(
+            s.executed_height > boundary for s in asyncio.run(_sidecar_statuses(spec, owner_key))
+        ),
+    )
+    for index in (0, SIDECAR):
+        for kind in ("replica", "sidecar"):
+            code = _read_code(cluster, index, old_key, kind)
+            assert code == grpc.StatusCode.PERMISSION_DENIED, (index, kind, code)
+            assert _read_code(cluster, index, rotated, kind) == grpc.StatusCode.OK, (index, kind)
+    with pytest.raises(grpc.RpcError) as ended:
+        for _ in before_boundary:
+            pass
+    assert ended.value.code() == grpc.StatusCode.PERMISSION_DENIED, ended.value
+    opened.close()
+    with pytest.raises(grpc.RpcError) as ended:
+        for _ in verdicts_before:
+            pass
+    assert ended.value.code() == grpc.StatusCode.PERMISSION_DENIED, ended.value
+    opened_sidecar.close()
+
     cluster.kill(SIDECAR, kind="sidecar")
     cluster.start([SIDECAR], "sidecar")
 

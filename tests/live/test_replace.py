@@ -23,6 +23,8 @@ from quorumgate.ops.live import RPC_TIMEOUT_S
 from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
     OWNER_KEY_FILE,
@@ -78,15 +80,23 @@ def stream_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-def read_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
+def read_code(
+    cluster: LiveCluster, signer: Ed25519Signer, kind: str = "replica"
+) -> grpc.StatusCode:
     """What `LISTENER`'s replica answers `CommittedBlocks` (every argument value of every
-    call: members, the owner and auditors only) signed with `signer`."""
-    channel = sync_channel(cluster.spec, LISTENER, reader=Reader.of_signer(signer))
+    call: members, the owner and auditors only) signed with `signer`; or its sidecar
+    `Ledger` (every verdict: the same readers)."""
+    channel = sync_channel(cluster.spec, LISTENER, kind, reader=Reader.of_signer(signer))
     try:
-        blocks = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
-            cpb.BlocksRequest(from_height=1), timeout=RPC_TIMEOUT_S
-        )
-        next(iter(blocks))
+        if kind == "replica":
+            blocks = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
+                cpb.BlocksRequest(from_height=1), timeout=RPC_TIMEOUT_S
+            )
+            next(iter(blocks))
+        else:
+            spb_grpc.SidecarStub(channel).Ledger(
+                spb.LedgerRequest(from_height=1, limit=1), timeout=RPC_TIMEOUT_S
+            )
     except grpc.RpcError as err:
         return err.code()  # type: ignore[no-any-return]
     finally:
@@ -189,6 +199,7 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
     old_key = Ed25519Signer(read_seed(spec.node_dir(GONE) / CONSENSUS_KEY_FILE))
     old_receipt_key = Ed25519Signer(read_seed(spec.node_dir(GONE) / RECEIPT_KEY_FILE))
     assert read_code(cluster, old_receipt_key) == grpc.StatusCode.OK  # a member's sidecar
+    assert read_code(cluster, old_receipt_key, "sidecar") == grpc.StatusCode.OK
     cluster.kill(GONE, kind="sidecar")
     cluster.kill(GONE)  # its host is gone for good
     others = [i for i in range(N) if i != GONE]
@@ -236,8 +247,22 @@ def test_a_member_whose_host_is_gone_is_replaced_by_a_new_machine(
         assert shown.returncode == 0, shown.stderr
         address = f"{entry['host']}:{entry['replica_port']}"
         assert json.loads(shown.stdout)["epochs"][1]["moved"] == {str(GONE): address}
-        # Nor does the old machine's sidecar key read what only members read.
+        # Nor does the old machine's sidecar key read what only members read: at a replica
+        # in epoch 1, nor at a sidecar executing epoch 1 (docs/consensus/epochs.md,
+        # "Receipt keys").
         assert read_code(cluster, old_receipt_key) == grpc.StatusCode.PERMISSION_DENIED
+        # (in epoch 1, the replica has committed the change block: once its sidecar has
+        # executed as far, the sidecar's next block is epoch 1's)
+        boundary = cluster.status(LISTENER).committed_height
+        wait_until(
+            "the listener's sidecar executes the change block",
+            lambda: (
+                (sidecar_status(spec, LISTENER) or spb.SidecarStatusReply()).executed_height
+                >= boundary
+            ),
+        )
+        code = read_code(cluster, old_receipt_key, "sidecar")
+        assert code == grpc.StatusCode.PERMISSION_DENIED, code
 
         # A member restarted after the boundary links to the new machine again (it rebuilds
         # the cluster of epoch 1 from its store): with member 2 down as well, members 0

@@ -13,6 +13,7 @@ import json
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -79,22 +80,12 @@ def _impostor_code(followed: ClusterSpec, old_key: bytes, old_cert: bytes) -> gr
         await server.start()
         try:
             moved = followed.member(MEMBER)
-            thief = followed.with_entries(
-                [
-                    type(moved.entry())(
-                        **{**_fields(moved.entry()), "host": "127.0.0.1", "replica_port": port}
-                    )
-                ]
-            )
+            thief = followed.with_entries([replace(moved, host="127.0.0.1", replica_port=port)])
             return await asyncio.to_thread(_replica_code, thief, MEMBER)
         finally:
             await server.stop(None)
 
     return asyncio.run(main())
-
-
-def _fields(entry: object) -> dict[str, object]:
-    return {name: getattr(entry, name) for name in entry.__slots__}  # type: ignore[attr-defined]
 
 
 def test_rotating_a_members_tls_key_under_light_load(
@@ -151,7 +142,6 @@ def test_rotating_a_members_tls_key_under_light_load(
     doc = json.loads(done.out)
     assert doc["key"] == "tls" and doc["member"] == MEMBER and doc["epoch"] == 0, doc
     assert doc["in_effect"] and isinstance(doc["change_height"], int), doc
-
 
     async def follow() -> ClusterSpec:
         async with Client(spec, owner_key) as client:

@@ -17,7 +17,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.reports import root_report_statement
 from quorumgate.replica.metrics import ReplicaMetrics
-from quorumgate.replica.sidecar_link import EXECUTED_WAITERS_MAX, SidecarLink
+from quorumgate.replica.sidecar_link import EXECUTED_WAITERS_MAX, ReportKeys, SidecarLink
 from quorumgate.runtime.channels import Reader
 
 
@@ -88,3 +88,39 @@ def test_the_rotated_owner_key_is_taken_from_the_sidecars_signed_report(tmp_path
     assert owner_report(link, key, 5, second) and link.owner_key == second
     assert owner_report(link, key, 4, first)  # an older report after a newer one
     assert link.owner_key == second
+
+
+def test_a_report_is_checked_with_the_receipt_key_of_its_heights_epoch(tmp_path: Path) -> None:
+    """The attack: member 0's receipt key is rotated by the change block at height 10
+    (docs/consensus/epochs.md, "Receipt keys"). Whoever holds the old key reports a root
+    for height 11, of epoch 1, and the replica took it (it checked the cluster file's key
+    at every height), first come first kept. Now each height is checked with the key of
+    its epoch, from the committed change blocks (`ReportKeys`), and a height above the
+    replica's committed one with no key at all: its epoch is not settled here."""
+    link, old = link_and_reporter(tmp_path)
+    new = SigningKey(bytes([7]) * 32)
+    committed = [12]
+    link.follow_epochs(
+        ReportKeys(((1, bytes(old.verify_key)), (11, bytes(new.verify_key))), lambda: committed[0]),
+        (bytes(new.verify_key),),
+    )
+    assert not report(link, old, 11)  # past the boundary: the old key reports nothing
+    assert link.roots.root_at(11) is None
+    assert report(link, new, 11)
+    assert report(link, old, 10)  # the change block is epoch 0's: the old key's
+    assert not report(link, new, 9)
+    assert not report(link, new, 13)  # not committed here yet: no key, whoever signs
+    committed[0] = 13
+    assert report(link, new, 13)
+    # The rule is a function of the committed change blocks and the height alone: a link
+    # that followed the same epochs decides every report the same way.
+    twin = SidecarLink(link.spec, 0, ReplicaMetrics(0), lambda: None, link._reader)
+    twin.follow_epochs(link.report_keys, link.readers)
+    for height in range(1, 14):
+        for key in (old, new):
+            root = bytes([height % 256]) * 32
+            signature = key.sign(root_report_statement(link.chain_id, height, root)).signature
+            assert twin.report_keys.at(height) == link.report_keys.at(height)
+            assert twin.on_state_root(height, root, signature) == (
+                link.report_keys.at(height) == bytes(key.verify_key)
+            )

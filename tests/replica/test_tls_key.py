@@ -24,7 +24,6 @@ from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto.clusterfile import (
     TLS_KEY_FILE,
     ClusterSpec,
-    MemberSpec,
     held_tls_certificates,
     init_cluster,
     rotated_tls_key_file,
@@ -73,7 +72,7 @@ def certificate_with_key(index: int, key_pem: bytes) -> bytes:
 
 def tls_record(spec: ClusterSpec, cert: bytes, **changes: object) -> bytes:
     """The owner-signed `replace` that gives member 2 `cert` and keeps the rest."""
-    entry = replace(spec.member(MEMBER).entry(), tls_cert=cert, **changes)  # type: ignore[arg-type]
+    entry = replace(spec.member(MEMBER), tls_cert=cert, **changes)  # type: ignore[arg-type]
     record = Reconfiguration("replace", (MEMBER,), (entry.public_key,), entries=(entry.encode(),))
     return sign_record(record, spec.chain_id, 0, OWNER.sign)
 
@@ -178,7 +177,7 @@ def test_the_server_serves_the_certificate_of_its_epoch(
     write_rotated_tls(node_dir, key_pem, cert)
     epoch_cert = [own]
     served = ServedCertificate(node_dir, own, lambda: epoch_cert[0])
-    rotated = spec.with_entries((replace(spec.member(MEMBER).entry(), tls_cert=cert),))
+    rotated = spec.with_entries((replace(spec.member(MEMBER), tls_cert=cert),))
 
     class Replica(cpb_grpc.ReplicaServicer):  # type: ignore[misc]
         async def Status(self, request: object, context: object) -> cpb.StatusReply:
@@ -218,5 +217,5 @@ def test_a_member_entry_of_the_same_machine_is_its_entry(tmp_path: Path) -> None
     swapped, so the record moves nothing else.)"""
     spec = cluster(tmp_path)
     cert = make_node_certificate(MEMBER, "127.0.0.1")[1]
-    entry = MemberEntry.parse(replace(spec.member(MEMBER).entry(), tls_cert=cert).encode())
-    assert MemberSpec.of_entry(entry) == replace(spec.member(MEMBER), tls_cert=cert)
+    entry = MemberEntry.parse(replace(spec.member(MEMBER), tls_cert=cert).encode())
+    assert entry == replace(spec.member(MEMBER), tls_cert=cert)

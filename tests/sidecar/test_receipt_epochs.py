@@ -7,13 +7,17 @@ epoch 0; a verifier that holds the chain of epochs must refuse it."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import grpc
 import pytest
 from nacl.signing import SigningKey
 
 from quorumgate.proto.canonical import Encoder
+from quorumgate.proto.clusterfile import RECEIPT_KEY_FILE, rotated_receipt_key_file, write_seed
 from quorumgate.replica.epochchain import EpochChain, extend_epoch_chain
 from quorumgate.sdk.epochs import receipt_epochs_from_json, receipt_epochs_of
+from quorumgate.sidecar.receiptkeys import ReadKeys
 from quorumgate.sidecar.receipts import (
     TAG_BLOCK,
     TAG_BLOCK_WITH_VALIDITY,
@@ -171,3 +175,28 @@ def test_an_epoch_without_keys_cannot_be_made() -> None:
     with pytest.raises(CertificateError) as raised:
         verify_certificate(bare, CHAIN, (), receipts_expire=False)
     assert raised.value.reason == "no_keys"
+
+
+def _refusal(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "refused")
+
+
+def test_reads_move_on_to_the_next_held_receipt_key_when_one_is_refused(tmp_path: Path) -> None:
+    """A server reads a member's sidecar under the member's receipt key of the epoch it
+    runs (docs/consensus/epochs.md, "Receipt keys"), which may be a key a rotation wrote
+    into the node directory after the process started: a refused key gives way to the
+    next one held, read again from the directory; any other failure keeps the key."""
+    old = SigningKey(bytes([1]) * 32)
+    write_seed(tmp_path / RECEIPT_KEY_FILE, bytes(old))
+    keys = ReadKeys(tmp_path, old)
+    assert keys.key == old and len(keys.keys) == 1
+    new = SigningKey(bytes([2]) * 32)
+    write_seed(tmp_path / rotated_receipt_key_file(bytes(new.verify_key)), bytes(new))
+    assert not keys.refused(_refusal(grpc.StatusCode.UNAVAILABLE))
+    assert keys.key == old
+    assert keys.refused(_refusal(grpc.StatusCode.PERMISSION_DENIED))
+    assert keys.key == new and keys.reader.public_key == bytes(new.verify_key)
+    assert keys.refused(_refusal(grpc.StatusCode.UNAUTHENTICATED))
+    assert keys.key == old  # round the list: a server behind the boundary takes the old
+    keys.prefer(bytes(new.verify_key))
+    assert keys.key == new

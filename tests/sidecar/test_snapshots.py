@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from nacl.signing import SigningKey
 
 from quorumgate.proto import sidecar_pb2 as spb
 from quorumgate.runtime.readauth import (
@@ -31,7 +32,7 @@ from quorumgate.sidecar.audit import audit_height
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.engine.state import EngineState
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH, LedgerEntry
-from quorumgate.sidecar.receipts import sign_block
+from quorumgate.sidecar.receipts import ReceiptEpoch, ReceiptEpochs, sign_block
 from quorumgate.sidecar.snapshots import (
     OPTIONS_FILE,
     Attestation,
@@ -162,12 +163,15 @@ def peers(log: Log) -> list[StandIn]:
     return [StandIn(i, log) for i in range(SIDECARS) if i != OWN]
 
 
-async def fetch(log: Log, stand_ins: Sequence[StandIn]):  # type: ignore[no-untyped-def]
+async def fetch(  # type: ignore[no-untyped-def]
+    log: Log, stand_ins: Sequence[StandIn], epochs: ReceiptEpochs | None = None
+):
     return await fetch_snapshot(
         SPEC,  # type: ignore[arg-type]
         log.story_config,  # type: ignore[arg-type]
         OWN,
         [s.peer for s in stand_ins],
+        epochs=epochs,
     )
 
 
@@ -342,6 +346,64 @@ async def test_two_liars_of_three_peers_cannot_get_their_state_installed(log: Lo
         liar.attests[height] = _forged_attestation(log, liar.index, height, forged_head)
     with pytest.raises(SnapshotError, match="does not hash to the attested state root"):
         await fetch(log, [first, second, third])
+
+
+# ---------------------------------------------------------------- receipt keys by epoch
+
+ROTATED = 1  # the member whose receipt key a `receipt` record (or a `replace`) changed
+NEW_KEY = SigningKey(bytes([0x77]) * 32)
+
+
+def _rotated_at(boundary: int) -> ReceiptEpochs:
+    """Epoch 0 up to the change block at `boundary`, epoch 1 after it, with member 1's
+    receipt key replaced (by a `receipt` record, or a `replace` naming a new machine's)."""
+    keys = tuple(receipt_public_keys())
+    after = tuple(bytes(NEW_KEY.verify_key) if i == ROTATED else k for i, k in enumerate(keys))
+    return ReceiptEpochs(
+        (ReceiptEpoch(0, 1, boundary, keys), ReceiptEpoch(1, boundary + 1, None, after))
+    )
+
+
+def _attested_in(log: Log, signer: int, height: int, epoch: int, key: SigningKey) -> Attestation:
+    """`signer`'s honest statement for `height`, signed for `epoch` with `key`."""
+    honest = log.by_signer[signer][height - 1].signed
+    signed = sign_block(
+        key, signer, CHAIN, height, honest.verdict_root, honest.state_root,
+        honest.leaf_count, honest.validity, epoch,
+    )  # fmt: skip
+    return Attestation(signed, log.head(height))
+
+
+async def test_a_rotated_out_receipt_key_attests_nothing_past_its_epoch(log: Log) -> None:
+    """The attack: member 1's receipt key was rotated at the end of epoch 0 (it may have
+    leaked). Whoever holds the old key signs an epoch-0 attestation for a height of epoch
+    1; with one other member's it made f+1, so the fetcher installed whatever head the two
+    named. Checked against the chain of epochs it counts for nothing; member 1's new key,
+    signing for epoch 1, counts."""
+    height = top(log) - 1
+    epochs = _rotated_at(height - 2)
+    holder, rotated, silent = peers(log)
+    assert rotated.index == ROTATED
+    holder.hold(height)
+    holder.attests[height] = _attested_in(log, holder.index, height, 1, receipt_key(holder.index))
+    rotated.attests[height] = _attested_in(log, ROTATED, height, 0, receipt_key(ROTATED))
+    with pytest.raises(SnapshotError, match="f\\+1"):
+        await fetch(log, [holder, rotated, silent], epochs)
+    # The same old key for a height of its own epoch still counts; the new key, for
+    # epoch 1, counts past the boundary.
+    early = _rotated_at(height + 1)
+    holder.attests[height] = _attested_in(log, holder.index, height, 0, receipt_key(holder.index))
+    fetched = await fetch(log, [holder, rotated, silent], early)
+    assert fetched.attested_by == (holder.index, ROTATED)
+    holder.attests[height] = _attested_in(log, holder.index, height, 1, receipt_key(holder.index))
+    rotated.attests[height] = _attested_in(log, ROTATED, height, 1, NEW_KEY)
+    fetched = await fetch(log, [holder, rotated, silent], epochs)
+    assert fetched.attested_by == (holder.index, ROTATED)
+    # Claiming epoch 1 with the old key, or epoch 0 with the new one, counts neither.
+    for epoch, key in ((1, receipt_key(ROTATED)), (0, NEW_KEY)):
+        rotated.attests[height] = _attested_in(log, ROTATED, height, epoch, key)
+        with pytest.raises(SnapshotError, match="f\\+1"):
+            await fetch(log, [holder, rotated, silent], epochs)
 
 
 # ---------------------------------------------------------------- manifests and disk
