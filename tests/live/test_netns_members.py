@@ -3,10 +3,11 @@ under load, TLS on, every machine its own network namespace with its own address
 bridge (`tests/support/netns.py`).
 
 Member 3's host is gone for good (its cable deleted, its processes killed). A new machine
-with a new address prepares its own directory with `quorumgate init --join --host ADDR`
-(run on that machine, in its namespace), starts from genesis as a non-member, and `admin
-replace-member`, run from the operator's namespace, makes it member 3: it catches up from
-the others over the bridge and votes in epoch 1. Three more machines join the same way and
+with a new address prepares its own directory with `quorumgate init --join --host ADDR
+--port-base 7400` (run on that machine, in its namespace, on the ports the others use),
+starts from genesis as a non-member, and `admin replace-member`, run from the operator's
+namespace, makes it member 3: it catches up from the others over the bridge and votes in
+epoch 1. Three more machines join the same way and
 `admin add-member` grows the cluster 4 -> 7 (epoch 2), where a call is certified by f+1
 of the seven; `admin remove-member` shrinks it back (epoch 3) and the three removed
 replicas exit. At the end every live member holds one chain, each acknowledged proposal
@@ -67,6 +68,7 @@ HEIGHTS = 3  # heights committed to show progress
 # 2 agents x 10/s for up to 100 s, longer than the test: every change is made under load.
 LOAD_AGENTS, LOAD_PER_AGENT, LOAD_RATE_PER_S = 2, 1000, 10.0
 URL = "https://example.com/in-the-epoch-of-seven"
+PORT_BASE = 7400  # each host's ports, the new ones' as the first four's (`init --hosts`)
 
 
 def quorumgate(*args: str, on: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -84,17 +86,18 @@ def quorumgate(*args: str, on: str | None = None) -> subprocess.CompletedProcess
 
 
 def new_machine(hosts: Hosts, spec: ClusterSpec, index: int, home: Path) -> tuple[int, Path]:
-    """A new host on the bridge, and on it `init --join --host <its address>` for member
-    `index`: its machine number and the entry file the owner signs."""
+    """A new host on the bridge, and on it `init --join --host <its address> --port-base
+    7400` for member `index`: its machine number and the entry file the owner signs."""
     h = hosts.add()
     made = quorumgate(
         "init", "--join", "--cluster", str(spec.directory / "cluster.json"),
-        "--index", str(index), "--dir", str(home), "--host", hosts.addresses[h], "--json",
-        on=hosts.ns[h],
+        "--index", str(index), "--dir", str(home), "--host", hosts.addresses[h],
+        "--port-base", str(PORT_BASE), "--json", on=hosts.ns[h],
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     entry = json.loads(made.stdout)
     assert entry["index"] == index and entry["host"] == hosts.addresses[h], entry
+    assert entry["replica_port"] == PORT_BASE, entry
     assert entry["tls_cert"], "a cluster with TLS: the new machine brings its certificate"
     path = home.parent / f"entry-{index}.json"
     path.write_text(made.stdout)
