@@ -7,14 +7,15 @@ with a new address prepares its own directory with `quorumgate init --join --hos
 --port-base 7400` (run on that machine, in its namespace, on the ports the others use),
 starts from genesis as a non-member, and `admin replace-member`, run from the operator's
 namespace, makes it member 3: it catches up from the others over the bridge and votes in
-epoch 1. Three more machines join the same way and
-`admin add-member` grows the cluster 4 -> 7 (epoch 2), where a call is certified by f+1
-of the seven; `admin remove-member` shrinks it back (epoch 3) and the removed replicas
-exit (all but one that had not committed the change block when the others left: a limit,
-below). At the end every live member holds one chain, each acknowledged proposal
-in it once, every certificate checks with the member set of its epoch (from the chain of
-epochs a client checks from cluster.json), the sidecars' stores hold one state root, one
-ledger head and ledgers that verify, and no replica's vote table splits a view. The checks
+epoch 1. Three more machines join the same way and `admin add-member` grows the cluster
+4 -> 7 (epoch 2), where a call is certified by f+1 of the seven; `admin remove-member`
+shrinks it back (epoch 3) and the removed replicas exit (but for one that had not
+committed the change block when the others left, which is never told: a limit,
+docs/consensus/epochs.md, "Growing and shrinking"). At the end every live member holds
+one chain, each acknowledged proposal in it once, every certificate checks with the
+member set of its epoch (from the chain of epochs a client checks from cluster.json), the
+sidecars' stores hold one state root, one ledger head and ledgers that verify, and no
+replica's vote table splits a view. The checks
 are the drills' own functions (cluster/ops/drills/checker.py, replace.py, audit.py).
 
 Needs root and `ip` (CI runs as root); skipped, saying so, without them.
