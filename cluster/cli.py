@@ -99,7 +99,10 @@ def _cmd_init_join(args: argparse.Namespace) -> int:
             "init --join needs --cluster FILE (the cluster.json to trust) and --index I", 2
         )
     try:
-        member = init_join(Path(args.cluster), args.index, Path(args.dir), host=args.host)
+        member = init_join(
+            Path(args.cluster), args.index, Path(args.dir), host=args.host,
+            port_base=args.port_base,
+        )  # fmt: skip
     except (ClusterFileError, OSError) as err:
         return _fail(str(err), 2)
     entry = json.dumps(member.document(), indent=2)
@@ -788,7 +791,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     init.add_argument(
         "--port-base",
         type=int,
-        help="fixed ports: each member's four from here (default with --hosts: 7400)",
+        help="fixed ports: each member's four from here (default with --hosts: 7400); "
+        "with --join, the new machine's four",
     )
     init.add_argument(
         "--insecure",

@@ -883,12 +883,19 @@ def _load_joined(directory: Path, spec: ClusterSpec) -> MemberSpec | None:
 
 
 def init_join(
-    cluster_file: Path, index: int, directory: Path, *, host: str = "127.0.0.1"
+    cluster_file: Path,
+    index: int,
+    directory: Path,
+    *,
+    host: str = "127.0.0.1",
+    port_base: int | None = None,
 ) -> MemberSpec:
     """A new machine's directory for member `index` of the cluster `cluster_file`
     describes (`quorumgate init --join`): the cluster file it trusts, copied as it is;
     fresh consensus, receipt and TLS keys in `node-I/` (mode 0600, never printed);
-    ports free on this machine now; and `join.json`, the member entry the owner's
+    ports free on this machine now, or the four from `port_base` (a new host among
+    several, on the fixed ports the others use: `member_ports`); and `join.json`, the
+    member entry the owner's
     `admin replace-member` or `admin add-member` signs into the record. `index` may be
     beyond the cluster file's members: a machine an `add` brings. Returns that entry."""
     trusted = load_cluster(cluster_file.parent) if cluster_file.name == CLUSTER_FILE else None
@@ -901,13 +908,16 @@ def init_join(
             "is fixed for good (docs/consensus/epochs.md)"
         )
     _checked_hosts(1, [host])
+    if port_base is not None and not PORT_MIN <= port_base <= PORT_MAX:
+        raise ClusterFileError(f"--port-base must be in {PORT_MIN}..{PORT_MAX}")
+    fixed = None if port_base is None else member_ports([host], port_base)[0]
     for path in (directory / CLUSTER_FILE, directory / JOIN_FILE, directory / f"node-{index}"):
         if path.exists():
             raise ClusterFileError(f"{path} exists; init --join writes only into a new --dir")
     created: list[Path] = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        ports = free_loopback_ports(PORTS_PER_MEMBER)
+        ports = free_loopback_ports(PORTS_PER_MEMBER) if fixed is None else fixed
         member = _write_member(directory, index, host.strip(), ports, trusted.insecure, created)
         text = cluster_file.read_text()
         (directory / CLUSTER_FILE).write_text(text)

@@ -3,7 +3,9 @@
 `live_cluster(n)` makes a cluster directory under the test's tmp_path and starts it; its
 finalizer stops every process it started (SIGTERM, then SIGKILL after a bound) whether the
 test passed or failed, and prints the nodes' log tails when it failed. The controller and
-the helpers tests import live in `tests.support.live`.
+the helpers tests import live in `tests.support.live`. `hosts` gives four machines, each
+a network namespace with its own address on one bridge (`tests.support.netns`), for the
+tests of several hosts.
 
 These tests start real processes and take minutes; deselect them with `-m "not live"`.
 """
@@ -17,6 +19,9 @@ from typing import Any
 import pytest
 
 from tests.support.live import LiveCluster
+from tests.support.netns import Hosts, bridged_hosts
+
+HOSTS = 4  # the machines a namespaced cluster starts on
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,3 +71,12 @@ def live_cluster(
                 print(f"\n=== {cluster.spec.directory} at failure: {cluster.describe()}")
                 print(cluster.log_tails())
             cluster.close()
+
+
+@pytest.fixture
+def hosts() -> Iterator[Hosts]:
+    """Four machines, each its own network namespace and address, on one bridge
+    (`tests/support/netns.py`); more with `hosts.add()`. Deleted at teardown, after the
+    test stopped its processes. Only a test marked `NEEDS_ROOT` asks for it."""
+    with bridged_hosts(HOSTS) as made:
+        yield made

@@ -6,35 +6,24 @@ cluster in four Linux network namespaces, each with its own address on one bridg
 Cutting one member's link stalls nothing; cutting a second stops commits (two of four
 cannot form a quorum); healing both resumes them; a member whose key is rotated while its
 host is cut off follows the others into the new epoch once healed; and every member ends
-with the same chain, its sidecar with the same state root. The bridge lives in a
-namespace of its own (the "hub"); the test reaches the members through one more link from
-its own namespace.
+with the same chain, its sidecar with the same state root. The namespaces, the bridge and
+the controller that starts members in them are `tests/support/netns.py`'s.
 
 Needs root and `ip` (CI runs as root); skipped, saying so, without them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import pytest
 
-from quorumgate.ops.nodes import (
-    MODULES,
-    node_command,
-    sidecar_status,
-)
+from quorumgate.ops.nodes import MODULES, node_command, sidecar_status
 from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
-from tests.support.live import LiveCluster, Load, wait_until
+from tests.support.live import Load, wait_until
+from tests.support.netns import NEEDS_ROOT, Hosts, NamespacedCluster
 
 NODES = 4
 HEIGHTS = 4  # heights committed to show progress
@@ -46,127 +35,11 @@ STUCK_TIMEOUTS = 3  # timeouts each remaining replica signs while it commits not
 TIMEOUT_METRIC = "qg_replica_timeouts_total"
 ROTATED = 3  # the member whose key is rotated while its host is cut off
 ROTATE_TIMEOUT_S = 180.0  # the command's own wait for a quorum in the next epoch, and more
-IP = shutil.which("ip")
-
-pytestmark = pytest.mark.skipif(
-    IP is None or os.geteuid() != 0, reason="network namespaces need root and iproute2"
-)
+pytestmark = NEEDS_ROOT
 
 
-def _ip(*args: str) -> None:
-    assert IP is not None
-    done = subprocess.run([IP, *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
-
-
-@dataclass
-class Hosts:
-    """Namespaces `ns[i]` on a bridge in `hub`; `hub_side[i]` is member i's cable."""
-
-    tag: str
-    hub: str
-    ns: list[str]
-    hub_side: list[str]
-    addresses: list[str]
-
-    def cut(self, member: int) -> None:
-        _ip("-n", self.hub, "link", "set", self.hub_side[member], "down")
-
-    def heal(self, member: int) -> None:
-        _ip("-n", self.hub, "link", "set", self.hub_side[member], "up")
-
-
-@pytest.fixture
-def hosts() -> Iterator[Hosts]:
-    tag = secrets.token_hex(2)
-    subnet = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
-    hub = f"qg{tag}hub"
-    made: list[str] = []
-    root_link = f"vq{tag}r"
-    try:
-        _ip("netns", "add", hub)
-        made.append(hub)
-        _ip("-n", hub, "link", "set", "lo", "up")
-        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
-        _ip("-n", hub, "link", "set", "br0", "up")
-        namespaces, hub_side, addresses = [], [], []
-        for i in range(NODES):
-            ns, inner, outer = f"qg{tag}n{i}", f"vq{tag}{i}a", f"vq{tag}{i}b"
-            _ip("netns", "add", ns)
-            made.append(ns)
-            _ip("link", "add", inner, "type", "veth", "peer", "name", outer)
-            _ip("link", "set", inner, "netns", ns)
-            _ip("link", "set", outer, "netns", hub)
-            address = f"{subnet}.{i + 1}"
-            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", inner)
-            _ip("-n", ns, "link", "set", inner, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", hub, "link", "set", outer, "master", "br0")
-            _ip("-n", hub, "link", "set", outer, "up")
-            namespaces.append(ns)
-            hub_side.append(outer)
-            addresses.append(address)
-        # The test's own way in.
-        _ip("link", "add", root_link, "type", "veth", "peer", "name", f"vq{tag}h")
-        _ip("link", "set", f"vq{tag}h", "netns", hub)
-        _ip("-n", hub, "link", "set", f"vq{tag}h", "master", "br0")
-        _ip("-n", hub, "link", "set", f"vq{tag}h", "up")
-        _ip("addr", "add", f"{subnet}.254/24", "dev", root_link)
-        _ip("link", "set", root_link, "up")
-        yield Hosts(tag, hub, namespaces, hub_side, addresses)
-    finally:
-        with contextlib.suppress(RuntimeError):
-            _ip("link", "del", root_link)
-        for ns in reversed(made):
-            with contextlib.suppress(RuntimeError):
-                _ip("netns", "del", ns)
-
-
-class NamespacedCluster(LiveCluster):
-    """LiveCluster whose member I runs in namespace `hosts.ns[I]`."""
-
-    def __init__(self, spec: ClusterSpec, hosts: Hosts) -> None:
-        super().__init__(spec)
-        self.hosts = hosts
-
-    def spawn(
-        self,
-        kind: str,
-        indexes: list[int],
-        module: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> dict[int, subprocess.Popen[bytes]]:
-        assert module is None and env is None, "a namespaced member runs its own program"
-        return {i: self._popen(i, kind) for i in indexes}
-
-    def _popen(self, index: int, kind: str) -> subprocess.Popen[bytes]:
-        assert IP is not None
-        node_dir = self.spec.node_dir(index)
-        with open(node_dir / f"{kind}.out", "ab") as out:
-            return subprocess.Popen(
-                [IP, "netns", "exec", self.hosts.ns[index], *node_command(self.spec, index, kind)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    def heights(self, indexes: Iterable[int] | None = None) -> dict[int, int]:
-        """As LiveCluster's, but a member that does not answer (its link was cut, its
-        channel's connection died with it) counts as height -1, and its channel is
-        dialled afresh next time."""
-        out = {}
-        for i in self.alive() if indexes is None else indexes:
-            try:
-                out[i] = self.status(i).committed_height
-            except grpc.RpcError:
-                self.forget_channel(i)
-                out[i] = -1
-        return out
-
-    def timeouts(self, index: int) -> float:
-        return self.metrics(index).value(TIMEOUT_METRIC)
+def _timeouts(cluster: NamespacedCluster, index: int) -> float:
+    return cluster.metrics(index).value(TIMEOUT_METRIC)
 
 
 def test_four_hosts_cut_one_cut_two_heal_with_tls(hosts: Hosts, tmp_path: Path) -> None:
@@ -274,16 +147,16 @@ def _rotate(spec: ClusterSpec, member: int) -> subprocess.CompletedProcess[str]:
 
 def _assert_stuck(cluster: NamespacedCluster, pair: list[int]) -> dict[int, int]:
     """The pair times out again and again and commits nothing; the heights it holds."""
-    first = {i: cluster.timeouts(i) for i in pair}
+    first = {i: _timeouts(cluster, i) for i in pair}
     wait_until(
         "the remaining pair to time out (stuck)",
-        lambda: all(cluster.timeouts(i) > first[i] for i in pair) or None,
+        lambda: all(_timeouts(cluster, i) > first[i] for i in pair) or None,
     )
     stuck_at = cluster.heights(pair)
-    counted = {i: cluster.timeouts(i) for i in pair}
+    counted = {i: _timeouts(cluster, i) for i in pair}
     wait_until(
         f"{STUCK_TIMEOUTS} more timeouts from each of the pair",
-        lambda: all(cluster.timeouts(i) >= counted[i] + STUCK_TIMEOUTS for i in pair) or None,
+        lambda: all(_timeouts(cluster, i) >= counted[i] + STUCK_TIMEOUTS for i in pair) or None,
     )
     assert cluster.heights(pair) == stuck_at, "two of four members committed"
     return stuck_at

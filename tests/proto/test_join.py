@@ -99,3 +99,34 @@ def test_replace_member_refuses_an_entry_before_anything_is_sent(
     assert "describes member 3, not member 2" in run(2, entry)
     assert "already names" in run(3, stolen)
     assert "not JSON" in run(3, broken)
+
+
+def test_a_new_host_takes_its_address_and_fixed_ports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On several hosts (docs/operating.md, "Several hosts") a new machine is reached at
+    its own address, on the fixed ports the others use (`init --hosts` gives each member
+    7400..7403 on its host): `init --join --host ADDR --port-base P` writes both into the
+    entry. A `--port-base` that `--join` dropped would leave the new machine on whatever
+    ports were free, which a firewall between the hosts does not expect."""
+    from quorumgate.cli import main
+
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    spec = init_cluster(tmp_path / "c", 4, hosts=hosts)
+    assert {m.replica_port for m in spec.members} == {7400}
+    code = main([
+        "init", "--join", "--cluster", str(tmp_path / "c" / "cluster.json"), "--index", "3",
+        "--dir", str(tmp_path / "new"), "--host", "10.0.0.9", "--port-base", "7400", "--json",
+    ])  # fmt: skip
+    assert code == 0
+    entry = json.loads(capsys.readouterr().out)
+    assert entry["host"] == "10.0.0.9"
+    ports = ("replica_port", "metrics_port", "sidecar_port", "sidecar_metrics_port")
+    assert [entry[name] for name in ports] == [7400, 7401, 7402, 7403]
+    member = parse_member_entry(entry, spec, "entry")
+    assert member.replica_address == "10.0.0.9:7400"
+    assert load_cluster(tmp_path / "new").member(3) == member
+    # Out of range, refused before anything is written.
+    with pytest.raises(ClusterFileError, match="port-base"):
+        init_join(tmp_path / "c" / "cluster.json", 4, tmp_path / "other", port_base=65534)
+    assert not (tmp_path / "other").exists()
