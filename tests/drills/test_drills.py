@@ -47,11 +47,8 @@ from quorumgate.ops.drills import (
 from quorumgate.ops.drills.audit import ReplicaAudit, read_replica
 from quorumgate.ops.drills.checker import epoch_rollback_conflicts
 from quorumgate.ops.drills.context import StaleRun
-from quorumgate.ops.drills.replace import (
-    certificate_problems,
-    new_machine_vote_problems,
-    victim,
-)
+from quorumgate.ops.drills.machines import certificate_problems, new_machine_vote_problems
+from quorumgate.ops.drills.replace import victim
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
 from quorumgate.proto.clusterfile import init_cluster
