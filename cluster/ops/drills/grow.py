@@ -32,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +55,6 @@ from quorumgate.ops.drills.machines import (
     chain_of_epochs,
     change_height,
     check_certificates_by_epoch,
-    cli,
     failed,
     join_machines,
     moved,
@@ -134,18 +135,36 @@ def _new_indexes(d: Drill) -> list[int]:
     return list(range(d.n, d.n + RECONFIG_STEP_MEMBERS))
 
 
-def _admin(d: Drill, *args: str) -> dict[str, object]:
-    """`quorumgate admin ...` with the drill's directory; its JSON answer; `Abort` unless
-    the change took effect."""
-    done = cli(
-        "admin", *args, "--dir", str(d.spec.directory), "--json",
-        "--deadline", str(CHANGE_DEADLINE_S), timeout_s=CLI_TIMEOUT_S + CHANGE_DEADLINE_S,
-    )  # fmt: skip
+def _admin(
+    d: Drill, *args: str, watch: Mapping[int, subprocess.Popen[bytes] | None] | None = None
+) -> tuple[dict[str, object], dict[int, float]]:
+    """`quorumgate admin ...` with the drill's directory: its JSON answer (`Abort` unless
+    the change took effect) and, for the processes in `watch`, when each was first seen
+    to have exited while the command ran (a removed replica stops at the boundary, before
+    the command has seen 2f+1 of the next epoch)."""
+    command = [
+        sys.executable, "-m", "quorumgate", "admin", *args, "--dir", str(d.spec.directory),
+        "--json", "--deadline", str(CHANGE_DEADLINE_S),
+    ]  # fmt: skip
+    exited: dict[int, float] = {}
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        deadline = time.monotonic() + CLI_TIMEOUT_S + CHANGE_DEADLINE_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            for i, p in (watch or {}).items():
+                if i not in exited and (p is None or p.poll() is not None):
+                    exited[i] = time.monotonic()
+            time.sleep(POLL_S)  # the command's end, or an exit, whichever comes first
+        if proc.poll() is None:
+            proc.kill()
+        out, err = proc.communicate()
+    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
     if done.returncode != 0:
         raise failed(f"admin {args[0]}", done)
     doc = json.loads(done.stdout)
     assert isinstance(doc, dict)
-    return doc
+    return doc, exited
 
 
 def _all_in(d: Drill, indexes: Sequence[int], epoch: int) -> float | None:
@@ -195,7 +214,8 @@ def grow_once(d: Drill, run: GrowRun, k: int) -> Cycle:
         }
     )
     asked = time.monotonic()
-    doc = _admin(d, "add-member", *[a for i in new for a in ("--entry", str(homes[i] / JOIN_FILE))])
+    entries = [a for i in new for a in ("--entry", str(homes[i] / JOIN_FILE))]
+    doc, _ = _admin(d, "add-member", *entries)
     answered = time.monotonic()
     fault.details.update(
         {
@@ -248,7 +268,7 @@ def shrink_once(d: Drill, cycle: Cycle) -> None:
     asked = time.monotonic()
     fault = d.fault(Fault("shrink", None, asked - d.t0, "", pids, {}, d.top()))
     cycle.shrink = fault
-    doc = _admin(d, "remove-member")
+    doc, seen = _admin(d, "remove-member", watch=procs)
     answered = time.monotonic()
     fault.details.update(
         {
@@ -260,12 +280,15 @@ def shrink_once(d: Drill, cycle: Cycle) -> None:
     )
 
     def exited() -> float | None:
-        gone = all(p is None or p.poll() is not None for p in procs.values())
-        return time.monotonic() if gone else None
+        for i, p in procs.items():
+            if i not in seen and (p is None or p.poll() is not None):
+                seen[i] = time.monotonic()
+        return max(seen.values()) if len(seen) == len(procs) else None
 
     out = poll(exited, RECOVERY_TIMEOUT_S)
     cycle.exit_codes = {i: None if p is None else p.poll() for i, p in procs.items()}
     fault.details["exit_codes"] = {str(i): c for i, c in sorted(cycle.exit_codes.items())}
+    # From remove-member's start to the last removed replica seen gone (polled).
     fault.details["exited_s"] = None if out is None else round(out - asked, 3)
     # Their sidecars serve a member no more: stopped, as the operator retires the machine.
     d.cluster.stop([("sidecar", i) for i in new] + [("replica", i) for i in new])
