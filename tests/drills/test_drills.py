@@ -371,7 +371,7 @@ def test_grow_shrink_grows_to_seven_with_new_machines_and_back_to_four(drill_dir
     epochs. (The slowest drill test: about 6 minutes at load average 22, most of it the
     certificate check of every acknowledged call; `rate_per_s` is lowered for that.)"""
     report = run_drill(
-        "grow-shrink", drill_dir, nodes=NODES, seconds=SHORT_S, rate_per_s=20, progress=_progress
+        "grow-shrink", drill_dir, nodes=NODES, seconds=SHORT_S, rate_per_s=10, progress=_progress
     )
     _assert_clean(report, drill_dir)
     for name in (

@@ -82,6 +82,10 @@ from quorumgate.sidecar.receipts import Certificate, ReceiptEpochs
 MACHINE_DIR = "new-machine-{k}-{index}"  # cycle k's machine for member `index`
 # The commands' own wait for 2f+1 of the next epoch's members (as `replace-member`'s).
 CHANGE_DEADLINE_S = 120.0
+# A new machine following the chain from genesis to the cluster's height before the add:
+# the longer the chain, the longer (cycle after cycle, on a 2-core machine at load 40,
+# up to minutes).
+FOLLOW_TIMEOUT_S = 300.0
 GROWN_HEIGHTS = 8  # heights the cluster of 7 commits under load before the shrink
 REMOVED_EXIT_MARK = "a remove record took it out"  # the removed replica's last log line
 
@@ -213,6 +217,18 @@ def grow_once(d: Drill, run: GrowRun, k: int) -> Cycle:
             "new_machines_epoch_at_start": {str(i): e for i, e in sorted(at_start.items())},
         }
     )
+    # As an operator does: the add only once the followers hold the cluster's height. An
+    # epoch of 7 needs 5 voters, so the four alone cannot commit in it: from the change
+    # block on, the cluster waits for a new machine to reach that block (minutes, for a
+    # machine still replaying from genesis on a loaded host, with the load piling up).
+    four = list(range(d.n))
+    followed: dict[str, float] = {}
+    for i in new:
+        back = d.wait_replica_back(i, FOLLOW_TIMEOUT_S, among=four)
+        if back is None:
+            raise Abort(f"new machine {i} did not follow to the cluster's height: {d.heights()}")
+        followed[str(i)] = round(back - started, 3)
+    fault.details["followed_s"] = followed
     asked = time.monotonic()
     entries = [a for i in new for a in ("--entry", str(homes[i] / JOIN_FILE))]
     doc, _ = _admin(d, "add-member", *entries)
