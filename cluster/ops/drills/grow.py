@@ -12,7 +12,8 @@ epochs.md, "Growing and shrinking"). Each cycle:
 3. `quorumgate admin remove-member` takes members 4, 5 and 6 out again: their replicas
    must exit by themselves at the boundary, and the four commit on in the next epoch.
 
-The load goes to members 0..3 throughout. New machines and the member set come and go;
+The load goes to members 0..3, held from the add's start until the 7 commit (a new
+machine replays the chain only after the change block, and the epoch of 7 waits for it). New machines and the member set come and go;
 the checks read the cluster as the chain of epochs describes it (`machines.chain_of_epochs`),
 not as the drill made it: the epochs of 7 name the machines the drill started, the last
 epoch the cluster file's four (`cluster_follows_epochs`); every committed block's
