@@ -13,19 +13,20 @@ epochs.md, "Growing and shrinking"). Each cycle:
    must exit by themselves at the boundary, and the four commit on in the next epoch.
 
 The load goes to members 0..3, held from the add's start until the 7 commit (a new
-machine replays the chain only after the change block, and the epoch of 7 waits for it). New machines and the member set come and go;
-the checks read the cluster as the chain of epochs describes it (`machines.chain_of_epochs`),
-not as the drill made it: the epochs of 7 name the machines the drill started, the last
-epoch the cluster file's four (`cluster_follows_epochs`); every committed block's
-certificate verifies with its epoch's members, 2f+1 = 5 of 7 in an epoch of 7
-(`certificates_verify_by_epoch`); every certificate acknowledged in an epoch of 7
-verifies offline with f+1 = 3 of that epoch's receipt keys, and not with 2
-(`certificates_of_seven_verify`); each new machine voted in its epoch of 7 and in no
-other (`new_members_vote`), its sidecar executed the log from height 1
-(`new_sidecars_from_height_1`); no (epoch, view) holds votes for two blocks across the
-four members' and every removed machine's tables (`votes_consistent_with_removed`); the
-removed replicas exited at the boundary (`removed_replicas_exited`), and their keys open
-no peer stream after the shrink (`removed_keys_refused`).
+machine replays the chain only after the change block, and the epoch of 7 waits for it).
+New machines and the member set come and go; the checks read the cluster as the chain of
+epochs describes it (`machines.chain_of_epochs`), not as the drill made it: the epochs
+of 7 name the machines the drill started, the last epoch the cluster file's four
+(`cluster_follows_epochs`); every committed block's certificate verifies with its
+epoch's members, 2f+1 = 5 of 7 in an epoch of 7 (`certificates_verify_by_epoch`); every
+certificate acknowledged in an epoch of 7 verifies offline with f+1 = 3 of that epoch's
+receipt keys, and not with 2 (`certificates_of_seven_verify`); each new machine voted in
+its epoch of 7 and in no other (`new_members_vote`), its sidecar executed the log from
+height 1 (`new_sidecars_from_height_1`); no (epoch, view) holds votes for two blocks
+across the four members' and every removed machine's tables
+(`votes_consistent_with_removed`); the removed replicas exited at the boundary
+(`removed_replicas_exited`), and their keys open no peer stream after the shrink
+(`removed_keys_refused`).
 """
 
 from __future__ import annotations
