@@ -514,6 +514,14 @@ def test_replace_member_refuses_a_directory_drilled_before(drill_dir: Path) -> N
     assert not cluster_pids(drill_dir)
 
 
+def test_grow_shrink_refuses_a_cluster_of_seven(drill_dir: Path) -> None:
+    """Only 4 -> 7 -> 4 exists: a cluster of 7 is refused before anything starts."""
+    init_cluster(drill_dir, 7)
+    with pytest.raises(DrillError, match="grows a cluster of 4 to 7"):
+        run_drill("grow-shrink", drill_dir, nodes=7, seconds=SHORT_S)
+    assert not cluster_pids(drill_dir)
+
+
 # What the honest members must have refused under each attack (docs/drills.md): the
 # reasons their /metrics count, and for messages over the transport's limit, the stream
 # the honest side reset.

@@ -250,13 +250,14 @@ def grow_once(d: Drill, run: GrowRun, k: int) -> Cycle:
             raise Abort(f"new member {i} did not vote in epoch {epoch + 1}: {d.heights(seven)}")
         catch_up[str(i)] = round(voted - started, 3)
     fault.details["catch_up_s"] = catch_up
+    # The load again, now that the 7 vote: without proposals there is nothing to commit.
+    if d.load is not None:
+        d.load.avoid([])
+    fault.details["load_held_s"] = round(time.monotonic() - asked, 3)
     resumed = _commits_go_on(d, seven, 5)  # 2f+1 of 7
     if resumed is None:
         raise Abort(f"the 7 did not commit in epoch {epoch + 1}: {d.heights(seven)}")
     fault.recovery_s = resumed - asked
-    if d.load is not None:
-        d.load.avoid([])
-    fault.details["load_held_s"] = round(time.monotonic() - asked, 3)
     change = change_height(chain_of_epochs(d, run.cluster_file), epoch + 1)
     fault.details["change_height"] = change
     d.say(
