@@ -368,9 +368,9 @@ def test_grow_shrink_grows_to_seven_with_new_machines_and_back_to_four(drill_dir
     calls are certified there by 3 of epoch 1's seven receipt keys, and `admin
     remove-member` takes them out again in epoch 2: their replicas exit by themselves,
     their keys open no stream, and every check reads the cluster through the chain of
-    epochs. (The slowest drill test: 158 s at load average 30 to 50, of which 129 s the
-    drill, most of that starting processes and the new machines replaying the chain;
-    `rate_per_s` is lowered to keep the certificate check of every call short.)"""
+    epochs. (The slowest drill test: 78 s at load average 18, 129 s at 30 to 50; most of
+    it starting processes and the new machines replaying the chain; `rate_per_s` is
+    lowered to keep the certificate check of every call short.)"""
     report = run_drill(
         "grow-shrink", drill_dir, nodes=NODES, seconds=SHORT_S, rate_per_s=10, progress=_progress
     )
