@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nacl.signing import SigningKey
 
 from quorumgate.cli import main as quorumgate
 from quorumgate.ops.drills import (
@@ -47,17 +49,25 @@ from quorumgate.ops.drills import (
 from quorumgate.ops.drills.audit import ReplicaAudit, read_replica
 from quorumgate.ops.drills.checker import epoch_rollback_conflicts
 from quorumgate.ops.drills.context import StaleRun
-from quorumgate.ops.drills.replace import (
-    certificate_problems,
-    new_machine_vote_problems,
-    victim,
-)
+from quorumgate.ops.drills.grow import seven_certificate_problems
+from quorumgate.ops.drills.machines import certificate_problems, new_machine_vote_problems
+from quorumgate.ops.drills.replace import victim
 from quorumgate.ops.live import cluster_pids
 from quorumgate.ops.nodes import start_nodes, stop_nodes, wait_serving
-from quorumgate.proto.clusterfile import init_cluster
+from quorumgate.proto.chainversions import VERSION_ABSENT
+from quorumgate.proto.clusterfile import ClusterSpec, init_cluster
 from quorumgate.proto.membership import Member, Membership
 from quorumgate.replica.epochchain import ChainedEpoch
 from quorumgate.replica.storage import ReplicaStore
+from quorumgate.sidecar.receipts import (
+    Certificate,
+    Receipt,
+    ReceiptEpoch,
+    ReceiptEpochs,
+    ReceiptLeaf,
+    assemble_certificate,
+    sign_block,
+)
 from tests.consensus.helpers import CHAIN, SIGNERS, chain_of, membership
 
 pytestmark = pytest.mark.live
@@ -358,6 +368,115 @@ def test_replace_member_takes_another_member_each_cycle_and_keeps_f_plus_1_at_ho
     assert [victim(7, 2, k) for k in range(6)] == [6, 5, 4, 3, 6, 5]
 
 
+def test_grow_shrink_grows_to_seven_with_new_machines_and_back_to_four(drill_dir: Path) -> None:
+    """One cycle: three new machines prepared with `init --join --index 4..6` in the
+    drill's directory follow epoch 0, `admin add-member` makes the cluster 7 in epoch 1,
+    calls are certified there by 3 of epoch 1's seven receipt keys, and `admin
+    remove-member` takes them out again in epoch 2: their replicas exit by themselves,
+    their keys open no stream, and every check reads the cluster through the chain of
+    epochs. (The slowest drill test: 78 s at load average 18, 129 s at 30 to 50; most of
+    it starting processes and the new machines replaying the chain; `rate_per_s` is
+    lowered to keep the certificate check of every call short.)"""
+    report = run_drill(
+        "grow-shrink", drill_dir, nodes=NODES, seconds=SHORT_S, rate_per_s=10, progress=_progress
+    )
+    _assert_clean(report, drill_dir)
+    for name in (
+        "cluster_follows_epochs",
+        "certificates_verify_by_epoch",
+        "certificates_of_seven_verify",
+        "removed_keys_refused",
+        "new_members_vote",
+        "new_sidecars_from_height_1",
+        "votes_consistent_with_removed",
+        "removed_replicas_exited",
+    ):
+        assert report.check(name).ok, f"{name}: {report.check(name).detail}"
+    grow, shrink = report.faults
+    assert (grow.kind, shrink.kind) == ("grow", "shrink")
+    assert (_detail(grow, "epoch_before"), _detail(grow, "epoch_after")) == (0, 1)
+    assert (_detail(shrink, "epoch_before"), _detail(shrink, "epoch_after")) == (1, 2)
+    assert _detail(grow, "members_after") == 7 and _detail(shrink, "members_after") == 4
+    # Followers from genesis at their start, voting first in epoch 1.
+    assert _detail(grow, "new_machines_epoch_at_start") == {"4": 0, "5": 0, "6": 0}
+    first = _detail(grow, "first_votes")
+    assert isinstance(first, dict) and {k: v[0] for k, v in first.items()} == {
+        "4": 1,
+        "5": 1,
+        "6": 1,
+    }
+    catch_up = _detail(grow, "catch_up_s")
+    assert isinstance(catch_up, dict) and all(s > 0 for s in catch_up.values())
+    grown, shrunk = _detail(grow, "change_height"), _detail(shrink, "change_height")
+    assert isinstance(grown, int) and isinstance(shrunk, int) and grown < shrunk
+    refused = dict.fromkeys(("4", "5", "6"), "UNAUTHENTICATED")
+    assert _detail(shrink, "removed_key_streams") == refused
+    codes = _detail(shrink, "exit_codes")
+    assert isinstance(codes, dict) and sorted(codes) == ["4", "5", "6"]
+    assert all(c is not None and c != 0 for c in codes.values())
+    assert report.details["cycles"] == 1 and report.details["epochs"] == 2
+    certified_7 = report.details["certified_in_epochs_of_7"]
+    assert isinstance(certified_7, int) and certified_7 > 0
+    assert "members by epoch [4, 7, 4]" in report.check("cluster_follows_epochs").detail
+    assert "{0: 4, 1: 7, 2: 4}" in report.check("certificates_verify_by_epoch").detail
+    for index in (4, 5, 6):
+        home = drill_dir / f"new-machine-0-{index}"
+        assert (home / "join.json").exists() and (home / f"node-{index}" / "replica.db").exists()
+    # A directory holding new machines is refused by both drills that bring them.
+    with pytest.raises(DrillError, match="new machines"):
+        run_drill("grow-shrink", drill_dir, nodes=NODES, seconds=SHORT_S)
+
+
+def _seven_certificate(
+    spec: ClusterSpec, keys: dict[int, SigningKey], height: int = 5, epoch: int = 1
+) -> Certificate:
+    pid = b"p" * 32
+    leaf = ReceiptLeaf(height, 0, pid, pid, "proposal", "allow", "ok", b"", b"", 1)
+    root = leaf.hash(spec.chain_id)
+    receipts = [
+        Receipt(leaf, (), sign_block(k, i, spec.chain_id, height, root, b"s" * 32, 1, None, epoch))
+        for i, k in keys.items()
+    ]
+    return assemble_certificate(spec.chain_id, receipts)
+
+
+def test_the_epoch_of_seven_certificate_check_counts_three_signers(tmp_path: Path) -> None:
+    """A certificate of an epoch of 7 passes with 3 of its receipt keys (and is refused
+    once cut to 2); with 2 signers, with a key of another epoch, or at a height outside
+    its epoch it fails; certificates of an epoch of 4 are not this check's."""
+    spec = dataclasses.replace(init_cluster(tmp_path / "c", 4), receipt_version=VERSION_ABSENT)
+    seven = {i: SigningKey(bytes([i + 1]) * 32) for i in range(7)}
+    epochs = ReceiptEpochs(
+        (
+            ReceiptEpoch(0, 1, 4, spec.receipt_keys),
+            ReceiptEpoch(1, 5, 9, tuple(bytes(k.verify_key) for k in seven.values())),
+            ReceiptEpoch(2, 10, None, spec.receipt_keys),
+        )
+    )
+    pid = b"p" * 32
+    grown = {1: 7}
+    three = {i: seven[i] for i in (0, 4, 6)}
+    passed = seven_certificate_problems(spec, {pid: _seven_certificate(spec, three)}, epochs, grown)
+    assert passed == ([], {1: 1})
+    two = {i: seven[i] for i in (0, 4)}
+    problems, verified = seven_certificate_problems(
+        spec, {pid: _seven_certificate(spec, two)}, epochs, grown
+    )
+    assert verified == {} and "refused offline" in problems[0]
+    stranger = {0: seven[0], 4: seven[4], 6: SigningKey(b"x" * 32)}
+    problems, _ = seven_certificate_problems(
+        spec, {pid: _seven_certificate(spec, stranger)}, epochs, grown
+    )
+    assert "refused offline" in problems[0]
+    problems, _ = seven_certificate_problems(
+        spec, {pid: _seven_certificate(spec, three, height=10)}, epochs, grown
+    )
+    assert "refused offline" in problems[0]
+    assert seven_certificate_problems(
+        spec, {pid: _seven_certificate(spec, three, epoch=2)}, epochs, grown
+    ) == ([], {})
+
+
 def test_new_machine_vote_check_fails_on_a_vote_before_membership_or_none_after() -> None:
     """The check passes only for a table voting from its first epoch to the last."""
     h = b"\x01" * 32
@@ -368,6 +487,11 @@ def test_new_machine_vote_check_fails_on_a_vote_before_membership_or_none_after(
     ]
     assert new_machine_vote_problems({(1, 5): h}, 1, 2) == ["no vote in epoch 2, the last"]
     assert new_machine_vote_problems({(2, 9): h}, 1, 2) == ["no vote in epoch 1, its first"]
+    # A removed member's table: its one epoch of 7, nothing after it.
+    assert new_machine_vote_problems({(1, 5): h}, 1, 1) == []
+    assert new_machine_vote_problems({(1, 5): h, (2, 3): h}, 1, 1) == [
+        "a vote in epoch 2, after it was removed"
+    ]
 
 
 def test_certificate_check_by_epoch_refuses_old_members_after_a_boundary() -> None:
@@ -393,6 +517,14 @@ def test_replace_member_refuses_a_directory_drilled_before(drill_dir: Path) -> N
     (drill_dir / "new-machine-0").mkdir()
     with pytest.raises(DrillError, match="fresh --dir"):
         run_drill("replace-member", drill_dir, nodes=NODES, seconds=SHORT_S)
+    assert not cluster_pids(drill_dir)
+
+
+def test_grow_shrink_refuses_a_cluster_of_seven(drill_dir: Path) -> None:
+    """Only 4 -> 7 -> 4 exists: a cluster of 7 is refused before anything starts."""
+    init_cluster(drill_dir, 7)
+    with pytest.raises(DrillError, match="grows a cluster of 4 to 7"):
+        run_drill("grow-shrink", drill_dir, nodes=7, seconds=SHORT_S)
     assert not cluster_pids(drill_dir)
 
 

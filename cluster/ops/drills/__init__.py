@@ -44,6 +44,12 @@ until `--seconds` have passed (at least `FAULT_CYCLES_MIN[drill]` times):
   a new directory of the cluster's is started and `quorumgate admin replace-member` makes
   it the member at the next epoch; the checks read the cluster through the chain of
   epochs, and the new machine must vote from its first epoch on (module `replace`).
+- `grow-shrink`: three new machines made with `quorumgate init --join --index 4..6` are
+  started as followers, `quorumgate admin add-member` makes the cluster of 4 one of 7,
+  the load runs in the epoch of 7, and `quorumgate admin remove-member` shrinks it back
+  (the removed replicas exit at the boundary); fresh machines each cycle, the checks read
+  through the chain of epochs (module `grow`; what it shares with `replace` is in
+  `machines`).
 
 Then the load stops and the drill settles: it waits until every acknowledged proposal is
 committed, offering again (the same signed bytes, as a client does when no certificate
@@ -77,6 +83,8 @@ injectors), `load` (the open-loop load), `checker` (settling and the checks), `a
 (what the checks read: chains, stores, certificates), `ship` (the audit shipper's
 drill and its checks), `rotation` (the key-rotation drill), `boundary` (the stale
 restore across an epoch boundary), `replace` (a member replaced by a new machine),
+`grow` (the cluster grown to 7 and shrunk to 4), `machines` (new machines and the
+cluster read through the chain of epochs, for `replace` and `grow`),
 `report` (the report and its text
 form) and `bounds` (names and deadlines). The cluster's processes are driven through the
 controller the live tests share, `quorumgate.ops.live.LiveCluster`.

@@ -36,6 +36,7 @@ from quorumgate.runtime.channels import sync_channel
 from quorumgate.sdk.client import Client, QuorumGateError
 from quorumgate.sdk.owner import owner_reader
 from quorumgate.sidecar.ledger import GENESIS_PREV_HASH
+from quorumgate.sidecar.receipts import Certificate
 from quorumgate.sidecar.store import LEDGER_PAGE_ROWS_MAX, SidecarStore, SidecarStoreError
 
 _STARTED_RE = re.compile(r"event=started .*?\b(?:height|executed_height)=(\d+)")
@@ -195,10 +196,13 @@ async def read_replica(spec: ClusterSpec, index: int) -> ReplicaAudit:
 
 
 async def certify(
-    spec: ClusterSpec, proposal_ids: Sequence[bytes]
+    spec: ClusterSpec,
+    proposal_ids: Sequence[bytes],
+    kept: dict[bytes, Certificate] | None = None,
 ) -> dict[bytes, tuple[int, str, str] | str]:
     """Through the client SDK: proposal id -> (height, outcome, reason) of its verified
-    certificate, or the error that kept it from one."""
+    certificate, or the error that kept it from one. With `kept`, each certificate goes
+    into it too, for a drill that checks them again offline (grow.py)."""
     # the drill is the operator: it reads every verdict as the owner
     owner_key = SigningKey(read_seed(spec.directory / OWNER_KEY_FILE))
     client = Client(spec, owner_key, certificate_deadline_s=CERTIFICATE_DEADLINE_S)
@@ -212,6 +216,8 @@ async def certify(
                 return pid, f"{type(err).__name__}({err.reason})"
         if decision.proposal_id != pid or decision.tx_id != pid:
             return pid, f"a certificate for {short(decision.tx_id)}"
+        if kept is not None:
+            kept[pid] = decision.certificate
         return pid, (decision.height, decision.outcome.value, decision.reason)
 
     try:

@@ -22,6 +22,7 @@ DRILLS = (
     "rotate-members",
     "stale-restore-epoch",
     "replace-member",
+    "grow-shrink",
 )
 # Faults a drill injects however short `--seconds` is: enough to repeat what repeats,
 # and the three rebuild paths of `wipe-replica` (replay from height 1, the sidecar's own
@@ -37,6 +38,7 @@ FAULT_CYCLES_MIN = {
     "rotate-members": 4,  # every member of a 4-node cluster once (of 7: all 7, see the drill)
     "stale-restore-epoch": 1,  # one backup, one boundary, one restore
     "replace-member": 1,  # one host gone, one new machine
+    "grow-shrink": 1,  # 4 -> 7 -> 4 once, three new machines
 }
 FAULT_CYCLES_MAX = 64
 SECONDS_DEFAULT = 20.0

@@ -351,7 +351,7 @@ def check_chains(d: Drill, target: int, acked: Mapping[bytes, Ack]) -> None:
 
 def check_certificates(d: Drill, acked: Mapping[bytes, Ack]) -> None:
     d.say(f"asking the sidecars for {len(acked)} certificates (client SDK)")
-    certs = asyncio.run(certify(d.spec, list(acked)))
+    certs = asyncio.run(certify(d.spec, list(acked), d.certificates))
     problems = []
     unexpected = []
     verdicts: Counter[str] = Counter()

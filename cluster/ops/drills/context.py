@@ -37,6 +37,7 @@ from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.sdk.owner import OwnerError, OwnerSession, agent_ops, tool_op
 from quorumgate.sdk.owner import next_nonce as owner_next_nonce
+from quorumgate.sidecar.receipts import Certificate
 from quorumgate.sidecar.replay import ReplayReport
 
 
@@ -114,6 +115,9 @@ class Drill:
         self.stale_runs: list[StaleRun] = []
         self.wiped: list[Wiped] = []
         self.placed: dict[bytes, list[int]] = {}  # tx id -> heights, from the chain checked
+        # Each acknowledged proposal's certificate, kept by the certificate check for a
+        # drill that checks them again offline (grow.py sets it); None: not kept.
+        self.certificates: dict[bytes, Certificate] | None = None
         self.fault_deadline = math.inf
         self.aborted = ""
 

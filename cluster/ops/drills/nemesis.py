@@ -44,6 +44,7 @@ from quorumgate.ops.drills.bounds import (
 )
 from quorumgate.ops.drills.checker import rebuild_problems, refusals_since
 from quorumgate.ops.drills.context import Drill, StaleRun, Wiped
+from quorumgate.ops.drills.grow import grow_shrink, prepare_grow
 from quorumgate.ops.drills.replace import prepare_replace, replace_members
 from quorumgate.ops.drills.report import Abort, Fault, listed
 from quorumgate.ops.drills.rotation import rotate_members
@@ -609,9 +610,11 @@ FAULTS: dict[str, Callable[[Drill], None]] = {
     "rotate-members": rotate_members,
     "stale-restore-epoch": stale_restore_epoch,
     "replace-member": replace_members,
+    "grow-shrink": grow_shrink,
 }
 # What a drill sets up in the cluster directory before its nodes start.
 PREPARE: dict[str, Callable[[Drill], None]] = {
     "wipe-replica": prepare_wipe_replica,
     "replace-member": prepare_replace,
+    "grow-shrink": prepare_grow,
 }

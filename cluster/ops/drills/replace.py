@@ -22,100 +22,45 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from nacl.signing import SigningKey
 
-from quorumgate.ops.drills.audit import committed_blocks, read_replica, started_height
+from quorumgate.ops.drills.audit import read_replica, started_height
 from quorumgate.ops.drills.bounds import POLL_S, RECOVERY_TIMEOUT_S, RESUME_TIMEOUT_S, poll
 from quorumgate.ops.drills.context import Drill
-from quorumgate.ops.drills.report import Abort, DrillError, Fault
+from quorumgate.ops.drills.machines import (
+    CLI_TIMEOUT_S,
+    chain_of_epochs,
+    change_height,
+    check_certificates_by_epoch,
+    cli,
+    failed,
+    join_machines,
+    moved,
+    new_machine_vote_problems,
+    prepare_moved,
+    stream_code,
+    votes_sent,
+)
+from quorumgate.ops.drills.report import Abort, Fault
 from quorumgate.ops.drills.rotation import epoch_now
-from quorumgate.ops.live import RPC_TIMEOUT_S, LiveCluster
-from quorumgate.ops.nodes import start_nodes
 from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
     JOIN_FILE,
-    OWNER_KEY_FILE,
-    ClusterFileError,
     ClusterSpec,
-    load_cluster,
     read_seed,
 )
-from quorumgate.proto.crypto import Ed25519Signer, Verifier
-from quorumgate.replica.certs import CertificateChecker
-from quorumgate.replica.epochchain import ChainedEpoch
-from quorumgate.replica.epochs import start_qc
 from quorumgate.replica.storage import StorageError
-from quorumgate.replica.types import Block, RemoteError
-from quorumgate.runtime.channels import peer_auth_metadata
-from quorumgate.sdk.client import Client
-from quorumgate.sdk.delivery import ChannelPool
 from quorumgate.sdk.epochs import Epochs
-from quorumgate.sdk.errors import QuorumGateError
 
 MACHINE_DIR = "new-machine-{k}"  # in the drill's cluster directory, one per replacement
-CLI_TIMEOUT_S = 120.0  # `init --join`; `admin replace-member` waits REPLACE_DEADLINE_S more
 # The command's own wait for 2f+1 replicas in the next epoch: on a 2-core machine at load
 # average 20, starting it and its wait took up to 40 s together.
 REPLACE_DEADLINE_S = 120.0
-VERIFY_CACHE = 4096  # signatures the offline certificate check remembers
-SENT_METRIC = "qg_replica_peer_messages_sent_total"
-
-
-@dataclass(frozen=True)
-class MovedSpec(ClusterSpec):
-    """The cluster as it stands after members were replaced: `members` with each new
-    machine's entry (`ClusterSpec.with_entries`), and each replaced member's node
-    directory the new machine's (`homes`: index -> the directory `init --join` made)."""
-
-    homes: tuple[tuple[int, Path], ...] = ()
-
-    def node_dir(self, index: int) -> Path:
-        for i, home in self.homes:
-            if i == index:
-                return home / f"node-{index}"
-        return super().node_dir(index)
-
-    def home(self, index: int) -> Path | None:
-        return dict(self.homes).get(index)
-
-
-def moved(current: ClusterSpec, homes: Mapping[int, Path]) -> MovedSpec:
-    """`current` (a cluster description, its replaced members' entries in it) with the
-    new machines' node directories."""
-    values = {f.name: getattr(current, f.name) for f in fields(ClusterSpec)}
-    return MovedSpec(**values, homes=tuple(sorted(homes.items())))
-
-
-class MovedCluster(LiveCluster):
-    """The drill's controller once members moved: a replaced member's processes start
-    from the new machine's directory (its cluster file and join.json), as an operator on
-    that machine starts them; every other call reaches it through `spec` (a MovedSpec)."""
-
-    def spawn(
-        self,
-        kind: str,
-        indexes: list[int],
-        module: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> dict[int, subprocess.Popen[bytes]]:
-        spec = self.spec
-        homes = spec.homes if isinstance(spec, MovedSpec) else ()
-        away = dict(homes)
-        procs = start_nodes(
-            spec, [i for i in indexes if i not in away], kind, module=module, env=env
-        )
-        for i in indexes:
-            if i in away:
-                procs.update(start_nodes(load_cluster(away[i]), [i], kind, module=module, env=env))
-        return procs
 
 
 @dataclass
@@ -141,15 +86,7 @@ class ReplaceRun:
 def prepare_replace(d: Drill) -> None:
     """Refuse a directory drilled before (its chain already replaced members, whose old
     node directories `up` would start), and drive the cluster with a MovedCluster."""
-    used = sorted(p.name for p in d.spec.directory.glob(MACHINE_DIR.format(k="*")))
-    if used:
-        raise DrillError(
-            f"{d.spec.directory} holds new machines of an earlier replace-member drill "
-            f"({', '.join(used)}): use a fresh --dir"
-        )
-    d.cluster = MovedCluster(
-        d.spec, ready_timeout_s=d.cluster.ready_timeout_s, stop_grace_s=d.cluster.stop_grace_s
-    )
+    prepare_moved(d)
 
 
 def victim(n: int, f: int, k: int) -> int:
@@ -178,21 +115,6 @@ def _move(d: Drill, current: ClusterSpec, homes: Mapping[int, Path]) -> None:
         d.cluster.forget_channel(i)
 
 
-def _cli(*args: str, timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quorumgate", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-
-
-def _failed(what: str, done: subprocess.CompletedProcess[str]) -> Abort:
-    tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
-    return Abort(f"{what} exited {done.returncode}: {tail[0]}")
-
-
 def replace_once(d: Drill, run: ReplaceRun, k: int, member: int) -> None:
     epoch = epoch_now(d)
     old_key = read_seed(d.spec.node_dir(member) / CONSENSUS_KEY_FILE)
@@ -209,16 +131,7 @@ def replace_once(d: Drill, run: ReplaceRun, k: int, member: int) -> None:
     d.say(f"cycle {k + 1}: member {member}'s host is gone (replica and sidecar SIGKILLed)")
 
     home = d.spec.directory / MACHINE_DIR.format(k=k)
-    made = _cli(
-        "init", "--join", "--cluster", str(run.cluster_file.directory / "cluster.json"),
-        "--index", str(member), "--dir", str(home),
-    )  # fmt: skip
-    if made.returncode != 0:
-        raise _failed(f"init --join --index {member}", made)
-    try:
-        joined = load_cluster(home).member(member)
-    except ClusterFileError as err:
-        raise Abort(f"the new machine's directory {home}: {err}") from err
+    joined = join_machines(run.cluster_file, {member: home})[member]
     run.homes[member] = home
     # Where the new machine listens, so that the drill reaches it from now on.
     _move(d, d.spec.with_entries([joined]), run.homes)
@@ -248,24 +161,16 @@ def replace_once(d: Drill, run: ReplaceRun, k: int, member: int) -> None:
 
 
 def run_replace(d: Drill, member: int, entry: Path) -> dict[str, object]:
-    done = _cli(
+    done = cli(
         "admin", "replace-member", "--dir", str(d.spec.directory), "--member", str(member),
         "--entry", str(entry), "--json", "--deadline", str(REPLACE_DEADLINE_S),
         timeout_s=CLI_TIMEOUT_S + REPLACE_DEADLINE_S,
     )  # fmt: skip
     if done.returncode != 0:
-        raise _failed(f"admin replace-member --member {member}", done)
+        raise failed(f"admin replace-member --member {member}", done)
     doc = json.loads(done.stdout)
     assert isinstance(doc, dict)
     return doc
-
-
-def _votes_sent(d: Drill, member: int) -> float:
-    try:
-        metrics = d.cluster.metrics(member)
-    except OSError:
-        return 0.0
-    return metrics.by_label(SENT_METRIC, "kind").get("vote", 0.0)
 
 
 def _await_voting(d: Drill, run: ReplaceRun, fault: Fault, epoch: int, started: float) -> None:
@@ -286,7 +191,7 @@ def _await_voting(d: Drill, run: ReplaceRun, fault: Fault, epoch: int, started: 
         raise Abort(f"not every replica reached epoch {epoch}: {epochs}")
     fault.details["all_in_next_epoch_s"] = round(at - started, 3)
     voted = poll(
-        lambda: time.monotonic() if _votes_sent(d, member) > 0 else None, RECOVERY_TIMEOUT_S
+        lambda: time.monotonic() if votes_sent(d, member) > 0 else None, RECOVERY_TIMEOUT_S
     )
     if voted is None:
         raise Abort(f"the new machine of member {member} did not vote: {d.heights()}")
@@ -298,7 +203,7 @@ def _await_voting(d: Drill, run: ReplaceRun, fault: Fault, epoch: int, started: 
         raise Abort(f"commits did not go on after epoch {epoch} began: {d.heights()}")
     fault.recovery_s = resumed - fault.at_s - d.t0
     back = d.wait_replica_back(member)
-    fault.details["change_height"] = _change_height(d, run, epoch)
+    fault.details["change_height"] = change_height(chain_of_epochs(d, run.cluster_file), epoch)
     d.say(
         f"member {member} replaced: epoch {epoch} on every replica after "
         f"{at - started:.2f} s, the new machine's first vote {voted - started:.2f} s after "
@@ -307,41 +212,13 @@ def _await_voting(d: Drill, run: ReplaceRun, fault: Fault, epoch: int, started: 
     )
 
 
-def _change_height(d: Drill, run: ReplaceRun, epoch: int) -> int | None:
-    """The height of the change block that started `epoch`, from the chain of epochs."""
-    for e in cluster_now(d, run).chain.epochs:
-        if e.epoch == epoch:
-            return e.boundary_height
-    return None
-
-
-def cluster_now(d: Drill, run: ReplaceRun) -> Epochs:
-    """The chain of epochs, checked link by link from the cluster file (`Client.epochs`),
-    read over channels to the cluster as the drill last saw it."""
-
-    async def main() -> Epochs:
-        start = run.cluster_file
-        owner = SigningKey(read_seed(start.directory / OWNER_KEY_FILE))
-        pool = ChannelPool(d.spec)
-        try:
-            async with Client(start, owner, pool=pool) as client:
-                return await client.epochs()
-        finally:
-            await pool.close()
-
-    try:
-        return asyncio.run(main())
-    except QuorumGateError as err:
-        raise Abort(f"the chain of epochs: {err}") from err
-
-
 # ---------------------------------------------------------------------------- the checks
 
 
 def _follow_epochs(d: Drill, run: ReplaceRun) -> None:
     """Before the checks: the cluster as the chain of epochs describes it, through which
     every check reads every member."""
-    epochs = cluster_now(d, run)
+    epochs = chain_of_epochs(d, run.cluster_file)
     run.epochs = epochs
     now = epochs.cluster(run.cluster_file)
     strangers = sorted(
@@ -366,60 +243,9 @@ def _follow_epochs(d: Drill, run: ReplaceRun) -> None:
 
 def _before_stop(d: Drill, run: ReplaceRun, target: int) -> None:
     """While the cluster runs: the certificates of every epoch, the gone keys' streams."""
-    epochs = run.epochs if run.epochs is not None else cluster_now(d, run)
-    _check_certificates_by_epoch(d, epochs, target)
+    epochs = run.epochs if run.epochs is not None else chain_of_epochs(d, run.cluster_file)
+    check_certificates_by_epoch(d, epochs, target)
     _check_old_keys(d, run)
-
-
-def certificate_problems(
-    blocks: Sequence[Block], chained: Sequence[ChainedEpoch], chain_id: str
-) -> tuple[list[str], dict[int, int]]:
-    """Each block's justify certificate checked with the member set of the epoch it was
-    signed in (replica/certs.py `CertificateChecker`): an epoch's blocks run from after its
-    change block to the next change block, and its first block carries the unsigned
-    certificate naming the change block (replica/epochs.py `start_qc`). The problems,
-    naming height and epoch, and the certificates verified by epoch."""
-    problems: list[str] = []
-    per_epoch: dict[int, int] = {}
-    checkers = [
-        CertificateChecker(e.membership, Verifier(VERIFY_CACHE), start_qc(chain_id, e.boundary))
-        for e in chained
-    ]
-    for block in blocks:
-        index = max(k for k, e in enumerate(chained) if e.boundary_height < block.height)
-        epoch = chained[index].epoch
-        try:
-            checkers[index].check_qc(block.justify)
-        except RemoteError as err:
-            problems.append(f"height {block.height} (epoch {epoch}): {err}")
-            continue
-        per_epoch[epoch] = per_epoch.get(epoch, 0) + 1
-    return problems, per_epoch
-
-
-def _check_certificates_by_epoch(d: Drill, epochs: Epochs, target: int) -> None:
-    """Every committed block's certificate, 1..T, with its epoch's members: what a reader
-    holding only the cluster file and the chain of epochs can check."""
-    reader = next((i for i in range(d.n) if d.cluster.probe(i) is not None), 0)
-    blocks = committed_blocks(d.spec, reader, 1, target)
-    problems, per_epoch = certificate_problems(blocks, epochs.chain.epochs, d.spec.chain_id)
-    d.check(
-        "certificates_verify_by_epoch",
-        problems + ([] if blocks else [f"no block read from replica {reader}"]),
-        f"{sum(per_epoch.values())} certificates verified with their epoch's members, by "
-        f"epoch {dict(sorted(per_epoch.items()))}",
-    )
-
-
-def stream_code(d: Drill, member: int, listener: int, seed: bytes) -> grpc.StatusCode:
-    """What `listener` answers a peer stream opened as `member` with key `seed`."""
-    signer = Ed25519Signer(seed)
-    auth = peer_auth_metadata(d.spec.chain_id, member, listener, int(time.time() * 1000), signer)
-    try:
-        d.cluster.peer(listener).Stream(iter(()), timeout=RPC_TIMEOUT_S, metadata=auth)
-    except grpc.RpcError as err:
-        return err.code()  # type: ignore[no-any-return]
-    return grpc.StatusCode.OK
 
 
 def _check_old_keys(d: Drill, run: ReplaceRun) -> None:
@@ -436,21 +262,6 @@ def _check_old_keys(d: Drill, run: ReplaceRun) -> None:
         f"the old key of each of {len(run.done)} replaced members opens no stream "
         "(UNAUTHENTICATED)",
     )
-
-
-def new_machine_vote_problems(
-    votes: Mapping[tuple[int, int], bytes], epoch: int, last: int
-) -> list[str]:
-    """A new machine's own vote table: votes from its first epoch on, none before."""
-    if not votes:
-        return ["no vote recorded"]
-    epochs = sorted({e for e, _ in votes})
-    problems = [f"a vote in epoch {e}, before it was a member" for e in epochs if e < epoch]
-    if epoch not in epochs:
-        problems.append(f"no vote in epoch {epoch}, its first")
-    if last not in epochs:
-        problems.append(f"no vote in epoch {last}, the last")
-    return problems
 
 
 def _check_new_members(d: Drill, run: ReplaceRun) -> None:

@@ -195,6 +195,28 @@ def replace_line(fault: Fault) -> str:
     )
 
 
+def grow_line(fault: Fault) -> str:
+    """One line per grow and per shrink of `grow-shrink`: the change block, the epochs,
+    the new machines' catch-up (from their start to their first vote) or the removed
+    replicas' exit, and the recovery; "" for other faults."""
+    d = fault.details
+    recovery = "-" if fault.recovery_s is None else f"{fault.recovery_s:.2f} s"
+    if fault.kind == "grow":
+        return (
+            f"  grew to 7 ({', '.join(map(str, d.get('new_machines') or []))}): change block "
+            f"at height {d.get('change_height')}, epoch {d.get('epoch_before')} -> "
+            f"{d.get('epoch_after')}, first votes {d.get('catch_up_s')} s after the new "
+            f"machines started, commits going on {recovery} after add-member"
+        )
+    if fault.kind == "shrink":
+        return (
+            f"  shrank to 4: change block at height {d.get('change_height')}, epoch "
+            f"{d.get('epoch_before')} -> {d.get('epoch_after')}, removed replicas exited "
+            f"{d.get('exited_s')} s after remove-member, commits going on {recovery} after it"
+        )
+    return ""
+
+
 def print_report(report: DrillReport) -> None:
     print(
         f"drill {report.drill}: {report.nodes} replicas (f={report.f}), {len(report.faults)} "
@@ -210,7 +232,7 @@ def print_report(report: DrillReport) -> None:
     slowest = "-" if report.recovery_s_max is None else f"{report.recovery_s_max:.2f} s"
     print(f"recovery: last {last}, slowest {slowest}; final height {report.final_height}")
     for fault in report.faults:
-        line = rebuild_line(fault) or replace_line(fault)
+        line = rebuild_line(fault) or replace_line(fault) or grow_line(fault)
         if line:
             print(line)
     for check in report.checks:
