@@ -200,7 +200,7 @@ def grow_once(d: Drill, run: GrowRun, k: int) -> Cycle:
     cycle = Cycle(k, homes, seeds, {i: joined[i].public_key for i in new}, epoch + 1, fault)
     run.cycles.append(cycle)
     # The drill reaches the new machines where they listen; the load stays on 0..3.
-    d.cluster.spec = moved(d.spec.with_entries([joined[i].entry() for i in new]), homes)
+    d.cluster.spec = moved(d.spec.with_entries([joined[i] for i in new]), homes)
     for i in new:
         d.cluster.forget_channel(i)
     started = time.monotonic()
