@@ -45,7 +45,7 @@ import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nacl.signing import SigningKey
@@ -504,6 +504,35 @@ async def _rotate_tls(
         return _report(args, spec, doc, reached, change_height)
 
 
+async def _not_running(
+    spec: ClusterSpec, owner: SigningKey, new: Sequence[MemberSpec]
+) -> str | None:
+    """Why a machine `new` describes cannot be made a member yet, or None: each must
+    answer a status call at the address its entry names (under its certificate, on a TLS
+    cluster) as that member of this chain. A record signed for a machine that is not
+    running would count it in the next epoch's quorums all the same: an `add` of three
+    such machines leaves an epoch of seven with four voters, one short of the five it
+    needs to commit anything (docs/operating.md, "Growing and shrinking the cluster")."""
+    async with Client(spec.with_entries(new), owner) as probe:
+        statuses = await probe.replica_status()
+    problems = []
+    for member in new:
+        status = statuses.get(member.index)
+        if status is None:
+            problems.append(f"member {member.index} at {member.replica_address} does not answer")
+        elif status.chain_id != spec.chain_id or status.node != member.index:
+            problems.append(
+                f"{member.replica_address} answers as node {status.node} of chain "
+                f"{status.chain_id!r}, not as member {member.index} of {spec.chain_id!r}"
+            )
+    if not problems:
+        return None
+    return (
+        "; ".join(problems) + ": start the new machine (`quorumgate up --dir` its directory) "
+        "and run this again; nothing was signed"
+    )
+
+
 async def _replace(
     args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey, new: MemberSpec
 ) -> int:
@@ -514,6 +543,9 @@ async def _replace(
         if isinstance(checked, str):
             return _fail(checked)
         epoch = checked
+        absent = await _not_running(spec, owner, [new])
+        if absent is not None:
+            return _fail(absent)
         _say(
             args,
             f"member {member}: replaced by a new machine from epoch {epoch + 1} on\n"
@@ -600,6 +632,9 @@ async def _grow_or_shrink(
                     f"{min(RECONFIG_SIZES)}; the entries name {[m.index for m in new]} and "
                     f"epoch {epoch} has {n} members"
                 )
+            absent = await _not_running(spec, owner, new)
+            if absent is not None:
+                return _fail(absent)
             record = Reconfiguration(
                 "add", (), tuple(m.public_key for m in new),
                 entries=tuple(m.encode() for m in new),

@@ -105,8 +105,22 @@ def test_four_grow_to_seven_and_shrink_to_four(
             entry_files.append(str(path))
             joined[index] = LiveCluster(load_cluster(tmp_path / f"new-{index}"))
             views[index] = LiveCluster(replace(spec, joined=joined[index].spec.member(index)))
-            joined[index].start([index])
-            joined[index].start_sidecars([index])
+            if index != NEW[-1]:
+                joined[index].start([index])
+                joined[index].start_sidecars([index])
+
+        # An add of a machine that is not running is refused before signing: signed, it
+        # would leave an epoch of seven with six voters at most, and with one more down,
+        # none that commits.
+        early = quorumgate(
+            "admin", "add-member", "--dir", str(spec.directory),
+            *[a for f in entry_files for a in ("--entry", f)], "--json",
+        )  # fmt: skip
+        assert early.returncode != 0 and f"member {NEW[-1]}" in early.stderr, early.stderr
+        assert "does not answer" in early.stderr, early.stderr
+        assert all(cluster.status(i).epoch == 0 for i in range(N))
+        joined[NEW[-1]].start([NEW[-1]])
+        joined[NEW[-1]].start_sidecars([NEW[-1]])
         for index in NEW:
             assert views[index].status(index).epoch == 0  # a follower, from genesis
 
