@@ -312,12 +312,7 @@ async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey
         )
         reached = await _wait_next_epoch(spec, client, epoch, args.deadline)
         done = len(reached) >= spec.n - spec.f
-        change_height: int | None = None
-        if done:
-            with contextlib.suppress(QuorumGateError):
-                found = await client.epochs()
-                if found.current.epoch > epoch:
-                    change_height = found.epochs[epoch + 1].boundary_height
+        change_height = await _change_height(client, epoch) if done else None
         doc = {
             "member": member,
             "key": "receipt" if receipt else "consensus",
@@ -330,6 +325,16 @@ async def _rotate(args: argparse.Namespace, spec: ClusterSpec, owner: SigningKey
             "nodes_in_next_epoch": reached,
         }
         return _report(args, spec, doc, reached, change_height)
+
+
+async def _change_height(client: Client, epoch: int) -> int | None:
+    """The height of the block that ended `epoch`, from the chain of epochs, or None while
+    the chain does not show it yet."""
+    with contextlib.suppress(QuorumGateError):
+        found = await client.epochs()
+        if found.current.epoch > epoch:
+            return found.epochs[epoch + 1].boundary_height
+    return None
 
 
 def _report(
@@ -482,12 +487,7 @@ async def _rotate_tls(
         _say(args, f"submitted: replace member {member}'s certificate (signed for epoch {epoch})")
         reached = await _wait_next_epoch(spec, client, epoch, args.deadline, follow=True)
         done = len(reached) >= spec.n - spec.f
-        change_height: int | None = None
-        if done:
-            with contextlib.suppress(QuorumGateError):
-                found = await client.epochs()
-                if found.current.epoch > epoch:
-                    change_height = found.epochs[epoch + 1].boundary_height
+        change_height = await _change_height(client, epoch) if done else None
         doc = {
             "member": member,
             "key": "tls",
