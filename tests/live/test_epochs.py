@@ -15,11 +15,7 @@ import grpc
 import pytest
 
 from quorumgate.ops.live import RPC_TIMEOUT_S
-from quorumgate.proto import client_pb2 as cpb
-from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import consensus_pb2 as pb
-from quorumgate.proto import sidecar_pb2 as spb
-from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import (
     CONSENSUS_KEY_FILE,
     read_seed,
@@ -29,7 +25,7 @@ from quorumgate.proto.clusterfile import (
 from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
-from quorumgate.runtime.channels import Reader, peer_auth_metadata, sync_channel
+from quorumgate.runtime.channels import Reader, peer_auth_metadata
 from quorumgate.sdk.builders import tool_spec
 from quorumgate.sdk.sync import SyncClient
 from tests.support.cluster import cluster_text, new_agent
@@ -39,6 +35,7 @@ from tests.support.live import (
     LiveCluster,
     Load,
     assert_each_committed_once,
+    read_code,
     wait_until,
 )
 
@@ -87,27 +84,6 @@ class HeldStream:
     def wait_ended(self) -> grpc.StatusCode | None:
         wait_until("the held stream to end", lambda: not self.thread.is_alive())
         return self.code
-
-
-def read_code(cluster: LiveCluster, signer: Ed25519Signer, kind: str) -> grpc.StatusCode:
-    """What `LISTENER`'s replica (`CommittedBlocks`: every argument value of every call)
-    or sidecar (`Ledger`) answers a read signed with `signer`."""
-    channel = sync_channel(cluster.spec, LISTENER, kind, reader=Reader.of_signer(signer))
-    try:
-        if kind == "replica":
-            blocks = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
-                cpb.BlocksRequest(from_height=1), timeout=RPC_TIMEOUT_S
-            )
-            next(iter(blocks))
-        else:
-            spb_grpc.SidecarStub(channel).Ledger(
-                spb.LedgerRequest(from_height=1, limit=1), timeout=RPC_TIMEOUT_S
-            )
-    except grpc.RpcError as err:
-        return err.code()  # type: ignore[no-any-return]
-    finally:
-        channel.close()
-    return grpc.StatusCode.OK
 
 
 def stream_code(cluster: LiveCluster, signer: Ed25519Signer) -> grpc.StatusCode:
@@ -217,8 +193,8 @@ def test_rotating_a_members_key_under_load_keeps_one_chain_and_certificates(
     assert stream_code(cluster, Ed25519Signer(bytes.fromhex(seed))) == grpc.StatusCode.OK
     # Nor does it read what only the cluster's roles read: every argument value.
     denied = grpc.StatusCode.PERMISSION_DENIED
-    assert read_code(cluster, old_key, "replica") == denied
-    assert read_code(cluster, old_key, "sidecar") == denied
+    assert read_code(cluster.spec, LISTENER, "replica", Reader.of_signer(old_key)) == denied
+    assert read_code(cluster.spec, LISTENER, "sidecar", Reader.of_signer(old_key)) == denied
 
     with SyncClient(spec, agent_key) as agent:
         decision = agent.propose("web.get", URL, run_id="after-boundary")

@@ -44,7 +44,7 @@ from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.receipts import Certificate, Receipt, ReceiptEpochs, sign_block
 from quorumgate.sidecar.wire import receipt_from_pb
 from tests.support.cluster import new_agent
-from tests.support.live import WAIT_S, LiveCluster, Load, wait_until
+from tests.support.live import WAIT_S, LiveCluster, Load, read_code, wait_until
 
 N = 4
 SIDECAR = 1  # whose receipt key is rotated
@@ -79,28 +79,6 @@ def _forged(cluster: LiveCluster, genuine: Certificate) -> Certificate:
         genuine.chain_id, genuine.leaf, genuine.path, genuine.leaf_count, genuine.verdict_root,
         genuine.state_root, tuple(signatures), genuine.validity, 0,
     )  # fmt: skip
-
-
-def _read_code(cluster: LiveCluster, index: int, key: SigningKey, kind: str) -> grpc.StatusCode:
-    """What member `index`'s replica answers `CommittedBlocks`, or its sidecar `Ledger`
-    (every argument value, every verdict: members, the owner and auditors only), signed
-    with `key`."""
-    channel = sync_channel(cluster.spec, index, kind, reader=Reader.of(key))
-    try:
-        if kind == "replica":
-            blocks = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
-                cpb.BlocksRequest(from_height=1), timeout=RPC_TIMEOUT_S
-            )
-            next(iter(blocks))
-        else:
-            spb_grpc.SidecarStub(channel).Ledger(
-                spb.LedgerRequest(from_height=1, limit=1), timeout=RPC_TIMEOUT_S
-            )
-    except grpc.RpcError as err:
-        return err.code()  # type: ignore[no-any-return]
-    finally:
-        channel.close()
-    return grpc.StatusCode.OK
 
 
 def _report_code(cluster: LiveCluster, height: int, key: SigningKey) -> grpc.StatusCode:
@@ -221,9 +199,10 @@ def test_rotating_a_receipt_key_under_light_load(
     )
     for index in (0, SIDECAR):
         for kind in ("replica", "sidecar"):
-            code = _read_code(cluster, index, old_key, kind)
+            code = read_code(cluster.spec, index, kind, Reader.of(old_key))
             assert code == grpc.StatusCode.PERMISSION_DENIED, (index, kind, code)
-            assert _read_code(cluster, index, rotated, kind) == grpc.StatusCode.OK, (index, kind)
+            code = read_code(cluster.spec, index, kind, Reader.of(rotated))
+            assert code == grpc.StatusCode.OK, (index, kind, code)
     with pytest.raises(grpc.RpcError) as ended:
         for _ in before_boundary:
             pass

@@ -22,12 +22,16 @@ import grpc
 from quorumgate.ops import live, load
 from quorumgate.ops.live import DROPPED_METRIC, EQUIVOCATION_REASONS
 from quorumgate.proto import client_pb2 as cpb
+from quorumgate.proto import client_pb2_grpc as cpb_grpc
+from quorumgate.proto import sidecar_pb2 as spb
+from quorumgate.proto import sidecar_pb2_grpc as spb_grpc
 from quorumgate.proto.clusterfile import ClusterSpec
 from quorumgate.proto.membership import is_record
 from quorumgate.proto.tx import parse
 from quorumgate.replica.storage import RANGE_BLOCKS_MAX, ReplicaStore
 from quorumgate.replica.types import Block
 from quorumgate.replica.wire import decode_block
+from quorumgate.runtime.channels import Reader, sync_channel
 from tests import polling
 
 T = TypeVar("T")
@@ -98,6 +102,31 @@ def assert_each_committed_once(acked: Iterable[bytes], blocks: Sequence[Block]) 
         f"{len(missing)} of {len(acked)} acknowledged proposals never committed "
         f"(chain up to height {blocks[-1].height if blocks else 0} holds {len(counts)} txs)"
     )
+
+
+# ============================================================================ reads
+
+
+def read_code(spec: ClusterSpec, index: int, kind: str, reader: Reader) -> grpc.StatusCode:
+    """What member `index`'s replica answers `CommittedBlocks` (every argument value of
+    every call), or its sidecar `Ledger` (every verdict), read as `reader`: members, the
+    owner and auditors only (docs/security/reads-and-certificates.md)."""
+    channel = sync_channel(spec, index, kind, reader=reader)
+    try:
+        if kind == "replica":
+            blocks = cpb_grpc.ReplicaStub(channel).CommittedBlocks(
+                cpb.BlocksRequest(from_height=1), timeout=live.RPC_TIMEOUT_S
+            )
+            next(iter(blocks))
+        else:
+            spb_grpc.SidecarStub(channel).Ledger(
+                spb.LedgerRequest(from_height=1, limit=1), timeout=live.RPC_TIMEOUT_S
+            )
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    finally:
+        channel.close()
+    return grpc.StatusCode.OK
 
 
 # ============================================================================ the cluster
