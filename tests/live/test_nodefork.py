@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
+import pytest
+
 from quorumgate.ops import nodes
 from tests.polling import wait_until
 from tests.support import nodefork
@@ -69,18 +71,22 @@ def test_a_forked_node_reads_as_one_started_afresh(tmp_path: Path) -> None:
         assert forked[key] == fresh[key], key
     assert forked["fd_targets"][1] == str(tmp_path / "forked.out")
     # Each forked node draws its own random numbers: none is shared with a sibling.
-    for mine, sibling in zip(forked["random"], again["random"], strict=True):  # type: ignore[call-overload]
+    for mine, sibling in zip(forked["random"], again["random"], strict=True):
         assert mine != sibling
 
 
 def test_the_handle_holds_the_nodes_own_pid_and_status(tmp_path: Path) -> None:
-    proc, out_path = _start(nodefork.launch, tmp_path, "sleeper", {**os.environ, "QG_PROBE": "sleep"})
+    proc, out_path = _start(
+        nodefork.launch, tmp_path, "sleeper", {**os.environ, "QG_PROBE": "sleep"}
+    )
     try:
-        wait_until("the node writing its pid", lambda: out_path.read_text().strip() != "", WAIT_S, 0.02)
+        wait_until(
+            "the node writing its pid", lambda: out_path.read_text().strip() != "", WAIT_S, 0.02
+        )
         assert int(out_path.read_text().split()[0]) == proc.pid
         assert _cmdline(proc.pid) == _command(tmp_path)
         assert proc.poll() is None
-        with __import__("pytest").raises(subprocess.TimeoutExpired):
+        with pytest.raises(subprocess.TimeoutExpired):
             proc.wait(timeout=0.05)
         os.kill(proc.pid, signal.SIGKILL)  # the pid a test signals is the node
         assert proc.wait(timeout=WAIT_S) == -signal.SIGKILL

@@ -29,9 +29,7 @@ def report() -> dict[str, object]:
         "argv": sys.argv,
         "path0": sys.path[0],
         "cwd": os.getcwd(),
-        "cmdline": [
-            p.decode() for p in Path("/proc/self/cmdline").read_bytes().split(b"\0") if p
-        ],
+        "cmdline": [p.decode() for p in Path("/proc/self/cmdline").read_bytes().split(b"\0") if p],
         "own_session": os.getsid(0) == os.getpid(),
         "fds": fds[:-1] if len(fds) > 3 else fds,  # the last one is listdir's own
         "fd_targets": [os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1)],
