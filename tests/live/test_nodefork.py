@@ -6,6 +6,8 @@ of the same program (tests/support/nodeprobe.py stands in for a node)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import signal
@@ -120,3 +122,23 @@ def test_a_dead_test_process_leaves_no_node(tmp_path: Path) -> None:
     finally:
         tests.kill()
         tests.wait()
+
+
+def test_a_dropped_handle_leaves_its_node_running_as_a_popen_does(tmp_path: Path) -> None:
+    sleep = {**os.environ, "QG_PROBE": "sleep"}
+    proc, _ = _start(nodefork.launch, tmp_path, "dropped", sleep)
+    pid = proc.pid
+    del proc
+    gc.collect()  # its connection to the warm process closes
+    # The warm process saw that close before it forks the next node (the same select).
+    other, _ = _start(nodefork.launch, tmp_path, "other", sleep)
+    try:
+        assert not _gone(pid) and _cmdline(pid) == _command(tmp_path)
+        os.kill(pid, signal.SIGTERM)  # as `stop_nodes` does, by its pid file
+        wait_until(
+            "the dropped node reaped", lambda: not Path(f"/proc/{pid}").exists(), WAIT_S, 0.02
+        )
+    finally:
+        other.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

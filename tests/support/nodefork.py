@@ -28,9 +28,10 @@ forks each node from there. What the test gets back reads as the node started af
   forked child (CPython registers it with `os.register_at_fork`); `secrets`, PyNaCl
   (libsodium's default randombytes reads the kernel's) and OpenSSL (which reseeds on a
   new pid) keep no state a fork could share.
-- The warm process kills the nodes it forked when a handle's connection closes without
-  reading the status (the test process died), when the test process is gone (its parent
-  changed), and when it is stopped (the suite's conftest stops it at the session's end).
+- The warm process kills the nodes it forked when the test process is gone (its parent
+  changed: it looks twice a second) and when it is stopped (the suite's conftest stops it
+  at the session's end). A handle dropped unread leaves its node running, as a dropped
+  `Popen` does: the tests may still stop it by its pid file.
 
 What it cannot give, and why tests stay meaningful: the node's parent is the warm
 process, not the test; `/proc/PID/environ` is the warm process's (the node's `os.environ`
@@ -174,6 +175,7 @@ class WarmProcess:
 
 
 _warm: list[WarmProcess] = []
+_warm_lock = threading.Lock()
 
 
 def forkable(command: list[str], env: Mapping[str, str]) -> bool:
@@ -212,8 +214,9 @@ def launch(
     env = _process_environment() if env is None else env
     if not forkable(command, env):
         return nodes.popen_node(command, env, out)
-    if not _warm:
-        _warm.append(WarmProcess())
+    with _warm_lock:
+        if not _warm:
+            _warm.append(WarmProcess())
     return _warm[0].fork(command, env, out)
 
 
@@ -249,7 +252,10 @@ def serve(path: str, modules: list[str]) -> tuple[dict[str, Any], list[int]]:
     listener.bind(path + ".new")
     listener.listen(64)
     os.rename(path + ".new", path)  # the socket appears once it accepts
-    running: dict[int, socket.socket] = {}  # node pid -> its handle's connection
+    # Node pid -> its handle's connection; None once the handle is dropped (a dropped
+    # `Popen` leaves its process running too: the tests may still stop it by its pid
+    # file), and the node is then reaped when it exits.
+    running: dict[int, socket.socket | None] = {}
     told: set[int] = set()  # nodes that exited and whose status was sent
     parent = os.getppid()
     woken, wake = os.pipe()  # a node's exit wakes the loop (SIGCHLD through this pipe)
@@ -259,15 +265,16 @@ def serve(path: str, modules: list[str]) -> tuple[dict[str, Any], list[int]]:
     signal.signal(signal.SIGCHLD, lambda *_: None)
 
     def reap(pid: int) -> None:
-        if pid not in told:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        running.pop(pid).close()
+        conn = running.pop(pid)
+        if conn is not None:
+            conn.close()
         told.discard(pid)
 
     def stop(*_: Any) -> None:
         for pid in list(running):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
             reap(pid)
         os._exit(0)
 
@@ -275,24 +282,33 @@ def serve(path: str, modules: list[str]) -> tuple[dict[str, Any], list[int]]:
     while True:
         if os.getppid() != parent:  # the tests that started it are gone
             stop()
-        handles = {conn: pid for pid, conn in running.items()}
+        handles = {conn: pid for pid, conn in running.items() if conn is not None}
         ready, _, _ = select.select([listener, woken, *handles], [], [], PARENT_CHECK_S)
         if woken in ready:
             with contextlib.suppress(BlockingIOError):
                 while os.read(woken, 512):
                     pass
+        for conn in ready:
+            # A handle writes nothing: it closed (status read, or the handle dropped).
+            if conn in handles:
+                pid = handles[conn]
+                if pid in told:
+                    reap(pid)
+                else:
+                    conn.close()
+                    running[pid] = None
         for pid in [p for p in running if p not in told]:
             info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if info is not None:  # exited; a zombie until its handle read this
+            if info is None:
+                continue
+            handle = running[pid]
+            try:  # a zombie until its handle read this
+                if handle is None:
+                    raise OSError("no handle")
+                handle.send(str(_exit_code(info)).encode())
                 told.add(pid)
-                try:
-                    running[pid].send(str(_exit_code(info)).encode())
-                except OSError:  # the handle is gone
-                    reap(pid)
-        for conn in ready:
-            # A handle writes nothing: it closed (status read, or the tests died).
-            if conn in handles and handles[conn] in running:
-                reap(handles[conn])
+            except OSError:  # nobody to tell
+                reap(pid)
         if listener in ready:
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, MESSAGE_BYTES_MAX, 2)
@@ -301,7 +317,8 @@ def serve(path: str, modules: list[str]) -> tuple[dict[str, Any], list[int]]:
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 for sock in (listener, conn, *running.values()):
-                    sock.close()
+                    if sock is not None:
+                        sock.close()
                 for fd in (woken, wake, started):
                     os.close(fd)
                 return json.loads(message), [*fds, start]
