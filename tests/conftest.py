@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from tests.support import forkserver
+from tests.support import forkserver, nodefork
 
 # Property tests are bounded by their number of examples, never by time: Hypothesis's
 # default deadline (200 ms per example) fails a correct test when the shared machine is
@@ -36,6 +36,17 @@ def _stop_fork_servers() -> Iterator[None]:
         yield
     finally:
         forkserver.stop_shared()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_nodes() -> Iterator[None]:
+    """Replicas and sidecars this process starts are forked from a warm process that
+    imported them (tests/support/nodefork.py); it stops with the session."""
+    nodefork.install()
+    try:
+        yield
+    finally:
+        nodefork.uninstall()
 
 
 # Where a module starts real processes or runs simulations for long: its path holds one of

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import grpc
 
@@ -146,15 +147,34 @@ def start_nodes(
         node_dir = spec.node_dir(i)
         node_dir.mkdir(mode=0o700, exist_ok=True)
         with open(node_dir / f"{kind}.out", "ab") as out:
-            procs[i] = subprocess.Popen(
+            procs[i] = launch_node(
                 node_command(spec, i, kind, module),
-                env=None if env is None else {**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                None if env is None else {**os.environ, **env},
+                out,
             )
     return procs
+
+
+def popen_node(
+    command: list[str], env: Mapping[str, str] | None, out: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """Start a node's process afresh: `command` with `env` (None: this process's), its
+    output and errors to `out`, in a session of its own."""
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+# How `start_nodes` starts a node's process. The tests replace it with one that forks the
+# node from a process that imported it already (tests/support/nodefork.py, and
+# docs/development.md on process start); everything else starts each node afresh.
+launch_node: Callable[[list[str], Mapping[str, str] | None, IO[bytes]], subprocess.Popen[bytes]]
+launch_node = popen_node
 
 
 def start_sidecars(spec: ClusterSpec, indexes: list[int]) -> dict[int, subprocess.Popen[bytes]]:
