@@ -35,7 +35,7 @@ from nacl.signing import SigningKey
 from quorumgate.ops.drills.audit import certify, read_replica, read_sidecar
 from quorumgate.ops.drills.bounds import EXPECTED_ALLOWED
 from quorumgate.ops.drills.checker import majority, placements, vote_splits
-from quorumgate.ops.drills.replace import certificate_problems, new_machine_vote_problems
+from quorumgate.ops.drills.machines import certificate_problems, new_machine_vote_problems
 from quorumgate.ops.nodes import log_tail, sidecar_status
 from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
