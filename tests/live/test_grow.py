@@ -18,7 +18,6 @@ from typing import Any
 
 from nacl.signing import SigningKey, VerifyKey
 
-from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto.clusterfile import OWNER_KEY_FILE, load_cluster, read_seed
 from quorumgate.proto.membership import is_record
 from quorumgate.replica.types import Block, vote_bytes
@@ -28,7 +27,14 @@ from quorumgate.sdk.client import Client
 from quorumgate.sdk.sync import SyncClient
 from quorumgate.sidecar.receipts import ReceiptEpochs
 from tests.support.cluster import new_agent
-from tests.support.live import WAIT_S, LiveCluster, Load, assert_each_committed_once, wait_until
+from tests.support.live import (
+    WAIT_S,
+    LiveCluster,
+    Load,
+    assert_each_committed_once,
+    wait_sidecars_settled,
+    wait_until,
+)
 
 N = 4
 NEW = (4, 5, 6)
@@ -213,19 +219,9 @@ def test_four_grow_to_seven_and_shrink_to_four(
         # None of them signs in epoch 2.
         later = [s for b in chain if b.height > records[1] + 2 for s, _ in b.justify.signatures]
         assert later and not set(later) & set(NEW)
-        settled = max(cluster.heights().values())
-        statuses = wait_until(
-            "the four sidecars at one height",
-            lambda: (
-                s
-                if all(x is not None and x.executed_height == settled for x in s.values())
-                else None
-            )
-            if (s := {i: sidecar_status(spec, i) for i in range(N)})
-            else None,
-        )
-        heads = {x.ledger_head for x in statuses.values()}  # type: ignore[union-attr]
-        assert len(heads) == 1 and not any(x.diverged for x in statuses.values())  # type: ignore[union-attr]
+        statuses = wait_sidecars_settled(cluster.heights, {i: spec for i in range(N)})
+        heads = {x.ledger_head for x in statuses.values()}
+        assert len(heads) == 1 and not any(x.diverged for x in statuses.values())
         cluster.assert_no_equivocation_seen()
     finally:
         for index, view in views.items():

@@ -36,7 +36,7 @@ from quorumgate.ops.drills.audit import certify, read_replica, read_sidecar
 from quorumgate.ops.drills.bounds import EXPECTED_ALLOWED
 from quorumgate.ops.drills.checker import majority, placements, vote_splits
 from quorumgate.ops.drills.machines import certificate_problems, new_machine_vote_problems
-from quorumgate.ops.nodes import log_tail, sidecar_status
+from quorumgate.ops.nodes import log_tail
 from quorumgate.proto.clusterfile import (
     OWNER_KEY_FILE,
     ClusterSpec,
@@ -58,6 +58,7 @@ from tests.support.live import (
     LiveCluster,
     Load,
     assert_each_committed_once,
+    wait_sidecars_settled,
     wait_until,
 )
 from tests.support.netns import IP, NEEDS_ROOT, Hosts, NamespacedCluster
@@ -274,14 +275,9 @@ def test_replace_grow_and_shrink_across_hosts_with_tls(hosts: Hosts, tmp_path: P
         assert all(certified[p] == (placed[p][0], *EXPECTED_ALLOWED) for p in sample), certified
 
         # Every live sidecar at one height, then the stores read once all is stopped.
-        settled = max(seven.heights(live).values())
         homes = {i: spec for i in STAYING} | {GONE: machines[GONE].spec}
-
-        def sidecars_at() -> bool | None:
-            statuses = [sidecar_status(homes[i], i) for i in live]
-            return all(s is not None and s.executed_height == settled for s in statuses) or None
-
-        wait_until(f"the four sidecars at height {settled}", sidecars_at)
+        settled_at = wait_sidecars_settled(lambda: seven.heights(live), homes)
+        settled = next(iter(settled_at.values())).executed_height
         seven.assert_no_equivocation_seen(live)
         cluster.stop_all()
         machines[GONE].stop_all()

@@ -21,6 +21,7 @@ import grpc
 
 from quorumgate.ops import live, load
 from quorumgate.ops.live import DROPPED_METRIC, EQUIVOCATION_REASONS
+from quorumgate.ops.nodes import sidecar_status
 from quorumgate.proto import client_pb2 as cpb
 from quorumgate.proto import client_pb2_grpc as cpb_grpc
 from quorumgate.proto import sidecar_pb2 as spb
@@ -130,6 +131,35 @@ def read_code(spec: ClusterSpec, index: int, kind: str, reader: Reader) -> grpc.
 
 
 # ============================================================================ the cluster
+
+
+def wait_sidecars_settled(
+    heights: Callable[[], dict[int, int]], homes: dict[int, ClusterSpec]
+) -> dict[int, spb.SidecarStatusReply]:
+    """Wait until each sidecar in `homes` (index -> the cluster file it is reached with)
+    executed the highest height its replicas committed, both read afresh on every poll.
+    A height read once can be passed: after a load stops the leader still commits the
+    empty blocks that finish its last proposals' chain (docs/consensus/protocol.md, "An
+    idle cluster goes quiet"), and a sidecar then never stands at the height read."""
+    seen: dict[str, object] = {}
+
+    def settled() -> dict[int, spb.SidecarStatusReply] | None:
+        top = max(heights().values())
+        statuses = {i: sidecar_status(home, i) for i, home in homes.items()}
+        seen.update(top=top, executed={
+            i: None if s is None else s.executed_height for i, s in statuses.items()
+        })  # fmt: skip
+        if all(s is not None and s.executed_height == top for s in statuses.values()):
+            return statuses  # type: ignore[return-value]
+        return None
+
+    return wait_until(
+        "every sidecar at its replicas' committed height",
+        settled,
+        describe=lambda: (
+            f"replicas committed {seen.get('top')}, sidecars executed {seen.get('executed')}"
+        ),
+    )
 
 
 class LiveCluster(live.LiveCluster):
