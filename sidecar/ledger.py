@@ -311,12 +311,19 @@ class LedgerEntry:
             else:
                 obj[name] = value
         if self.version == VERSION_COMMITTED:
-            obj["version"] = self.version
-            obj["commitments"] = [[c.name, c.commitment.hex()] for c in self.commitments]
-            obj["sealed_salts"] = [[s.auditor_key.hex(), s.sealed.hex()] for s in self.sealed_salts]
-            obj["repeat"] = self.repeat
-            obj["halted"] = self.halted
+            obj.update(self.extension_fields())
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
+
+    def extension_fields(self) -> dict[str, Any]:
+        """The version-2 fields as JSON values, in `EXTENSION_FIELDS` order: what `to_json`
+        adds to a version-1 line, and the audit copy's `extension` column."""
+        return {
+            "version": self.version,
+            "commitments": [[c.name, c.commitment.hex()] for c in self.commitments],
+            "sealed_salts": [[s.auditor_key.hex(), s.sealed.hex()] for s in self.sealed_salts],
+            "repeat": self.repeat,
+            "halted": self.halted,
+        }
 
     @classmethod
     def from_json(cls, line: str) -> LedgerEntry:
@@ -428,12 +435,10 @@ def extra_to_json(entry: LedgerEntry) -> str:
     the audit copy keeps in its `extension` column."""
     if entry.version != VERSION_COMMITTED:
         return ""
-    obj = json.loads(entry.to_json())
-    return json.dumps(
-        {k: obj[k] for k in EXTENSION_FIELDS},
-        separators=(",", ":"),
-        ensure_ascii=True,
-    )
+    # Built from the fields, not cut from `to_json`'s line: a sidecar writes this column
+    # for every verdict, and the line's encode and re-parse were about a twentieth of a
+    # recording sidecar's CPU (docs/benchmarks.md, "What a block costs each process").
+    return json.dumps(entry.extension_fields(), separators=(",", ":"), ensure_ascii=True)
 
 
 # ==================================================================== verification

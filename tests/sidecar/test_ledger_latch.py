@@ -13,10 +13,13 @@ from quorumgate.proto.model import Reason
 from quorumgate.sidecar.engine.core import Engine
 from quorumgate.sidecar.execution import ledger_extras
 from quorumgate.sidecar.ledger import (
+    EXTENSION_FIELDS,
     GENESIS_PREV_HASH,
     VERSION_COMMITTED,
     ChainVerifier,
+    Committed,
     LedgerEntry,
+    SealedSalt,
     extra_from_column,
     extra_to_json,
 )
@@ -127,6 +130,27 @@ def test_the_audit_column_round_trips_the_fields() -> None:
         assert json.loads(column)["repeat"] == entry.repeat
         rebuilt = dataclasses.replace(entry, **extra_from_column(column))
         assert rebuilt == entry
+
+
+def test_the_audit_column_is_the_lines_version_2_fields_exactly() -> None:
+    """The column is built from the entry's fields; it must be, byte for byte, the
+    version-2 fields cut from the entry's JSON line, which is what it was defined as
+    (and what copies already written hold): names outside ASCII, no commitments, several
+    sealed salts, a repeat count and a halt included."""
+    world, _ = _refuse_three_times_then_call_again()
+    written = [e for e in _entries(world.engine, world) if e.version == 2]
+    assert written and any(e.halted for e in written)
+    salts = (SealedSalt(b"\x06" * 32, b"\x07" * 80), SealedSalt(b"\x09" * 32, b"\x01" * 80))
+    varied = [
+        dataclasses.replace(written[0], commitments=(Committed("mont\u00e9\u2603", b"\x05" * 32),)),
+        dataclasses.replace(written[0], commitments=(), sealed_salts=salts, repeat=7, halted=True),
+    ]
+    for entry in [*written, *varied]:
+        line = json.loads(entry.to_json())
+        cut = json.dumps(
+            {k: line[k] for k in EXTENSION_FIELDS}, separators=(",", ":"), ensure_ascii=True
+        )
+        assert extra_to_json(entry) == cut
 
 
 def test_old_chains_keep_version_1_entries() -> None:
