@@ -4,6 +4,8 @@ block costs each process").
 
     python scripts/bench_profile.py --inflight 1 --clients 1 --agents 32 --out /tmp/w1
     python scripts/bench_profile.py --inflight 256 --out /tmp/w256
+    python scripts/bench_profile.py --inflight 1 --clients 1 --agents 32 --profile all \
+        --out /tmp/w1all
 
 It initializes a cluster in a temporary directory, starts it, runs `quorumgate bench --dir`
 on it for `--seconds` (so the figures of that run come with the profiles), and, while the
@@ -14,6 +16,13 @@ ones), so their proportions are the proportions of Python CPU; the CPU of thread
 no Python (gRPC's own threads) is read per thread from /proc over the same stretch and
 printed beside them. Each sample's kind of work is that of its innermost frame that names
 one (`KINDS`, first match from the leaf).
+
+The blocks committed over the sampled stretch are read from replica 0's metrics at its
+edges, so each process's CPU comes out per block too (`per_block_ms`): its threads' CPU
+over the stretch divided by those blocks, and that split by the kinds of its Python
+samples. `--native` has py-spy unwind native frames too (dearer per sample and not
+available with `--nonblocking`, so the process pauses for each sample: use it on one
+replica and one sidecar), which names the C functions under the event loop's frame.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -120,6 +130,35 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return dict(out)
 
 
+def committed_height(cluster: Path) -> int:
+    """Replica 0's committed height, from its Prometheus endpoint."""
+    doc = json.loads((cluster / "cluster.json").read_text())
+    port = doc["members"][0]["metrics_port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("qg_replica_committed_height "):
+                return int(float(line.split()[1]))
+    raise RuntimeError("replica 0 reports no committed height")
+
+
+def thread_switches(pid: int) -> dict[str, int]:
+    """Context switches (voluntary + involuntary) per thread name of `pid` (proc(5)): a
+    thread's every wake-up and every preemption."""
+    out: Counter[str] = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "status").read_text()
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+        switches = int(fields["voluntary_ctxt_switches"]) + int(
+            fields["nonvoluntary_ctxt_switches"]
+        )
+        out["python (main)" if task.name == str(pid) else name] += switches
+    return dict(out)
+
+
 LOAD_CORES_MIN = 0.5  # the cluster's CPU rate that says the load runs, in cores
 LOAD_WAIT_S_MAX = 120.0
 
@@ -151,12 +190,15 @@ def profile(args: argparse.Namespace, cluster: Path, out: Path) -> dict[str, obj
     )  # fmt: skip
     wait_for_load(pids, args.delay)
     before = {name: thread_cpu(pid) for name, pid in pids.items()}
+    switched = {name: thread_switches(pid) for name, pid in pids.items()}
+    height_before = committed_height(cluster)
+    chosen = set(pids) if args.profile == "all" else set(args.profile.split(","))
     spies = {
         name: subprocess.Popen(
             [
                 "py-spy",
                 "record",
-                "--nonblocking",
+                *(["--native"] if args.native else ["--nonblocking"]),
                 "--format",
                 "raw",
                 "--rate",
@@ -172,17 +214,31 @@ def profile(args: argparse.Namespace, cluster: Path, out: Path) -> dict[str, obj
             stderr=subprocess.DEVNULL,
         )
         for name, pid in pids.items()
-        if name in args.profile.split(",")
+        if name in chosen
     }
     for spy in spies.values():
         spy.wait()
     after = {name: thread_cpu(pid) for name, pid in pids.items()}
+    blocks = committed_height(cluster) - height_before
+    switches = {
+        name: {t: n - switched[name].get(t, 0) for t, n in thread_switches(pid).items()}
+        for name, pid in pids.items()
+    }
     report = json.loads(bench.communicate()[0])
     threads = {
         name: {t: round(after[name][t] - before[name].get(t, 0.0), 3) for t in after[name]}
         for name in pids
     }
-    return {"bench": report, "threads_cpu_s": threads}
+    per_block = max(1, blocks)
+    return {
+        "bench": report,
+        "threads_cpu_s": threads,
+        "blocks": blocks,
+        "switches_per_block": {
+            name: {t: round(n / per_block, 1) for t, n in by_thread.items() if n}
+            for name, by_thread in switches.items()
+        },
+    }
 
 
 def summarize(out: Path, result: dict[str, object]) -> dict[str, object]:
@@ -205,10 +261,39 @@ def summarize(out: Path, result: dict[str, object]) -> dict[str, object]:
         role: {k: round(v / max(1, sum(c.values())), 3) for k, v in c.most_common()}
         for role, c in kinds.items()
     }
+    per_block = per_block_ms(out, result)
     top = {role: c.most_common(25) for role, c in funcs.items()}
-    return {"shares": shares, "samples": {r: sum(c.values()) for r, c in kinds.items()},
+    return {"shares": shares, "per_block_ms": per_block,
+            "samples": {r: sum(c.values()) for r, c in kinds.items()},
             "top_leaf_frames": top,
             "everything_else_top": {r: c.most_common(15) for r, c in rest.items()}}  # fmt: skip
+
+
+GRPC_THREADS = ("grpc", "event_engine", "default-executo", "resolver-executo", "timer_manager")
+
+
+def per_block_ms(out: Path, result: dict[str, object]) -> dict[str, dict[str, float]]:
+    """Each sampled process's CPU per block over the stretch, in ms: its threads (the main
+    one, the store's, gRPC's own) and its Python threads' CPU split by the kinds of their
+    samples."""
+    blocks = max(1, int(result["blocks"]))  # type: ignore[call-overload]
+    threads: dict[str, dict[str, float]] = result["threads_cpu_s"]  # type: ignore[assignment]
+    table: dict[str, dict[str, float]] = {}
+    for path in sorted(out.glob("*-[0-9]*.txt")):
+        name = path.stem
+        cpu = threads.get(name, {})
+        native = sum(s for t, s in cpu.items() if t.startswith(GRPC_THREADS))
+        python = sum(cpu.values()) - native
+        counts: Counter[str] = Counter()
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if stack:
+                counts[kind_of(stack)] += int(count)
+        samples = max(1, sum(counts.values()))
+        row = {"total": sum(cpu.values()), "gRPC core threads (counters)": native}
+        row |= {kind: python * n / samples for kind, n in counts.most_common()}
+        table[name] = {k: round(1000 * v / blocks, 3) for k, v in row.items()}
+    return table
 
 
 def main() -> int:
@@ -222,7 +307,9 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=10, help="seconds sampled")
     parser.add_argument("--out", required=True)
     parser.add_argument("--profile", default="replica-1,sidecar-1",
-                        help="the processes sampled (each sampler costs CPU itself)")  # fmt: skip
+                        help="processes sampled, or `all` (each sampler costs CPU)")  # fmt: skip
+    parser.add_argument("--native", action="store_true",
+                        help="unwind native frames (pauses the process per sample)")  # fmt: skip
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +322,8 @@ def main() -> int:
         qg("down", "--dir", str(cluster))
     result.update(summarize(out, result))
     (out / "result.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: result[k] for k in ("shares", "samples", "threads_cpu_s")}, indent=2))
+    shown = ("shares", "samples", "blocks", "per_block_ms", "switches_per_block", "threads_cpu_s")
+    print(json.dumps({k: result[k] for k in shown}, indent=2))
     return 0
 
 
