@@ -176,8 +176,14 @@ class TxBatch(_message.Message):
     txs: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, txs: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
+class MessageBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ConsensusMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ConsensusMessage, _Mapping]]] = ...) -> None: ...
+
 class ConsensusMessage(_message.Message):
-    __slots__ = ("chain_id", "sender", "proposal", "vote", "timeout", "timeout_cert", "sync_request", "sync_response", "tx_batch", "hello", "hello_reply", "epoch")
+    __slots__ = ("chain_id", "sender", "proposal", "vote", "timeout", "timeout_cert", "sync_request", "sync_response", "tx_batch", "hello", "hello_reply", "batch", "epoch")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     PROPOSAL_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +195,7 @@ class ConsensusMessage(_message.Message):
     TX_BATCH_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HELLO_REPLY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     sender: int
@@ -201,8 +208,9 @@ class ConsensusMessage(_message.Message):
     tx_batch: TxBatch
     hello: Hello
     hello_reply: HelloReply
+    batch: MessageBatch
     epoch: int
-    def __init__(self, chain_id: _Optional[str] = ..., sender: _Optional[int] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., timeout: _Optional[_Union[Timeout, _Mapping]] = ..., timeout_cert: _Optional[_Union[TimeoutCert, _Mapping]] = ..., sync_request: _Optional[_Union[SyncRequest, _Mapping]] = ..., sync_response: _Optional[_Union[SyncResponse, _Mapping]] = ..., tx_batch: _Optional[_Union[TxBatch, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., hello_reply: _Optional[_Union[HelloReply, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    def __init__(self, chain_id: _Optional[str] = ..., sender: _Optional[int] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., timeout: _Optional[_Union[Timeout, _Mapping]] = ..., timeout_cert: _Optional[_Union[TimeoutCert, _Mapping]] = ..., sync_request: _Optional[_Union[SyncRequest, _Mapping]] = ..., sync_response: _Optional[_Union[SyncResponse, _Mapping]] = ..., tx_batch: _Optional[_Union[TxBatch, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., hello_reply: _Optional[_Union[HelloReply, _Mapping]] = ..., batch: _Optional[_Union[MessageBatch, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class StreamAck(_message.Message):
     __slots__ = ("received",)

@@ -5,6 +5,12 @@ Each replica dials every peer once and pushes its messages down a client stream
 messages and in bytes; when either bound is reached the oldest messages go (consensus
 tolerates loss: timeouts are re-sent and certificates travel in later messages) and the drop
 is counted. A broken stream is redialled with exponential back-off.
+
+What is queued when the stream takes its next message leaves as one `MessageBatch` (a
+leader's proposal and its own vote, a round's votes under load), up to `BATCH_BYTES_MAX`:
+each stream message costs both processes a wake-up of gRPC's threads and of the event loop
+whatever its size (docs/benchmarks.md, "What a block costs each process"). A message that
+is alone in the queue leaves as itself.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ import grpc
 
 from quorumgate.proto import consensus_pb2 as pb
 from quorumgate.proto import consensus_pb2_grpc as pb_grpc
-from quorumgate.runtime.links import StreamTurns
+from quorumgate.runtime.links import ENVELOPE_BYTES_MAX, StreamTurns
 
 SEND_QUEUE_MESSAGES_MAX = 8_192
 SEND_QUEUE_BYTES_MAX = 64 * 1024 * 1024  # a few full blocks; a slow peer costs no more
+# A batch's messages and their framing stay within one envelope's bound, so a batch fits
+# every gRPC message limit a single message fits; one message larger than what is left
+# waits for the next batch (alone if need be).
+BATCH_BYTES_MAX = ENVELOPE_BYTES_MAX
+BATCH_FRAMING_BYTES = 16  # a repeated field's tag and length, with room to spare
 RECONNECT_DELAY_S_MIN = 0.05
 RECONNECT_DELAY_S_MAX = 2.0
 log = logging.getLogger("quorumgate.transport")
@@ -78,11 +89,27 @@ class PeerLink:
                 await self._task
 
     async def _outgoing(self, turn: int) -> AsyncIterator[pb.ConsensusMessage]:
-        """The queued messages, for as long as this stream is the link's (StreamTurns)."""
-        async for message, size in self._turns.drain(turn, self._queue):
-            self.sent += 1
-            self.queued_bytes -= size
-            yield message
+        """The queued messages, each stream message all that was queued (`take_batch`),
+        for as long as this stream is the link's (StreamTurns)."""
+        async for _ in self._turns.drain_when_ready(turn, self._queue):
+            yield self.take_batch()
+
+    def take_batch(self) -> pb.ConsensusMessage:
+        """The queue's oldest message, or its oldest messages in one batch, popped."""
+        message, size = self._queue.popleft()
+        taken, total = [message], size + BATCH_FRAMING_BYTES
+        while self._queue and total + self._queue[0][1] + BATCH_FRAMING_BYTES <= BATCH_BYTES_MAX:
+            more, more_size = self._queue.popleft()
+            taken.append(more)
+            size += more_size
+            total += more_size + BATCH_FRAMING_BYTES
+        self.sent += len(taken)
+        self.queued_bytes -= size
+        if len(taken) == 1:
+            return message
+        batch = pb.ConsensusMessage(chain_id=message.chain_id, sender=message.sender)
+        batch.batch.messages.extend(taken)
+        return batch
 
     async def _run(self) -> None:
         delay = RECONNECT_DELAY_S_MIN

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sized
 from typing import TypeVar
 
 # A consensus envelope larger than this is refused before parsing (replica/wire.py), and
@@ -99,7 +99,14 @@ class StreamTurns:
     async def drain(self, turn: int, queue: deque[T]) -> AsyncIterator[T]:
         """Items popped from `queue`, oldest first, for as long as `turn` is current (a
         stream's request iterator; `notify` after each append to `queue`)."""
+        async for _ in self.drain_when_ready(turn, queue):
+            yield queue.popleft()
+
+    async def drain_when_ready(self, turn: int, queue: Sized) -> AsyncIterator[None]:
+        """`drain` for a caller that pops the items itself, several at a time if it likes:
+        a step whenever `queue` holds something and `turn` is current. The caller pops at
+        least one item in that step, before any await, so both still hold when it does."""
         while self.current(turn):
             while queue and self.current(turn):
-                yield queue.popleft()
+                yield None
             await self.wait()

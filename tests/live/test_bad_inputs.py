@@ -316,6 +316,12 @@ class _Forger:
         msg.vote.signature = os.urandom(64)
         return msg
 
+    def batch(self, *inner: pb.ConsensusMessage, sender: int = 1) -> pb.ConsensusMessage:
+        """`inner` in one batch (replica/transport.py), under `sender`."""
+        msg = self.message(sender=sender)
+        msg.batch.messages.extend(inner)
+        return msg
+
     @staticmethod
     def forged_qc(qc: pb.QuorumCert, qc_view: int) -> None:
         qc.view = qc_view
@@ -368,7 +374,19 @@ class _Forger:
         not_leader.sender = not_leader.proposal.block.proposer = 1
         bad_sig_proposal = self.proposal(next(v for v in range(view, view + N) if v % N == 1))
         spoofed = self.vote(self.message(sender=2))  # member 1's stream, naming member 2
-        return {
+        # Each batch holds one message, whose drop it must cause exactly as if alone: a
+        # batch is no way around a check. One naming another sender, outside or in; one
+        # inside another.
+        batched = {
+            "spoofed_sender": [
+                self.batch(self.vote(self.message(sender=2))),
+                self.batch(self.vote(self.message()), sender=2),
+            ],
+            "nested_batch": [self.batch(self.batch(self.vote(self.message())))],
+            "bad_signature": [self.batch(self.vote(self.message()))],
+            "wrong_chain": [self.batch(self.vote(self.message(chain_id=self.chain + "-other")))],
+        }
+        alone = {
             "wrong_chain": [self.vote(self.message(chain_id=self.chain + "-other"))],
             "spoofed_sender": [self.vote(self.message(sender=N + 95)), spoofed],
             "malformed": [self.message(), self.vote(self.message(), block_hash=b"\x01" * 31)],
@@ -376,6 +394,7 @@ class _Forger:
             "not_leader": [not_leader],
             "bad_certificate": [self.timeout(), self.timeout_cert()],
         }
+        return {r: alone.get(r, []) + batched.get(r, []) for r in {*alone, *batched}}
 
 
 def _garbage_to_peer_stream(cluster: LiveCluster) -> None:

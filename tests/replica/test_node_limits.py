@@ -24,6 +24,7 @@ from quorumgate.proto.clusterfile import (
 )
 from quorumgate.proto.crypto import Ed25519Signer
 from quorumgate.proto.model import Proposal
+from quorumgate.replica import transport
 from quorumgate.replica.actions import Send
 from quorumgate.replica.node import (
     EVENTS_PER_BATCH_MAX,
@@ -74,6 +75,40 @@ def test_a_send_queue_is_bounded_in_bytes_not_only_in_messages() -> None:
     assert link.queued_bytes <= SEND_QUEUE_BYTES_MAX
     assert link.queued_bytes == len(link._queue) * size
     assert len(drops) == sent - len(link._queue) > 0
+
+
+def test_what_is_queued_for_a_peer_leaves_as_one_batch_in_order_within_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each stream message costs both ends a wake-up whatever its size, so what is queued
+    when the stream takes its next message leaves together (replica/transport.py), in
+    order, and a batch never outgrows BATCH_BYTES_MAX: what does not fit waits."""
+    link = PeerLink(1, "127.0.0.1:1", lambda: None)  # never started: no I/O
+
+    def gossip(i: int) -> pb.ConsensusMessage:
+        msg = pb.ConsensusMessage(chain_id="qg-test", sender=0)
+        msg.tx_batch.txs.append(bytes([i]) * 1_000)
+        return msg
+
+    alone = gossip(0)
+    link.send(alone)
+    assert link.take_batch() == alone and link.queued_bytes == 0
+
+    queued = [gossip(i) for i in range(1, 4)]
+    for msg in queued:
+        link.send(msg)
+    batch = link.take_batch()
+    assert list(batch.batch.messages) == queued and (batch.chain_id, batch.sender) == ("qg-test", 0)
+    assert link.queued_bytes == 0 and link.sent == 4 and not link._queue
+
+    size = queued[0].ByteSize()
+    monkeypatch.setattr(transport, "BATCH_BYTES_MAX", 2 * (size + transport.BATCH_FRAMING_BYTES))
+    for msg in queued:
+        link.send(msg)
+    first = link.take_batch()
+    assert list(first.batch.messages) == queued[:2]
+    assert first.ByteSize() <= transport.BATCH_BYTES_MAX
+    assert link.take_batch() == queued[2] and link.queued_bytes == 0 and link.sent == 7
 
 
 async def test_sync_requests_are_answered_a_bounded_number_at_a_time(node: ReplicaNode) -> None:
