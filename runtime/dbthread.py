@@ -27,6 +27,7 @@ from typing import TypeVar
 import aiosqlite
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 async def on_thread(conn: aiosqlite.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -49,15 +50,35 @@ async def transaction(
     The connection must be in autocommit mode (`isolation_level=None`), as both stores'
     are, so `begin` is the only thing that opens a transaction."""
 
-    def run(c: sqlite3.Connection) -> T:
-        c.execute(begin)
-        try:
-            result = work(c)
-            c.execute("COMMIT")
-        except BaseException:
-            if c.in_transaction:
-                c.execute("ROLLBACK")
-            raise
-        return result
+    return await on_thread(conn, lambda c: _in_transaction(c, work, begin))
+
+
+async def transaction_then(
+    conn: aiosqlite.Connection,
+    work: Callable[[sqlite3.Connection], T],
+    then: Callable[[sqlite3.Connection], U],
+    begin: str = "BEGIN",
+) -> tuple[T, U]:
+    """`transaction(conn, work, begin)`, then `then(c)` once it committed, in the same
+    trip to the connection's thread: both results. `then` does not run if the
+    transaction raised."""
+
+    def run(c: sqlite3.Connection) -> tuple[T, U]:
+        done = _in_transaction(c, work, begin)
+        return done, then(c)
 
     return await on_thread(conn, run)
+
+
+def _in_transaction(
+    c: sqlite3.Connection, work: Callable[[sqlite3.Connection], T], begin: str
+) -> T:
+    c.execute(begin)
+    try:
+        result = work(c)
+        c.execute("COMMIT")
+    except BaseException:
+        if c.in_transaction:
+            c.execute("ROLLBACK")
+        raise
+    return result

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from quorumgate.sidecar.ledger import LedgerEntry
 from quorumgate.sidecar.receipts import ReceiptLeaf, root_and_paths
-from quorumgate.sidecar.store import SidecarStore
+from quorumgate.sidecar.store import HeightRows, SidecarStore
 
 STARTUP_AUDIT_HEIGHTS = 64  # the newest heights checked before a sidecar executes anything
 AUDIT_HEIGHTS_PER_EXECUTED = 1  # older heights checked after each height executed
@@ -43,7 +43,20 @@ async def audit_height(
     """What does not add up at `height`, or None. Reads one height's rows. `key_of`: our
     receipt keys that may have signed a statement naming (epoch, height) (docs/consensus/
     epochs.md, "Receipt keys"); without it, `receipt_public_key` in every epoch."""
-    signed, receipts, entries, previous = await store.height_rows(height)  # one read
+    rows = await store.height_rows(height)  # one read
+    return audit_rows(rows, chain_id, receipt_public_key, height, key_of)
+
+
+def audit_rows(
+    rows: HeightRows,
+    chain_id: str,
+    receipt_public_key: bytes,
+    height: int,
+    key_of: Callable[[int, int], Collection[bytes]] | None = None,
+) -> str | None:
+    """`audit_height` of rows already read (`SidecarStore.record` reads them in its own
+    trip to the store)."""
+    signed, receipts, entries, previous = rows
     if signed is None:
         return f"height {height}: no signed block statement"
     keys = [receipt_public_key] if key_of is None else key_of(signed.epoch, height)

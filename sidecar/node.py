@@ -82,7 +82,7 @@ from quorumgate.sidecar.audit import (
     AUDIT_HEIGHTS_PER_EXECUTED,
     STARTUP_AUDIT_HEIGHTS,
     AuditCursor,
-    audit_height,
+    audit_rows,
 )
 from quorumgate.sidecar.engine.core import Engine, StateCacheError, config_for_cluster
 from quorumgate.sidecar.engine.statements import ConfirmationCard
@@ -103,6 +103,7 @@ from quorumgate.sidecar.store import (
     Checkpoint,
     DivergenceError,
     ExecutedHeight,
+    HeightRows,
     SidecarStore,
     SidecarStoreError,
 )
@@ -309,7 +310,7 @@ class Sidecar:
         # (A failed audit raises the alarm; the sidecar then serves Status, no receipts.)
         top = self.store.executed_height
         for height in range(max(first, top - STARTUP_AUDIT_HEIGHTS + 1), top + 1):
-            await self._audit(height)
+            self._audit(height, await self._audit_read(height))
         self.reads = await SidecarStore.open(path, self.spec.chain_id, create=False, read_only=True)
         log.info(
             "event=started node=%d address=%s executed_height=%d",
@@ -423,7 +424,7 @@ class Sidecar:
         for height in range(
             max(store.history_from, executed - STARTUP_AUDIT_HEIGHTS + 1), executed + 1
         ):
-            await self._audit(height)  # again, each with the key of its epoch
+            self._audit(height, await self._audit_read(height))  # each with its epoch's key
 
     async def _execute(self, committed: cpb.CommittedBlock) -> None:
         store, engine = self.store, self.engine
@@ -459,8 +460,10 @@ class Sidecar:
         for index, verdict in enumerate(result.verdicts):
             if verdict.card is not None:  # a new card: keep the proposal it binds
                 self._remember_pending_tx(verdict.proposal_id, block.payload[index])
+        # The self-audit's next older height is read in the record's own trip to the store.
+        audited = self._audit_cursor.take(height - 1)
         try:
-            await store.record(executed)
+            audit_rows_read = await store.record(executed, then_read=audited)
         except DivergenceError as err:
             self._alarm(str(err))
             return
@@ -480,10 +483,12 @@ class Sidecar:
         self._root_turns.notify()
         async with self._executed:
             self._executed.notify_all()
-        for _ in range(AUDIT_HEIGHTS_PER_EXECUTED):  # one older height in turn, bounded
+        if audited is not None and audit_rows_read is not None:
+            self._audit(audited, audit_rows_read)
+        for _ in range(AUDIT_HEIGHTS_PER_EXECUTED - 1):  # more older heights, bounded
             older = self._audit_cursor.take(height - 1)
             if older is not None:
-                await self._audit(older)
+                self._audit(older, await self._audit_read(older))
 
     def _snapshot_if_due(self, executed: ExecutedHeight, engine: Engine) -> None:
         """After a height that is a multiple of the snapshot interval, write a snapshot of
@@ -629,21 +634,25 @@ class Sidecar:
             log.info("event=pending_fetch_failed cause=%s", type(err).__name__)
         return found
 
-    async def _audit(self, height: int) -> None:
-        """Check one executed height against our own signed statement (sidecar/audit.py);
-        a mismatch raises the divergence alarm and stops serving receipts."""
+    async def _audit_read(self, height: int) -> HeightRows | SidecarStoreError:
+        """One height's rows for the self-audit, or the store's refusal to read them."""
         store = self.store
         assert store is not None
         try:
-            problem = await audit_height(
-                store,
-                self.spec.chain_id,
-                self.member.receipt_public_key,
-                height,
-                self._audit_keys,
-            )
+            return await store.height_rows(height)
         except SidecarStoreError as err:
-            problem = str(err)
+            return err
+
+    def _audit(self, height: int, rows: HeightRows | SidecarStoreError) -> None:
+        """Check one executed height's rows against our own signed statement
+        (sidecar/audit.py); a mismatch raises the divergence alarm and stops serving
+        receipts."""
+        if isinstance(rows, SidecarStoreError):
+            problem = str(rows)
+        else:
+            problem = audit_rows(
+                rows, self.spec.chain_id, self.member.receipt_public_key, height, self._audit_keys
+            )
         self.metrics.audited.inc()
         if problem is not None:
             self.store_damaged = problem

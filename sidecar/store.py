@@ -89,7 +89,7 @@ from typing import Any
 import aiosqlite
 
 from quorumgate.proto.canonical import HASH_BYTES, sha256
-from quorumgate.runtime.dbthread import on_thread, transaction
+from quorumgate.runtime.dbthread import on_thread, transaction, transaction_then
 from quorumgate.sidecar.engine.state import (
     SECTIONS,
     EngineState,
@@ -734,7 +734,9 @@ class SidecarStore:
 
     # ================================================================== recording
 
-    async def record(self, h: ExecutedHeight) -> None:
+    async def record(
+        self, h: ExecutedHeight, then_read: int | None = None
+    ) -> HeightRows | SidecarStoreError | None:
         """Make one executed height durable, whole, in one transaction (fsync before this
         returns), or write nothing.
 
@@ -742,13 +744,26 @@ class SidecarStore:
         skips a height, is our own broken invariant and raises `AssertionError` naming
         both. An artifact key already stored with different bytes raises
         `DivergenceError` and rolls the height back; with the same bytes it is kept as is.
+
+        `then_read`: a height whose rows (as `height_rows` gives them) are read once the
+        transaction committed, in the same trip to the connection's thread, and returned:
+        the self-audit's next height (sidecar/audit.py), which otherwise costs a trip of its
+        own for every block (docs/benchmarks.md, "What a block costs each process"). A
+        ledger row there that is not an entry comes back as the `SidecarStoreError`
+        `height_rows` would raise.
         """
         _check_shape(self._chain_id, h)
         # Shielded: if the caller is cancelled mid-transaction the transaction still ends
         # (committed or rolled back) and the in-memory head still matches the disk.
-        await asyncio.shield(self._record_locked(h))
+        raw = await asyncio.shield(self._record_locked(h, then_read))
+        if then_read is None or raw is None:
+            return None
+        try:
+            return self._height_rows_of(then_read, raw)
+        except SidecarStoreError as err:  # the height is recorded all the same
+            return err
 
-    async def _record_locked(self, h: ExecutedHeight) -> None:
+    async def _record_locked(self, h: ExecutedHeight, then_read: int | None) -> _RawHeight | None:
         async with self._lock:
             self._check_open()
             if h.height <= self._executed_height:
@@ -773,13 +788,18 @@ class SidecarStore:
                 SidecarStore._update_head(c, h, head, total, state_by_entry)
                 return fresh
 
-            # One trip to the connection's thread for the whole height (runtime/dbthread.py).
-            fresh = await transaction(self._conn, write, "BEGIN IMMEDIATE")
+            def read(c: sqlite3.Connection) -> _RawHeight | None:
+                return None if then_read is None else _read_height(c, then_read)
+
+            # One trip to the connection's thread for the whole height and the read after
+            # it (runtime/dbthread.py).
+            fresh, raw = await transaction_then(self._conn, write, read, "BEGIN IMMEDIATE")
             self._executed_height = h.height
             self._ledger_head = head
             self._state_by_entry = h.state_delta is not None
             self._ledger_entries += len(entries)
             self._artifact_count += len(fresh)
+        return raw
 
     @staticmethod
     def _check_artifacts(
@@ -1066,34 +1086,18 @@ class SidecarStore:
             )
         return _signed_from_row(rows[0]) if rows else None
 
-    async def height_rows(
-        self, height: int
-    ) -> tuple[SignedBlock | None, list[Receipt], list[LedgerEntry], bytes]:
+    async def height_rows(self, height: int) -> HeightRows:
         """What the self-audit of one height reads, in one trip to the connection's thread:
         the signed block statement, the receipts and the ledger entries of the height (as
         `signed_block`, `receipts_at` and `ledger_at`), and `ledger_hash_before(height)`.
         Raises `SidecarStoreError` for a ledger row that is not an entry."""
-
-        def read(c: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any], Any]:
-            block = c.execute(
-                f"SELECT {_BLOCK_COLUMNS} FROM blocks WHERE height = ?",
-                (height,),
-            ).fetchall()
-            receipts = c.execute(
-                _RECEIPT_SELECT + "WHERE r.height = ? ORDER BY r.idx", (height,)
-            ).fetchall()
-            ledger = c.execute(
-                f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE height = ? ORDER BY idx", (height,)
-            ).fetchall()
-            before = c.execute(
-                "SELECT hash FROM ledger WHERE height < ? ORDER BY height DESC, idx DESC LIMIT 1",
-                (height,),
-            ).fetchall()
-            return block, receipts, ledger, before
-
         async with self._lock:
             self._check_open()
-            block, receipt_rows, ledger_rows, before = await on_thread(self._conn, read)
+            raw = await on_thread(self._conn, lambda c: _read_height(c, height))
+        return self._height_rows_of(height, raw)
+
+    def _height_rows_of(self, height: int, raw: _RawHeight) -> HeightRows:
+        block, receipt_rows, ledger_rows, before = raw
         signed = _signed_from_row(block[0]) if block else None
         receipts = [self._receipt_from_row(row) for row in receipt_rows]
         try:
@@ -1518,6 +1522,28 @@ def _ledger_row(entry: LedgerEntry) -> tuple[Any, ...]:
         json.dumps(list(entry.argument_names), ensure_ascii=False, separators=(",", ":")),
         entry.prev_hash, entry.hash, extra_to_json(entry),
     )  # fmt: skip
+
+
+# One height's rows as `_read_height` reads them, and as `height_rows` parses them: the
+# signed block statement, the receipts, the ledger entries and the hash before them.
+_RawHeight = tuple[list[Any], list[Any], list[Any], list[Any]]
+HeightRows = tuple[SignedBlock | None, list[Receipt], list[LedgerEntry], bytes]
+
+
+def _read_height(c: sqlite3.Connection, height: int) -> _RawHeight:
+    """One height's rows (on the connection's thread)."""
+    block = c.execute(f"SELECT {_BLOCK_COLUMNS} FROM blocks WHERE height = ?", (height,)).fetchall()
+    receipts = c.execute(
+        _RECEIPT_SELECT + "WHERE r.height = ? ORDER BY r.idx", (height,)
+    ).fetchall()
+    ledger = c.execute(
+        f"SELECT {_LEDGER_COLUMNS} FROM ledger WHERE height = ? ORDER BY idx", (height,)
+    ).fetchall()
+    before = c.execute(
+        "SELECT hash FROM ledger WHERE height < ? ORDER BY height DESC, idx DESC LIMIT 1",
+        (height,),
+    ).fetchall()
+    return block, receipts, ledger, before
 
 
 def _signed_from_row(row: Sequence[Any]) -> SignedBlock:

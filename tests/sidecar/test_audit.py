@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from quorumgate.sidecar.audit import audit_height
-from quorumgate.sidecar.store import ExecutedHeight, SidecarStore
+from quorumgate.sidecar.audit import audit_height, audit_rows
+from quorumgate.sidecar.store import ExecutedHeight, SidecarStore, SidecarStoreError
 from tests.engine.harness import CHAIN
 from tests.sidecar.executed_log import (
     busy_world,
@@ -94,3 +94,62 @@ def test_a_missing_receipt_and_an_edited_ledger_entry_are_named(
     write_around_the_store(path, "DELETE FROM receipts WHERE height = ? AND idx = 2", (height,))
     problem = _audit(path, height)
     assert problem is not None and "receipts for" in problem
+
+
+def test_a_height_recorded_with_the_audits_read_gives_what_a_read_of_its_own_gives(
+    heights: list[ExecutedHeight], tmp_path: Path
+) -> None:
+    """`record(h, then_read=k)` reads height k in the record's own trip to the store, once
+    h is committed (the sidecar's self-audit of its next older height, sidecar/node.py):
+    the rows are those `height_rows(k)` reads afterwards, and they audit the same."""
+
+    async def run() -> None:
+        store = await SidecarStore.open(tmp_path / "sidecar.db", CHAIN)
+        try:
+            for i, executed in enumerate(heights):
+                older = heights[i // 2].height  # a walk behind the executed height
+                read_then = await store.record(executed, then_read=older)
+                assert store.executed_height == executed.height
+                assert read_then is not None and not isinstance(read_then, SidecarStoreError)
+                assert read_then == await store.height_rows(older)
+                assert audit_rows(read_then, CHAIN, receipt_public_keys()[0], older) is None
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("edit", "found"),
+    [
+        ("UPDATE ledger SET reason = 'edited' WHERE height = ? AND idx = 0", "audit"),
+        ("UPDATE ledger SET extension = '{' WHERE height = ? AND idx = 0", "unreadable"),
+    ],
+)
+def test_an_edited_older_height_read_with_a_record_is_named_and_the_record_stands(
+    heights: list[ExecutedHeight], recorded: tuple[Path, int], tmp_path: Path, edit: str, found: str
+) -> None:
+    """An older height edited on disk is found by the audit of the rows a record read,
+    and a ledger row that is no entry comes back as the store's error; either way the new
+    height is recorded (the audit raises the alarm, not the record)."""
+    busiest = recorded[1]
+    cut = next(i for i, h in enumerate(heights) if h.height > busiest)
+    path = asyncio.run(recorded_file(tmp_path / "part.db", heights[:cut]))
+    assert write_around_the_store(path, edit, (busiest,)) == 1
+
+    async def record_next() -> object:
+        store = await SidecarStore.open(path, CHAIN)
+        try:
+            rows = await store.record(heights[cut], then_read=busiest)
+            assert store.executed_height == heights[cut].height
+            return rows
+        finally:
+            await store.close()
+
+    rows = asyncio.run(record_next())
+    if found == "unreadable":
+        assert isinstance(rows, SidecarStoreError) and f"height {busiest}" in str(rows)
+    else:
+        assert rows is not None and not isinstance(rows, SidecarStoreError)
+        problem = audit_rows(rows, CHAIN, receipt_public_keys()[0], busiest)  # type: ignore[arg-type]
+        assert problem is not None and f"height {busiest}" in problem
