@@ -107,7 +107,9 @@ class PeerLink:
         self.queued_bytes -= size
         if len(taken) == 1:
             return message
-        batch = pb.ConsensusMessage(chain_id=message.chain_id, sender=message.sender)
+        # The batch's own fields stay empty: the receiver reads only the messages in it,
+        # each checked against the stream's sender (replica/peers.py).
+        batch = pb.ConsensusMessage()
         batch.batch.messages.extend(taken)
         return batch
 

@@ -375,15 +375,16 @@ class _Forger:
         bad_sig_proposal = self.proposal(next(v for v in range(view, view + N) if v % N == 1))
         spoofed = self.vote(self.message(sender=2))  # member 1's stream, naming member 2
         # Each batch holds one message, whose drop it must cause exactly as if alone: a
-        # batch is no way around a check. One naming another sender, outside or in; one
-        # inside another.
+        # batch is no way around a check. One naming another sender; one inside another;
+        # what the batch's own fields say is not read (a batch naming member 2 around
+        # member 1's forged vote is the vote's bad signature, nothing else).
         batched = {
-            "spoofed_sender": [
-                self.batch(self.vote(self.message(sender=2))),
+            "spoofed_sender": [self.batch(self.vote(self.message(sender=2)))],
+            "nested_batch": [self.batch(self.batch(self.vote(self.message())))],
+            "bad_signature": [
+                self.batch(self.vote(self.message())),
                 self.batch(self.vote(self.message()), sender=2),
             ],
-            "nested_batch": [self.batch(self.batch(self.vote(self.message())))],
-            "bad_signature": [self.batch(self.vote(self.message()))],
             "wrong_chain": [self.batch(self.vote(self.message(chain_id=self.chain + "-other")))],
         }
         alone = {

@@ -98,7 +98,7 @@ def test_what_is_queued_for_a_peer_leaves_as_one_batch_in_order_within_its_bound
     for msg in queued:
         link.send(msg)
     batch = link.take_batch()
-    assert list(batch.batch.messages) == queued and (batch.chain_id, batch.sender) == ("qg-test", 0)
+    assert list(batch.batch.messages) == queued and (batch.chain_id, batch.sender) == ("", 0)
     assert link.queued_bytes == 0 and link.sent == 4 and not link._queue
 
     size = queued[0].ByteSize()
