@@ -828,15 +828,12 @@ def _receipt_epochs(
     known: list[ReceiptEpoch] = []
     first, keys = 1, owner.receipt_keys
     for row in rows:
-        problem = (
-            f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not prove itself"
-        )
-        try:
-            moved = epochs.after(row.boundary)
-        except RemoteError as err:
-            raise ReplayError(f"{problem}: {err}") from err
-        if not moved or epochs.membership.epoch != row.epoch or epochs.owner is None:
-            raise ReplayError(f"{problem}: its block changes nothing of the epoch before")
+        _move_past(epochs, row, report)
+        if epochs.owner is None:
+            raise ReplayError(
+                f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not prove "
+                "itself: it leaves no record key"
+            )
         known.append(ReceiptEpoch(row.epoch - 1, first, row.boundary.height, keys))
         first, keys = row.boundary.height + 1, epochs.owner.receipt_keys
     known.append(ReceiptEpoch(len(known), first, None, keys))
@@ -866,18 +863,22 @@ def _epochs_through(
     for row in rows:
         if row.boundary.height > height:
             break
-        problem = (
-            f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not prove itself"
-        )
-        try:
-            moved = epochs.after(row.boundary)
-        except RemoteError as err:
-            raise ReplayError(f"{problem}: {err}") from err
-        if not moved or epochs.membership.epoch != row.epoch:
-            raise ReplayError(f"{problem}: its block changes nothing of the epoch before")
+        _move_past(epochs, row, report)
         start = start_qc(spec.chain_id, row.boundary)
     report.start_epoch = epochs.membership.epoch
     return epochs, start
+
+
+def _move_past(epochs: _Epochs, row: StoredEpoch, report: ReplayReport) -> None:
+    """Move `epochs` past one stored epoch end, checked as the blocks' own would be
+    (`_Epochs.after` on its change block); `ReplayError` when it does not prove itself."""
+    problem = f"replica {report.node}'s stored end of epoch {row.epoch - 1} does not prove itself"
+    try:
+        moved = epochs.after(row.boundary)
+    except RemoteError as err:
+        raise ReplayError(f"{problem}: {err}") from err
+    if not moved or epochs.membership.epoch != row.epoch:
+        raise ReplayError(f"{problem}: its block changes nothing of the epoch before")
 
 
 def _crossed(
