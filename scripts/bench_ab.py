@@ -2,6 +2,10 @@
 
     python scripts/bench_ab.py BEFORE AFTER [--runs 3] -- BENCH ARGS...
     python scripts/bench_ab.py HEAD~1 HEAD --runs 3 -- --start --breakdown --calls 100
+    python scripts/bench_ab.py HEAD HEAD --after-args "--nodes 7" -- --start --nodes 4
+
+The second form compares two settings of one revision: `--after-args` is appended to the
+AFTER side's bench arguments (a later option wins over an earlier one of the same name).
 
 Each revision is checked out in its own git worktree, and each run imports that
 worktree's code: a directory per revision holds a `quorumgate` package made of links to the
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -81,10 +86,13 @@ def main() -> int:
     parser.add_argument("after")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", help="where the per-run reports go (default: a temp dir)")
+    parser.add_argument("--after-args", default="",
+                        help="bench arguments added on the AFTER side only")  # fmt: skip
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
     bench_args = argv[cut + 1 :]  # after "--": quorumgate bench's own arguments
+    side_args = {"before": bench_args, "after": [*bench_args, *shlex.split(args.after_args)]}
     work = Path(tempfile.mkdtemp(prefix="qg-ab-"))
     out = Path(args.out) if args.out else work
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +106,7 @@ def main() -> int:
             # falls on both sides alike
             order = ("before", "after") if k % 2 == 0 else ("after", "before")
             for label in order:
-                report = run(shims[label], trees[label], bench_args)
+                report = run(shims[label], trees[label], side_args[label])
                 (out / f"{label}-{k + 1}.json").write_text(json.dumps(report, indent=2))
                 figures[label].append(headline(report))
                 print(f"run {k + 1} {label}: {figures[label][-1]}", file=sys.stderr, flush=True)
