@@ -34,8 +34,9 @@ from layout import link_tree  # scripts/layout.py, beside this file
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def worktree(rev: str, into: Path) -> Path:
-    path = into / f"wt-{rev.replace('/', '_').replace('~', '_')}"
+def worktree(rev: str, into: Path, label: str = "") -> Path:
+    """A detached worktree of `rev` under `into`; `label` tells two of one revision apart."""
+    path = into / f"wt-{label}{rev.replace('/', '_').replace('~', '_')}"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(path), rev],
                    check=True, capture_output=True)  # fmt: skip
     return path
@@ -96,8 +97,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="qg-ab-"))
     out = Path(args.out) if args.out else work
     out.mkdir(parents=True, exist_ok=True)
-    trees = {label: worktree(rev, work) for label, rev in (("before", args.before),
-                                                           ("after", args.after))}  # fmt: skip
+    sides = (("before", args.before), ("after", args.after))
+    trees = {label: worktree(rev, work, label) for label, rev in sides}
     shims = {label: shim(tree, work) for label, tree in trees.items()}
     figures: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     try:

@@ -89,7 +89,8 @@ def compare(args: argparse.Namespace) -> int:
     from bench_ab import shim, worktree  # scripts/, beside this file
 
     work = Path(tempfile.mkdtemp(prefix="qg-exec-ab-"))
-    trees = {"before": worktree(args.before, work), "after": worktree(args.after, work)}
+    sides = (("before", args.before), ("after", args.after))
+    trees = {label: worktree(rev, work, label) for label, rev in sides}
     shims = {label: shim(tree, work) for label, tree in trees.items()}
     figures: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     try:
