@@ -1,4 +1,4 @@
-"""Where a block's CPU goes in each process: py-spy profiles of a running 4-node cluster
+"""Where a block's CPU goes in each process: py-spy profiles of a running 4- or 7-node cluster
 under `quorumgate bench` load, split into kinds of work (docs/benchmarks.md, "What a
 block costs each process").
 
@@ -298,6 +298,7 @@ def per_block_ms(out: Path, result: dict[str, object]) -> dict[str, dict[str, fl
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4, choices=(4, 7))
     parser.add_argument("--inflight", type=int, default=256)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--agents", type=int, default=256)
@@ -314,7 +315,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Path(tempfile.mkdtemp(prefix="qg-prof-")) / "c"
-    qg("init", "--nodes", "4", "--dir", str(cluster))
+    qg("init", "--nodes", str(args.nodes), "--dir", str(cluster))
     qg("up", "--dir", str(cluster), "--detach")
     try:
         result = profile(args, cluster, out)
