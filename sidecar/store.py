@@ -81,6 +81,7 @@ import fcntl
 import json
 import os
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,6 +241,10 @@ _SCHEMA = (
 )
 
 OWN_TX_IDS_MAX = 64  # transactions one `heights_holding` read looks for
+# The newest recorded heights whose state roots `root_at` answers from memory: the
+# divergence check of every block asks for a recent one (docs/benchmarks.md, "What a
+# block costs each process").
+RECENT_ROOTS_MAX = 64
 _LEDGER_COLUMNS = (
     "height, idx, tx_id, proposal_id, kind, outcome, reason, mandate_version, principal, "
     "canonical_target, target_digest, card_digest, argument_names, prev_hash, hash, extension"
@@ -413,6 +418,8 @@ class SidecarStore:
         self._state_by_entry = False  # the state is in state_entries (else whole, or none)
         self._checkpoint: Checkpoint | None = None  # where local history starts, if not at 1
         self._checkpoint_signature: CheckpointSignature | None = None  # set when pruned
+        # height -> the state root its stored statement holds, read back after its record
+        self._recent_roots: OrderedDict[int, bytes] = OrderedDict()
 
     # ================================================================== open / close
 
@@ -788,12 +795,18 @@ class SidecarStore:
                 SidecarStore._update_head(c, h, head, total, state_by_entry)
                 return fresh
 
-            def read(c: sqlite3.Connection) -> _RawHeight | None:
-                return None if then_read is None else _read_height(c, then_read)
+            def read(c: sqlite3.Connection) -> tuple[bytes, _RawHeight | None]:
+                (root,) = c.execute(
+                    "SELECT state_root FROM blocks WHERE height = ?", (h.height,)
+                ).fetchone()
+                return bytes(root), None if then_read is None else _read_height(c, then_read)
 
-            # One trip to the connection's thread for the whole height and the read after
-            # it (runtime/dbthread.py).
-            fresh, raw = await transaction_then(self._conn, write, read, "BEGIN IMMEDIATE")
+            # One trip to the connection's thread for the whole height and the reads after
+            # it (runtime/dbthread.py): the root as stored, for `root_at`, and `then_read`.
+            fresh, (root, raw) = await transaction_then(self._conn, write, read, "BEGIN IMMEDIATE")
+            self._recent_roots[h.height] = root
+            while len(self._recent_roots) > RECENT_ROOTS_MAX:
+                self._recent_roots.popitem(last=False)
             self._executed_height = h.height
             self._ledger_head = head
             self._state_by_entry = h.state_delta is not None
@@ -1007,6 +1020,8 @@ class SidecarStore:
             self._checkpoint = checkpoint
             self._checkpoint_signature = signature
             self._artifact_count -= artifacts
+            for pruned in [k for k in self._recent_roots if k <= checkpoint.height]:
+                del self._recent_roots[pruned]
             vacuumed = await on_thread(self._conn, _give_back_pages)
         return PruneResult(
             checkpoint.height, ledger_rows, receipts, artifacts, before,
@@ -1069,7 +1084,14 @@ class SidecarStore:
     # ================================================================== reading
 
     async def root_at(self, height: int) -> bytes | None:
-        """The state root after `height`, from this sidecar's signed block statement."""
+        """The state root after `height`, from this sidecar's signed block statement: for
+        the `RECENT_ROOTS_MAX` newest heights this process recorded, as `record` read it
+        back once committed (a recorded height never changes; pruning drops it here too),
+        without a trip to the connection's thread; else read now."""
+        self._check_open()
+        root = self._recent_roots.get(height)
+        if root is not None:
+            return root
         async with self._lock:
             self._check_open()
             value = await self._scalar("SELECT state_root FROM blocks WHERE height = ?", (height,))

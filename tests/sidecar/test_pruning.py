@@ -236,7 +236,11 @@ async def test_a_pruned_store_drops_below_the_point_and_still_verifies(
     try:
         full_head, full_entries = store.ledger_head, store.ledger_entries
         below = await store.receipts_at(height)
+        assert await store.root_at(height) is not None  # recent: answered from memory
         result = await store.prune_to(log.head(height), _signature(log, height))
+        # gone from memory with its statement, as from the file
+        assert await store.root_at(height) is None and await store.root_at(1) is None
+        assert await store.root_at(height + 1) == log.head(height + 1).state_root
         assert result.height == height and result.receipts >= len(below) > 0
         assert (store.history_from, store.checkpoint) == (height + 1, log.head(height))
         assert await store.receipts_at(height) == [] and await store.ledger_at(1) == []

@@ -363,6 +363,35 @@ async def test_failure_inside_the_transaction_leaves_the_previous_height(
         await store.close()
 
 
+async def test_root_at_answers_recent_heights_from_memory_as_the_file_holds_them(
+    heights: list[ExecutedHeight], store: SidecarStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The divergence check of every block asks `root_at` for a recent height: the newest
+    `RECENT_ROOTS_MAX` come from memory, read back from the file by `record` itself, and
+    older ones from the file, with the same bytes."""
+    keep = 3
+    monkeypatch.setattr(store_module, "RECENT_ROOTS_MAX", keep)
+    await record_all(store, heights)
+    top = len(heights)
+    assert top > keep + 1
+    with sqlite3.connect(store.path) as c:
+        in_file = {int(h): bytes(r) for h, r in c.execute("SELECT height, state_root FROM blocks")}
+    assert in_file == {x.height: x.result.state_root for x in heights}
+
+    async def no_trip(*args: object) -> None:
+        raise AssertionError("root_at went to the store's thread for a recent height")
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "_scalar", no_trip)
+        for height in range(top - keep + 1, top + 1):
+            assert await store.root_at(height) == in_file[height]
+        with pytest.raises(AssertionError, match="went to the store's thread"):
+            await store.root_at(top - keep)  # older: not held in memory
+    for height in range(1, top + 1):
+        assert await store.root_at(height) == in_file[height]
+    assert await store.root_at(top + 1) is None and await store.root_at(0) is None
+
+
 async def test_cancelled_record_still_ends_its_transaction(
     heights: list[ExecutedHeight], store: SidecarStore
 ) -> None:
