@@ -30,7 +30,6 @@ from quorumgate.sidecar.receipts import ReceiptLeaf, root_and_paths
 from quorumgate.sidecar.store import HeightRows, SidecarStore
 
 STARTUP_AUDIT_HEIGHTS = 64  # the newest heights checked before a sidecar executes anything
-AUDIT_HEIGHTS_PER_EXECUTED = 1  # older heights checked after each height executed
 
 
 async def audit_height(

@@ -79,7 +79,6 @@ from quorumgate.runtime.readauth import (
 from quorumgate.runtime.readwaits import CallerKind, WaitSlots
 from quorumgate.runtime.tracing import Tracer
 from quorumgate.sidecar.audit import (
-    AUDIT_HEIGHTS_PER_EXECUTED,
     STARTUP_AUDIT_HEIGHTS,
     AuditCursor,
     audit_rows,
@@ -485,10 +484,6 @@ class Sidecar:
             self._executed.notify_all()
         if audited is not None and audit_rows_read is not None:
             self._audit(audited, audit_rows_read)
-        for _ in range(AUDIT_HEIGHTS_PER_EXECUTED - 1):  # more older heights, bounded
-            older = self._audit_cursor.take(height - 1)
-            if older is not None:
-                self._audit(older, await self._audit_read(older))
 
     def _snapshot_if_due(self, executed: ExecutedHeight, engine: Engine) -> None:
         """After a height that is a multiple of the snapshot interval, write a snapshot of

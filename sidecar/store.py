@@ -418,7 +418,7 @@ class SidecarStore:
         self._state_by_entry = False  # the state is in state_entries (else whole, or none)
         self._checkpoint: Checkpoint | None = None  # where local history starts, if not at 1
         self._checkpoint_signature: CheckpointSignature | None = None  # set when pruned
-        # height -> the state root its stored statement holds, read back after its record
+        # height -> the state root of its statement, as its committed record wrote it
         self._recent_roots: OrderedDict[int, bytes] = OrderedDict()
 
     # ================================================================== open / close
@@ -795,16 +795,14 @@ class SidecarStore:
                 SidecarStore._update_head(c, h, head, total, state_by_entry)
                 return fresh
 
-            def read(c: sqlite3.Connection) -> tuple[bytes, _RawHeight | None]:
-                (root,) = c.execute(
-                    "SELECT state_root FROM blocks WHERE height = ?", (h.height,)
-                ).fetchone()
-                return bytes(root), None if then_read is None else _read_height(c, then_read)
+            def read(c: sqlite3.Connection) -> _RawHeight | None:
+                return None if then_read is None else _read_height(c, then_read)
 
-            # One trip to the connection's thread for the whole height and the reads after
-            # it (runtime/dbthread.py): the root as stored, for `root_at`, and `then_read`.
-            fresh, (root, raw) = await transaction_then(self._conn, write, read, "BEGIN IMMEDIATE")
-            self._recent_roots[h.height] = root
+            # One trip to the connection's thread for the whole height and the read after
+            # it (runtime/dbthread.py).
+            fresh, raw = await transaction_then(self._conn, write, read, "BEGIN IMMEDIATE")
+            # committed: the statement's root is now what the file holds for this height
+            self._recent_roots[h.height] = h.signed.state_root
             while len(self._recent_roots) > RECENT_ROOTS_MAX:
                 self._recent_roots.popitem(last=False)
             self._executed_height = h.height
@@ -1085,9 +1083,9 @@ class SidecarStore:
 
     async def root_at(self, height: int) -> bytes | None:
         """The state root after `height`, from this sidecar's signed block statement: for
-        the `RECENT_ROOTS_MAX` newest heights this process recorded, as `record` read it
-        back once committed (a recorded height never changes; pruning drops it here too),
-        without a trip to the connection's thread; else read now."""
+        the `RECENT_ROOTS_MAX` newest heights this process recorded, kept by `record` once
+        its transaction committed (a recorded height never changes; pruning drops it here
+        too), without a trip to the connection's thread; else read now."""
         self._check_open()
         root = self._recent_roots.get(height)
         if root is not None:
