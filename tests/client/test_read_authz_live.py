@@ -97,13 +97,16 @@ def test_an_auditor_the_owner_adds_reads_at_once(cluster: ClusterSpec, owner: Sy
         f"auditor-{bytes(auditor.verify_key).hex()[:8]}",
         bytes(auditor.verify_key),
     )
-    # the running nodes read the cluster file again (within about a second)
-    allowed = poll_for(
-        lambda: _answers(cluster, reader, b"\x00" * 32)["CommittedBlocks"] == "OK" or None,
-        timeout_s=10,
-        every_s=0.2,
-    )
-    assert allowed, "the auditor was not let in"
+    # The running replica and sidecar each read the cluster file again, on their own
+    # (within about a second): wait until both let the auditor in, for every read.
+    seen: list[dict[str, str]] = []
+
+    def every_read_allowed() -> bool | None:
+        seen.append(_answers(cluster, reader, b"\x00" * 32))
+        return set(seen[-1].values()) == {"OK"} or None
+
+    allowed = poll_for(every_read_allowed, timeout_s=10, every_s=0.2)
+    assert allowed, f"the auditor was not let in everywhere: {seen[-1]}"
     assert set(_answers(cluster, reader, b"\x00" * 32).values()) == {"OK"}
 
 
